@@ -1,0 +1,70 @@
+"""Shards: one engine process on one node, the unit the agent supervises.
+
+A replica of a model is served by one shard in this version (multi-node
+replicas, one shard per rank, come later). The control plane names shards and
+the agent never invents one, so a shard id seen twice is the same process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+
+class ShardState(enum.Enum):
+    """Where a shard stands, as its agent last reported it."""
+
+    #: The process was launched and is loading; it does not answer yet.
+    STARTING = "Starting"
+    #: The engine answers /health and lists its served model: traffic may go to it.
+    READY = "Ready"
+    #: The process exited, or could not be launched; the message says why.
+    FAILED = "Failed"
+    #: A stop was asked for and the process has not exited yet.
+    STOPPING = "Stopping"
+    #: The process is gone because it was asked to stop.
+    STOPPED = "Stopped"
+
+    @classmethod
+    def terminal(cls) -> frozenset[ShardState]:
+        """States from which a shard never moves again."""
+        return frozenset({cls.FAILED, cls.STOPPED})
+
+    @classmethod
+    def live(cls) -> frozenset[ShardState]:
+        """States in which a process may still exist."""
+        return frozenset({cls.STARTING, cls.READY, cls.STOPPING})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ShardSpec:
+    """Everything needed to run one engine process; mirrors ``llmgw.v1.ShardSpec``."""
+
+    shard_id: str
+    replica_id: str
+    model: str
+    engine: str
+    served_name: str
+    source: str = ""
+    args: tuple[str, ...] = ()
+    port: int = 0
+    api_key: str = ""
+    threads: int = 0
+    memory_bytes: int = 0
+    startup_timeout_s: int = 600
+    env: tuple[tuple[str, str], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ShardStatus:
+    """A shard as its agent reports it."""
+
+    shard_id: str
+    replica_id: str
+    state: ShardState
+    message: str = ""
+    exit_code: int | None = None
+    last_output: tuple[str, ...] = ()
+    endpoint: str = ""
+    pid: int = 0
+    spec: ShardSpec | None = None
