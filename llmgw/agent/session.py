@@ -1,0 +1,167 @@
+"""The agent's end of the stream: register, heartbeat, carry out commands, reconnect.
+
+The agent always dials; a control plane restart or a partition must never need
+anyone to touch a node, so it reconnects forever. Addresses are tried in order
+and a failure moves to the next at once; the jittered, capped backoff applies
+only after a whole round failed (the next address has not been hammered, and a
+fleet reconnecting in lockstep knocks a restarted control plane over again).
+
+Protobuf stops here: commands become core types before the supervisor sees them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import random
+from collections.abc import Awaitable, Callable
+
+import grpc
+
+from llmgw.agent.config import AgentConfig
+from llmgw.agent.discovery import LoadSampler
+from llmgw.api import convert
+from llmgw.api.v1 import agent_pb2 as pb
+from llmgw.api.v1 import agent_pb2_grpc
+from llmgw.core.inventory import Inventory
+from llmgw.core.shards import ShardSpec, ShardStatus
+
+log = logging.getLogger(__name__)
+
+CHANNEL_OPTIONS = [
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    # Reconnecting is this module's job, with its own backoff and address
+    # rotation; gRPC's own reconnect backoff would hide a dead address.
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 1_000),
+]
+REGISTER_TIMEOUT_S = 10.0
+
+
+class Refused(Exception):
+    """The control plane answered Register with a refusal."""
+
+
+class Commands:
+    """What the session needs from the rest of the agent; the supervisor provides it."""
+
+    def __init__(self, *, start: Callable[[ShardSpec], Awaitable[object]],
+                 stop: Callable[[str, str], Awaitable[object]], statuses: Callable[[], list[ShardStatus]]) -> None:
+        self.start, self.stop, self.statuses = start, stop, statuses
+
+
+class Session:
+    def __init__(self, cfg: AgentConfig, *, inventory: Callable[[], Inventory], sampler: LoadSampler,
+                 commands: Commands, agent_version: str) -> None:
+        self.cfg, self._inventory, self._sampler, self._commands = cfg, inventory, sampler, commands
+        self._agent_version = agent_version
+        self._out: asyncio.Queue[pb.AgentMessage] | None = None
+        self._seq = itertools.count(1)
+        self._tasks: set[asyncio.Task[object]] = set()
+        self.connected = asyncio.Event()
+
+    def report(self, status: ShardStatus) -> None:
+        """Sends a shard's status now if connected; otherwise the next Register carries it."""
+        if self._out is not None:
+            self._out.put_nowait(pb.AgentMessage(seq=next(self._seq), shard_status=convert.status_to_pb(status)))
+
+    async def run_forever(self) -> None:
+        delay = self.cfg.reconnect_base_s
+        while True:
+            for addr in self.cfg.servers:
+                try:
+                    await self._run_once(addr)
+                    delay = self.cfg.reconnect_base_s  # a clean close: reconnect at once
+                    break
+                except Refused as e:
+                    log.warning("control plane %s refused this agent: %s", addr, e)
+                except (grpc.aio.AioRpcError, OSError, TimeoutError) as e:
+                    detail = e.details() if isinstance(e, grpc.aio.AioRpcError) else str(e)
+                    log.warning("control plane %s: %s", addr, detail or type(e).__name__)
+            else:
+                # Jitter, so a fleet does not reconnect in lockstep.
+                await asyncio.sleep(delay / 2 + random.random() * delay / 2)
+                delay = min(delay * 2, self.cfg.reconnect_max_s)
+
+    async def _run_once(self, addr: str) -> None:
+        async with grpc.aio.insecure_channel(addr, options=CHANNEL_OPTIONS) as channel:
+            call = agent_pb2_grpc.AgentServiceStub(channel).Connect()
+            out: asyncio.Queue[pb.AgentMessage] = asyncio.Queue()
+            inventory = await asyncio.to_thread(self._inventory)
+            reg = self._register(inventory)
+            await call.write(reg)
+            first = await asyncio.wait_for(call.read(), REGISTER_TIMEOUT_S)
+            if first is grpc.aio.EOF:
+                raise Refused("the stream closed before Register was answered")
+            if first.WhichOneof("body") != "ack" or not first.ack.ok:
+                raise Refused(first.ack.error or "no reason given")
+            log.info("registered with %s as %s (%d shards)", addr, self.cfg.node_id, len(reg.register.shards))
+            self._out = out
+            self.connected.set()
+            writer = asyncio.create_task(self._write(call, out))
+            beat = asyncio.create_task(self._heartbeats(out))
+            try:
+                while True:
+                    msg = await call.read()
+                    if msg is grpc.aio.EOF:
+                        log.info("control plane %s closed the stream; reconnecting", addr)
+                        return
+                    self._handle(msg)
+            finally:
+                self._out = None
+                self.connected.clear()
+                writer.cancel()
+                beat.cancel()
+                call.cancel()
+
+    def _register(self, inventory: Inventory) -> pb.AgentMessage:
+        inv_pb, engines = convert.inventory_to_pb(inventory)
+        return pb.AgentMessage(seq=next(self._seq), register=pb.Register(
+            node_id=self.cfg.node_id, hostname=self.cfg.node_id, agent_version=self._agent_version,
+            inventory=inv_pb, engines=engines, mgmt_addr=self.cfg.mgmt_addr, labels=dict(self.cfg.labels),
+            shards=[convert.status_to_pb(s) for s in self._commands.statuses()]))
+
+    async def _write(self, call: grpc.aio.StreamStreamCall, out: asyncio.Queue[pb.AgentMessage]) -> None:
+        # One writer: grpc.aio allows only one write in flight per call.
+        while True:
+            await call.write(await out.get())
+
+    async def _heartbeats(self, out: asyncio.Queue[pb.AgentMessage]) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.heartbeat_interval_s)
+            load = await asyncio.to_thread(self._sampler.sample)
+            out.put_nowait(pb.AgentMessage(seq=next(self._seq), heartbeat=pb.Heartbeat(
+                memory_total_bytes=load.memory_total_bytes, memory_available_bytes=load.memory_available_bytes,
+                cpu_percent=load.cpu_percent, load1=load.load1, gpus=convert.gpus_to_pb(load.gpus),
+                disks=[pb.Disk(path=d.path, total_bytes=d.total_bytes, free_bytes=d.free_bytes)
+                       for d in load.disks])))
+
+    def _handle(self, msg: pb.ControlMessage) -> None:
+        kind = msg.WhichOneof("body")
+        if kind == "start_shard":
+            spec = convert.spec_from_pb(msg.start_shard.spec)
+            self._spawn(self._commands.start(spec), f"start {spec.shard_id}")
+        elif kind == "stop_shard":
+            stop = msg.stop_shard
+            self._spawn(self._commands.stop(stop.shard_id, stop.reason), f"stop {stop.shard_id}")
+        elif kind == "ack":
+            return
+        else:
+            log.warning("ignoring a command this agent does not know (%s); is the control plane newer?", kind)
+            return
+        if self._out is not None:
+            self._out.put_nowait(pb.AgentMessage(seq=next(self._seq), ack=pb.Ack(seq=msg.seq, ok=True)))
+
+    def _spawn(self, coro: Awaitable[object], what: str) -> None:
+        async def run() -> None:
+            try:
+                await coro
+            except Exception:
+                log.exception("%s failed", what)
+
+        task = asyncio.create_task(run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)

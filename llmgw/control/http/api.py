@@ -1,0 +1,149 @@
+"""The control plane's REST API (``/api/v1``), the one the CLI and admin UI use.
+
+Bodies are model manifests as JSON (the CLI turns YAML into this). Every
+refusal is OpenAI-shaped JSON naming the bad field, never a stack trace.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import prometheus_client
+from fastapi import FastAPI, Query, Request, Response
+
+from llmgw.control.cluster import Cluster
+from llmgw.control.http.errors import ApiError, install
+from llmgw.control.state import Phase, ReplicaRecord
+from llmgw.control.status import summarize
+from llmgw.control.store.store import Store, StoredModel
+from llmgw.core import specs
+from llmgw.core.errors import SpecError
+from llmgw.core.shards import ShardState
+
+MAX_BODY = 1 << 20
+LONG_POLL_MAX_S = 60.0
+
+
+def _replica_doc(r: ReplicaRecord, now: float) -> dict[str, Any]:
+    return {"id": r.id, "model": r.model, "phase": r.phase.value, "node": r.node_id, "shard": r.shard_id,
+            "endpoint": r.endpoint if r.phase is Phase.READY else "", "attempt": r.attempt,
+            "failures": r.failures, "message": r.message, "last_output": list(r.last_output),
+            "age_s": round(now - r.created_at, 1)}
+
+
+def _model_doc(stored: StoredModel, replicas: list[ReplicaRecord], now: float) -> dict[str, Any]:
+    st = summarize(stored.model.spec, replicas, now=now)
+    doc = stored.model.to_manifest()
+    doc["status"] = {"state": st.state, "message": st.message, "ready_replicas": st.ready,
+                     "replicas": st.desired, "generation": stored.generation}
+    return doc
+
+
+def create_api(store: Store, cluster: Cluster) -> FastAPI:
+    app = FastAPI(title="llmgw control plane", version="v1", docs_url="/api/docs", openapi_url="/api/openapi.json")
+    install(app)
+    registry = prometheus_client.CollectorRegistry()
+    nodes_gauge = prometheus_client.Gauge("llmgw_nodes_connected", "Connected agents", registry=registry)
+    replicas_gauge = prometheus_client.Gauge("llmgw_replicas", "Replicas by phase", ["phase"], registry=registry)
+
+    async def _manifest(request: Request) -> specs.Model:
+        body = await request.body()
+        if len(body) > MAX_BODY:
+            raise ApiError(413, f"body is {len(body)} bytes; the limit is {MAX_BODY}", code="too_large")
+        try:
+            doc = json.loads(body)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ApiError(400, f"body is not valid JSON: {e}", code="invalid_json") from None
+        try:
+            return specs.parse_manifest(doc)
+        except SpecError as e:
+            raise ApiError(422, str(e), code="invalid_spec", param=e.field) from None
+
+    def _get_stored(name: str) -> StoredModel:
+        stored = store.get_model(name)
+        if stored is None:
+            raise ApiError(404, f"model {name!r} does not exist; `llmgw get models` lists them",
+                           code="model_not_found")
+        return stored
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/api/v1/models")
+    async def list_models() -> dict[str, Any]:
+        now, replicas = time.time(), store.list_replicas()
+        return {"items": [_model_doc(m, [r for r in replicas if r.model == m.model.name], now)
+                          for m in store.list_models()]}
+
+    async def _apply(model: specs.Model, response: Response) -> dict[str, Any]:
+        stored, created = store.put_model(model)
+        cluster.kick()
+        response.status_code = 201 if created else 200
+        return _model_doc(stored, [r for r in store.list_replicas() if r.model == model.name], time.time())
+
+    @app.post("/api/v1/models")
+    async def apply_model(request: Request, response: Response) -> dict[str, Any]:
+        """Creates or updates the model the body describes (201 when new)."""
+        return await _apply(await _manifest(request), response)
+
+    @app.put("/api/v1/models/{name}")
+    async def put_model(name: str, request: Request, response: Response) -> dict[str, Any]:
+        model = await _manifest(request)
+        if model.name != name:
+            raise ApiError(400, f"metadata.name is {model.name!r} but the URL names {name!r}",
+                           code="name_mismatch", param="metadata.name")
+        return await _apply(model, response)
+
+    @app.get("/api/v1/models/{name}")
+    async def get_model(name: str) -> dict[str, Any]:
+        stored = _get_stored(name)
+        return _model_doc(stored, [r for r in store.list_replicas() if r.model == name], time.time())
+
+    @app.delete("/api/v1/models/{name}")
+    async def delete_model(name: str) -> dict[str, Any]:
+        if not store.delete_model(name):
+            _get_stored(name)
+        cluster.kick()
+        return {"deleted": name}
+
+    @app.get("/api/v1/replicas")
+    async def list_replicas(model: str | None = None) -> dict[str, Any]:
+        now = time.time()
+        return {"items": [_replica_doc(r, now) for r in store.list_replicas() if model in (None, r.model)]}
+
+    @app.get("/api/v1/nodes")
+    async def list_nodes() -> dict[str, Any]:
+        items = []
+        for n in store.list_nodes():
+            view = cluster.nodes.get(n.id)
+            inv = view.inventory if view else n.inventory
+            items.append({
+                "id": n.id, "hostname": n.hostname, "mgmt_addr": n.mgmt_addr, "agent_version": n.agent_version,
+                "connected": cluster.connected(n.id), "last_seen": n.last_seen, "cpu_count": inv.cpu_count,
+                "memory_total_bytes": inv.memory_total_bytes, "memory_available_bytes": inv.memory_available_bytes,
+                "gpus": [{"index": g.index, "name": g.name, "memory_total_bytes": g.memory_total_bytes,
+                          "memory_used_bytes": g.memory_used_bytes} for g in inv.gpus],
+                "engines": [{"name": e, "version": v} for e, v in inv.engines],
+                "shards": sum(1 for s in (view.shards.values() if view else ()) if s.state in ShardState.live()),
+            })
+        return {"items": items}
+
+    @app.get("/api/v1/endpoints")
+    async def endpoints(after: int | None = None,
+                        timeout: float = Query(default=25.0, ge=0, le=LONG_POLL_MAX_S)) -> dict[str, Any]:
+        return await cluster.wait_table(after=after, timeout=timeout)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        nodes_gauge.set(sum(1 for n in cluster.nodes.values() if n.connected))
+        counts = {p.value: 0 for p in Phase}
+        for r in store.list_replicas():
+            counts[r.phase.value] += 1
+        for phase, count in counts.items():
+            replicas_gauge.labels(phase=phase).set(count)
+        return Response(prometheus_client.generate_latest(registry), media_type=prometheus_client.CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,47 @@
+"""What the reconciler decides; the control plane's executor carries these out.
+
+Plain values, so a test asserts on exactly what would be done without doing it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from llmgw.control.state import ReplicaRecord
+from llmgw.core.shards import ShardSpec
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CreateReplica:
+    """A new Pending replica of ``model``; the executor names it and makes its key."""
+
+    model: str
+    fingerprint: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UpdateReplica:
+    """Persist ``record`` as the replica's new target, before any command for it goes out."""
+
+    record: ReplicaRecord
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DeleteReplica:
+    replica_id: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StartShard:
+    node_id: str
+    spec: ShardSpec
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StopShard:
+    node_id: str
+    shard_id: str
+    reason: str
+
+
+Decision = CreateReplica | UpdateReplica | DeleteReplica | StartShard | StopShard

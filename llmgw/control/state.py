@@ -1,0 +1,72 @@
+"""The control plane's view of the world, as plain data for the pure decision code.
+
+``ReplicaRecord`` is the persisted target of one replica (the store converts
+rows to and from it); ``NodeView`` is what a node last reported, held in memory.
+Nothing here does I/O, so placement and reconciliation are tested with these
+objects alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+from llmgw.core.inventory import Inventory
+from llmgw.core.shards import ShardStatus
+
+
+class Phase(enum.Enum):
+    """Where a replica stands in the control plane's plan."""
+
+    #: Not on any node: waiting to be placed (or waiting out a failure's backoff).
+    PENDING = "Pending"
+    #: StartShard was sent to its node; the engine is not serving yet.
+    STARTING = "Starting"
+    #: Its engine answers: the router may send it traffic.
+    READY = "Ready"
+    #: Being stopped (deleted, scaled down or replaced); gone once its shard is.
+    TERMINATING = "Terminating"
+
+    @classmethod
+    def placed(cls) -> frozenset[Phase]:
+        """Phases in which a replica holds a node's resources."""
+        return frozenset({cls.STARTING, cls.READY, cls.TERMINATING})
+
+
+@dataclasses.dataclass(slots=True)
+class ReplicaRecord:
+    id: str
+    model: str
+    fingerprint: str
+    phase: Phase
+    api_key: str
+    node_id: str | None = None
+    shard_id: str | None = None
+    attempt: int = 0
+    failures: int = 0
+    next_attempt_at: float = 0.0
+    started_at: float = 0.0
+    sent_at: float = 0.0
+    ready_at: float = 0.0
+    endpoint: str = ""
+    message: str = ""
+    last_output: tuple[str, ...] = ()
+    created_at: float = 0.0
+
+
+@dataclasses.dataclass(slots=True)
+class NodeView:
+    """A node as last heard from."""
+
+    id: str
+    inventory: Inventory
+    connected: bool
+    #: When the stream ended (or, for a node not seen since this control plane
+    #: started, when it started); meaningless while connected.
+    disconnected_since: float = 0.0
+    mgmt_addr: str = ""
+    #: Every shard the agent reported, by shard id, terminal ones included.
+    shards: dict[str, ShardStatus] = dataclasses.field(default_factory=dict)
+    #: True once this node registered with this control plane instance, so its
+    #: shard list is complete. Until then nothing is decided from absence.
+    reported: bool = False

@@ -1,0 +1,51 @@
+"""A model's state in one word and one sentence, from its replicas (pure).
+
+The router puts the sentence in its 503, so it must tell a person what is
+happening and what to look at, not only that nothing is Ready.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+from llmgw.control.state import Phase, ReplicaRecord
+from llmgw.core.specs import ModelSpec
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ModelStatus:
+    #: Ready, Degraded, Starting, Pending, Failed or ScaledToZero.
+    state: str
+    message: str
+    ready: int
+    desired: int
+
+
+def describe_replica(r: ReplicaRecord, *, now: float) -> str:
+    if r.phase is Phase.STARTING:
+        return f"replica {r.id} Starting on node {r.node_id} for {now - r.started_at:.0f}s"
+    if r.phase is Phase.PENDING and r.next_attempt_at > now:
+        return f"replica {r.id} Pending: {r.message}"
+    return f"replica {r.id} {r.phase.value}: {r.message}" if r.message else f"replica {r.id} {r.phase.value}"
+
+
+def summarize(spec: ModelSpec, replicas: Iterable[ReplicaRecord], *, now: float) -> ModelStatus:
+    mine = [r for r in replicas if r.phase is not Phase.TERMINATING]
+    ready = sum(1 for r in mine if r.phase is Phase.READY)
+    desired = spec.replicas
+    if desired == 0:
+        return ModelStatus("ScaledToZero", "replicas is 0; set spec.replicas to serve it", ready, desired)
+    head = f"{ready} of {desired} replicas Ready"
+    if ready >= desired:
+        return ModelStatus("Ready", head, ready, desired)
+    waiting = [r for r in mine if r.phase is not Phase.READY]
+    detail = "; ".join(describe_replica(r, now=now) for r in waiting[:3])
+    message = f"{head}: {detail}" if detail else head
+    if ready:
+        return ModelStatus("Degraded", message, ready, desired)
+    if any(r.phase is Phase.STARTING for r in mine):
+        return ModelStatus("Starting", message, ready, desired)
+    if any(r.failures for r in mine):
+        return ModelStatus("Failed", message, ready, desired)
+    return ModelStatus("Pending", message, ready, desired)

@@ -1,0 +1,201 @@
+"""The store: the only module that speaks SQL.
+
+SQLite by default, in the data directory; the schema is created and upgraded
+by Alembic migrations at open, so a second ``llmgw server`` on an older data
+directory upgrades it instead of failing on a missing column. Callers get and
+give ``llmgw.core``/``llmgw.control.state`` objects, never rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import pathlib
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import sqlalchemy as sa
+from alembic import command as alembic_command
+from alembic.config import Config as AlembicConfig
+from sqlalchemy import event
+from sqlalchemy.orm import sessionmaker
+
+from llmgw.control.state import Phase, ReplicaRecord
+from llmgw.control.store.tables import ModelRow, NodeRow, ReplicaRow
+from llmgw.core import specs
+from llmgw.core.inventory import Disk, Gpu, Inventory
+
+log = logging.getLogger(__name__)
+MIGRATIONS = pathlib.Path(__file__).with_name("migrations")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StoredModel:
+    model: specs.Model
+    generation: int
+    created_at: float
+    updated_at: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StoredNode:
+    id: str
+    hostname: str
+    mgmt_addr: str
+    agent_version: str
+    inventory: Inventory
+    labels: dict[str, str]
+    first_seen: float
+    last_seen: float
+
+
+def inventory_to_doc(inv: Inventory) -> dict[str, Any]:
+    return dataclasses.asdict(inv)
+
+
+def inventory_from_doc(doc: dict[str, Any]) -> Inventory:
+    return Inventory(
+        cpu_count=doc.get("cpu_count", 0), memory_total_bytes=doc.get("memory_total_bytes", 0),
+        memory_available_bytes=doc.get("memory_available_bytes", 0),
+        disks=tuple(Disk(**x) for x in doc.get("disks", ())), gpus=tuple(Gpu(**x) for x in doc.get("gpus", ())),
+        os=doc.get("os", ""), arch=doc.get("arch", ""),
+        engines=tuple((n, v) for n, v in doc.get("engines", ())),
+    )
+
+
+def _replica_from_row(row: ReplicaRow) -> ReplicaRecord:
+    return ReplicaRecord(
+        id=row.id, model=row.model, fingerprint=row.fingerprint, phase=Phase(row.phase), api_key=row.api_key,
+        node_id=row.node_id, shard_id=row.shard_id, attempt=row.attempt, failures=row.failures,
+        next_attempt_at=row.next_attempt_at, started_at=row.started_at, sent_at=row.sent_at,
+        ready_at=row.ready_at, endpoint=row.endpoint, message=row.message,
+        last_output=tuple(row.last_output or ()), created_at=row.created_at,
+    )
+
+
+def _fill_replica_row(row: ReplicaRow, r: ReplicaRecord, now: float) -> None:
+    row.model, row.fingerprint, row.phase, row.api_key = r.model, r.fingerprint, r.phase.value, r.api_key
+    row.node_id, row.shard_id, row.attempt, row.failures = r.node_id, r.shard_id, r.attempt, r.failures
+    row.next_attempt_at, row.started_at, row.sent_at = r.next_attempt_at, r.started_at, r.sent_at
+    row.ready_at, row.endpoint, row.message = r.ready_at, r.endpoint, r.message
+    row.last_output, row.updated_at = list(r.last_output), now
+
+
+class Store:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine = sa.create_engine(url, connect_args={"check_same_thread": False}
+                                       if url.startswith("sqlite") else {})
+        if url.startswith("sqlite"):
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        self._session = sessionmaker(self.engine, expire_on_commit=False)
+
+    @classmethod
+    def open(cls, data_dir: pathlib.Path) -> Store:
+        """Opens (creating and migrating as needed) the SQLite database in ``data_dir``."""
+        data_dir.mkdir(parents=True, exist_ok=True)
+        store = cls(f"sqlite:///{data_dir / 'llmgw.db'}")
+        store.migrate()
+        return store
+
+    def migrate(self) -> None:
+        cfg = AlembicConfig()
+        cfg.set_main_option("script_location", str(MIGRATIONS))
+        with self.engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            alembic_command.upgrade(cfg, "head")
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # -- models ------------------------------------------------------------------
+    def put_model(self, model: specs.Model, *, now: float | None = None) -> tuple[StoredModel, bool]:
+        """Creates or replaces a model; returns it and whether it was new."""
+        now = time.time() if now is None else now
+        with self._session.begin() as s:
+            row = s.get(ModelRow, model.name)
+            created = row is None
+            if row is None:
+                row = ModelRow(name=model.name, manifest=model.to_manifest(), generation=1,
+                               created_at=now, updated_at=now)
+                s.add(row)
+            elif row.manifest != model.to_manifest():
+                row.manifest, row.generation, row.updated_at = model.to_manifest(), row.generation + 1, now
+            return self._stored_model(row), created
+
+    def _stored_model(self, row: ModelRow) -> StoredModel:
+        return StoredModel(specs.parse_manifest(row.manifest), row.generation, row.created_at, row.updated_at)
+
+    def get_model(self, name: str) -> StoredModel | None:
+        with self._session() as s:
+            row = s.get(ModelRow, name)
+            return self._stored_model(row) if row else None
+
+    def list_models(self) -> list[StoredModel]:
+        with self._session() as s:
+            return [self._stored_model(r) for r in s.scalars(sa.select(ModelRow).order_by(ModelRow.name))]
+
+    def delete_model(self, name: str) -> bool:
+        with self._session.begin() as s:
+            row = s.get(ModelRow, name)
+            if row is None:
+                return False
+            s.delete(row)
+            return True
+
+    # -- replicas ----------------------------------------------------------------
+    def list_replicas(self) -> list[ReplicaRecord]:
+        with self._session() as s:
+            rows = s.scalars(sa.select(ReplicaRow).order_by(ReplicaRow.created_at, ReplicaRow.id))
+            return [_replica_from_row(r) for r in rows]
+
+    def write_replicas(self, *, upserts: Iterable[ReplicaRecord] = (), deletes: Iterable[str] = (),
+                       now: float | None = None) -> None:
+        """Writes replica targets in one transaction."""
+        now = time.time() if now is None else now
+        with self._session.begin() as s:
+            for r in upserts:
+                row = s.get(ReplicaRow, r.id)
+                if row is None:
+                    row = ReplicaRow(id=r.id, created_at=r.created_at or now)
+                    s.add(row)
+                _fill_replica_row(row, r, now)
+            for rid in deletes:
+                row = s.get(ReplicaRow, rid)
+                if row is not None:
+                    s.delete(row)
+
+    # -- nodes -------------------------------------------------------------------
+    def upsert_node(self, node: StoredNode) -> None:
+        with self._session.begin() as s:
+            row = s.get(NodeRow, node.id)
+            if row is None:
+                row = NodeRow(id=node.id, first_seen=node.first_seen)
+                s.add(row)
+            row.hostname, row.mgmt_addr, row.agent_version = node.hostname, node.mgmt_addr, node.agent_version
+            row.inventory, row.labels = inventory_to_doc(node.inventory), dict(node.labels)
+            row.last_seen = node.last_seen
+
+    def touch_nodes(self, last_seen: dict[str, float]) -> None:
+        with self._session.begin() as s:
+            for node_id, ts in last_seen.items():
+                row = s.get(NodeRow, node_id)
+                if row is not None:
+                    row.last_seen = ts
+
+    def list_nodes(self) -> list[StoredNode]:
+        with self._session() as s:
+            return [StoredNode(r.id, r.hostname, r.mgmt_addr, r.agent_version, inventory_from_doc(r.inventory),
+                               dict(r.labels or {}), r.first_seen, r.last_seen)
+                    for r in s.scalars(sa.select(NodeRow).order_by(NodeRow.id))]
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    # WAL lets the CLI and tests read while the server writes; without it a
+    # reader during a write gets "database is locked".
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA busy_timeout=5000")
+    cur.close()

@@ -1,0 +1,72 @@
+"""The database schema, as SQLAlchemy 2 declarative tables.
+
+Only desired state and the control plane's own targets are stored: what a
+replica should be doing and where. What nodes report (memory, shard states)
+lives in memory and arrives again on every reconnect, so a lost heartbeat never
+needs a write and a restart never trusts a stale observation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import JSON, Float, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class ModelRow(Base):
+    __tablename__ = "models"
+
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    #: The canonical manifest (``Model.to_manifest()``), so reading it back
+    #: goes through the same validation as a file.
+    manifest: Mapped[dict[str, Any]] = mapped_column(JSON)
+    generation: Mapped[int] = mapped_column(Integer, default=1)
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class NodeRow(Base):
+    __tablename__ = "nodes"
+
+    id: Mapped[str] = mapped_column(String(253), primary_key=True)
+    hostname: Mapped[str] = mapped_column(String(253), default="")
+    mgmt_addr: Mapped[str] = mapped_column(String(253), default="")
+    agent_version: Mapped[str] = mapped_column(String(64), default="")
+    #: The inventory from the last registration, for listing a node that is
+    #: not connected now.
+    inventory: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    labels: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)
+    first_seen: Mapped[float] = mapped_column(Float)
+    last_seen: Mapped[float] = mapped_column(Float)
+
+
+class ReplicaRow(Base):
+    __tablename__ = "replicas"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    #: No foreign key: a deleted model's replicas stay until their shards have stopped.
+    model: Mapped[str] = mapped_column(String(63), index=True)
+    #: The spec fingerprint this replica runs; differs from the model's after an edit.
+    fingerprint: Mapped[str] = mapped_column(String(32))
+    phase: Mapped[str] = mapped_column(String(16))
+    node_id: Mapped[str | None] = mapped_column(String(253), nullable=True)
+    shard_id: Mapped[str | None] = mapped_column(String(96), nullable=True)
+    api_key: Mapped[str] = mapped_column(String(96))
+    #: Launches so far; the shard id is ``{id}-{attempt}``.
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    #: Failures in a row, for backoff; reset when the replica is Ready.
+    failures: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[float] = mapped_column(Float, default=0.0)
+    started_at: Mapped[float] = mapped_column(Float, default=0.0)
+    sent_at: Mapped[float] = mapped_column(Float, default=0.0)
+    ready_at: Mapped[float] = mapped_column(Float, default=0.0)
+    endpoint: Mapped[str] = mapped_column(String(253), default="")
+    message: Mapped[str] = mapped_column(Text, default="")
+    last_output: Mapped[list[str]] = mapped_column(JSON, default=list)
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)

@@ -1,0 +1,147 @@
+"""``llmgw server``: the control plane and the router in one process.
+
+This is the one module allowed to import both ``llmgw.control`` and
+``llmgw.router``, and even here they meet on the wire: the router watches the
+control plane's ``/api/v1/endpoints`` over loopback HTTP exactly as a
+standalone router would, so the in-process router is the same code path that
+runs alone and keeps serving when the control plane is restarted.
+
+HTTP (OpenAI API under ``/v1``, REST API under ``/api/v1``, ``/metrics``,
+``/healthz``) is one listener; the agent stream is another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import ipaddress
+import json
+import logging
+import signal
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from llmgw.control.agentsvc import service as agentsvc
+from llmgw.control.cluster import Cluster
+from llmgw.control.http.api import create_api
+from llmgw.control.store.store import Store
+from llmgw.core.errors import LlmgwError
+from llmgw.router.app import RouterApp
+from llmgw.router.table import TableHolder
+from llmgw.router.watch import TableWatcher
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    http_port: int = 8080
+    agent_port: int = 8081
+    data_dir: Path = Path(".")
+    #: Where to write {"http_port", "agent_port"} once listening (for ``up`` and tests with port 0).
+    ports_file: Path | None = None
+
+
+class _Uvicorn(uvicorn.Server):
+    # uvicorn installs its own SIGINT/SIGTERM handlers and re-raises the
+    # signal once it has shut down, which would kill this process before the
+    # gRPC server and the reconcile loop were stopped. Signals are ours here.
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _dispatch(router: RouterApp, api: Any) -> Any:
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            await router(scope, receive, send)
+        else:
+            await api(scope, receive, send)
+
+    return app
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise LlmgwError(f"cannot listen on {host}:{port}: {e.strerror}; "
+                         "pass --http-port to use another port") from None
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+def _loopback_url(host: str, port: int) -> str:
+    if host in ("0.0.0.0", "::", ""):
+        return f"http://127.0.0.1:{port}"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _warn_if_exposed(host: str) -> None:
+    with contextlib.suppress(ValueError):
+        if not ipaddress.ip_address(host).is_loopback:
+            log.warning("listening on %s: the REST API has no authentication yet in this version; "
+                        "keep it on a trusted network", host)
+
+
+async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    _warn_if_exposed(cfg.host)
+    store = Store.open(cfg.data_dir)
+    cluster = Cluster(store)
+    http_sock = _listen(cfg.host, cfg.http_port)
+    http_port = http_sock.getsockname()[1]
+    try:
+        grpc_server, agent_port = await agentsvc.serve(cluster, host=cfg.host, port=cfg.agent_port)
+    except OSError as e:
+        http_sock.close()
+        raise LlmgwError(str(e)) from None
+    holder = TableHolder()
+    control_url = _loopback_url(cfg.host, http_port)
+    watcher = TableWatcher(control_url, holder)
+    router = RouterApp(holder, watcher=watcher, source=f"the control plane at {control_url}")
+    api = create_api(store, cluster)
+    web = _Uvicorn(uvicorn.Config(_dispatch(router, api), lifespan="off", log_level="warning",
+                                  http="httptools", ws="none", access_log=False))
+    web_task = asyncio.create_task(web.serve(sockets=[http_sock]))
+    reconcile_task = asyncio.create_task(cluster.run())
+    await router.startup()
+    log.info("llmgw server: HTTP on %s:%d (OpenAI API /v1, REST /api/v1), agents on %s:%d, data in %s",
+             cfg.host, http_port, cfg.host, agent_port, cfg.data_dir)
+    if cfg.ports_file:
+        cfg.ports_file.write_text(json.dumps({"http_port": http_port, "agent_port": agent_port}))
+    try:
+        done, _ = await asyncio.wait([asyncio.create_task(stop.wait()), web_task, reconcile_task],
+                                     return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            if task is not web_task and task is not reconcile_task:
+                continue
+            if task.exception():
+                raise task.exception()  # type: ignore[misc]
+    finally:
+        log.info("llmgw server stopping")
+        web.should_exit = True
+        await router.shutdown()
+        await grpc_server.stop(grace=1.0)
+        reconcile_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await asyncio.wait_for(web_task, 5.0)
+        with contextlib.suppress(asyncio.CancelledError):
+            await reconcile_task
+        store.close()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
