@@ -29,6 +29,7 @@ import uvicorn
 from llmgw.control.agentsvc import service as agentsvc
 from llmgw.control.cluster import Cluster
 from llmgw.control.http.api import create_api
+from llmgw.control.reconcile import decide
 from llmgw.control.store.store import Store
 from llmgw.core.errors import LlmgwError
 from llmgw.router.app import RouterApp
@@ -46,6 +47,8 @@ class ServerConfig:
     data_dir: Path = Path(".")
     #: Where to write {"http_port", "agent_port"} once listening (for ``up`` and tests with port 0).
     ports_file: Path | None = None
+    #: Seconds a disconnected node keeps its replicas before they are placed elsewhere.
+    node_grace_s: float = 30.0
 
 
 class _Uvicorn(uvicorn.Server):
@@ -102,7 +105,7 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
         loop.add_signal_handler(sig, stop.set)
     _warn_if_exposed(cfg.host)
     store = Store.open(cfg.data_dir)
-    cluster = Cluster(store)
+    cluster = Cluster(store, cfg=decide.Config(node_grace_s=cfg.node_grace_s))
     http_sock = _listen(cfg.host, cfg.http_port)
     http_port = http_sock.getsockname()[1]
     try:
@@ -116,7 +119,8 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
     router = RouterApp(holder, watcher=watcher, source=f"the control plane at {control_url}")
     api = create_api(store, cluster)
     web = _Uvicorn(uvicorn.Config(_dispatch(router, api), lifespan="off", log_level="warning",
-                                  http="httptools", ws="none", access_log=False))
+                                  http="httptools", ws="none", access_log=False,
+                                  timeout_graceful_shutdown=3))
     web_task = asyncio.create_task(web.serve(sockets=[http_sock]))
     reconcile_task = asyncio.create_task(cluster.run())
     await router.startup()
@@ -134,6 +138,7 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
                 raise task.exception()  # type: ignore[misc]
     finally:
         log.info("llmgw server stopping")
+        await cluster.close()
         web.should_exit = True
         await router.shutdown()
         await grpc_server.stop(grace=1.0)

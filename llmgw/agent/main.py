@@ -58,10 +58,13 @@ async def run(cfg: AgentConfig, *, stop: asyncio.Event | None = None) -> None:
     try:
         await stop.wait()
     finally:
-        # The stream goes first, at once: a stop must not wait out a timeout.
-        stream.cancel()
         log.info("agent stopping: stopping %d engines", len(supervisor.statuses()))
         await supervisor.stop_all(reason="agent stopping")
+        # Their Stopped statuses go out before the stream closes, so the
+        # control plane replaces them now instead of after the node's grace
+        # period; bounded, because a stop must not hang on a dead network.
+        await session.flush(timeout=1.0)
+        stream.cancel()
         await supervisor.close()
         sampler.close()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -12,6 +12,7 @@ Protobuf stops here: commands become core types before the supervisor sees them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import random
@@ -39,6 +40,7 @@ CHANNEL_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 1_000),
 ]
 REGISTER_TIMEOUT_S = 10.0
+CONNECT_TIMEOUT_S = 5.0
 
 
 class Refused(Exception):
@@ -68,6 +70,14 @@ class Session:
         if self._out is not None:
             self._out.put_nowait(pb.AgentMessage(seq=next(self._seq), shard_status=convert.status_to_pb(status)))
 
+    async def flush(self, *, timeout: float) -> None:
+        """Waits (up to ``timeout``) until everything queued for the control plane was written."""
+        out = self._out
+        if out is None:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(out.join(), timeout)
+
     async def run_forever(self) -> None:
         delay = self.cfg.reconnect_base_s
         while True:
@@ -88,12 +98,18 @@ class Session:
 
     async def _run_once(self, addr: str) -> None:
         async with grpc.aio.insecure_channel(addr, options=CHANNEL_OPTIONS) as channel:
+            # Connect first, bounded: a write on a channel that cannot connect
+            # waits forever, and the agent then never tries again (seen when
+            # it redialled a control plane that was still restarting).
+            try:
+                await asyncio.wait_for(channel.channel_ready(), CONNECT_TIMEOUT_S)
+            except TimeoutError:
+                raise TimeoutError(f"cannot connect within {CONNECT_TIMEOUT_S:.0f}s") from None
             call = agent_pb2_grpc.AgentServiceStub(channel).Connect()
             out: asyncio.Queue[pb.AgentMessage] = asyncio.Queue()
             inventory = await asyncio.to_thread(self._inventory)
             reg = self._register(inventory)
-            await call.write(reg)
-            first = await asyncio.wait_for(call.read(), REGISTER_TIMEOUT_S)
+            first = await asyncio.wait_for(self._handshake(call, reg), REGISTER_TIMEOUT_S)
             if first is grpc.aio.EOF:
                 raise Refused("the stream closed before Register was answered")
             if first.WhichOneof("body") != "ack" or not first.ack.ok:
@@ -117,6 +133,10 @@ class Session:
                 beat.cancel()
                 call.cancel()
 
+    async def _handshake(self, call: grpc.aio.StreamStreamCall, reg: pb.AgentMessage) -> object:
+        await call.write(reg)
+        return await call.read()
+
     def _register(self, inventory: Inventory) -> pb.AgentMessage:
         inv_pb, engines = convert.inventory_to_pb(inventory)
         return pb.AgentMessage(seq=next(self._seq), register=pb.Register(
@@ -127,7 +147,11 @@ class Session:
     async def _write(self, call: grpc.aio.StreamStreamCall, out: asyncio.Queue[pb.AgentMessage]) -> None:
         # One writer: grpc.aio allows only one write in flight per call.
         while True:
-            await call.write(await out.get())
+            msg = await out.get()
+            try:
+                await call.write(msg)
+            finally:
+                out.task_done()
 
     async def _heartbeats(self, out: asyncio.Queue[pb.AgentMessage]) -> None:
         while True:

@@ -22,7 +22,7 @@ delete_app = typer.Typer(no_args_is_help=True, help="Delete a model (its replica
 app.add_typer(get_app, name="get")
 app.add_typer(delete_app, name="delete")
 console = Console()
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True, highlight=False)
 
 UrlOpt = typer.Option(None, "--url", help="Control plane URL [env LLMGW_URL, default http://127.0.0.1:8080]")
 
@@ -59,14 +59,17 @@ def server(
     agent_port: int = typer.Option(8081, help="The agents' gRPC stream"),
     data_dir: Path = typer.Option(None, help="Database directory [default $XDG_DATA_HOME/llmgw]"),
     ports_file: Path = typer.Option(None, help="Write the bound ports here as JSON once listening"),
+    node_grace: float = typer.Option(30.0, help="Seconds a disconnected node keeps its replicas"),
     log_level: str = typer.Option("info"),
 ) -> None:
     """Run the control plane and the router."""
     from llmgw import serve
 
     _logging(log_level)
+    if node_grace < 0:
+        raise _fail("--node-grace cannot be negative")
     cfg = serve.ServerConfig(host=host, http_port=http_port, agent_port=agent_port,
-                             data_dir=data_dir or default_data_dir(), ports_file=ports_file)
+                             data_dir=data_dir or default_data_dir(), ports_file=ports_file, node_grace_s=node_grace)
     try:
         asyncio.run(serve.run(cfg))
     except LlmgwError as e:

@@ -55,6 +55,7 @@ class Cluster:
         self._wake = asyncio.Event()
         self._table_changed = asyncio.Condition()
         self._table: dict[str, Any] = {"version": 0, "models": []}
+        self._closing = False
         for stored in store.list_nodes():
             # Known but not heard from since this start: disconnected since
             # now, so its replicas get the full grace period to be reported.
@@ -197,11 +198,17 @@ class Cluster:
             return self._table
         async with self._table_changed:
             try:
-                await asyncio.wait_for(
-                    self._table_changed.wait_for(lambda: self._table["version"] != after), timeout)
+                await asyncio.wait_for(self._table_changed.wait_for(
+                    lambda: self._closing or self._table["version"] != after), timeout)
             except TimeoutError:
                 pass
         return self._table
+
+    async def close(self) -> None:
+        """Answers every waiting long poll now, so a shutdown does not wait out their timeouts."""
+        async with self._table_changed:
+            self._closing = True
+            self._table_changed.notify_all()
 
     def connected(self, node_id: str) -> bool:
         return node_id in self._conns

@@ -1,0 +1,77 @@
+"""What an engine adapter is: a pure translation from a shard spec to a process.
+
+An adapter knows one engine's command line. It validates a spec before
+anything is launched (an engine refuses a bad flag only after it has started,
+and a big model only after minutes of loading), builds the argv and the
+environment additions, and says which version of the engine is installed.
+It starts nothing itself: the supervisor is the one place that spawns
+processes, so adapters are tested with plain data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Iterable
+from typing import Protocol
+
+from llmgw.core import engines, errors, shards
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Launch:
+    """How to start one engine process."""
+
+    #: The full command line, program first; run without a shell.
+    argv: list[str]
+    #: Variables to add to (or override in) the agent's environment.
+    env: dict[str, str]
+
+
+class Adapter(Protocol):
+    """One engine's translation of a shard spec."""
+
+    #: The engine's name as model files spell it ("llamacpp").
+    name: str
+    #: The path that answers 200 once the engine serves.
+    health_path: str
+
+    def validate(self, spec: shards.ShardSpec) -> None:
+        """Raise EngineError, saying what to fix, when ``spec`` cannot run on this engine."""
+        ...
+
+    def launch(self, spec: shards.ShardSpec, *, host: str, port: int, model_path: str | None,
+               cpu_count: int, python: str = sys.executable) -> Launch:
+        """The argv and environment that run ``spec`` listening on ``host:port``."""
+        ...
+
+    def probe(self) -> str | None:
+        """The installed engine's version, None when it is not installed here."""
+        ...
+
+
+def reserved_in(engine: str, args: Iterable[str]) -> list[str]:
+    """The args that set a flag llmgw sets itself for ``engine`` (``--port 1`` and ``--port=1`` alike)."""
+    reserved = engines.RESERVED_FLAGS.get(engine, frozenset())
+    return [a for a in args if a.split("=", 1)[0] in reserved]
+
+
+def check_common(engine: str, spec: shards.ShardSpec) -> None:
+    """The checks every adapter makes: a served name, and no reserved flags in args."""
+    if not spec.served_name:
+        raise errors.EngineError(f"shard {spec.shard_id}: served_name is empty; set the name clients "
+                                 "will ask for")
+    clashes = reserved_in(engine, spec.args)
+    if clashes:
+        raise errors.EngineError(
+            f"shard {spec.shard_id}: engine args {' '.join(clashes)} set flags llmgw sets itself for "
+            f"{engine} ({', '.join(sorted(engines.RESERVED_FLAGS[engine]))}); remove them from the "
+            "model's engine args")
+    if spec.threads < 0:
+        raise errors.EngineError(f"shard {spec.shard_id}: threads is {spec.threads}; use 0 for the "
+                                 "default or a positive count")
+
+
+def spec_env(spec: shards.ShardSpec) -> dict[str, str]:
+    """The environment additions the spec itself asks for."""
+    return dict(spec.env)

@@ -1,0 +1,191 @@
+"""Run llama.cpp's server from the xllamacpp wheel, taking llama-server's flags.
+
+``python -m llmgw.agent.engines.llamacpp_launcher --model M.gguf --port P ...``
+stands in for a ``llama-server`` binary on machines that have none: the wheel
+carries llama.cpp's own C++ server, so the HTTP surface (/health, /v1/models,
+chat and completions with SSE, /metrics, /slots) is the real one. Only the
+subset of flags the llamacpp adapter and model files use is accepted; any
+other flag is refused by name rather than ignored.
+
+Facts about xllamacpp this is built on (2026.10):
+
+* ``xllamacpp.Server(params)`` binds, loads the model and returns; the server
+  then runs on native threads. Deleting the object stops it ("waiting for main
+  loop exit") in milliseconds.
+* ``Server()`` holds the GIL while it loads, so no Python signal handler can
+  run until it returns. SIGTERM and SIGINT keep their default action (end the
+  process) until then: a stop during a long load ends it at once instead of
+  waiting for the load.
+* A missing model and a busy port raise the same ``RuntimeError("Failed to init
+  server")`` and say which only on stderr, so both are checked first here and
+  refused with a one-line reason and exit status 1.
+* The API key is ``params.api_keys`` (a list); the alias is ``params.model_alias``
+  (a set). Without ``kv_unified`` each slot gets only n_ctx / n_parallel of
+  context, so it is on unless ``--no-kv-unified`` is given, as in llama-server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.metadata
+import os
+import select
+import signal
+import socket
+import sys
+from typing import Any
+
+PROG = "llamacpp_launcher"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=f"python -m llmgw.agent.engines.{PROG}", allow_abbrev=False,
+                                     description="llama.cpp's server from the xllamacpp wheel")
+    parser.add_argument("-m", "--model", required=True, help="path to a .gguf file")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8080, help="0 picks a free port")
+    parser.add_argument("-a", "--alias", default="", help="the model name served (default: file name)")
+    parser.add_argument("--api-key", default=os.environ.get("LLAMA_API_KEY", ""),
+                        help="require Authorization: Bearer KEY (default $LLAMA_API_KEY, as llama-server)")
+    parser.add_argument("-t", "--threads", type=int, default=-1, help="-1: llama.cpp decides")
+    parser.add_argument("-c", "--ctx-size", type=int, default=0, help="0: the model's training context")
+    parser.add_argument("-np", "--parallel", type=int, default=4, help="slots (requests at once)")
+    parser.add_argument("--kv-unified", action=argparse.BooleanOptionalAction, default=True,
+                        help="one KV cache shared by all slots (default on)")
+    parser.add_argument("--metrics", action="store_true", help="serve /metrics")
+    parser.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", default=None,
+                        help="layers on the GPU: a number, 'auto' or 'all'")
+    args = parser.parse_args(argv)
+    if args.parallel < 1:
+        parser.error(f"--parallel must be at least 1, not {args.parallel}")
+    return args
+
+
+def check_model(path: str) -> str | None:
+    """Why ``path`` cannot be loaded as a GGUF model, or None when it looks loadable."""
+    if not os.path.exists(path):
+        return f"model file {path} does not exist"
+    if not os.path.isfile(path):
+        return f"model path {path} is not a file"
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        return f"model file {path} cannot be read: {e.strerror or e}"
+    if magic != b"GGUF":
+        return f"model file {path} is not a GGUF file (it starts with {magic!r}, not b'GGUF')"
+    return None
+
+
+def check_port(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on, or None when a bind just succeeded there."""
+    if port == 0:
+        return None
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        return f"host {host!r} does not resolve: {e}"
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        # As llama.cpp's listener does: without it a port in TIME_WAIT from the last run would be
+        # reported busy although the server could bind it.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as e:
+            return (f"port {port} on {host} is not available ({e.strerror or e}); pick another --port "
+                    "or stop what holds it")
+    return None
+
+
+def gpu_layers(value: str | None, xllamacpp: Any) -> int | None:
+    """The n_gpu_layers to set, None to leave llama.cpp's default; warns when no GPU will use it."""
+    if value is None:
+        return None
+    layers = {"auto": -1, "all": 999}.get(value)
+    if layers is None:
+        try:
+            layers = int(value)
+        except ValueError:
+            raise SystemExit(f"{PROG}: --n-gpu-layers takes a number, 'auto' or 'all', not {value!r}") from None
+    devices = xllamacpp.get_device_info()
+    if layers != 0 and all(d["type"] == xllamacpp.ggml_backend_dev_type.GGML_BACKEND_DEVICE_TYPE_CPU
+                           for d in devices):
+        print(f"{PROG}: warning: --n-gpu-layers {value} ignored: this llama.cpp build sees no GPU",
+              file=sys.stderr, flush=True)
+    return layers
+
+
+def build_params(args: argparse.Namespace, xllamacpp: Any) -> Any:
+    params = xllamacpp.CommonParams()
+    params.model.path = args.model
+    params.hostnames = [args.host]
+    params.port = args.port
+    params.n_ctx = args.ctx_size
+    params.n_parallel = args.parallel
+    params.kv_unified = args.kv_unified
+    params.cpuparams.n_threads = args.threads
+    params.endpoint_metrics = args.metrics
+    if args.alias:
+        params.model_alias = {args.alias}
+    if args.api_key:
+        params.api_keys = [args.api_key]
+    layers = gpu_layers(args.n_gpu_layers, xllamacpp)
+    if layers is not None:
+        params.n_gpu_layers = layers
+    return params
+
+
+def wait_for_stop() -> int:
+    """Block until SIGTERM or SIGINT arrives (on any thread) and return its number."""
+    # llama.cpp's native threads do not block these signals, so one may be delivered to any of
+    # them; a Python handler then runs only when the main thread next runs bytecode. The wakeup
+    # fd is written by the C-level handler whichever thread took the signal, so select wakes.
+    reader, writer = socket.socketpair()
+    reader.setblocking(False)
+    writer.setblocking(False)
+    signal.set_wakeup_fd(writer.fileno())
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    while True:
+        select.select([reader], [], [])
+        with contextlib.suppress(BlockingIOError):
+            data = reader.recv(64)
+            for number in data:
+                if number in (signal.SIGTERM, signal.SIGINT):
+                    return number
+
+
+def main(argv: list[str] | None = None) -> int:
+    # Until the server is up, a stop ends the process at once (see the module docstring).
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    args = parse_args(argv)
+    problem = check_model(args.model) or check_port(args.host, args.port)
+    if problem:
+        print(f"{PROG}: {problem}", file=sys.stderr, flush=True)
+        return 1
+    try:
+        import xllamacpp
+    except ImportError:
+        print(f"{PROG}: the xllamacpp wheel is not installed; pip install 'llmgw[llamacpp]' "
+              "or put a llama-server binary on PATH", file=sys.stderr, flush=True)
+        return 1
+    params = build_params(args, xllamacpp)
+    try:
+        server = xllamacpp.Server(params)
+    except RuntimeError as e:
+        print(f"{PROG}: llama.cpp did not start ({e}); its log lines above say why", file=sys.stderr,
+              flush=True)
+        return 1
+    version = importlib.metadata.version("xllamacpp")
+    print(f"{PROG}: listening on {server.listening_address} serving {args.alias or args.model!r} "
+          f"(xllamacpp {version}, threads {args.threads}, parallel {args.parallel})", flush=True)
+    received = wait_for_stop()
+    print(f"{PROG}: {signal.Signals(received).name} received; stopping", flush=True)
+    del server  # The destructor stops llama.cpp's loop and joins its threads.
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

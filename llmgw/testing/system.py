@@ -1,0 +1,144 @@
+"""A whole llmgw on loopback for tests: a real server process and real agent processes.
+
+Everything is started on free ports with its own data and state directories,
+and everything is stopped at the end, engines included, even when the test
+failed: the agent stops its engines on SIGTERM, and whatever is left of the
+processes it started is killed by pid.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from llmgw.testing.procs import Proc, wait_for
+
+LLMGW = [sys.executable, "-m", "llmgw"]
+
+
+def sim_model(name: str, *, replicas: int = 1, args: list[str] | None = None, **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "llmgw/v1", "kind": "Model", "metadata": {"name": name},
+            "spec": {"engine": "sim", "served_name": name, "replicas": replicas,
+                     "engine_args": args or ["--decode-tps", "400"], **spec}}
+
+
+class System:
+    def __init__(self, root: Path, *, node_grace_s: float = 30.0) -> None:
+        self.root = root
+        self.data_dir = root / "data"
+        self.node_grace_s = node_grace_s
+        self.server: Proc | None = None
+        self.agents: dict[str, Proc] = {}
+        self._engine_pids: set[int] = set()
+        self.http_port = self.agent_port = 0
+
+    # -- processes ------------------------------------------------------------------
+    def start_server(self) -> None:
+        ports = self.root / "ports.json"
+        ports.unlink(missing_ok=True)
+        self.server = Proc.start([*LLMGW, "server", "--http-port", str(self.http_port), "--agent-port",
+                                  str(self.agent_port), "--data-dir", str(self.data_dir), "--ports-file",
+                                  str(ports), "--node-grace", str(self.node_grace_s)],
+                                 log_path=self.root / "server.log")
+        got = wait_for(lambda: ports.exists() and ports.read_text(), timeout=30, what="server ports file")
+        doc = json.loads(str(got))
+        self.http_port, self.agent_port = doc["http_port"], doc["agent_port"]
+        self.server.wait_http(f"{self.url}/healthz", timeout=30)
+
+    def stop_server(self) -> None:
+        if self.server is not None:
+            self.server.stop(timeout=10)
+            self.server = None
+
+    def start_agent(self, node_id: str = "node1") -> Proc:
+        proc = Proc.start([*LLMGW, "agent", "--server", f"127.0.0.1:{self.agent_port}", "--node-id", node_id,
+                           "--state-dir", str(self.root / node_id), "--heartbeat-interval", "1",
+                           "--stop-grace", "3"], log_path=self.root / f"agent-{node_id}.log")
+        self.agents[node_id] = proc
+        wait_for(lambda: any(n["id"] == node_id and n["connected"] for n in self.get("/api/v1/nodes")["items"]),
+                 timeout=30, interval=0.1, what=f"agent {node_id} registered")
+        return proc
+
+    def engine_pids(self, node_id: str = "node1") -> set[int]:
+        """Engine processes the agent runs now (its children)."""
+        proc = self.agents[node_id]
+        try:
+            kids = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
+        except psutil.NoSuchProcess:
+            kids = set()
+        self._engine_pids |= kids
+        return kids
+
+    def stop_agent(self, node_id: str = "node1") -> None:
+        proc = self.agents.pop(node_id, None)
+        if proc is not None:
+            self.engine_pids_of(proc)
+            proc.stop(timeout=15)
+
+    def engine_pids_of(self, proc: Proc) -> None:
+        try:
+            self._engine_pids |= {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
+        except psutil.NoSuchProcess:
+            pass
+
+    def close(self) -> None:
+        for node_id in list(self.agents):
+            self.stop_agent(node_id)
+        self.stop_server()
+        # The safety net for a test that failed half-way: only pids this
+        # system saw as its agents' children, and only if still alive.
+        for pid in self._engine_pids:
+            try:
+                p = psutil.Process(pid)
+                p.kill()
+            except psutil.Error:
+                pass
+
+    # -- the API -----------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        with httpx.Client(base_url=self.url, timeout=30, trust_env=False) as c:
+            return c.request(method, path, **kw)
+
+    def get(self, path: str) -> Any:
+        resp = self.request("GET", path)
+        resp.raise_for_status()
+        return resp.json()
+
+    def apply(self, doc: dict[str, Any]) -> dict[str, Any]:
+        resp = self.request("POST", "/api/v1/models", json=doc)
+        assert resp.status_code in (200, 201), resp.text
+        return dict(resp.json())
+
+    def model_status(self, name: str) -> dict[str, Any]:
+        return dict(self.get(f"/api/v1/models/{name}")["status"])
+
+    def wait_model(self, name: str, state: str = "Ready", *, timeout: float = 30) -> dict[str, Any]:
+        def check() -> dict[str, Any] | None:
+            st = self.model_status(name)
+            return st if st["state"] == state else None
+        try:
+            return dict(wait_for(check, timeout=timeout, interval=0.1, what=f"{name} {state}"))  # type: ignore[arg-type]
+        except TimeoutError as e:
+            raise TimeoutError(f"{e}; last: {self.model_status(name)}") from None
+
+    def replicas(self, model: str) -> list[dict[str, Any]]:
+        return list(self.get(f"/api/v1/replicas?model={model}")["items"])
+
+    def wait_router(self, name: str, endpoints: int, *, timeout: float = 10) -> None:
+        """Until the router's table has ``endpoints`` endpoints for ``name`` (it follows the control plane)."""
+        def check() -> bool:
+            r = self.request("POST", "/v1/chat/completions", json={"model": name, "messages": [
+                {"role": "user", "content": "x"}], "max_tokens": 1})
+            return r.status_code == 200 if endpoints else r.status_code == 503
+        wait_for(check, timeout=timeout, interval=0.1, what=f"router has {name}")
+        time.sleep(0.1)

@@ -1,0 +1,89 @@
+"""`llmgw up` end to end on a real llama.cpp engine, and that SIGTERM leaves nothing behind."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from pathlib import Path
+
+import openai
+import psutil
+import pytest
+import yaml
+
+from llmgw.testing import openai_schema
+from llmgw.testing.procs import Proc, free_port, wait_for
+from llmgw.testing.tiny_gguf import write_tiny_llama_gguf
+
+pytestmark = pytest.mark.slow
+
+
+def test_up_serves_llamacpp_and_sigterm_stops_everything(tmp_path: Path) -> None:
+    """`up` with a tiny GGUF serves real llama.cpp completions through the router; SIGTERM ends every process."""
+    gguf = write_tiny_llama_gguf(tmp_path / "tiny.gguf")
+    model = tmp_path / "tiny.yaml"
+    model.write_text(yaml.safe_dump({
+        "apiVersion": "llmgw/v1", "kind": "Model", "metadata": {"name": "tiny"},
+        "spec": {"engine": "llamacpp", "source": f"file://{gguf}", "served_name": "tiny",
+                 "engine_args": ["--ctx-size", "512", "--parallel", "2"], "startup_timeout": "60s"}}))
+    http_port, agent_port = free_port(), free_port()
+    up = Proc.start([sys.executable, "-m", "llmgw", "up", "--model", str(model), "--http-port", str(http_port),
+                     "--agent-port", str(agent_port), "--data-dir", str(tmp_path / "data"), "--wait", "90"],
+                    log_path=tmp_path / "up.log")
+    family: set[int] = set()
+    try:
+        wait_for(lambda: "llmgw is up" in up.log_tail(200) or up.poll() is not None, timeout=120, interval=0.2,
+                 what="llmgw up")
+        out = up.log_tail(200)
+        assert up.poll() is None, out
+        assert f"OpenAI base URL: http://127.0.0.1:{http_port}/v1" in out and "model:           tiny" in out
+        assert f"REST API:        http://127.0.0.1:{http_port}/api/v1" in out and "Ctrl-C" in out
+        family = {p.pid for p in psutil.Process(up.pid).children(recursive=True)}
+        assert len(family) >= 3  # server, agent, engine
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{http_port}/v1", api_key="x", max_retries=0, timeout=60)
+        chat = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=6,
+                                         temperature=0, extra_body={"ignore_eos": True})
+        assert chat.choices[0].message.role == "assistant" and chat.usage and chat.usage.completion_tokens == 6
+        chunks = list(c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                                max_tokens=6, temperature=0, stream=True,
+                                                extra_body={"ignore_eos": True}))
+        for ch in chunks:
+            openai_schema.validate("chat_chunk", ch.model_dump(mode="json", exclude_unset=True))
+        assert sum(1 for ch in chunks if ch.choices and ch.choices[0].delta.content is not None) >= 1
+        comp = c.completions.create(model="tiny", prompt="a b c", max_tokens=4, temperature=0,
+                                    extra_body={"ignore_eos": True})
+        assert comp.usage and comp.usage.completion_tokens == 4
+        t0 = time.monotonic()
+        up.signal(signal.SIGTERM)
+        code = up.popen.wait(timeout=15)
+        took = time.monotonic() - t0
+        assert code == 0, up.log_tail(40)
+        assert took < 10, f"stopping took {took:.1f}s"
+        left = [p for p in family if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        assert left == [], f"processes left behind: {left}"
+    finally:
+        up.stop(timeout=15)
+        for pid in family:
+            try:
+                psutil.Process(pid).kill()
+            except psutil.Error:
+                pass
+
+
+def test_up_refuses_a_busy_port(tmp_path: Path) -> None:
+    """`up` on a port that is taken says which flag to use instead, and starts nothing."""
+    import socket
+
+    model = tmp_path / "sim.yaml"
+    model.write_text(yaml.safe_dump({"apiVersion": "llmgw/v1", "kind": "Model", "metadata": {"name": "s"},
+                                     "spec": {"engine": "sim"}}))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        up = Proc.start([sys.executable, "-m", "llmgw", "up", "--model", str(model), "--http-port", str(port),
+                         "--agent-port", str(free_port()), "--data-dir", str(tmp_path)], log_path=tmp_path / "up.log")
+        code = up.popen.wait(timeout=60)
+    assert code == 1
+    assert f"port {port} is in use" in up.log_tail() and "--http-port" in up.log_tail()

@@ -1,0 +1,196 @@
+"""The whole system on loopback: server, agent and sim engines as processes, the real openai client."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import httpx
+import openai
+import psutil
+import pytest
+
+from llmgw.testing import openai_schema
+from llmgw.testing.procs import wait_for
+from llmgw.testing.system import LLMGW, System, sim_model
+
+
+def client(system: System) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{system.url}/v1", api_key="unused", max_retries=0, timeout=30)
+
+
+def test_sim_model_is_served_streaming_and_not(system: System) -> None:
+    """A model applied over REST gets placed, started and served through the router, both ways."""
+    system.apply(sim_model("sim-a", replicas=2))
+    assert system.wait_model("sim-a")["ready_replicas"] == 2
+    system.wait_router("sim-a", 2)
+    c = client(system)
+    chat = c.chat.completions.create(model="sim-a", messages=[{"role": "user", "content": "hello"}], max_tokens=5)
+    openai_schema.validate("chat", chat.model_dump(mode="json", exclude_unset=True))
+    assert chat.choices[0].message.content and chat.usage and chat.usage.completion_tokens == 5
+    chunks = list(c.chat.completions.create(model="sim-a", messages=[{"role": "user", "content": "hi"}],
+                                            max_tokens=4, stream=True, stream_options={"include_usage": True}))
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert len(text.split()) == 4 and chunks[-1].usage and chunks[-1].usage.completion_tokens == 4
+    comp = c.completions.create(model="sim-a", prompt="once upon", max_tokens=3)
+    assert comp.choices[0].text and comp.choices[0].finish_reason == "length"
+    streamed = list(c.completions.create(model="sim-a", prompt="once upon", max_tokens=3, stream=True))
+    assert "".join(s.choices[0].text for s in streamed if s.choices).split() == comp.choices[0].text.split()
+    assert [m.id for m in c.models.list().data] == ["sim-a"]
+
+
+def test_requests_are_spread_over_replicas(system: System) -> None:
+    """Round-robin: consecutive requests land on both replicas."""
+    system.apply(sim_model("sim-rr", replicas=2))
+    system.wait_model("sim-rr")
+    system.wait_router("sim-rr", 2)
+    seen = set()
+    for _ in range(6):
+        r = system.request("POST", "/v1/chat/completions", json={
+            "model": "sim-rr", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1})
+        assert r.status_code == 200
+        seen.add(r.headers["x-llmgw-upstream"])
+    assert seen == {r["id"] for r in system.replicas("sim-rr")}
+
+
+def test_router_errors_are_openai_shaped(system: System) -> None:
+    """Unknown model 404, malformed JSON 400, nothing placeable 503 saying why; all in the error shape."""
+    c = client(system)
+    with pytest.raises(openai.NotFoundError) as nf:
+        c.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+    openai_schema.validate("error", nf.value.body if "error" in nf.value.body else {"error": nf.value.body})
+    bad = system.request("POST", "/v1/chat/completions", content=b"{not json",
+                         headers={"content-type": "application/json"})
+    assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
+    system.apply(sim_model("huge", resources={"memory": "100TiB"}))
+    wait_for(lambda: "needs 100.0 TiB" in system.model_status("huge")["message"], timeout=10, what="refusal")
+    wait_for(lambda: system.request("POST", "/v1/chat/completions", json={
+        "model": "huge", "messages": [{"role": "user", "content": "x"}]}).status_code == 503, timeout=10)
+    r = system.request("POST", "/v1/chat/completions", json={"model": "huge", "messages": [
+        {"role": "user", "content": "x"}]})
+    err = r.json()["error"]
+    assert "Pending" in err["message"] and "needs 100.0 TiB" in err["message"], err
+
+
+def test_bad_model_file_is_refused_with_field(system: System, tmp_path: os.PathLike[str]) -> None:
+    """REST answers 422 naming the field; the CLI says file and field and applies nothing."""
+    doc = sim_model("bad")
+    doc["spec"]["replcas"] = 2
+    r = system.request("POST", "/api/v1/models", json=doc)
+    assert r.status_code == 422 and r.json()["error"]["param"] == "spec.replcas"
+    path = os.path.join(tmp_path, "bad.yaml")
+    with open(path, "w") as f:
+        f.write("apiVersion: llmgw/v1\nkind: Model\nmetadata: {name: ok}\nspec: {engine: sim}\n---\n"
+                "apiVersion: llmgw/v1\nkind: Model\nmetadata: {name: bad}\nspec: {engine: sim, replicas: -2}\n")
+    out = subprocess.run([*LLMGW, "apply", "-f", path, "--url", system.url], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 1
+    assert "bad.yaml (document 2): spec.replicas: must be between 0 and 1000, got -2" in out.stderr
+    assert system.get("/api/v1/models")["items"] == []  # the valid first document was not applied either
+
+
+def test_cli_apply_get_delete(system: System, tmp_path: os.PathLike[str]) -> None:
+    """`llmgw apply`, `get -o json` and `delete model` against the running server."""
+    path = os.path.join(tmp_path, "m.yaml")
+    with open(path, "w") as f:
+        json.dump(sim_model("cli-m"), f)  # JSON is YAML too
+    run = [*LLMGW]
+    out = subprocess.run([*run, "apply", "-f", path, "--url", system.url], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and "model/cli-m created" in out.stdout
+    system.wait_model("cli-m")
+    got = subprocess.run([*run, "get", "replicas", "-o", "json", "--url", system.url], capture_output=True,
+                         text=True, timeout=60)
+    assert [r["phase"] for r in json.loads(got.stdout)] == ["Ready"]
+    nodes = subprocess.run([*run, "get", "nodes", "--url", system.url], capture_output=True, text=True, timeout=60)
+    assert "node1" in nodes.stdout
+    pids = system.engine_pids()
+    assert len(pids) == 1
+    gone = subprocess.run([*run, "delete", "model", "cli-m", "--url", system.url], capture_output=True, text=True,
+                          timeout=60)
+    assert gone.returncode == 0
+    wait_for(lambda: not system.replicas("cli-m"), timeout=20, what="replicas removed")
+    wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                             for p in pids), timeout=10, what="engine stopped")
+    again = subprocess.run([*run, "delete", "model", "cli-m", "--url", system.url], capture_output=True,
+                           text=True, timeout=60)
+    assert again.returncode == 1 and "does not exist" in again.stderr
+
+
+def test_cli_says_when_server_is_unreachable() -> None:
+    """Without a server the CLI says so and how to point it elsewhere."""
+    out = subprocess.run([*LLMGW, "get", "models", "--url", "http://127.0.0.1:9"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 1 and "cannot reach the control plane" in out.stderr and "LLMGW_URL" in out.stderr
+
+
+def test_crashed_engine_is_replaced(system: System) -> None:
+    """An engine killed from outside is reported Failed and replaced by a new shard that serves."""
+    system.apply(sim_model("crashy"))
+    system.wait_model("crashy")
+    (pid,) = system.engine_pids()
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: system.replicas("crashy")[0]["attempt"] == 2 and system.replicas("crashy")[0]["phase"]
+             == "Ready", timeout=30, interval=0.2, what="replacement Ready")
+    assert system.replicas("crashy")[0]["failures"] == 0  # reset once the replacement was Ready
+    system.wait_router("crashy", 1)
+    (new_pid,) = system.engine_pids()
+    assert new_pid != pid
+
+
+def test_startup_timeout_replaces_slow_engine(system: System) -> None:
+    """A shard that is not Ready within the startup timeout is stopped and retried, and the status says so."""
+    system.apply(sim_model("slow", args=["--startup-delay", "60"], startup_timeout="2s"))
+    wait_for(lambda: "did not become ready within 2s" in system.model_status("slow")["message"]
+             or system.replicas("slow")[0]["attempt"] >= 2, timeout=20, interval=0.2, what="timeout noticed")
+    wait_for(lambda: len(system.engine_pids()) <= 1, timeout=10, what="the timed-out engine stopped")
+
+
+def test_server_restart_keeps_engines(system: System) -> None:
+    """Restarting the control plane reloads nothing: the agent reconnects and the same engine serves on."""
+    system.apply(sim_model("steady"))
+    system.wait_model("steady")
+    before = system.engine_pids()
+    endpoint = system.replicas("steady")[0]["endpoint"]
+    system.stop_server()
+    system.start_server()  # same data dir and ports
+    wait_for(lambda: any(n["connected"] for n in system.get("/api/v1/nodes")["items"]), timeout=30,
+             interval=0.2, what="agent reconnected")
+    system.wait_model("steady")
+    system.wait_router("steady", 1)
+    assert system.engine_pids() == before
+    assert system.replicas("steady")[0]["endpoint"] == endpoint and system.replicas("steady")[0]["attempt"] == 1
+
+
+def test_agent_stop_stops_engines_and_replica_moves(tmp_path: os.PathLike[str]) -> None:
+    """SIGTERM to an agent stops its engines; its replica is placed on the other node."""
+    from pathlib import Path
+
+    s = System(Path(tmp_path), node_grace_s=2)
+    try:
+        s.start_server()
+        s.start_agent("node1")
+        s.apply(sim_model("mover"))
+        s.wait_model("mover")
+        first = s.replicas("mover")[0]["node"]
+        s.start_agent("node2" if first == "node1" else "node1")
+        pids = s.engine_pids(first)
+        s.stop_agent(first)
+        assert not any(psutil.pid_exists(p) for p in pids)
+        wait_for(lambda: s.replicas("mover")[0]["node"] != first and s.replicas("mover")[0]["phase"] == "Ready",
+                 timeout=30, interval=0.2, what="replica moved")
+        r = httpx.post(f"{s.url}/v1/completions", json={"model": "mover", "prompt": "x", "max_tokens": 2},
+                       timeout=10)
+        assert r.status_code in (200, 502, 503)  # the router follows within a moment
+        s.wait_router("mover", 1)
+    finally:
+        s.close()
+
+
+def test_python_m_llmgw_help() -> None:
+    """`python -m llmgw --help` lists the commands."""
+    out = subprocess.run([sys.executable, "-m", "llmgw", "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and all(w in out.stdout for w in ("server", "agent", "up", "apply", "get"))

