@@ -21,7 +21,7 @@ get_app = typer.Typer(no_args_is_help=True, help="List nodes, models or replicas
 delete_app = typer.Typer(no_args_is_help=True, help="Delete a model (its replicas are stopped).")
 app.add_typer(get_app, name="get")
 app.add_typer(delete_app, name="delete")
-console = Console()
+console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True, highlight=False)
 
 UrlOpt = typer.Option(None, "--url", help="Control plane URL [env LLMGW_URL, default http://127.0.0.1:8080]")

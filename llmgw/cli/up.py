@@ -112,18 +112,27 @@ def _wait_ports(server: _Child, ports_file: Path, timeout: float) -> dict[str, i
     raise LlmgwError(f"llmgw server did not start within {timeout:.0f}s:\n{server.tail()}")
 
 
-def _first_token(base: str, name: str) -> float:
-    """Seconds to the first streamed token of a real chat completion."""
-    t0 = time.monotonic()
+def _first_token(base: str, name: str, *, retry_s: float = 30.0) -> float:
+    """Seconds to the first streamed token of a real chat completion.
+
+    Retried while the router answers 502/503: on a second ``up`` the model can
+    read Ready from the last run for the moment before the agent has
+    reconnected and said its engine is gone.
+    """
     body = {"model": name, "messages": [{"role": "user", "content": "Say hi"}], "stream": True, "max_tokens": 8}
-    with httpx.Client(timeout=120, trust_env=False) as http, \
-            http.stream("POST", f"{base}/v1/chat/completions", json=body) as resp:
-        if resp.status_code != 200:
-            raise LlmgwError(f"the model answered {resp.status_code}: {resp.read()[:300]!r}")
-        for line in resp.iter_lines():
-            if line.startswith("data: ") and '"content"' in line:
-                return time.monotonic() - t0
-    raise LlmgwError("the model's stream ended without a token")
+    end = time.monotonic() + retry_s
+    with httpx.Client(timeout=120, trust_env=False) as http:
+        while True:
+            t0 = time.monotonic()
+            with http.stream("POST", f"{base}/v1/chat/completions", json=body) as resp:
+                if resp.status_code == 200:
+                    for line in resp.iter_lines():
+                        if line.startswith("data: ") and '"content"' in line:
+                            return time.monotonic() - t0
+                    raise LlmgwError("the model's stream ended without a token")
+                if resp.status_code not in (502, 503) or time.monotonic() > end:
+                    raise LlmgwError(f"the model answered {resp.status_code}: {resp.read()[:300]!r}")
+            time.sleep(0.5)
 
 
 def run(*, http_port: int, agent_port: int, data_dir: Path, model_file: Path | None, wait_s: float,

@@ -69,7 +69,8 @@ class Cluster:
             old.link.close("replaced by a newer stream from the same node")
         self._conns[node.id] = _Conn(link, self.clock())
         self.nodes[node.id] = NodeView(node.id, node.inventory, connected=True, mgmt_addr=node.mgmt_addr,
-                                       shards={s.shard_id: s for s in shards}, reported=True)
+                                       shards={s.shard_id: s for s in shards}, reported=True,
+                                       registered_at=self.clock())
         self.store.upsert_node(node)
         log.info("node %s registered: %d CPUs, %d GPUs, engines %s, %d shards running", node.id,
                  node.inventory.cpu_count, len(node.inventory.gpus),

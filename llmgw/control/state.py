@@ -70,3 +70,6 @@ class NodeView:
     #: True once this node registered with this control plane instance, so its
     #: shard list is complete. Until then nothing is decided from absence.
     reported: bool = False
+    #: When its current stream registered; a command sent before then may
+    #: have gone down with the old stream.
+    registered_at: float = 0.0

@@ -128,6 +128,15 @@ def test_lost_start_command_is_resent_with_the_same_shard_id() -> None:
     assert [s.spec.shard_id for s in starts] == ["r1-1"]
 
 
+def test_start_sent_before_the_node_reregistered_is_resent_at_once() -> None:
+    """A StartShard sent on a stream that has since been replaced may be lost: send it again now."""
+    r = rep(Phase.STARTING, node_id="n1", shard_id="r1-2", attempt=2, started_at=995, sent_at=995)
+    n = node()
+    n.registered_at = 998
+    starts = [x for x in run([r], [n], now=999) if isinstance(x, d.StartShard)]
+    assert [s.spec.shard_id for s in starts] == ["r1-2"]
+
+
 def test_disconnected_node_gets_a_grace_period() -> None:
     """Within the grace period nothing is re-placed; after it the replica moves elsewhere."""
     r = rep(Phase.READY, node_id="n1", shard_id="r1-1", endpoint="http://h:1")
@@ -136,6 +145,15 @@ def test_disconnected_node_gets_a_grace_period() -> None:
     assert not [x for x in inside if isinstance(x, d.StartShard)]
     after = run([r], [gone, node("n2")], now=1011)
     assert [x.node_id for x in after if isinstance(x, d.StartShard)] == ["n2"]
+
+
+def test_what_a_node_said_before_it_left_counts() -> None:
+    """An agent that reported its shard Stopped and then disconnected: replace now, not after the grace."""
+    r = rep(Phase.READY, node_id="n1", shard_id="r1-1", attempt=1, endpoint="http://h:1")
+    left = node("n1", shards={"r1-1": ShardState.STOPPED})
+    left.connected, left.disconnected_since = False, 999
+    got = updates(run([r], [left]))["r1"]
+    assert got.phase is Phase.PENDING and got.endpoint == "" and got.failures == 0
 
 
 def test_restart_does_not_act_on_absence() -> None:

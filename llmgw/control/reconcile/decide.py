@@ -95,7 +95,12 @@ class _Pass:
     # -- observation -------------------------------------------------------------
     def observe(self, r: ReplicaRecord) -> None:
         node = self.nodes.get(r.node_id or "")
-        if node is None or not node.connected:
+        last = node.shards.get(r.shard_id or "") if node is not None else None
+        # What a node said last still counts after it went away: an agent that
+        # stopped its engines and then disconnected said so, and waiting out
+        # its grace period would keep routing to engines known to be gone.
+        said_gone = last is not None and last.state in ShardState.terminal()
+        if node is None or (not node.connected and not said_gone):
             gone_for = self.now - node.disconnected_since if node else float("inf")
             if r.phase is Phase.TERMINATING:
                 if gone_for > self.cfg.node_grace_s:
@@ -110,7 +115,7 @@ class _Pass:
             return
         if not node.reported:
             return
-        st = node.shards.get(r.shard_id or "")
+        st = last
         if r.phase is Phase.TERMINATING:
             if st is None or st.state in ShardState.terminal():
                 self.deleted.add(r.id)
@@ -130,7 +135,8 @@ class _Pass:
         if st is None or st.state is ShardState.STARTING:
             if spec is not None and self.now - r.started_at > spec.startup_timeout_s:
                 self.fail(r, f"did not become ready within {spec.startup_timeout_s:.0f}s", stop_shard=True)
-            elif st is None and spec is not None and self.now - r.sent_at >= self.cfg.resend_s:
+            elif st is None and spec is not None and (self.now - r.sent_at >= self.cfg.resend_s
+                                                      or r.sent_at < node.registered_at):
                 r.sent_at = self.now
                 self.commands.append(d.StartShard(node.id, shard_spec(r, spec)))
             elif st is not None:
