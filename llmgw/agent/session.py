@@ -25,7 +25,7 @@ from llmgw.agent.discovery import LoadSampler
 from llmgw.api import convert
 from llmgw.api.v1 import agent_pb2 as pb
 from llmgw.api.v1 import agent_pb2_grpc
-from llmgw.core.inventory import Inventory
+from llmgw.core.inventory import Heartbeat, Inventory
 from llmgw.core.shards import ShardSpec, ShardStatus
 
 log = logging.getLogger(__name__)
@@ -138,11 +138,11 @@ class Session:
         return await call.read()
 
     def _register(self, inventory: Inventory) -> pb.AgentMessage:
-        inv_pb, engines = convert.inventory_to_pb(inventory)
         return pb.AgentMessage(seq=next(self._seq), register=pb.Register(
             node_id=self.cfg.node_id, hostname=self.cfg.node_id, agent_version=self._agent_version,
-            inventory=inv_pb, engines=engines, mgmt_addr=self.cfg.mgmt_addr, labels=dict(self.cfg.labels),
-            shards=[convert.status_to_pb(s) for s in self._commands.statuses()]))
+            mgmt_addr=self.cfg.mgmt_addr, labels=dict(self.cfg.labels),
+            shards=[convert.status_to_pb(s) for s in self._commands.statuses()],
+            **convert.register_fields(inventory)))  # type: ignore[arg-type]
 
     async def _write(self, call: grpc.aio.StreamStreamCall, out: asyncio.Queue[pb.AgentMessage]) -> None:
         # One writer: grpc.aio allows only one write in flight per call.
@@ -157,11 +157,10 @@ class Session:
         while True:
             await asyncio.sleep(self.cfg.heartbeat_interval_s)
             load = await asyncio.to_thread(self._sampler.sample)
-            out.put_nowait(pb.AgentMessage(seq=next(self._seq), heartbeat=pb.Heartbeat(
-                memory_total_bytes=load.memory_total_bytes, memory_available_bytes=load.memory_available_bytes,
-                cpu_percent=load.cpu_percent, load1=load.load1, gpus=convert.gpus_to_pb(load.gpus),
-                disks=[pb.Disk(path=d.path, total_bytes=d.total_bytes, free_bytes=d.free_bytes)
-                       for d in load.disks])))
+            hb = Heartbeat(memory_total_bytes=load.memory_total_bytes,
+                           memory_available_bytes=load.memory_available_bytes, cpu_percent=load.cpu_percent,
+                           load1=load.load1, gpus=load.gpus, disks=load.disks)
+            out.put_nowait(pb.AgentMessage(seq=next(self._seq), heartbeat=convert.heartbeat_to_pb(hb)))
 
     def _handle(self, msg: pb.ControlMessage) -> None:
         kind = msg.WhichOneof("body")

@@ -7,8 +7,10 @@ generated classes around (and a schema change is handled here once).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from llmgw.api.v1 import agent_pb2 as pb
-from llmgw.core.inventory import Disk, Gpu, Inventory
+from llmgw.core import inventory as inv
 from llmgw.core.shards import ShardSpec, ShardState, ShardStatus
 
 _STATE_TO_PB = {
@@ -17,10 +19,13 @@ _STATE_TO_PB = {
     ShardState.FAILED: pb.SHARD_STATE_FAILED,
     ShardState.STOPPING: pb.SHARD_STATE_STOPPING,
     ShardState.STOPPED: pb.SHARD_STATE_STOPPED,
+    ShardState.DRAINING: pb.SHARD_STATE_DRAINING,
+    ShardState.DRAINED: pb.SHARD_STATE_DRAINED,
 }
 _STATE_FROM_PB = {v: k for k, v in _STATE_TO_PB.items()}
 
 
+# -- shards ---------------------------------------------------------------------------
 def spec_to_pb(spec: ShardSpec) -> pb.ShardSpec:
     return pb.ShardSpec(
         shard_id=spec.shard_id, replica_id=spec.replica_id, model=spec.model, engine=spec.engine,
@@ -43,7 +48,7 @@ def status_to_pb(st: ShardStatus) -> pb.ShardStatus:
     msg = pb.ShardStatus(
         shard_id=st.shard_id, replica_id=st.replica_id, state=_STATE_TO_PB[st.state], message=st.message,
         exited=st.exit_code is not None, exit_code=st.exit_code or 0, last_output=list(st.last_output),
-        endpoint=st.endpoint, pid=st.pid,
+        endpoint=st.endpoint, pid=st.pid, adopted=st.adopted,
     )
     if st.spec is not None:
         msg.spec.CopyFrom(spec_to_pb(st.spec))
@@ -58,42 +63,164 @@ def status_from_pb(msg: pb.ShardStatus) -> ShardStatus:
         shard_id=msg.shard_id, replica_id=msg.replica_id, state=state, message=msg.message,
         exit_code=msg.exit_code if msg.exited else None, last_output=tuple(msg.last_output),
         endpoint=msg.endpoint, pid=msg.pid, spec=spec_from_pb(msg.spec) if msg.HasField("spec") else None,
+        adopted=msg.adopted,
     )
 
 
-def _gpu_to_pb(g: Gpu) -> pb.Gpu:
-    return pb.Gpu(index=g.index, uuid=g.uuid, name=g.name, memory_total_bytes=g.memory_total_bytes,
-                  memory_used_bytes=g.memory_used_bytes, compute_capability=g.compute_capability)
+# -- hardware -----------------------------------------------------------------------------
+def gpus_to_pb(gpus: Iterable[inv.Gpu]) -> list[pb.Gpu]:
+    return [pb.Gpu(index=g.index, uuid=g.uuid, name=g.name, memory_total_bytes=g.memory_total_bytes,
+                   memory_used_bytes=g.memory_used_bytes, compute_capability=g.compute_capability,
+                   nvlink_peers=list(g.nvlink_peers), pci_bus_id=g.pci_bus_id) for g in gpus]
 
 
-def _gpu_from_pb(g: pb.Gpu) -> Gpu:
-    return Gpu(index=g.index, uuid=g.uuid, name=g.name, memory_total_bytes=g.memory_total_bytes,
-               memory_used_bytes=g.memory_used_bytes, compute_capability=g.compute_capability)
+def gpus_from_pb(gpus: Iterable[pb.Gpu]) -> tuple[inv.Gpu, ...]:
+    return tuple(inv.Gpu(index=g.index, uuid=g.uuid, name=g.name, memory_total_bytes=g.memory_total_bytes,
+                         memory_used_bytes=g.memory_used_bytes, compute_capability=g.compute_capability,
+                         nvlink_peers=tuple(g.nvlink_peers), pci_bus_id=g.pci_bus_id) for g in gpus)
 
 
-def inventory_to_pb(inv: Inventory) -> tuple[pb.Inventory, list[pb.EngineInfo]]:
-    msg = pb.Inventory(
-        cpu_count=inv.cpu_count, memory_total_bytes=inv.memory_total_bytes,
-        memory_available_bytes=inv.memory_available_bytes, os=inv.os, arch=inv.arch,
-        disks=[pb.Disk(path=d.path, total_bytes=d.total_bytes, free_bytes=d.free_bytes) for d in inv.disks],
-        gpus=[_gpu_to_pb(g) for g in inv.gpus],
+def _disks_to_pb(disks: Iterable[inv.Disk]) -> list[pb.Disk]:
+    return [pb.Disk(path=d.path, total_bytes=d.total_bytes, free_bytes=d.free_bytes) for d in disks]
+
+
+def _disks_from_pb(disks: Iterable[pb.Disk]) -> tuple[inv.Disk, ...]:
+    return tuple(inv.Disk(d.path, d.total_bytes, d.free_bytes) for d in disks)
+
+
+def hcas_to_pb(hcas: Iterable[inv.Hca]) -> list[pb.Hca]:
+    return [pb.Hca(name=h.name, node_guid=h.node_guid, ports=[
+        pb.HcaPort(port=p.port, state=p.state, phys_state=p.phys_state, rate_gbps=p.rate_gbps,
+                   link_layer=p.link_layer, port_guid=p.port_guid, gid_prefix=p.gid_prefix,
+                   roce_v2_gid_index=p.roce_v2_gid_index, counters=dict(p.counters), netdev=p.netdev)
+        for p in h.ports]) for h in hcas]
+
+
+def hcas_from_pb(hcas: Iterable[pb.Hca]) -> tuple[inv.Hca, ...]:
+    return tuple(inv.Hca(h.name, h.node_guid, tuple(
+        inv.HcaPort(port=p.port, state=p.state, phys_state=p.phys_state, rate_gbps=p.rate_gbps,
+                    link_layer=p.link_layer, port_guid=p.port_guid, gid_prefix=p.gid_prefix,
+                    roce_v2_gid_index=p.roce_v2_gid_index, counters=tuple(sorted(p.counters.items())),
+                    netdev=p.netdev)
+        for p in h.ports)) for h in hcas)
+
+
+def fabrics_to_pb(fabrics: Iterable[inv.Fabric]) -> list[pb.Fabric]:
+    return [pb.Fabric(name=f.name, hcas=list(f.hcas)) for f in fabrics]
+
+
+def fabrics_from_pb(fabrics: Iterable[pb.Fabric]) -> tuple[inv.Fabric, ...]:
+    return tuple(inv.Fabric(f.name, tuple(f.hcas)) for f in fabrics)
+
+
+def model_dirs_to_pb(dirs: Iterable[inv.ModelDir]) -> list[pb.ModelDir]:
+    return [pb.ModelDir(path=d.path, total_bytes=d.total_bytes, free_bytes=d.free_bytes, shared=d.shared,
+                        fs_type=d.fs_type) for d in dirs]
+
+
+def model_dirs_from_pb(dirs: Iterable[pb.ModelDir]) -> tuple[inv.ModelDir, ...]:
+    return tuple(inv.ModelDir(d.path, d.total_bytes, d.free_bytes, d.shared, d.fs_type) for d in dirs)
+
+
+def weights_to_pb(weights: Iterable[inv.WeightFile]) -> list[pb.WeightFile]:
+    return [pb.WeightFile(path=w.path, size_bytes=w.size_bytes, format=w.format) for w in weights]
+
+
+def weights_from_pb(weights: Iterable[pb.WeightFile]) -> tuple[inv.WeightFile, ...]:
+    return tuple(inv.WeightFile(w.path, w.size_bytes, w.format) for w in weights)
+
+
+def sms_to_pb(sms: Iterable[inv.SubnetManager]) -> list[pb.SubnetManager]:
+    return [pb.SubnetManager(lid=s.lid, guid=s.guid, priority=s.priority, state=s.state, via=s.via) for s in sms]
+
+
+def sms_from_pb(sms: Iterable[pb.SubnetManager]) -> tuple[inv.SubnetManager, ...]:
+    return tuple(inv.SubnetManager(s.lid, s.guid, s.priority, s.state, s.via) for s in sms)
+
+
+def _nvlink_to_pb(n: inv.NvlinkFabric) -> pb.NvlinkFabric:
+    return pb.NvlinkFabric(state=n.state, clique_id=n.clique_id, cluster_uuid=n.cluster_uuid,
+                           imex_state=n.imex_state)
+
+
+def _nvlink_from_pb(n: pb.NvlinkFabric) -> inv.NvlinkFabric:
+    return inv.NvlinkFabric(n.state, n.clique_id, n.cluster_uuid, n.imex_state)
+
+
+def _engines_to_pb(engines: Iterable[tuple[str, str]]) -> list[pb.EngineInfo]:
+    return [pb.EngineInfo(name=n, version=v) for n, v in engines]
+
+
+# -- registration and heartbeats ------------------------------------------------------------
+def register_fields(i: inv.Inventory) -> dict[str, object]:
+    """The keyword arguments of ``pb.Register`` that carry an inventory."""
+    h = i.host
+    return {
+        "inventory": pb.Inventory(cpu_count=i.cpu_count, memory_total_bytes=i.memory_total_bytes,
+                                  memory_available_bytes=i.memory_available_bytes, os=i.os, arch=i.arch,
+                                  disks=_disks_to_pb(i.disks), gpus=gpus_to_pb(i.gpus)),
+        "engines": _engines_to_pb(i.engines),
+        "mgmt_interface": i.mgmt_interface,
+        "host": pb.HostFacts(os_id=h.os_id, os_version=h.os_version, os_codename=h.os_codename, arch=h.arch,
+                             kernel=h.kernel, cpu_flags=list(h.cpu_flags), nvidia_driver=h.nvidia_driver),
+        "hcas": hcas_to_pb(i.hcas), "fabrics": fabrics_to_pb(i.fabrics), "model_dirs": model_dirs_to_pb(i.model_dirs),
+        "weights": weights_to_pb(i.weights), "nvlink": _nvlink_to_pb(i.nvlink),
+        "subnet_managers": sms_to_pb(i.subnet_managers),
+    }
+
+
+def inventory_from_register(reg: pb.Register) -> inv.Inventory:
+    m, h = reg.inventory, reg.host
+    return inv.Inventory(
+        cpu_count=m.cpu_count, memory_total_bytes=m.memory_total_bytes,
+        memory_available_bytes=m.memory_available_bytes, os=m.os, arch=m.arch, disks=_disks_from_pb(m.disks),
+        gpus=gpus_from_pb(m.gpus), engines=tuple((e.name, e.version) for e in reg.engines),
+        host=inv.HostFacts(h.os_id, h.os_version, h.os_codename, h.arch, h.kernel, tuple(h.cpu_flags),
+                           h.nvidia_driver),
+        hcas=hcas_from_pb(reg.hcas), fabrics=fabrics_from_pb(reg.fabrics),
+        model_dirs=model_dirs_from_pb(reg.model_dirs), weights=weights_from_pb(reg.weights),
+        nvlink=_nvlink_from_pb(reg.nvlink), subnet_managers=sms_from_pb(reg.subnet_managers),
+        mgmt_interface=reg.mgmt_interface,
     )
-    return msg, [pb.EngineInfo(name=n, version=v) for n, v in inv.engines]
 
 
-def inventory_from_pb(msg: pb.Inventory, engines: list[pb.EngineInfo]) -> Inventory:
-    return Inventory(
-        cpu_count=msg.cpu_count, memory_total_bytes=msg.memory_total_bytes,
-        memory_available_bytes=msg.memory_available_bytes, os=msg.os, arch=msg.arch,
-        disks=tuple(Disk(d.path, d.total_bytes, d.free_bytes) for d in msg.disks),
-        gpus=tuple(_gpu_from_pb(g) for g in msg.gpus),
-        engines=tuple((e.name, e.version) for e in engines),
+def heartbeat_to_pb(hb: inv.Heartbeat) -> pb.Heartbeat:
+    msg = pb.Heartbeat(
+        memory_total_bytes=hb.memory_total_bytes, memory_available_bytes=hb.memory_available_bytes,
+        cpu_percent=hb.cpu_percent, load1=hb.load1, load5=hb.load5, load15=hb.load15, gpus=gpus_to_pb(hb.gpus),
+        disks=_disks_to_pb(hb.disks), hcas=hcas_to_pb(hb.hcas),
+        shard_load=[pb.ShardLoad(shard_id=s.shard_id, cpu_cores=s.cpu_cores, rss_bytes=s.rss_bytes)
+                    for s in hb.shard_load])
+    if hb.weights is not None:
+        msg.weights_changed = True
+        msg.weights.extend(weights_to_pb(hb.weights))
+    if hb.fabrics is not None:
+        msg.fabrics_changed = True
+        msg.fabrics.extend(fabrics_to_pb(hb.fabrics))
+    if hb.engines is not None:
+        msg.engines_changed = True
+        msg.engines.extend(_engines_to_pb(hb.engines))
+    if hb.model_dirs is not None:
+        msg.model_dirs_changed = True
+        msg.model_dirs.extend(model_dirs_to_pb(hb.model_dirs))
+    if hb.nvlink is not None:
+        msg.nvlink.CopyFrom(_nvlink_to_pb(hb.nvlink))
+    if hb.subnet_managers is not None:
+        msg.subnet_managers_changed = True
+        msg.subnet_managers.extend(sms_to_pb(hb.subnet_managers))
+    return msg
+
+
+def heartbeat_from_pb(msg: pb.Heartbeat) -> inv.Heartbeat:
+    return inv.Heartbeat(
+        memory_total_bytes=msg.memory_total_bytes, memory_available_bytes=msg.memory_available_bytes,
+        cpu_percent=msg.cpu_percent, load1=msg.load1, load5=msg.load5, load15=msg.load15,
+        gpus=gpus_from_pb(msg.gpus), disks=_disks_from_pb(msg.disks), hcas=hcas_from_pb(msg.hcas),
+        shard_load=tuple(inv.ShardLoad(s.shard_id, s.cpu_cores, s.rss_bytes) for s in msg.shard_load),
+        weights=weights_from_pb(msg.weights) if msg.weights_changed else None,
+        fabrics=fabrics_from_pb(msg.fabrics) if msg.fabrics_changed else None,
+        engines=tuple((e.name, e.version) for e in msg.engines) if msg.engines_changed else None,
+        model_dirs=model_dirs_from_pb(msg.model_dirs) if msg.model_dirs_changed else None,
+        nvlink=_nvlink_from_pb(msg.nvlink) if msg.HasField("nvlink") else None,
+        subnet_managers=sms_from_pb(msg.subnet_managers) if msg.subnet_managers_changed else None,
     )
-
-
-def gpus_from_pb(gpus: list[pb.Gpu]) -> tuple[Gpu, ...]:
-    return tuple(_gpu_from_pb(g) for g in gpus)
-
-
-def gpus_to_pb(gpus: tuple[Gpu, ...]) -> list[pb.Gpu]:
-    return [_gpu_to_pb(g) for g in gpus]

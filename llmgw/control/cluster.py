@@ -23,7 +23,7 @@ from llmgw.control.reconcile import decisions as d
 from llmgw.control.state import NodeView, Phase, ReplicaRecord
 from llmgw.control.status import summarize
 from llmgw.control.store.store import Store, StoredNode
-from llmgw.core.inventory import Gpu, Inventory
+from llmgw.core.inventory import Heartbeat
 from llmgw.core.shards import ShardSpec, ShardStatus
 
 log = logging.getLogger(__name__)
@@ -77,16 +77,27 @@ class Cluster:
                  ",".join(n for n, _ in node.inventory.engines) or "none", len(shards))
         self.kick()
 
-    def node_heartbeat(self, node_id: str, *, memory_total: int, memory_available: int,
-                       gpus: tuple[Gpu, ...] | None) -> None:
+    def node_heartbeat(self, node_id: str, hb: Heartbeat) -> None:
         view, conn = self.nodes.get(node_id), self._conns.get(node_id)
         if view is None or conn is None:
             return
         conn.last_heartbeat = self.clock()
-        inv: Inventory = view.inventory
-        view.inventory = dataclasses.replace(
-            inv, memory_total_bytes=memory_total or inv.memory_total_bytes,
-            memory_available_bytes=memory_available, gpus=gpus if gpus is not None else inv.gpus)
+        inv = view.inventory
+        changes: dict[str, object] = {
+            "memory_total_bytes": hb.memory_total_bytes or inv.memory_total_bytes,
+            "memory_available_bytes": hb.memory_available_bytes,
+            "hcas": hb.hcas,  # every heartbeat: a port that went down counts at once
+        }
+        if hb.gpus:
+            changes["gpus"] = hb.gpus
+        if hb.disks:
+            changes["disks"] = hb.disks
+        for name in ("weights", "fabrics", "engines", "model_dirs", "nvlink", "subnet_managers"):
+            value = getattr(hb, name)
+            if value is not None:  # None: unchanged since the last message
+                changes[name] = value
+        view.inventory = dataclasses.replace(inv, **changes)  # type: ignore[arg-type]
+        view.shard_load = {s.shard_id: s for s in hb.shard_load}
 
     def shard_reported(self, node_id: str, status: ShardStatus) -> None:
         view = self.nodes.get(node_id)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from llmgw.core.inventory import Inventory
+from llmgw.core.inventory import Inventory, ShardLoad
 from llmgw.core.shards import ShardStatus
 
 
@@ -73,3 +73,5 @@ class NodeView:
     #: When its current stream registered; a command sent before then may
     #: have gone down with the old stream.
     registered_at: float = 0.0
+    #: CPU cores and RSS of each shard, from the last heartbeat.
+    shard_load: dict[str, ShardLoad] = dataclasses.field(default_factory=dict)

@@ -24,6 +24,10 @@ class ShardState(enum.Enum):
     STOPPING = "Stopping"
     #: The process is gone because it was asked to stop.
     STOPPED = "Stopped"
+    #: A drain was asked: no new requests reach it; in-flight ones are finishing.
+    DRAINING = "Draining"
+    #: Drained: nothing in flight, so stopping it now fails no request.
+    DRAINED = "Drained"
 
     @classmethod
     def terminal(cls) -> frozenset[ShardState]:
@@ -33,7 +37,7 @@ class ShardState(enum.Enum):
     @classmethod
     def live(cls) -> frozenset[ShardState]:
         """States in which a process may still exist."""
-        return frozenset({cls.STARTING, cls.READY, cls.STOPPING})
+        return frozenset({cls.STARTING, cls.READY, cls.STOPPING, cls.DRAINING, cls.DRAINED})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -68,3 +72,5 @@ class ShardStatus:
     endpoint: str = ""
     pid: int = 0
     spec: ShardSpec | None = None
+    #: True for an engine a previous agent left running, while it is being checked.
+    adopted: bool = False

@@ -15,41 +15,53 @@ class ShardState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SHARD_STATE_FAILED: _ClassVar[ShardState]
     SHARD_STATE_STOPPING: _ClassVar[ShardState]
     SHARD_STATE_STOPPED: _ClassVar[ShardState]
+    SHARD_STATE_DRAINING: _ClassVar[ShardState]
+    SHARD_STATE_DRAINED: _ClassVar[ShardState]
 SHARD_STATE_UNSPECIFIED: ShardState
 SHARD_STATE_STARTING: ShardState
 SHARD_STATE_READY: ShardState
 SHARD_STATE_FAILED: ShardState
 SHARD_STATE_STOPPING: ShardState
 SHARD_STATE_STOPPED: ShardState
+SHARD_STATE_DRAINING: ShardState
+SHARD_STATE_DRAINED: ShardState
 
 class AgentMessage(_message.Message):
-    __slots__ = ("seq", "register", "heartbeat", "shard_status", "ack")
+    __slots__ = ("seq", "register", "heartbeat", "shard_status", "ack", "logs_reply")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     REGISTER_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     SHARD_STATUS_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
+    LOGS_REPLY_FIELD_NUMBER: _ClassVar[int]
     seq: int
     register: Register
     heartbeat: Heartbeat
     shard_status: ShardStatus
     ack: Ack
-    def __init__(self, seq: _Optional[int] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., shard_status: _Optional[_Union[ShardStatus, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ...) -> None: ...
+    logs_reply: LogsReply
+    def __init__(self, seq: _Optional[int] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., shard_status: _Optional[_Union[ShardStatus, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., logs_reply: _Optional[_Union[LogsReply, _Mapping]] = ...) -> None: ...
 
 class ControlMessage(_message.Message):
-    __slots__ = ("seq", "start_shard", "stop_shard", "ack")
+    __slots__ = ("seq", "start_shard", "stop_shard", "ack", "drain", "logs_request", "logs_cancel")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     START_SHARD_FIELD_NUMBER: _ClassVar[int]
     STOP_SHARD_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_FIELD_NUMBER: _ClassVar[int]
+    LOGS_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    LOGS_CANCEL_FIELD_NUMBER: _ClassVar[int]
     seq: int
     start_shard: StartShard
     stop_shard: StopShard
     ack: Ack
-    def __init__(self, seq: _Optional[int] = ..., start_shard: _Optional[_Union[StartShard, _Mapping]] = ..., stop_shard: _Optional[_Union[StopShard, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ...) -> None: ...
+    drain: Drain
+    logs_request: LogsRequest
+    logs_cancel: LogsCancel
+    def __init__(self, seq: _Optional[int] = ..., start_shard: _Optional[_Union[StartShard, _Mapping]] = ..., stop_shard: _Optional[_Union[StopShard, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., logs_request: _Optional[_Union[LogsRequest, _Mapping]] = ..., logs_cancel: _Optional[_Union[LogsCancel, _Mapping]] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("node_id", "hostname", "agent_version", "inventory", "shards", "mgmt_addr", "labels", "engines")
+    __slots__ = ("node_id", "hostname", "agent_version", "inventory", "shards", "mgmt_addr", "labels", "engines", "mgmt_interface", "host", "hcas", "fabrics", "model_dirs", "weights", "nvlink", "subnet_managers")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +77,14 @@ class Register(_message.Message):
     MGMT_ADDR_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     ENGINES_FIELD_NUMBER: _ClassVar[int]
+    MGMT_INTERFACE_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    HCAS_FIELD_NUMBER: _ClassVar[int]
+    FABRICS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_DIRS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    NVLINK_FIELD_NUMBER: _ClassVar[int]
+    SUBNET_MANAGERS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     hostname: str
     agent_version: str
@@ -73,7 +93,142 @@ class Register(_message.Message):
     mgmt_addr: str
     labels: _containers.ScalarMap[str, str]
     engines: _containers.RepeatedCompositeFieldContainer[EngineInfo]
-    def __init__(self, node_id: _Optional[str] = ..., hostname: _Optional[str] = ..., agent_version: _Optional[str] = ..., inventory: _Optional[_Union[Inventory, _Mapping]] = ..., shards: _Optional[_Iterable[_Union[ShardStatus, _Mapping]]] = ..., mgmt_addr: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., engines: _Optional[_Iterable[_Union[EngineInfo, _Mapping]]] = ...) -> None: ...
+    mgmt_interface: str
+    host: HostFacts
+    hcas: _containers.RepeatedCompositeFieldContainer[Hca]
+    fabrics: _containers.RepeatedCompositeFieldContainer[Fabric]
+    model_dirs: _containers.RepeatedCompositeFieldContainer[ModelDir]
+    weights: _containers.RepeatedCompositeFieldContainer[WeightFile]
+    nvlink: NvlinkFabric
+    subnet_managers: _containers.RepeatedCompositeFieldContainer[SubnetManager]
+    def __init__(self, node_id: _Optional[str] = ..., hostname: _Optional[str] = ..., agent_version: _Optional[str] = ..., inventory: _Optional[_Union[Inventory, _Mapping]] = ..., shards: _Optional[_Iterable[_Union[ShardStatus, _Mapping]]] = ..., mgmt_addr: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., engines: _Optional[_Iterable[_Union[EngineInfo, _Mapping]]] = ..., mgmt_interface: _Optional[str] = ..., host: _Optional[_Union[HostFacts, _Mapping]] = ..., hcas: _Optional[_Iterable[_Union[Hca, _Mapping]]] = ..., fabrics: _Optional[_Iterable[_Union[Fabric, _Mapping]]] = ..., model_dirs: _Optional[_Iterable[_Union[ModelDir, _Mapping]]] = ..., weights: _Optional[_Iterable[_Union[WeightFile, _Mapping]]] = ..., nvlink: _Optional[_Union[NvlinkFabric, _Mapping]] = ..., subnet_managers: _Optional[_Iterable[_Union[SubnetManager, _Mapping]]] = ...) -> None: ...
+
+class HostFacts(_message.Message):
+    __slots__ = ("os_id", "os_version", "os_codename", "arch", "kernel", "cpu_flags", "nvidia_driver")
+    OS_ID_FIELD_NUMBER: _ClassVar[int]
+    OS_VERSION_FIELD_NUMBER: _ClassVar[int]
+    OS_CODENAME_FIELD_NUMBER: _ClassVar[int]
+    ARCH_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_FIELD_NUMBER: _ClassVar[int]
+    CPU_FLAGS_FIELD_NUMBER: _ClassVar[int]
+    NVIDIA_DRIVER_FIELD_NUMBER: _ClassVar[int]
+    os_id: str
+    os_version: str
+    os_codename: str
+    arch: str
+    kernel: str
+    cpu_flags: _containers.RepeatedScalarFieldContainer[str]
+    nvidia_driver: str
+    def __init__(self, os_id: _Optional[str] = ..., os_version: _Optional[str] = ..., os_codename: _Optional[str] = ..., arch: _Optional[str] = ..., kernel: _Optional[str] = ..., cpu_flags: _Optional[_Iterable[str]] = ..., nvidia_driver: _Optional[str] = ...) -> None: ...
+
+class HcaPort(_message.Message):
+    __slots__ = ("port", "state", "phys_state", "rate_gbps", "link_layer", "port_guid", "gid_prefix", "roce_v2_gid_index", "counters", "netdev")
+    class CountersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    PHYS_STATE_FIELD_NUMBER: _ClassVar[int]
+    RATE_GBPS_FIELD_NUMBER: _ClassVar[int]
+    LINK_LAYER_FIELD_NUMBER: _ClassVar[int]
+    PORT_GUID_FIELD_NUMBER: _ClassVar[int]
+    GID_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    ROCE_V2_GID_INDEX_FIELD_NUMBER: _ClassVar[int]
+    COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    NETDEV_FIELD_NUMBER: _ClassVar[int]
+    port: int
+    state: str
+    phys_state: str
+    rate_gbps: float
+    link_layer: str
+    port_guid: str
+    gid_prefix: str
+    roce_v2_gid_index: int
+    counters: _containers.ScalarMap[str, int]
+    netdev: str
+    def __init__(self, port: _Optional[int] = ..., state: _Optional[str] = ..., phys_state: _Optional[str] = ..., rate_gbps: _Optional[float] = ..., link_layer: _Optional[str] = ..., port_guid: _Optional[str] = ..., gid_prefix: _Optional[str] = ..., roce_v2_gid_index: _Optional[int] = ..., counters: _Optional[_Mapping[str, int]] = ..., netdev: _Optional[str] = ...) -> None: ...
+
+class Hca(_message.Message):
+    __slots__ = ("name", "node_guid", "ports")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NODE_GUID_FIELD_NUMBER: _ClassVar[int]
+    PORTS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    node_guid: str
+    ports: _containers.RepeatedCompositeFieldContainer[HcaPort]
+    def __init__(self, name: _Optional[str] = ..., node_guid: _Optional[str] = ..., ports: _Optional[_Iterable[_Union[HcaPort, _Mapping]]] = ...) -> None: ...
+
+class Fabric(_message.Message):
+    __slots__ = ("name", "hcas")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    HCAS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    hcas: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., hcas: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SubnetManager(_message.Message):
+    __slots__ = ("lid", "guid", "priority", "state", "via")
+    LID_FIELD_NUMBER: _ClassVar[int]
+    GUID_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    VIA_FIELD_NUMBER: _ClassVar[int]
+    lid: int
+    guid: str
+    priority: int
+    state: str
+    via: str
+    def __init__(self, lid: _Optional[int] = ..., guid: _Optional[str] = ..., priority: _Optional[int] = ..., state: _Optional[str] = ..., via: _Optional[str] = ...) -> None: ...
+
+class ModelDir(_message.Message):
+    __slots__ = ("path", "total_bytes", "free_bytes", "shared", "fs_type")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FIELD_NUMBER: _ClassVar[int]
+    FS_TYPE_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    total_bytes: int
+    free_bytes: int
+    shared: bool
+    fs_type: str
+    def __init__(self, path: _Optional[str] = ..., total_bytes: _Optional[int] = ..., free_bytes: _Optional[int] = ..., shared: bool = ..., fs_type: _Optional[str] = ...) -> None: ...
+
+class WeightFile(_message.Message):
+    __slots__ = ("path", "size_bytes", "format")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    size_bytes: int
+    format: str
+    def __init__(self, path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., format: _Optional[str] = ...) -> None: ...
+
+class NvlinkFabric(_message.Message):
+    __slots__ = ("state", "clique_id", "cluster_uuid", "imex_state")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    CLIQUE_ID_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_UUID_FIELD_NUMBER: _ClassVar[int]
+    IMEX_STATE_FIELD_NUMBER: _ClassVar[int]
+    state: str
+    clique_id: str
+    cluster_uuid: str
+    imex_state: str
+    def __init__(self, state: _Optional[str] = ..., clique_id: _Optional[str] = ..., cluster_uuid: _Optional[str] = ..., imex_state: _Optional[str] = ...) -> None: ...
+
+class ShardLoad(_message.Message):
+    __slots__ = ("shard_id", "cpu_cores", "rss_bytes")
+    SHARD_ID_FIELD_NUMBER: _ClassVar[int]
+    CPU_CORES_FIELD_NUMBER: _ClassVar[int]
+    RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    shard_id: str
+    cpu_cores: float
+    rss_bytes: int
+    def __init__(self, shard_id: _Optional[str] = ..., cpu_cores: _Optional[float] = ..., rss_bytes: _Optional[int] = ...) -> None: ...
 
 class Inventory(_message.Message):
     __slots__ = ("cpu_count", "memory_total_bytes", "memory_available_bytes", "disks", "gpus", "os", "arch")
@@ -104,20 +259,24 @@ class Disk(_message.Message):
     def __init__(self, path: _Optional[str] = ..., total_bytes: _Optional[int] = ..., free_bytes: _Optional[int] = ...) -> None: ...
 
 class Gpu(_message.Message):
-    __slots__ = ("index", "uuid", "name", "memory_total_bytes", "memory_used_bytes", "compute_capability")
+    __slots__ = ("index", "uuid", "name", "memory_total_bytes", "memory_used_bytes", "compute_capability", "nvlink_peers", "pci_bus_id")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     MEMORY_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+    NVLINK_PEERS_FIELD_NUMBER: _ClassVar[int]
+    PCI_BUS_ID_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     name: str
     memory_total_bytes: int
     memory_used_bytes: int
     compute_capability: str
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., memory_used_bytes: _Optional[int] = ..., compute_capability: _Optional[str] = ...) -> None: ...
+    nvlink_peers: _containers.RepeatedScalarFieldContainer[int]
+    pci_bus_id: str
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., memory_used_bytes: _Optional[int] = ..., compute_capability: _Optional[str] = ..., nvlink_peers: _Optional[_Iterable[int]] = ..., pci_bus_id: _Optional[str] = ...) -> None: ...
 
 class EngineInfo(_message.Message):
     __slots__ = ("name", "version")
@@ -128,20 +287,50 @@ class EngineInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("memory_total_bytes", "memory_available_bytes", "cpu_percent", "load1", "gpus", "disks")
+    __slots__ = ("memory_total_bytes", "memory_available_bytes", "cpu_percent", "load1", "gpus", "disks", "load5", "load15", "shard_load", "hcas", "weights_changed", "weights", "fabrics_changed", "fabrics", "engines_changed", "engines", "model_dirs_changed", "model_dirs", "nvlink", "subnet_managers_changed", "subnet_managers")
     MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     MEMORY_AVAILABLE_BYTES_FIELD_NUMBER: _ClassVar[int]
     CPU_PERCENT_FIELD_NUMBER: _ClassVar[int]
     LOAD1_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     DISKS_FIELD_NUMBER: _ClassVar[int]
+    LOAD5_FIELD_NUMBER: _ClassVar[int]
+    LOAD15_FIELD_NUMBER: _ClassVar[int]
+    SHARD_LOAD_FIELD_NUMBER: _ClassVar[int]
+    HCAS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_CHANGED_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    FABRICS_CHANGED_FIELD_NUMBER: _ClassVar[int]
+    FABRICS_FIELD_NUMBER: _ClassVar[int]
+    ENGINES_CHANGED_FIELD_NUMBER: _ClassVar[int]
+    ENGINES_FIELD_NUMBER: _ClassVar[int]
+    MODEL_DIRS_CHANGED_FIELD_NUMBER: _ClassVar[int]
+    MODEL_DIRS_FIELD_NUMBER: _ClassVar[int]
+    NVLINK_FIELD_NUMBER: _ClassVar[int]
+    SUBNET_MANAGERS_CHANGED_FIELD_NUMBER: _ClassVar[int]
+    SUBNET_MANAGERS_FIELD_NUMBER: _ClassVar[int]
     memory_total_bytes: int
     memory_available_bytes: int
     cpu_percent: float
     load1: float
     gpus: _containers.RepeatedCompositeFieldContainer[Gpu]
     disks: _containers.RepeatedCompositeFieldContainer[Disk]
-    def __init__(self, memory_total_bytes: _Optional[int] = ..., memory_available_bytes: _Optional[int] = ..., cpu_percent: _Optional[float] = ..., load1: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., disks: _Optional[_Iterable[_Union[Disk, _Mapping]]] = ...) -> None: ...
+    load5: float
+    load15: float
+    shard_load: _containers.RepeatedCompositeFieldContainer[ShardLoad]
+    hcas: _containers.RepeatedCompositeFieldContainer[Hca]
+    weights_changed: bool
+    weights: _containers.RepeatedCompositeFieldContainer[WeightFile]
+    fabrics_changed: bool
+    fabrics: _containers.RepeatedCompositeFieldContainer[Fabric]
+    engines_changed: bool
+    engines: _containers.RepeatedCompositeFieldContainer[EngineInfo]
+    model_dirs_changed: bool
+    model_dirs: _containers.RepeatedCompositeFieldContainer[ModelDir]
+    nvlink: NvlinkFabric
+    subnet_managers_changed: bool
+    subnet_managers: _containers.RepeatedCompositeFieldContainer[SubnetManager]
+    def __init__(self, memory_total_bytes: _Optional[int] = ..., memory_available_bytes: _Optional[int] = ..., cpu_percent: _Optional[float] = ..., load1: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., disks: _Optional[_Iterable[_Union[Disk, _Mapping]]] = ..., load5: _Optional[float] = ..., load15: _Optional[float] = ..., shard_load: _Optional[_Iterable[_Union[ShardLoad, _Mapping]]] = ..., hcas: _Optional[_Iterable[_Union[Hca, _Mapping]]] = ..., weights_changed: bool = ..., weights: _Optional[_Iterable[_Union[WeightFile, _Mapping]]] = ..., fabrics_changed: bool = ..., fabrics: _Optional[_Iterable[_Union[Fabric, _Mapping]]] = ..., engines_changed: bool = ..., engines: _Optional[_Iterable[_Union[EngineInfo, _Mapping]]] = ..., model_dirs_changed: bool = ..., model_dirs: _Optional[_Iterable[_Union[ModelDir, _Mapping]]] = ..., nvlink: _Optional[_Union[NvlinkFabric, _Mapping]] = ..., subnet_managers_changed: bool = ..., subnet_managers: _Optional[_Iterable[_Union[SubnetManager, _Mapping]]] = ...) -> None: ...
 
 class ShardSpec(_message.Message):
     __slots__ = ("shard_id", "replica_id", "model", "engine", "served_name", "source", "args", "port", "api_key", "threads", "memory_bytes", "startup_timeout_s", "env")
@@ -186,6 +375,44 @@ class StartShard(_message.Message):
     spec: ShardSpec
     def __init__(self, spec: _Optional[_Union[ShardSpec, _Mapping]] = ...) -> None: ...
 
+class Drain(_message.Message):
+    __slots__ = ("shard_id", "timeout_s")
+    SHARD_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    shard_id: str
+    timeout_s: int
+    def __init__(self, shard_id: _Optional[str] = ..., timeout_s: _Optional[int] = ...) -> None: ...
+
+class LogsRequest(_message.Message):
+    __slots__ = ("request_id", "shard_id", "lines", "follow")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SHARD_ID_FIELD_NUMBER: _ClassVar[int]
+    LINES_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    shard_id: str
+    lines: int
+    follow: bool
+    def __init__(self, request_id: _Optional[str] = ..., shard_id: _Optional[str] = ..., lines: _Optional[int] = ..., follow: bool = ...) -> None: ...
+
+class LogsCancel(_message.Message):
+    __slots__ = ("request_id",)
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
+
+class LogsReply(_message.Message):
+    __slots__ = ("request_id", "lines", "error", "done")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    LINES_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    lines: _containers.RepeatedScalarFieldContainer[str]
+    error: str
+    done: bool
+    def __init__(self, request_id: _Optional[str] = ..., lines: _Optional[_Iterable[str]] = ..., error: _Optional[str] = ..., done: bool = ...) -> None: ...
+
 class StopShard(_message.Message):
     __slots__ = ("shard_id", "grace_s", "reason")
     SHARD_ID_FIELD_NUMBER: _ClassVar[int]
@@ -197,7 +424,7 @@ class StopShard(_message.Message):
     def __init__(self, shard_id: _Optional[str] = ..., grace_s: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ShardStatus(_message.Message):
-    __slots__ = ("shard_id", "replica_id", "state", "message", "exited", "exit_code", "last_output", "endpoint", "pid", "spec")
+    __slots__ = ("shard_id", "replica_id", "state", "message", "exited", "exit_code", "last_output", "endpoint", "pid", "spec", "adopted")
     SHARD_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -208,6 +435,7 @@ class ShardStatus(_message.Message):
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
+    ADOPTED_FIELD_NUMBER: _ClassVar[int]
     shard_id: str
     replica_id: str
     state: ShardState
@@ -218,7 +446,8 @@ class ShardStatus(_message.Message):
     endpoint: str
     pid: int
     spec: ShardSpec
-    def __init__(self, shard_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., state: _Optional[_Union[ShardState, str]] = ..., message: _Optional[str] = ..., exited: bool = ..., exit_code: _Optional[int] = ..., last_output: _Optional[_Iterable[str]] = ..., endpoint: _Optional[str] = ..., pid: _Optional[int] = ..., spec: _Optional[_Union[ShardSpec, _Mapping]] = ...) -> None: ...
+    adopted: bool
+    def __init__(self, shard_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., state: _Optional[_Union[ShardState, str]] = ..., message: _Optional[str] = ..., exited: bool = ..., exit_code: _Optional[int] = ..., last_output: _Optional[_Iterable[str]] = ..., endpoint: _Optional[str] = ..., pid: _Optional[int] = ..., spec: _Optional[_Union[ShardSpec, _Mapping]] = ..., adopted: bool = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("seq", "ok", "error")

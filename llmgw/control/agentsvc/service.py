@@ -83,7 +83,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         now = self.cluster.clock()
         node = StoredNode(
             id=reg.node_id, hostname=reg.hostname or reg.node_id, mgmt_addr=reg.mgmt_addr,
-            agent_version=reg.agent_version, inventory=convert.inventory_from_pb(reg.inventory, list(reg.engines)),
+            agent_version=reg.agent_version, inventory=convert.inventory_from_register(reg),
             labels=dict(reg.labels), first_seen=now, last_seen=now)
         link.ack(first.seq, ok=True)
         self.cluster.node_registered(node, [convert.status_from_pb(s) for s in reg.shards], link)
@@ -114,10 +114,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
     def _handle(self, msg: pb.AgentMessage, link: _Link) -> None:
         kind = msg.WhichOneof("body")
         if kind == "heartbeat":
-            hb = msg.heartbeat
-            self.cluster.node_heartbeat(
-                link.node_id, memory_total=hb.memory_total_bytes, memory_available=hb.memory_available_bytes,
-                gpus=convert.gpus_from_pb(list(hb.gpus)) if hb.gpus else None)
+            self.cluster.node_heartbeat(link.node_id, convert.heartbeat_from_pb(msg.heartbeat))
         elif kind == "shard_status":
             self.cluster.shard_reported(link.node_id, convert.status_from_pb(msg.shard_status))
         elif kind == "ack":

@@ -24,7 +24,7 @@ from sqlalchemy.orm import sessionmaker
 from llmgw.control.state import Phase, ReplicaRecord
 from llmgw.control.store.tables import ModelRow, NodeRow, ReplicaRow
 from llmgw.core import specs
-from llmgw.core.inventory import Disk, Gpu, Inventory
+from llmgw.core.inventory import Inventory, inventory_from_dict
 
 log = logging.getLogger(__name__)
 MIGRATIONS = pathlib.Path(__file__).with_name("migrations")
@@ -55,13 +55,7 @@ def inventory_to_doc(inv: Inventory) -> dict[str, Any]:
 
 
 def inventory_from_doc(doc: dict[str, Any]) -> Inventory:
-    return Inventory(
-        cpu_count=doc.get("cpu_count", 0), memory_total_bytes=doc.get("memory_total_bytes", 0),
-        memory_available_bytes=doc.get("memory_available_bytes", 0),
-        disks=tuple(Disk(**x) for x in doc.get("disks", ())), gpus=tuple(Gpu(**x) for x in doc.get("gpus", ())),
-        os=doc.get("os", ""), arch=doc.get("arch", ""),
-        engines=tuple((n, v) for n, v in doc.get("engines", ())),
-    )
+    return inventory_from_dict(doc)
 
 
 def _replica_from_row(row: ReplicaRow) -> ReplicaRecord:
