@@ -43,6 +43,29 @@ REGISTER_TIMEOUT_S = 10.0
 CONNECT_TIMEOUT_S = 5.0
 
 
+async def _connect(channel: grpc.aio.Channel) -> None:
+    """Connects, or fails at the first sign it cannot.
+
+    Bounded, because a write on a channel that cannot connect waits forever
+    (seen when an agent redialled a control plane that was still restarting:
+    it never tried again). And failing on the first TRANSIENT_FAILURE rather
+    than waiting out the timeout is what makes a refused address cost nothing
+    when there is another one to try.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + CONNECT_TIMEOUT_S
+    state = channel.get_state(try_to_connect=True)
+    while state is not grpc.ChannelConnectivity.READY:
+        if state is grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+            raise ConnectionRefusedError("refused or unreachable")
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            raise TimeoutError(f"no connection within {CONNECT_TIMEOUT_S:.0f}s")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(channel.wait_for_state_change(state), remaining)
+        state = channel.get_state(try_to_connect=True)
+
+
 class Refused(Exception):
     """The control plane answered Register with a refusal."""
 
@@ -98,13 +121,7 @@ class Session:
 
     async def _run_once(self, addr: str) -> None:
         async with grpc.aio.insecure_channel(addr, options=CHANNEL_OPTIONS) as channel:
-            # Connect first, bounded: a write on a channel that cannot connect
-            # waits forever, and the agent then never tries again (seen when
-            # it redialled a control plane that was still restarting).
-            try:
-                await asyncio.wait_for(channel.channel_ready(), CONNECT_TIMEOUT_S)
-            except TimeoutError:
-                raise TimeoutError(f"cannot connect within {CONNECT_TIMEOUT_S:.0f}s") from None
+            await _connect(channel)
             call = agent_pb2_grpc.AgentServiceStub(channel).Connect()
             out: asyncio.Queue[pb.AgentMessage] = asyncio.Queue()
             inventory = await asyncio.to_thread(self._inventory)

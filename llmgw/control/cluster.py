@@ -15,7 +15,7 @@ import dataclasses
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 from llmgw.control.reconcile import decide
@@ -34,7 +34,10 @@ class AgentLink(Protocol):
 
     def start_shard(self, spec: ShardSpec) -> None: ...
     def stop_shard(self, shard_id: str, *, reason: str) -> None: ...
+    def drain_shard(self, shard_id: str, *, timeout_s: int) -> None: ...
     def close(self, reason: str) -> None: ...
+    def request_logs(self, shard_id: str, *, lines: int, follow: bool) -> tuple[str, asyncio.Queue[Any]]: ...
+    def cancel_logs(self, request_id: str) -> None: ...
 
 
 @dataclasses.dataclass(slots=True)
@@ -163,6 +166,8 @@ class Cluster:
         for dec in out:  # only after the targets are written
             if isinstance(dec, d.StartShard):
                 self._send(dec.node_id, lambda link, dec=dec: link.start_shard(dec.spec))
+            elif isinstance(dec, d.DrainShard):
+                self._send(dec.node_id, lambda link, dec=dec: link.drain_shard(dec.shard_id, timeout_s=dec.timeout_s))
             elif isinstance(dec, d.StopShard):
                 self._send(dec.node_id, lambda link, dec=dec: link.stop_shard(dec.shard_id, reason=dec.reason))
         return any(isinstance(x, d.CreateReplica) for x in out)
@@ -224,3 +229,30 @@ class Cluster:
 
     def connected(self, node_id: str) -> bool:
         return node_id in self._conns
+
+    async def logs(self, node_id: str, shard_id: str, *, lines: int, follow: bool) -> AsyncIterator[list[str]]:
+        """Lines of a node's agent log or of one of its shards, read over the node's stream."""
+        conn = self._conns.get(node_id)
+        if conn is None:
+            if node_id in self.nodes:
+                raise NodeNotConnected(f"node {node_id} is not connected now; its logs are on the node itself")
+            raise KeyError(node_id)
+        request_id, replies = conn.link.request_logs(shard_id, lines=lines, follow=follow)
+        try:
+            while True:
+                batch = await replies.get()
+                if batch.error:
+                    raise LogsError(batch.error)
+                yield list(batch.lines)
+                if batch.done:
+                    return
+        finally:
+            conn.link.cancel_logs(request_id)
+
+
+class NodeNotConnected(Exception):
+    pass
+
+
+class LogsError(Exception):
+    """The agent could not answer a logs request; the message says why."""

@@ -91,12 +91,21 @@ class System:
         for node_id in list(self.agents):
             self.stop_agent(node_id)
         self.stop_server()
-        # The safety net for a test that failed half-way: only pids this
-        # system saw as its agents' children, and only if still alive.
+        # Engines outlive their agents by design, so the last step is ours:
+        # every process started for one of this system's state directories
+        # (agents mark their engines with LLMGW_RUN_DIR), and the pids seen
+        # as agents' children. Nothing else is touched.
+        root = str(self.root.resolve())
+        for p in psutil.process_iter(["pid"]):
+            try:
+                run_dir = p.environ().get("LLMGW_RUN_DIR", "")
+            except psutil.Error:
+                continue
+            if run_dir.startswith(root + "/"):
+                self._engine_pids.add(p.pid)
         for pid in self._engine_pids:
             try:
-                p = psutil.Process(pid)
-                p.kill()
+                psutil.Process(pid).kill()
             except psutil.Error:
                 pass
 

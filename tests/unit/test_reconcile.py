@@ -187,12 +187,33 @@ def test_scale_down_and_delete() -> None:
     pending = rep(Phase.PENDING, id="r2", created_at=2)
     out = run([ready, pending], [node(shards={"r1-1": ShardState.READY})], models={"m": spec0})
     assert d.DeleteReplica("r2") in out and not [x for x in out if isinstance(x, d.StopShard)]
-    # Model deleted: the Ready one is stopped, then deleted when its shard is Stopped.
+    # Model deleted: the Ready one is drained, stopped once Drained, deleted once Stopped.
     out = run([ready], [node(shards={"r1-1": ShardState.READY})], models={})
-    assert d.StopShard("n1", "r1-1", "model m was deleted") in out
+    assert d.DrainShard("n1", "r1-1", 30) in out and not [x for x in out if isinstance(x, d.StopShard)]
     term = updates(out)["r1"]
     assert term.phase is Phase.TERMINATING
+    assert run([term], [node(shards={"r1-1": ShardState.DRAINING})], models={}, now=1005) == []
+    assert run([term], [node(shards={"r1-1": ShardState.DRAINED})], models={}) == [
+        d.StopShard("n1", "r1-1", "model m was deleted")]
     assert run([term], [node(shards={"r1-1": ShardState.STOPPED})], models={}) == [d.DeleteReplica("r1")]
+
+
+def test_drain_that_never_finishes_is_cut_short() -> None:
+    """A shard Draining past the drain timeout (plus the resend slack) is stopped anyway."""
+    term = rep(Phase.TERMINATING, node_id="n1", shard_id="r1-1", sent_at=1000, message="bye")
+    zero = {"m": dataclasses.replace(SPEC, replicas=0)}
+    assert run([term], [node(shards={"r1-1": ShardState.DRAINING})], now=1039, models=zero) == []
+    assert run([term], [node(shards={"r1-1": ShardState.DRAINING})], now=1041, models=zero) == [
+        d.StopShard("n1", "r1-1", "bye (drain did not finish)")]
+
+
+def test_adopted_engine_stays_ready_while_checked() -> None:
+    """A Ready replica whose restarted agent reports its engine adopted and Starting stays Ready and routed."""
+    r = rep(Phase.READY, node_id="n1", shard_id="r1-1", endpoint="http://h:1", started_at=0,
+            message="serving on node n1")
+    n = node(shards={"r1-1": ShardState.STARTING})
+    n.shards["r1-1"] = dataclasses.replace(n.shards["r1-1"], adopted=True)
+    assert run([r], [n], now=10_000) == []
 
 
 def test_spec_change_keeps_old_replica_until_new_one_is_ready() -> None:
@@ -202,7 +223,7 @@ def test_spec_change_keeps_old_replica_until_new_one_is_ready() -> None:
     assert d.CreateReplica("m", FP) in out and not [x for x in out if isinstance(x, d.StopShard)]
     new = rep(Phase.READY, id="new", node_id="n1", shard_id="new-1", endpoint="e2")
     out = run([old, new], [node(shards={"old-1": ShardState.READY, "new-1": ShardState.READY})])
-    assert d.StopShard("n1", "old-1", "replaced by a replica with the model's new spec") in out
+    assert d.DrainShard("n1", "old-1", 30) in out
 
 
 def test_summary_words_and_sentence() -> None:

@@ -9,9 +9,12 @@ while the reconcile loop runs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
+import uuid
 from collections.abc import AsyncIterator
+from typing import NamedTuple
 
 import grpc
 
@@ -36,6 +39,12 @@ SERVER_OPTIONS = [
 ]
 
 
+class LogBatch(NamedTuple):
+    lines: tuple[str, ...]
+    error: str
+    done: bool
+
+
 class _Link:
     """The cluster's handle on one stream."""
 
@@ -43,6 +52,7 @@ class _Link:
         self.node_id = node_id
         self.queue: asyncio.Queue[pb.ControlMessage | None] = asyncio.Queue()
         self._seq = itertools.count(1)
+        self._logs: dict[str, asyncio.Queue[LogBatch]] = {}
 
     def _put(self, **body: object) -> None:
         self.queue.put_nowait(pb.ControlMessage(seq=next(self._seq), **body))
@@ -52,6 +62,39 @@ class _Link:
 
     def stop_shard(self, shard_id: str, *, reason: str) -> None:
         self._put(stop_shard=pb.StopShard(shard_id=shard_id, reason=reason))
+
+    def drain_shard(self, shard_id: str, *, timeout_s: int) -> None:
+        self._put(drain=pb.Drain(shard_id=shard_id, timeout_s=timeout_s))
+
+    def request_logs(self, shard_id: str, *, lines: int, follow: bool) -> tuple[str, asyncio.Queue[LogBatch]]:
+        request_id = uuid.uuid4().hex
+        replies: asyncio.Queue[LogBatch] = asyncio.Queue(maxsize=1000)
+        self._logs[request_id] = replies
+        self._put(logs_request=pb.LogsRequest(request_id=request_id, shard_id=shard_id, lines=lines, follow=follow))
+        return request_id, replies
+
+    def cancel_logs(self, request_id: str) -> None:
+        if self._logs.pop(request_id, None) is not None:
+            self._put(logs_cancel=pb.LogsCancel(request_id=request_id))
+
+    def logs_reply(self, reply: pb.LogsReply) -> None:
+        replies = self._logs.get(reply.request_id)
+        if replies is None:
+            return
+        batch = LogBatch(tuple(reply.lines), reply.error, reply.done or bool(reply.error))
+        if batch.done:
+            del self._logs[reply.request_id]
+        try:
+            replies.put_nowait(batch)
+        except asyncio.QueueFull:
+            # A reader that stopped reading must not hold the stream's memory.
+            self.cancel_logs(reply.request_id)
+
+    def end_logs(self) -> None:
+        for replies in self._logs.values():
+            with contextlib.suppress(asyncio.QueueFull):
+                replies.put_nowait(LogBatch((), f"node {self.node_id} disconnected", True))
+        self._logs.clear()
 
     def ack(self, seq: int, *, ok: bool, error: str = "") -> None:
         self._put(ack=pb.Ack(seq=seq, ok=ok, error=error))
@@ -96,6 +139,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 yield msg
         finally:
             reader.cancel()
+            link.end_logs()
             self.cluster.node_disconnected(reg.node_id, link)
 
     async def _read(self, request_iterator: AsyncIterator[pb.AgentMessage], link: _Link) -> None:
@@ -117,6 +161,8 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             self.cluster.node_heartbeat(link.node_id, convert.heartbeat_from_pb(msg.heartbeat))
         elif kind == "shard_status":
             self.cluster.shard_reported(link.node_id, convert.status_from_pb(msg.shard_status))
+        elif kind == "logs_reply":
+            link.logs_reply(msg.logs_reply)
         elif kind == "ack":
             if not msg.ack.ok:
                 log.warning("node %s refused command %d: %s", link.node_id, msg.ack.seq, msg.ack.error)

@@ -6,14 +6,17 @@ refusal is OpenAI-shaped JSON naming the bad field, never a stack trace.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import prometheus_client
 from fastapi import FastAPI, Query, Request, Response
+from fastapi.responses import StreamingResponse
 
-from llmgw.control.cluster import Cluster
+from llmgw.control.cluster import Cluster, LogsError, NodeNotConnected
 from llmgw.control.http.errors import ApiError, install
 from llmgw.control.state import Phase, ReplicaRecord
 from llmgw.control.status import summarize
@@ -128,8 +131,51 @@ def create_api(store: Store, cluster: Cluster) -> FastAPI:
                           "memory_used_bytes": g.memory_used_bytes} for g in inv.gpus],
                 "engines": [{"name": e, "version": v} for e, v in inv.engines],
                 "shards": sum(1 for s in (view.shards.values() if view else ()) if s.state in ShardState.live()),
+                "shard_states": [{"id": s.shard_id, "replica": s.replica_id, "state": s.state.value, "pid": s.pid,
+                                  "adopted": s.adopted, "message": s.message}
+                                 for s in (view.shards.values() if view else ())],
+                "mgmt_interface": inv.mgmt_interface,
+                "host": dataclasses.asdict(inv.host),
+                "hcas": [dataclasses.asdict(h) for h in inv.hcas],
+                "fabrics": [dataclasses.asdict(f) for f in inv.fabrics],
+                "model_dirs": [dataclasses.asdict(d) for d in inv.model_dirs],
+                "weights": [dataclasses.asdict(w) for w in inv.weights],
+                "nvlink": dataclasses.asdict(inv.nvlink),
+                "subnet_managers": [dataclasses.asdict(x) for x in inv.subnet_managers],
+                "load": {sid: {"cpu_cores": ld.cpu_cores, "rss_bytes": ld.rss_bytes}
+                         for sid, ld in (view.shard_load.items() if view else ())},
             })
         return {"items": items}
+
+    @app.get("/api/v1/nodes/{node_id}/logs")
+    async def node_logs(node_id: str, shard: str = "", lines: int = Query(default=100, ge=0, le=10_000),
+                        follow: bool = False) -> StreamingResponse:
+        """A node's agent log (or a shard's engine output with ``shard``), as NDJSON batches of lines."""
+        it = cluster.logs(node_id, shard, lines=lines, follow=follow)
+        try:
+            first = await anext(it)
+        except StopAsyncIteration:
+            first = []
+        except KeyError:
+            raise ApiError(404, f"node {node_id!r} is not known; `llmgw get nodes` lists them",
+                           code="node_not_found") from None
+        except NodeNotConnected as e:
+            raise ApiError(409, str(e), code="node_not_connected") from None
+        except LogsError as e:
+            raise ApiError(404, str(e), code="logs_unavailable") from None
+
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                yield (json.dumps({"lines": first}) + "\n").encode()
+                async for batch in it:
+                    if batch:
+                        yield (json.dumps({"lines": batch}) + "\n").encode()
+            except LogsError as e:
+                yield (json.dumps({"error": str(e)}) + "\n").encode()
+            finally:
+                await it.aclose()
+
+        return StreamingResponse(body(), media_type="application/x-ndjson")
 
     @app.get("/api/v1/endpoints")
     async def endpoints(after: int | None = None,

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from llmgw.control.placement import fit
 from llmgw.control.reconcile import decisions as d
 from llmgw.control.state import NodeView, Phase, ReplicaRecord
-from llmgw.core.shards import ShardSpec, ShardState
+from llmgw.core.shards import ShardSpec, ShardState, ShardStatus
 from llmgw.core.specs import ModelSpec
 
 
@@ -36,6 +36,8 @@ class Config:
     backoff_max_s: float = 300.0
     #: Failures in a row after which the message calls it a crash loop.
     crash_loop_after: int = 5
+    #: How long a Ready replica being removed may take to finish its requests.
+    drain_timeout_s: float = 30.0
 
 
 def backoff(failures: int, cfg: Config) -> float:
@@ -86,11 +88,18 @@ class _Pass:
             r.last_output = last_output
 
     def terminate(self, r: ReplicaRecord, reason: str) -> None:
+        """Removes a replica; a Ready one is drained first, so no request in flight fails."""
         if r.phase is Phase.PENDING or not (r.node_id and r.shard_id):
             self.deleted.add(r.id)
             return
+        was_ready = r.phase is Phase.READY
+        # Terminating replicas leave the router's table with this very write,
+        # before the drain begins, so no new request reaches the engine.
         r.phase, r.message, r.sent_at = Phase.TERMINATING, reason, self.now
-        self.commands.append(d.StopShard(r.node_id, r.shard_id, reason))
+        if was_ready:
+            self.commands.append(d.DrainShard(r.node_id, r.shard_id, int(self.cfg.drain_timeout_s)))
+        else:
+            self.commands.append(d.StopShard(r.node_id, r.shard_id, reason))
 
     # -- observation -------------------------------------------------------------
     def observe(self, r: ReplicaRecord) -> None:
@@ -117,13 +126,14 @@ class _Pass:
             return
         st = last
         if r.phase is Phase.TERMINATING:
-            if st is None or st.state in ShardState.terminal():
-                self.deleted.add(r.id)
-            elif self.now - r.sent_at >= self.cfg.resend_s:
-                r.sent_at = self.now
-                self.commands.append(d.StopShard(node.id, r.shard_id or "", r.message or "stopping"))
+            self.observe_terminating(r, node, st)
             return
         spec = self.models.get(r.model)
+        if st is not None and st.adopted and st.state is ShardState.STARTING and r.phase is Phase.READY:
+            # A restarted agent found this engine running and is checking it;
+            # it has served all along, so it stays Ready (and routed) meanwhile.
+            # If the check fails the agent reports it Failed, and it is replaced.
+            return
         if st is None and r.phase is Phase.READY:
             # The node registered with its full list and this shard is not on
             # it: the engine is gone (the agent was restarted and could not
@@ -160,6 +170,24 @@ class _Pass:
             what = st.message or f"engine exited{code}"
             self.fail(r, what, last_output=st.last_output)
         # STOPPING that we did not ask for: wait for it to end.
+
+    def observe_terminating(self, r: ReplicaRecord, node: NodeView, st: ShardStatus | None) -> None:
+        shard = r.shard_id or ""
+        reason = r.message or "stopping"
+        if st is None or st.state in ShardState.terminal():
+            self.deleted.add(r.id)
+        elif st.state is ShardState.DRAINED or st.state is ShardState.STARTING:
+            # Idempotent on the agent, and Drained lasts only until it says Stopping.
+            self.commands.append(d.StopShard(node.id, shard, reason))
+        elif st.state is ShardState.DRAINING:
+            if self.now - r.sent_at > self.cfg.drain_timeout_s + self.cfg.resend_s:
+                self.commands.append(d.StopShard(node.id, shard, f"{reason} (drain did not finish)"))
+        elif self.now - r.sent_at >= self.cfg.resend_s:
+            r.sent_at = self.now
+            if st.state is ShardState.READY:
+                self.commands.append(d.DrainShard(node.id, shard, int(self.cfg.drain_timeout_s)))
+            else:
+                self.commands.append(d.StopShard(node.id, shard, reason))
 
     # -- desired counts ------------------------------------------------------------
     def scale(self) -> None:

@@ -44,4 +44,13 @@ class StopShard:
     reason: str
 
 
-Decision = CreateReplica | UpdateReplica | DeleteReplica | StartShard | StopShard
+@dataclasses.dataclass(frozen=True, slots=True)
+class DrainShard:
+    """Let in-flight requests finish (at most ``timeout_s``); the agent then reports the shard Drained."""
+
+    node_id: str
+    shard_id: str
+    timeout_s: int
+
+
+Decision = CreateReplica | UpdateReplica | DeleteReplica | StartShard | StopShard | DrainShard
