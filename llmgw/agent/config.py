@@ -14,6 +14,7 @@ import os
 import socket
 from pathlib import Path
 
+from llmgw.agent.settings import AgentSettings
 from llmgw.core.errors import LlmgwError
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,18 @@ class AgentConfig:
     reconnect_base_s: float = 0.5
     reconnect_max_s: float = 30.0
     stop_grace_s: float = 10.0
+    adopt_ready_timeout_s: float = 60.0
     labels: tuple[tuple[str, str], ...] = ()
+    #: (fabric name, adapters) as declared; checked against the adapters as they are.
+    fabrics: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    mgmt_interface: str = ""
+    #: Engines outlive the agent unless this is set (``llmgw up`` sets it: it owns the whole system).
+    stop_engines_on_exit: bool = False
+    prefer_nvml: bool = True
+    nvidia_smi: str = "nvidia-smi"
+    sysfs_root: Path = Path("/sys/class/infiniband")
+    sminfo: str = "sminfo"
+    saquery: str = "saquery"
 
 
 def default_state_dir() -> Path:
@@ -80,16 +92,23 @@ def addr_toward(server: str) -> str:
         return "127.0.0.1"
 
 
-def build(*, servers: list[str], node_id: str | None = None, mgmt_addr: str | None = None,
-          state_dir: Path | None = None, model_dirs: list[Path] | None = None,
-          heartbeat_interval_s: float = 5.0) -> AgentConfig:
-    addrs = normalize_servers(servers)
-    found_id = node_id or socket.gethostname()
-    found_addr = mgmt_addr or addr_toward(addrs[0])
-    cfg = AgentConfig(servers=addrs, node_id=found_id, mgmt_addr=found_addr,
-                      state_dir=state_dir or default_state_dir(), model_dirs=tuple(model_dirs or ()),
-                      heartbeat_interval_s=heartbeat_interval_s)
+def from_settings(st: AgentSettings) -> AgentConfig:
+    """The agent's configuration: the settings as given, and every default found."""
+    addrs = normalize_servers(list(st.servers))
+    found_id = st.node_id or socket.gethostname()
+    found_addr = st.mgmt_addr or addr_toward(addrs[0])
+    model_dirs = list(st.model_dirs)
+    if st.weights_cache is not None and st.weights_cache not in model_dirs:
+        model_dirs.append(st.weights_cache)
+    cfg = AgentConfig(
+        servers=addrs, node_id=found_id, mgmt_addr=found_addr, state_dir=st.state_dir or default_state_dir(),
+        model_dirs=tuple(model_dirs), heartbeat_interval_s=st.heartbeat_interval, reconnect_base_s=st.reconnect_base,
+        reconnect_max_s=st.reconnect_max, stop_grace_s=st.stop_grace, adopt_ready_timeout_s=st.adopt_ready_timeout,
+        labels=tuple(sorted(st.labels.items())), fabrics=tuple((f.fabric, tuple(f.hcas)) for f in st.fabrics),
+        mgmt_interface=st.mgmt_interface or "", stop_engines_on_exit=st.stop_engines_on_exit,
+        prefer_nvml=st.discovery.prefer_nvml, nvidia_smi=st.discovery.nvidia_smi,
+        sysfs_root=st.discovery.sysfs_root, sminfo=st.discovery.sminfo, saquery=st.discovery.saquery)
     log.info("agent: node id %s%s, management address %s%s, control plane %s, state in %s",
-             cfg.node_id, "" if node_id else " (hostname)", cfg.mgmt_addr, "" if mgmt_addr else " (route)",
+             cfg.node_id, "" if st.node_id else " (hostname)", cfg.mgmt_addr, "" if st.mgmt_addr else " (route)",
              ", ".join(cfg.servers), cfg.state_dir)
     return cfg

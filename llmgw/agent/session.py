@@ -16,12 +16,11 @@ import contextlib
 import itertools
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 
 from llmgw.agent.config import AgentConfig
-from llmgw.agent.discovery import LoadSampler
 from llmgw.api import convert
 from llmgw.api.v1 import agent_pb2 as pb
 from llmgw.api.v1 import agent_pb2_grpc
@@ -71,21 +70,25 @@ class Refused(Exception):
 
 
 class Commands:
-    """What the session needs from the rest of the agent; the supervisor provides it."""
+    """What the session needs from the rest of the agent; ``main`` wires the supervisor and logs in."""
 
     def __init__(self, *, start: Callable[[ShardSpec], Awaitable[object]],
-                 stop: Callable[[str, str], Awaitable[object]], statuses: Callable[[], list[ShardStatus]]) -> None:
-        self.start, self.stop, self.statuses = start, stop, statuses
+                 stop: Callable[[str, str], Awaitable[object]], drain: Callable[[str, float], Awaitable[object]],
+                 statuses: Callable[[], list[ShardStatus]],
+                 logs: Callable[[str, int, bool], AsyncIterator[list[str]]]) -> None:
+        self.start, self.stop, self.drain, self.statuses, self.logs = start, stop, drain, statuses, logs
 
 
 class Session:
-    def __init__(self, cfg: AgentConfig, *, inventory: Callable[[], Inventory], sampler: LoadSampler,
-                 commands: Commands, agent_version: str) -> None:
-        self.cfg, self._inventory, self._sampler, self._commands = cfg, inventory, sampler, commands
+    def __init__(self, cfg: AgentConfig, *, inventory: Callable[[], Inventory], heartbeat: Callable[[], Heartbeat],
+                 on_register: Callable[[Inventory], None], commands: Commands, agent_version: str) -> None:
+        self.cfg, self._inventory, self._heartbeat, self._commands = cfg, inventory, heartbeat, commands
+        self._on_register = on_register
         self._agent_version = agent_version
         self._out: asyncio.Queue[pb.AgentMessage] | None = None
         self._seq = itertools.count(1)
         self._tasks: set[asyncio.Task[object]] = set()
+        self._log_tasks: dict[str, asyncio.Task[None]] = {}
         self.connected = asyncio.Event()
 
     def report(self, status: ShardStatus) -> None:
@@ -126,6 +129,8 @@ class Session:
             out: asyncio.Queue[pb.AgentMessage] = asyncio.Queue()
             inventory = await asyncio.to_thread(self._inventory)
             reg = self._register(inventory)
+            # A new stream resends everything: heartbeat deltas start from what this Register says.
+            self._on_register(inventory)
             first = await asyncio.wait_for(self._handshake(call, reg), REGISTER_TIMEOUT_S)
             if first is grpc.aio.EOF:
                 raise Refused("the stream closed before Register was answered")
@@ -148,6 +153,9 @@ class Session:
                 self.connected.clear()
                 writer.cancel()
                 beat.cancel()
+                for task in self._log_tasks.values():
+                    task.cancel()
+                self._log_tasks.clear()
                 call.cancel()
 
     async def _handshake(self, call: grpc.aio.StreamStreamCall, reg: pb.AgentMessage) -> object:
@@ -173,10 +181,7 @@ class Session:
     async def _heartbeats(self, out: asyncio.Queue[pb.AgentMessage]) -> None:
         while True:
             await asyncio.sleep(self.cfg.heartbeat_interval_s)
-            load = await asyncio.to_thread(self._sampler.sample)
-            hb = Heartbeat(memory_total_bytes=load.memory_total_bytes,
-                           memory_available_bytes=load.memory_available_bytes, cpu_percent=load.cpu_percent,
-                           load1=load.load1, gpus=load.gpus, disks=load.disks)
+            hb = await asyncio.to_thread(self._heartbeat)
             out.put_nowait(pb.AgentMessage(seq=next(self._seq), heartbeat=convert.heartbeat_to_pb(hb)))
 
     def _handle(self, msg: pb.ControlMessage) -> None:
@@ -187,6 +192,21 @@ class Session:
         elif kind == "stop_shard":
             stop = msg.stop_shard
             self._spawn(self._commands.stop(stop.shard_id, stop.reason), f"stop {stop.shard_id}")
+        elif kind == "drain":
+            drain = msg.drain
+            self._spawn(self._commands.drain(drain.shard_id, float(drain.timeout_s or 30)), f"drain {drain.shard_id}")
+        elif kind == "logs_request":
+            req = msg.logs_request
+            if req.request_id not in self._log_tasks:
+                task = asyncio.create_task(self._send_logs(req))
+                self._log_tasks[req.request_id] = task
+                task.add_done_callback(lambda _t, rid=req.request_id: self._log_tasks.pop(rid, None))
+            return
+        elif kind == "logs_cancel":
+            task = self._log_tasks.pop(msg.logs_cancel.request_id, None)
+            if task is not None:
+                task.cancel()
+            return
         elif kind == "ack":
             return
         else:
@@ -194,6 +214,24 @@ class Session:
             return
         if self._out is not None:
             self._out.put_nowait(pb.AgentMessage(seq=next(self._seq), ack=pb.Ack(seq=msg.seq, ok=True)))
+
+    async def _send_logs(self, req: pb.LogsRequest) -> None:
+        def reply(**kw: object) -> None:
+            if self._out is not None:
+                self._out.put_nowait(pb.AgentMessage(seq=next(self._seq), logs_reply=pb.LogsReply(
+                    request_id=req.request_id, **kw)))  # type: ignore[arg-type]
+
+        try:
+            async for batch in self._commands.logs(req.shard_id, req.lines, req.follow):
+                reply(lines=batch)
+            reply(done=True)
+        except asyncio.CancelledError:
+            raise
+        except LookupError as e:
+            reply(error=str(e.args[0]) if e.args else str(e), done=True)
+        except Exception as e:  # the reader's own failure, said to whoever asked
+            log.exception("reading logs for %s failed", req.shard_id or "the agent")
+            reply(error=f"reading the log failed: {e}", done=True)
 
     def _spawn(self, coro: Awaitable[object], what: str) -> None:
         async def run() -> None:

@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 
 from llmgw.cli import client as client_mod
+from llmgw.cli import logs as logs_mod
 from llmgw.cli import manifests, tables
 from llmgw.core.errors import LlmgwError
 
@@ -78,31 +79,39 @@ def server(
 
 @app.command()
 def agent(
-    server: list[str] = typer.Option(..., "--server", help="Control plane agent address HOST:PORT (repeatable)"),
+    config: Path = typer.Option(None, "--config", "-c", help="YAML settings file (see examples/agent.yaml) "
+                                                              "[env LLMGW_AGENT_CONFIG]"),
+    server: list[str] = typer.Option([], "--server", help="Control plane agent address HOST:PORT (repeatable; "
+                                                           "replaces the file's)"),
     node_id: str = typer.Option(None, help="Node id [default: the hostname]"),
     mgmt_addr: str = typer.Option(None, help="Address engines listen on [default: this machine's on the route "
                                              "to the control plane]"),
     state_dir: Path = typer.Option(None, help="Engine logs and state [default /var/lib/llmgw/agent as root, "
                                               "else $XDG_STATE_HOME/llmgw/agent]"),
     model_dir: list[Path] = typer.Option([], "--model-dir", help="Where model weights live (repeatable)"),
-    heartbeat_interval: float = typer.Option(5.0, help="Seconds between heartbeats"),
-    stop_grace: float = typer.Option(10.0, help="Seconds an engine gets between SIGTERM and SIGKILL"),
+    heartbeat_interval: float = typer.Option(None, help="Seconds between heartbeats [5]"),
+    stop_grace: float = typer.Option(None, help="Seconds an engine gets between SIGTERM and SIGKILL [10]"),
+    stop_engines_on_exit: bool = typer.Option(False, "--stop-engines-on-exit",
+                                              help="Stop engines when the agent stops (default: they outlive it "
+                                                   "and the next agent adopts them)"),
     log_level: str = typer.Option("info"),
 ) -> None:
     """Run the node agent on this machine."""
-    import dataclasses
-
     from llmgw.agent import config as agent_config
     from llmgw.agent import main as agent_main
+    from llmgw.agent import settings as agent_settings
 
-    _logging(log_level)
-    if heartbeat_interval <= 0 or stop_grace < 0:
-        raise _fail("--heartbeat-interval must be positive and --stop-grace not negative")
+    _logging(log_level)  # first: basicConfig does nothing once the root logger has a handler (the ring)
+    ring = agent_main.install_log_ring()
+    path = config or (Path(os.environ["LLMGW_AGENT_CONFIG"]) if os.environ.get("LLMGW_AGENT_CONFIG") else None)
+    flags = {"servers": server, "node_id": node_id, "mgmt_addr": mgmt_addr,
+             "state_dir": state_dir.resolve() if state_dir else None,
+             "model_dirs": [p.resolve() for p in model_dir], "heartbeat_interval": heartbeat_interval,
+             "stop_grace": stop_grace, "stop_engines_on_exit": True if stop_engines_on_exit else None}
     try:
-        cfg = agent_config.build(servers=server, node_id=node_id, mgmt_addr=mgmt_addr, state_dir=state_dir,
-                                 model_dirs=model_dir, heartbeat_interval_s=heartbeat_interval)
-        cfg = dataclasses.replace(cfg, stop_grace_s=stop_grace)
-        asyncio.run(agent_main.run(cfg))
+        st = agent_settings.load(path=path, env=os.environ, flags=flags)
+        cfg = agent_config.from_settings(st)
+        asyncio.run(agent_main.run(cfg, ring=ring))
     except LlmgwError as e:
         raise _fail(str(e)) from None
 
@@ -180,6 +189,9 @@ def delete_model(name: str, url: str = UrlOpt) -> None:
     except LlmgwError as e:
         raise _fail(str(e)) from None
     console.print(f"model/{name} deleted")
+
+
+logs_mod.register(app)
 
 
 def main() -> None:

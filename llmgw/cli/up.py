@@ -158,7 +158,9 @@ def run(*, http_port: int, agent_port: int, data_dir: Path, model_file: Path | N
         ports = _wait_ports(server, ports_file, 30)
         base = f"http://127.0.0.1:{ports['http_port']}"
         agent = _Child("agent", [*py, "agent", "--server", f"127.0.0.1:{ports['agent_port']}",
-                                 "--state-dir", str(data_dir / "agent"), "--stop-grace", str(AGENT_STOP_GRACE_S)],
+                                 "--state-dir", str(data_dir / "agent"), "--stop-grace", str(AGENT_STOP_GRACE_S),
+                                 # up owns the whole system: its engines end with it.
+                                 "--stop-engines-on-exit"],
                        logs / "agent.log")
         children.insert(0, agent)
         with httpx.Client(base_url=base, timeout=30, trust_env=False) as http:

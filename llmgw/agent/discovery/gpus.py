@@ -79,6 +79,12 @@ class GpuReader:
             _once(logging.WARNING, f"reading GPUs failed: {exc}")
         return ()
 
+    def driver_version(self) -> str:
+        """The NVIDIA driver's version through NVML; "" where NVML is not in use."""
+        if not self._chosen:
+            self._choose()
+        return self._nvml.driver_version() if self._nvml is not None else ""
+
     def close(self) -> None:
         if self._nvml is not None:
             self._nvml.close()

@@ -4,10 +4,18 @@ NVML is preferred to ``nvidia-smi``: it answers in milliseconds rather than the
 second ``nvidia-smi -q`` takes on an eight-GPU node, and it reports the compute
 capability, which the XML does not. The module is passed in so that tests use a
 fake; every NVML failure leaves here as ``NvmlError``.
+
+NVLink peers come from each link's state and the PCI bus id at its far end. A
+link that ends at an NVSwitch (HGX boards, NVL72 trays) reaches every GPU whose
+links also end at a switch, so those GPUs are all peers of each other. The
+wiring does not change while the driver is loaded, and asking costs up to 36
+links x 3 calls per GPU, so it is read once per GPU and kept, not re-read at
+every heartbeat.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from llmgw.core.errors import LlmgwError
@@ -23,6 +31,29 @@ def _text(value: str | bytes) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
+def bus_id(value: str | bytes) -> str:
+    """``"00000000:07:00.0"`` (NVML, nvidia-smi) as ``"0000:07:00.0"``, the form /sys/bus/pci/devices uses.
+
+    One spelling for every source, so a GPU can be matched with the adapter on
+    the same PCIe switch and a link's far end with the GPU it names.
+    """
+    text = _text(value).strip().lower()
+    domain, _, rest = text.rpartition(":")
+    head, _, bus = domain.rpartition(":")
+    try:
+        return f"{int(head or '0', 16):04x}:{int(bus, 16):02x}:{rest}" if rest else text
+    except ValueError:
+        return text
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Wiring:
+    pci_bus_id: str
+    #: Bus ids at the far end of each active link that ends at another GPU.
+    remote: frozenset[str]
+    on_switch: bool
+
+
 class Nvml:
     """An initialised NVML, kept open so that repeated reads cost no re-initialisation."""
 
@@ -33,6 +64,7 @@ class Nvml:
         except module.NVMLError as exc:
             raise NvmlError(f"NVML is not available ({exc})") from exc
         self._open = True
+        self._wiring: dict[int, _Wiring] = {}
 
     def read(self) -> tuple[Gpu, ...]:
         """Every GPU that answers. One that does not is left out, not reported as empty.
@@ -60,7 +92,60 @@ class Nvml:
                 ))
             except m.NVMLError:
                 continue
-        return tuple(gpus)
+            if index not in self._wiring:
+                self._wiring[index] = self._wire(handle)
+        return self._with_peers(gpus)
+
+    def _with_peers(self, gpus: list[Gpu]) -> tuple[Gpu, ...]:
+        by_bus = {self._wiring[g.index].pci_bus_id: g.index for g in gpus if self._wiring[g.index].pci_bus_id}
+        switched = {g.index for g in gpus if self._wiring[g.index].on_switch}
+        out: list[Gpu] = []
+        for g in gpus:
+            w = self._wiring[g.index]
+            peers = {by_bus[r] for r in w.remote if r in by_bus} | (switched if w.on_switch else set())
+            out.append(dataclasses.replace(g, pci_bus_id=w.pci_bus_id, nvlink_peers=tuple(sorted(peers - {g.index}))))
+        return tuple(out)
+
+    def _wire(self, handle: Any) -> _Wiring:
+        """This GPU's bus id and where its active NVLinks go. Every failure reads as "no link"."""
+        m = self._m
+        try:
+            own = bus_id(m.nvmlDeviceGetPciInfo(handle).busId)
+        except (m.NVMLError, AttributeError):
+            own = ""
+        remote: set[str] = set()
+        on_switch = False
+        # Older nvidia-ml-py lacks some of these; a PCIe card answers NOT_SUPPORTED
+        # for every link, and a link past the last one INVALID_ARGUMENT.
+        state = getattr(m, "nvmlDeviceGetNvLinkState", None)
+        far = getattr(m, "nvmlDeviceGetNvLinkRemotePciInfo", None)
+        kind = getattr(m, "nvmlDeviceGetNvLinkRemoteDeviceType", None)
+        switch = getattr(m, "NVML_NVLINK_DEVICE_TYPE_SWITCH", 2)
+        if state is None or far is None:
+            return _Wiring(own, frozenset(), False)
+        for link in range(int(getattr(m, "NVML_NVLINK_MAX_LINKS", 18))):
+            try:
+                if state(handle, link) != getattr(m, "NVML_FEATURE_ENABLED", 1):
+                    continue
+                end = bus_id(far(handle, link).busId)
+            except m.NVMLError:
+                continue
+            try:
+                is_switch = kind is not None and kind(handle, link) == switch
+            except m.NVMLError:
+                is_switch = False
+            if is_switch:
+                on_switch = True
+            else:
+                remote.add(end)
+        return _Wiring(own, frozenset(remote), on_switch)
+
+    def driver_version(self) -> str:
+        """The kernel driver's version ("570.133.20"); "" when NVML does not say."""
+        try:
+            return _text(self._m.nvmlSystemGetDriverVersion())
+        except (self._m.NVMLError, AttributeError):
+            return ""
 
     def _capability(self, handle: Any) -> str:
         try:

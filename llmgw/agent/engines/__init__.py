@@ -10,6 +10,7 @@ from llmgw.core import errors
 
 Adapter = base.Adapter
 Launch = base.Launch
+InFlightProbe = base.InFlightProbe
 
 _ADAPTERS: dict[str, base.Adapter] = {
     "llamacpp": llamacpp.LlamaCpp(),

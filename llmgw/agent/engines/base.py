@@ -5,14 +5,16 @@ anything is launched (an engine refuses a bad flag only after it has started,
 and a big model only after minutes of loading), builds the argv and the
 environment additions, and says which version of the engine is installed.
 It starts nothing itself: the supervisor is the one place that spawns
-processes, so adapters are tested with plain data.
+processes, so adapters are tested with plain data. For the same reason an
+adapter says *where* to ask an engine how many requests it has in flight and
+how to read the answer (``in_flight_probe``), and the supervisor asks.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from llmgw.core import engines, errors, shards
@@ -26,6 +28,11 @@ class Launch:
     argv: list[str]
     #: Variables to add to (or override in) the agent's environment.
     env: dict[str, str]
+
+
+#: (path, parser): the parser turns the body of a 200 answer into the number of
+#: requests running or queued, or None when the body does not say.
+InFlightProbe = tuple[str, Callable[[bytes], int | None]]
 
 
 class Adapter(Protocol):
@@ -47,6 +54,14 @@ class Adapter(Protocol):
 
     def probe(self) -> str | None:
         """The installed engine's version, None when it is not installed here."""
+        ...
+
+    def in_flight_probe(self) -> InFlightProbe:
+        """The path to GET (with the shard's API key) and a parser of its body for requests in flight.
+
+        Optional: the supervisor treats an adapter without it like one whose
+        parser answers None, and a drain then waits out its timeout.
+        """
         ...
 
 

@@ -6,6 +6,14 @@ runs the same C++ server in-process under ``llmgw.agent.engines.llamacpp_launche
 which takes the llama-server flags used here, so the argv differs only in its
 program.
 
+A drain asks ``/metrics`` (the adapter always passes ``--metrics``) for
+``llamacpp:requests_processing`` plus ``llamacpp:requests_deferred``, not
+``/slots``: measured on xllamacpp 2026.10 with ``--parallel 1`` and four
+streams sent at once, ``/slots`` showed one busy slot while ``/metrics`` said
+1 processing and 3 deferred; the three queued requests are invisible in
+``/slots``, and a drain that trusted it would stop the engine under them.
+Both paths need the API key when one is set.
+
 Threads default to half the CPUs, not llama.cpp's all of them: two busy
 llama.cpp servers each spinning on all 8 vCPUs fell to 0.8 tok/s apiece, where
 at 4 threads they kept 5.5.
@@ -23,6 +31,23 @@ from llmgw.core import errors, shards
 
 #: The module run with ``python -m`` when there is no llama-server binary.
 LAUNCHER_MODULE = "llmgw.agent.engines.llamacpp_launcher"
+#: The gauges of /metrics whose sum is the requests in flight.
+IN_FLIGHT_GAUGES = ("llamacpp:requests_processing", "llamacpp:requests_deferred")
+
+
+def parse_metrics_in_flight(body: bytes) -> int | None:
+    """Requests processing plus deferred, from llama.cpp's Prometheus text; None unless both are there."""
+    found: dict[str, float] = {}
+    for line in body.decode("utf-8", errors="replace").splitlines():
+        name, _, value = line.partition(" ")
+        if name in IN_FLIGHT_GAUGES:
+            try:
+                found[name] = float(value.split()[0])
+            except (ValueError, IndexError):
+                return None
+    if len(found) != len(IN_FLIGHT_GAUGES):
+        return None
+    return int(sum(found.values()))
 
 
 def default_threads(cpu_count: int) -> int:
@@ -69,3 +94,6 @@ class LlamaCpp:
             return importlib.metadata.version("xllamacpp")
         except importlib.metadata.PackageNotFoundError:
             return None
+
+    def in_flight_probe(self) -> base.InFlightProbe:
+        return "/metrics", parse_metrics_in_flight

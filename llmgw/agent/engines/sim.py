@@ -3,12 +3,28 @@
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import sys
 
 from llmgw.agent.engines import base
 from llmgw.core import shards
 
 MODULE = "llmgw.sim.engine"
+
+
+def parse_sim_stats(body: bytes) -> int | None:
+    """Requests generating plus requests waiting for a slot, from ``/sim/stats``; None if it says neither."""
+    try:
+        stats = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(stats, dict):
+        return None
+    running, waiting = stats.get("running"), stats.get("waiting")
+    # bool is an int: a body of {"running": true} is not a count.
+    if not all(isinstance(n, int) and not isinstance(n, bool) for n in (running, waiting)):
+        return None
+    return int(running) + int(waiting)
 
 
 class Sim:
@@ -36,3 +52,7 @@ class Sim:
         except importlib.metadata.PackageNotFoundError:
             # Run from a source tree that was never installed.
             return "dev"
+
+    def in_flight_probe(self) -> base.InFlightProbe:
+        # Waiting requests count: they were accepted, and a stop would fail them as surely.
+        return "/sim/stats", parse_sim_stats

@@ -1,8 +1,12 @@
 """Engine processes: the only place in the agent that starts a subprocess.
 
 ``Supervisor`` (in ``supervising``) is the front; behind it ``launching`` turns
-a spec into a process, ``probing`` decides readiness, ``ending`` signals and
-describes exits, and ``records`` holds each shard and reports its transitions.
+a spec into a process, ``probing`` decides readiness, ``watching`` follows each
+process, ``draining`` waits out its requests, ``ending`` signals and describes
+exits, and ``records`` holds each shard and reports its transitions. Engines
+outlive the agent: ``statefiles`` describes each on disk, ``recovering``
+decides what a restarted agent adopts or kills, and ``orphans`` watches and
+ends the processes a previous agent started.
 """
 
 from __future__ import annotations

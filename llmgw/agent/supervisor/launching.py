@@ -6,6 +6,11 @@ that refuses a bad profile does so minutes into loading, on a node nobody is
 watching. Processes are started from an argv list, never a shell, in a new
 session so that the child's process group id equals its pid and a stop can
 signal the engine and every worker it forked without touching anything else.
+
+Every engine carries ``LLMGW_SHARD_ID`` and ``LLMGW_RUN_DIR`` in its
+environment, and so does every worker it forks: that is how an agent started
+later recognises a process a previous one launched even when the state file
+that describes it is gone (see ``recovering``).
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ from llmgw.core.shards import ShardSpec
 # The shard id becomes a file name under run_dir; "../x" or "a/b" would write
 # the log somewhere else entirely.
 _SHARD_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+#: The markers set in every engine's environment.
+SHARD_ENV = "LLMGW_SHARD_ID"
+RUN_DIR_ENV = "LLMGW_RUN_DIR"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -36,6 +44,7 @@ class Plan:
     endpoint: str
     health_path: str
     log_path: Path
+    port: int = 0
 
 
 def endpoint_of(host: str, port: int) -> str:
@@ -57,7 +66,10 @@ def free_port(host: str) -> int:
 
 def plan(spec: ShardSpec, adapter: engines.Adapter, *, host: str, model_path: str | None,
          cpu_count: int, run_dir: Path) -> Plan:
-    """The argv, environment and endpoint for ``spec``; EngineError when it cannot run."""
+    """The argv, environment and endpoint for ``spec``; EngineError when it cannot run.
+
+    ``run_dir`` must be absolute: it is the marker a later agent compares.
+    """
     if not _SHARD_ID.match(spec.shard_id):
         raise EngineError(f"shard id {spec.shard_id!r} is not usable as a file name; use letters, "
                           "digits, '.', '_' and '-' only")
@@ -68,8 +80,11 @@ def plan(spec: ShardSpec, adapter: engines.Adapter, *, host: str, model_path: st
     # The spec's env wins over the adapter's, which wins over the agent's own:
     # a model file that sets CUDA_LAUNCH_BLOCKING means it.
     env = {**os.environ, **launch.env, **dict(spec.env)}
+    # The markers go last: a spec that set LLMGW_RUN_DIR would hide its engine
+    # from the next agent's sweep, and it would hold its GPUs unreported.
+    env |= {SHARD_ENV: spec.shard_id, RUN_DIR_ENV: str(run_dir)}
     return Plan(argv=list(launch.argv), env=env, endpoint=endpoint_of(host, port),
-                health_path=adapter.health_path, log_path=run_dir / f"{spec.shard_id}.log")
+                health_path=adapter.health_path, log_path=run_dir / f"{spec.shard_id}.log", port=port)
 
 
 def _open_log(path: Path) -> tuple[BinaryIO, int]:

@@ -5,9 +5,14 @@ is still empty, and traffic sent then gets 404s for a model "that does not
 exist". A pid is not enough either: a loading engine has one, and so does one
 wedged in a collective. Each request has a short timeout so a hung engine
 delays the next probe, never the event loop.
+
+``in_flight`` asks an engine how many requests it holds, for a drain; where
+to ask and how to read the answer are the adapter's (``in_flight_probe``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import aiohttp
 
@@ -36,3 +41,26 @@ async def probe(session: aiohttp.ClientSession, endpoint: str, *, health_path: s
     if served_name not in ids:
         return f"/v1/models does not list {served_name!r} yet (it lists {ids})"
     return None
+
+
+async def in_flight(session: aiohttp.ClientSession, endpoint: str, path: str, parse: Callable[[bytes], int | None],
+                    *, api_key: str = "", timeout_s: float = PROBE_TIMEOUT_S) -> tuple[int | None, str]:
+    """How many requests the engine has running or queued, and in words why when that is unknown (None).
+
+    The adapter's parser sees only the body of a 200: an engine that answers
+    401 or 404 has said nothing about its requests, and a drain must not read
+    that as "none in flight" and let a stop cut them off.
+    """
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        async with session.get(endpoint + path, headers=headers, timeout=timeout) as r:
+            if r.status != 200:
+                return None, f"{path} answered {r.status}"
+            body = await r.read()
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        return None, f"no answer from {endpoint}{path} ({type(exc).__name__})"
+    count = parse(body)
+    if count is None:
+        return None, f"{path} did not say how many requests are in flight"
+    return count, f"{count} in flight"

@@ -6,6 +6,8 @@ every code path that might change a state. Terminal shards are kept so that a
 repeated command still gets its answer, but only the latest ``max_terminal``,
 and a forgotten shard's log is removed with it: an agent that runs for months
 would otherwise remember (and keep the output of) every shard it ever ran.
+A shard's state file goes when it ends, here too: it is the next agent's
+evidence that the process runs, and an ended shard's would be false.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ import collections
 import dataclasses
 import logging
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
-from llmgw.agent.supervisor import launching
+from llmgw.agent.supervisor import launching, orphans, statefiles
 from llmgw.core.shards import ShardState, ShardStatus
 
 log = logging.getLogger(__name__)
@@ -32,12 +35,23 @@ class Shard:
     starting: asyncio.Task[ShardStatus] | None = None
     stopping: asyncio.Task[ShardStatus] | None = None
     monitor: asyncio.Task[None] | None = None
+    draining: asyncio.Task[ShardStatus] | None = None
+    #: Our child, for a shard this agent launched...
     proc: asyncio.subprocess.Process | None = None
+    #: ...or the engine a previous agent launched, for an adopted one.
+    orphan: orphans.Orphan | None = None
     plan: launching.Plan | None = None
     log_offset: int = 0
+    #: Its state file while the process may run; removed (and None) once it has ended.
+    state_path: Path | None = None
+    #: Whether it was ever READY (a drained engine that exits failed "after it was ready").
+    was_ready: bool = False
+
+    def has_process(self) -> bool:
+        return self.proc is not None or self.orphan is not None
 
     def tasks(self) -> Iterator[asyncio.Task[Any]]:
-        for task in (self.starting, self.stopping, self.monitor):
+        for task in (self.starting, self.stopping, self.monitor, self.draining):
             if task is not None and not task.done():
                 yield task
 
@@ -64,7 +78,10 @@ class Records:
         """Record a transition and tell ``on_status``, once."""
         rec.status = dataclasses.replace(rec.status, state=state, **changes)  # type: ignore[arg-type]
         log.info("shard %s: %s: %s", rec.status.shard_id, state.value, rec.status.message)
+        rec.was_ready = rec.was_ready or state is ShardState.READY
         if state in ShardState.terminal():
+            statefiles.remove(rec.state_path)
+            rec.state_path = None
             self._ended.append(rec.status.shard_id)
             while len(self._ended) > self._max_terminal:
                 self._forget(self._ended.popleft())

@@ -8,9 +8,15 @@ stream that drops mid-command) cannot leave a process half-started or a
 SIGTERM without its SIGKILL; callers only wait on them.
 
 A shard moves STARTING -> READY -> (FAILED | STOPPING -> STOPPED), or straight
-to FAILED when it cannot be launched. The startup timeout is the control
-plane's to enforce: killing a slow loader here would race its decision to
-replace it.
+to FAILED when it cannot be launched; a drain puts DRAINING -> DRAINED before
+the stop. The startup timeout is the control plane's to enforce: killing a
+slow loader here would race its decision to replace it. FAILED always means
+the process is gone.
+
+Engines outlive the agent: ``close`` leaves them running, each shard's state
+file (``statefiles``) describes it, and ``recover``, called by the next agent
+before it registers, adopts what still runs (``recovering`` decides,
+``orphans`` watches and ends what we did not start).
 """
 
 from __future__ import annotations
@@ -23,10 +29,11 @@ from pathlib import Path
 from typing import Protocol
 
 import aiohttp
+import psutil
 
 from llmgw.agent import engines, weights
 from llmgw.agent.discovery import host as host_facts
-from llmgw.agent.supervisor import ending, launching, records, watching
+from llmgw.agent.supervisor import draining, ending, launching, orphans, records, recovering, statefiles, watching
 from llmgw.core.errors import EngineError
 from llmgw.core.shards import ShardSpec, ShardState, ShardStatus
 
@@ -49,10 +56,13 @@ class Supervisor:
     def __init__(self, *, run_dir: Path, host: str, on_status: Callable[[ShardStatus], None],
                  cpu_count: int | None = None, grace_s: float = 10.0, health_interval_s: float = 0.5,
                  adapters: Registry = engines, resolve: Callable[[str], str | None] = weights.resolve_source,
-                 clock: Callable[[], float] = time.monotonic, max_terminal: int = 100) -> None:
-        self._run_dir, self._host = run_dir, host
+                 clock: Callable[[], float] = time.monotonic, max_terminal: int = 100,
+                 adopt_timeout_s: float = 60.0) -> None:
+        # Absolute, and resolved once: it is the marker in every engine's
+        # environment, and the next agent must spell it the same way.
+        self._run_dir, self._host = Path(run_dir).resolve(), host
         self._cpu_count = cpu_count or host_facts.cpu_count()
-        self._grace_s, self._interval_s = grace_s, health_interval_s
+        self._grace_s, self._interval_s, self._adopt_timeout_s = grace_s, health_interval_s, adopt_timeout_s
         self._adapters, self._resolve, self._clock = adapters, resolve, clock
         self._recs = records.Records(on_status, max_terminal=max_terminal)
         self._session: aiohttp.ClientSession | None = None
@@ -63,6 +73,11 @@ class Supervisor:
 
     def statuses(self) -> list[ShardStatus]:
         return [rec.status for rec in self._recs.all()]
+
+    def pids(self) -> dict[str, int]:
+        """The engine pid of every shard whose process may still run, for load sampling."""
+        return {r.status.shard_id: r.status.pid for r in self._recs.all()
+                if r.status.state in S.live() and r.status.pid > 0}
 
     async def start(self, spec: ShardSpec) -> ShardStatus:
         """Launch ``spec``'s engine, or report the shard already known by its id."""
@@ -97,12 +112,33 @@ class Supervisor:
             return self._recs.move(rec, S.FAILED, message=f"cannot start shard {spec.shard_id}: "
                                    f"internal error {type(exc).__name__}: {exc}; see the agent's log")
         rec.plan = plan
+        # Right after the spawn, with no await in between: the watcher that
+        # could report an early exit (and remove the file) starts below.
+        self._save(rec, spec, plan, rec.proc.pid)
         self._recs.move(rec, S.STARTING, endpoint=plan.endpoint, pid=rec.proc.pid,
                         message=f"launched {plan.argv[0]}; its output goes to {plan.log_path}")
         rec.monitor = asyncio.create_task(
             watching.watch(rec, rec.proc, plan, recs=self._recs, http=self._http,
                            interval_s=self._interval_s, clock=self._clock), name=f"watch {spec.shard_id}")
         return rec.status
+
+    def _save(self, rec: records.Shard, spec: ShardSpec, plan: launching.Plan, pid: int) -> None:
+        """Write the shard's state file; a failure is logged, and the engine runs on undescribed."""
+        try:
+            create_time = psutil.Process(pid).create_time()
+        except psutil.Error:
+            return  # already gone, and the watcher is about to say so
+        saved = statefiles.Saved(spec=spec, pid=pid, create_time=create_time, port=plan.port,
+                                 endpoint=plan.endpoint, host=self._host, log_path=plan.log_path,
+                                 log_offset=rec.log_offset, argv=tuple(plan.argv))
+        try:
+            # A small local file: written on the event loop, as the log tail is read.
+            rec.state_path = statefiles.write(self._run_dir, saved)
+        except OSError as exc:
+            # Not a reason to fail a healthy engine; the cost is that an agent
+            # restarted before this shard ends cannot adopt it, and kills it.
+            log.warning("cannot write the state file of shard %s: %s; a restarted agent will not adopt it",
+                        spec.shard_id, exc.strerror or exc)
 
     async def stop(self, shard_id: str, *, grace_s: float | None = None, reason: str = "") -> ShardStatus:
         """SIGTERM, then SIGKILL after the grace. An unknown or ended shard is reported as it is."""
@@ -111,7 +147,7 @@ class Supervisor:
             return ShardStatus(shard_id, "", S.STOPPED, message=f"no shard {shard_id} on this node")
         if rec.starting is not None and not rec.starting.done():
             await asyncio.shield(rec.starting)
-        if rec.status.state in S.terminal() or rec.proc is None:
+        if rec.status.state in S.terminal() or not rec.has_process():
             return rec.status  # ended, or its launch was cancelled by close()
         grace = self._grace_s if grace_s is None else grace_s
         if rec.stopping is None:
@@ -121,15 +157,115 @@ class Supervisor:
         except TimeoutError:
             return rec.status  # still STOPPING; STOPPED is reported when it does exit
 
-    async def _stop(self, rec: records.Shard, grace: float, reason: str) -> ShardStatus:
-        assert rec.proc is not None
-        self._recs.move(rec, S.STOPPING, message=reason or "stop requested")
-        code, killed = await ending.terminate(rec.proc, grace_s=grace)
-        said = reason or "stopped on request"
+    async def _stop(self, rec: records.Shard, grace: float, reason: str, *,
+                    failure: str | None = None) -> ShardStatus:
+        """End the process; STOPPED, or FAILED with ``failure`` when it is being given up on."""
+        if failure is None:
+            self._recs.move(rec, S.STOPPING, message=reason or "stop requested")
+        code: int | None = None
+        if rec.orphan is not None:
+            killed = await rec.orphan.terminate(grace_s=grace)
+        else:
+            assert rec.proc is not None
+            code, killed = await ending.terminate(rec.proc, grace_s=grace)
+        said = failure or reason or "stopped on request"
         if killed:
             log.warning("shard %s ignored SIGTERM for %g s and was killed", rec.status.shard_id, grace)
             said += f"; it did not exit within {grace:g} s of SIGTERM and was killed"
-        return self._recs.move(rec, S.STOPPED, message=said, exit_code=code)
+        return self._recs.move(rec, S.FAILED if failure else S.STOPPED, message=said, exit_code=code)
+
+    async def drain(self, shard_id: str, *, timeout_s: float) -> ShardStatus:
+        """DRAINING, then DRAINED once the engine holds no request or ``timeout_s`` has passed.
+
+        Returns when the drain ends (a stop or an exit ends it too). Idempotent:
+        a shard already DRAINING or DRAINED, stopping or ended is reported as it
+        is, and an unknown one as STOPPED. A drained engine keeps running until
+        it is stopped.
+        """
+        rec = self._recs.get(shard_id)
+        if rec is None:
+            return ShardStatus(shard_id, "", S.STOPPED, message=f"no shard {shard_id} on this node")
+        if rec.starting is not None and not rec.starting.done():
+            await asyncio.shield(rec.starting)
+        state = rec.status.state
+        if state is S.STARTING and rec.orphan is None:
+            # Still loading: it has never been in the router's table, so nothing is in flight.
+            return self._recs.move(rec, S.DRAINED, message="drained before it was ready: it had served nothing")
+        if state not in (S.READY, S.STARTING) or rec.draining is not None:
+            return rec.status
+        # An adopted engine still being checked may be serving: the router kept
+        # sending to it while the agent restarted. It is drained like a ready one.
+        self._recs.move(rec, S.DRAINING, message=f"draining: waiting up to {timeout_s:g} s for the requests "
+                        "in flight to finish")
+        probe: engines.InFlightProbe | None = None
+        try:
+            assert rec.status.spec is not None
+            probe = draining.probe_of(self._adapters.get(rec.status.spec.engine))
+        except EngineError as exc:
+            log.warning("shard %s: no in-flight probe (%s); the drain waits its timeout out", shard_id, exc)
+        rec.draining = asyncio.create_task(
+            draining.drain(rec, recs=self._recs, http=self._http, probe=probe, timeout_s=timeout_s,
+                           clock=self._clock), name=f"drain {shard_id}")
+        return await asyncio.shield(rec.draining)
+
+    async def recover(self) -> list[ShardStatus]:
+        """Take back the engines a previous agent left running; call once, before registering.
+
+        Adopted shards are returned STARTING with ``adopted=True`` and move to
+        READY (or FAILED, the engine stopped) in the background: a slow probe
+        must not delay registration. Dead shards' state files are removed and
+        unidentifiable engines killed, as ``recovering`` explains.
+        """
+        keep = {r.status.pid for r in self._recs.all() if r.status.pid}
+        known = {r.status.shard_id for r in self._recs.all()}
+        # /proc and the run dir: blocking reads, off the event loop.
+        files, found = await asyncio.to_thread(recovering.look, self._run_dir)
+        decisions = recovering.decide(files, found, run_dir=str(self._run_dir), keep=keep, known=known)
+        adopted = []
+        for d in decisions:
+            if isinstance(d, recovering.Forget):
+                log.info("removing state file %s: %s", d.path, d.reason)
+                statefiles.remove(d.path)
+            elif isinstance(d, recovering.Kill):
+                if orphans.kill(d.seen):
+                    log.warning("killed pid %d (and the group it leads): it cannot be described to the "
+                                "control plane, whose placement would hand out its resources again: %s",
+                                d.seen.pid, d.reason)
+            else:
+                adopted.append(self._adopt(d))
+        return adopted
+
+    def _adopt(self, d: recovering.Adopt) -> ShardStatus:
+        saved = d.saved
+        spec = saved.spec
+        message = f"adopted from a previous agent (pid {saved.pid})"
+        if d.note:
+            log.warning("shard %s: %s", spec.shard_id, d.note)
+        rec = records.Shard(ShardStatus(spec.shard_id, spec.replica_id, S.STARTING, message=message,
+                                        endpoint=saved.endpoint, pid=saved.pid, spec=spec, adopted=True),
+                            started_at=self._clock(), orphan=orphans.Orphan(d.seen), log_offset=saved.log_offset,
+                            state_path=statefiles.path_of(self._run_dir, spec.shard_id))
+        self._recs.add(rec)
+        self._recs.move(rec, S.STARTING)  # on_status hears of it, as of a launch
+        try:
+            adapter = self._adapters.get(spec.engine)
+        except EngineError as exc:
+            self._give_up(rec, f"cannot judge the adopted engine: {exc}; it was stopped")
+            return rec.status
+        rec.plan = launching.Plan(argv=list(saved.argv), env={}, endpoint=saved.endpoint,
+                                  health_path=adapter.health_path, log_path=saved.log_path, port=saved.port)
+        rec.monitor = asyncio.create_task(
+            watching.watch_adopted(rec, rec.orphan, rec.plan, recs=self._recs, http=self._http,
+                                   interval_s=self._interval_s, clock=self._clock,
+                                   adopt_timeout_s=self._adopt_timeout_s, give_up=self._give_up),
+            name=f"watch adopted {spec.shard_id}")
+        return rec.status
+
+    def _give_up(self, rec: records.Shard, failure: str) -> None:
+        """Stop an adopted engine that cannot be used; FAILED follows once it is gone."""
+        if rec.stopping is None:
+            rec.stopping = asyncio.create_task(self._stop(rec, self._grace_s, "", failure=failure),
+                                               name=f"give up {rec.status.shard_id}")
 
     async def stop_all(self, *, reason: str) -> None:
         """Stop every shard that may still have a process, all at once."""

@@ -1,0 +1,158 @@
+"""One file per running shard, so that an agent started later can take its engine back.
+
+Engines outlive the agent on purpose (the router talks to them directly, so an
+agent restart must not interrupt served traffic), and a new agent can only
+adopt what it can describe: ``<run_dir>/<shard_id>.json`` holds the whole spec,
+the pid and the process's start time (which tells the engine from a process
+that was later given the same pid), its port, endpoint, host, argv and log.
+
+It is written right after the launch and removed when the shard ends, so a
+file means "this agent believes the process runs". Writes are a temporary file
+and ``os.replace``: an agent killed mid-write leaves the old file or the new
+one, never half of one, and a half-written file would get a healthy engine
+killed as unidentifiable. Mode 0600, because the spec carries the engine's API
+key. There is no fsync: the file describes processes, and none survives the
+power loss that an fsync would guard against.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from llmgw.core.shards import ShardSpec
+
+log = logging.getLogger(__name__)
+
+#: Bumped when a field changes meaning; a file of another version is unreadable.
+VERSION = 1
+SUFFIX = ".json"
+_TMP_PREFIX = "."
+_SPEC_FIELDS = {f.name for f in dataclasses.fields(ShardSpec)}
+
+
+class Unreadable(Exception):
+    """A state file that exists but cannot describe its shard; the message says why."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Saved:
+    """What a state file says about one shard's process."""
+
+    spec: ShardSpec
+    pid: int
+    #: ``psutil.Process.create_time()``: seconds since the epoch, as the kernel's start time.
+    create_time: float
+    port: int
+    endpoint: str
+    host: str
+    log_path: Path
+    #: Where this run's output starts in the log (earlier runs under the id appended before it).
+    log_offset: int = 0
+    argv: tuple[str, ...] = ()
+
+    @property
+    def shard_id(self) -> str:
+        return self.spec.shard_id
+
+
+def path_of(run_dir: Path, shard_id: str) -> Path:
+    return run_dir / f"{shard_id}{SUFFIX}"
+
+
+def _to_json(saved: Saved) -> dict[str, Any]:
+    spec = dataclasses.asdict(saved.spec)
+    spec["args"] = list(saved.spec.args)
+    spec["env"] = [list(kv) for kv in saved.spec.env]
+    return {"version": VERSION, "shard_id": saved.shard_id, "spec": spec, "pid": saved.pid,
+            "create_time": saved.create_time, "port": saved.port, "endpoint": saved.endpoint,
+            "host": saved.host, "log_path": str(saved.log_path), "log_offset": saved.log_offset,
+            "argv": list(saved.argv), "written_at": time.time()}
+
+
+def write(run_dir: Path, saved: Saved) -> Path:
+    """Write ``saved`` atomically with mode 0600; OSError when the disk refuses."""
+    path = path_of(run_dir, saved.shard_id)
+    tmp = path.with_name(f"{_TMP_PREFIX}{path.name}.{os.getpid()}.tmp")
+    data = json.dumps(_to_json(saved), indent=1).encode()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp.unlink(missing_ok=True)  # left by a write that was interrupted in this same process
+    # O_EXCL with the mode given at creation: a file created and then chmod'ed
+    # would be readable by everyone for the moment in between.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def read(path: Path) -> Saved:
+    """The shard ``path`` describes; Unreadable with the reason otherwise."""
+    try:
+        raw = json.loads(path.read_bytes())
+    except OSError as exc:
+        raise Unreadable(f"cannot read {path}: {exc.strerror or exc}") from exc
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise Unreadable(f"{path} is not JSON ({exc})") from exc
+    if not isinstance(raw, dict) or raw.get("version") != VERSION:
+        version = raw.get("version") if isinstance(raw, dict) else None
+        raise Unreadable(f"{path} has version {version!r}; this agent reads version {VERSION}")
+    try:
+        fields = raw["spec"]
+        unknown = set(fields) - _SPEC_FIELDS
+        if unknown:
+            # Written by a newer agent: the fields known here still describe the
+            # shard, which beats killing a healthy engine on a downgrade.
+            log.warning("state file %s has spec fields this agent does not know (%s); ignoring them",
+                        path, ", ".join(sorted(unknown)))
+        known = {k: v for k, v in fields.items() if k in _SPEC_FIELDS}
+        known["args"] = tuple(known.get("args", ()))
+        known["env"] = tuple((str(k), str(v)) for k, v in known.get("env", ()))
+        spec = ShardSpec(**known)
+        saved = Saved(spec=spec, pid=int(raw["pid"]), create_time=float(raw["create_time"]),
+                      port=int(raw["port"]), endpoint=str(raw["endpoint"]), host=str(raw["host"]),
+                      log_path=Path(raw["log_path"]), log_offset=int(raw.get("log_offset", 0)),
+                      argv=tuple(str(a) for a in raw.get("argv", ())))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise Unreadable(f"{path} does not describe a shard ({type(exc).__name__}: {exc})") from exc
+    if spec.shard_id != path.name.removesuffix(SUFFIX):
+        raise Unreadable(f"{path} describes shard {spec.shard_id!r}, not the one its name says")
+    if saved.pid <= 1:
+        raise Unreadable(f"{path} names pid {saved.pid}, which no engine has")
+    return saved
+
+
+def listing(run_dir: Path) -> list[Path]:
+    """Every state file in ``run_dir``, in name order; leftover temporaries are removed."""
+    try:
+        entries = sorted(run_dir.iterdir())
+    except FileNotFoundError:
+        return []
+    found = []
+    for entry in entries:
+        if entry.name.startswith(_TMP_PREFIX) and entry.name.endswith(".tmp"):
+            # An agent killed between write and replace; the real file is intact.
+            entry.unlink(missing_ok=True)
+        elif entry.suffix == SUFFIX and entry.is_file():
+            found.append(entry)
+    return found
+
+
+def remove(path: Path | None) -> None:
+    """Delete a state file; a failure is logged, since the shard has ended either way."""
+    if path is None:
+        return
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as exc:
+        # Left behind, it names a dead pid: the next agent checks the start time and removes it.
+        log.warning("cannot remove state file %s: %s", path, exc.strerror or exc)

@@ -1,0 +1,223 @@
+"""Engines that outlive their agent: a second supervisor on the same run dir adopts, forgets or kills.
+
+Agent A is a supervisor on its own event loop that starts a sim engine and is
+then closed with the engine left running, as a crashed or restarted agent
+leaves it; agent B is a new supervisor on the same run dir, on a new loop.
+Every process is a child of this test process; the fixture ends them all,
+whatever the test did, and resumes any it froze first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import psutil
+import pytest
+
+from llmgw.agent.supervisor import Supervisor, launching, statefiles, watching
+from llmgw.core.shards import ShardSpec, ShardState, ShardStatus
+from llmgw.testing import procs
+
+S = ShardState
+pytestmark = pytest.mark.slow
+
+
+class Agent:
+    """A supervisor on its own loop, and every status it reported."""
+
+    def __init__(self, run_dir: Path, **kw: Any) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.seen: list[ShardStatus] = []
+        kw = {"health_interval_s": 0.1, "grace_s": 2.0, **kw}
+        self.sup = Supervisor(run_dir=run_dir, host="127.0.0.1", on_status=self.seen.append, **kw)
+        self.closed = False
+
+    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        return self.loop.run_until_complete(coro)
+
+    def states(self, shard_id: str) -> list[ShardState]:
+        return [s.state for s in self.seen if s.shard_id == shard_id]
+
+    def wait_state(self, shard_id: str, state: ShardState, *, timeout: float = 10.0) -> ShardStatus:
+        async def poll() -> ShardStatus:
+            deadline = time.monotonic() + timeout
+            while (st := self.sup.status(shard_id)) is None or st.state is not state:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"{shard_id} is {st and st.state}, not {state}: {st}")
+                await asyncio.sleep(0.05)
+            return st
+        return self.run(poll())
+
+    def die(self) -> None:
+        """Stop watching and drop the loop, leaving the engines running: an agent that went away."""
+        self.run(self.sup.close())
+        self.loop.close()
+        self.closed = True
+
+
+@pytest.fixture
+def agents(tmp_path: Path) -> Iterator[Callable[..., Agent]]:
+    made: list[Agent] = []
+
+    def make(**kw: Any) -> Agent:
+        made.append(Agent(tmp_path / "run", **kw))
+        return made[-1]
+
+    yield make
+    for a in made:
+        if not a.closed:
+            try:
+                a.run(a.sup.stop_all(reason="test over"))
+                a.run(a.sup.close())
+            finally:
+                a.loop.close()
+    for child in psutil.Process().children(recursive=True):
+        try:
+            child.kill()  # SIGKILL ends a frozen (SIGSTOP) one too
+        except psutil.NoSuchProcess:
+            pass
+
+
+def spec(shard_id: str, *args: str) -> ShardSpec:
+    return ShardSpec(shard_id=shard_id, replica_id="r-" + shard_id, model="m", engine="sim", served_name="m",
+                     api_key="k", args=args)
+
+
+async def serves(endpoint: str) -> bool:
+    try:
+        async with aiohttp.ClientSession() as s, s.get(endpoint + "/v1/models",
+                                                       headers={"Authorization": "Bearer k"}) as r:
+            return r.status == 200
+    except aiohttp.ClientError:
+        return False
+
+
+def gone(pid: int, *, timeout: float = 5.0) -> bool:
+    """True once ``pid`` (a child of this process, maybe already reaped by asyncio) has exited."""
+    def dead() -> bool:
+        try:
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+    return bool(procs.wait_for(dead, timeout=timeout, what=f"pid {pid} gone"))
+
+
+def left_running(agents: Callable[..., Agent], shard_id: str = "a") -> ShardStatus:
+    """Agent A starts a sim shard, sees it READY and goes away; the engine keeps serving."""
+    a = agents()
+    a.run(a.sup.start(spec(shard_id)))
+    ready = a.wait_state(shard_id, S.READY)
+    a.die()
+    assert psutil.pid_exists(ready.pid)
+    return ready
+
+
+def test_a_restarted_agent_adopts_the_running_engine(agents: Callable[..., Agent], tmp_path: Path) -> None:
+    """recover() reports it STARTING adopted at once, then READY with the same pid; stop() ends it for good."""
+    ready = left_running(agents)
+    state = tmp_path / "run" / "a.json"
+    assert state.stat().st_mode & 0o777 == 0o600
+    saved = statefiles.read(state)
+    assert (saved.pid, saved.endpoint, saved.spec) == (ready.pid, ready.endpoint, spec("a"))
+    assert psutil.Process(ready.pid).environ()[launching.SHARD_ENV] == "a"
+
+    b = agents()
+    began = time.monotonic()
+    [adopted] = b.run(b.sup.recover())
+    assert time.monotonic() - began < 1.0
+    assert (adopted.state, adopted.adopted, adopted.pid) == (S.STARTING, True, ready.pid)
+    assert adopted.message == f"adopted from a previous agent (pid {ready.pid})"
+    assert (adopted.endpoint, adopted.spec, adopted.replica_id) == (ready.endpoint, spec("a"), "r-a")
+    now = b.wait_state("a", S.READY)
+    assert (now.pid, now.adopted) == (ready.pid, False) and now.message.startswith("adopted engine answers")
+    assert b.run(serves(ready.endpoint)) and b.sup.pids() == {"a": ready.pid}
+    assert b.run(b.sup.start(spec("a"))).pid == ready.pid  # a retried start is the adopted engine
+
+    st = b.run(b.sup.stop("a", reason="scaled down"))
+    assert (st.state, st.message, st.exit_code) == (S.STOPPED, "scaled down", None)
+    assert gone(ready.pid) and not state.exists() and (tmp_path / "run" / "a.log").exists()
+    assert b.states("a") == [S.STARTING, S.READY, S.STOPPING, S.STOPPED] and b.sup.pids() == {}
+    assert agents().run(agents().sup.recover()) == []
+
+
+def test_a_dead_or_reused_pid_only_loses_its_state_file(agents: Callable[..., Agent], tmp_path: Path) -> None:
+    """A state file naming a pid that has exited, or one now held by another process, is removed; nothing is killed."""
+    run = tmp_path / "run"
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(ended.stdout)
+    with procs.Proc.start([sys.executable, "-c", "import time; time.sleep(60)"], log_path=tmp_path / "x.log") as other:
+        for shard_id, pid in (("dead", dead_pid), ("reused", other.pid)):
+            statefiles.write(run, statefiles.Saved(spec=spec(shard_id), pid=pid, create_time=time.time() - 3600,
+                                                   port=1, endpoint="http://127.0.0.1:1", host="127.0.0.1",
+                                                   log_path=run / f"{shard_id}.log"))
+        b = agents()
+        assert b.run(b.sup.recover()) == []
+        assert statefiles.listing(run) == [] and b.seen == []
+        time.sleep(0.2)
+        assert other.poll() is None  # the process that now has the pid was left alone
+
+
+def test_engines_nothing_describes_are_killed(agents: Callable[..., Agent], tmp_path: Path) -> None:
+    """Marked with this run dir but no state file, or an unreadable one: killed. Another run dir's: left alone."""
+    run = (tmp_path / "run").resolve()
+    run.mkdir()
+    (run / "garbled.json").write_text("{half a file")
+
+    def sim(shard_id: str, run_dir: Path) -> procs.Proc:
+        env = {**os.environ, launching.SHARD_ENV: shard_id, launching.RUN_DIR_ENV: str(run_dir)}
+        argv = [sys.executable, "-m", "llmgw.sim.engine", "--port", "0", "--model", "m"]
+        return procs.Proc.start(argv, env=env, log_path=tmp_path / f"{shard_id}.out")
+
+    with sim("nofile", run) as nofile, sim("garbled", run) as garbled, sim("other", tmp_path / "b") as other:
+        for p in (nofile, garbled, other):
+            procs.wait_for(lambda p=p: "listening on" in p.log_tail(), timeout=10, what="sim listening")
+        b = agents()
+        assert b.run(b.sup.recover()) == []
+        assert nofile.popen.wait(timeout=5) == -signal.SIGKILL
+        assert garbled.popen.wait(timeout=5) == -signal.SIGKILL
+        assert other.poll() is None and statefiles.listing(run) == []
+
+
+def test_an_adopted_engine_that_dies_is_failed(agents: Callable[..., Agent], tmp_path: Path) -> None:
+    """Killed from outside after adoption: FAILED, no exit code, the end of its log quoted."""
+    ready = left_running(agents)
+    b = agents()
+    b.run(b.sup.recover())
+    b.wait_state("a", S.READY)
+    os.kill(ready.pid, signal.SIGKILL)
+    st = b.wait_state("a", S.FAILED)
+    assert st.message.startswith(watching.ADOPTED_EXIT + " after it was ready")
+    assert st.exit_code is None and any("listening on" in line for line in st.last_output)
+    assert b.states("a") == [S.STARTING, S.READY, S.FAILED] and b.sup.pids() == {}
+    assert statefiles.listing(tmp_path / "run") == []
+
+
+def test_an_adopted_engine_that_does_not_answer_is_stopped_and_failed(agents: Callable[..., Agent],
+                                                                     tmp_path: Path) -> None:
+    """A frozen engine (SIGSTOP) is given adopt_timeout_s, then killed: FAILED means it is gone."""
+    ready = left_running(agents)
+    os.kill(ready.pid, signal.SIGSTOP)
+    try:
+        b = agents(adopt_timeout_s=1.0, grace_s=0.3)
+        began = time.monotonic()
+        [adopted] = b.run(b.sup.recover())
+        assert adopted.state is S.STARTING
+        st = b.wait_state("a", S.FAILED, timeout=8)
+        assert 1.0 <= time.monotonic() - began < 5.0
+        assert st.message.startswith("adopted engine did not answer within 1 s")
+        assert gone(ready.pid)
+        assert b.states("a") == [S.STARTING, S.FAILED] and statefiles.listing(tmp_path / "run") == []
+    finally:
+        try:
+            os.kill(ready.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
