@@ -207,3 +207,30 @@ def test_deleting_a_model_drains_requests_in_flight(system: System) -> None:
     assert errors == [] and len(got) >= 40, (errors, len(got))
     assert not any('"error"' in line for line in got)
     wait_for(lambda: not system.replicas("drainme"), timeout=20, what="replica removed after the drain")
+
+
+def test_registration_carries_what_the_node_has(system: System, tmp_path: Path) -> None:
+    """Adapters from a sysfs tree, a declared fabric, weights in a model dir and host facts reach the REST API."""
+    from llmgw.testing.tiny_gguf import write_tiny_llama_gguf
+
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs" / "class" / "infiniband"
+    models = tmp_path / "models"
+    models.mkdir()
+    write_tiny_llama_gguf(models / "tiny.gguf")
+    cfg = tmp_path / "agent3.yaml"
+    cfg.write_text(f"server: 127.0.0.1:{system.agent_port}\nnode_id: node3\nstate_dir: {tmp_path / 'node3'}\n"
+                   f"model_dirs: [{models}]\nheartbeat_interval: 1\n"
+                   "fabrics:\n  - {fabric: ib0, hcas: [mlx5_0]}\n  - {fabric: gone, hcas: [mlx5_9]}\n"
+                   f"discovery: {{sysfs_root: {fixtures}}}\n")
+    agent = Proc.start([*LLMGW, "agent", "--config", str(cfg)], log_path=tmp_path / "agent3.log")
+    try:
+        node = wait_for(lambda: next((n for n in system.get("/api/v1/nodes")["items"]
+                                      if n["id"] == "node3" and n["connected"]), None), timeout=20, what="node3")
+        assert isinstance(node, dict)
+        assert {h["name"] for h in node["hcas"]} == {"mlx5_0", "mlx5_1"}
+        assert node["fabrics"] == [{"name": "ib0", "hcas": ["mlx5_0"]}]  # "gone" has no usable adapter
+        assert [w["path"] for w in node["weights"]] == [str(models / "tiny.gguf")]
+        assert node["host"]["os_id"] and node["host"]["kernel"] and node["mgmt_interface"] == "lo"
+        assert "mlx5_9" in agent.log_tail(200)  # the dropped fabric is said loudly, on the node
+    finally:
+        agent.stop(timeout=15)
