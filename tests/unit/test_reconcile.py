@@ -137,6 +137,17 @@ def test_start_sent_before_the_node_reregistered_is_resent_at_once() -> None:
     assert [s.spec.shard_id for s in starts] == ["r1-2"]
 
 
+def test_start_resent_after_reregistration_restarts_the_startup_clock() -> None:
+    """A replica placed long ago on a stream that died is not failed for a startup timeout it never had."""
+    r = rep(Phase.STARTING, node_id="n1", shard_id="r1-5", attempt=5, started_at=10, sent_at=10)
+    n = node()
+    n.registered_at = 5000
+    out = run([r], [n], now=5001)
+    assert [x.spec.shard_id for x in out if isinstance(x, d.StartShard)] == ["r1-5"]
+    got = updates(out)["r1"]
+    assert got.phase is Phase.STARTING and got.started_at == 5001 and got.failures == 0
+
+
 def test_disconnected_node_gets_a_grace_period() -> None:
     """Within the grace period nothing is re-placed; after it the replica moves elsewhere."""
     r = rep(Phase.READY, node_id="n1", shard_id="r1-1", endpoint="http://h:1")

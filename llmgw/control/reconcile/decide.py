@@ -143,10 +143,18 @@ class _Pass:
             r.message = f"its engine is gone from node {node.id}; starting a new one"
             return
         if st is None or st.state is ShardState.STARTING:
+            if st is None and spec is not None and r.sent_at < node.registered_at:
+                # Sent on a stream that has since gone, so it may never have
+                # arrived: send it again now, and the startup clock starts
+                # again with it. Without the reset, a replica placed just
+                # before a restart was failed for a timeout at once (seen on a
+                # second `make up`: "did not become ready within 300s").
+                r.sent_at = r.started_at = self.now
+                self.commands.append(d.StartShard(node.id, shard_spec(r, spec)))
+                return
             if spec is not None and self.now - r.started_at > spec.startup_timeout_s:
                 self.fail(r, f"did not become ready within {spec.startup_timeout_s:.0f}s", stop_shard=True)
-            elif st is None and spec is not None and (self.now - r.sent_at >= self.cfg.resend_s
-                                                      or r.sent_at < node.registered_at):
+            elif st is None and spec is not None and self.now - r.sent_at >= self.cfg.resend_s:
                 r.sent_at = self.now
                 self.commands.append(d.StartShard(node.id, shard_spec(r, spec)))
             elif st is not None:
