@@ -28,8 +28,9 @@ def models(items: list[dict[str, Any]]) -> Table:
 
 
 def replicas(items: list[dict[str, Any]]) -> Table:
-    t = Table("REPLICA", "MODEL", "PHASE", "NODE", "ENDPOINT", "ATTEMPT", "MESSAGE")
+    # SHARD is what `llmgw logs NODE SHARD` takes.
+    t = Table("REPLICA", "MODEL", "PHASE", "NODE", "SHARD", "ENDPOINT", "MESSAGE")
     for r in items:
-        t.add_row(r["id"], r["model"], r["phase"], r["node"] or "-", r["endpoint"] or "-", str(r["attempt"]),
+        t.add_row(r["id"], r["model"], r["phase"], r["node"] or "-", r["shard"] or "-", r["endpoint"] or "-",
                   r["message"])
     return t
