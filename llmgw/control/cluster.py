@@ -195,7 +195,8 @@ class Cluster:
             mine = [r for r in replicas if r.model == m.name]
             st = summarize(m.spec, mine, now=now)
             models.append({
-                "name": m.name, "served_name": m.spec.served_name, "aliases": [],
+                "name": m.name, "served_name": m.spec.served_name, "aliases": list(m.spec.aliases),
+                "routing": m.spec.routing,
                 "state": st.state, "message": st.message,
                 "endpoints": [{"replica_id": r.id, "url": r.endpoint, "api_key": r.api_key}
                               for r in mine if r.phase is Phase.READY and r.endpoint],

@@ -38,6 +38,7 @@ API_VERSION = "llmgw/v1"
 NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 DEFAULT_STARTUP_TIMEOUT_S = 600.0
+ROUTING_POLICIES = ("prefix_cache", "least_outstanding", "round_robin", "session_affinity")
 MAX_REPLICAS = 1000
 
 
@@ -59,11 +60,16 @@ class ModelSpec:
     startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
     engine_args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
+    #: Other names clients may use for this model; the router rewrites them to served_name.
+    aliases: tuple[str, ...] = ()
+    #: The router's policy for this model: one of ROUTING_POLICIES.
+    routing: str = "prefix_cache"
 
     def fingerprint(self) -> str:
-        """A short hash of everything that changes the engine process (not the replica count)."""
+        """A short hash of everything that changes the engine process (not replicas, aliases or routing)."""
         doc = dataclasses.asdict(self)
-        doc.pop("replicas")
+        for key in ("replicas", "aliases", "routing"):
+            doc.pop(key)
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -84,6 +90,8 @@ class Model:
             "startup_timeout": s.startup_timeout_s,
             "engine_args": list(s.engine_args),
             "env": dict(s.env),
+            "aliases": list(s.aliases),
+            "routing": s.routing,
         }
         return {"apiVersion": API_VERSION, "kind": "Model", "metadata": {"name": self.name}, "spec": spec}
 
@@ -91,7 +99,7 @@ class Model:
 _TOP_FIELDS = ("apiVersion", "kind", "metadata", "spec")
 _META_FIELDS = ("name", "labels")
 _SPEC_FIELDS = ("engine", "served_name", "source", "replicas", "resources", "startup_timeout",
-                "engine_args", "env")
+                "engine_args", "env", "aliases", "routing")
 _RESOURCE_FIELDS = ("memory", "cpu_threads")
 
 
@@ -173,6 +181,19 @@ def _env(value: Any) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(out))
 
 
+def _aliases(value: Any, served: str) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise SpecError("spec.aliases", "expected a list of names, such as [\"smol\", \"gpt-4o-mini\"]")
+    out: list[str] = []
+    for i, item in enumerate(value):
+        if not isinstance(item, str) or not item.strip() or any(c.isspace() for c in item):
+            raise SpecError(f"spec.aliases[{i}]", "must be a non-empty name without spaces")
+        if item == served or item in out:
+            raise SpecError(f"spec.aliases[{i}]", f"{item!r} is listed twice (or is the served name)")
+        out.append(item)
+    return tuple(out)
+
+
 def _resources(value: Any) -> Resources:
     res = _mapping(value, "spec.resources")
     _check_fields(res, _RESOURCE_FIELDS, "spec.resources")
@@ -231,5 +252,13 @@ def parse_manifest(doc: Any) -> Model:
         startup_timeout_s=timeout,
         engine_args=_engine_args(spec_doc.get("engine_args") or [], engine),
         env=_env(spec_doc.get("env") or {}),
+        aliases=_aliases(spec_doc.get("aliases") or [], served),
+        routing=_routing(spec_doc.get("routing", "prefix_cache")),
     )
     return Model(name=name, spec=spec)
+
+
+def _routing(value: Any) -> str:
+    if value not in ROUTING_POLICIES:
+        raise SpecError("spec.routing", f"unknown policy {value!r}; one of: {', '.join(ROUTING_POLICIES)}")
+    return str(value)

@@ -31,11 +31,12 @@ def test_full_llamacpp_model_round_trips() -> None:
     """Every field parses, and the canonical manifest reads back to the same model."""
     m = specs.parse_manifest(doc(engine="llamacpp", source="/srv/m.gguf", served_name="tiny", replicas=3,
                                  resources={"memory": "1.5GiB", "cpu_threads": 2}, startup_timeout="2m30s",
-                                 engine_args=["--ctx-size", 4096], env={"A": 1}))
+                                 engine_args=["--ctx-size", 4096], env={"A": 1}, aliases=["smol"],
+                                 routing="least_outstanding"))
     assert m.spec.source == "file:///srv/m.gguf"
     assert m.spec.resources.memory_bytes == int(1.5 * 2**30) and m.spec.resources.cpu_threads == 2
     assert m.spec.startup_timeout_s == 150 and m.spec.engine_args == ("--ctx-size", "4096")
-    assert m.spec.env == (("A", "1"),)
+    assert m.spec.env == (("A", "1"),) and m.spec.aliases == ("smol",) and m.spec.routing == "least_outstanding"
     assert specs.parse_manifest(m.to_manifest()) == m
 
 
@@ -58,6 +59,10 @@ def test_full_llamacpp_model_round_trips() -> None:
     ({"engine_args": [{"a": 1}]}, "spec.engine_args[0]", "expected a string"),
     ({"env": {"1BAD": "x"}}, "spec.env.1BAD", "environment variable"),
     ({"served_name": "has space"}, "spec.served_name", "without spaces"),
+    ({"aliases": "smol"}, "spec.aliases", "list of names"),
+    ({"aliases": ["a", "a"]}, "spec.aliases[1]", "listed twice"),
+    ({"aliases": ["m1"]}, "spec.aliases[0]", "served name"),
+    ({"routing": "random"}, "spec.routing", "unknown policy"),
 ])
 def test_bad_spec_fields_are_named(change: dict[str, Any], field: str, words: str) -> None:
     """Each invalid value is refused with its dotted field path and a reason."""
@@ -90,7 +95,8 @@ def test_not_a_mapping() -> None:
 def test_fingerprint_ignores_replicas_but_not_args() -> None:
     """Scaling does not roll replicas; changing engine args does."""
     a = specs.parse_manifest(doc(replicas=1)).spec
-    assert a.fingerprint() == specs.parse_manifest(doc(replicas=5)).spec.fingerprint()
+    same = specs.parse_manifest(doc(replicas=5, aliases=["x"], routing="round_robin")).spec
+    assert a.fingerprint() == same.fingerprint()
     assert a.fingerprint() != specs.parse_manifest(doc(engine_args=["--decode-tps", "9"])).spec.fingerprint()
 
 
