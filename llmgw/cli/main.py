@@ -13,8 +13,10 @@ import typer
 from rich.console import Console
 
 from llmgw.cli import client as client_mod
+from llmgw.cli import keys as keys_mod
 from llmgw.cli import logs as logs_mod
 from llmgw.cli import manifests, tables
+from llmgw.cli import sim as sim_mod
 from llmgw.core.errors import LlmgwError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
@@ -192,6 +194,8 @@ def delete_model(name: str, url: str = UrlOpt) -> None:
 
 
 logs_mod.register(app)
+keys_mod.register(app)
+sim_mod.register(app)
 
 
 def main() -> None:

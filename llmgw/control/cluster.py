@@ -201,11 +201,15 @@ class Cluster:
                 "endpoints": [{"replica_id": r.id, "url": r.endpoint, "api_key": r.api_key}
                               for r in mine if r.phase is Phase.READY and r.endpoint],
             })
-        return {"models": models}
+        keys = [{"id": k.id, "sha256": k.sha256, "models": list(k.models), "rpm": k.rpm, "tpm": k.tpm,
+                 "priority": k.priority} for k in self.store.list_keys() if not k.disabled]
+        # Required only once a key exists, so a fresh `make up` keeps answering without one.
+        return {"models": models, "auth": {"required": bool(keys), "keys": keys}}
 
     async def _publish_table(self) -> None:
         doc = self.endpoints_doc()
-        if doc["models"] != self._table["models"]:
+        # Everything but the version is compared: a key created or deleted must reach the router too.
+        if any(doc[k] != self._table.get(k) for k in doc):
             async with self._table_changed:
                 self._table = {"version": self._table["version"] + 1, **doc}
                 self._table_changed.notify_all()

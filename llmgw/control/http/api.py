@@ -17,6 +17,7 @@ from fastapi import FastAPI, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from llmgw.control.cluster import Cluster, LogsError, NodeNotConnected
+from llmgw.control.http import keys as keys_http
 from llmgw.control.http.errors import ApiError, install
 from llmgw.control.state import Phase, ReplicaRecord
 from llmgw.control.status import summarize
@@ -47,6 +48,7 @@ def _model_doc(stored: StoredModel, replicas: list[ReplicaRecord], now: float) -
 def create_api(store: Store, cluster: Cluster) -> FastAPI:
     app = FastAPI(title="llmgw control plane", version="v1", docs_url="/api/docs", openapi_url="/api/openapi.json")
     install(app)
+    app.include_router(keys_http.router(store, cluster))
     registry = prometheus_client.CollectorRegistry()
     nodes_gauge = prometheus_client.Gauge("llmgw_nodes_connected", "Connected agents", registry=registry)
     replicas_gauge = prometheus_client.Gauge("llmgw_replicas", "Replicas by phase", ["phase"], registry=registry)

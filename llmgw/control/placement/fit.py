@@ -34,62 +34,68 @@ class Refused:
     reasons: Mapping[str, str]
 
 
-def _reserved(node_id: str, replicas: Iterable[ReplicaRecord], specs: Mapping[str, ModelSpec],
-              ) -> tuple[int, int, int]:
-    """Memory still to be taken by loading replicas, threads held by all placed ones, model count."""
-    memory = threads = 0
-    count: dict[str, int] = {}
-    for r in replicas:
-        if r.node_id != node_id or r.phase not in Phase.placed():
-            continue
-        spec = specs.get(r.model)
-        if spec is None:
-            continue
-        count[r.model] = count.get(r.model, 0) + 1
-        threads += spec.resources.cpu_threads
-        if r.phase is Phase.STARTING:
-            memory += spec.resources.memory_bytes
-    return memory, threads, sum(count.values())
+class Ledger:
+    """What placed replicas hold on each node, counted once per pass.
+
+    Counting by scanning every replica for every node for every pending
+    replica made a pass cubic: 2,000 replicas on 1,000 simulated nodes were
+    not all placed after four minutes. The reconciler builds one ledger per
+    pass and adds to it as it places.
+    """
+
+    def __init__(self, replicas: Iterable[ReplicaRecord], specs: Mapping[str, ModelSpec]) -> None:
+        self.loading_memory: dict[str, int] = {}
+        self.threads: dict[str, int] = {}
+        self.per_model: dict[tuple[str, str], int] = {}
+        for r in replicas:
+            spec = specs.get(r.model)
+            if r.node_id is not None and r.phase in Phase.placed() and spec is not None:
+                self.add(r.node_id, r.model, spec, r.phase)
+
+    def add(self, node_id: str, model: str, spec: ModelSpec, phase: Phase) -> None:
+        self.per_model[(node_id, model)] = self.per_model.get((node_id, model), 0) + 1
+        self.threads[node_id] = self.threads.get(node_id, 0) + spec.resources.cpu_threads
+        if phase is Phase.STARTING:
+            self.loading_memory[node_id] = self.loading_memory.get(node_id, 0) + spec.resources.memory_bytes
 
 
-def why_not(spec: ModelSpec, node: NodeView, replicas: Iterable[ReplicaRecord],
-            specs: Mapping[str, ModelSpec]) -> str | None:
+def why_not(spec: ModelSpec, node: NodeView, ledger: Ledger) -> str | None:
     """The reason ``node`` cannot take a replica of ``spec``, or None when it can."""
     if not node.connected:
         return "is not connected"
-    if spec.engine not in node.inventory.engine_names():
+    if not any(name == spec.engine for name, _ in node.inventory.engines):  # no set built per call: hot loop
         installed = ", ".join(sorted(node.inventory.engine_names())) or "none"
         return f"lacks engine {spec.engine} (has: {installed})"
-    loading_memory, held_threads, _ = _reserved(node.id, replicas, specs)
     need = spec.resources.memory_bytes
-    free = node.inventory.memory_available_bytes - loading_memory
+    free = node.inventory.memory_available_bytes - ledger.loading_memory.get(node.id, 0)
     if need and free < need:
         return f"has {format_bytes(max(free, 0))} free memory, needs {format_bytes(need)}"
     threads = spec.resources.cpu_threads
-    if threads and node.inventory.cpu_count - held_threads < threads:
-        left = max(node.inventory.cpu_count - held_threads, 0)
+    held = ledger.threads.get(node.id, 0)
+    if threads and node.inventory.cpu_count - held < threads:
+        left = max(node.inventory.cpu_count - held, 0)
         return f"has {left} of {node.inventory.cpu_count} CPU threads unclaimed, needs {threads}"
     return None
 
 
 def place(model: str, spec: ModelSpec, nodes: Iterable[NodeView], replicas: list[ReplicaRecord],
-          specs: Mapping[str, ModelSpec]) -> Placed | Refused:
+          specs: Mapping[str, ModelSpec], *, ledger: Ledger | None = None) -> Placed | Refused:
     """Picks the node for one more replica of ``model``: fewest replicas of it, then most free memory.
 
     Spreading replicas of one model over nodes first is what keeps a model
     serving when one node goes away; memory breaks the tie so that the next
     model lands where there is room to grow.
     """
+    ledger = ledger if ledger is not None else Ledger(replicas, specs)
     candidates: list[tuple[int, int, str]] = []
     reasons: dict[str, str] = {}
     for node in nodes:
-        reason = why_not(spec, node, replicas, specs)
+        reason = why_not(spec, node, ledger)
         if reason is not None:
             reasons[node.id] = reason
             continue
-        same = sum(1 for r in replicas if r.node_id == node.id and r.model == model
-                   and r.phase in Phase.placed())
-        candidates.append((same, -node.inventory.memory_available_bytes, node.id))
+        candidates.append((ledger.per_model.get((node.id, model), 0), -node.inventory.memory_available_bytes,
+                           node.id))
     if candidates:
         return Placed(node_id=min(candidates)[2])
     if not reasons:

@@ -223,16 +223,18 @@ class _Pass:
 
     def place_pending(self) -> None:
         active = [r for r in self.work if r.id not in self.deleted]
+        ledger = fit.Ledger(active, self.models)
         for r in sorted(active, key=lambda r: (r.created_at, r.id)):
             if r.phase is not Phase.PENDING or r.model not in self.models:
                 continue
             if r.next_attempt_at > self.now:
                 continue
             spec = self.models[r.model]
-            result = fit.place(r.model, spec, self.nodes.values(), active, self.models)
+            result = fit.place(r.model, spec, self.nodes.values(), active, self.models, ledger=ledger)
             if isinstance(result, fit.Refused):
                 r.message = result.message
                 continue
+            ledger.add(result.node_id, r.model, spec, Phase.STARTING)
             r.phase, r.node_id = Phase.STARTING, result.node_id
             r.attempt += 1
             r.shard_id = f"{r.id}-{r.attempt}"

@@ -22,7 +22,7 @@ from sqlalchemy import event
 from sqlalchemy.orm import sessionmaker
 
 from llmgw.control.state import Phase, ReplicaRecord
-from llmgw.control.store.tables import ModelRow, NodeRow, ReplicaRow
+from llmgw.control.store.tables import ApiKeyRow, ModelRow, NodeRow, ReplicaRow
 from llmgw.core import specs
 from llmgw.core.inventory import Inventory, inventory_from_dict
 
@@ -48,6 +48,26 @@ class StoredNode:
     labels: dict[str, str]
     first_seen: float
     last_seen: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StoredKey:
+    """An API key as stored: its hash, never its secret."""
+
+    id: str
+    name: str
+    sha256: str
+    models: tuple[str, ...] = ()  # empty: every model
+    rpm: int = 0  # 0: unlimited
+    tpm: int = 0  # 0: unlimited
+    priority: int = 0
+    created_at: float = 0.0
+    disabled: bool = False
+
+
+def _key_from_row(row: ApiKeyRow) -> StoredKey:
+    return StoredKey(id=row.id, name=row.name, sha256=row.sha256, models=tuple(row.models or ()), rpm=row.rpm,
+                     tpm=row.tpm, priority=row.priority, created_at=row.created_at, disabled=row.disabled)
 
 
 def inventory_to_doc(inv: Inventory) -> dict[str, Any]:
@@ -183,6 +203,26 @@ class Store:
             return [StoredNode(r.id, r.hostname, r.mgmt_addr, r.agent_version, inventory_from_doc(r.inventory),
                                dict(r.labels or {}), r.first_seen, r.last_seen)
                     for r in s.scalars(sa.select(NodeRow).order_by(NodeRow.id))]
+
+    # -- API keys ----------------------------------------------------------------
+    def add_key(self, key: StoredKey) -> StoredKey:
+        with self._session.begin() as s:
+            s.add(ApiKeyRow(id=key.id, name=key.name, sha256=key.sha256, models=list(key.models), rpm=key.rpm,
+                            tpm=key.tpm, priority=key.priority, created_at=key.created_at, disabled=key.disabled))
+        return key
+
+    def list_keys(self) -> list[StoredKey]:
+        with self._session() as s:
+            rows = s.scalars(sa.select(ApiKeyRow).order_by(ApiKeyRow.created_at, ApiKeyRow.id))
+            return [_key_from_row(r) for r in rows]
+
+    def delete_key(self, key_id: str) -> bool:
+        with self._session.begin() as s:
+            row = s.get(ApiKeyRow, key_id)
+            if row is None:
+                return False
+            s.delete(row)
+            return True
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:

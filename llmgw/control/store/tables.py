@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Float, Integer, String, Text
+from sqlalchemy import JSON, Boolean, Float, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -70,3 +70,20 @@ class ReplicaRow(Base):
     last_output: Mapped[list[str]] = mapped_column(JSON, default=list)
     created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
+
+
+class ApiKeyRow(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(63))
+    #: sha256 hex of the secret; the secret itself is never stored, so a copied
+    #: database file cannot be used to call the API.
+    sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    #: Model names the key may use; empty means every model.
+    models: Mapped[list[str]] = mapped_column(JSON, default=list)
+    rpm: Mapped[int] = mapped_column(Integer, default=0)  # 0: unlimited
+    tpm: Mapped[int] = mapped_column(Integer, default=0)  # 0: unlimited
+    priority: Mapped[int] = mapped_column(Integer, default=0)  # higher is admitted first
+    created_at: Mapped[float] = mapped_column(Float)
+    disabled: Mapped[bool] = mapped_column(Boolean, default=False)

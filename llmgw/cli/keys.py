@@ -1,0 +1,87 @@
+"""``llmgw key create|list|delete``: API keys for the router's clients, over ``/api/v1/keys``.
+
+The secret is printed once, by ``create``, on a line of its own so a script can
+take it with ``| tail -1``; the control plane keeps only its hash, so a lost key
+is replaced (delete it, create another), never shown again.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from llmgw.cli import client as client_mod
+from llmgw.core.errors import LlmgwError
+
+console = Console(soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True, highlight=False)
+
+
+def table(items: list[dict[str, Any]]) -> Table:
+    t = Table("ID", "NAME", "MODELS", "RPM", "TPM", "PRIORITY", "DISABLED")
+    for k in items:
+        t.add_row(k["id"], k["name"], ", ".join(k["models"]) or "all", str(k["rpm"] or "unlimited"),
+                  str(k["tpm"] or "unlimited"), str(k["priority"]), "yes" if k.get("disabled") else "no")
+    return t
+
+
+def _client(url: str | None) -> client_mod.Client:
+    return client_mod.Client(url or client_mod.default_url())
+
+
+def _fail(message: str) -> typer.Exit:
+    err_console.print(f"[red]error:[/red] {message}", markup=True)
+    return typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    """Adds ``key create|list|delete`` to ``app``."""
+    key_app = typer.Typer(no_args_is_help=True, help="API keys for the OpenAI API (required once one exists).")
+    app.add_typer(key_app, name="key")
+    url_opt = typer.Option(None, "--url", help=f"Control plane URL [env LLMGW_URL, default {client_mod.DEFAULT_URL}]")
+
+    @key_app.command("create")
+    def create(
+        name: str = typer.Argument(..., help="What the key is for (a person, a service)"),
+        models: str = typer.Option("", "--models", help="Comma-separated models it may use [default: all]"),
+        rpm: int = typer.Option(0, "--rpm", min=0, help="Requests a minute [0: unlimited]"),
+        tpm: int = typer.Option(0, "--tpm", min=0, help="Tokens a minute [0: unlimited]"),
+        priority: int = typer.Option(0, "--priority", help="Higher is admitted first when a model is busy"),
+        url: str = url_opt,
+    ) -> None:
+        """Create a key and print its secret, this once."""
+        body = {"name": name, "models": [m.strip() for m in models.split(",") if m.strip()], "rpm": rpm,
+                "tpm": tpm, "priority": priority}
+        try:
+            _, doc = _client(url).request("POST", "/api/v1/keys", json=body)
+        except LlmgwError as e:
+            raise _fail(str(e)) from None
+        err_console.print(f"key/{doc['id']} created. Store the key now: it will not be shown again.")
+        print(doc["key"], flush=True)  # plain print: a script reads it, Rich could wrap it
+
+    @key_app.command("list")
+    def list_(output: str = typer.Option("table", "-o", "--output", help="table or json"),
+              url: str = url_opt) -> None:
+        """List keys (never their secrets)."""
+        try:
+            items = _client(url).get("/api/v1/keys")["items"]
+        except LlmgwError as e:
+            raise _fail(str(e)) from None
+        if output == "json":
+            console.print_json(json.dumps(items))
+        else:
+            console.print(table(items))
+
+    @key_app.command("delete")
+    def delete(key_id: str = typer.Argument(..., help="The key's id, as `llmgw key list` shows it"),
+               url: str = url_opt) -> None:
+        """Delete a key; the router refuses it within a second or so."""
+        try:
+            _client(url).request("DELETE", f"/api/v1/keys/{key_id}")
+        except LlmgwError as e:
+            raise _fail(str(e)) from None
+        console.print(f"key/{key_id} deleted")

@@ -1,0 +1,47 @@
+"""``llmgw sim fleet``: many simulated agents against a real control plane."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+
+import typer
+
+sim_app = typer.Typer(no_args_is_help=True, help="Simulators for trying llmgw at scale without the hardware.")
+
+
+@sim_app.command("fleet")
+def fleet(
+    server: str = typer.Option("127.0.0.1:8081", "--server", help="The control plane's agent address HOST:PORT"),
+    nodes: int = typer.Option(100, "--nodes", min=1, max=100_000, help="How many simulated nodes"),
+    mix: str = typer.Option("h100:0.3,l40s:0.3,cpu:0.4", "--mix", help="Node kinds and weights"),
+    heartbeat: float = typer.Option(5.0, "--heartbeat", min=0.1, help="Seconds between each node's heartbeats"),
+    seed: int = typer.Option(0, "--seed", help="Which nodes get which kind"),
+) -> None:
+    """Run N simulated agents (fake inventories, shards Ready without an engine) until Ctrl-C."""
+    from llmgw.sim import fleet as fleet_mod
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        parsed = fleet_mod.parse_mix(mix)
+    except ValueError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        stats = fleet_mod.Stats()
+        agents = fleet_mod.build_fleet(nodes, parsed, heartbeat_s=heartbeat, stats=stats, seed=seed)
+        await fleet_mod.run(server, agents, stop=stop)
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main())
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(sim_app, name="sim")

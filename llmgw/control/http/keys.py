@@ -1,0 +1,82 @@
+"""``/api/v1/keys``: API keys for the router's clients, created, listed and deleted.
+
+A key's secret is ``llmgw-`` plus 32 random bytes (url-safe base64) and is
+answered once, in the 201 to its creation; the store keeps only its sha256, and
+no listing ever carries either. Any change kicks the cluster, whose next table
+(``auth`` in ``GET /api/v1/endpoints``) carries the new hashes to the router.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import time
+from typing import Any, Protocol
+
+import pydantic
+from fastapi import APIRouter, Response
+
+from llmgw.control.http.errors import ApiError
+from llmgw.control.store.store import Store, StoredKey
+
+SECRET_PREFIX = "llmgw-"
+
+
+class _Kicker(Protocol):
+    def kick(self) -> None: ...
+
+
+class KeyCreate(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    name: str = pydantic.Field(min_length=1, max_length=63)
+    models: list[str] = pydantic.Field(default_factory=list)
+    rpm: int = pydantic.Field(default=0, ge=0)
+    tpm: int = pydantic.Field(default=0, ge=0)
+    priority: int = pydantic.Field(default=0, ge=-1000, le=1000)
+
+
+def new_secret() -> str:
+    return SECRET_PREFIX + secrets.token_urlsafe(32)
+
+
+def hash_secret(secret: str) -> str:
+    # sha256, not argon2: the secret is 32 random bytes, so there is nothing to
+    # brute-force that a slow hash would protect, and argon2 on every request
+    # would cost the router milliseconds of CPU on its hot path.
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def key_doc(key: StoredKey) -> dict[str, Any]:
+    """A key as the REST API lists it: never the secret, never the hash."""
+    return {"id": key.id, "name": key.name, "models": list(key.models), "rpm": key.rpm, "tpm": key.tpm,
+            "priority": key.priority, "created_at": key.created_at, "disabled": key.disabled}
+
+
+def router(store: Store, cluster: _Kicker) -> APIRouter:
+    r = APIRouter()
+
+    @r.post("/api/v1/keys", status_code=201)
+    async def create_key(body: KeyCreate, response: Response) -> dict[str, Any]:
+        """Creates a key; the answer's ``key`` is the secret, shown this once."""
+        models = [m.strip() for m in body.models if m.strip()]
+        secret = new_secret()
+        key = store.add_key(StoredKey(id=f"key-{secrets.token_hex(3)}", name=body.name.strip(),
+                                      sha256=hash_secret(secret), models=tuple(models), rpm=body.rpm,
+                                      tpm=body.tpm, priority=body.priority, created_at=time.time()))
+        cluster.kick()
+        response.status_code = 201
+        return {**key_doc(key), "key": secret}
+
+    @r.get("/api/v1/keys")
+    async def list_keys() -> dict[str, Any]:
+        return {"items": [key_doc(k) for k in store.list_keys()]}
+
+    @r.delete("/api/v1/keys/{key_id}")
+    async def delete_key(key_id: str) -> dict[str, Any]:
+        if not store.delete_key(key_id):
+            raise ApiError(404, f"key {key_id!r} does not exist; `llmgw key list` lists them", code="key_not_found")
+        cluster.kick()
+        return {"deleted": key_id}
+
+    return r

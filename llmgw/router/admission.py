@@ -1,0 +1,168 @@
+"""Admission control: at most N requests per model at once, the rest wait in a bounded priority queue.
+
+``async with admission.slot(model, priority=key.priority):`` holds one of the
+model's slots for the body. When all are taken the request waits, higher
+priority first and first-come first-served within a priority, for at most
+``max_wait_s``; a full queue or a wait that runs out raises ``Overloaded`` (429
+with ``retry_after_s``). Waiting here rather than at the engine keeps a burst
+from piling into an engine's own queue, where a paying key's request would sit
+behind a thousand batch ones.
+
+A slot is handed straight from the request that leaves to the first waiter, so
+a newcomer cannot overtake the queue. A waiter that gives up (timeout, client
+gone) after it was handed a slot passes it on: without that, the slot would be
+lost and the model would serve one fewer request at a time for good.
+
+Limits: ``limits`` per model name, else ``default_limit``, else none (a model
+without a limit is only counted). ``limits_from_doc`` reads the optional
+``models[].limits.concurrency`` of the endpoints document.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import heapq
+import itertools
+import math
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+from llmgw.router import errors
+
+
+class Overloaded(errors.ApiError):
+    """429: the model's queue is full or the wait ran out; ``retry_after_s`` for the header."""
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(429, message, type="rate_limit_exceeded", code="model_overloaded")
+        self.retry_after_s = retry_after_s
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        return [(b"retry-after", str(self.retry_after_s).encode())]
+
+
+@dataclasses.dataclass(slots=True)
+class _Gate:
+    active: int = 0
+    queued: int = 0  # waiters not yet granted nor gone
+    heap: list[tuple[int, int, asyncio.Future[None]]] = dataclasses.field(default_factory=list)
+    last_wait_s: float = 0.0
+    hold_s: float = 1.0  # moving average of how long a slot is held, for Retry-After
+
+
+class Admission:
+    def __init__(self, *, limits: Mapping[str, int] | None = None, default_limit: int | None = None,
+                 max_queue: int = 100, max_wait_s: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.limits: dict[str, int] = dict(limits or {})
+        self.default_limit, self.max_queue, self.max_wait_s = default_limit, max_queue, max_wait_s
+        self._clock = clock
+        self._gates: dict[str, _Gate] = {}
+        self._seq = itertools.count()
+        #: Requests refused with 429 since start, for metrics.
+        self.rejected = 0
+
+    def set_limits(self, limits: Mapping[str, int]) -> None:
+        """New per-model limits (from a new table); a raised limit admits waiters at once."""
+        self.limits = dict(limits)
+        for model, gate in self._gates.items():
+            self._grant(model, gate)
+
+    def limit(self, model: str) -> int | None:
+        return self.limits.get(model, self.default_limit)
+
+    def in_flight(self, model: str) -> int:
+        gate = self._gates.get(model)
+        return gate.active if gate else 0
+
+    def queued(self, model: str) -> int:
+        gate = self._gates.get(model)
+        return gate.queued if gate else 0
+
+    def last_wait_s(self, model: str) -> float:
+        """How long the last request admitted to ``model`` waited."""
+        gate = self._gates.get(model)
+        return gate.last_wait_s if gate else 0.0
+
+    @property
+    def queue_length(self) -> int:
+        """Requests waiting, every model together."""
+        return sum(g.queued for g in self._gates.values())
+
+    @contextlib.asynccontextmanager
+    async def slot(self, model: str, *, priority: int = 0) -> AsyncIterator[None]:
+        gate = self._gates.setdefault(model, _Gate())
+        await self._acquire(model, gate, priority)
+        start = self._clock()
+        try:
+            yield
+        finally:
+            gate.hold_s = 0.8 * gate.hold_s + 0.2 * (self._clock() - start)
+            gate.active -= 1
+            self._grant(model, gate)
+
+    async def _acquire(self, model: str, gate: _Gate, priority: int) -> None:
+        limit = self.limit(model)
+        if limit is None or (gate.active < limit and not gate.queued):
+            gate.active += 1
+            gate.last_wait_s = 0.0
+            return
+        if gate.queued >= self.max_queue:
+            self.rejected += 1
+            raise Overloaded(f"The model {model!r} is serving {gate.active} requests (its limit) and {gate.queued} "
+                             f"more are waiting, the most that may; retry in {self._retry(gate)}s.",
+                             retry_after_s=self._retry(gate))
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(gate.heap, (-priority, next(self._seq), fut))
+        gate.queued += 1
+        start = self._clock()
+        try:
+            async with asyncio.timeout(self.max_wait_s):
+                await fut
+        except BaseException as exc:
+            if fut.done() and not fut.cancelled():
+                # Granted, but this request is leaving anyway: hand the slot on.
+                gate.active -= 1
+                self._grant(model, gate)
+            else:
+                fut.cancel()
+                gate.queued -= 1
+            if isinstance(exc, TimeoutError):
+                self.rejected += 1
+                raise Overloaded(f"The model {model!r} had no free slot within {self.max_wait_s:g}s "
+                                 f"({gate.active} running, {gate.queued} waiting); retry in {self._retry(gate)}s.",
+                                 retry_after_s=self._retry(gate)) from None
+            raise
+        gate.last_wait_s = self._clock() - start
+
+    def _grant(self, model: str, gate: _Gate) -> None:
+        limit = self.limit(model)
+        while gate.heap and (limit is None or gate.active < limit):
+            _, _, fut = heapq.heappop(gate.heap)
+            if fut.done():  # its waiter gave up; it counted itself out
+                continue
+            gate.queued -= 1
+            gate.active += 1
+            fut.set_result(None)
+
+    def _retry(self, gate: _Gate) -> int:
+        # The queue ahead drains at about (slots / hold time) a second; at least 1s.
+        slots = max(1, gate.active)
+        return max(1, math.ceil(gate.hold_s * (gate.queued + 1) / slots))
+
+
+def limits_from_doc(doc: Any) -> dict[str, int]:
+    """``{model name: concurrency}`` from the endpoints document's optional ``models[].limits``; tolerant."""
+    out: dict[str, int] = {}
+    models = doc.get("models") if isinstance(doc, Mapping) else None
+    for raw in models if isinstance(models, list) else ():
+        if not isinstance(raw, Mapping) or not isinstance(raw.get("name"), str):
+            continue
+        limits = raw.get("limits")
+        n = limits.get("concurrency") if isinstance(limits, Mapping) else None
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+            out[raw["name"]] = n
+    return out

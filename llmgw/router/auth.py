@@ -1,0 +1,139 @@
+"""Who is calling: the router's API keys, as the control plane's endpoints document lists them.
+
+``Authenticator.from_doc(doc["auth"])`` builds an immutable lookup from key hash
+to ``KeyInfo``; the watcher builds a new one with each table, as it does the
+``RouteTable``. ``check`` answers a ``KeyInfo`` or the ``errors.ApiError`` to send:
+401 without a key (or with an unknown one) while keys are required, 403 for a
+model outside the key's scope. While no key exists nothing is required and every
+request is the anonymous key, so a fresh cluster answers at once; because that
+also means "open to anyone who can reach it", ``check_listen`` warns about a
+non-loopback listen without keys.
+
+This module is pure: no sockets, no aiohttp; the control plane is never imported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import ipaddress
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from llmgw.router import errors
+
+HOW_TO_GET_ONE = "Create one with `llmgw key create NAME` and send it as `Authorization: Bearer <key>`."
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KeyInfo:
+    """A caller: the key's id and what it may do."""
+
+    id: str
+    models: frozenset[str] = frozenset()  # empty: every model
+    rpm: int = 0  # 0: unlimited
+    tpm: int = 0  # 0: unlimited
+    priority: int = 0
+
+    def allows(self, *names: str) -> bool:
+        """Whether the key may use a model known by any of ``names`` (its name, served name, aliases)."""
+        return not self.models or any(n in self.models for n in names)
+
+
+#: Every request while no key exists.
+ANONYMOUS = KeyInfo(id="")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Authenticator:
+    required: bool = False
+    by_hash: Mapping[str, KeyInfo] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_doc(cls, doc: Any) -> Authenticator:
+        """Tolerant: a missing or malformed ``auth`` (an older control plane) means no keys."""
+        if not isinstance(doc, Mapping):
+            return cls()
+        by_hash: dict[str, KeyInfo] = {}
+        raw_keys = doc.get("keys")
+        for raw in raw_keys if isinstance(raw_keys, list) else ():
+            if not isinstance(raw, Mapping) or not isinstance(raw.get("sha256"), str):
+                continue
+            models = raw.get("models")
+            by_hash[raw["sha256"].lower()] = KeyInfo(
+                id=str(raw.get("id", "")),
+                models=frozenset(m for m in models if isinstance(m, str)) if isinstance(models, list) else frozenset(),
+                rpm=_int(raw.get("rpm")), tpm=_int(raw.get("tpm")), priority=_priority(raw.get("priority")))
+        # A doc saying "required" with no usable key would lock everyone out with no key
+        # able to get in; `required` follows the keys, as the control plane means it to.
+        return cls(required=bool(doc.get("required")) and bool(by_hash), by_hash=by_hash)
+
+    def identify(self, authorization: bytes | None) -> KeyInfo | errors.ApiError:
+        """The caller behind an ``Authorization`` header, scope not yet checked."""
+        if not self.required:
+            return ANONYMOUS
+        secret = _bearer(authorization)
+        if not secret:
+            return _unauthorized("This endpoint needs an API key and the request carried none. " + HOW_TO_GET_ONE)
+        # A dict lookup on the secret's sha256, not a constant-time compare: what a
+        # timing difference could leak is how much of a *hash* matched, and learning a
+        # prefix of sha256(secret) tells nothing about a 32-byte random secret.
+        key = self.by_hash.get(hashlib.sha256(secret.encode()).hexdigest())
+        if key is None:
+            return _unauthorized("The API key is not valid (unknown or deleted); `llmgw key list` shows the "
+                                 "keys that exist. " + HOW_TO_GET_ONE)
+        return key
+
+    def check(self, authorization: bytes | None, model: str, *,
+              names: Iterable[str] = ()) -> KeyInfo | errors.ApiError:
+        """The caller, or the refusal to send; ``names`` are the model's other names (served name, aliases)."""
+        key = self.identify(authorization)
+        if isinstance(key, errors.ApiError) or key.allows(model, *names):
+            return key
+        return errors.ApiError(403, f"The API key {key.id} may not use the model {model!r}; it may use: "
+                                    f"{', '.join(sorted(key.models))}.", type="permission_error",
+                               code="model_not_allowed", param="model")
+
+    def visible(self, key: KeyInfo, models: Iterable[Any]) -> list[Any]:
+        """The ``ModelRoute``s (anything with ``name``, ``served_name``, ``aliases``) ``key`` may use."""
+        return [m for m in models if key.allows(m.name, m.served_name, *m.aliases)]
+
+
+def check_listen(host: str, auth_required: bool, *, allow_no_auth: bool) -> list[str]:
+    """Warnings for serving the OpenAI API beyond this machine while anyone may call it."""
+    if auth_required or allow_no_auth or _loopback(host):
+        return []
+    return [f"The router listens on {host}, beyond this machine, and no API key exists, so anyone who can "
+            f"reach it may use every model. {HOW_TO_GET_ONE} Keys are enforced from the first one on."]
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a hostname other than localhost: it may resolve to anything
+
+
+def _bearer(header: bytes | None) -> str:
+    if not header:
+        return ""
+    try:
+        text = header.decode("latin-1").strip()
+    except UnicodeDecodeError:  # pragma: no cover - latin-1 decodes every byte
+        return ""
+    scheme, _, token = text.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
+def _unauthorized(message: str) -> errors.ApiError:
+    return errors.ApiError(401, message, type="invalid_request_error", code="invalid_api_key")
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _priority(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
