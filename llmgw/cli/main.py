@@ -7,6 +7,7 @@ import enum
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 
 import typer
@@ -73,10 +74,27 @@ def server(
         raise _fail("--node-grace cannot be negative")
     cfg = serve.ServerConfig(host=host, http_port=http_port, agent_port=agent_port,
                              data_dir=data_dir or default_data_dir(), ports_file=ports_file, node_grace_s=node_grace)
-    try:
-        asyncio.run(serve.run(cfg))
-    except LlmgwError as e:
-        raise _fail(str(e)) from None
+
+    async def serve_then_exit() -> None:
+        code = 0
+        try:
+            await serve.run(cfg)
+        except LlmgwError as e:
+            err_console.print(f"[red]error:[/red] {e}")
+            code = 1
+        except BaseException:
+            logging.getLogger("llmgw").exception("llmgw server failed")
+            code = 1
+        # Everything is stopped by now. Exit here rather than let asyncio.run
+        # cancel what is left: with many agent streams, grpc.aio joins its
+        # poller thread from inside that cancellation and never returns (seen
+        # with 1,000 simulated agents: cleanup done, then hung for 10 minutes).
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+    asyncio.run(serve_then_exit())
 
 
 @app.command()
