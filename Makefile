@@ -41,3 +41,13 @@ bench: $(VENV)/.test-deps
 
 clean-venv:
 	rm -rf $(VENV)
+
+# Peers for bench/router_peers.py, in their own venv so their pins never touch .venv.
+# wrk (for the capacity run) comes from apt, only when it is missing and apt can be used.
+PEERS := bench/.venv-peers
+bench-peers:
+	test -x $(PEERS)/bin/python || $(PYTHON) -m venv $(PEERS)
+	$(PEERS)/bin/python -m pip --disable-pip-version-check -q install --upgrade pip
+	$(PEERS)/bin/python -m pip --disable-pip-version-check -q install 'litellm[proxy]==1.106.12' sglang-router vllm-router aiohttp
+	$(PEERS)/bin/python -m pip --disable-pip-version-check -q install --no-deps -e .
+	command -v wrk >/dev/null || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && apt-get install -y -q wrk; } || echo "wrk not installed: the capacity run will be skipped"

@@ -1,15 +1,20 @@
 """The router's ASGI app: the OpenAI API, each request forwarded straight to a ready engine.
 
 ``RouterApp`` answers ``GET /v1/models`` from the route table and forwards
-``POST /v1/chat/completions`` and ``/v1/completions`` to one of the model's
-endpoints (``upstream`` picks and retries). Everything the router says itself is
-an OpenAI-shaped error from ``errors``; what an engine says is relayed as it is.
+``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings`` and
+``/v1/responses`` to one of the model's endpoints (``upstream`` picks and
+retries). Everything the router says itself is an OpenAI-shaped error from
+``errors``; what an engine says is relayed as it is. With ``serve_metrics`` (the
+standalone router) it also answers ``GET /metrics``; in the server process the
+control plane's ``/metrics`` carries ``metrics.REGISTRY`` instead.
 
 A stream is relayed chunk by chunk as each arrives, with nothing buffered. While
 relaying, a second task watches ``receive()`` for the client's disconnect and
 then cancels the relay, which closes the upstream connection: without it the
 engine would keep generating for a client that left, holding a slot that queued
-requests are waiting for.
+requests are waiting for. A stream whose engine is slow to answer gets SSE
+keep-alive comments (``relay``; ``_open_keeping_alive`` says when the 200 may go
+out before the engine's). Each request's timings go to ``metrics`` on a ``Trace``.
 
 The app owns its HTTP client pools: ``startup()`` and ``shutdown()``, or ASGI
 lifespan when it runs alone. A ``watcher`` passed in is started and stopped with it.
@@ -20,15 +25,21 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from typing import Protocol
 
-from llmgw.router import asgi, errors, pick, relay, request, upstream
-from llmgw.router.table import ModelRoute, RouteTable, TableHolder
+import aiohttp
+
+from llmgw.router import asgi, errors, metrics, pick, relay, request, upstream
+from llmgw.router.table import Endpoint, ModelRoute, RouteTable, TableHolder
 
 log = logging.getLogger(__name__)
 
-COMPLETION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+FORWARD_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"})
 MODELS_PATH = "/v1/models"
+METRICS_PATH = "/metrics"
+
+Opened = tuple[Endpoint, aiohttp.ClientResponse]
 
 
 class Lifecycle(Protocol):
@@ -41,11 +52,14 @@ class RouterApp:
 
     def __init__(self, holder: TableHolder, *, watcher: Lifecycle | None = None,
                  source: str = "the control plane", connect_timeout_s: float = 5.0,
-                 max_endpoints: int = 3, max_body_bytes: int = 32 << 20) -> None:
+                 max_endpoints: int = 3, max_body_bytes: int = 32 << 20, keepalive_s: float = 15.0,
+                 serve_metrics: bool = False) -> None:
         self.holder = holder
         self._watcher = watcher
         self._source = source  # named in the 503 answered before the first table arrives
         self._max_body = max_body_bytes
+        self._keepalive_s = keepalive_s  # 0 turns keep-alive comments off
+        self._serve_metrics = serve_metrics
         self._forwarder = upstream.Forwarder(pick.RoundRobin(), connect_timeout_s=connect_timeout_s,
                                              max_endpoints=max_endpoints)
         self._models_cache: tuple[RouteTable, bytes] | None = None
@@ -67,19 +81,27 @@ class RouterApp:
             await self._lifespan(receive, send)
 
     async def _http(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
+        arrived = time.perf_counter()
         path, method = scope["path"], scope["method"]
         try:
-            if path in COMPLETION_PATHS:
+            if path in FORWARD_PATHS:
                 if method != "POST":
                     raise errors.method_not_allowed(method, path, "POST")
-                await self._complete(path, receive, send)
+                await self._complete(path, arrived, receive, send)
             elif path == MODELS_PATH:
                 if method not in ("GET", "HEAD"):
                     raise errors.method_not_allowed(method, path, "GET")
                 await asgi.send_bytes(send, 200, self._models_body())
+            elif path == METRICS_PATH and self._serve_metrics and method in ("GET", "HEAD"):
+                body, content_type = metrics.render()
+                await asgi.send_bytes(send, 200, body, content_type=content_type.encode())
             else:
                 raise errors.path_not_found(method, path)
         except errors.ApiError as exc:  # raised only before the response started
+            if path in FORWARD_PATHS:
+                # Refused before a model was found (bad body, unknown model): model="" so a
+                # client's string never becomes a label.
+                metrics.count_request("", "", exc.status)
             await asgi.send_error(send, exc)
         except asgi.ClientGone:
             pass
@@ -87,12 +109,14 @@ class RouterApp:
     def _models_body(self) -> bytes:
         table = self.holder.current
         if self._models_cache is None or self._models_cache[0] is not table:
+            # Each id once, owned by the model a lookup of it finds: a name two models claim
+            # would otherwise be listed twice, once for a model that never gets its traffic.
             data = [{"id": name, "object": "model", "created": model.created, "owned_by": "llmgw"}
-                    for model in table.models for name in model.public_names()]
+                    for model in table.models for name in model.public_names() if table.lookup(name) is model]
             self._models_cache = (table, json.dumps({"object": "list", "data": data}).encode())
         return self._models_cache[1]
 
-    async def _complete(self, path: str, receive: asgi.Receive, send: asgi.Send) -> None:
+    async def _complete(self, path: str, arrived: float, receive: asgi.Receive, send: asgi.Send) -> None:
         req = request.parse(await asgi.read_body(receive, limit=self._max_body))
         table = self.holder.current  # one snapshot for the whole request
         if not table.loaded:
@@ -100,10 +124,17 @@ class RouterApp:
         route = table.lookup(req.model)
         if route is None:
             raise errors.model_not_found(req.model, table.public_names())
+        trace = metrics.Trace(route.name, arrived)
         if not route.endpoints:
-            raise errors.no_ready_endpoint(req.model, route.state, route.message)
+            # Answered here, not raised: _http would count it again, under model="".
+            refusal = errors.no_ready_endpoint(req.model, route.state, route.message)
+            trace.status = refusal.status
+            await asgi.send_error(send, refusal)
+            trace.finish(time.perf_counter())
+            return
         body = request.for_engine(req, route.served_name)
-        forward = asyncio.ensure_future(self._forward(route, path, body, send))
+        trace.series.in_flight.inc()
+        forward = asyncio.ensure_future(self._forward(route, path, body, send, trace, stream=req.stream))
         watch = asyncio.ensure_future(asgi.wait_disconnect(receive))
         try:
             await asyncio.wait((forward, watch), return_when=asyncio.FIRST_COMPLETED)
@@ -116,26 +147,84 @@ class RouterApp:
                 log.info("client left during a %s request for %r; upstream request cancelled",
                          path, req.model)
             await asyncio.gather(forward, watch, return_exceptions=True)
+            trace.series.in_flight.dec()
+            trace.finish(time.perf_counter())
         if not forward.cancelled():
             forward.result()  # re-raise what went wrong in the relay, if anything did
 
-    async def _forward(self, route: ModelRoute, path: str, body: bytes, send: asgi.Send) -> None:
-        try:
-            endpoint, response = await self._forwarder.open(route, path, body)
-        except errors.ApiError as exc:
-            log.warning("%s", exc.message)
-            await asgi.send_error(send, exc)
+    async def _forward(self, route: ModelRoute, path: str, body: bytes, send: asgi.Send, trace: metrics.Trace,
+                       *, stream: bool) -> None:
+        trace.sent_upstream(time.perf_counter())
+        started = False
+        opened: Opened | errors.ApiError
+        if stream and self._keepalive_s > 0:
+            started, opened = await self._open_keeping_alive(route, path, body, send, trace)
+        else:
+            try:
+                opened = await self._forwarder.open(route, path, body)
+            except errors.ApiError as exc:
+                opened = exc
+        if isinstance(opened, errors.ApiError):
+            log.warning("%s", opened.message)
+            if started:
+                await relay.error_event(send, opened.body())
+            else:
+                trace.status = opened.status
+                await asgi.send_error(send, opened)
             return
+        endpoint, response = opened
         try:
             if response.headers.get("Content-Type", "").startswith("text/event-stream"):
-                await relay.stream(endpoint, response, send)
+                await relay.stream(endpoint, response, send, trace, keepalive_s=self._keepalive_s,
+                                   started=started)
+            elif started:
+                await relay.as_event(endpoint, response, send, trace)
             else:
-                await relay.whole(route, endpoint, response, send)
+                await relay.whole(route, endpoint, response, send, trace)
         finally:
             # After a complete read the connection is already back in the pool and this
             # is a no-op; on cancel or error it drops the connection, which is what
             # tells the engine to stop generating.
             response.close()
+
+    async def _open_keeping_alive(self, route: ModelRoute, path: str, body: bytes, send: asgi.Send,
+                                  trace: metrics.Trace) -> tuple[bool, Opened | errors.ApiError]:
+        """Open the upstream response; if that takes longer than ``keepalive_s``, start the stream.
+
+        Returns whether the 200 went out, and the response or the refusal. The trade:
+        sending the 200 early is what lets a keep-alive go out, and it gives up
+        answering a later failure with a retry or a 502 (the status has gone; the
+        failure becomes the stream's last event, which OpenAI's clients raise). So it
+        happens only after ``keepalive_s`` of waiting: the retries worth having (a
+        refused connect, a 503 from a loading engine) come back at once, so by then
+        the engine has taken the request and a retry is unlikely to help, while
+        without a byte a proxy in front would cut the connection at its idle timeout.
+        """
+        opening = asyncio.ensure_future(self._forwarder.open(route, path, body))
+        started = False
+        try:
+            while True:
+                done, _ = await asyncio.wait((opening,), timeout=self._keepalive_s)
+                if done:
+                    break
+                if not started:
+                    await send(relay.stream_start(overhead_s=trace.before_upstream()))
+                    started = True
+                    trace.status = 200
+                await relay.keepalive(send)
+        except BaseException:
+            # The client left (this task is cancelled) while the engine had not answered, or
+            # just as it did: cancel the attempt, or close the response nobody will read,
+            # either of which drops the upstream connection and stops the engine.
+            if not opening.done():
+                opening.cancel()
+            elif not opening.cancelled() and opening.exception() is None:
+                opening.result()[1].close()
+            raise
+        try:
+            return started, opening.result()
+        except errors.ApiError as exc:
+            return started, exc
 
     async def _lifespan(self, receive: asgi.Receive, send: asgi.Send) -> None:
         while True:

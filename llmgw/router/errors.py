@@ -76,7 +76,7 @@ def failed_mid_stream(replica_id: str, why: str) -> ApiError:
 
 def path_not_found(method: str, path: str) -> ApiError:
     return ApiError(404, f"Unknown endpoint {method} {path}. The router serves GET /v1/models, "
-                         "POST /v1/chat/completions and POST /v1/completions.",
+                         "POST /v1/chat/completions, /v1/completions, /v1/embeddings and /v1/responses.",
                     type="invalid_request_error", code="unknown_url")
 
 
@@ -86,5 +86,7 @@ def method_not_allowed(method: str, path: str, allowed: str) -> ApiError:
 
 
 def body_too_large(limit: int) -> ApiError:
-    return ApiError(413, f"The request body is larger than the router's limit of {limit} bytes.",
-                    type="invalid_request_error", code="request_too_large")
+    return ApiError(413, f"The request body is larger than the router's limit of {limit} bytes. Send a "
+                         "smaller body, or raise the limit with the router's --max-body-bytes "
+                         "(max_body_bytes of RouterApp).", type="invalid_request_error",
+                    code="request_too_large")

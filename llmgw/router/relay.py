@@ -5,51 +5,137 @@ nothing is buffered, and each ASGI send is flushed by the server at once. The
 chunks are not parsed or rewritten; that would cost per token on the hot path
 (DESIGN.md: measure before doing it). A whole response is read and sent with its
 length. Past this point nothing is retried: bytes may have reached the client.
+
+While a stream waits for its first chunk (a long prompt's prefill, a full
+engine), an SSE comment ``: keep-alive`` goes out every ``keepalive_s``: proxies
+and load balancers in front of the router close a connection idle for 60 s, and
+a client would see a cut instead of a slow first token. Comments are ignored by
+every SSE parser, OpenAI's included.
+
+Each relay records its timings on the request's ``metrics.Trace``: TTFT at the
+first engine chunk sent (keep-alives are not tokens), the gap between chunks,
+and the router's own time from an upstream byte to the client.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 
 import aiohttp
 
-from llmgw.router import asgi, errors
+from llmgw.router import asgi, errors, metrics
 from llmgw.router.table import Endpoint, ModelRoute
 
 log = logging.getLogger(__name__)
 
 SSE = b"text/event-stream"
+KEEPALIVE = b": keep-alive\n\n"
+_END: asgi.Message = {"type": "http.response.body", "body": b"", "more_body": False}
 
 
-def _upstream_header(endpoint: Endpoint) -> list[tuple[bytes, bytes]]:
-    return [(b"x-llmgw-upstream", endpoint.replica_id.encode())]
+def _ms(seconds: float) -> bytes:
+    return b"%.3f" % (seconds * 1000)
 
 
-async def stream(endpoint: Endpoint, response: aiohttp.ClientResponse, send: asgi.Send) -> None:
-    extra = [(b"cache-control", b"no-cache"), *_upstream_header(endpoint)]
-    await send(asgi.start_message(response.status, SSE, extra=extra))
+def stream_start(*, overhead_s: float, endpoint: Endpoint | None = None, status: int = 200) -> asgi.Message:
+    """The start of a streamed answer; ``endpoint`` is None when it goes out before one answered."""
+    extra = [(b"cache-control", b"no-cache"), (b"x-llmgw-overhead-ms", _ms(overhead_s))]
+    if endpoint is not None:
+        extra.append((b"x-llmgw-upstream", endpoint.replica_id.encode()))
+    return asgi.start_message(status, SSE, extra=extra)
+
+
+async def keepalive(send: asgi.Send) -> None:
+    await send({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
+
+
+async def error_event(send: asgi.Send, body: bytes) -> None:
+    """End a started stream with ``body`` (an OpenAI error object) as its last event."""
+    await send({"type": "http.response.body", "body": b"data: " + body + b"\n\n", "more_body": True})
+    await send(_END)
+
+
+async def _first_chunk(content: aiohttp.StreamReader, send: asgi.Send, keepalive_s: float) -> bytes:
+    if keepalive_s <= 0:
+        return await content.readany()
+    # A task waited on with a timeout rather than wait_for: a timed-out wait_for would
+    # cancel the read, and the read is what must go on while the keep-alive goes out.
+    read = asyncio.ensure_future(content.readany())
     try:
-        async for chunk in response.content.iter_any():
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        while True:
+            done, _ = await asyncio.wait((read,), timeout=keepalive_s)
+            if done:
+                return read.result()
+            await keepalive(send)
+    finally:
+        if not read.done():  # the client left: the relay is being cancelled
+            read.cancel()
+
+
+async def stream(endpoint: Endpoint, response: aiohttp.ClientResponse, send: asgi.Send, trace: metrics.Trace,
+                 *, keepalive_s: float = 0.0, started: bool = False) -> None:
+    """Relay an SSE response; ``started``: the 200 already went out (keep-alives while connecting)."""
+    trace.replica = endpoint.replica_id
+    if not started:
+        await send(stream_start(overhead_s=trace.before_upstream(), endpoint=endpoint, status=response.status))
+        trace.status = response.status
+    content = response.content
+    try:
+        first = await _first_chunk(content, send, keepalive_s)
+        if first:
+            received = time.perf_counter()
+            await send({"type": "http.response.body", "body": first, "more_body": True})
+            last = time.perf_counter()
+            trace.first_chunk(received, last)
+            itl = trace.series.itl
+            async for chunk in content.iter_any():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                now = time.perf_counter()
+                itl.observe(now - last)
+                last = now
     except aiohttp.ClientError as exc:
         # Bytes already reached the client, so no retry: end the stream with an error
         # event, which OpenAI's clients raise, rather than a cut that looks complete.
         log.warning("replica %s at %s failed mid-stream: %s", endpoint.replica_id, endpoint.url, exc)
         error = errors.failed_mid_stream(endpoint.replica_id, str(exc) or type(exc).__name__)
-        await send({"type": "http.response.body", "body": b"data: " + error.body() + b"\n\n",
-                    "more_body": True})
-    await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await error_event(send, error.body())
+        return
+    await send(_END)
 
 
 async def whole(route: ModelRoute, endpoint: Endpoint, response: aiohttp.ClientResponse,
-                send: asgi.Send) -> None:
+                send: asgi.Send, trace: metrics.Trace) -> None:
+    trace.replica = endpoint.replica_id
     try:
         body = await response.read()
     except aiohttp.ClientError as exc:
         failed = errors.upstream_failed(route.served_name, [f"{endpoint.replica_id} at {endpoint.url}: "
                                                             f"body cut short: {exc}"])
+        trace.status = failed.status
         await asgi.send_error(send, failed)
         return
+    received = time.perf_counter()
     content_type = response.headers.get("Content-Type", "application/json").encode("latin-1", "replace")
+    trace.status = response.status
+    overhead = trace.before_upstream() + time.perf_counter() - received
     await asgi.send_bytes(send, response.status, body, content_type=content_type,
-                          extra=_upstream_header(endpoint))
+                          extra=[(b"x-llmgw-upstream", endpoint.replica_id.encode()),
+                                 (b"x-llmgw-overhead-ms", _ms(overhead))])
+    trace.own += time.perf_counter() - received
+
+
+async def as_event(endpoint: Endpoint, response: aiohttp.ClientResponse, send: asgi.Send,
+                   trace: metrics.Trace) -> None:
+    """A whole (error) answer to a stream whose 200 already went out: its body becomes the last event."""
+    trace.replica = endpoint.replica_id
+    try:
+        body = (await response.read()).strip()
+    except aiohttp.ClientError as exc:
+        body = b""
+        why = f"body cut short: {exc}"
+    else:
+        why = f"HTTP {response.status} with an empty body"
+    # An engine's error is already OpenAI-shaped JSON; a cut or empty one becomes ours.
+    await error_event(send, body or errors.failed_mid_stream(endpoint.replica_id, why).body())

@@ -2,15 +2,22 @@
 
 The router decodes the body once to learn ``model`` and ``stream`` and otherwise
 treats it as opaque bytes: the engine validates the rest and answers in its own
-words. The bytes are re-encoded only when the client asked for the model by an
-alias or its llmgw name, because the engine knows only its served name (llama.cpp
-answers an unknown name with 200 and its own model, vLLM with 404).
+words. Other proxies drop ``user`` or rename ``max_tokens`` on the way; here the
+engine gets exactly what the client sent, ``stream_options`` included.
+
+The one change is ``model``, when the client asked by an alias or its llmgw
+name, because the engine knows only its served name (llama.cpp answers an
+unknown name with 200 and its own model, vLLM with 404). Only the value's bytes
+are replaced: re-encoding the document would reformat numbers (``1e3`` becomes
+``1000.0``), fold duplicate keys and change whitespace, bytes that a client may
+have signed or an engine's cache may key on.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 from llmgw.router import errors
 
@@ -44,9 +51,56 @@ def parse(body: bytes) -> CompletionRequest:
 
 
 def for_engine(request: CompletionRequest, served_name: str) -> bytes:
-    """The bytes to send the engine: the client's, or re-encoded with ``model`` set to its served name."""
+    """The bytes to send the engine: the client's, with only ``model``'s value replaced when it differs."""
     if request.model == served_name:
         return request.body
-    doc = dict(request.doc)
-    doc["model"] = served_name
-    return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+    value = json.dumps(served_name, ensure_ascii=False)
+    try:
+        text = request.body.decode("utf-8")
+        span = _model_span(text)
+    except ValueError:  # not UTF-8 (json.loads also reads UTF-16 and 32), or not what parse() read
+        span = None
+    if span is None:
+        doc = dict(request.doc)
+        doc["model"] = served_name
+        return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+    start, end = span
+    return (text[:start] + value + text[end:]).encode("utf-8")
+
+
+_WS = re.compile(r"[ \t\n\r]*")
+_DECODER = json.JSONDecoder()
+
+
+def _skip(text: str, i: int) -> int:
+    """The index of the first non-whitespace character at or after ``i``."""
+    match = _WS.match(text, i)
+    return match.end() if match else i
+
+
+def _model_span(text: str) -> tuple[int, int] | None:
+    """Where the value of the top-level ``model`` key is in ``text``, a JSON object, or None.
+
+    The last occurrence, because that is the one ``json.loads`` (and so ``parse``) kept.
+    """
+    i = _skip(text, 0)
+    if text[i:i + 1] != "{":
+        return None
+    i = _skip(text, i + 1)
+    span = None
+    while text[i:i + 1] == '"':
+        key, i = json.decoder.scanstring(text, i + 1)
+        i = _skip(text, i)
+        if text[i:i + 1] != ":":
+            return None
+        _, end = _DECODER.raw_decode(text, _skip(text, i + 1))
+        if key == "model":
+            span = (_skip(text, i + 1), end)
+        i = _skip(text, end)
+        if text[i:i + 1] == ",":
+            i = _skip(text, i + 1)
+        elif text[i:i + 1] == "}":
+            return span
+        else:
+            return None
+    return None

@@ -15,10 +15,18 @@ model's traffic.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 from llmgw.core.errors import LlmgwError
+from llmgw.router import pick
+
+log = logging.getLogger(__name__)
+
+#: Unknown ``routing`` values already warned about: the table arrives again on every
+#: replica change, and a warning per table would bury the first one.
+_warned_routings: set[str] = set()
 
 
 class TableError(LlmgwError):
@@ -45,6 +53,7 @@ class ModelRoute:
     message: str = ""  # a sentence a person can act on
     endpoints: tuple[Endpoint, ...] = ()
     created: int = 0
+    routing: str = pick.DEFAULT_ROUTING  # one of pick.ROUTINGS
 
     def public_names(self) -> tuple[str, ...]:
         """The ids ``/v1/models`` lists for this model: served name first, then aliases."""
@@ -146,6 +155,14 @@ def _model(where: str, raw: Any) -> ModelRoute:
         endpoints.append(Endpoint(replica_id=_str(ep_where, ep, "replica_id"), url=url,
                                   api_key=_str(ep_where, ep, "api_key", default="")))
     created = raw.get("created", 0)
+    routing = raw.get("routing") or pick.DEFAULT_ROUTING
+    if routing not in pick.ROUTINGS:
+        # Serving beats refusing the whole table over one field a newer control plane added.
+        if str(routing) not in _warned_routings:
+            _warned_routings.add(str(routing))
+            log.warning("%s.routing: unknown policy %r; using %s (known: %s)", where, routing,
+                        pick.DEFAULT_ROUTING, ", ".join(pick.ROUTINGS))
+        routing = pick.DEFAULT_ROUTING
     return ModelRoute(
         name=name,
         served_name=_str(where, raw, "served_name", default=name) or name,
@@ -154,4 +171,5 @@ def _model(where: str, raw: Any) -> ModelRoute:
         message=_str(where, raw, "message", default=""),
         endpoints=tuple(endpoints),
         created=created if isinstance(created, int) and not isinstance(created, bool) else 0,
+        routing=routing,
     )

@@ -1,0 +1,151 @@
+"""Prefix-cache-aware routing: send a prompt to the replica that already holds its prefix.
+
+An engine with prefix caching (vLLM, SGLang, llama.cpp's slots) skips the prefill
+of any leading part of a prompt whose KV blocks it still holds. The router cannot
+see those blocks, so it remembers where it sent each prompt prefix:
+
+* the prompt is the text as the client sent it: a completion's ``prompt``, or a
+  chat's messages as role and content concatenated in order, so a shared system
+  prompt gives shared leading blocks. No tokenizing: characters stand in for
+  tokens, and a block of ``BLOCK_CHARS`` characters is about 64 tokens;
+* the text is cut into fixed-size blocks, and block i's hash covers blocks 0..i
+  (chained), so equal hashes mean equal prefixes, not merely equal blocks. Only
+  whole blocks count: a trailing partial block is not a prefix another prompt
+  can share. Hashes are Python's ``hash`` of the slices, salted per process:
+  the index lives in this process only, so that is enough, and it is cheap
+  (measured: 13 µs to hash a 20 KB prompt, 18 µs more to pick and record it);
+* ``PrefixIndex`` maps block hash to the replica last sent it, an LRU bounded in
+  entries across all models (the model's name salts the hashes);
+* ``PrefixCache.pick`` takes the replica holding the longest matching prefix,
+  unless it is loaded beyond ``min_load * imbalance_ratio + imbalance_slack``,
+  then the least loaded; either way the choice is recorded for every block.
+
+Pure: no I/O and no clock; ``request_key`` works on the already-parsed body.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import Any
+
+from llmgw.router.pick import NO_KEY, E, LeastOutstanding, RequestKey
+
+BLOCK_CHARS = 256
+#: About 200k blocks of 256 characters is 50M characters (~12M tokens) of prompt,
+#: more than the KV caches of a few replicas hold, in about 25 MB of router memory.
+MAX_ENTRIES = 200_000
+
+_NO_LOAD: Mapping[str, float] = {}
+
+
+def prompt_text(doc: Mapping[str, Any]) -> str:
+    """The prompt text of a chat or completion body, in order; "" when it has none the router can read."""
+    messages = doc.get("messages")
+    if isinstance(messages, list):
+        parts: list[str] = []
+        for message in messages:
+            if not isinstance(message, Mapping):
+                continue
+            # Separators the client cannot easily type keep "ab"+"c" apart from "a"+"bc".
+            parts.append(f"{message.get('role', '')}\x1f")
+            content = message.get("content")
+            if isinstance(content, str):
+                parts.append(content)
+            elif isinstance(content, list):  # content parts: only the text ones shape the prefix
+                parts.extend(p["text"] for p in content
+                             if isinstance(p, Mapping) and isinstance(p.get("text"), str))
+            parts.append("\x1e")
+        return "".join(parts)
+    prompt = doc.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        return prompt[0]  # a batch goes to one engine; its first prompt stands for it
+    return ""
+
+
+def block_hashes(text: str, *, block_chars: int = BLOCK_CHARS) -> tuple[int, ...]:
+    """The chained hashes of ``text``'s whole blocks: entry i covers characters [0, (i+1)*block_chars)."""
+    hashes: list[int] = []
+    h = 0
+    for start in range(0, len(text) - block_chars + 1, block_chars):
+        h = hash((h, text[start:start + block_chars]))
+        hashes.append(h)
+    return tuple(hashes)
+
+
+def session_of(doc: Mapping[str, Any], *, header: str = "") -> str:
+    """The session key: the ``x-llmgw-session`` header when given, else the body's ``user`` field."""
+    if header:
+        return header
+    user = doc.get("user")
+    return user if isinstance(user, str) else ""
+
+
+def request_key(doc: Mapping[str, Any], *, session_header: str = "", block_chars: int = BLOCK_CHARS) -> RequestKey:
+    """The affinity key of a parsed completion body."""
+    return RequestKey(session=session_of(doc, header=session_header),
+                      blocks=block_hashes(prompt_text(doc), block_chars=block_chars))
+
+
+class PrefixIndex:
+    """Block hash -> the replica last sent that block; least recently used entries go first."""
+
+    def __init__(self, *, max_entries: int = MAX_ENTRIES) -> None:
+        self.max_entries = max_entries
+        self._where: collections.OrderedDict[int, str] = collections.OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def get(self, block: int) -> str | None:
+        return self._where.get(block)
+
+    def record(self, blocks: Iterable[int], replica_id: str) -> None:
+        where = self._where
+        for block in blocks:
+            where[block] = replica_id
+            where.move_to_end(block)
+        while len(where) > self.max_entries:
+            where.popitem(last=False)
+
+
+class PrefixCache:
+    """Longest matching prefix wins, unless that replica is overloaded; then the least loaded."""
+
+    # The defaults: affinity alone hot-spots a replica (every request of a popular system
+    # prompt would queue on one engine while the others idle). A replica may carry half
+    # again the least loaded one's load plus two requests before its cache stops paying:
+    # the slack keeps an idle cluster (min load 0) on the cached replica for the first few
+    # concurrent requests, the ratio lets a busy one stay ahead in proportion.
+    def __init__(self, index: PrefixIndex | None = None, *, imbalance_ratio: float = 1.5,
+                 imbalance_slack: float = 2.0) -> None:
+        self.index = index if index is not None else PrefixIndex()
+        self._ratio = imbalance_ratio
+        self._slack = imbalance_slack
+        self._least = LeastOutstanding()
+
+    def pick(self, model: str, endpoints: Sequence[E], *, load: Mapping[str, float] = _NO_LOAD,
+             key: RequestKey = NO_KEY, exclude: Collection[str] = ()) -> E | None:
+        least = self._least.pick(model, endpoints, load=load, exclude=exclude)
+        if least is None or not key.blocks:
+            return least
+        salt = hash(model)  # the same prompt to two models must not share entries
+        blocks = [b ^ salt for b in key.blocks]
+        by_id = {e.replica_id: e for e in endpoints if e.replica_id not in exclude}
+        cached: E | None = None
+        for block in blocks:  # chained: the first miss ends every longer match
+            replica = self.index.get(block)
+            if replica is None:
+                break
+            # A block last sent to a replica now gone or excluded does not end the walk: a
+            # longer prefix may still sit on one that is here.
+            cached = by_id.get(replica, cached)
+        chosen = least
+        if cached is not None:
+            min_load = load.get(least.replica_id, 0.0)
+            if load.get(cached.replica_id, 0.0) <= min_load * self._ratio + self._slack:
+                chosen = cached
+        self.index.record(blocks, chosen.replica_id)
+        return chosen
