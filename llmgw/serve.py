@@ -32,6 +32,7 @@ from llmgw.control.http.api import create_api
 from llmgw.control.reconcile import decide
 from llmgw.control.store.store import Store
 from llmgw.core.errors import LlmgwError
+from llmgw.router import metrics as router_metrics
 from llmgw.router.app import RouterApp
 from llmgw.router.table import TableHolder
 from llmgw.router.watch import TableWatcher
@@ -117,7 +118,7 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
     control_url = _loopback_url(cfg.host, http_port)
     watcher = TableWatcher(control_url, holder)
     router = RouterApp(holder, watcher=watcher, source=f"the control plane at {control_url}")
-    api = create_api(store, cluster)
+    api = create_api(store, cluster, extra_registries=(router_metrics.REGISTRY,))
     web = _Uvicorn(uvicorn.Config(_dispatch(router, api), lifespan="off", log_level="warning",
                                   http="httptools", ws="none", access_log=False,
                                   timeout_graceful_shutdown=3))

@@ -137,6 +137,20 @@ def agent(
 
 
 @app.command()
+def router(
+    control: str = typer.Option(..., "--control", help="The control plane's URL, e.g. http://cp1:8080"),
+    host: str = typer.Option("127.0.0.1", help="Address to listen on (0.0.0.0 for every interface)"),
+    port: int = typer.Option(8080, help="The OpenAI API (/v1) and /metrics"),
+    log_level: str = typer.Option("warning"),
+) -> None:
+    """Run a router alone, fed by a control plane's table; it keeps serving while the control plane is down."""
+    from llmgw.router import standalone
+
+    raise typer.Exit(standalone.main(["--control", control, "--host", host, "--port", str(port),
+                                      "--log-level", log_level]))
+
+
+@app.command()
 def up(
     http_port: int = typer.Option(8080, help="OpenAI API, REST API and /metrics"),
     agent_port: int = typer.Option(8081, help="The agents' gRPC stream"),

@@ -30,7 +30,7 @@ from typing import Protocol
 
 import aiohttp
 
-from llmgw.router import asgi, errors, metrics, pick, relay, request, upstream
+from llmgw.router import admission, asgi, auth, errors, metrics, pick, prefix, ratelimit, relay, request, upstream
 from llmgw.router.table import Endpoint, ModelRoute, RouteTable, TableHolder
 
 log = logging.getLogger(__name__)
@@ -53,16 +53,20 @@ class RouterApp:
     def __init__(self, holder: TableHolder, *, watcher: Lifecycle | None = None,
                  source: str = "the control plane", connect_timeout_s: float = 5.0,
                  max_endpoints: int = 3, max_body_bytes: int = 32 << 20, keepalive_s: float = 15.0,
-                 serve_metrics: bool = False) -> None:
+                 serve_metrics: bool = False, admission_queue: int = 100, admission_wait_s: float = 30.0) -> None:
         self.holder = holder
         self._watcher = watcher
         self._source = source  # named in the 503 answered before the first table arrives
         self._max_body = max_body_bytes
         self._keepalive_s = keepalive_s  # 0 turns keep-alive comments off
         self._serve_metrics = serve_metrics
+        # With the holder, the forwarder scrapes every endpoint's load, not only those already asked.
         self._forwarder = upstream.Forwarder(pick.RoundRobin(), connect_timeout_s=connect_timeout_s,
-                                             max_endpoints=max_endpoints)
-        self._models_cache: tuple[RouteTable, bytes] | None = None
+                                             max_endpoints=max_endpoints, holder=holder)
+        self._models_cache: tuple[RouteTable, dict[frozenset[str], bytes]] | None = None
+        self._limiter = ratelimit.RateLimiter()
+        self._admission = admission.Admission(max_queue=admission_queue, max_wait_s=admission_wait_s)
+        self._limits_seen: object = None
 
     async def startup(self) -> None:
         await self._forwarder.start()
@@ -87,11 +91,14 @@ class RouterApp:
             if path in FORWARD_PATHS:
                 if method != "POST":
                     raise errors.method_not_allowed(method, path, "POST")
-                await self._complete(path, arrived, receive, send)
+                await self._complete(scope, path, arrived, receive, send)
             elif path == MODELS_PATH:
                 if method not in ("GET", "HEAD"):
                     raise errors.method_not_allowed(method, path, "GET")
-                await asgi.send_bytes(send, 200, self._models_body())
+                key = self.holder.current.auth.identify(_authorization(scope))
+                if isinstance(key, errors.ApiError):
+                    raise key
+                await asgi.send_bytes(send, 200, self._models_body(key))
             elif path == METRICS_PATH and self._serve_metrics and method in ("GET", "HEAD"):
                 body, content_type = metrics.render()
                 await asgi.send_bytes(send, 200, body, content_type=content_type.encode())
@@ -102,28 +109,86 @@ class RouterApp:
                 # Refused before a model was found (bad body, unknown model): model="" so a
                 # client's string never becomes a label.
                 metrics.count_request("", "", exc.status)
-            await asgi.send_error(send, exc)
+            # A 429 says when to come back (Retry-After); other refusals carry no headers.
+            extra = exc.headers() if isinstance(exc, ratelimit.Throttled | admission.Overloaded) else None
+            await asgi.send_bytes(send, exc.status, exc.body(), extra=extra)
         except asgi.ClientGone:
             pass
 
-    def _models_body(self) -> bytes:
+    def _models_body(self, key: auth.KeyInfo) -> bytes:
+        """Only the models ``key`` may use; cached per table and key scope."""
         table = self.holder.current
         if self._models_cache is None or self._models_cache[0] is not table:
+            self._models_cache = (table, {})
+        cache = self._models_cache[1]
+        if key.models not in cache:
             # Each id once, owned by the model a lookup of it finds: a name two models claim
             # would otherwise be listed twice, once for a model that never gets its traffic.
             data = [{"id": name, "object": "model", "created": model.created, "owned_by": "llmgw"}
-                    for model in table.models for name in model.public_names() if table.lookup(name) is model]
-            self._models_cache = (table, json.dumps({"object": "list", "data": data}).encode())
-        return self._models_cache[1]
+                    for model in table.auth.visible(key, table.models) for name in model.public_names()
+                    if table.lookup(name) is model]
+            cache[key.models] = json.dumps({"object": "list", "data": data}).encode()
+        return cache[key.models]
 
-    async def _complete(self, path: str, arrived: float, receive: asgi.Receive, send: asgi.Send) -> None:
+    async def _complete(self, scope: asgi.Scope, path: str, arrived: float, receive: asgi.Receive,
+                        send: asgi.Send) -> None:
         req = request.parse(await asgi.read_body(receive, limit=self._max_body))
         table = self.holder.current  # one snapshot for the whole request
         if not table.loaded:
             raise errors.table_not_loaded(self._source)
+        header = _authorization(scope)
+        key = table.auth.identify(header)
+        if isinstance(key, errors.ApiError):
+            raise key  # before the lookup, so a 404 lists no models to a stranger
         route = table.lookup(req.model)
         if route is None:
-            raise errors.model_not_found(req.model, table.public_names())
+            raise errors.model_not_found(req.model, [n for m in table.auth.visible(key, table.models)
+                                                     for n in m.public_names()])
+        if not key.allows(route.name, route.served_name, *route.aliases):
+            refused = table.auth.check(header, req.model, names=(route.name, route.served_name, *route.aliases))
+            if isinstance(refused, errors.ApiError):
+                raise refused
+        throttled = self._limiter.admit(key)
+        if throttled is not None:
+            raise throttled
+        if table.limits is not self._limits_seen:
+            self._admission.set_limits(table.limits)
+            self._limits_seen = table.limits
+        if key.tpm:
+            send = self._counting(send, key.id)
+        affinity = prefix.request_key(req.doc, session_header=_header(scope, b"x-llmgw-session"))
+        async with self._admission.slot(route.name, priority=key.priority):
+            await self._serve(route, req, path, arrived, receive, send, affinity)
+
+    def _counting(self, send: asgi.Send, key_id: str) -> asgi.Send:
+        """``send``, also counting the tokens of the answer's usage for the key's tokens-per-minute.
+
+        Only for keys with a tpm limit, so everyone else's chunks pass untouched.
+        """
+        usage = ratelimit.StreamUsage()
+        whole: list[bytes] = []
+        streaming = False
+
+        async def counting(message: asgi.Message) -> None:
+            nonlocal streaming
+            if message["type"] == "http.response.start":
+                streaming = any(k == b"content-type" and v.startswith(b"text/event-stream")
+                                for k, v in message.get("headers", ()))
+            elif message["type"] == "http.response.body":
+                chunk = message.get("body", b"")
+                if streaming:
+                    usage.feed(chunk)
+                elif sum(map(len, whole)) < (1 << 20):
+                    whole.append(chunk)
+                if not message.get("more_body", False):
+                    tokens = usage.close() if streaming else _usage_of(b"".join(whole))
+                    self._limiter.record_tokens(key_id, tokens)
+            await send(message)
+
+        return counting
+
+    async def _serve(self, route: ModelRoute, req: request.CompletionRequest, path: str, arrived: float,
+                     receive: asgi.Receive, send: asgi.Send, affinity: pick.RequestKey) -> None:
         trace = metrics.Trace(route.name, arrived)
         if not route.endpoints:
             # Answered here, not raised: _http would count it again, under model="".
@@ -134,7 +199,8 @@ class RouterApp:
             return
         body = request.for_engine(req, route.served_name)
         trace.series.in_flight.inc()
-        forward = asyncio.ensure_future(self._forward(route, path, body, send, trace, stream=req.stream))
+        forward = asyncio.ensure_future(self._forward(route, path, body, send, trace, stream=req.stream,
+                                                      affinity=affinity))
         watch = asyncio.ensure_future(asgi.wait_disconnect(receive))
         try:
             await asyncio.wait((forward, watch), return_when=asyncio.FIRST_COMPLETED)
@@ -153,15 +219,15 @@ class RouterApp:
             forward.result()  # re-raise what went wrong in the relay, if anything did
 
     async def _forward(self, route: ModelRoute, path: str, body: bytes, send: asgi.Send, trace: metrics.Trace,
-                       *, stream: bool) -> None:
+                       *, stream: bool, affinity: pick.RequestKey) -> None:
         trace.sent_upstream(time.perf_counter())
         started = False
         opened: Opened | errors.ApiError
         if stream and self._keepalive_s > 0:
-            started, opened = await self._open_keeping_alive(route, path, body, send, trace)
+            started, opened = await self._open_keeping_alive(route, path, body, send, trace, affinity)
         else:
             try:
-                opened = await self._forwarder.open(route, path, body)
+                opened = await self._forwarder.open(route, path, body, key=affinity)
             except errors.ApiError as exc:
                 opened = exc
         if isinstance(opened, errors.ApiError):
@@ -188,7 +254,8 @@ class RouterApp:
             response.close()
 
     async def _open_keeping_alive(self, route: ModelRoute, path: str, body: bytes, send: asgi.Send,
-                                  trace: metrics.Trace) -> tuple[bool, Opened | errors.ApiError]:
+                                  trace: metrics.Trace, affinity: pick.RequestKey,
+                                  ) -> tuple[bool, Opened | errors.ApiError]:
         """Open the upstream response; if that takes longer than ``keepalive_s``, start the stream.
 
         Returns whether the 200 went out, and the response or the refusal. The trade:
@@ -200,7 +267,7 @@ class RouterApp:
         the engine has taken the request and a retry is unlikely to help, while
         without a byte a proxy in front would cut the connection at its idle timeout.
         """
-        opening = asyncio.ensure_future(self._forwarder.open(route, path, body))
+        opening = asyncio.ensure_future(self._forwarder.open(route, path, body, key=affinity))
         started = False
         try:
             while True:
@@ -240,3 +307,24 @@ class RouterApp:
                 await self.shutdown()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+def _authorization(scope: asgi.Scope) -> bytes | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"authorization":
+            return bytes(value)
+    return None
+
+
+def _header(scope: asgi.Scope, wanted: bytes) -> str:
+    for name, value in scope.get("headers", ()):
+        if name == wanted:
+            return bytes(value).decode("latin-1")
+    return ""
+
+
+def _usage_of(body: bytes) -> int:
+    try:
+        return ratelimit.usage_tokens(json.loads(body))
+    except ValueError:
+        return 0

@@ -25,7 +25,7 @@ import time
 
 import aiohttp
 
-from llmgw.router import asgi, errors, metrics
+from llmgw.router import asgi, errors, metrics, upstream
 from llmgw.router.table import Endpoint, ModelRoute
 
 log = logging.getLogger(__name__)
@@ -84,6 +84,8 @@ async def stream(endpoint: Endpoint, response: aiohttp.ClientResponse, send: asg
     content = response.content
     try:
         first = await _first_chunk(content, send, keepalive_s)
+        # From here the engine is generating: wait on it with the idle timeout, not the first-byte one.
+        upstream.body_started(response)
         if first:
             received = time.perf_counter()
             await send({"type": "http.response.body", "body": first, "more_body": True})

@@ -21,6 +21,8 @@ from typing import Any
 
 from llmgw.core.errors import LlmgwError
 from llmgw.router import pick
+from llmgw.router.admission import limits_from_doc
+from llmgw.router.auth import Authenticator
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +71,10 @@ class RouteTable:
     #: False only for the placeholder used before any table arrived: the router then
     #: answers 503 rather than claiming every model is unknown.
     loaded: bool = True
+    #: The API keys of this version, so a request checks keys and routes from one snapshot.
+    auth: Authenticator = dataclasses.field(default_factory=Authenticator)
+    #: Per-model concurrency limits (``limits.concurrency`` in the document).
+    limits: Mapping[str, int] = dataclasses.field(default_factory=dict)
     _by_name: Mapping[str, ModelRoute] = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -93,7 +99,8 @@ class RouteTable:
         if not isinstance(raw_models, list):
             raise TableError("models: expected a list")
         models = tuple(_model(f"models[{i}]", raw) for i, raw in enumerate(raw_models))
-        return cls(version=version, models=models)
+        return cls(version=version, models=models, auth=Authenticator.from_doc(doc.get("auth")),
+                   limits=limits_from_doc(doc))
 
     def lookup(self, name: str) -> ModelRoute | None:
         """The model a client's ``model`` field names, or None."""

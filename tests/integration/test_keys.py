@@ -8,7 +8,7 @@ import os
 import subprocess
 
 from llmgw.testing.procs import wait_for
-from llmgw.testing.system import LLMGW, System
+from llmgw.testing.system import LLMGW, System, sim_model
 
 
 def _cli(system: System, *args: str) -> subprocess.CompletedProcess[str]:
@@ -75,3 +75,48 @@ def test_key_refusals_are_openai_shaped(system: System) -> None:
     assert nf.status_code == 404 and nf.json()["error"]["code"] == "key_not_found"
     cli = _cli(system, "key", "delete", "key-000000")
     assert cli.returncode == 1 and "does not exist" in cli.stderr
+
+
+def test_router_enforces_keys_scope_and_limits(system: System) -> None:
+    """Once a key exists the router wants it: 401 without, 403 outside scope, 429 past rpm/tpm, open again after."""
+    system.apply(sim_model("sim-k"))
+    system.apply(sim_model("sim-other"))
+    system.wait_model("sim-k")
+    system.wait_model("sim-other")
+    system.wait_router("sim-k", 1)
+    system.wait_router("sim-other", 1)
+    chat = {"model": "sim-k", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    assert system.request("POST", "/v1/chat/completions", json=chat).status_code == 200  # no key yet: open
+
+    made = system.request("POST", "/api/v1/keys", json={"name": "t", "models": ["sim-k"], "rpm": 3}).json()
+    hdr = {"Authorization": f"Bearer {made['key']}"}
+    wait_for(lambda: system.request("POST", "/v1/chat/completions", json=chat).status_code == 401,
+             timeout=10, what="router requiring keys")
+    no_key = system.request("POST", "/v1/chat/completions", json=chat).json()["error"]
+    assert no_key["code"] == "invalid_api_key" and "llmgw key create" in no_key["message"]
+    bad = system.request("POST", "/v1/chat/completions", json=chat, headers={"Authorization": "Bearer llmgw-x"})
+    assert bad.status_code == 401
+    models = system.request("GET", "/v1/models", headers=hdr).json()
+    assert [m["id"] for m in models["data"]] == ["sim-k"]
+    other = system.request("POST", "/v1/chat/completions", json={**chat, "model": "sim-other"}, headers=hdr)
+    assert other.status_code == 403 and "sim-k" in other.json()["error"]["message"]
+    # The refused requests did not count: 3 pass, the 4th is 429 with Retry-After.
+    for _ in range(3):
+        assert system.request("POST", "/v1/chat/completions", json=chat, headers=hdr).status_code == 200
+    limited = system.request("POST", "/v1/chat/completions", json=chat, headers=hdr)
+    assert limited.status_code == 429 and int(limited.headers["retry-after"]) >= 1
+
+    tpm = system.request("POST", "/api/v1/keys", json={"name": "tpm", "tpm": 5}).json()
+    thdr = {"Authorization": f"Bearer {tpm['key']}"}
+    wait_for(lambda: system.request("GET", "/v1/models", headers=thdr).status_code == 200, timeout=10,
+             what="second key at the router")
+    streamed = system.request("POST", "/v1/chat/completions", headers=thdr, json={
+        **chat, "max_tokens": 5, "stream": True, "stream_options": {"include_usage": True}})
+    assert streamed.status_code == 200  # spends > 5 tokens (prompt + 5), counted from the stream's usage
+    spent = system.request("POST", "/v1/chat/completions", json=chat, headers=thdr)
+    assert spent.status_code == 429 and "tokens" in spent.json()["error"]["message"]
+
+    for key in (made, tpm):
+        system.request("DELETE", f"/api/v1/keys/{key['id']}")
+    wait_for(lambda: system.request("POST", "/v1/chat/completions", json=chat).status_code == 200,
+             timeout=10, what="router open again without keys")

@@ -198,3 +198,32 @@ def test_python_m_llmgw_help() -> None:
     """`python -m llmgw --help` lists the commands."""
     out = subprocess.run([sys.executable, "-m", "llmgw", "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and all(w in out.stdout for w in ("server", "agent", "up", "apply", "get"))
+
+
+def test_standalone_router_keeps_serving_while_the_control_plane_is_down(system: System) -> None:
+    """`llmgw router --control URL` routes from the control plane's table, and from its last one when it is gone."""
+    from pathlib import Path
+
+    from llmgw.testing.procs import Proc, free_port
+
+    system.apply(sim_model("alone"))
+    system.wait_model("alone")
+    port = free_port()
+    router = Proc.start([*LLMGW, "router", "--control", system.url, "--port", str(port)],
+                        log_path=Path(str(system.root)) / "router.log")
+    try:
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        body = {"model": "alone", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+        def serving() -> bool:
+            try:
+                return httpx.post(url, json=body, timeout=10).status_code == 200
+            except httpx.ConnectError:
+                return False  # not listening yet
+
+        wait_for(serving, timeout=20, interval=0.2, what="standalone router serving")
+        system.stop_server()
+        for _ in range(5):
+            assert httpx.post(url, json=body, timeout=10).status_code == 200
+        assert "llmgw_router_requests_total" in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    finally:
+        router.stop()

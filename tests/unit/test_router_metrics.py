@@ -60,7 +60,8 @@ class FakeForwarder:
 
     cancelled = False
 
-    async def open(self, route: ModelRoute, path: str, body: bytes) -> tuple[Endpoint, FakeResponse]:
+    async def open(self, route: ModelRoute, path: str, body: bytes, *, key: object = None,
+                   ) -> tuple[Endpoint, FakeResponse]:
         try:
             await asyncio.sleep(self.delay)
         except asyncio.CancelledError:

@@ -45,13 +45,16 @@ def _model_doc(stored: StoredModel, replicas: list[ReplicaRecord], now: float) -
     return doc
 
 
-def create_api(store: Store, cluster: Cluster) -> FastAPI:
+def create_api(store: Store, cluster: Cluster, *, extra_registries: tuple[Any, ...] = ()) -> FastAPI:
+    """The REST app; ``extra_registries`` (the in-process router's) are served on the same /metrics."""
     app = FastAPI(title="llmgw control plane", version="v1", docs_url="/api/docs", openapi_url="/api/openapi.json")
     install(app)
     app.include_router(keys_http.router(store, cluster))
     registry = prometheus_client.CollectorRegistry()
     nodes_gauge = prometheus_client.Gauge("llmgw_nodes_connected", "Connected agents", registry=registry)
     replicas_gauge = prometheus_client.Gauge("llmgw_replicas", "Replicas by phase", ["phase"], registry=registry)
+    for extra in extra_registries:
+        registry.register(extra)  # a registry is a collector: one scrape gets both
 
     async def _manifest(request: Request) -> specs.Model:
         body = await request.body()
