@@ -32,6 +32,7 @@ from llmgw.control.http.api import create_api
 from llmgw.control.reconcile import decide
 from llmgw.control.store.store import Store
 from llmgw.core.errors import LlmgwError
+from llmgw.router import auth as router_auth
 from llmgw.router import metrics as router_metrics
 from llmgw.router.app import RouterApp
 from llmgw.router.table import TableHolder
@@ -106,6 +107,8 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
         loop.add_signal_handler(sig, stop.set)
     _warn_if_exposed(cfg.host)
     store = Store.open(cfg.data_dir)
+    for warning in router_auth.check_listen(cfg.host, bool(store.list_keys()), allow_no_auth=False):
+        log.warning("%s", warning)
     cluster = Cluster(store, cfg=decide.Config(node_grace_s=cfg.node_grace_s))
     http_sock = _listen(cfg.host, cfg.http_port)
     http_port = http_sock.getsockname()[1]

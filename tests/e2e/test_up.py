@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import sys
 import time
@@ -27,9 +28,10 @@ def test_up_serves_llamacpp_and_sigterm_stops_everything(tmp_path: Path) -> None
         "apiVersion": "llmgw/v1", "kind": "Model", "metadata": {"name": "tiny"},
         "spec": {"engine": "llamacpp", "source": f"file://{gguf}", "served_name": "tiny",
                  "engine_args": ["--ctx-size", "512", "--parallel", "2"], "startup_timeout": "60s"}}))
-    http_port, agent_port = free_port(), free_port()
-    up = Proc.start([sys.executable, "-m", "llmgw", "up", "--model", str(model), "--http-port", str(http_port),
-                     "--agent-port", str(agent_port), "--data-dir", str(tmp_path / "data"), "--wait", "90"],
+    # Port 0: the server binds free ports itself and `up` reads them back, so no other
+    # process can take a port between the test choosing it and the server binding it.
+    up = Proc.start([sys.executable, "-m", "llmgw", "up", "--model", str(model), "--http-port", "0",
+                     "--agent-port", "0", "--data-dir", str(tmp_path / "data"), "--wait", "90"],
                     log_path=tmp_path / "up.log")
     family: set[int] = set()
     try:
@@ -37,7 +39,9 @@ def test_up_serves_llamacpp_and_sigterm_stops_everything(tmp_path: Path) -> None
                  what="llmgw up")
         out = up.log_tail(200)
         assert up.poll() is None, out
-        assert f"OpenAI base URL: http://127.0.0.1:{http_port}/v1" in out and "model:           tiny" in out
+        found = re.search(r"OpenAI base URL: http://127\.0\.0\.1:(\d+)/v1", out)
+        assert found and "model:           tiny" in out, out
+        http_port = int(found.group(1))
         assert f"REST API:        http://127.0.0.1:{http_port}/api/v1" in out and "Ctrl-C" in out
         family = {p.pid for p in psutil.Process(up.pid).children(recursive=True)}
         assert len(family) >= 3  # server, agent, engine

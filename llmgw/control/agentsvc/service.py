@@ -183,7 +183,10 @@ async def serve(cluster: Cluster, *, host: str, port: int) -> tuple[grpc.aio.Ser
     """Starts the gRPC server; returns it and the port it bound (``port`` 0 picks a free one)."""
     server = grpc.aio.server(options=SERVER_OPTIONS)
     agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentService(cluster), server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:  # grpcio >= 1.6x raises where older versions returned 0
+        bound = 0
     if bound == 0:
         raise OSError(f"cannot listen for agents on {host}:{port}: the port is in use or the address "
                       "is not this machine's; pass --agent-port")
