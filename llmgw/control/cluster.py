@@ -129,12 +129,18 @@ class Cluster:
 
     async def run(self) -> None:
         while True:
+            started = time.perf_counter()
             try:
                 again = self.reconcile_once()
             except Exception:
                 log.exception("reconcile pass failed; trying again")
                 again = False
             await self._publish_table()
+            # Give the event loop at least as long as the pass took before the next one:
+            # passes kicked back to back by a thousand re-registering agents held the
+            # loop so the registrations themselves crawled (~18 a second, seen with the
+            # fleet simulator), and the nodes' grace ran out before they had reported.
+            await asyncio.sleep(min(1.0, time.perf_counter() - started))
             if again:
                 continue
             self._wake.clear()
@@ -188,11 +194,13 @@ class Cluster:
     # -- the router's table ----------------------------------------------------------------
     def endpoints_doc(self) -> dict[str, Any]:
         now = self.clock()
-        replicas = self.store.list_replicas()
+        by_model: dict[str, list[ReplicaRecord]] = {}
+        for r in self.store.list_replicas():
+            by_model.setdefault(r.model, []).append(r)
         models = []
         for stored in self.store.list_models():
             m = stored.model
-            mine = [r for r in replicas if r.model == m.name]
+            mine = by_model.get(m.name, [])
             st = summarize(m.spec, mine, now=now)
             models.append({
                 "name": m.name, "served_name": m.spec.served_name, "aliases": list(m.spec.aliases),
