@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 
 import typer
@@ -39,8 +40,15 @@ def fleet(
         agents = fleet_mod.build_fleet(nodes, parsed, heartbeat_s=heartbeat, stats=stats, seed=seed)
         await fleet_mod.run(server, agents, stop=stop)
 
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(main())
+    async def main_then_exit() -> None:
+        with contextlib.suppress(KeyboardInterrupt, asyncio.CancelledError):
+            await main()
+        # As in `llmgw server`: with a thousand streams, grpc.aio can hang inside asyncio.run's
+        # final cancellation (seen: the simulator outlived its SIGTERM), so exit once stopped.
+        logging.shutdown()
+        os._exit(0)
+
+    asyncio.run(main_then_exit())
 
 
 def register(app: typer.Typer) -> None:
