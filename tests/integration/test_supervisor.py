@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -22,37 +22,16 @@ import psutil
 import pytest
 
 from llmgw.agent import engines
-from llmgw.agent.supervisor import Supervisor
 from llmgw.core.shards import ShardSpec, ShardState, ShardStatus
+from llmgw.testing.supervised import SupervisorHarness
 
 S = ShardState
 pytestmark = pytest.mark.slow
 
 
-class Harness:
-    """A supervisor, the loop it runs on, and every status it reported."""
-
+class Harness(SupervisorHarness):
     def __init__(self, tmp_path: Path, **kw: Any) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.seen: list[ShardStatus] = []
-        self.sup = Supervisor(run_dir=tmp_path / "run", host="127.0.0.1", on_status=self.seen.append,
-                              health_interval_s=0.1, grace_s=5.0, **kw)
-
-    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        return self.loop.run_until_complete(coro)
-
-    def states(self, shard_id: str) -> list[ShardState]:
-        return [s.state for s in self.seen if s.shard_id == shard_id]
-
-    def wait_state(self, shard_id: str, state: ShardState, *, timeout: float = 15.0) -> ShardStatus:
-        async def poll() -> ShardStatus:
-            deadline = time.monotonic() + timeout
-            while (st := self.sup.status(shard_id)) is None or st.state is not state:
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"{shard_id} is {st and st.state}, not {state}: {st}")
-                await asyncio.sleep(0.05)
-            return st
-        return self.run(poll())
+        super().__init__(tmp_path / "run", **{"grace_s": 5.0, **kw})
 
 
 @pytest.fixture

@@ -9,13 +9,12 @@ whatever the test did, and resumes any it froze first.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,39 +22,24 @@ import aiohttp
 import psutil
 import pytest
 
-from llmgw.agent.supervisor import Supervisor, launching, statefiles, watching
+from llmgw.agent.supervisor import launching, statefiles, watching
 from llmgw.core.shards import ShardSpec, ShardState, ShardStatus
 from llmgw.testing import procs
+from llmgw.testing.supervised import SupervisorHarness
 
 S = ShardState
 pytestmark = pytest.mark.slow
 
 
-class Agent:
+class Agent(SupervisorHarness):
     """A supervisor on its own loop, and every status it reported."""
 
     def __init__(self, run_dir: Path, **kw: Any) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.seen: list[ShardStatus] = []
-        kw = {"health_interval_s": 0.1, "grace_s": 2.0, **kw}
-        self.sup = Supervisor(run_dir=run_dir, host="127.0.0.1", on_status=self.seen.append, **kw)
+        super().__init__(run_dir, **kw)
         self.closed = False
 
-    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        return self.loop.run_until_complete(coro)
-
-    def states(self, shard_id: str) -> list[ShardState]:
-        return [s.state for s in self.seen if s.shard_id == shard_id]
-
     def wait_state(self, shard_id: str, state: ShardState, *, timeout: float = 10.0) -> ShardStatus:
-        async def poll() -> ShardStatus:
-            deadline = time.monotonic() + timeout
-            while (st := self.sup.status(shard_id)) is None or st.state is not state:
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"{shard_id} is {st and st.state}, not {state}: {st}")
-                await asyncio.sleep(0.05)
-            return st
-        return self.run(poll())
+        return super().wait_state(shard_id, state, timeout=timeout)
 
     def die(self) -> None:
         """Stop watching and drop the loop, leaving the engines running: an agent that went away."""

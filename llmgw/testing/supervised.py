@@ -1,0 +1,38 @@
+"""A supervisor on its own event loop, for tests that drive it step by step from synchronous code."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+from llmgw.agent.supervisor import Supervisor
+from llmgw.core.shards import ShardState, ShardStatus
+
+
+class SupervisorHarness:
+    """A supervisor, the loop it runs on, and every status it reported."""
+
+    def __init__(self, run_dir: Path, **kw: Any) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.seen: list[ShardStatus] = []
+        kw = {"health_interval_s": 0.1, "grace_s": 2.0, **kw}
+        self.sup = Supervisor(run_dir=run_dir, host="127.0.0.1", on_status=self.seen.append, **kw)
+
+    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        return self.loop.run_until_complete(coro)
+
+    def states(self, shard_id: str) -> list[ShardState]:
+        return [s.state for s in self.seen if s.shard_id == shard_id]
+
+    def wait_state(self, shard_id: str, state: ShardState, *, timeout: float = 15.0) -> ShardStatus:
+        async def poll() -> ShardStatus:
+            deadline = time.monotonic() + timeout
+            while (st := self.sup.status(shard_id)) is None or st.state is not state:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"{shard_id} is {st and st.state}, not {state}: {st}")
+                await asyncio.sleep(0.05)
+            return st
+        return self.run(poll())
