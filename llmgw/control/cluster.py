@@ -166,7 +166,10 @@ class Cluster:
             elif isinstance(dec, d.CreateReplica):
                 upserts.append(ReplicaRecord(
                     id=f"{dec.model}-{secrets.token_hex(3)}", model=dec.model, fingerprint=dec.fingerprint,
-                    phase=Phase.PENDING, api_key=secrets.token_urlsafe(24), created_at=now))
+                    # Prefixed: a urlsafe token starts with "-" one time in 64, and an engine's
+                    # argument parser then reads the key as a flag (seen in CI: "argument
+                    # --api-key: expected one argument", and the replica crash-looped).
+                    phase=Phase.PENDING, api_key=f"sk-{secrets.token_urlsafe(24)}", created_at=now))
         if upserts or deletes:
             self.store.write_replicas(upserts=upserts, deletes=deletes, now=now)
         for dec in out:  # only after the targets are written
