@@ -227,3 +227,51 @@ def test_standalone_router_keeps_serving_while_the_control_plane_is_down(system:
         assert "llmgw_router_requests_total" in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
     finally:
         router.stop()
+
+
+def test_killing_one_of_four_replicas_fails_no_request_that_had_no_byte_sent(system: System) -> None:
+    """Under load, SIGKILL one of 4 engines: every request with no byte sent yet still succeeds elsewhere."""
+    import threading
+
+    system.apply(sim_model("four", replicas=4, args=["--decode-tps", "200"]))
+    system.wait_model("four")
+    system.wait_router("four", 4)
+    ok = [0]
+    before_bytes: list[str] = []  # failures the router should have hidden by retrying
+    after_bytes: list[str] = []  # a stream cut mid-way: the client saw bytes, a retry would duplicate them
+    stop = threading.Event()
+
+    def load(stream: bool) -> None:
+        body = {"model": "four", "prompt": "x", "max_tokens": 10, "stream": stream}
+        with httpx.Client(timeout=30, trust_env=False) as c:
+            while not stop.is_set():
+                try:
+                    if not stream:
+                        r = c.post(f"{system.url}/v1/completions", json=body)
+                        (before_bytes.append(f"{r.status_code} {r.text[:200]}") if r.status_code != 200
+                         else ok.__setitem__(0, ok[0] + 1))
+                        continue
+                    with c.stream("POST", f"{system.url}/v1/completions", json=body) as r:
+                        if r.status_code != 200:
+                            before_bytes.append(f"stream {r.status_code}")
+                            continue
+                        lines = list(r.iter_lines())
+                    (after_bytes.append("error event") if any('"error"' in x for x in lines)
+                     else ok.__setitem__(0, ok[0] + 1))
+                except httpx.HTTPError as e:
+                    before_bytes.append(repr(e))
+
+    threads = [threading.Thread(target=load, args=(i % 2 == 0,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        wait_for(lambda: ok[0] >= 50, timeout=20, what="load running")
+        os.kill(sorted(system.engine_pids())[0], signal.SIGKILL)
+        seen = ok[0]
+        wait_for(lambda: ok[0] >= seen + 100, timeout=30, what="requests served after the kill")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+    assert before_bytes == [], before_bytes[:5]
+    print(f"\nmeasured: {ok[0]} requests ok, 0 failed before a byte was sent, {len(after_bytes)} cut mid-stream")
