@@ -59,8 +59,8 @@ class Output(enum.StrEnum):
 @app.command()
 def server(
     host: str = typer.Option("127.0.0.1", help="Address to listen on (0.0.0.0 for every interface)"),
-    http_port: int = typer.Option(8080, help="OpenAI API, REST API and /metrics"),
-    agent_port: int = typer.Option(8081, help="The agents' gRPC stream"),
+    http_port: int = typer.Option(8080, min=0, max=65535, help="OpenAI API, REST API and /metrics"),
+    agent_port: int = typer.Option(8081, min=0, max=65535, help="The agents' gRPC stream"),
     data_dir: Path = typer.Option(None, help="Database directory [default $XDG_DATA_HOME/llmgw]"),
     ports_file: Path = typer.Option(None, help="Write the bound ports here as JSON once listening"),
     node_grace: float = typer.Option(30.0, help="Seconds a disconnected node keeps its replicas"),
@@ -140,7 +140,7 @@ def agent(
 def router(
     control: str = typer.Option(..., "--control", help="The control plane's URL, e.g. http://cp1:8080"),
     host: str = typer.Option("127.0.0.1", help="Address to listen on (0.0.0.0 for every interface)"),
-    port: int = typer.Option(8080, help="The OpenAI API (/v1) and /metrics"),
+    port: int = typer.Option(8080, min=0, max=65535, help="The OpenAI API (/v1) and /metrics"),
     log_level: str = typer.Option("warning"),
 ) -> None:
     """Run a router alone, fed by a control plane's table; it keeps serving while the control plane is down."""
@@ -152,8 +152,8 @@ def router(
 
 @app.command()
 def up(
-    http_port: int = typer.Option(8080, help="OpenAI API, REST API and /metrics"),
-    agent_port: int = typer.Option(8081, help="The agents' gRPC stream"),
+    http_port: int = typer.Option(8080, min=0, max=65535, help="OpenAI API, REST API and /metrics"),
+    agent_port: int = typer.Option(8081, min=0, max=65535, help="The agents' gRPC stream"),
     data_dir: Path = typer.Option(None, help="Database, logs and engine state [default $XDG_DATA_HOME/llmgw]"),
     model: Path = typer.Option(None, "--model", "-f", help="Model file to apply [default: SmolLM2-135M on llama.cpp]"),
     wait: float = typer.Option(600.0, help="Seconds to wait for the model to be Ready"),
