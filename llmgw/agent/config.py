@@ -14,11 +14,10 @@ import os
 import socket
 from pathlib import Path
 
-from llmgw.agent.settings import AgentSettings
+from llmgw.agent.settings import DEFAULT_AGENT_PORT, AgentSettings
 from llmgw.core.errors import LlmgwError
 
 log = logging.getLogger(__name__)
-DEFAULT_AGENT_PORT = 8081
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -53,26 +52,6 @@ def default_state_dir() -> Path:
     return Path(base) / "llmgw" / "agent"
 
 
-def normalize_servers(servers: list[str]) -> tuple[str, ...]:
-    """HOST:PORT list, defaults filled in, duplicates dropped (a duplicate is tried twice in a row on failover)."""
-    out: list[str] = []
-    for raw in servers:
-        addr = raw.strip()
-        if "://" in addr:
-            raise LlmgwError(f"--server {raw!r}: give HOST:PORT (the agent port, {DEFAULT_AGENT_PORT} by default), "
-                             "not a URL")
-        if not addr:
-            continue
-        host, sep, port = addr.rpartition(":")
-        if not sep or not port.isdigit() or not host:
-            addr = f"{addr}:{DEFAULT_AGENT_PORT}"
-        if addr not in out:
-            out.append(addr)
-    if not out:
-        raise LlmgwError("no control plane address: pass --server HOST:PORT")
-    return tuple(out)
-
-
 def addr_toward(server: str) -> str:
     """This machine's source address on the route to ``server``.
 
@@ -94,7 +73,10 @@ def addr_toward(server: str) -> str:
 
 def from_settings(st: AgentSettings) -> AgentConfig:
     """The agent's configuration: the settings as given, and every default found."""
-    addrs = normalize_servers(list(st.servers))
+    # Already HOST:PORT, validated and without duplicates (settings does it, once, for every source).
+    addrs = tuple(st.servers)
+    if not addrs:
+        raise LlmgwError("no control plane address: set server in agent.yaml, LLMGW_AGENT_SERVER or --server")
     found_id = st.node_id or socket.gethostname()
     found_addr = st.mgmt_addr or addr_toward(addrs[0])
     model_dirs = list(st.model_dirs)

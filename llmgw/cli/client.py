@@ -12,6 +12,12 @@ from llmgw.core.errors import LlmgwError
 DEFAULT_URL = "http://127.0.0.1:8080"
 
 
+def unreachable(url: str) -> str:
+    """What to tell a user whose control plane does not answer."""
+    return (f"cannot reach the control plane at {url}: is `llmgw server` (or `make up`) running? "
+            "Point at another with --url or LLMGW_URL.")
+
+
 def default_url() -> str:
     return os.environ.get("LLMGW_URL", DEFAULT_URL)
 
@@ -25,8 +31,7 @@ class Client:
         try:
             resp = self._http.request(method, path, json=json)
         except httpx.ConnectError:
-            raise LlmgwError(f"cannot reach the control plane at {self.url}: is `llmgw server` (or `make up`) "
-                             "running? Point at another with --url or LLMGW_URL.") from None
+            raise LlmgwError(unreachable(self.url)) from None
         except httpx.HTTPError as e:
             raise LlmgwError(f"talking to the control plane at {self.url} failed: {e}") from None
         try:

@@ -58,8 +58,7 @@ def logs(node: str, shard: str | None, lines: int, follow: bool, url: str) -> in
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except httpx.ConnectError:
-        return _fail(f"cannot reach the control plane at {base}: is `llmgw server` (or `make up`) running? "
-                     "Point at another with --url or LLMGW_URL.")
+        return _fail(client_mod.unreachable(base))
     except httpx.HTTPError as e:
         return _fail(f"talking to the control plane at {base} failed: {str(e) or type(e).__name__}")
     return 0

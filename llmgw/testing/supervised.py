@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from llmgw.agent.supervisor import Supervisor
 from llmgw.core.shards import ShardState, ShardStatus
@@ -36,3 +38,27 @@ class SupervisorHarness:
                 await asyncio.sleep(0.05)
             return st
         return self.run(poll())
+
+
+def run_supervised(run_dir: Path, body: Callable[[Supervisor], Awaitable[None]], **kw: Any) -> list[ShardStatus]:
+    """Run ``body(sup)`` on a fresh loop; stop and close the supervisor and kill this process's children after.
+
+    The children are killed whatever happened, so a failing test never leaves an engine running.
+    """
+    seen: list[ShardStatus] = []
+
+    async def main() -> None:
+        sup = Supervisor(run_dir=run_dir, host="127.0.0.1", on_status=seen.append,
+                         **{"health_interval_s": 0.1, **kw})
+        try:
+            await body(sup)
+        finally:
+            await sup.stop_all(reason="test over")
+            await sup.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        for child in psutil.Process().children(recursive=True):
+            child.kill()
+    return seen

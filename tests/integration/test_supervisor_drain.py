@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import psutil
 import pytest
 
 from llmgw.agent import engines
 from llmgw.agent.supervisor import Supervisor, probing
 from llmgw.core.shards import ShardSpec, ShardState, ShardStatus
 from llmgw.testing import tiny_gguf
+from llmgw.testing.supervised import run_supervised
 
 S = ShardState
 pytestmark = pytest.mark.slow
@@ -38,23 +38,7 @@ def spec(shard_id: str, *args: str, **kw: Any) -> ShardSpec:
 
 def run_with(tmp_path: Path, body: Callable[[Supervisor], Awaitable[None]]) -> list[ShardStatus]:
     """Run ``body(sup)`` on a fresh loop; stop and close the supervisor and kill children whatever happens."""
-    seen: list[ShardStatus] = []
-
-    async def main() -> None:
-        sup = Supervisor(run_dir=tmp_path / "run", host="127.0.0.1", on_status=seen.append,
-                         health_interval_s=0.1, grace_s=2.0)
-        try:
-            await body(sup)
-        finally:
-            await sup.stop_all(reason="test over")
-            await sup.close()
-
-    try:
-        asyncio.run(main())
-    finally:
-        for child in psutil.Process().children(recursive=True):
-            child.kill()
-    return seen
+    return run_supervised(tmp_path / "run", body, grace_s=2.0)
 
 
 async def until(sup: Supervisor, shard_id: str, state: ShardState, *, timeout: float = 15.0) -> ShardStatus:

@@ -16,6 +16,7 @@ from llmgw.agent.supervisor import Supervisor, ending, launching, probing
 from llmgw.core.errors import EngineError
 from llmgw.core.shards import ShardSpec, ShardState, ShardStatus
 from llmgw.testing import procs
+from llmgw.testing.supervised import run_supervised
 
 S = ShardState
 
@@ -28,23 +29,7 @@ def spec(shard_id: str, **kw: object) -> ShardSpec:
 
 def run_with(tmp_path: Path, body, **kw: object) -> list[ShardStatus]:
     """Run ``body(sup)`` on a fresh loop; always stop and close the supervisor afterwards."""
-    seen: list[ShardStatus] = []
-
-    async def main() -> None:
-        sup = Supervisor(run_dir=tmp_path, host="127.0.0.1", on_status=seen.append,
-                         health_interval_s=0.1, **kw)  # type: ignore[arg-type]
-        try:
-            await body(sup)
-        finally:
-            await sup.stop_all(reason="test over")
-            await sup.close()
-
-    try:
-        asyncio.run(main())
-    finally:
-        for child in psutil.Process().children(recursive=True):
-            child.kill()
-    return seen
+    return run_supervised(tmp_path, body, **kw)
 
 
 @pytest.mark.slow
