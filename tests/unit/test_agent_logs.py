@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -305,10 +306,19 @@ class _ControlPlane(http.server.BaseHTTPRequestHandler):
         pass
 
 
+class _QuietServer(http.server.ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that leaves mid-stream (the Ctrl-C test) is expected; socketserver's default
+        # prints a traceback to stderr from this thread, which raced into that test's capsys
+        # and failed it now and then (seen in CI).
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 @pytest.fixture
 def control_plane() -> Iterator[str]:
     _ControlPlane.seen = []
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ControlPlane)
+    server = _QuietServer(("127.0.0.1", 0), _ControlPlane)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True)
     thread.start()
     try:
