@@ -56,6 +56,8 @@ class _Discovery:
         self.engines = deltas.Rescanner(lambda: tuple(engines.available()),
                                         interval_s=deltas.ENGINES_REPROBE_S)
         self.has_gpus = False
+        #: The GPU indices of the last inventory; None before the first.
+        self.gpu_indices: tuple[int, ...] | None = None
 
     def inventory(self) -> Inventory:
         inv = discovery.discover(
@@ -67,6 +69,7 @@ class _Discovery:
 
             inv = dataclasses.replace(inv, mgmt_interface=self.cfg.mgmt_interface)
         self.has_gpus = bool(inv.gpus)
+        self.gpu_indices = tuple(g.index for g in inv.gpus)
         return inv
 
     def heartbeat(self, shard_pids: dict[str, int]) -> Heartbeat:
@@ -99,7 +102,7 @@ async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Ev
 
     run_dir = cfg.state_dir / "shards"
     supervisor = Supervisor(run_dir=run_dir, host=cfg.mgmt_addr, on_status=on_status, grace_s=cfg.stop_grace_s,
-                            adopt_timeout_s=cfg.adopt_ready_timeout_s)
+                            adopt_timeout_s=cfg.adopt_ready_timeout_s, node_gpus=lambda: found.gpu_indices)
     # Before registering, so that the Register lists the engines a previous
     # agent left and the control plane does not start them a second time.
     adopted = await supervisor.recover()

@@ -31,7 +31,7 @@ def spec_to_pb(spec: ShardSpec) -> pb.ShardSpec:
         shard_id=spec.shard_id, replica_id=spec.replica_id, model=spec.model, engine=spec.engine,
         served_name=spec.served_name, source=spec.source, args=list(spec.args), port=spec.port,
         api_key=spec.api_key, threads=spec.threads, memory_bytes=spec.memory_bytes,
-        startup_timeout_s=spec.startup_timeout_s, env=dict(spec.env),
+        startup_timeout_s=spec.startup_timeout_s, env=dict(spec.env), gpus=list(spec.gpus),
     )
 
 
@@ -40,7 +40,7 @@ def spec_from_pb(msg: pb.ShardSpec) -> ShardSpec:
         shard_id=msg.shard_id, replica_id=msg.replica_id, model=msg.model, engine=msg.engine,
         served_name=msg.served_name, source=msg.source, args=tuple(msg.args), port=msg.port,
         api_key=msg.api_key, threads=msg.threads, memory_bytes=msg.memory_bytes,
-        startup_timeout_s=msg.startup_timeout_s, env=tuple(sorted(msg.env.items())),
+        startup_timeout_s=msg.startup_timeout_s, env=tuple(sorted(msg.env.items())), gpus=tuple(msg.gpus),
     )
 
 
@@ -122,12 +122,20 @@ def model_dirs_from_pb(dirs: Iterable[pb.ModelDir]) -> tuple[inv.ModelDir, ...]:
     return tuple(inv.ModelDir(d.path, d.total_bytes, d.free_bytes, d.shared, d.fs_type) for d in dirs)
 
 
+#: The WeightFile fields that are numbers of the same name on both sides.
+_WEIGHT_NUMBERS = ("size_bytes", "params", "layers", "heads", "kv_heads", "head_dim", "hidden_size",
+                   "context_length", "dtype_bytes")
+
+
 def weights_to_pb(weights: Iterable[inv.WeightFile]) -> list[pb.WeightFile]:
-    return [pb.WeightFile(path=w.path, size_bytes=w.size_bytes, format=w.format) for w in weights]
+    return [pb.WeightFile(path=w.path, format=w.format, **{f: getattr(w, f) for f in _WEIGHT_NUMBERS})
+            for w in weights]
 
 
 def weights_from_pb(weights: Iterable[pb.WeightFile]) -> tuple[inv.WeightFile, ...]:
-    return tuple(inv.WeightFile(w.path, w.size_bytes, w.format) for w in weights)
+    # An older agent sends none of the metadata: every field reads 0, "unknown".
+    return tuple(inv.WeightFile(path=w.path, format=w.format, **{f: getattr(w, f) for f in _WEIGHT_NUMBERS})
+                 for w in weights)
 
 
 def sms_to_pb(sms: Iterable[inv.SubnetManager]) -> list[pb.SubnetManager]:

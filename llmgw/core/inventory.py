@@ -107,6 +107,26 @@ class WeightFile:
     size_bytes: int
     #: "gguf" or "safetensors".
     format: str
+    # What a memory estimate (``llmgw.core.estimate``) needs, read from the GGUF
+    # header or config.json. 0 means unknown: a field the file does not state,
+    # or a file that could not be read, which is never a reason to hide it.
+    #: Parameter count (GGUF: summed from the tensor shapes).
+    params: int = 0
+    #: Transformer blocks.
+    layers: int = 0
+    #: Attention (query) heads.
+    heads: int = 0
+    #: Key/value heads: fewer than ``heads`` with grouped-query attention.
+    kv_heads: int = 0
+    #: Elements per head of a key or value.
+    head_dim: int = 0
+    #: Width of the residual stream (GGUF's embedding_length).
+    hidden_size: int = 0
+    #: The context the model was trained for; an engine's default when none is given.
+    context_length: int = 0
+    #: Bytes per element of the declared dtype (2 for bfloat16/float16, 4 for float32);
+    #: 0 for a quantized GGUF, whose size is the file's.
+    dtype_bytes: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

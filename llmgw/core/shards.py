@@ -57,6 +57,17 @@ class ShardSpec:
     memory_bytes: int = 0
     startup_timeout_s: int = 600
     env: tuple[tuple[str, str], ...] = ()
+    #: The node's GPU indices (as NVML and nvidia-smi number them) the engine may use, in order;
+    #: empty for an engine that gets none. The agent sets CUDA_VISIBLE_DEVICES from it.
+    gpus: tuple[int, ...] = ()
+
+
+#: Variables llmgw sets itself in every engine's environment: a spec's env may
+#: not set them. CUDA_VISIBLE_DEVICES comes from ``ShardSpec.gpus``, and a model
+#: file that set it could put two replicas on the GPU placement gave to one;
+#: CUDA_DEVICE_ORDER makes CUDA number GPUs as NVML does (its own default puts
+#: the fastest first, so "0" could be a GPU another replica was given).
+RESERVED_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "LLMGW_SHARD_ID", "LLMGW_RUN_DIR"})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

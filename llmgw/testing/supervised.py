@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,3 +63,46 @@ def run_supervised(run_dir: Path, body: Callable[[Supervisor], Awaitable[None]],
         for child in psutil.Process().children(recursive=True):
             child.kill()
     return seen
+
+
+class LeavingHarness(SupervisorHarness):
+    """A harness whose agent can go away (``die``) with its engines left running, as a crashed agent leaves them."""
+
+    def __init__(self, run_dir: Path, **kw: Any) -> None:
+        super().__init__(run_dir, **kw)
+        self.closed = False
+
+    def die(self) -> None:
+        """Stop watching and drop the loop, leaving the engines running: an agent that went away."""
+        self.run(self.sup.close())
+        self.loop.close()
+        self.closed = True
+
+
+@contextlib.contextmanager
+def harnesses(run_dir: Path) -> Iterator[Callable[..., LeavingHarness]]:
+    """A maker of harnesses sharing ``run_dir``; after, each is stopped and every child of this process killed.
+
+    The children are killed whatever the test did: SIGKILL ends a frozen (SIGSTOP) one too.
+    """
+    made: list[LeavingHarness] = []
+
+    def make(**kw: Any) -> LeavingHarness:
+        made.append(LeavingHarness(run_dir, **kw))
+        return made[-1]
+
+    try:
+        yield make
+    finally:
+        for a in made:
+            if not a.closed:
+                try:
+                    a.run(a.sup.stop_all(reason="test over"))
+                    a.run(a.sup.close())
+                finally:
+                    a.loop.close()
+        for child in psutil.Process().children(recursive=True):
+            try:
+                child.kill()
+            except psutil.NoSuchProcess:
+                pass

@@ -16,7 +16,6 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import psutil
@@ -25,50 +24,19 @@ import pytest
 from llmgw.agent.supervisor import launching, statefiles, watching
 from llmgw.core.shards import ShardSpec, ShardState, ShardStatus
 from llmgw.testing import procs
-from llmgw.testing.supervised import SupervisorHarness
+from llmgw.testing.supervised import LeavingHarness, harnesses
 
 S = ShardState
 pytestmark = pytest.mark.slow
 
 
-class Agent(SupervisorHarness):
-    """A supervisor on its own loop, and every status it reported."""
-
-    def __init__(self, run_dir: Path, **kw: Any) -> None:
-        super().__init__(run_dir, **kw)
-        self.closed = False
-
-    def wait_state(self, shard_id: str, state: ShardState, *, timeout: float = 10.0) -> ShardStatus:
-        return super().wait_state(shard_id, state, timeout=timeout)
-
-    def die(self) -> None:
-        """Stop watching and drop the loop, leaving the engines running: an agent that went away."""
-        self.run(self.sup.close())
-        self.loop.close()
-        self.closed = True
+Agent = LeavingHarness
 
 
 @pytest.fixture
 def agents(tmp_path: Path) -> Iterator[Callable[..., Agent]]:
-    made: list[Agent] = []
-
-    def make(**kw: Any) -> Agent:
-        made.append(Agent(tmp_path / "run", **kw))
-        return made[-1]
-
-    yield make
-    for a in made:
-        if not a.closed:
-            try:
-                a.run(a.sup.stop_all(reason="test over"))
-                a.run(a.sup.close())
-            finally:
-                a.loop.close()
-    for child in psutil.Process().children(recursive=True):
-        try:
-            child.kill()  # SIGKILL ends a frozen (SIGSTOP) one too
-        except psutil.NoSuchProcess:
-            pass
+    with harnesses(tmp_path / "run") as make:
+        yield make
 
 
 def spec(shard_id: str, *args: str) -> ShardSpec:

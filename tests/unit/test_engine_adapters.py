@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
+import sys
 from pathlib import Path
 
 import pytest
@@ -79,10 +81,39 @@ def test_llamacpp_needs_a_source_and_a_model_path() -> None:
 
 
 def test_llamacpp_probe_reports_the_binary_first() -> None:
-    """probe says llama-server when it is on PATH, else the xllamacpp version (installed here)."""
-    assert llamacpp.LlamaCpp(which=with_binary).probe() == "llama-server"
-    version = llamacpp.LlamaCpp(which=no_binary).probe()
-    assert version and version[0].isdigit()
+    """probe gives llama-server's build when it is on PATH, else xllamacpp's package version (installed here)."""
+    asked: list[str] = []
+
+    def version_of(path: str) -> str:
+        asked.append(path)
+        return "version: 4567 (abcdef12)\nbuilt with cc (GCC) 13.2.0 for x86_64-linux-gnu\n"
+
+    adapter = llamacpp.LlamaCpp(which=with_binary, version_of=version_of)
+    assert adapter.probe() == "b4567"
+    assert adapter.probe() == "b4567"
+    assert asked == ["/opt/llama/bin/llama-server"]  # asked once while the binary is unchanged
+    assert llamacpp.LlamaCpp(which=with_binary, version_of=lambda p: "garbage").probe() == ""
+    assert llamacpp.LlamaCpp(which=no_binary).probe() == importlib.metadata.version("xllamacpp")
+
+
+def test_available_engines_report_versions_a_spec_can_match() -> None:
+    """The sim reports llmgw's own version and llamacpp xllamacpp's here (no llama-server on this machine)."""
+    found = dict(engines.available())
+    assert found["sim"] == importlib.metadata.version("llmgw")
+    assert found["llamacpp"] == importlib.metadata.version("xllamacpp")
+
+
+def test_llamacpp_version_is_read_from_a_real_binary(tmp_path: Path) -> None:
+    """``--version`` is run without a shell and its stderr read; a binary that cannot run reports ""."""
+    binary = tmp_path / "llama-server"
+    binary.write_text(f"#!{sys.executable}\nimport sys\nassert sys.argv[1:] == ['--version']\n"
+                      "print('version: 10021 (33a75f41)', file=sys.stderr)\n"
+                      "print('built with MSVC 19.40 for x64', file=sys.stderr)\n")
+    binary.chmod(0o755)
+    assert llamacpp.run_version(str(binary)).startswith("version: 10021 (33a75f41)")
+    adapter = llamacpp.LlamaCpp(which=lambda name: str(binary) if name == "llama-server" else None)
+    assert adapter.probe() == "b10021"
+    assert llamacpp.run_version(str(tmp_path / "absent")) == ""
 
 
 def test_sim_argv() -> None:

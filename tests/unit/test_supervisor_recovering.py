@@ -189,9 +189,22 @@ def test_a_state_file_must_match_its_name_and_newer_fields_are_dropped(tmp_path:
     (tmp_path / "b.json").write_text(json.dumps(raw))
     with pytest.raises(statefiles.Unreadable, match="not the one its name says"):
         statefiles.read(tmp_path / "b.json")
-    raw["spec"]["gpus"] = [0, 1]
+    raw["spec"]["pipeline_rank"] = 1
     (tmp_path / "a.json").write_text(json.dumps(raw))
     assert statefiles.read(tmp_path / "a.json") == saved()
+
+
+def test_a_state_file_keeps_the_gpus_and_an_older_one_means_none(tmp_path: Path) -> None:
+    """The spec's GPU indices read back in order (adoption keeps them); a file without the field gave none."""
+    given = dataclasses.replace(saved(), spec=dataclasses.replace(spec("a"), gpus=(3, 1)))
+    written = statefiles.write(tmp_path, given)
+    assert json.loads(written.read_text())["spec"]["gpus"] == [3, 1]
+    assert statefiles.read(written).spec.gpus == (3, 1)
+    assert statefiles.read(written) == given
+    raw = json.loads(written.read_text())
+    del raw["spec"]["gpus"]  # as an agent before the field wrote it
+    written.write_text(json.dumps(raw))
+    assert statefiles.read(written).spec.gpus == ()
 
 
 def test_listing_skips_logs_and_clears_interrupted_writes(tmp_path: Path) -> None:

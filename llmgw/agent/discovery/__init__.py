@@ -10,7 +10,8 @@ Modules: ``host`` (CPUs, memory, disks, OS, facts, management interface),
 ``gpus`` (choosing between ``nvml`` and ``nvidia_smi``), ``ib`` (InfiniBand and
 RoCE adapters from sysfs), ``sm`` (subnet managers), ``fabrics`` (declared
 fabrics checked against the adapters), ``nvlink`` (NVLink domain and IMEX),
-``files`` (weights, model directories, fingerprints), ``load`` and ``procload``
+``files`` (weights, model directories, fingerprints), ``weightmeta`` (what a
+GGUF header or config.json says about the model), ``load`` and ``procload``
 (the sampler), ``deltas`` (heartbeats that carry only what changed).
 
 The probes that run a tool (``SubnetManagerProbe``, ``NvlinkProbe``) and the

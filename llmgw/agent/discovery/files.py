@@ -11,6 +11,11 @@ Whether a directory is on a shared filesystem is decided from the mount it is
 on: weights there are present on every node that mounts it and belong to no
 one of them, so the control plane must neither count them as this node's disk
 to free nor delete them.
+
+Each weight carries what its header or config.json says about the model
+(layers, heads, context, parameters; ``weightmeta`` reads them without loading
+any tensor), so that placement can estimate the memory of a model whose file
+states none.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Any
 
 import psutil
 
+from llmgw.agent.discovery import weightmeta
 from llmgw.agent.discovery.host import nearest_existing
 from llmgw.core.inventory import ModelDir, WeightFile
 
@@ -104,12 +110,16 @@ def _walk(path: Path, depth: int, max_depth: int, seen: set[tuple[int, int]], fo
         except OSError:
             continue
     if any(e.name == "config.json" for e in files) and any(e.name.endswith(".safetensors") for e in files):
+        tensors = [e.name for e in files if e.name.endswith(".safetensors")]
+        meta = weightmeta.cached(str(path), [str(path / n) for n in ("config.json", *tensors)],
+                                 lambda: weightmeta.safetensors(path, tensors))
         found[str(path)] = WeightFile(path=str(path), size_bytes=sum(_size(e) or 0 for e in files),
-                                      format="safetensors")
+                                      format="safetensors", **meta)
         return
     for e in files:
         if e.name.endswith(".gguf") and (size := _size(e)) is not None:
-            found[e.path] = WeightFile(path=e.path, size_bytes=size, format="gguf")
+            meta = weightmeta.cached(e.path, [e.path], lambda p=e.path: weightmeta.gguf(p))
+            found[e.path] = WeightFile(path=e.path, size_bytes=size, format="gguf", **meta)
     if depth < max_depth:
         for e in subdirs:
             _walk(Path(e.path), depth + 1, max_depth, seen, found)

@@ -4,8 +4,10 @@ An adapter knows one engine's command line. It validates a spec before
 anything is launched (an engine refuses a bad flag only after it has started,
 and a big model only after minutes of loading), builds the argv and the
 environment additions, and says which version of the engine is installed.
-It starts nothing itself: the supervisor is the one place that spawns
-processes, so adapters are tested with plain data. For the same reason an
+It starts no engine itself: the supervisor is the one place that spawns
+engine processes, so adapters are tested with plain data (the one process an
+adapter may run is a version probe such as ``llama-server --version``, which
+exits at once, behind an injectable runner). For the same reason an
 adapter says *where* to ask an engine how many requests it has in flight and
 how to read the answer (``in_flight_probe``), and the supervisor asks.
 """

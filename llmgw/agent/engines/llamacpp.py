@@ -14,6 +14,13 @@ streams sent at once, ``/slots`` showed one busy slot while ``/metrics`` said
 ``/slots``, and a drain that trusted it would stop the engine under them.
 Both paths need the API key when one is set.
 
+The version reported for ``llama-server`` is its build number as llama.cpp's
+releases are tagged ("b4567"), read from ``llama-server --version`` (which
+prints ``version: 4567 (abcdef12)`` on stderr); for the wheel it is
+xllamacpp's package version. A model's ``engine_version`` is matched against
+these. Running ``--version`` is the one process an adapter starts: a probe that
+exits at once, not an engine, and its answer is kept until the binary changes.
+
 Threads default to half the CPUs, not llama.cpp's all of them: two busy
 llama.cpp servers each spinning on all 8 vCPUs fell to 0.8 tok/s apiece, where
 at 4 threads they kept 5.5.
@@ -22,7 +29,10 @@ at 4 threads they kept 5.5.
 from __future__ import annotations
 
 import importlib.metadata
+import os
+import re
 import shutil
+import subprocess
 import sys
 from collections.abc import Callable
 
@@ -50,6 +60,27 @@ def parse_metrics_in_flight(body: bytes) -> int | None:
     return int(sum(found.values()))
 
 
+_VERSION_LINE = re.compile(r"^version:\s*(\d+)\b", re.MULTILINE)
+#: Long enough for a binary on a cold network filesystem; short enough not to stall a heartbeat.
+VERSION_TIMEOUT_S = 10.0
+
+
+def parse_version(output: str) -> str:
+    """"b4567" from ``llama-server --version``'s output; "" when it says no build number."""
+    found = _VERSION_LINE.search(output)
+    return f"b{found.group(1)}" if found else ""
+
+
+def run_version(path: str) -> str:
+    """The output (stdout and stderr) of ``path --version``; "" when it cannot be run."""
+    try:
+        done = subprocess.run([path, "--version"], capture_output=True, text=True, errors="replace",
+                              timeout=VERSION_TIMEOUT_S, stdin=subprocess.DEVNULL, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return done.stdout + done.stderr
+
+
 def default_threads(cpu_count: int) -> int:
     """Half the CPUs, at least one."""
     return max(1, cpu_count // 2)
@@ -61,9 +92,12 @@ class LlamaCpp:
     name = "llamacpp"
     health_path = "/health"
 
-    def __init__(self, *, which: Callable[[str], str | None] = shutil.which) -> None:
+    def __init__(self, *, which: Callable[[str], str | None] = shutil.which,
+                 version_of: Callable[[str], str] = run_version) -> None:
         # Injected so tests choose between llama-server and the launcher without touching PATH.
-        self._which = which
+        self._which, self._version_of = which, version_of
+        #: (path, size, mtime) of the binary last asked, and its version.
+        self._known: tuple[tuple[str, int, int], str] | None = None
 
     def validate(self, spec: shards.ShardSpec) -> None:
         base.check_common(self.name, spec)
@@ -88,8 +122,8 @@ class LlamaCpp:
         return base.Launch(argv=argv, env=base.spec_env(spec))
 
     def probe(self) -> str | None:
-        if self._which("llama-server"):
-            return "llama-server"
+        if server := self._which("llama-server"):
+            return self._server_version(server)
         try:
             return importlib.metadata.version("xllamacpp")
         except importlib.metadata.PackageNotFoundError:
@@ -97,3 +131,14 @@ class LlamaCpp:
 
     def in_flight_probe(self) -> base.InFlightProbe:
         return "/metrics", parse_metrics_in_flight
+
+    def _server_version(self, path: str) -> str:
+        """The binary's version ("" when it does not say), asked again only when the file changes."""
+        try:
+            st = os.stat(path)
+            key = (path, st.st_size, st.st_mtime_ns)
+        except OSError:
+            key = (path, -1, -1)
+        if self._known is None or self._known[0] != key:
+            self._known = (key, parse_version(self._version_of(path)))
+        return self._known[1]

@@ -11,12 +11,20 @@ Every engine carries ``LLMGW_SHARD_ID`` and ``LLMGW_RUN_DIR`` in its
 environment, and so does every worker it forks: that is how an agent started
 later recognises a process a previous one launched even when the state file
 that describes it is gone (see ``recovering``).
+
+GPUs are given, never taken: ``CUDA_VISIBLE_DEVICES`` is exactly the spec's
+``gpus`` (with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, so that CUDA numbers GPUs as
+NVML and nvidia-smi do, which is how the node reported them), and an engine
+given none on a node that has GPUs gets an empty one: left unset, vLLM or a
+CUDA build of llama.cpp takes GPU 0, which placement gave to another replica.
+Neither the spec's env nor the agent's own can change that.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import os
 import re
 import socket
@@ -25,7 +33,9 @@ from typing import BinaryIO
 
 from llmgw.agent import engines
 from llmgw.core.errors import EngineError
-from llmgw.core.shards import ShardSpec
+from llmgw.core.shards import RESERVED_ENV, ShardSpec
+
+log = logging.getLogger(__name__)
 
 # The shard id becomes a file name under run_dir; "../x" or "a/b" would write
 # the log somewhere else entirely.
@@ -64,15 +74,42 @@ def free_port(host: str) -> int:
                           "must be an address of this machine") from exc
 
 
+def gpu_env(spec: ShardSpec, node_gpus: tuple[int, ...] | None) -> dict[str, str]:
+    """The CUDA variables for ``spec`` on a node with GPUs ``node_gpus`` (None: not known yet).
+
+    EngineError when the spec names a GPU twice or one the node does not have:
+    launched anyway, the engine would fail minutes later, or run on the wrong GPU.
+    """
+    if spec.gpus:
+        twice = sorted({g for g in spec.gpus if spec.gpus.count(g) > 1})
+        if twice:
+            raise EngineError(f"shard {spec.shard_id}: GPU {', '.join(map(str, twice))} is listed twice in "
+                              f"its gpus {list(spec.gpus)}; each GPU is given once")
+        if node_gpus is not None:
+            missing = [g for g in spec.gpus if g not in node_gpus]
+            if missing:
+                have = ", ".join(map(str, node_gpus)) if node_gpus else "none"
+                raise EngineError(f"shard {spec.shard_id}: asks for GPU {', '.join(map(str, missing))}, which "
+                                  f"this node does not have (its GPUs: {have}); the control plane must place "
+                                  "it again from this node's inventory")
+        return {"CUDA_VISIBLE_DEVICES": ",".join(map(str, spec.gpus)), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    if node_gpus:
+        # Given no GPU on a node that has some: it must not grab one by accident.
+        return {"CUDA_VISIBLE_DEVICES": ""}
+    return {}
+
+
 def plan(spec: ShardSpec, adapter: engines.Adapter, *, host: str, model_path: str | None,
-         cpu_count: int, run_dir: Path) -> Plan:
+         cpu_count: int, run_dir: Path, node_gpus: tuple[int, ...] | None = None) -> Plan:
     """The argv, environment and endpoint for ``spec``; EngineError when it cannot run.
 
     ``run_dir`` must be absolute: it is the marker a later agent compares.
+    ``node_gpus`` are the GPU indices this node reported (None: not known).
     """
     if not _SHARD_ID.match(spec.shard_id):
         raise EngineError(f"shard id {spec.shard_id!r} is not usable as a file name; use letters, "
                           "digits, '.', '_' and '-' only")
+    gpus = gpu_env(spec, node_gpus)
     port = spec.port or free_port(host)
     launch = adapter.launch(spec, host=host, port=port, model_path=model_path, cpu_count=cpu_count)
     if not launch.argv:
@@ -80,9 +117,21 @@ def plan(spec: ShardSpec, adapter: engines.Adapter, *, host: str, model_path: st
     # The spec's env wins over the adapter's, which wins over the agent's own:
     # a model file that sets CUDA_LAUNCH_BLOCKING means it.
     env = {**os.environ, **launch.env, **dict(spec.env)}
-    # The markers go last: a spec that set LLMGW_RUN_DIR would hide its engine
-    # from the next agent's sweep, and it would hold its GPUs unreported.
-    env |= {SHARD_ENV: spec.shard_id, RUN_DIR_ENV: str(run_dir)}
+    ignored = sorted(k for k, _ in spec.env if k in RESERVED_ENV)
+    if ignored:
+        # The control plane refuses these at apply time; one from an older
+        # control plane is overridden below, and said so.
+        log.warning("shard %s: its env sets %s, which llmgw sets itself; ignored", spec.shard_id,
+                    ", ".join(ignored))
+        for key in ignored:  # back to the agent's own (the adapters pass the spec's env on, too)
+            if key in os.environ:
+                env[key] = os.environ[key]
+            else:
+                env.pop(key, None)
+    # The markers and the GPUs go last: a spec that set LLMGW_RUN_DIR would hide
+    # its engine from the next agent's sweep, and it would hold its GPUs
+    # unreported; one that set CUDA_VISIBLE_DEVICES would use GPUs given to another.
+    env |= {**gpus, SHARD_ENV: spec.shard_id, RUN_DIR_ENV: str(run_dir)}
     return Plan(argv=list(launch.argv), env=env, endpoint=endpoint_of(host, port),
                 health_path=adapter.health_path, log_path=run_dir / f"{spec.shard_id}.log", port=port)
 

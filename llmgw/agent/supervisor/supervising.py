@@ -57,13 +57,18 @@ class Supervisor:
                  cpu_count: int | None = None, grace_s: float = 10.0, health_interval_s: float = 0.5,
                  adapters: Registry = engines, resolve: Callable[[str], str | None] = weights.resolve_source,
                  clock: Callable[[], float] = time.monotonic, max_terminal: int = 100,
-                 adopt_timeout_s: float = 60.0) -> None:
+                 adopt_timeout_s: float = 60.0,
+                 node_gpus: Callable[[], tuple[int, ...] | None] = lambda: None) -> None:
         # Absolute, and resolved once: it is the marker in every engine's
         # environment, and the next agent must spell it the same way.
         self._run_dir, self._host = Path(run_dir).resolve(), host
         self._cpu_count = cpu_count or host_facts.cpu_count()
         self._grace_s, self._interval_s, self._adopt_timeout_s = grace_s, health_interval_s, adopt_timeout_s
         self._adapters, self._resolve, self._clock = adapters, resolve, clock
+        # The GPU indices discovery found (None until it has looked): a shard
+        # given none on a GPU node is hidden from them, and one naming a GPU the
+        # node lacks is refused before it loads for minutes.
+        self._node_gpus = node_gpus
         self._recs = records.Records(on_status, max_terminal=max_terminal)
         self._session: aiohttp.ClientSession | None = None
 
@@ -101,7 +106,7 @@ class Supervisor:
             # Resolving may stat a network filesystem: never on the event loop.
             model_path = await asyncio.to_thread(self._resolve, spec.source) if spec.source else None
             plan = launching.plan(spec, adapter, host=self._host, model_path=model_path,
-                                  cpu_count=self._cpu_count, run_dir=self._run_dir)
+                                  cpu_count=self._cpu_count, run_dir=self._run_dir, node_gpus=self._node_gpus())
             rec.proc, rec.log_offset = await launching.spawn(plan)
         except EngineError as exc:
             return self._recs.move(rec, S.FAILED, message=str(exc))

@@ -199,14 +199,30 @@ class ModelDir(_message.Message):
     def __init__(self, path: _Optional[str] = ..., total_bytes: _Optional[int] = ..., free_bytes: _Optional[int] = ..., shared: bool = ..., fs_type: _Optional[str] = ...) -> None: ...
 
 class WeightFile(_message.Message):
-    __slots__ = ("path", "size_bytes", "format")
+    __slots__ = ("path", "size_bytes", "format", "params", "layers", "heads", "kv_heads", "head_dim", "hidden_size", "context_length", "dtype_bytes")
     PATH_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    LAYERS_FIELD_NUMBER: _ClassVar[int]
+    HEADS_FIELD_NUMBER: _ClassVar[int]
+    KV_HEADS_FIELD_NUMBER: _ClassVar[int]
+    HEAD_DIM_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_SIZE_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_BYTES_FIELD_NUMBER: _ClassVar[int]
     path: str
     size_bytes: int
     format: str
-    def __init__(self, path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., format: _Optional[str] = ...) -> None: ...
+    params: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    hidden_size: int
+    context_length: int
+    dtype_bytes: int
+    def __init__(self, path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., format: _Optional[str] = ..., params: _Optional[int] = ..., layers: _Optional[int] = ..., heads: _Optional[int] = ..., kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., hidden_size: _Optional[int] = ..., context_length: _Optional[int] = ..., dtype_bytes: _Optional[int] = ...) -> None: ...
 
 class NvlinkFabric(_message.Message):
     __slots__ = ("state", "clique_id", "cluster_uuid", "imex_state")
@@ -333,7 +349,7 @@ class Heartbeat(_message.Message):
     def __init__(self, memory_total_bytes: _Optional[int] = ..., memory_available_bytes: _Optional[int] = ..., cpu_percent: _Optional[float] = ..., load1: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., disks: _Optional[_Iterable[_Union[Disk, _Mapping]]] = ..., load5: _Optional[float] = ..., load15: _Optional[float] = ..., shard_load: _Optional[_Iterable[_Union[ShardLoad, _Mapping]]] = ..., hcas: _Optional[_Iterable[_Union[Hca, _Mapping]]] = ..., weights_changed: bool = ..., weights: _Optional[_Iterable[_Union[WeightFile, _Mapping]]] = ..., fabrics_changed: bool = ..., fabrics: _Optional[_Iterable[_Union[Fabric, _Mapping]]] = ..., engines_changed: bool = ..., engines: _Optional[_Iterable[_Union[EngineInfo, _Mapping]]] = ..., model_dirs_changed: bool = ..., model_dirs: _Optional[_Iterable[_Union[ModelDir, _Mapping]]] = ..., nvlink: _Optional[_Union[NvlinkFabric, _Mapping]] = ..., subnet_managers_changed: bool = ..., subnet_managers: _Optional[_Iterable[_Union[SubnetManager, _Mapping]]] = ...) -> None: ...
 
 class ShardSpec(_message.Message):
-    __slots__ = ("shard_id", "replica_id", "model", "engine", "served_name", "source", "args", "port", "api_key", "threads", "memory_bytes", "startup_timeout_s", "env")
+    __slots__ = ("shard_id", "replica_id", "model", "engine", "served_name", "source", "args", "port", "api_key", "threads", "memory_bytes", "startup_timeout_s", "env", "gpus")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -354,6 +370,7 @@ class ShardSpec(_message.Message):
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     STARTUP_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     ENV_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
     shard_id: str
     replica_id: str
     model: str
@@ -367,7 +384,8 @@ class ShardSpec(_message.Message):
     memory_bytes: int
     startup_timeout_s: int
     env: _containers.ScalarMap[str, str]
-    def __init__(self, shard_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., model: _Optional[str] = ..., engine: _Optional[str] = ..., served_name: _Optional[str] = ..., source: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., port: _Optional[int] = ..., api_key: _Optional[str] = ..., threads: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., startup_timeout_s: _Optional[int] = ..., env: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    gpus: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, shard_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., model: _Optional[str] = ..., engine: _Optional[str] = ..., served_name: _Optional[str] = ..., source: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., port: _Optional[int] = ..., api_key: _Optional[str] = ..., threads: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., startup_timeout_s: _Optional[int] = ..., env: _Optional[_Mapping[str, str]] = ..., gpus: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StartShard(_message.Message):
     __slots__ = ("spec",)
