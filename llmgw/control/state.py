@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Mapping
 
 from llmgw.core.inventory import Inventory, ShardLoad
 from llmgw.core.shards import ShardStatus
@@ -52,6 +53,12 @@ class ReplicaRecord:
     message: str = ""
     last_output: tuple[str, ...] = ()
     created_at: float = 0.0
+    #: GPU indices placement gave it on its node; never given to another replica while it holds them.
+    gpus: tuple[int, ...] = ()
+    #: Memory it was placed with: host memory for a CPU replica, per GPU for a GPU one (0: none stated).
+    memory_bytes: int = 0
+    #: True when memory_bytes was estimated from the weights' metadata rather than stated.
+    memory_estimated: bool = False
 
 
 @dataclasses.dataclass(slots=True)
@@ -75,3 +82,9 @@ class NodeView:
     registered_at: float = 0.0
     #: CPU cores and RSS of each shard, from the last heartbeat.
     shard_load: dict[str, ShardLoad] = dataclasses.field(default_factory=dict)
+    #: Set by `llmgw cordon` (persisted): no new replica is placed here.
+    cordoned: bool = False
+    #: Free-form facts from the agent's settings (``labels``), for a model's node_selector and pool.
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    #: Set by `llmgw drain` (persisted, with cordoned): its replicas are rolled to other nodes.
+    draining: bool = False

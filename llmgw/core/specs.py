@@ -15,6 +15,24 @@ mappings, so it stays free of I/O and third-party imports)::
       startup_timeout: 5m
       engine_args: ["--ctx-size", "4096"]
 
+A GPU model states per replica what each node of it needs, where it may run,
+and how replicas are spread::
+
+      engine_version: "0.11"          # exact, or a prefix on a dot: 0.11 takes 0.11.2
+      resources:
+        memory: 32GiB                 # host memory; estimated from the weights when not given
+        gpus: {count: 2, memory: 40GiB, compute_capability: "8.0", tensor_parallel: 2}
+        nnodes: 1                     # more than 1: one rank per node on one declared fabric
+      node_selector: {rack: r12}      # free-form node labels (agent setting ``labels``)
+      pool: research                  # the node label ``pool``
+      placement: spread               # or binpack
+      priority: 10                    # higher is placed first when nodes are short
+
+``gpus.count`` is the GPUs on each node, and defaults to
+tensor_parallel * pipeline_parallel / nnodes. ``gpus.memory`` is what each GPU
+must have free; when it (or, for a CPU model, ``memory``) is not given it is
+estimated from the weights' metadata at placement.
+
 Every refusal names the field and the reason, and an unknown field suggests the
 nearest known one: a typo such as ``replcas`` must not be silently ignored and
 leave the user wondering why they got one replica.
@@ -31,7 +49,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from llmgw.core import engines as engines_mod
-from llmgw.core import units
+from llmgw.core import shards, units
 from llmgw.core.errors import SpecError
 
 API_VERSION = "llmgw/v1"
@@ -40,6 +58,32 @@ ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 DEFAULT_STARTUP_TIMEOUT_S = 600.0
 ROUTING_POLICIES = ("prefix_cache", "least_outstanding", "round_robin", "session_affinity")
 MAX_REPLICAS = 1000
+PLACEMENT_POLICIES = ("spread", "binpack")
+#: Facts a node measures and reports itself: a label restating one goes stale the
+#: day the machine changes, so a selector on one is refused with where to say it.
+MEASURED_FACTS = {"memory": "spec.resources.memory", "gpu": "spec.resources.gpus",
+                  "gpus": "spec.resources.gpus", "engine": "spec.engine and spec.engine_version",
+                  "engines": "spec.engine and spec.engine_version", "disk": "the node's model_dirs",
+                  "pool": "spec.pool"}
+LABEL_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._/-]{0,62}[A-Za-z0-9])?$")
+VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+_-]*$")
+CAPABILITY_RE = re.compile(r"^\d+\.\d+$")
+MAX_PRIORITY = 1_000_000
+MAX_NNODES = 64
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Gpus:
+    """The GPUs one replica needs on each of its nodes. Zero or "" means "no requirement stated"."""
+
+    count: int = 0
+    #: Free memory each GPU must have, as the node reports it (other processes count too).
+    memory_bytes: int = 0
+    #: Minimum compute capability, "8.0"; a GPU that does not report one does not qualify.
+    compute_capability: str = ""
+    #: 0: not stated (the engine's default). They give count its default.
+    tensor_parallel: int = 0
+    pipeline_parallel: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -48,6 +92,38 @@ class Resources:
 
     memory_bytes: int = 0
     cpu_threads: int = 0
+    gpus: Gpus = Gpus()
+    #: Nodes one replica spans (one rank per node); more than 1 needs a declared fabric.
+    nnodes: int = 1
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Rollout:
+    """How a change to the engine replaces replicas: each bound a count ("1") or a share of replicas ("25%").
+
+    ``max_surge`` replicas may exist beyond ``replicas`` while a roll runs, and
+    at most ``max_unavailable`` fewer than ``replicas`` may be Ready. A share
+    rounds up for the surge and down for the unavailable, as Kubernetes does,
+    and when both come to 0 the surge is 1: a roll that may neither add nor
+    remove a replica could never start.
+    """
+
+    max_surge: str = "1"
+    max_unavailable: str = "0"
+
+    def surge(self, replicas: int) -> int:
+        n = _resolve_count(self.max_surge, replicas, round_up=True)
+        return 1 if n == 0 and self.unavailable(replicas) == 0 else n
+
+    def unavailable(self, replicas: int) -> int:
+        return min(replicas, _resolve_count(self.max_unavailable, replicas, round_up=False))
+
+
+def _resolve_count(text: str, replicas: int, *, round_up: bool) -> int:
+    if not text.endswith("%"):
+        return int(text)
+    share = int(text[:-1]) * replicas
+    return -(-share // 100) if round_up else share // 100
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -64,12 +140,44 @@ class ModelSpec:
     aliases: tuple[str, ...] = ()
     #: The router's policy for this model: one of ROUTING_POLICIES.
     routing: str = "prefix_cache"
+    #: Requests one router sends one replica at a time (0: no limit); the rest wait in the
+    #: router's admission queue. Router-side only, so not in the fingerprint.
+    max_concurrency_per_replica: int = 0
+    #: How a change to the engine is rolled out over the replicas.
+    rollout: Rollout = Rollout()
+    #: "" for any installed version; else the exact version or a prefix ending at a dot.
+    engine_version: str = ""
+    #: Node labels a node must carry, as sorted (label, value) pairs.
+    node_selector: tuple[tuple[str, str], ...] = ()
+    #: The node label ``pool`` a node must carry; "" for any node.
+    pool: str = ""
+    #: One of PLACEMENT_POLICIES.
+    placement: str = "spread"
+    #: Higher is placed first within a reconcile pass.
+    priority: int = 0
 
     def fingerprint(self) -> str:
-        """A short hash of everything that changes the engine process (not replicas, aliases or routing)."""
+        """A short hash of everything that changes the engine process (not replicas, aliases, routing or rollout)."""
         doc = dataclasses.asdict(self)
-        for key in ("replicas", "aliases", "routing"):
+        for key in ("replicas", "aliases", "routing", "rollout", "max_concurrency_per_replica"):
             doc.pop(key)
+        # placement and priority only order future decisions: rolling every
+        # replica because a tie-break changed would restart engines for nothing.
+        # node_selector and pool stay in: changing them is how an operator moves
+        # a model, and only a new fingerprint makes the rollout replace replicas
+        # (new ones first) on nodes that match.
+        for key in ("placement", "priority"):
+            doc.pop(key)
+        # Fields added after the first release hash only when set, so a model
+        # that uses none of them keeps its fingerprint across an upgrade:
+        # otherwise upgrading the control plane would restart every engine.
+        for key, unset in (("engine_version", ""), ("node_selector", ()), ("pool", "")):
+            if doc[key] == unset:
+                doc.pop(key)
+        if self.resources.gpus == Gpus():
+            doc["resources"].pop("gpus")
+        if self.resources.nnodes == 1:
+            doc["resources"].pop("nnodes")
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -86,12 +194,20 @@ class Model:
             "served_name": s.served_name,
             "source": s.source,
             "replicas": s.replicas,
-            "resources": {"memory": s.resources.memory_bytes, "cpu_threads": s.resources.cpu_threads},
+            "resources": _resources_doc(s.resources),
             "startup_timeout": s.startup_timeout_s,
             "engine_args": list(s.engine_args),
             "env": dict(s.env),
             "aliases": list(s.aliases),
             "routing": s.routing,
+            "max_concurrency_per_replica": s.max_concurrency_per_replica,
+            "rollout": {"max_surge": _count_doc(s.rollout.max_surge),
+                        "max_unavailable": _count_doc(s.rollout.max_unavailable)},
+            "engine_version": s.engine_version,
+            "node_selector": dict(s.node_selector),
+            "pool": s.pool,
+            "placement": s.placement,
+            "priority": s.priority,
         }
         return {"apiVersion": API_VERSION, "kind": "Model", "metadata": {"name": self.name}, "spec": spec}
 
@@ -99,8 +215,29 @@ class Model:
 _TOP_FIELDS = ("apiVersion", "kind", "metadata", "spec")
 _META_FIELDS = ("name", "labels")
 _SPEC_FIELDS = ("engine", "served_name", "source", "replicas", "resources", "startup_timeout",
-                "engine_args", "env", "aliases", "routing")
-_RESOURCE_FIELDS = ("memory", "cpu_threads")
+                "engine_args", "env", "aliases", "routing", "rollout",
+                "max_concurrency_per_replica")
+_PLACEMENT_FIELDS = ("engine_version", "node_selector", "pool", "placement", "priority")
+_RESOURCE_FIELDS = ("memory", "cpu_threads", "gpus", "nnodes")
+_GPU_FIELDS = ("count", "memory", "compute_capability", "tensor_parallel", "pipeline_parallel")
+
+
+def _resources_doc(r: Resources) -> dict[str, Any]:
+    """The canonical ``resources`` mapping: GPU fields only when stated, so a CPU model reads as one."""
+    doc: dict[str, Any] = {"memory": r.memory_bytes, "cpu_threads": r.cpu_threads}
+    g = r.gpus
+    if g.count:
+        gdoc: dict[str, Any] = {"count": g.count, "memory": g.memory_bytes}
+        if g.compute_capability:
+            gdoc["compute_capability"] = g.compute_capability
+        if g.tensor_parallel:
+            gdoc["tensor_parallel"] = g.tensor_parallel
+        if g.pipeline_parallel:
+            gdoc["pipeline_parallel"] = g.pipeline_parallel
+        doc["gpus"] = gdoc
+    if r.nnodes != 1:
+        doc["nnodes"] = r.nnodes
+    return doc
 
 
 def _check_fields(doc: Mapping[str, Any], known: tuple[str, ...], where: str) -> None:
@@ -175,6 +312,9 @@ def _env(value: Any) -> tuple[tuple[str, str], ...]:
     for key, val in env.items():
         if not isinstance(key, str) or not ENV_NAME_RE.match(key):
             raise SpecError(f"spec.env.{key}", "not a valid environment variable name")
+        if key in shards.RESERVED_ENV:
+            hint = "; GPUs are given with spec.resources.gpus" if key.startswith("CUDA_") else ""
+            raise SpecError(f"spec.env.{key}", f"{key} is set by llmgw itself; remove it from env{hint}")
         if isinstance(val, bool) or not isinstance(val, str | int | float):
             raise SpecError(f"spec.env.{key}", "expected a string value")
         out.append((key, str(val)))
@@ -206,7 +346,98 @@ def _resources(value: Any) -> Resources:
     threads = 0
     if res.get("cpu_threads") is not None:
         threads = _int(res["cpu_threads"], "spec.resources.cpu_threads", lo=0, hi=4096)
-    return Resources(memory_bytes=memory, cpu_threads=threads)
+    nnodes = 1
+    if res.get("nnodes") is not None:
+        nnodes = _int(res["nnodes"], "spec.resources.nnodes", lo=1, hi=MAX_NNODES)
+    gpus = _gpus(res.get("gpus"), nnodes)
+    if nnodes > 1 and not gpus.count:
+        raise SpecError("spec.resources.nnodes", "a replica spans several nodes only with GPUs: "
+                                                 "give spec.resources.gpus, or set nnodes to 1")
+    return Resources(memory_bytes=memory, cpu_threads=threads, gpus=gpus, nnodes=nnodes)
+
+
+def _gpus(value: Any, nnodes: int) -> Gpus:
+    if value is None:
+        return Gpus()
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = {"count": value}  # ``gpus: 2`` is the short form of ``gpus: {count: 2}``
+    g = _mapping(value, "spec.resources.gpus")
+    _check_fields(g, _GPU_FIELDS, "spec.resources.gpus")
+    tp = _int(g.get("tensor_parallel") or 0, "spec.resources.gpus.tensor_parallel", lo=0, hi=1024)
+    pp = _int(g.get("pipeline_parallel") or 0, "spec.resources.gpus.pipeline_parallel", lo=0, hi=1024)
+    ranks = max(tp, 1) * max(pp, 1)
+    if g.get("count") is not None:
+        count = _int(g["count"], "spec.resources.gpus.count", lo=0, hi=1024)
+        if (tp or pp) and count * nnodes != ranks:
+            raise SpecError("spec.resources.gpus.count",
+                            f"{count} GPUs on each of {nnodes} node(s) make {count * nnodes}, but "
+                            f"tensor_parallel x pipeline_parallel is {ranks}; make them agree or leave count out")
+    elif tp or pp:
+        if ranks % nnodes:
+            raise SpecError("spec.resources.gpus", f"tensor_parallel x pipeline_parallel ({ranks}) does not "
+                                                   f"divide over {nnodes} nodes; give a multiple of nnodes")
+        count = ranks // nnodes
+    else:
+        raise SpecError("spec.resources.gpus.count", "required: how many GPUs each node of a replica needs "
+                                                     "(or give tensor_parallel/pipeline_parallel)")
+    memory = 0
+    if g.get("memory") is not None:
+        try:
+            memory = units.parse_bytes(g["memory"])
+        except ValueError as e:
+            raise SpecError("spec.resources.gpus.memory", str(e)) from None
+    cc = g.get("compute_capability") or ""
+    if isinstance(cc, float | int) and not isinstance(cc, bool):
+        cc = str(cc) if "." in str(cc) else f"{cc}.0"  # YAML reads an unquoted 8.0 as a float
+    if cc and (not isinstance(cc, str) or not CAPABILITY_RE.match(cc)):
+        raise SpecError("spec.resources.gpus.compute_capability",
+                        f"expected MAJOR.MINOR such as \"8.0\", got {cc!r}")
+    if not count and (memory or cc or tp or pp):
+        raise SpecError("spec.resources.gpus.count", "is 0, but other GPU requirements are given")
+    return Gpus(count=count, memory_bytes=memory, compute_capability=cc, tensor_parallel=tp,
+                pipeline_parallel=pp)
+
+
+def _engine_version(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        value = str(value)  # ``engine_version: 0.11`` unquoted: YAML reads a number
+    text = _string(value, "spec.engine_version").strip()
+    if text and not VERSION_RE.match(text):
+        raise SpecError("spec.engine_version", f"{text!r} is not a version such as 0.11 or 0.11.2")
+    return text
+
+
+def _node_selector(value: Any) -> tuple[tuple[str, str], ...]:
+    sel = _mapping(value, "spec.node_selector")
+    out: list[tuple[str, str]] = []
+    for key, val in sel.items():
+        field = f"spec.node_selector.{key}"
+        if not isinstance(key, str) or not LABEL_RE.match(key):
+            raise SpecError(field, "not a valid label name: letters, digits, '.', '_', '/', '-'")
+        if key.lower() in MEASURED_FACTS:
+            raise SpecError(field, f"{key} is measured on the node, not labelled; "
+                                   f"say it with {MEASURED_FACTS[key.lower()]}")
+        if not isinstance(val, str):
+            raise SpecError(field, f"label values are strings: quote it ({key}: \"{val}\")")
+        out.append((key, val))
+    return tuple(sorted(out))
+
+
+def _pool(value: Any) -> str:
+    if value is None:
+        return ""
+    text = _string(value, "spec.pool").strip()
+    if text and not LABEL_RE.match(text):
+        raise SpecError("spec.pool", f"{text!r} is not a valid label value")
+    return text
+
+
+def _choice(value: Any, field: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise SpecError(field, f"unknown value {value!r}; one of: {', '.join(choices)}")
+    return str(value)
 
 
 def parse_manifest(doc: Any) -> Model:
@@ -225,7 +456,7 @@ def parse_manifest(doc: Any) -> Model:
         raise SpecError("metadata.name", f"{name!r} is not a valid name: use lower-case letters, digits, "
                                          "'-' and '.', start and end with a letter or digit, at most 63")
     spec_doc = _mapping(doc.get("spec"), "spec")
-    _check_fields(spec_doc, _SPEC_FIELDS, "spec")
+    _check_fields(spec_doc, _SPEC_FIELDS + _PLACEMENT_FIELDS, "spec")
     if "engine" not in spec_doc:
         raise SpecError("spec.engine", f"required; one of: {', '.join(engines_mod.KNOWN_ENGINES)}")
     engine = _string(spec_doc["engine"], "spec.engine")
@@ -254,11 +485,47 @@ def parse_manifest(doc: Any) -> Model:
         env=_env(spec_doc.get("env") or {}),
         aliases=_aliases(spec_doc.get("aliases") or [], served),
         routing=_routing(spec_doc.get("routing", "prefix_cache")),
+        max_concurrency_per_replica=_int(_or_zero(spec_doc.get("max_concurrency_per_replica")),
+                                         "spec.max_concurrency_per_replica", lo=0, hi=1_000_000),
+        rollout=_rollout(spec_doc.get("rollout") or {}),
+        engine_version=_engine_version(spec_doc.get("engine_version")),
+        node_selector=_node_selector(spec_doc.get("node_selector") or {}),
+        pool=_pool(spec_doc.get("pool")),
+        placement=_choice(spec_doc.get("placement", "spread"), "spec.placement", PLACEMENT_POLICIES),
+        priority=_int(spec_doc.get("priority", 0), "spec.priority", lo=-MAX_PRIORITY, hi=MAX_PRIORITY),
     )
     return Model(name=name, spec=spec)
+
+
+def _or_zero(value: Any) -> Any:
+    return 0 if value is None else value  # a YAML "key:" with nothing after it is null: not set
 
 
 def _routing(value: Any) -> str:
     if value not in ROUTING_POLICIES:
         raise SpecError("spec.routing", f"unknown policy {value!r}; one of: {', '.join(ROUTING_POLICIES)}")
     return str(value)
+
+
+_ROLLOUT_FIELDS = ("max_surge", "max_unavailable")
+
+
+def _count_doc(text: str) -> int | str:
+    return text if text.endswith("%") else int(text)
+
+
+def _rollout_count(value: Any, field: str) -> str:
+    text = str(value).strip() if isinstance(value, str | int) and not isinstance(value, bool) else ""
+    if re.fullmatch(r"\d{1,4}", text) and int(text) <= MAX_REPLICAS:
+        return str(int(text))
+    if re.fullmatch(r"\d{1,3}%", text) and int(text[:-1]) <= 100:
+        return f"{int(text[:-1])}%"
+    raise SpecError(field, f"expected a number of replicas (such as 1) or a share of them (such as \"25%\"), "
+                           f"got {value!r}")
+
+
+def _rollout(value: Any) -> Rollout:
+    doc = _mapping(value, "spec.rollout")
+    _check_fields(doc, _ROLLOUT_FIELDS, "spec.rollout")
+    return Rollout(max_surge=_rollout_count(doc.get("max_surge", 1), "spec.rollout.max_surge"),
+                   max_unavailable=_rollout_count(doc.get("max_unavailable", 0), "spec.rollout.max_unavailable"))

@@ -50,7 +50,30 @@ def test_full_llamacpp_model_round_trips() -> None:
     ({"engine": "llamacpp", "source": "hf:foo"}, "spec.source", "unsupported source"),
     ({"engine": "llamacpp", "source": "file://rel/x.gguf"}, "spec.source", "absolute path"),
     ({"resources": {"memory": "lots"}}, "spec.resources.memory", "512MiB"),
-    ({"resources": {"gpus": 1}}, "spec.resources.gpus", "unknown field"),
+    ({"resources": {"gpu": 1}}, "spec.resources.gpu", "did you mean 'gpus'"),
+    ({"resources": {"gpus": {"count": 2, "tensor_paralel": 2}}}, "spec.resources.gpus.tensor_paralel",
+     "did you mean 'tensor_parallel'"),
+    ({"resources": {"gpus": {"count": 4, "tensor_parallel": 2}}}, "spec.resources.gpus.count",
+     "tensor_parallel x pipeline_parallel is 2"),
+    ({"resources": {"gpus": {"memory": "40GiB"}}}, "spec.resources.gpus.count", "required"),
+    ({"resources": {"gpus": {"count": 0, "memory": "40GiB"}}}, "spec.resources.gpus.count", "other GPU"),
+    ({"resources": {"gpus": {"count": 1, "memory": "lots"}}}, "spec.resources.gpus.memory", "512MiB"),
+    ({"resources": {"gpus": {"count": 1, "compute_capability": "sm80"}}},
+     "spec.resources.gpus.compute_capability", "MAJOR.MINOR"),
+    ({"resources": {"gpus": {"tensor_parallel": 3}, "nnodes": 2}}, "spec.resources.gpus", "does not divide"),
+    ({"resources": {"nnodes": 2}}, "spec.resources.nnodes", "only with GPUs"),
+    ({"resources": {"gpus": 1, "nnodes": 0}}, "spec.resources.nnodes", "between 1 and"),
+    ({"engine_verison": "1"}, "spec.engine_verison", "did you mean 'engine_version'"),
+    ({"engine_version": "0.11 beta"}, "spec.engine_version", "not a version"),
+    ({"node_selector": {"rack": 12}}, "spec.node_selector.rack", "quote it"),
+    ({"node_selector": {"gpus": "8"}}, "spec.node_selector.gpus", "measured on the node"),
+    ({"node_selector": {"pool": "a"}}, "spec.node_selector.pool", "spec.pool"),
+    ({"node_selector": {"bad key": "a"}}, "spec.node_selector.bad key", "label name"),
+    ({"node_selector": ["rack"]}, "spec.node_selector", "mapping"),
+    ({"pool": "a b"}, "spec.pool", "label value"),
+    ({"placement": "pack"}, "spec.placement", "spread, binpack"),
+    ({"priority": "high"}, "spec.priority", "whole number"),
+    ({"env": {"CUDA_VISIBLE_DEVICES": "0"}}, "spec.env.CUDA_VISIBLE_DEVICES", "spec.resources.gpus"),
     ({"startup_timeout": "soon"}, "spec.startup_timeout", "90s"),
     ({"startup_timeout": 0}, "spec.startup_timeout", "at least 1s"),
     ({"engine_args": "--foo"}, "spec.engine_args", "list of strings"),
@@ -125,3 +148,48 @@ def test_parse_duration_refuses(bad: object) -> None:
     """Anything else is refused."""
     with pytest.raises(ValueError):
         units.parse_duration(bad)
+
+
+def test_profile_fields_round_trip() -> None:
+    """GPUs, nnodes, engine version, selector, pool, placement and priority parse and read back unchanged."""
+    m = specs.parse_manifest(doc(engine_version=0.11, node_selector={"rack": "r12"}, pool="research",
+                                 placement="binpack", priority=10,
+                                 resources={"memory": "32GiB", "nnodes": 2,
+                                            "gpus": {"memory": "40GiB", "compute_capability": 8.0,
+                                                     "tensor_parallel": 8, "pipeline_parallel": 2}}))
+    s = m.spec
+    assert s.engine_version == "0.11" and s.node_selector == (("rack", "r12"),) and s.pool == "research"
+    assert s.placement == "binpack" and s.priority == 10
+    assert s.resources.nnodes == 2 and s.resources.gpus == specs.Gpus(8, 40 * 2**30, "8.0", 8, 2)
+    assert specs.parse_manifest(m.to_manifest()) == m
+    cpu = specs.parse_manifest(doc())
+    assert "gpus" not in cpu.to_manifest()["spec"]["resources"] and specs.parse_manifest(cpu.to_manifest()) == cpu
+
+
+def test_gpu_count_defaults_and_short_form() -> None:
+    """``gpus: 2`` is a count; tensor_parallel alone gives the count; a CPU model states none."""
+    assert specs.parse_manifest(doc(resources={"gpus": 2})).spec.resources.gpus.count == 2
+    assert specs.parse_manifest(doc(resources={"gpus": {"tensor_parallel": 4}})).spec.resources.gpus.count == 4
+    assert specs.parse_manifest(doc()).spec.resources.gpus == specs.Gpus()
+    assert specs.parse_manifest(doc()).spec.placement == "spread"
+
+
+def test_fingerprint_covers_where_but_not_order() -> None:
+    """Selector, pool, GPUs and engine version roll replicas; placement policy and priority do not."""
+    base = specs.parse_manifest(doc()).spec.fingerprint()
+    assert specs.parse_manifest(doc(placement="binpack", priority=5)).spec.fingerprint() == base
+    for change in ({"pool": "a"}, {"node_selector": {"rack": "r1"}}, {"resources": {"gpus": 1}},
+                   {"engine_version": "1.2"}):
+        assert specs.parse_manifest(doc(**change)).spec.fingerprint() != base, change
+
+
+def test_fingerprint_of_a_model_without_new_fields_is_unchanged() -> None:
+    """A model using no profile field hashes as before they existed, so an upgrade restarts no engine."""
+    import hashlib
+    import json
+
+    m = specs.parse_manifest(doc(engine_args=["--decode-tps", "9"], resources={"memory": "1GiB", "cpu_threads": 2}))
+    before = {"engine": "sim", "served_name": "m1", "source": "", "startup_timeout_s": 600.0,
+              "resources": {"memory_bytes": 2**30, "cpu_threads": 2}, "engine_args": ["--decode-tps", "9"],
+              "env": []}
+    assert m.spec.fingerprint() == hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()[:16]

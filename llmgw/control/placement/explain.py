@@ -1,0 +1,65 @@
+"""The sentence a refused replica carries: what no node has, and what the nearest nodes have instead.
+
+    no node can run a replica of big: no node has 2 free GPUs with >= 40.0 GiB;
+    node05 has 1 (GPU 3 has 75.0 GiB used); node07 lacks llamacpp 0.11 (has 0.10.2)
+
+The headline comes from the requirement the nearest node failed, and the nodes
+named are the ones that got furthest through the checks, so on a cluster of
+10,000 nodes the message names the three worth looking at, not the first three
+by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+from llmgw.control.placement import filters as f
+from llmgw.control.placement.needs import Need
+from llmgw.core.units import format_bytes
+
+#: How many refused nodes a message names before it summarises the rest.
+NAMED_IN_MESSAGE = 3
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Refused:
+    #: One sentence a person can act on.
+    message: str
+    #: node id -> why that node cannot take the replica.
+    reasons: Mapping[str, str]
+
+
+def _headline(need: Need, stage: int) -> str:
+    if stage == f.FABRIC:
+        return f"no declared fabric has {need.nnodes} nodes that fit, each with usable adapters"
+    if stage == f.GPUS:
+        return f"no node has {f.gpus_wanted(need)}"
+    if stage == f.MEMORY:
+        estimated = " (estimated from its weights)" if need.memory_estimated else ""
+        return f"no node has {format_bytes(need.memory_bytes)} free memory{estimated}"
+    if stage == f.THREADS:
+        return f"no node has {need.threads} CPU threads unclaimed"
+    if stage in (f.POOL, f.SELECTOR):
+        wanted = ([f"pool={need.pool}"] if need.pool else []) + [f"{k}={v}" for k, v in need.selector]
+        return f"no node matches {', '.join(wanted)}"
+    if stage == f.VERSION:
+        return f"no node has {need.engine} {need.engine_version}"
+    if stage == f.ENGINE:
+        return f"no node has engine {need.engine}"
+    return "no node is connected and uncordoned"
+
+
+def refusal(need: Need, reasons: Mapping[str, f.Reason], *, what: str = "a replica") -> Refused:
+    """The Refused for ``need`` given each node's reason."""
+    if not reasons:
+        return Refused("no node is registered; start one with `llmgw agent --server HOST:8081`", {})
+    nearest = sorted(reasons.items(), key=lambda kv: (-kv[1].stage, -kv[1].nearness, kv[0]))
+    top = nearest[0][1].stage
+    parts = [_headline(need, top)]
+    for node_id, r in nearest[:NAMED_IN_MESSAGE]:
+        parts.append(f"{node_id} {r.short if r.stage == top and r.short else r.text}")
+    if len(nearest) > NAMED_IN_MESSAGE:
+        parts.append(f"and {len(nearest) - NAMED_IN_MESSAGE} more nodes cannot either")
+    return Refused(f"no node can run {what} of {need.model}: " + "; ".join(parts),
+                   {node_id: r.text for node_id, r in reasons.items()})

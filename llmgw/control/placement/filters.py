@@ -1,0 +1,137 @@
+"""Why a node cannot take a replica: one check per requirement, each returning its reason.
+
+The checks run in a fixed order, and a node's *stage* is how far down it got:
+the explanation of a refusal names the nodes that got furthest, because "node05
+has 1 free GPU" helps the person reading it and "node99 is not connected" for
+the other 9,999 nodes does not.
+
+Static checks (connected, cordon, engine, labels) do not change within a pass,
+so the placer runs them once per kind of model; the resource checks read the
+node's state as the pass has left it so far.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from llmgw.control.placement import gpus as gpus_mod
+from llmgw.control.placement.needs import Need
+from llmgw.control.state import NodeView
+from llmgw.core.inventory import Gpu
+from llmgw.core.units import format_bytes
+
+CONNECTED, CORDON, ENGINE, VERSION, POOL, SELECTOR, GPUS, MEMORY, THREADS, FABRIC = range(10)
+#: How many of a node's unusable GPUs a reason names.
+_GPUS_NAMED = 3
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Reason:
+    #: How far the node got (one of the constants above): higher is nearer to fitting.
+    stage: int
+    #: The sentence on its own, after the node's id: "lacks engine llamacpp (has: sim)".
+    text: str
+    #: Within a stage, higher is nearer (free GPUs that qualify, free memory, ...).
+    nearness: int = 0
+    #: The short form used after a headline that says what is needed: "has 1 (GPU 3 has 75 GiB used)".
+    short: str = ""
+
+
+@dataclasses.dataclass(slots=True)
+class NodeState:
+    """A node's free resources as this pass has left them."""
+
+    view: NodeView
+    #: Position in the id-sorted node list: the final tie-break.
+    idx: int
+    free_memory: int
+    free_threads: int
+    #: GPU index -> replica holding it.
+    held: dict[int, str]
+
+    @property
+    def unheld_gpus(self) -> int:
+        return len(self.view.inventory.gpus) - sum(1 for g in self.view.inventory.gpus if g.index in self.held)
+
+
+def version_matches(have: str, want: str) -> bool:
+    """``want`` "0.11" takes "0.11" and "0.11.2" but not "0.110"."""
+    return not want or have == want or have.startswith(want + ".")
+
+
+def static_reason(need: Need, node: NodeView) -> Reason | None:
+    """The first check that does not depend on free resources and fails, or None."""
+    if not node.connected:
+        return Reason(CONNECTED, "is not connected")
+    if node.cordoned:
+        return Reason(CORDON, "is cordoned")
+    versions = [v for name, v in node.inventory.engines if name == need.engine]
+    if not versions:
+        installed = ", ".join(sorted(node.inventory.engine_names())) or "none"
+        return Reason(ENGINE, f"lacks engine {need.engine} (has: {installed})")
+    if need.engine_version and not any(version_matches(v, need.engine_version) for v in versions):
+        return Reason(VERSION, f"lacks {need.engine} {need.engine_version} (has {', '.join(sorted(versions))})")
+    if need.pool:
+        pool = node.labels.get("pool")
+        if pool != need.pool:
+            where = f"is in pool {pool}" if pool else "is in no pool"
+            return Reason(POOL, f"{where}, not {need.pool}")
+    for key, want in need.selector:
+        have = node.labels.get(key)
+        if have != want:
+            what = f"has {key}={have}" if have is not None else f"has no label {key}"
+            return Reason(SELECTOR, f"{what}, wants {key}={want}")
+    return None
+
+
+def gpus_wanted(need: Need) -> str:
+    """"2 free GPUs with >= 40.0 GiB and compute capability >= 8.0"."""
+    text = f"{need.gpu_count} free GPU{'s' if need.gpu_count != 1 else ''}"
+    quals = []
+    if need.gpu_memory_bytes:
+        quals.append(f">= {format_bytes(need.gpu_memory_bytes)}")
+    if need.compute_capability is not None:
+        quals.append("compute capability >= {}.{}".format(*need.compute_capability))
+    return text + (" with " + " and ".join(quals) if quals else "")
+
+
+def _gpu_reason(need: Need, gpus: tuple[Gpu, ...], held: dict[int, str], free: int) -> Reason:
+    if not gpus:
+        return Reason(GPUS, "has no GPUs", 0, "has no GPUs")
+    notes = [why for g in gpus if (why := gpus_mod.why_unusable(g, held, need)) is not None][:_GPUS_NAMED]
+    detail = f" ({'; '.join(notes)})" if notes else ""
+    return Reason(GPUS, f"has {free} of the {gpus_wanted(need)} needed{detail}", free, f"has {free}{detail}")
+
+
+def resource_reason(need: Need, st: NodeState) -> Reason | None:
+    """The first resource check that fails on the node as the pass has left it, or None."""
+    inv = st.view.inventory
+    if need.gpu_count:
+        free = len(gpus_mod.usable(inv.gpus, st.held, need))
+        if free < need.gpu_count:
+            return _gpu_reason(need, inv.gpus, st.held, free)
+    if need.memory_bytes and st.free_memory < need.memory_bytes:
+        estimated = " (estimated from its weights)" if need.memory_estimated and not need.gpu_count else ""
+        have = format_bytes(max(st.free_memory, 0))
+        return Reason(MEMORY, f"has {have} free memory, needs {format_bytes(need.memory_bytes)}{estimated}",
+                      st.free_memory, f"has {have}")
+    if need.threads and st.free_threads < need.threads:
+        left = max(st.free_threads, 0)
+        return Reason(THREADS, f"has {left} of {inv.cpu_count} CPU threads unclaimed, needs {need.threads}",
+                      left, f"has {left} of {inv.cpu_count}")
+    return None
+
+
+def fits(need: Need, st: NodeState) -> list[Gpu] | None:
+    """The usable GPUs when the node's free resources take one more replica (empty for a CPU one), else None.
+
+    The hot path of a pass: no Reason is built here.
+    """
+    if need.memory_bytes and st.free_memory < need.memory_bytes:
+        return None
+    if need.threads and st.free_threads < need.threads:
+        return None
+    if not need.gpu_count:
+        return []
+    free = gpus_mod.usable(st.view.inventory.gpus, st.held, need)
+    return free if len(free) >= need.gpu_count else None

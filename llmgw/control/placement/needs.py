@@ -1,0 +1,94 @@
+"""What one replica of a model needs from a node, worked out once per model and pass.
+
+The hot loop of a pass compares nodes against this value, not against the
+spec: reading ``spec.resources.gpus.compute_capability`` and parsing it for
+each of 10,000 nodes was a measurable share of a pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from llmgw.core.specs import ModelSpec
+
+#: The context llama.cpp's server sizes its KV cache for when not told; other
+#: engines (vLLM's max-model-len) default to the model's own, which 0 asks for.
+DEFAULT_CONTEXT_TOKENS = {"llamacpp": 4096}
+_CONTEXT_FLAGS = ("--ctx-size", "-c", "--max-model-len")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Need:
+    model: str
+    engine: str
+    engine_version: str = ""
+    selector: tuple[tuple[str, str], ...] = ()
+    pool: str = ""
+    policy: str = "spread"
+    threads: int = 0
+    #: Host memory.
+    memory_bytes: int = 0
+    gpu_count: int = 0
+    #: Free memory each GPU must have (0: the GPU must be nearly idle, see ``gpus``).
+    gpu_memory_bytes: int = 0
+    compute_capability: tuple[int, int] | None = None
+    #: The weights' path on a node ("" when the source is not a file), for "weights present".
+    weights_path: str = ""
+    #: True when the memory above was estimated from the weights, not stated.
+    memory_estimated: bool = False
+    nnodes: int = 1
+
+    @property
+    def static_key(self) -> tuple[object, ...]:
+        """What decides, without looking at free resources, whether a node can ever take it."""
+        return (self.engine, self.engine_version, self.selector, self.pool)
+
+    @property
+    def placed_memory(self) -> int:
+        """The memory recorded on the replica: per GPU for a GPU replica, host memory otherwise."""
+        return self.gpu_memory_bytes if self.gpu_count else self.memory_bytes
+
+
+def parse_capability(text: str) -> tuple[int, int] | None:
+    """``"8.0"`` -> (8, 0); None for "" or anything else (a GPU that does not say)."""
+    major, _, minor = text.partition(".")
+    if not (major.isdigit() and minor.isdigit()):
+        return None
+    return int(major), int(minor)
+
+
+def weights_path(source: str) -> str:
+    # A safetensors directory may be written with a trailing slash on either side.
+    return source[len("file://"):].rstrip("/") if source.startswith("file://") else ""
+
+
+def context_tokens(engine: str, args: tuple[str, ...]) -> int:
+    """The context the engine is told to hold (``--ctx-size N`` or ``--ctx-size=N``), else its default."""
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if flag in _CONTEXT_FLAGS:
+            text = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+            if text.isdigit() and int(text) > 0:
+                return int(text)
+    return DEFAULT_CONTEXT_TOKENS.get(engine, 0)
+
+
+def need_for(model: str, spec: ModelSpec, *, estimate: int | None = None) -> Need:
+    """The need of one replica of ``spec``; ``estimate`` is the memory estimated from its weights, if any.
+
+    An estimate is used only where the spec states no memory: it is per GPU
+    (one rank) for a GPU model, host memory otherwise.
+    """
+    res = spec.resources
+    g = res.gpus
+    memory, gpu_memory, estimated = res.memory_bytes, g.memory_bytes, False
+    if estimate:
+        if g.count and not gpu_memory:
+            gpu_memory, estimated = estimate, True
+        elif not g.count and not memory:
+            memory, estimated = estimate, True
+    return Need(model=model, engine=spec.engine, engine_version=spec.engine_version,
+                selector=spec.node_selector, pool=spec.pool, policy=spec.placement, threads=res.cpu_threads,
+                memory_bytes=memory, gpu_count=g.count, gpu_memory_bytes=gpu_memory,
+                compute_capability=parse_capability(g.compute_capability),
+                weights_path=weights_path(spec.source), memory_estimated=estimated, nnodes=res.nnodes)
