@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 
 from llmgw.cli import client as client_mod
+from llmgw.cli import describe as describe_mod
 from llmgw.cli import keys as keys_mod
 from llmgw.cli import logs as logs_mod
 from llmgw.cli import manifests, tables
@@ -28,6 +29,9 @@ app.add_typer(delete_app, name="delete")
 console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True, highlight=False)
 
+TracingOpt = typer.Option("", "--tracing-endpoint", envvar="LLMGW_TRACING_ENDPOINT",
+                          help="Export the router's OpenTelemetry spans over OTLP/HTTP to this collector, "
+                               "e.g. http://127.0.0.1:4318 [default: off]")
 UrlOpt = typer.Option(None, "--url", help="Control plane URL [env LLMGW_URL, default http://127.0.0.1:8080]")
 
 
@@ -64,6 +68,7 @@ def server(
     data_dir: Path = typer.Option(None, help="Database directory [default $XDG_DATA_HOME/llmgw]"),
     ports_file: Path = typer.Option(None, help="Write the bound ports here as JSON once listening"),
     node_grace: float = typer.Option(30.0, help="Seconds a disconnected node keeps its replicas"),
+    tracing_endpoint: str = TracingOpt,
     log_level: str = typer.Option("info"),
 ) -> None:
     """Run the control plane and the router."""
@@ -72,8 +77,11 @@ def server(
     _logging(log_level)
     if node_grace < 0:
         raise _fail("--node-grace cannot be negative")
+    if tracing_endpoint and not tracing_endpoint.startswith(("http://", "https://")):
+        raise _fail(f"--tracing-endpoint {tracing_endpoint!r}: expected http://HOST:PORT of an OTLP/HTTP collector")
     cfg = serve.ServerConfig(host=host, http_port=http_port, agent_port=agent_port,
-                             data_dir=data_dir or default_data_dir(), ports_file=ports_file, node_grace_s=node_grace)
+                             data_dir=data_dir or default_data_dir(), ports_file=ports_file, node_grace_s=node_grace,
+                             tracing_endpoint=tracing_endpoint or "")
 
     async def serve_then_exit() -> None:
         code = 0
@@ -141,13 +149,16 @@ def router(
     control: str = typer.Option(..., "--control", help="The control plane's URL, e.g. http://cp1:8080"),
     host: str = typer.Option("127.0.0.1", help="Address to listen on (0.0.0.0 for every interface)"),
     port: int = typer.Option(8080, min=0, max=65535, help="The OpenAI API (/v1) and /metrics"),
+    router_id: str = typer.Option("", help="This router's name in the ejections it reports [default: hostname]"),
+    tracing_endpoint: str = TracingOpt,
     log_level: str = typer.Option("warning"),
 ) -> None:
     """Run a router alone, fed by a control plane's table; it keeps serving while the control plane is down."""
     from llmgw.router import standalone
 
     raise typer.Exit(standalone.main(["--control", control, "--host", host, "--port", str(port),
-                                      "--log-level", log_level]))
+                                      "--log-level", log_level, "--router-id", router_id,
+                                      "--tracing-endpoint", tracing_endpoint or ""]))
 
 
 @app.command()
@@ -226,6 +237,7 @@ def delete_model(name: str, url: str = UrlOpt) -> None:
 
 
 logs_mod.register(app)
+describe_mod.register(app)
 keys_mod.register(app)
 sim_mod.register(app)
 

@@ -10,9 +10,11 @@ from llmgw.core.units import format_bytes
 
 
 def nodes(items: list[dict[str, Any]]) -> Table:
-    t = Table("NODE", "CONNECTED", "ADDRESS", "CPUS", "MEMORY FREE/TOTAL", "GPUS", "ENGINES", "SHARDS")
+    t = Table("NODE", "STATUS", "ADDRESS", "CPUS", "MEMORY FREE/TOTAL", "GPUS", "ENGINES", "SHARDS")
     for n in items:
-        t.add_row(n["id"], "yes" if n["connected"] else "no", n["mgmt_addr"], str(n["cpu_count"]),
+        # Ready / NotReady, then SchedulingDisabled (cordoned) and Draining (replicas still moving off).
+        status = n.get("status") or ("Ready" if n["connected"] else "NotReady")
+        t.add_row(n["id"], status, n["mgmt_addr"], str(n["cpu_count"]),
                   f"{format_bytes(n['memory_available_bytes'])} / {format_bytes(n['memory_total_bytes'])}",
                   str(len(n["gpus"])), ", ".join(e["name"] for e in n["engines"]) or "-", str(n["shards"]))
     return t

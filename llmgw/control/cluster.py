@@ -18,6 +18,8 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
+from llmgw.control import conditions as cond
+from llmgw.control import events as ev
 from llmgw.control.reconcile import decide
 from llmgw.control.reconcile import decisions as d
 from llmgw.control.state import NodeView, Phase, ReplicaRecord
@@ -59,11 +61,24 @@ class Cluster:
         self._table_changed = asyncio.Condition()
         self._table: dict[str, Any] = {"version": 0, "models": []}
         self._closing = False
+        #: Events not yet written: a registration storm costs one write a pass, not one a node.
+        self._events: list[ev.Event] = []
+        #: (reason, message) of each object's last event, so a repeat is not written again.
+        self._last_event: dict[str, tuple[str, str]] = {}
+        #: Nodes already said NotReady (past their grace) or fully drained.
+        self._lost: set[str] = set()
+        self._drained: set[str] = set()
+        #: Conditions as last written, by "replica/ID" and "model/NAME" (loaded: transition times survive a restart).
+        self._conds: dict[str, tuple[cond.Condition, ...]] = {}
+        replica_conds, model_conds = store.conditions()
+        self._conds.update({f"replica/{k}": v for k, v in replica_conds.items()})
+        self._conds.update({f"model/{k}": v for k, v in model_conds.items()})
         for stored in store.list_nodes():
             # Known but not heard from since this start: disconnected since
             # now, so its replicas get the full grace period to be reported.
             self.nodes[stored.id] = NodeView(stored.id, stored.inventory, connected=False,
-                                             disconnected_since=self.started_at, mgmt_addr=stored.mgmt_addr)
+                                             disconnected_since=self.started_at, mgmt_addr=stored.mgmt_addr,
+                                             cordoned=stored.cordoned, draining=stored.draining)
 
     # -- what agents report --------------------------------------------------------
     def node_registered(self, node: StoredNode, shards: list[ShardStatus], link: AgentLink) -> None:
@@ -71,10 +86,17 @@ class Cluster:
         if old is not None and old.link is not link:
             old.link.close("replaced by a newer stream from the same node")
         self._conns[node.id] = _Conn(link, self.clock())
+        # Cordon and drain are the operator's, not the agent's: a registration keeps them.
+        prev = self.nodes.get(node.id)
         self.nodes[node.id] = NodeView(node.id, node.inventory, connected=True, mgmt_addr=node.mgmt_addr,
                                        shards={s.shard_id: s for s in shards}, reported=True,
-                                       registered_at=self.clock())
+                                       registered_at=self.clock(), cordoned=bool(prev and prev.cordoned),
+                                       draining=bool(prev and prev.draining), labels=dict(node.labels))
         self.store.upsert_node(node)
+        self._lost.discard(node.id)
+        self.record(ev.Event(self.clock(), ev.NORMAL, "NodeRegistered", f"node/{node.id}",
+                             f"registered: {node.inventory.cpu_count} CPUs, {len(node.inventory.gpus)} GPUs, "
+                             f"{len(shards)} shards running", node=node.id))
         log.info("node %s registered: %d CPUs, %d GPUs, engines %s, %d shards running", node.id,
                  node.inventory.cpu_count, len(node.inventory.gpus),
                  ",".join(n for n, _ in node.inventory.engines) or "none", len(shards))
@@ -121,6 +143,9 @@ class Cluster:
             view.connected, view.disconnected_since = False, self.clock()
             self.store.touch_nodes({node_id: view.disconnected_since})
         log.warning("node %s disconnected", node_id)
+        self.record(ev.Event(self.clock(), ev.WARNING, "NodeDisconnected", f"node/{node_id}",
+                             f"its stream ended; its replicas stay for {self.cfg.node_grace_s:.0f}s "
+                             "before they are placed elsewhere", node=node_id))
         self.kick()
 
     # -- the loop --------------------------------------------------------------------
@@ -153,6 +178,7 @@ class Cluster:
         """One pass; True when it created replicas and another pass should place them at once."""
         now = self.clock()
         self._expire_silent(now)
+        self._announce_lost(now)
         models = {m.model.name: m.model.spec for m in self.store.list_models()}
         replicas = self.store.list_replicas()
         out = decide.reconcile(models, replicas, self.nodes, now=now, cfg=self.cfg)
@@ -172,6 +198,7 @@ class Cluster:
                     phase=Phase.PENDING, api_key=f"sk-{secrets.token_urlsafe(24)}", created_at=now))
         if upserts or deletes:
             self.store.write_replicas(upserts=upserts, deletes=deletes, now=now)
+        self._after_pass(models, replicas, upserts, deletes, out, now)
         for dec in out:  # only after the targets are written
             if isinstance(dec, d.StartShard):
                 self._send(dec.node_id, lambda link, dec=dec: link.start_shard(dec.spec))
@@ -180,6 +207,110 @@ class Cluster:
             elif isinstance(dec, d.StopShard):
                 self._send(dec.node_id, lambda link, dec=dec: link.stop_shard(dec.shard_id, reason=dec.reason))
         return any(isinstance(x, d.CreateReplica) for x in out)
+
+    # -- conditions and events ------------------------------------------------------------
+    def record(self, event: ev.Event) -> None:
+        """Queues an event for the next write, unless it repeats the object's last one."""
+        key = (event.reason, event.message)
+        if self._last_event.get(event.object) == key:
+            return
+        self._last_event[event.object] = key
+        self._events.append(event)
+
+    def flush_events(self) -> None:
+        if self._events:
+            batch, self._events = self._events, []
+            self.store.add_events(batch)
+
+    def conditions_of(self, obj: str) -> tuple[cond.Condition, ...]:
+        """Conditions of "replica/ID" or "model/NAME" as of the last pass."""
+        return self._conds.get(obj, ())
+
+    def _after_pass(self, models: dict[str, Any], before: list[ReplicaRecord], upserts: list[ReplicaRecord],
+                    deletes: list[str], out: list[d.Decision], now: float) -> None:
+        """Events for what the pass changed, then conditions (written only where they changed)."""
+        old = {r.id: r for r in before}
+        after = dict(old)
+        loop = self.cfg.crash_loop_after
+        for r in upserts:
+            after[r.id] = r
+            for e in ev.replica_events(old.get(r.id), r, now=now, crash_loop_after=loop):
+                self.record(e)
+        for rid in deletes:
+            gone = after.pop(rid, None)
+            for e in ev.replica_events(gone, None, now=now, crash_loop_after=loop):
+                self.record(e)
+            self._conds.pop(f"replica/{rid}", None)
+            self._last_event.pop(f"replica/{rid}", None)
+        for dec in out:
+            if isinstance(dec, d.StopShard) and dec.reason == decide.ORPHAN_REASON:
+                self.record(ev.Event(now, ev.NORMAL, "OrphanStopped", f"node/{dec.node_id}",
+                                     f"stopping shard {dec.shard_id}: {dec.reason}", node=dec.node_id))
+        changed_r: dict[str, tuple[cond.Condition, ...]] = {}
+        by_model: dict[str, list[ReplicaRecord]] = {}
+        replica_conds: dict[str, tuple[cond.Condition, ...]] = {}
+        for r in after.values():
+            by_model.setdefault(r.model, []).append(r)
+            key = f"replica/{r.id}"
+            prev = self._conds.get(key, ())
+            new = cond.carry_times(cond.replica_conditions(r, models.get(r.model), self.nodes, now=now,
+                                                           crash_loop_after=loop), prev, now=now)
+            replica_conds[r.id] = new
+            if new != prev:
+                self._conds[key] = changed_r[r.id] = new
+        changed_m: dict[str, tuple[cond.Condition, ...]] = {}
+        for name, spec in models.items():
+            key = f"model/{name}"
+            prev = self._conds.get(key, ())
+            new = cond.carry_times(cond.model_conditions(spec, by_model.get(name, []), replica_conds, self.nodes),
+                                   prev, now=now)
+            if new != prev:
+                for e in ev.condition_events(key, name, new, prev, now=now):
+                    self.record(e)
+                self._conds[key] = changed_m[name] = new
+        for key in [k for k in self._conds if k.startswith("model/") and k[6:] not in models]:
+            del self._conds[key]
+        if changed_r or changed_m:
+            self.store.set_conditions(replicas=changed_r, models=changed_m)
+        for node in self.nodes.values():
+            if node.draining and node.id not in self._drained \
+                    and not any(r.node_id == node.id for r in after.values()):
+                self._drained.add(node.id)
+                self.record(ev.Event(now, ev.NORMAL, "NodeDrained", f"node/{node.id}",
+                                     "every replica has moved off; it stays cordoned until `llmgw uncordon`",
+                                     node=node.id))
+        self.flush_events()
+
+    def _announce_lost(self, now: float) -> None:
+        for node in self.nodes.values():
+            if not node.connected and node.id not in self._lost \
+                    and now - node.disconnected_since > self.cfg.node_grace_s:
+                self._lost.add(node.id)
+                self.record(ev.Event(now, ev.WARNING, "NodeNotReady", f"node/{node.id}",
+                                     f"silent for {now - node.disconnected_since:.0f}s, past its "
+                                     f"{self.cfg.node_grace_s:.0f}s grace; its replicas are placed elsewhere",
+                                     node=node.id))
+
+    # -- cordon, uncordon, drain ----------------------------------------------------------
+    def set_scheduling(self, node_id: str, *, cordoned: bool, draining: bool) -> bool:
+        """Persists then applies a node's marks; False when the node is not known."""
+        if node_id not in self.nodes or not self.store.set_node_scheduling(node_id, cordoned=cordoned,
+                                                                           draining=draining):
+            return False
+        view = self.nodes[node_id]
+        view.cordoned, view.draining = cordoned, draining
+        self._drained.discard(node_id)
+        if draining:
+            reason, msg = "NodeDraining", ("draining: its replicas move to other nodes, each once its "
+                                           "replacement is Ready")
+        elif cordoned:
+            reason, msg = "NodeCordoned", "cordoned: no new replica is placed here"
+        else:
+            reason, msg = "NodeUncordoned", "uncordoned: replicas may be placed here again"
+        self.record(ev.Event(self.clock(), ev.NORMAL, reason, f"node/{node_id}", msg, node=node_id))
+        self.flush_events()
+        self.kick()
+        return True
 
     def _send(self, node_id: str, fn: Callable[[AgentLink], None]) -> None:
         conn = self._conns.get(node_id)
@@ -208,6 +339,8 @@ class Cluster:
             models.append({
                 "name": m.name, "served_name": m.spec.served_name, "aliases": list(m.spec.aliases),
                 "routing": m.spec.routing,
+                # Read by the router's admission (llmgw.router.table); 0 is no limit.
+                "limits": {"concurrency_per_replica": m.spec.max_concurrency_per_replica},
                 "state": st.state, "message": st.message,
                 "endpoints": [{"replica_id": r.id, "url": r.endpoint, "api_key": r.api_key}
                               for r in mine if r.phase is Phase.READY and r.endpoint],

@@ -66,13 +66,13 @@ def test_router_errors_are_openai_shaped(system: System) -> None:
                          headers={"content-type": "application/json"})
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
     system.apply(sim_model("huge", resources={"memory": "100TiB"}))
-    wait_for(lambda: "needs 100.0 TiB" in system.model_status("huge")["message"], timeout=10, what="refusal")
+    wait_for(lambda: "no node has 100.0 TiB free memory" in system.model_status("huge")["message"], timeout=10, what="refusal")
     wait_for(lambda: system.request("POST", "/v1/chat/completions", json={
         "model": "huge", "messages": [{"role": "user", "content": "x"}]}).status_code == 503, timeout=10)
     r = system.request("POST", "/v1/chat/completions", json={"model": "huge", "messages": [
         {"role": "user", "content": "x"}]})
     err = r.json()["error"]
-    assert "Pending" in err["message"] and "needs 100.0 TiB" in err["message"], err
+    assert "Pending" in err["message"] and "no node has 100.0 TiB free memory" in err["message"], err
 
 
 def test_bad_model_file_is_refused_with_field(system: System, tmp_path: os.PathLike[str]) -> None:

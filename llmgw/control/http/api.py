@@ -16,9 +16,12 @@ import prometheus_client
 from fastapi import FastAPI, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
+from llmgw.control import events as ev
 from llmgw.control.cluster import Cluster, LogsError, NodeNotConnected
+from llmgw.control.http import describe as describe_http
 from llmgw.control.http import keys as keys_http
 from llmgw.control.http.errors import ApiError, install
+from llmgw.control.router_events import BadReport, RouterEvents
 from llmgw.control.state import Phase, ReplicaRecord
 from llmgw.control.status import summarize
 from llmgw.control.store.store import Store, StoredModel
@@ -37,6 +40,17 @@ def _replica_doc(r: ReplicaRecord, now: float) -> dict[str, Any]:
             "age_s": round(now - r.created_at, 1)}
 
 
+def _with_router_view(doc: dict[str, Any], reports: RouterEvents) -> dict[str, Any]:
+    """The replica as routers see it: ``router_ejections``, and their sentence first in the message."""
+    ejections = reports.ejections(doc["id"])
+    doc["router_ejections"] = [{"router": e.router, "reason": e.reason, "failures": e.failures, "for_s": e.for_s,
+                                "at": e.at} for e in ejections]
+    if ejections:
+        said = reports.message(doc["id"])
+        doc["message"] = f"{said}; {doc['message']}" if doc["message"] else said
+    return doc
+
+
 def _model_doc(stored: StoredModel, replicas: list[ReplicaRecord], now: float) -> dict[str, Any]:
     st = summarize(stored.model.spec, replicas, now=now)
     doc = stored.model.to_manifest()
@@ -45,16 +59,24 @@ def _model_doc(stored: StoredModel, replicas: list[ReplicaRecord], now: float) -
     return doc
 
 
-def create_api(store: Store, cluster: Cluster, *, extra_registries: tuple[Any, ...] = ()) -> FastAPI:
-    """The REST app; ``extra_registries`` (the in-process router's) are served on the same /metrics."""
+def create_api(store: Store, cluster: Cluster, *, extra_registries: tuple[Any, ...] = (),
+               router_events: RouterEvents | None = None) -> FastAPI:
+    """The REST app; ``extra_registries`` (the in-process router's) are served on the same /metrics.
+
+    ``router_events`` holds what routers report (the in-process router's callback writes to
+    the same one); a fresh one when not given.
+    """
+    reports = router_events if router_events is not None else RouterEvents()
     app = FastAPI(title="llmgw control plane", version="v1", docs_url="/api/docs", openapi_url="/api/openapi.json")
     install(app)
     app.include_router(keys_http.router(store, cluster))
+    app.include_router(describe_http.router(store, cluster))
     registry = prometheus_client.CollectorRegistry()
     nodes_gauge = prometheus_client.Gauge("llmgw_nodes_connected", "Connected agents", registry=registry)
     replicas_gauge = prometheus_client.Gauge("llmgw_replicas", "Replicas by phase", ["phase"], registry=registry)
     for extra in extra_registries:
         registry.register(extra)  # a registry is a collector: one scrape gets both
+    registry.register(reports.registry)
 
     async def _manifest(request: Request) -> specs.Model:
         body = await request.body()
@@ -87,7 +109,15 @@ def create_api(store: Store, cluster: Cluster, *, extra_registries: tuple[Any, .
                           for m in store.list_models()]}
 
     async def _apply(model: specs.Model, response: Response) -> dict[str, Any]:
+        before = store.get_model(model.name)
         stored, created = store.put_model(model)
+        if before is None or before.generation != stored.generation:
+            rolls = before is not None and before.model.spec.fingerprint() != model.spec.fingerprint()
+            cluster.record(ev.Event(time.time(), ev.NORMAL, "Created" if created else "Updated",
+                                    f"model/{model.name}", f"generation {stored.generation} applied"
+                                    + ("; the engine changed, so its replicas are rolled" if rolls else ""),
+                                    model=model.name))
+            cluster.flush_events()
         cluster.kick()
         response.status_code = 201 if created else 200
         return _model_doc(stored, [r for r in store.list_replicas() if r.model == model.name], time.time())
@@ -114,22 +144,42 @@ def create_api(store: Store, cluster: Cluster, *, extra_registries: tuple[Any, .
     async def delete_model(name: str) -> dict[str, Any]:
         if not store.delete_model(name):
             _get_stored(name)
+        cluster.record(ev.Event(time.time(), ev.NORMAL, "Deleted", f"model/{name}",
+                                "deleted; its replicas are drained and stopped", model=name))
+        cluster.flush_events()
         cluster.kick()
         return {"deleted": name}
 
     @app.get("/api/v1/replicas")
     async def list_replicas(model: str | None = None) -> dict[str, Any]:
         now = time.time()
-        return {"items": [_replica_doc(r, now) for r in store.list_replicas() if model in (None, r.model)]}
+        return {"items": [_with_router_view(_replica_doc(r, now), reports)
+                          for r in store.list_replicas() if model in (None, r.model)]}
+
+    @app.post("/api/v1/router/events")
+    async def router_report(request: Request) -> dict[str, Any]:
+        """A router's ejections and recoveries of replicas (``llmgw.router.events`` gives the shape)."""
+        body = await request.body()
+        if len(body) > MAX_BODY:
+            raise ApiError(413, f"body is {len(body)} bytes; the limit is {MAX_BODY}", code="too_large")
+        try:
+            applied = reports.record(json.loads(body))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ApiError(400, f"body is not valid JSON: {e}", code="invalid_json") from None
+        except BadReport as e:
+            raise ApiError(422, str(e), code="invalid_report") from None
+        return {"applied": applied}
 
     @app.get("/api/v1/nodes")
     async def list_nodes() -> dict[str, Any]:
         items = []
+        occupied = {r.node_id for r in store.list_replicas()}
         for n in store.list_nodes():
             view = cluster.nodes.get(n.id)
             inv = view.inventory if view else n.inventory
             items.append({
                 "id": n.id, "hostname": n.hostname, "mgmt_addr": n.mgmt_addr, "agent_version": n.agent_version,
+                **describe_http.scheduling(view, connected=cluster.connected(n.id), has_replicas=n.id in occupied),
                 "connected": cluster.connected(n.id), "last_seen": n.last_seen, "cpu_count": inv.cpu_count,
                 "memory_total_bytes": inv.memory_total_bytes, "memory_available_bytes": inv.memory_available_bytes,
                 "gpus": [{"index": g.index, "name": g.name, "memory_total_bytes": g.memory_total_bytes,

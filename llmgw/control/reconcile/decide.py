@@ -24,6 +24,10 @@ from llmgw.control.reconcile import decisions as d
 from llmgw.control.state import NodeView, Phase, ReplicaRecord
 from llmgw.core.shards import ShardSpec, ShardState, ShardStatus
 from llmgw.core.specs import ModelSpec
+from llmgw.core.units import format_bytes
+
+#: The reason a StopShard for a shard no replica wants gives (the events log tells these apart).
+ORPHAN_REASON = "no replica wants this shard"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -53,7 +57,7 @@ def shard_spec(r: ReplicaRecord, spec: ModelSpec) -> ShardSpec:
         shard_id=r.shard_id, replica_id=r.id, model=r.model, engine=spec.engine,
         served_name=spec.served_name, source=spec.source, args=spec.engine_args, api_key=r.api_key,
         threads=spec.resources.cpu_threads, memory_bytes=spec.resources.memory_bytes,
-        startup_timeout_s=int(spec.startup_timeout_s), env=spec.env,
+        startup_timeout_s=int(spec.startup_timeout_s), env=spec.env, gpus=r.gpus,
     )
 
 
@@ -68,6 +72,11 @@ class _Pass:
         self.commands: list[d.Decision] = []
         self.deleted: set[str] = set()
         self.created: list[d.Decision] = []
+        #: Terminating replicas by model (those of earlier passes and this one's), for the roll's surge bound.
+        self.terminating: dict[str, list[ReplicaRecord]] = {}
+        for r in self.work:
+            if r.phase is Phase.TERMINATING:
+                self.terminating.setdefault(r.model, []).append(r)
 
     # -- failures and lifecycle ------------------------------------------------
     def fail(self, r: ReplicaRecord, reason: str, *, last_output: tuple[str, ...] = (),
@@ -93,6 +102,7 @@ class _Pass:
             self.deleted.add(r.id)
             return
         was_ready = r.phase is Phase.READY
+        self.terminating.setdefault(r.model, []).append(r)
         # Terminating replicas leave the router's table with this very write,
         # before the drain begins, so no new request reaches the engine.
         r.phase, r.message, r.sent_at = Phase.TERMINATING, reason, self.now
@@ -203,43 +213,95 @@ class _Pass:
         for r in live:
             if r.model not in self.models:
                 self.terminate(r, f"model {r.model} was deleted")
+        by_model: dict[str, list[ReplicaRecord]] = {}
+        for r in live:
+            by_model.setdefault(r.model, []).append(r)
         for name, spec in sorted(self.models.items()):
-            fp = spec.fingerprint()
-            current = [r for r in live if r.model == name and r.fingerprint == fp]
-            stale = [r for r in live if r.model == name and r.fingerprint != fp]
-            for _ in range(spec.replicas - len(current)):
-                self.created.append(d.CreateReplica(name, fp))
-            if len(current) > spec.replicas:
-                order = {Phase.PENDING: 0, Phase.STARTING: 1, Phase.READY: 2}
-                extras = sorted(current, key=lambda r: (order[r.phase], -r.created_at))
-                for r in extras[: len(current) - spec.replicas]:
-                    self.terminate(r, f"scaled down to {spec.replicas} replicas")
-            ready_current = sum(1 for r in current if r.phase is Phase.READY)
-            # The old replicas keep serving until the new ones can take over,
-            # so an edit to a model never leaves it with nothing Ready.
-            if stale and ready_current >= spec.replicas:
-                for r in stale:
-                    self.terminate(r, "replaced by a replica with the model's new spec")
+            self.scale_model(name, spec, by_model.get(name, []))
+
+    def leaving(self, r: ReplicaRecord, fp: str) -> str:
+        """Why ``r`` must be replaced (its spec changed, its node is draining), or "" when it may stay."""
+        if r.fingerprint != fp:
+            return "replaced by a replica with the model's new spec"
+        node = self.nodes.get(r.node_id or "")
+        if node is not None and node.draining:
+            return f"moved off node {node.id}, which is being drained"
+        return ""
+
+    def scale_model(self, name: str, spec: ModelSpec, mine: list[ReplicaRecord]) -> None:
+        """Scales to ``spec.replicas`` and rolls outdated replicas within the spec's rollout bounds.
+
+        A roll starts new replicas (at most ``replicas + max_surge`` of the model
+        at a time, counting outdated ones still terminating, since they hold
+        their node's memory and GPUs until they are gone), waits for them to be
+        Ready, then drains and stops old ones while at least ``replicas -
+        max_unavailable`` stay Ready. Blue/green (all new first) needed twice
+        the capacity and fell over on a full cluster; terminating the old ones
+        first would drop requests.
+        """
+        fp = spec.fingerprint()
+        current = [r for r in mine if not self.leaving(r, fp)]
+        outdated = [r for r in mine if self.leaving(r, fp)]
+        desired = spec.replicas
+        if len(current) > desired:
+            order = {Phase.PENDING: 0, Phase.STARTING: 1, Phase.READY: 2}
+            extras = sorted(current, key=lambda r: (order[r.phase], -r.created_at))
+            for r in extras[: len(current) - desired]:
+                self.terminate(r, f"scaled down to {desired} replicas")
+            current = extras[len(current) - desired:]
+        surge, unavailable = spec.rollout.surge(desired), spec.rollout.unavailable(desired)
+        ready = sum(1 for r in current + outdated if r.phase is Phase.READY)
+        kept: list[ReplicaRecord] = []
+        # One not serving costs no availability, so it goes first and at once;
+        # Ready ones go oldest first while enough others stay Ready.
+        for r in sorted(outdated, key=lambda r: (r.phase is Phase.READY, r.created_at, r.id)):
+            if r.phase is not Phase.READY:
+                self.terminate(r, self.leaving(r, fp))
+            elif ready - 1 >= desired - unavailable:
+                self.terminate(r, self.leaving(r, fp))
+                ready -= 1
+            else:
+                kept.append(r)
+        missing = desired - len(current)
+        holding = [r for r in self.terminating.get(name, ()) if r.id not in self.deleted and r.node_id
+                   and self.leaving(r, fp)]
+        if kept or holding:
+            missing = min(missing, desired + surge - len(current) - len(kept) - len(holding))
+        for _ in range(missing):
+            self.created.append(d.CreateReplica(name, fp))
 
     def place_pending(self) -> None:
+        """Places pending replicas, higher-priority models first, then oldest first.
+
+        One ledger and one placer serve the whole pass, so what one replica
+        takes (threads, memory, GPU indices) is not handed to the next.
+        """
         active = [r for r in self.work if r.id not in self.deleted]
-        ledger = fit.Ledger(active, self.models)
-        for r in sorted(active, key=lambda r: (r.created_at, r.id)):
+        placer = fit.Placer(self.nodes.values(), fit.Ledger(active, self.models))
+
+        def order(r: ReplicaRecord) -> tuple[int, float, str]:
+            spec = self.models.get(r.model)
+            return (-(spec.priority if spec is not None else 0), r.created_at, r.id)
+
+        for r in sorted(active, key=order):
             if r.phase is not Phase.PENDING or r.model not in self.models:
                 continue
             if r.next_attempt_at > self.now:
                 continue
             spec = self.models[r.model]
-            result = fit.place(r.model, spec, self.nodes.values(), active, self.models, ledger=ledger)
+            result = placer.place(r.model, spec, replica_id=r.id)
             if isinstance(result, fit.Refused):
-                r.message = result.message
+                r.message, r.gpus = result.message, ()
                 continue
-            ledger.add(result.node_id, r.model, spec, Phase.STARTING)
-            r.phase, r.node_id = Phase.STARTING, result.node_id
+            r.phase, r.node_id, r.gpus = Phase.STARTING, result.node_id, result.gpus
+            r.memory_bytes, r.memory_estimated = result.memory_bytes, result.memory_estimated
             r.attempt += 1
             r.shard_id = f"{r.id}-{r.attempt}"
             r.started_at = r.sent_at = self.now
-            r.endpoint, r.message = "", f"starting on node {result.node_id}"
+            where = f" (GPU {', '.join(map(str, result.gpus))})" if result.gpus else ""
+            estimated = (f"; memory estimated from weights: {format_bytes(result.memory_bytes)}"
+                         f"{' per GPU' if result.gpus else ''}" if result.memory_estimated else "")
+            r.endpoint, r.message = "", f"starting on node {result.node_id}{where}{estimated}"
             self.commands.append(d.StartShard(result.node_id, shard_spec(r, spec)))
 
     def stop_orphans(self) -> None:
@@ -252,7 +314,7 @@ class _Pass:
             for shard_id, st in node.shards.items():
                 if st.state in ShardState.live() and st.state is not ShardState.STOPPING \
                         and (node.id, shard_id) not in wanted | asked:
-                    self.commands.append(d.StopShard(node.id, shard_id, "no replica wants this shard"))
+                    self.commands.append(d.StopShard(node.id, shard_id, ORPHAN_REASON))
 
     def result(self) -> list[d.Decision]:
         out: list[d.Decision] = []

@@ -21,13 +21,17 @@ from alembic.config import Config as AlembicConfig
 from sqlalchemy import event
 from sqlalchemy.orm import sessionmaker
 
+from llmgw.control.conditions import Condition
+from llmgw.control.events import Event
 from llmgw.control.state import Phase, ReplicaRecord
-from llmgw.control.store.tables import ApiKeyRow, ModelRow, NodeRow, ReplicaRow
+from llmgw.control.store.tables import ApiKeyRow, EventRow, ModelRow, NodeRow, ReplicaRow
 from llmgw.core import specs
 from llmgw.core.inventory import Inventory, inventory_from_dict
 
 log = logging.getLogger(__name__)
 MIGRATIONS = pathlib.Path(__file__).with_name("migrations")
+#: Events kept; older ones are pruned as new ones are written, so the table never grows without bound.
+EVENTS_KEPT = 10_000
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -48,6 +52,8 @@ class StoredNode:
     labels: dict[str, str]
     first_seen: float
     last_seen: float
+    cordoned: bool = False
+    draining: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -85,6 +91,8 @@ def _replica_from_row(row: ReplicaRow) -> ReplicaRecord:
         next_attempt_at=row.next_attempt_at, started_at=row.started_at, sent_at=row.sent_at,
         ready_at=row.ready_at, endpoint=row.endpoint, message=row.message,
         last_output=tuple(row.last_output or ()), created_at=row.created_at,
+        gpus=tuple(int(g) for g in (row.gpus or ())), memory_bytes=int(row.memory_bytes or 0),
+        memory_estimated=bool(row.memory_estimated),
     )
 
 
@@ -94,6 +102,7 @@ def _fill_replica_row(row: ReplicaRow, r: ReplicaRecord, now: float) -> None:
     row.next_attempt_at, row.started_at, row.sent_at = r.next_attempt_at, r.started_at, r.sent_at
     row.ready_at, row.endpoint, row.message = r.ready_at, r.endpoint, r.message
     row.last_output, row.updated_at = list(r.last_output), now
+    row.gpus, row.memory_bytes, row.memory_estimated = list(r.gpus), r.memory_bytes, r.memory_estimated
 
 
 class Store:
@@ -201,8 +210,69 @@ class Store:
     def list_nodes(self) -> list[StoredNode]:
         with self._session() as s:
             return [StoredNode(r.id, r.hostname, r.mgmt_addr, r.agent_version, inventory_from_doc(r.inventory),
-                               dict(r.labels or {}), r.first_seen, r.last_seen)
+                               dict(r.labels or {}), r.first_seen, r.last_seen, bool(r.cordoned), bool(r.draining))
                     for r in s.scalars(sa.select(NodeRow).order_by(NodeRow.id))]
+
+    def set_node_scheduling(self, node_id: str, *, cordoned: bool, draining: bool) -> bool:
+        """Marks a node cordoned and/or draining; False when no such node registered."""
+        with self._session.begin() as s:
+            row = s.get(NodeRow, node_id)
+            if row is None:
+                return False
+            row.cordoned, row.draining = cordoned, draining
+            return True
+
+    # -- conditions ----------------------------------------------------------------
+    def conditions(self) -> tuple[dict[str, tuple[Condition, ...]], dict[str, tuple[Condition, ...]]]:
+        """(replica id -> its conditions, model name -> its conditions), as last written."""
+        with self._session() as s:
+            reps = {rid: _conds(docs) for rid, docs in s.execute(sa.select(ReplicaRow.id, ReplicaRow.conditions))}
+            models = {name: _conds(docs) for name, docs in s.execute(sa.select(ModelRow.name, ModelRow.conditions))}
+        return reps, models
+
+    def set_conditions(self, *, replicas: dict[str, tuple[Condition, ...]] | None = None,
+                       models: dict[str, tuple[Condition, ...]] | None = None) -> None:
+        """Writes conditions of existing replicas and models (a row deleted meanwhile is skipped)."""
+        with self._session.begin() as s:
+            for rid, conds in (replicas or {}).items():
+                row = s.get(ReplicaRow, rid)
+                if row is not None:
+                    row.conditions = [c.to_doc() for c in conds]
+            for name, conds in (models or {}).items():
+                mrow = s.get(ModelRow, name)
+                if mrow is not None:
+                    mrow.conditions = [c.to_doc() for c in conds]
+
+    # -- events --------------------------------------------------------------------
+    def add_events(self, events: Iterable[Event], *, keep: int = EVENTS_KEPT) -> list[Event]:
+        """Appends events (returned with their ids) and drops all but the newest ``keep``."""
+        rows = [EventRow(time=e.time, kind=e.kind, reason=e.reason[:64], object=e.object[:320],
+                         model=e.model[:63], node=e.node[:253], message=e.message) for e in events]
+        if not rows:
+            return []
+        with self._session.begin() as s:
+            s.add_all(rows)
+            s.flush()
+            newest = rows[-1].id
+            if newest > keep:
+                s.execute(sa.delete(EventRow).where(EventRow.id <= newest - keep))
+        return [_event(r) for r in rows]
+
+    def list_events(self, *, obj: str | None = None, model: str | None = None, node: str | None = None,
+                    since: float | None = None, after_id: int = 0, limit: int = 500) -> list[Event]:
+        """The newest ``limit`` events that match, oldest first; ``model``/``node`` include their replicas'."""
+        q = sa.select(EventRow).where(EventRow.id > after_id)
+        if obj:
+            q = q.where(EventRow.object == obj)
+        if model:
+            q = q.where(sa.or_(EventRow.model == model, EventRow.object == f"model/{model}"))
+        if node:
+            q = q.where(sa.or_(EventRow.node == node, EventRow.object == f"node/{node}"))
+        if since is not None:
+            q = q.where(EventRow.time >= since)
+        with self._session() as s:
+            rows = list(s.scalars(q.order_by(EventRow.id.desc()).limit(limit)))
+        return [_event(r) for r in reversed(rows)]
 
     # -- API keys ----------------------------------------------------------------
     def add_key(self, key: StoredKey) -> StoredKey:
@@ -223,6 +293,15 @@ class Store:
                 return False
             s.delete(row)
             return True
+
+
+def _conds(docs: Any) -> tuple[Condition, ...]:
+    return tuple(Condition.from_doc(d) for d in (docs or ()))
+
+
+def _event(r: EventRow) -> Event:
+    return Event(time=r.time, kind=r.kind, reason=r.reason, object=r.object, message=r.message, model=r.model,
+                 node=r.node, id=r.id)
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:

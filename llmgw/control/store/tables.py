@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, Float, Integer, String, Text
+from sqlalchemy import JSON, BigInteger, Boolean, Float, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -28,6 +28,8 @@ class ModelRow(Base):
     generation: Mapped[int] = mapped_column(Integer, default=1)
     created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
+    #: ``Condition.to_doc()`` each; kept so a transition time survives a restart.
+    conditions: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
 
 
 class NodeRow(Base):
@@ -43,6 +45,10 @@ class NodeRow(Base):
     labels: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)
     first_seen: Mapped[float] = mapped_column(Float)
     last_seen: Mapped[float] = mapped_column(Float)
+    #: `llmgw cordon`: nothing new is placed here. Stored, so a restart does not undo it.
+    cordoned: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: `llmgw drain`: its replicas move elsewhere (cordoned is set too).
+    draining: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
 class ReplicaRow(Base):
@@ -70,6 +76,13 @@ class ReplicaRow(Base):
     last_output: Mapped[list[str]] = mapped_column(JSON, default=list)
     created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
+    #: GPU indices on its node that placement gave it.
+    gpus: Mapped[list[int]] = mapped_column(JSON, default=list)
+    #: Memory it was placed with (per GPU for a GPU replica); 64-bit: 80 GiB does not fit 32.
+    memory_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    memory_estimated: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: ``Condition.to_doc()`` each, written apart from the target (``Store.set_conditions``).
+    conditions: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
 
 
 class ApiKeyRow(Base):
@@ -87,3 +100,17 @@ class ApiKeyRow(Base):
     priority: Mapped[int] = mapped_column(Integer, default=0)  # higher is admitted first
     created_at: Mapped[float] = mapped_column(Float)
     disabled: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class EventRow(Base):
+    __tablename__ = "events"
+
+    #: Increasing: ``llmgw events -f`` asks for those after the last it saw.
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    time: Mapped[float] = mapped_column(Float)
+    kind: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(String(64))
+    object: Mapped[str] = mapped_column(String(320), index=True)
+    model: Mapped[str] = mapped_column(String(63), index=True, default="")
+    node: Mapped[str] = mapped_column(String(253), index=True, default="")
+    message: Mapped[str] = mapped_column(Text, default="")

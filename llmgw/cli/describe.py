@@ -1,0 +1,197 @@
+"""``llmgw describe model|node NAME``, ``llmgw events`` and ``llmgw cordon|uncordon|drain NODE``.
+
+Events print one a line, plainly (no table), so ``llmgw events -f | grep
+Warning`` sees each as it comes; ``-f`` asks for those after the last id it
+printed, once a second, which survives a control plane restart (ids come from
+the database).
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from llmgw.cli import client as client_mod
+from llmgw.core.errors import LlmgwError
+
+console = Console(soft_wrap=True, highlight=False)
+err_console = Console(stderr=True, soft_wrap=True, highlight=False)
+FOLLOW_INTERVAL_S = 1.0
+
+
+def _client(url: str | None) -> client_mod.Client:
+    return client_mod.Client(url or client_mod.default_url())
+
+
+def _fail(message: str) -> typer.Exit:
+    err_console.print(f"[red]error:[/red] {message}", markup=True)
+    return typer.Exit(1)
+
+
+def ago(ts: float, now: float) -> str:
+    """12s, 5m, 3h, 2d: how long ago ``ts`` was."""
+    if not ts:
+        return "-"
+    s = max(0, int(now - ts))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{s // size}{unit}"
+    return f"{s}s"
+
+
+def event_line(e: dict[str, Any]) -> str:
+    when = datetime.datetime.fromtimestamp(e["time"], datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return f"{when}  {e['kind']:<7}  {e['reason']:<18}  {e['object']:<28}  {e['message']}"
+
+
+def conditions_table(conds: list[dict[str, Any]], now: float) -> Table:
+    t = Table("TYPE", "STATUS", "REASON", "SINCE", "MESSAGE", box=None, pad_edge=False)
+    for c in conds:
+        t.add_row(c["type"], c["status"], c["reason"], ago(c["last_transition"], now), c["message"])
+    return t
+
+
+def _events_table(items: list[dict[str, Any]], now: float) -> Table:
+    t = Table("AGE", "KIND", "REASON", "OBJECT", "MESSAGE", box=None, pad_edge=False)
+    for e in items:
+        t.add_row(ago(e["time"], now), e["kind"], e["reason"], e["object"], e["message"])
+    return t
+
+
+def _short(conds: list[dict[str, Any]]) -> str:
+    return " ".join(f"{c['type']}={c['status']}" + (f"({c['reason']})" if c["status"] != "True"
+                                                    or c["type"] == "Degraded" else "") for c in conds)
+
+
+def print_model(doc: dict[str, Any], now: float) -> None:
+    spec, st = doc["spec"], doc["status"]
+    rollout = spec.get("rollout") or {}
+    lines = [
+        ("Name", doc["name"]),
+        ("Engine", f"{spec['engine']}  source: {spec.get('source') or '-'}"),
+        ("Served as", spec["served_name"] + (f" (aliases: {', '.join(spec['aliases'])})" if spec.get("aliases")
+                                            else "")),
+        ("Replicas", f"{st['replicas']} desired, {st['ready_replicas']} Ready, {st['updated_replicas']} on the "
+                     f"current spec {doc['fingerprint']}"),
+        ("Rollout", f"max_surge {rollout.get('max_surge', 1)}, max_unavailable {rollout.get('max_unavailable', 0)}"),
+        ("Generation", f"{doc['generation']} (updated {ago(doc['updated_at'], now)} ago)"),
+        ("State", f"{st['state']}: {st['message']}"),
+    ]
+    for k, v in lines:
+        console.print(f"{k + ':':<12} {v}", markup=False)
+    console.print("\nConditions:", markup=False)
+    console.print(conditions_table(doc["conditions"], now))
+    console.print("\nReplicas:", markup=False)
+    t = Table("REPLICA", "PHASE", "NODE", "GPUS", "ENDPOINT", "SPEC", "CONDITIONS", "MESSAGE", box=None,
+              pad_edge=False)
+    for r in doc["replicas"]:
+        t.add_row(r["id"], r["phase"], r["node"] or "-", ",".join(str(g) for g in r["gpus"]) or "-",
+                  r["endpoint"] or "-", "current" if r["current"] else "old", _short(r["conditions"]), r["message"])
+    console.print(t)
+    for r in doc["replicas"]:
+        loop = [c for c in r["conditions"] if c["reason"] == "CrashLoop"]
+        if loop:
+            console.print(f"  {r['id']}: {loop[0]['message']}", markup=False)
+    console.print("\nEvents:", markup=False)
+    console.print(_events_table(doc["events"], now) if doc["events"] else "  none")
+
+
+def print_node(doc: dict[str, Any], now: float) -> None:
+    for k, v in (("Name", doc["id"]), ("Status", doc["status"]), ("Address", doc["mgmt_addr"] or "-"),
+                 ("Agent", doc["agent_version"] or "-"), ("Last seen", f"{ago(doc['last_seen'], now)} ago"),
+                 ("CPUs", str(doc["cpu_count"])), ("GPUs", ", ".join(g["name"] for g in doc["gpus"]) or "none"),
+                 ("Engines", ", ".join(f"{e['name']} {e['version']}" for e in doc["engines"]) or "none")):
+        console.print(f"{k + ':':<12} {v}", markup=False)
+    console.print("\nReplicas:", markup=False)
+    t = Table("REPLICA", "MODEL", "PHASE", "SHARD", "GPUS", "MESSAGE", box=None, pad_edge=False)
+    for r in doc["replicas"]:
+        t.add_row(r["id"], r["model"], r["phase"], r["shard"] or "-",
+                  ",".join(str(g) for g in r["gpus"]) or "-", r["message"])
+    console.print(t if doc["replicas"] else "  none")
+    console.print("\nEvents:", markup=False)
+    console.print(_events_table(doc["events"], now) if doc["events"] else "  none")
+
+
+def register(app: typer.Typer) -> None:
+    """Adds ``describe``, ``events``, ``cordon``, ``uncordon`` and ``drain`` to ``app``."""
+    describe_app = typer.Typer(no_args_is_help=True, help="Show a model or node in detail: conditions, events.")
+    app.add_typer(describe_app, name="describe")
+    url_opt = typer.Option(None, "--url", help=f"Control plane URL [env LLMGW_URL, default {client_mod.DEFAULT_URL}]")
+
+    @describe_app.command("model")
+    def describe_model(name: str, url: str = url_opt) -> None:
+        """A model's spec, replicas, conditions and recent events."""
+        try:
+            doc = _client(url).get(f"/api/v1/models/{quote(name, safe='')}/describe")
+        except LlmgwError as e:
+            raise _fail(str(e)) from None
+        print_model(doc, time.time())
+
+    @describe_app.command("node")
+    def describe_node(name: str, url: str = url_opt) -> None:
+        """A node's status, the replicas on it and its recent events."""
+        try:
+            doc = _client(url).get(f"/api/v1/nodes/{quote(name, safe='')}/describe")
+        except LlmgwError as e:
+            raise _fail(str(e)) from None
+        print_node(doc, time.time())
+
+    @app.command("events")
+    def events(model: str = typer.Option(None, "--model", help="Only this model's (and its replicas')"),
+               node: str = typer.Option(None, "--node", help="Only this node's (and the replicas on it)"),
+               lines: int = typer.Option(100, "-n", "--lines", min=1, max=10_000, help="How many of the newest"),
+               follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing new ones"),
+               url: str = url_opt) -> None:
+        """What happened: placements, failures, rolls, nodes coming and going (oldest first)."""
+        if model and node:
+            raise _fail("give --model or --node, not both")
+        params: dict[str, str] = {"limit": str(lines)}
+        if model:
+            params["model"] = model
+        if node:
+            params["node"] = node
+        c = _client(url)
+        after = 0
+        try:
+            while True:
+                items = c.get(f"/api/v1/events?{urlencode({**params, 'after': str(after)})}")["items"]
+                for e in items:
+                    print(event_line(e), flush=True)
+                    after = max(after, int(e["id"]))
+                if not follow:
+                    return
+                time.sleep(FOLLOW_INTERVAL_S)
+        except KeyboardInterrupt:
+            return
+        except BrokenPipeError:
+            return
+        except LlmgwError as e:
+            raise _fail(str(e)) from None
+
+    def _mark(action: str, node: str, url: str | None, done: str) -> None:
+        try:
+            _, doc = _client(url).request("POST", f"/api/v1/nodes/{quote(node, safe='')}/{action}")
+        except LlmgwError as e:
+            raise _fail(str(e)) from None
+        console.print(f"node/{node} {done} ({doc['status']})", markup=False)
+
+    @app.command("cordon")
+    def cordon(node: str, url: str = url_opt) -> None:
+        """Place no new replica on NODE; what runs there stays (kept across restarts)."""
+        _mark("cordon", node, url, "cordoned")
+
+    @app.command("uncordon")
+    def uncordon(node: str, url: str = url_opt) -> None:
+        """Let replicas be placed on NODE again (ends a drain)."""
+        _mark("uncordon", node, url, "uncordoned")
+
+    @app.command("drain")
+    def drain(node: str, url: str = url_opt) -> None:
+        """Cordon NODE and move its replicas elsewhere, each once its replacement is Ready."""
+        _mark("drain", node, url, "draining")

@@ -1,0 +1,200 @@
+"""Conditions of replicas and models: what holds, why, and since when (pure).
+
+A phase says where a replica is in the plan; conditions say what is true of
+it, each with a CamelCase reason and one sentence a person can act on:
+``Placed``, ``WeightsPresent``, ``Ready`` and ``Degraded`` (crash loop, failing,
+fewer Ready than wanted); a model also has ``Progressing`` while a roll or a
+node drain replaces its replicas. ``last_transition`` changes only when the
+status does, so "Ready False since 09:12" means the replica has not served
+since then, however often its message was refreshed; the caller keeps the
+previous conditions (the store persists them) and passes them back in.
+
+Messages hold no running clock ("for 12s"): a message that changed every pass
+would be written every pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from llmgw.control.state import NodeView, Phase, ReplicaRecord
+from llmgw.core.specs import ModelSpec
+from llmgw.core.units import format_bytes
+
+TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
+#: Engine output lines a crash-loop condition carries.
+LAST_OUTPUT_LINES = 5
+#: For each condition type, the status that is bad news: a change to it is a Warning event.
+BAD_STATUS = {"Placed": FALSE, "WeightsPresent": FALSE, "Ready": FALSE, "Degraded": TRUE, "Progressing": ""}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Condition:
+    type: str
+    #: "True", "False" or "Unknown".
+    status: str
+    #: CamelCase, for machines and for grep.
+    reason: str
+    #: One sentence for a person.
+    message: str
+    #: When ``status`` last changed (epoch seconds).
+    last_transition: float = 0.0
+
+    def to_doc(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> Condition:
+        return cls(type=str(doc["type"]), status=str(doc["status"]), reason=str(doc.get("reason", "")),
+                   message=str(doc.get("message", "")), last_transition=float(doc.get("last_transition", 0.0)))
+
+
+def carry_times(new: Iterable[Condition], previous: Iterable[Condition], *, now: float) -> tuple[Condition, ...]:
+    """``new`` with each transition time kept from ``previous`` where the status did not change."""
+    before = {c.type: c for c in previous}
+    out = []
+    for c in new:
+        old = before.get(c.type)
+        when = old.last_transition if old is not None and old.status == c.status else now
+        out.append(dataclasses.replace(c, last_transition=when))
+    return tuple(out)
+
+
+def transitions(new: Iterable[Condition], previous: Iterable[Condition]) -> list[Condition]:
+    """Conditions whose status changed (a type seen for the first time is not a change)."""
+    before = {c.type: c for c in previous}
+    return [c for c in new if c.type in before and before[c.type].status != c.status]
+
+
+# -- replicas -----------------------------------------------------------------------
+def _placed(r: ReplicaRecord, now: float) -> Condition:
+    if r.phase in Phase.placed() and r.node_id:
+        gpus = f" on GPU {', '.join(map(str, r.gpus))}" if r.gpus else ""
+        estimated = (f"; memory estimated from weights: {format_bytes(r.memory_bytes)}"
+                     f"{' per GPU' if r.gpus else ''}" if r.memory_estimated else "")
+        return Condition("Placed", TRUE, "Scheduled", f"on node {r.node_id}{gpus} as shard {r.shard_id}{estimated}")
+    if r.failures and r.next_attempt_at > now:
+        return Condition("Placed", FALSE, "BackOff", r.message or "waiting before the next attempt")
+    return Condition("Placed", FALSE, "Unschedulable" if r.message else "Waiting",
+                     r.message or "waiting to be placed")
+
+
+def _weights(r: ReplicaRecord, spec: ModelSpec | None, nodes: Mapping[str, NodeView]) -> Condition:
+    source = spec.source if spec is not None else ""
+    if not source or source.startswith("pkg:"):
+        return Condition("WeightsPresent", UNKNOWN, "NotTracked",
+                         f"{'an installed package' if source else 'no source'}: weights are not tracked")
+    if not source.startswith("file://"):
+        return Condition("WeightsPresent", UNKNOWN, "FetchedByEngine", f"the engine fetches {source} itself")
+    node = nodes.get(r.node_id or "")
+    if node is None or r.phase not in Phase.placed():
+        return Condition("WeightsPresent", UNKNOWN, "NotPlaced", "not on a node yet")
+    path = source[len("file://"):].rstrip("/")
+    inv = node.inventory
+    if any(w.path.rstrip("/") == path for w in inv.weights):
+        return Condition("WeightsPresent", TRUE, "Found", f"node {node.id} holds {path}")
+    if any(path.startswith(d.path.rstrip("/") + "/") for d in inv.model_dirs):
+        return Condition("WeightsPresent", FALSE, "NotFound",
+                         f"node {node.id} does not list {path} in its model directories; copy it there "
+                         "or point spec.source at a file the node has")
+    return Condition("WeightsPresent", UNKNOWN, "OutsideModelDirs",
+                     f"{path} is outside node {node.id}'s model directories, so the node does not report it")
+
+
+def _ready(r: ReplicaRecord) -> Condition:
+    if r.phase is Phase.READY:
+        return Condition("Ready", TRUE, "Serving", f"serving on node {r.node_id} at {r.endpoint}")
+    if r.phase is Phase.STARTING:
+        return Condition("Ready", FALSE, "Starting", f"starting on node {r.node_id}")
+    if r.phase is Phase.TERMINATING:
+        return Condition("Ready", FALSE, "Terminating", r.message or "being stopped")
+    return Condition("Ready", FALSE, "NotPlaced", "not on a node")
+
+
+def _degraded(r: ReplicaRecord, crash_loop_after: int) -> Condition:
+    if r.failures >= crash_loop_after:
+        tail = [line for line in r.last_output if line.strip()][-LAST_OUTPUT_LINES:]
+        out = f"; last output: {' | '.join(tail)}" if tail else ""
+        return Condition("Degraded", TRUE, "CrashLoop",
+                         f"failed {r.failures} times in a row: {r.message}{out}")
+    if r.failures:
+        return Condition("Degraded", TRUE, "Failing", r.message or f"failed {r.failures} times in a row")
+    return Condition("Degraded", FALSE, "AsExpected", "no failure since it was last Ready")
+
+
+def replica_conditions(r: ReplicaRecord, spec: ModelSpec | None, nodes: Mapping[str, NodeView], *,
+                       now: float, crash_loop_after: int) -> tuple[Condition, ...]:
+    """The replica's conditions, transition times not yet set (see ``carry_times``)."""
+    return (_placed(r, now), _weights(r, spec, nodes), _ready(r), _degraded(r, crash_loop_after))
+
+
+# -- models -------------------------------------------------------------------------
+def model_conditions(spec: ModelSpec, replicas: Iterable[ReplicaRecord],
+                     replica_conds: Mapping[str, tuple[Condition, ...]],
+                     nodes: Mapping[str, NodeView]) -> tuple[Condition, ...]:
+    """The model's conditions from its replicas' (Terminating replicas are on their way out and not counted)."""
+    all_mine = list(replicas)
+    mine = [r for r in all_mine if r.phase is not Phase.TERMINATING]
+    desired, ready = spec.replicas, sum(1 for r in mine if r.phase is Phase.READY)
+    by_type: dict[str, list[Condition]] = {}
+    for r in mine:
+        for c in replica_conds.get(r.id, ()):
+            by_type.setdefault(c.type, []).append(c)
+
+    placed = by_type.get("Placed", [])
+    # Only a refusal counts against the model: a replica created this pass and
+    # not yet tried, or one waiting out a failure's backoff (Degraded tells
+    # that), would make the condition flap on every roll step and every retry.
+    waiting = [c for c in placed if c.status != TRUE and c.reason not in ("Waiting", "BackOff")]
+    if waiting:
+        placed_c = Condition("Placed", FALSE, waiting[0].reason,
+                             f"{len(placed) - len(waiting)} of {len(placed)} replicas placed; {waiting[0].message}")
+    else:
+        placed_c = Condition("Placed", TRUE, "NoRefusal", "no replica was refused a node")
+
+    weights = by_type.get("WeightsPresent", [])
+    missing = [c for c in weights if c.status == FALSE]
+    if missing:
+        weights_c = Condition("WeightsPresent", FALSE, missing[0].reason, missing[0].message)
+    elif weights and all(c.status == TRUE for c in weights):
+        weights_c = Condition("WeightsPresent", TRUE, "Found", "every placed replica's node holds the weights")
+    else:
+        first = next((c for c in weights if c.status == UNKNOWN), None)
+        weights_c = Condition("WeightsPresent", UNKNOWN, first.reason if first else "NotPlaced",
+                              first.message if first else "no replica is on a node")
+
+    head = f"{ready} of {desired} replicas Ready"
+    if desired == 0:
+        ready_c = Condition("Ready", TRUE, "ScaledToZero", "replicas is 0; set spec.replicas to serve it")
+    elif ready >= desired:
+        ready_c = Condition("Ready", TRUE, "ReplicasReady", head)
+    else:
+        ready_c = Condition("Ready", FALSE, "ReplicasNotReady", head)
+
+    looping = [c for c in by_type.get("Degraded", []) if c.reason == "CrashLoop"]
+    failing = [c for c in by_type.get("Degraded", []) if c.reason == "Failing"]
+    if looping:
+        degraded_c = Condition("Degraded", TRUE, "CrashLoop", f"{head}; a replica {looping[0].message}")
+    elif failing:
+        degraded_c = Condition("Degraded", TRUE, "ReplicaFailing", f"{head}; a replica failed: {failing[0].message}")
+    elif ready < desired:
+        degraded_c = Condition("Degraded", TRUE, "ReplicasUnavailable", head)
+    else:
+        degraded_c = Condition("Degraded", FALSE, "AsExpected", head)
+
+    fp = spec.fingerprint()
+    draining = {n.id for n in nodes.values() if n.draining}
+    stale = [r for r in all_mine if r.fingerprint != fp]
+    moving = [r for r in all_mine if r.fingerprint == fp and r.node_id in draining]
+    updated = sum(1 for r in mine if r.fingerprint == fp and r.node_id not in draining)
+    if stale:
+        prog = Condition("Progressing", TRUE, "RollingUpdate",
+                         f"{updated} of {desired} replicas run the current spec; {len(stale)} old ones left")
+    elif moving:
+        prog = Condition("Progressing", TRUE, "NodeDraining",
+                         f"{len(moving)} replicas are moving off draining nodes")
+    else:
+        prog = Condition("Progressing", FALSE, "UpToDate", "every replica runs the current spec")
+    return (placed_c, weights_c, ready_c, degraded_c, prog)
