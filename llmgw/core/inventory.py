@@ -17,6 +17,19 @@ class Disk:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """A process holding memory on a GPU, as the driver lists it."""
+
+    #: As the driver lists it to the agent: the numbering ShardStatus.pid uses when
+    #: the agent and its engines share a pid namespace, as they do when it starts them.
+    pid: int
+    #: 0 when the driver does not say (some containers, MIG).
+    used_memory_bytes: int
+    #: The executable's short name ("python3"); "" when the agent cannot see the pid.
+    name: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Gpu:
     index: int
     uuid: str
@@ -27,6 +40,9 @@ class Gpu:
     #: Indices of the GPUs this one reaches over NVLink.
     nvlink_peers: tuple[int, ...] = ()
     pci_bus_id: str = ""
+    #: Every process holding memory on it, so that a GPU another job fills can be
+    #: named by pid in a placement refusal; () where the driver lists none.
+    processes: tuple[GpuProcess, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -201,7 +217,8 @@ def inventory_from_dict(doc: dict) -> Inventory:  # type: ignore[type-arg]
                      ports=tuple(HcaPort(**{**p, "counters": tuple(tuple(c) for c in p.get("counters", ()))})
                                  for p in h.get("ports", ())))
                  for h in doc.get("hcas", ()))
-    gpus = tuple(Gpu(**{**g, "nvlink_peers": tuple(g.get("nvlink_peers", ()))}) for g in doc.get("gpus", ()))
+    gpus = tuple(Gpu(**{**g, "nvlink_peers": tuple(g.get("nvlink_peers", ())),
+                        "processes": _tuple(g.get("processes"), GpuProcess)}) for g in doc.get("gpus", ()))
     host = doc.get("host") or {}
     return Inventory(
         cpu_count=doc.get("cpu_count", 0), memory_total_bytes=doc.get("memory_total_bytes", 0),

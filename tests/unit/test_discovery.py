@@ -10,8 +10,14 @@ import pytest
 
 from llmgw.agent import discovery
 from llmgw.agent.discovery import gpus, host, nvidia_smi
+from llmgw.agent.discovery.deltas import HeartbeatBuilder
+from llmgw.api import convert
+from llmgw.api.v1 import agent_pb2 as pb
+from llmgw.core.inventory import GpuProcess
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "nvidia-smi-q-x-2gpu.xml"
+#: The same two H100s with two processes on GPU 1, as `nvidia-smi -q -x` lists them.
+FIXTURE_PROCS = Path(__file__).parent.parent / "fixtures" / "nvidia-smi-q-x-2gpu-processes.xml"
 MIB = 1 << 20
 
 
@@ -20,7 +26,11 @@ class FakeNvmlError(Exception):
 
 
 def fake_nvml(devices: list[dict[str, object]], *, init_fails: bool = False) -> SimpleNamespace:
-    """A stand-in for ``pynvml`` with the functions NVML reading uses."""
+    """A stand-in for ``pynvml`` with the functions NVML reading uses.
+
+    The process listings exist only when a device states "compute" or "graphics",
+    as an nvidia-ml-py too old to have them would lack them.
+    """
 
     def init() -> None:
         if init_fails:
@@ -34,12 +44,29 @@ def fake_nvml(devices: list[dict[str, object]], *, init_fails: bool = False) -> 
             return value
         return f
 
-    return SimpleNamespace(
+    def listing(key: str):
+        def f(handle: int):
+            value = devices[handle].get(key, [])
+            if isinstance(value, Exception):
+                raise value
+            return value
+        return f
+
+    module = SimpleNamespace(
         NVMLError=FakeNvmlError, nvmlInit=init, nvmlShutdown=lambda: None,
         nvmlDeviceGetCount=lambda: len(devices), nvmlDeviceGetHandleByIndex=lambda i: i,
         nvmlDeviceGetUUID=get("uuid"), nvmlDeviceGetName=get("name"),
         nvmlDeviceGetMemoryInfo=get("memory"), nvmlDeviceGetCudaComputeCapability=get("cc"),
     )
+    if any("compute" in d or "graphics" in d for d in devices):
+        module.nvmlDeviceGetComputeRunningProcesses = listing("compute")
+        module.nvmlDeviceGetGraphicsRunningProcesses = listing("graphics")
+    return module
+
+
+def proc(pid: int, used: int | None) -> SimpleNamespace:
+    """One entry of nvmlDeviceGet*RunningProcesses: nvidia-ml-py's friendly object has these fields."""
+    return SimpleNamespace(pid=pid, usedGpuMemory=used, gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF)
 
 
 def no_smi(name: str) -> None:
@@ -174,3 +201,96 @@ def test_no_gpus_is_said_once_at_info(caplog: pytest.LogCaptureFixture) -> None:
     said = [r for r in caplog.records if "smi-once-test" in r.getMessage()]
     assert len(said) == 1 and said[0].levelname == "INFO"
     assert "NVML Shared Library Not Found" in said[0].getMessage()
+
+
+def test_parser_reads_the_processes_on_each_gpu() -> None:
+    """<process_info> entries become GpuProcess by pid, named by the executable's last path part."""
+    found = discovery.parse_nvidia_smi_xml(FIXTURE_PROCS.read_text())
+    assert found[0].processes == ()
+    assert found[1].processes == (GpuProcess(1234, 75000 * MIB, "python3"), GpuProcess(5678, 12 * MIB, "Xorg"))
+    assert found[1].memory_used_bytes == 75562 * MIB
+    # The older fixture's single process, named by its full path there.
+    assert discovery.parse_nvidia_smi_xml(FIXTURE.read_text())[1].processes == (
+        GpuProcess(48213, 71020 * MIB, "python3"),)
+
+
+def test_parser_reads_na_process_memory_as_zero_and_skips_unreadable_pids() -> None:
+    """Under MIG used_memory is N/A (0, not an error); an entry without a number for a pid is left out."""
+    text = ("<nvidia_smi_log><gpu><uuid>GPU-x</uuid><processes>"
+            "<process_info><pid>77</pid><type>C</type><process_name>llama-server</process_name>"
+            "<used_memory>N/A</used_memory></process_info>"
+            "<process_info><pid>N/A</pid><process_name>ghost</process_name><used_memory>5 MiB</used_memory>"
+            "</process_info></processes></gpu></nvidia_smi_log>")
+    (gpu,) = discovery.parse_nvidia_smi_xml(text)
+    assert gpu.processes == (GpuProcess(77, 0, "llama-server"),)
+
+
+def test_nvml_lists_compute_and_graphics_processes_once_each(tmp_path: Path) -> None:
+    """Both listings merge by pid; None and NOT_AVAILABLE memory read 0; names from /proc/PID/comm when visible."""
+    (tmp_path / "1234").mkdir()
+    (tmp_path / "1234" / "comm").write_text("python3\n")
+    (tmp_path / "4321").mkdir()
+    (tmp_path / "4321" / "comm").write_text("Xorg\n")
+    mem = SimpleNamespace(total=80 * 1024 * MIB, used=75 * 1024 * MIB)
+    module = fake_nvml([
+        {"uuid": "GPU-a", "name": "H100", "memory": mem, "cc": (9, 0),
+         "compute": [proc(1234, 75 * 1024 * MIB), proc(999, None), proc(555, (1 << 64) - 1)],
+         "graphics": [proc(4321, 8 * MIB), proc(1234, 75 * 1024 * MIB)]},
+        # Listing refused (NO_PERMISSION in some containers): the GPU stays, without pids.
+        {"uuid": "GPU-b", "name": "H100", "memory": mem, "cc": (9, 0),
+         "compute": FakeNvmlError("Insufficient Permissions"), "graphics": FakeNvmlError("Not Supported")},
+    ])
+    found = gpus.GpuReader(nvml_module=module, which=no_smi, proc_root=tmp_path).read()
+    assert found[0].processes == (GpuProcess(555, 0, ""), GpuProcess(999, 0, ""),
+                                  GpuProcess(1234, 75 * 1024 * MIB, "python3"), GpuProcess(4321, 8 * MIB, "Xorg"))
+    assert [g.uuid for g in found] == ["GPU-a", "GPU-b"] and found[1].processes == ()
+
+
+def test_nvml_without_process_listings_reports_none() -> None:
+    """An nvidia-ml-py without nvmlDeviceGet*RunningProcesses still reports the GPU, with no processes."""
+    mem = SimpleNamespace(total=100, used=10)
+    (gpu,) = gpus.GpuReader(nvml_module=fake_nvml([{"uuid": "GPU-a", "name": "g", "memory": mem, "cc": (8, 6)}]),
+                            which=no_smi).read()
+    assert (gpu.uuid, gpu.processes) == ("GPU-a", ())
+
+
+def test_processes_travel_in_every_heartbeat(tmp_path: Path) -> None:
+    """Sampled processes go through the heartbeat builder and the wire unchanged, and follow a change."""
+    (tmp_path / "1234").mkdir()
+    (tmp_path / "1234" / "comm").write_text("python3\n")
+    mem = SimpleNamespace(total=80 * 1024 * MIB, used=75 * 1024 * MIB)
+    device: dict[str, object] = {"uuid": "GPU-a", "name": "H100", "memory": mem, "cc": (9, 0),
+                                 "compute": [proc(1234, 75 * 1024 * MIB)]}
+    sampler = discovery.LoadSampler(model_dirs=[tmp_path], gpu_reader=gpus.GpuReader(
+        nvml_module=fake_nvml([device]), which=no_smi, proc_root=tmp_path))
+    builder = HeartbeatBuilder()
+
+    def over_the_wire() -> tuple[GpuProcess, ...]:
+        wire = convert.heartbeat_to_pb(builder.build(sampler.sample())).SerializeToString()
+        (gpu,) = convert.heartbeat_from_pb(pb.Heartbeat.FromString(wire)).gpus
+        return gpu.processes
+
+    try:
+        assert over_the_wire() == (GpuProcess(1234, 75 * 1024 * MIB, "python3"),)
+        device["compute"] = []  # the job ended
+        assert over_the_wire() == ()
+    finally:
+        sampler.close()
+
+
+def test_registration_and_the_stored_inventory_keep_the_processes() -> None:
+    """Register carries the processes, and the store's dict form (asdict) reads back to equal GPUs."""
+    import dataclasses
+
+    from llmgw.core.inventory import Inventory, inventory_from_dict
+
+    found = discovery.parse_nvidia_smi_xml(FIXTURE_PROCS.read_text())
+    inv = Inventory(cpu_count=8, memory_total_bytes=1, memory_available_bytes=1, gpus=found)
+    wire = pb.Register(**convert.register_fields(inv)).SerializeToString()  # type: ignore[arg-type]
+    assert convert.inventory_from_register(pb.Register.FromString(wire)).gpus == found
+    assert inventory_from_dict(dataclasses.asdict(inv)).gpus == found
+    # A dict an older control plane stored has no processes key.
+    old = dataclasses.asdict(inv)
+    for g in old["gpus"]:
+        del g["processes"]
+    assert inventory_from_dict(old).gpus[1].processes == ()

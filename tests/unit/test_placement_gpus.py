@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from test_placement_data import GIB, gpu, node, rep, spec
 
 from llmgw.control.placement import fit
@@ -9,6 +11,8 @@ from llmgw.control.placement import gpus as gpus_mod
 from llmgw.control.reconcile import decide
 from llmgw.control.reconcile import decisions as d
 from llmgw.control.state import Phase
+from llmgw.core.inventory import GpuProcess
+from llmgw.core.shards import ShardState, ShardStatus
 
 
 def eight(**kw: object) -> tuple:  # type: ignore[type-arg]
@@ -26,6 +30,34 @@ def test_refusal_reads_like_the_issue() -> None:
                            "node05 has 1 (GPU 3 has 75.0 GiB used); node07 lacks llamacpp 0.11 (has 0.10.2)")
     assert out.reasons["node05"] == ("has 1 of the 2 free GPUs with >= 40.0 GiB needed "
                                      "(GPU 3 has 75.0 GiB used)")
+
+
+def test_refusal_names_the_process_that_fills_a_gpu() -> None:
+    """With the agent's process list: "node05 has 1 (GPU 3 used by pid 1234 (python3, 75.0 GiB))"."""
+    s = spec(engine="llamacpp", version="0.11", gpus=2, gpu_gib=40)
+    busy = dataclasses.replace(gpu(3, used_gib=75), processes=(GpuProcess(1234, 75 * GIB, "python3"),))
+    nodes = [node("node05", versions={"llamacpp": "0.11.1"}, gpus=(gpu(2), busy)),
+             node("node07", versions={"llamacpp": "0.10.2"}, gpus=(gpu(0), gpu(1)))]
+    out = fit.place("m", s, nodes)
+    assert isinstance(out, fit.Refused)
+    assert out.message == ("no node can run a replica of m: no node has 2 free GPUs with >= 40.0 GiB; "
+                           "node05 has 1 (GPU 3 used by pid 1234 (python3, 75.0 GiB)); "
+                           "node07 lacks llamacpp 0.11 (has 0.10.2)")
+
+
+def test_llmgw_shards_are_not_named_as_someone_else() -> None:
+    """The node's own shard pids are left out; the rest are named largest first, two at most."""
+    s = spec(gpus=1, gpu_gib=40)
+    procs = (GpuProcess(100, 30 * GIB, "vllm"), GpuProcess(7, 1 * GIB), GpuProcess(8, 0, "Xorg"),
+             GpuProcess(9, 20 * GIB, "python3"))
+    n = node("a", gpus=(dataclasses.replace(gpu(0, used_gib=51), processes=procs),
+                        dataclasses.replace(gpu(1, used_gib=60), processes=procs[:1])))
+    n.shards["r9-1"] = ShardStatus("r9-1", "r9", ShardState.STOPPING, pid=100)
+    out = fit.place("m", s, [n])
+    assert isinstance(out, fit.Refused)
+    # GPU 1 holds only the stopping llmgw shard: no one else to blame, so the figure is given.
+    assert out.reasons["a"] == ("has 0 of the 1 free GPU with >= 40.0 GiB needed (GPU 0 used by "
+                                "pid 9 (python3, 20.0 GiB), pid 7 (1.0 GiB) and 1 more; GPU 1 has 60.0 GiB used)")
 
 
 def test_memory_used_by_another_process_counts() -> None:

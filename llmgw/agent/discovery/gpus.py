@@ -13,6 +13,7 @@ import logging
 import shutil
 import subprocess
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from llmgw.agent.discovery import nvidia_smi, nvml
@@ -35,13 +36,16 @@ class GpuReader:
 
     def __init__(self, *, nvml_enabled: bool = True, nvidia_smi_path: str = "nvidia-smi",
                  nvml_module: Any = None, which: Callable[[str], str | None] = shutil.which,
-                 run: nvidia_smi.Runner = subprocess.run, timeout_s: float = 10.0) -> None:
+                 run: nvidia_smi.Runner = subprocess.run, timeout_s: float = 10.0,
+                 proc_root: Path = Path("/proc")) -> None:
         self._nvml_enabled = nvml_enabled
         self._smi_path = nvidia_smi_path
         self._nvml_module = nvml_module
         self._which = which
         self._run = run
         self._timeout_s = timeout_s
+        #: Where NVML's pids are looked up for their names (a fixture in tests).
+        self._proc_root = proc_root
         self._chosen = False
         self._nvml: nvml.Nvml | None = None
         self._smi: str | None = None
@@ -55,7 +59,7 @@ class GpuReader:
                 if module is None:
                     # Imported here: a node with NVML switched off never loads it.
                     import pynvml as module
-                self._nvml = nvml.Nvml(module)
+                self._nvml = nvml.Nvml(module, proc_root=self._proc_root)
                 return
             except (nvml.NvmlError, ImportError) as exc:
                 why = str(exc)

@@ -8,6 +8,10 @@ The parser is pure so that it is tested against a fixture of real output; the
 one function that runs the binary takes its path and its ``run`` as arguments.
 ``nvidia-smi -q`` does not report the compute capability, so GPUs found this way
 have an empty one; placement that needs it must treat "" as unknown.
+
+Each GPU's ``<processes>`` are read too, as NVML's are: nvidia-smi gives the
+executable's path ("/usr/lib/xorg/Xorg"), kept as its last part so that both
+sources name a process alike ("Xorg", as /proc/PID/comm has it).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable
 
 from llmgw.core.errors import LlmgwError
-from llmgw.core.inventory import Gpu
+from llmgw.core.inventory import Gpu, GpuProcess
 
 _UNITS = {"B": 1, "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30,
           # Old drivers wrote "MB" and meant MiB; nvidia-smi never counted in powers of ten.
@@ -39,6 +43,24 @@ def _bytes(text: str | None) -> int:
         return int(float(parts[0]) * _UNITS[parts[1].upper()])
     except ValueError:
         return 0
+
+
+def _processes(el: ET.Element) -> tuple[GpuProcess, ...]:
+    """The ``<process_info>`` entries of one ``<gpu>``, by pid; one without a readable pid is left out."""
+    used: dict[int, GpuProcess] = {}
+    for info in el.findall("processes/process_info"):
+        try:
+            pid = int((info.findtext("pid") or "").strip())
+        except ValueError:
+            continue
+        if pid <= 0:
+            continue
+        name = (info.findtext("process_name") or "").strip().rpartition("/")[2]
+        # "N/A" under MIG and in some containers: reads as 0, like NVML's NOT_AVAILABLE.
+        mem = _bytes(info.findtext("used_memory"))
+        if pid not in used or mem > used[pid].used_memory_bytes:
+            used[pid] = GpuProcess(pid, mem, name)
+    return tuple(used[pid] for pid in sorted(used))
 
 
 def parse_nvidia_smi_xml(text: str) -> tuple[Gpu, ...]:
@@ -64,6 +86,7 @@ def parse_nvidia_smi_xml(text: str) -> tuple[Gpu, ...]:
             name=(el.findtext("product_name") or "").strip(),
             memory_total_bytes=_bytes(fb.findtext("total") if fb is not None else None),
             memory_used_bytes=_bytes(fb.findtext("used") if fb is not None else None),
+            processes=_processes(el),
         ))
     return tuple(gpus)
 

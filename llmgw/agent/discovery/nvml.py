@@ -11,19 +11,37 @@ links also end at a switch, so those GPUs are all peers of each other. The
 wiring does not change while the driver is loaded, and asking costs up to 36
 links x 3 calls per GPU, so it is read once per GPU and kept, not re-read at
 every heartbeat.
+
+The processes on each GPU are re-read at every heartbeat, like its memory: they
+are what lets a refusal say "GPU 3 used by pid 1234 (python3, 75.0 GiB)" rather
+than only how much is used. NVML gives pids, not names; the name comes from
+``/proc/PID/comm`` when this agent can see the pid (one that ended since, or
+that a container's pid namespace hides, reads "").
 """
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 from llmgw.core.errors import LlmgwError
-from llmgw.core.inventory import Gpu
+from llmgw.core.inventory import Gpu, GpuProcess
 
 
 class NvmlError(LlmgwError):
     """NVML could not be loaded or did not answer."""
+
+
+#: NVML_VALUE_NOT_AVAILABLE for a 64-bit value; newer nvidia-ml-py turns it into None itself.
+_NOT_AVAILABLE = (1 << 64) - 1
+
+
+def _memory(value: object) -> int:
+    """A process's usedGpuMemory in bytes; None or NOT_AVAILABLE (WDDM, MIG, containers) as 0."""
+    if not isinstance(value, int) or value < 0 or value >= _NOT_AVAILABLE:
+        return 0
+    return value
 
 
 def _text(value: str | bytes) -> str:
@@ -57,8 +75,9 @@ class _Wiring:
 class Nvml:
     """An initialised NVML, kept open so that repeated reads cost no re-initialisation."""
 
-    def __init__(self, module: Any) -> None:
+    def __init__(self, module: Any, *, proc_root: Path = Path("/proc")) -> None:
         self._m = module
+        self._proc = proc_root
         try:
             module.nvmlInit()
         except module.NVMLError as exc:
@@ -89,6 +108,7 @@ class Nvml:
                     memory_total_bytes=int(memory.total),
                     memory_used_bytes=int(memory.used),
                     compute_capability=self._capability(handle),
+                    processes=self._processes(handle),
                 ))
             except m.NVMLError:
                 continue
@@ -139,6 +159,36 @@ class Nvml:
             else:
                 remote.add(end)
         return _Wiring(own, frozenset(remote), on_switch)
+
+    def _processes(self, handle: Any) -> tuple[GpuProcess, ...]:
+        """Compute and graphics processes on the GPU, by pid; () when NVML cannot list them.
+
+        A process with both kinds of context is listed by both calls and kept
+        once. Never a reason to leave the GPU out: a listing that fails (NOT_SUPPORTED
+        on some boards, NO_PERMISSION in some containers) only loses the pids.
+        """
+        m = self._m
+        used: dict[int, int] = {}
+        for name in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+            listing = getattr(m, name, None)
+            if listing is None:  # an nvidia-ml-py too old to have it
+                continue
+            try:
+                infos = listing(handle)
+            except m.NVMLError:
+                continue
+            for info in infos:
+                pid = int(getattr(info, "pid", 0) or 0)
+                if pid <= 0:
+                    continue
+                used[pid] = max(used.get(pid, 0), _memory(getattr(info, "usedGpuMemory", None)))
+        return tuple(GpuProcess(pid, mem, self._comm(pid)) for pid, mem in sorted(used.items()))
+
+    def _comm(self, pid: int) -> str:
+        try:
+            return (self._proc / str(pid) / "comm").read_text(errors="replace").strip()
+        except OSError:  # gone since NVML listed it, or in a pid namespace we cannot see
+            return ""
 
     def driver_version(self) -> str:
         """The kernel driver's version ("570.133.20"); "" when NVML does not say."""

@@ -1,7 +1,10 @@
 """The sentence a refused replica carries: what no node has, and what the nearest nodes have instead.
 
     no node can run a replica of big: no node has 2 free GPUs with >= 40.0 GiB;
-    node05 has 1 (GPU 3 has 75.0 GiB used); node07 lacks llamacpp 0.11 (has 0.10.2)
+    node05 has 1 (GPU 3 used by pid 1234 (python3, 75.0 GiB)); node07 lacks llamacpp 0.11 (has 0.10.2)
+
+A GPU's processes are named when its agent listed them; otherwise it reads
+"GPU 3 has 75.0 GiB used".
 
 The headline comes from the requirement the nearest node failed, and the nodes
 named are the ones that got furthest through the checks, so on a cluster of

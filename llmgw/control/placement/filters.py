@@ -13,6 +13,7 @@ node's state as the pass has left it so far.
 from __future__ import annotations
 
 import dataclasses
+from itertools import islice
 
 from llmgw.control.placement import gpus as gpus_mod
 from llmgw.control.placement.needs import Need
@@ -95,10 +96,13 @@ def gpus_wanted(need: Need) -> str:
     return text + (" with " + " and ".join(quals) if quals else "")
 
 
-def _gpu_reason(need: Need, gpus: tuple[Gpu, ...], held: dict[int, str], free: int) -> Reason:
+def _gpu_reason(need: Need, gpus: tuple[Gpu, ...], held: dict[int, str], free: int,
+                own_pids: frozenset[int] = frozenset()) -> Reason:
     if not gpus:
         return Reason(GPUS, "has no GPUs", 0, "has no GPUs")
-    notes = [why for g in gpus if (why := gpus_mod.why_unusable(g, held, need)) is not None][:_GPUS_NAMED]
+    # islice: only the GPUs named get their sentence built, not all eight of every refused node.
+    notes = list(islice((why for g in gpus if (why := gpus_mod.why_unusable(g, held, need, own_pids)) is not None),
+                        _GPUS_NAMED))
     detail = f" ({'; '.join(notes)})" if notes else ""
     return Reason(GPUS, f"has {free} of the {gpus_wanted(need)} needed{detail}", free, f"has {free}{detail}")
 
@@ -109,7 +113,11 @@ def resource_reason(need: Need, st: NodeState) -> Reason | None:
     if need.gpu_count:
         free = len(gpus_mod.usable(inv.gpus, st.held, need))
         if free < need.gpu_count:
-            return _gpu_reason(need, inv.gpus, st.held, free)
+            # The shards' own pids, so that a GPU an llmgw engine fills is not blamed on "someone else".
+            # Built only where a GPU lists processes: a refusal asks every node of the cluster.
+            own = (frozenset(s.pid for s in st.view.shards.values() if s.pid)
+                   if any(g.processes for g in inv.gpus) else frozenset())
+            return _gpu_reason(need, inv.gpus, st.held, free, own)
     if need.memory_bytes and st.free_memory < need.memory_bytes:
         estimated = " (estimated from its weights)" if need.memory_estimated and not need.gpu_count else ""
         have = format_bytes(max(st.free_memory, 0))

@@ -5,6 +5,9 @@ and the node reports enough of its memory free, because a training job or a
 forgotten notebook holds memory that llmgw never placed. When the model states
 no GPU memory, a GPU counts as free only while it is nearly idle (90% of its
 memory free): otherwise a GPU another process fills would be handed out.
+When memory blocks a GPU, the reason names the processes the node reported on
+it ("GPU 3 used by pid 1234 (python3, 75.0 GiB)"), leaving out pids of llmgw's
+own shards, so the person reading it knows whose job to ask about.
 
 For more than one GPU, a set that NVLink connects all pairs of is preferred,
 then GPUs under one PCIe switch, then any: tensor parallel all-reduces every
@@ -13,14 +16,16 @@ layer, and over PCIe through the CPU it is several times slower.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from llmgw.control.placement.needs import Need, parse_capability
-from llmgw.core.inventory import Gpu
+from llmgw.core.inventory import Gpu, GpuProcess
 from llmgw.core.units import format_bytes
 
 #: Share of a GPU's memory that must be free when the model states none.
 IDLE_SHARE = 0.9
+#: How many of a GPU's processes a reason names, largest first.
+_PIDS_NAMED = 2
 _CAPABILITY: dict[str, tuple[int, int] | None] = {}
 
 
@@ -32,15 +37,41 @@ def _capability(text: str) -> tuple[int, int] | None:
         return found
 
 
-def why_unusable(g: Gpu, held: Mapping[int, str], need: Need) -> str | None:
-    """Why ``g`` cannot go to a replica of ``need``, or None when it can."""
+def _process(p: GpuProcess) -> str:
+    facts = [p.name] if p.name else []
+    if p.used_memory_bytes:
+        facts.append(format_bytes(p.used_memory_bytes))
+    return f"pid {p.pid}" + (f" ({', '.join(facts)})" if facts else "")
+
+
+def _used(g: Gpu, own_pids: Collection[int]) -> str:
+    """"GPU 3 used by pid 1234 (python3, 75.0 GiB)"; "GPU 3 has 75.0 GiB used" where no other process is listed.
+
+    An agent in its own pid namespace, an older agent or the nvidia-smi of some
+    containers lists no processes: the memory figure is all there is then.
+    """
+    foreign = sorted((p for p in g.processes if p.pid not in own_pids),
+                     key=lambda p: (-p.used_memory_bytes, p.pid))
+    if not foreign:
+        return f"GPU {g.index} has {format_bytes(g.memory_used_bytes)} used"
+    named = ", ".join(_process(p) for p in foreign[:_PIDS_NAMED])
+    more = f" and {len(foreign) - _PIDS_NAMED} more" if len(foreign) > _PIDS_NAMED else ""
+    return f"GPU {g.index} used by {named}{more}"
+
+
+def why_unusable(g: Gpu, held: Mapping[int, str], need: Need, own_pids: Collection[int] = ()) -> str | None:
+    """Why ``g`` cannot go to a replica of ``need``, or None when it can.
+
+    ``own_pids`` are the node's llmgw shard processes: not "someone else" when
+    the GPU's processes are named.
+    """
     holder = held.get(g.index)
     if holder is not None:
         return f"GPU {g.index} is given to replica {holder}" if holder else f"GPU {g.index} is given to a replica"
     free = g.memory_total_bytes - g.memory_used_bytes
     want = need.gpu_memory_bytes
     if (want and free < want) or (not want and g.memory_total_bytes and free < g.memory_total_bytes * IDLE_SHARE):
-        return f"GPU {g.index} has {format_bytes(g.memory_used_bytes)} used"
+        return _used(g, own_pids)
     if need.compute_capability is not None:
         have = _capability(g.compute_capability)
         if have is None:

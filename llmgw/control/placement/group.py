@@ -12,8 +12,9 @@ most nodes that fit (room for the next replica), binpack the one with the
 fewest that still suffice. Within it, nodes go in the same order one-node
 replicas would use.
 
-Wiring this into the reconciler (one shard per rank, started and failed
-together) is not done yet; this is the decision alone.
+The reconciler (``place_pending``) calls this for a model with nnodes > 1
+and starts one shard per rank; the ranks are then started, failed and
+stopped together (see ``llmgw.control.reconcile.decide``).
 """
 
 from __future__ import annotations
@@ -98,13 +99,18 @@ def place_group(placer: Placer, model: str, spec: ModelSpec, *, replica_id: str 
     sign = 1 if need.policy == "binpack" else -1
     fabric = min(big_enough, key=lambda name: (sign * len(fitting[name]), name))
     chosen = sorted(fitting[fabric], key=lambda entry: entry[0])[: need.nnodes]
+    leader = chosen[0][1]
+    used = placer.leader_ports.setdefault(leader.idx, set())
+    port = next((p for p in RENDEZVOUS_PORTS if p not in used), 0)
+    if not port:
+        # Asked before anything is taken, so a refusal leaves the pass's resources as they were.
+        return Refused(f"node {leader.view.id} leads {len(RENDEZVOUS_PORTS)} multi-node replicas already, one "
+                       f"per rendezvous port {RENDEZVOUS_PORTS[0]}-{RENDEZVOUS_PORTS[-1]}; no replica of {model} "
+                       "can lead there until one of them is gone", {})
+    used.add(port)
     ranks = []
     for rank, (_, st, free, hcas) in enumerate(chosen):
         placed = placer.take(st, need, free, replica_id=replica_id)
         ranks.append(Rank(rank, st.view.id, placed.gpus, hcas))
-    leader = chosen[0][1]
-    used = placer.leader_ports.setdefault(leader.idx, set())
-    port = next(p for p in RENDEZVOUS_PORTS if p not in used)
-    used.add(port)
     return Group(fabric, tuple(ranks), leader.view.mgmt_addr or leader.view.id, port,
                  need.placed_memory, need.memory_estimated)

@@ -11,6 +11,10 @@ the node that looked free and then run it out of memory. GPUs are held by
 index for as long as a replica is placed, Ready included: the report shows a
 Ready engine's memory as used, but a GPU handed to a second replica because
 its first one had not allocated yet is the double booking this prevents.
+
+A replica that spans nodes holds each rank's share on that rank's node: its
+threads, loading memory and GPUs are counted once per member, where the
+member runs, not all on the leader's node.
 """
 
 from __future__ import annotations
@@ -40,12 +44,14 @@ class Ledger:
             spec = specs.get(r.model)
             if r.node_id is None or r.phase not in Phase.placed():
                 continue
-            if spec is None:
-                # Its model is gone but its engine is not stopped yet: its GPUs are still taken.
-                self.hold(r.node_id, r.gpus, r.id)
-                continue
-            self.add(r.node_id, r.model, threads=spec.resources.cpu_threads, memory_bytes=host_memory(r, spec),
-                     loading=r.phase is Phase.STARTING, gpus=r.gpus, replica_id=r.id)
+            where = [(m.node_id, m.gpus) for m in r.members] or [(r.node_id, r.gpus)]
+            for node_id, gpus in where:
+                if spec is None:
+                    # Its model is gone but its engine is not stopped yet: its GPUs are still taken.
+                    self.hold(node_id, gpus, r.id)
+                    continue
+                self.add(node_id, r.model, threads=spec.resources.cpu_threads, memory_bytes=host_memory(r, spec),
+                         loading=r.phase is Phase.STARTING, gpus=gpus, replica_id=r.id)
 
     def add(self, node_id: str, model: str, *, threads: int, memory_bytes: int, loading: bool,
             gpus: tuple[int, ...] = (), replica_id: str = "") -> None:
