@@ -32,6 +32,8 @@ def spec_to_pb(spec: ShardSpec) -> pb.ShardSpec:
         served_name=spec.served_name, source=spec.source, args=list(spec.args), port=spec.port,
         api_key=spec.api_key, threads=spec.threads, memory_bytes=spec.memory_bytes,
         startup_timeout_s=spec.startup_timeout_s, env=dict(spec.env), gpus=list(spec.gpus),
+        nnodes=spec.nnodes, rank=spec.rank, leader_addr=spec.leader_addr, leader_port=spec.leader_port,
+        hcas=list(spec.hcas),
     )
 
 
@@ -41,6 +43,9 @@ def spec_from_pb(msg: pb.ShardSpec) -> ShardSpec:
         served_name=msg.served_name, source=msg.source, args=tuple(msg.args), port=msg.port,
         api_key=msg.api_key, threads=msg.threads, memory_bytes=msg.memory_bytes,
         startup_timeout_s=msg.startup_timeout_s, env=tuple(sorted(msg.env.items())), gpus=tuple(msg.gpus),
+        # 0 is what an older control plane sends: it knew only one-node replicas.
+        nnodes=max(msg.nnodes, 1), rank=msg.rank, leader_addr=msg.leader_addr, leader_port=msg.leader_port,
+        hcas=tuple(msg.hcas),
     )
 
 
@@ -71,13 +76,17 @@ def status_from_pb(msg: pb.ShardStatus) -> ShardStatus:
 def gpus_to_pb(gpus: Iterable[inv.Gpu]) -> list[pb.Gpu]:
     return [pb.Gpu(index=g.index, uuid=g.uuid, name=g.name, memory_total_bytes=g.memory_total_bytes,
                    memory_used_bytes=g.memory_used_bytes, compute_capability=g.compute_capability,
-                   nvlink_peers=list(g.nvlink_peers), pci_bus_id=g.pci_bus_id) for g in gpus]
+                   nvlink_peers=list(g.nvlink_peers), pci_bus_id=g.pci_bus_id,
+                   processes=[pb.GpuProcess(pid=p.pid, used_memory_bytes=p.used_memory_bytes, name=p.name)
+                              for p in g.processes]) for g in gpus]
 
 
 def gpus_from_pb(gpus: Iterable[pb.Gpu]) -> tuple[inv.Gpu, ...]:
     return tuple(inv.Gpu(index=g.index, uuid=g.uuid, name=g.name, memory_total_bytes=g.memory_total_bytes,
                          memory_used_bytes=g.memory_used_bytes, compute_capability=g.compute_capability,
-                         nvlink_peers=tuple(g.nvlink_peers), pci_bus_id=g.pci_bus_id) for g in gpus)
+                         nvlink_peers=tuple(g.nvlink_peers), pci_bus_id=g.pci_bus_id,
+                         processes=tuple(inv.GpuProcess(p.pid, p.used_memory_bytes, p.name)
+                                         for p in g.processes)) for g in gpus)
 
 
 def _disks_to_pb(disks: Iterable[inv.Disk]) -> list[pb.Disk]:

@@ -74,7 +74,10 @@ def _placed(r: ReplicaRecord, now: float) -> Condition:
         gpus = f" on GPU {', '.join(map(str, r.gpus))}" if r.gpus else ""
         estimated = (f"; memory estimated from weights: {format_bytes(r.memory_bytes)}"
                      f"{' per GPU' if r.gpus else ''}" if r.memory_estimated else "")
-        return Condition("Placed", TRUE, "Scheduled", f"on node {r.node_id}{gpus} as shard {r.shard_id}{estimated}")
+        ranks = (f" (leader of {len(r.members)} ranks: "
+                 f"{', '.join(f'{m.node_id} as shard {m.shard_id}' for m in r.members)})" if r.members else "")
+        return Condition("Placed", TRUE, "Scheduled",
+                         f"on node {r.node_id}{gpus} as shard {r.shard_id}{estimated}{ranks}")
     if r.failures and r.next_attempt_at > now:
         return Condition("Placed", FALSE, "BackOff", r.message or "waiting before the next attempt")
     return Condition("Placed", FALSE, "Unschedulable" if r.message else "Waiting",

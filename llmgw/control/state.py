@@ -34,6 +34,18 @@ class Phase(enum.Enum):
         return frozenset({cls.STARTING, cls.READY, cls.TERMINATING})
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Member:
+    """One rank of a replica that spans nodes: its shard on its node, and what placement gave it there."""
+
+    rank: int
+    node_id: str
+    shard_id: str
+    gpus: tuple[int, ...] = ()
+    #: The fabric's adapters on its node (NCCL_IB_HCA).
+    hcas: tuple[str, ...] = ()
+
+
 @dataclasses.dataclass(slots=True)
 class ReplicaRecord:
     id: str
@@ -59,6 +71,13 @@ class ReplicaRecord:
     memory_bytes: int = 0
     #: True when memory_bytes was estimated from the weights' metadata rather than stated.
     memory_estimated: bool = False
+    #: The ranks of a replica that spans nodes, rank 0 (the leader) first; empty for a one-node
+    #: replica. node_id, shard_id and gpus are then the leader's, so whatever reads one endpoint
+    #: per replica (the router's table, `llmgw get replicas`) needs to know nothing of groups.
+    members: tuple[Member, ...] = ()
+    #: The leader's management address and the rendezvous port every rank was given.
+    leader_addr: str = ""
+    leader_port: int = 0
 
 
 @dataclasses.dataclass(slots=True)

@@ -19,5 +19,6 @@ NEEDS_SOURCE = frozenset({"llamacpp"})
 RESERVED_FLAGS: dict[str, frozenset[str]] = {
     "llamacpp": frozenset({"--host", "--port", "--model", "-m", "--api-key", "--alias", "-a",
                            "--threads", "-t", "--api-key-file"}),
-    "sim": frozenset({"--host", "--port", "--model", "--api-key"}),
+    "sim": frozenset({"--host", "--port", "--model", "--api-key",
+                      "--nnodes", "--rank", "--leader-addr", "--leader-port"}),
 }

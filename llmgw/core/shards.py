@@ -1,8 +1,9 @@
 """Shards: one engine process on one node, the unit the agent supervises.
 
-A replica of a model is served by one shard in this version (multi-node
-replicas, one shard per rank, come later). The control plane names shards and
-the agent never invents one, so a shard id seen twice is the same process.
+A replica of a model is served by one shard, or, when it spans nodes, by one
+shard per rank, all started and failed together. The control plane names
+shards and the agent never invents one, so a shard id seen twice is the same
+process.
 """
 
 from __future__ import annotations
@@ -60,6 +61,15 @@ class ShardSpec:
     #: The node's GPU indices (as NVML and nvidia-smi number them) the engine may use, in order;
     #: empty for an engine that gets none. The agent sets CUDA_VISIBLE_DEVICES from it.
     gpus: tuple[int, ...] = ()
+    #: Ranks of its replica; more than 1 for a replica that spans nodes (one shard per rank).
+    nnodes: int = 1
+    #: This shard's rank; rank 0 leads and is the one that serves the API.
+    rank: int = 0
+    #: The leader's management address and rendezvous port, the same in every rank of one replica.
+    leader_addr: str = ""
+    leader_port: int = 0
+    #: The fabric adapters this rank uses (NCCL_IB_HCA); empty for a one-node replica.
+    hcas: tuple[str, ...] = ()
 
 
 #: Variables llmgw sets itself in every engine's environment: a spec's env may

@@ -179,9 +179,9 @@ def test_a_refused_model_is_explained_once_per_pass() -> None:
 
 
 def test_multi_node_replicas_are_not_placed_as_one() -> None:
-    """nnodes > 1 through place() says it is not started by this version yet (place_group decides them)."""
+    """nnodes > 1 through place() is refused: a group is placed whole by place_group, never rank by rank."""
     out = refused(spec(gpus=1, nnodes=2), [node("a")])
-    assert "spans 2 nodes" in out.message and "nnodes to 1" in out.message
+    assert "spans 2 nodes" in out.message and "place_group" in out.message
 
 
 def test_placed_condition_keeps_the_gpus_and_the_estimate() -> None:

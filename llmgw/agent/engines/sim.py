@@ -43,6 +43,12 @@ class Sim:
         argv = [python, "-m", MODULE, "--host", host, "--port", str(port), "--model", spec.served_name]
         if spec.api_key:
             argv += ["--api-key", spec.api_key]
+        if spec.nnodes > 1:
+            # The sim has no collective to join; it takes its rank so that a
+            # worker rank refuses the API (only the leader serves it) and
+            # /sim/stats shows what each rank was given.
+            argv += ["--nnodes", str(spec.nnodes), "--rank", str(spec.rank), "--leader-addr", spec.leader_addr,
+                     "--leader-port", str(spec.leader_port)]
         argv += spec.args
         return base.Launch(argv=argv, env=base.spec_env(spec))
 

@@ -18,6 +18,13 @@ NVML and nvidia-smi do, which is how the node reported them), and an engine
 given none on a node that has GPUs gets an empty one: left unset, vLLM or a
 CUDA build of llama.cpp takes GPU 0, which placement gave to another replica.
 Neither the spec's env nor the agent's own can change that.
+
+A shard that is one rank of a multi-node replica gets its rank the same way:
+``LLMGW_NNODES``, ``LLMGW_RANK``, ``LLMGW_LEADER_ADDR``, ``LLMGW_LEADER_PORT``
+and ``NCCL_IB_HCA`` (the fabric adapters placement gave this rank) come from
+the spec's rank fields and override any the spec's env or the agent's own
+set: an NCCL_IB_HCA inherited from the agent would send a rank's traffic over
+adapters on another fabric, and the first collective would hang.
 """
 
 from __future__ import annotations
@@ -99,6 +106,23 @@ def gpu_env(spec: ShardSpec, node_gpus: tuple[int, ...] | None) -> dict[str, str
     return {}
 
 
+def group_env(spec: ShardSpec) -> dict[str, str]:
+    """The rank variables of a shard that is one rank of a multi-node replica; nothing for one node."""
+    if spec.nnodes <= 1:
+        return {}
+    if not 0 <= spec.rank < spec.nnodes:
+        raise EngineError(f"shard {spec.shard_id}: rank {spec.rank} is not one of the {spec.nnodes} ranks "
+                          f"0..{spec.nnodes - 1}; the control plane must place the replica again")
+    if not spec.leader_addr or not 0 < spec.leader_port < 65536:
+        raise EngineError(f"shard {spec.shard_id}: rank {spec.rank} of {spec.nnodes} has no leader address and "
+                          f"port ({spec.leader_addr!r}:{spec.leader_port}); the control plane must send both")
+    env = {"LLMGW_NNODES": str(spec.nnodes), "LLMGW_RANK": str(spec.rank),
+           "LLMGW_LEADER_ADDR": spec.leader_addr, "LLMGW_LEADER_PORT": str(spec.leader_port)}
+    if spec.hcas:
+        env["NCCL_IB_HCA"] = ",".join(spec.hcas)
+    return env
+
+
 def plan(spec: ShardSpec, adapter: engines.Adapter, *, host: str, model_path: str | None,
          cpu_count: int, run_dir: Path, node_gpus: tuple[int, ...] | None = None) -> Plan:
     """The argv, environment and endpoint for ``spec``; EngineError when it cannot run.
@@ -131,7 +155,7 @@ def plan(spec: ShardSpec, adapter: engines.Adapter, *, host: str, model_path: st
     # The markers and the GPUs go last: a spec that set LLMGW_RUN_DIR would hide
     # its engine from the next agent's sweep, and it would hold its GPUs
     # unreported; one that set CUDA_VISIBLE_DEVICES would use GPUs given to another.
-    env |= {**gpus, SHARD_ENV: spec.shard_id, RUN_DIR_ENV: str(run_dir)}
+    env |= {**gpus, **group_env(spec), SHARD_ENV: spec.shard_id, RUN_DIR_ENV: str(run_dir)}
     return Plan(argv=list(launch.argv), env=env, endpoint=endpoint_of(host, port),
                 health_path=adapter.health_path, log_path=run_dir / f"{spec.shard_id}.log", port=port)
 

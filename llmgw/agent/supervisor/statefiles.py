@@ -119,6 +119,7 @@ def read(path: Path) -> Saved:
         known["env"] = tuple((str(k), str(v)) for k, v in known.get("env", ()))
         # Absent in a file an older agent wrote: that engine was given no GPUs.
         known["gpus"] = tuple(int(g) for g in known.get("gpus", ()))
+        known["hcas"] = tuple(str(h) for h in known.get("hcas", ()))
         spec = ShardSpec(**known)
         saved = Saved(spec=spec, pid=int(raw["pid"]), create_time=float(raw["create_time"]),
                       port=int(raw["port"]), endpoint=str(raw["endpoint"]), host=str(raw["host"]),

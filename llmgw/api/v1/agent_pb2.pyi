@@ -275,7 +275,7 @@ class Disk(_message.Message):
     def __init__(self, path: _Optional[str] = ..., total_bytes: _Optional[int] = ..., free_bytes: _Optional[int] = ...) -> None: ...
 
 class Gpu(_message.Message):
-    __slots__ = ("index", "uuid", "name", "memory_total_bytes", "memory_used_bytes", "compute_capability", "nvlink_peers", "pci_bus_id")
+    __slots__ = ("index", "uuid", "name", "memory_total_bytes", "memory_used_bytes", "compute_capability", "nvlink_peers", "pci_bus_id", "processes")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -284,6 +284,7 @@ class Gpu(_message.Message):
     COMPUTE_CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     NVLINK_PEERS_FIELD_NUMBER: _ClassVar[int]
     PCI_BUS_ID_FIELD_NUMBER: _ClassVar[int]
+    PROCESSES_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     name: str
@@ -292,7 +293,18 @@ class Gpu(_message.Message):
     compute_capability: str
     nvlink_peers: _containers.RepeatedScalarFieldContainer[int]
     pci_bus_id: str
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., memory_used_bytes: _Optional[int] = ..., compute_capability: _Optional[str] = ..., nvlink_peers: _Optional[_Iterable[int]] = ..., pci_bus_id: _Optional[str] = ...) -> None: ...
+    processes: _containers.RepeatedCompositeFieldContainer[GpuProcess]
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., memory_used_bytes: _Optional[int] = ..., compute_capability: _Optional[str] = ..., nvlink_peers: _Optional[_Iterable[int]] = ..., pci_bus_id: _Optional[str] = ..., processes: _Optional[_Iterable[_Union[GpuProcess, _Mapping]]] = ...) -> None: ...
+
+class GpuProcess(_message.Message):
+    __slots__ = ("pid", "used_memory_bytes", "name")
+    PID_FIELD_NUMBER: _ClassVar[int]
+    USED_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    used_memory_bytes: int
+    name: str
+    def __init__(self, pid: _Optional[int] = ..., used_memory_bytes: _Optional[int] = ..., name: _Optional[str] = ...) -> None: ...
 
 class EngineInfo(_message.Message):
     __slots__ = ("name", "version")
@@ -349,7 +361,7 @@ class Heartbeat(_message.Message):
     def __init__(self, memory_total_bytes: _Optional[int] = ..., memory_available_bytes: _Optional[int] = ..., cpu_percent: _Optional[float] = ..., load1: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., disks: _Optional[_Iterable[_Union[Disk, _Mapping]]] = ..., load5: _Optional[float] = ..., load15: _Optional[float] = ..., shard_load: _Optional[_Iterable[_Union[ShardLoad, _Mapping]]] = ..., hcas: _Optional[_Iterable[_Union[Hca, _Mapping]]] = ..., weights_changed: bool = ..., weights: _Optional[_Iterable[_Union[WeightFile, _Mapping]]] = ..., fabrics_changed: bool = ..., fabrics: _Optional[_Iterable[_Union[Fabric, _Mapping]]] = ..., engines_changed: bool = ..., engines: _Optional[_Iterable[_Union[EngineInfo, _Mapping]]] = ..., model_dirs_changed: bool = ..., model_dirs: _Optional[_Iterable[_Union[ModelDir, _Mapping]]] = ..., nvlink: _Optional[_Union[NvlinkFabric, _Mapping]] = ..., subnet_managers_changed: bool = ..., subnet_managers: _Optional[_Iterable[_Union[SubnetManager, _Mapping]]] = ...) -> None: ...
 
 class ShardSpec(_message.Message):
-    __slots__ = ("shard_id", "replica_id", "model", "engine", "served_name", "source", "args", "port", "api_key", "threads", "memory_bytes", "startup_timeout_s", "env", "gpus")
+    __slots__ = ("shard_id", "replica_id", "model", "engine", "served_name", "source", "args", "port", "api_key", "threads", "memory_bytes", "startup_timeout_s", "env", "gpus", "nnodes", "rank", "leader_addr", "leader_port", "hcas")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -371,6 +383,11 @@ class ShardSpec(_message.Message):
     STARTUP_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     ENV_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
+    NNODES_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ADDR_FIELD_NUMBER: _ClassVar[int]
+    LEADER_PORT_FIELD_NUMBER: _ClassVar[int]
+    HCAS_FIELD_NUMBER: _ClassVar[int]
     shard_id: str
     replica_id: str
     model: str
@@ -385,7 +402,12 @@ class ShardSpec(_message.Message):
     startup_timeout_s: int
     env: _containers.ScalarMap[str, str]
     gpus: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, shard_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., model: _Optional[str] = ..., engine: _Optional[str] = ..., served_name: _Optional[str] = ..., source: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., port: _Optional[int] = ..., api_key: _Optional[str] = ..., threads: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., startup_timeout_s: _Optional[int] = ..., env: _Optional[_Mapping[str, str]] = ..., gpus: _Optional[_Iterable[int]] = ...) -> None: ...
+    nnodes: int
+    rank: int
+    leader_addr: str
+    leader_port: int
+    hcas: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, shard_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., model: _Optional[str] = ..., engine: _Optional[str] = ..., served_name: _Optional[str] = ..., source: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., port: _Optional[int] = ..., api_key: _Optional[str] = ..., threads: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., startup_timeout_s: _Optional[int] = ..., env: _Optional[_Mapping[str, str]] = ..., gpus: _Optional[_Iterable[int]] = ..., nnodes: _Optional[int] = ..., rank: _Optional[int] = ..., leader_addr: _Optional[str] = ..., leader_port: _Optional[int] = ..., hcas: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StartShard(_message.Message):
     __slots__ = ("spec",)

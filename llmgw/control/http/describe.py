@@ -97,7 +97,8 @@ def router(store: Store, cluster: Cluster) -> APIRouter:
         now, view = time.time(), cluster.nodes.get(node_id)
         inv = view.inventory if view else stored.inventory
         models = {m.model.name: m.model.spec.fingerprint() for m in store.list_models()}
-        mine = [r for r in store.list_replicas() if r.node_id == node_id]
+        # A multi-node replica is on every rank's node, not only its leader's.
+        mine = [r for r in store.list_replicas() if node_id in (r.node_id, *(m.node_id for m in r.members))]
         return {
             "id": node_id, "hostname": stored.hostname, "mgmt_addr": stored.mgmt_addr,
             "agent_version": stored.agent_version, "connected": cluster.connected(node_id),
@@ -118,7 +119,7 @@ def router(store: Store, cluster: Cluster) -> APIRouter:
         if not cluster.set_scheduling(node_id, cordoned=cordoned, draining=draining):
             raise ApiError(404, f"node {node_id!r} is not known; `llmgw get nodes` lists them",
                            code="node_not_found")
-        has = any(r.node_id == node_id for r in store.list_replicas())
+        has = any(node_id in (r.node_id, *(m.node_id for m in r.members)) for r in store.list_replicas())
         return {"id": node_id, **scheduling(cluster.nodes.get(node_id), connected=cluster.connected(node_id),
                                             has_replicas=has)}
 

@@ -210,8 +210,8 @@ class Placer:
         """Picks the node (and GPUs) for one more replica of ``model``, and takes them; or says why not."""
         need = self.need(model, spec)
         if need.nnodes > 1:
-            return Refused(f"a replica of {model} spans {need.nnodes} nodes, and this version does not start "
-                           "multi-node replicas yet; set spec.resources.nnodes to 1", {})
+            return Refused(f"a replica of {model} spans {need.nnodes} nodes: it is placed as a group "
+                           "(place_group), not one node at a time", {})
         refused = self._refused.get(model)
         if refused is not None:
             return refused

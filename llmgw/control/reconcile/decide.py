@@ -12,6 +12,15 @@ Two rules keep a restart from costing engine reloads:
   what they run;
 * only a node that has registered with this instance can have a shard judged
   missing.
+
+A replica that spans nodes (``resources.nnodes`` > 1) is one shard per rank,
+and the ranks live and die together: a real engine's ranks hang in their next
+collective when one of them is gone, so a group cannot lose a rank and carry
+on. It is Ready only when every rank is; a rank that fails, is stopped, or
+whose node is lost past its grace stops every rank, and the whole group is
+placed again (a failure with backoff). Its leader (rank 0) is what the router
+sees: the replica's node, shard and endpoint are the leader's. Removing a
+Ready group drains the leader, then stops every rank.
 """
 
 from __future__ import annotations
@@ -21,7 +30,7 @@ from collections.abc import Mapping
 
 from llmgw.control.placement import fit
 from llmgw.control.reconcile import decisions as d
-from llmgw.control.state import NodeView, Phase, ReplicaRecord
+from llmgw.control.state import Member, NodeView, Phase, ReplicaRecord
 from llmgw.core.shards import ShardSpec, ShardState, ShardStatus
 from llmgw.core.specs import ModelSpec
 from llmgw.core.units import format_bytes
@@ -61,6 +70,18 @@ def shard_spec(r: ReplicaRecord, spec: ModelSpec) -> ShardSpec:
     )
 
 
+def member_spec(r: ReplicaRecord, spec: ModelSpec, m: Member) -> ShardSpec:
+    """The shard of one rank of a group: its GPUs and adapters, and the leader every rank meets at."""
+    return dataclasses.replace(shard_spec(r, spec), shard_id=m.shard_id, gpus=m.gpus, nnodes=len(r.members),
+                               rank=m.rank, leader_addr=r.leader_addr, leader_port=r.leader_port, hcas=m.hcas)
+
+
+def _unplace(r: ReplicaRecord) -> None:
+    """Back to Pending with no node: a group forgets its ranks too (their shards are stopped by then)."""
+    r.phase, r.node_id, r.shard_id, r.endpoint = Phase.PENDING, None, None, ""
+    r.members, r.leader_addr, r.leader_port = (), "", 0
+
+
 class _Pass:
     """One reconcile pass: a working copy of the replicas and the decisions so far."""
 
@@ -81,20 +102,29 @@ class _Pass:
     # -- failures and lifecycle ------------------------------------------------
     def fail(self, r: ReplicaRecord, reason: str, *, last_output: tuple[str, ...] = (),
              stop_shard: bool = False) -> None:
-        if stop_shard and r.node_id and r.shard_id:
+        if stop_shard and r.members:
+            self.stop_members(r, reason)
+        elif stop_shard and r.node_id and r.shard_id:
             self.commands.append(d.StopShard(r.node_id, r.shard_id, reason))
         r.failures += 1
         delay = backoff(r.failures, self.cfg)
-        where = f" on node {r.node_id}" if r.node_id else ""
+        # A group's reason names the rank and its node itself.
+        where = f" on node {r.node_id}" if r.node_id and not r.members else ""
         if r.failures >= self.cfg.crash_loop_after:
             r.message = (f"crash loop: failed {r.failures} times in a row{where}; last: {reason}; "
                          f"next try in {delay:.0f}s")
         else:
             r.message = f"{reason}{where}; next try in {delay:.0f}s (failure {r.failures} in a row)"
-        r.phase, r.node_id, r.shard_id, r.endpoint = Phase.PENDING, None, None, ""
+        _unplace(r)
         r.next_attempt_at = self.now + delay
         if last_output:
             r.last_output = last_output
+
+    def stop_members(self, r: ReplicaRecord, reason: str, *, but: str = "") -> None:
+        """StopShard for every rank of a group (but ``but``, a shard known to be gone already)."""
+        for m in r.members:
+            if m.shard_id != but:
+                self.commands.append(d.StopShard(m.node_id, m.shard_id, reason))
 
     def terminate(self, r: ReplicaRecord, reason: str) -> None:
         """Removes a replica; a Ready one is drained first, so no request in flight fails."""
@@ -107,12 +137,22 @@ class _Pass:
         # before the drain begins, so no new request reaches the engine.
         r.phase, r.message, r.sent_at = Phase.TERMINATING, reason, self.now
         if was_ready:
+            # A group's leader is the one requests reach; its other ranks are
+            # stopped once it has drained, since its requests need them to finish.
             self.commands.append(d.DrainShard(r.node_id, r.shard_id, int(self.cfg.drain_timeout_s)))
+        elif r.members:
+            self.stop_members(r, reason)
         else:
             self.commands.append(d.StopShard(r.node_id, r.shard_id, reason))
 
     # -- observation -------------------------------------------------------------
     def observe(self, r: ReplicaRecord) -> None:
+        if r.members:
+            if r.phase is Phase.TERMINATING:
+                self.observe_group_terminating(r)
+            else:
+                self.observe_group(r)
+            return
         node = self.nodes.get(r.node_id or "")
         last = node.shards.get(r.shard_id or "") if node is not None else None
         # What a node said last still counts after it went away: an agent that
@@ -207,6 +247,141 @@ class _Pass:
             else:
                 self.commands.append(d.StopShard(node.id, shard, reason))
 
+    def _member_view(self, m: Member) -> tuple[NodeView | None, ShardStatus | None, float]:
+        """A rank's node, its shard's last status there, and how long the node has been gone (0: connected)."""
+        node = self.nodes.get(m.node_id)
+        st = node.shards.get(m.shard_id) if node is not None else None
+        said_gone = st is not None and st.state in ShardState.terminal()
+        if node is None:
+            return None, None, float("inf")
+        if not node.connected and not said_gone:
+            return node, st, self.now - node.disconnected_since
+        return node, st, 0.0
+
+    def regroup(self, r: ReplicaRecord, rank: Member, why: str, message: str) -> None:
+        """Stops every rank but ``rank`` (gone already) and places the group again; not its failure.
+
+        No failure is counted, but the new attempt waits ``backoff_base_s``: the
+        surviving ranks hold their GPUs until their engines have exited, and a
+        new rank started at once on one of those nodes would be given the GPUs
+        an old rank still has memory on.
+        """
+        self.stop_members(r, why, but=rank.shard_id)
+        _unplace(r)
+        r.next_attempt_at = self.now + self.cfg.backoff_base_s
+        r.message = message
+
+    def observe_group(self, r: ReplicaRecord) -> None:
+        """A Starting or Ready group: Ready once every rank is; replaced whole when one rank is lost."""
+        spec = self.models.get(r.model)
+        ready: list[ShardStatus] = []
+        waiting: list[str] = []
+        resend: list[Member] = []
+        for m in r.members:
+            node, st, gone_for = self._member_view(m)
+            if gone_for > self.cfg.node_grace_s:
+                self.regroup(r, m, f"rank {m.rank} of its group is gone",
+                             f"node {m.node_id} (rank {m.rank}) lost for {gone_for:.0f}s; a group cannot lose "
+                             "a rank, so every rank is stopped and the group is placed again")
+                return
+            if node is None or gone_for:
+                waiting.append(f"node {m.node_id} (rank {m.rank}) is not connected; waiting up to "
+                               f"{self.cfg.node_grace_s:.0f}s for it before placing the group again")
+                continue
+            if not node.reported:
+                waiting.append(f"waiting for node {m.node_id} (rank {m.rank}) to report")
+                continue
+            if st is not None and st.adopted and st.state is ShardState.STARTING and r.phase is Phase.READY:
+                ready.append(st)  # a restarted agent is checking an engine that served all along
+                continue
+            if st is None and r.phase is Phase.READY:
+                self.regroup(r, m, f"rank {m.rank} of its group is gone",
+                             f"the engine of rank {m.rank} is gone from node {m.node_id}; starting the group again")
+                return
+            if st is None or st.state is ShardState.STARTING:
+                if st is None and (r.sent_at < node.registered_at or self.now - r.sent_at >= self.cfg.resend_s):
+                    resend.append(m)
+                waiting.append(f"rank {m.rank} starting on node {m.node_id}")
+                continue
+            if st.state is ShardState.READY:
+                ready.append(st)
+                continue
+            if st.state is ShardState.STOPPED:
+                why = f" ({st.message})" if st.message else ""
+                self.regroup(r, m, f"rank {m.rank} of its group was stopped",
+                             f"the engine of rank {m.rank} was stopped on node {m.node_id}{why}; "
+                             "starting the group again")
+                return
+            if st.state is ShardState.FAILED:
+                code = f" with code {st.exit_code}" if st.exit_code is not None else ""
+                what = st.message or f"engine exited{code}"
+                self.stop_members(r, f"rank {m.rank} of its group failed", but=m.shard_id)
+                self.fail(r, f"rank {m.rank} on node {m.node_id} failed: {what}", last_output=st.last_output)
+                return
+            waiting.append(f"rank {m.rank} is {st.state.value} on node {m.node_id}")
+        leader = r.members[0]
+        serving = (f"serving on node {leader.node_id} (leader of {len(r.members)} ranks on "
+                   f"{', '.join(m.node_id for m in r.members)})")
+        if len(ready) == len(r.members):
+            if r.phase is not Phase.READY:
+                endpoint = next((st.endpoint for st in ready if st.shard_id == leader.shard_id), "")
+                r.phase, r.ready_at, r.failures = Phase.READY, self.now, 0
+                r.endpoint, r.last_output = endpoint, ()
+            r.message = serving
+            return
+        if r.phase is Phase.READY:
+            # A rank's node is within its grace, or a rank is being checked by a
+            # restarted agent: the group stays routed meanwhile, as one node would.
+            r.message = waiting[0] if waiting else serving
+            return
+        if spec is not None and self.now - r.started_at > spec.startup_timeout_s:
+            self.fail(r, f"did not become ready within {spec.startup_timeout_s:.0f}s "
+                         f"({len(ready)} of {len(r.members)} ranks ready)", stop_shard=True)
+            return
+        if resend and spec is not None:
+            if any(r.sent_at < self.nodes[m.node_id].registered_at for m in resend):
+                r.started_at = self.now  # sent on a stream that has gone: the startup clock starts again
+            r.sent_at = self.now
+            for m in resend:
+                self.commands.append(d.StartShard(m.node_id, member_spec(r, spec, m)))
+        r.message = f"{len(ready)} of {len(r.members)} ranks ready; {waiting[0]}" if waiting else r.message
+
+    def observe_group_terminating(self, r: ReplicaRecord) -> None:
+        """Drains the leader (when it was Ready), then stops every rank; gone once all of them are."""
+        reason = r.message or "stopping"
+        leader_busy = False
+        live: list[tuple[Member, ShardStatus]] = []
+        unknown = False
+        for m in r.members:
+            node, st, gone_for = self._member_view(m)
+            if node is None or gone_for > self.cfg.node_grace_s:
+                continue  # gone with its node; if the node returns, its shard is an orphan and is stopped
+            if gone_for or not node.reported:
+                unknown = True
+                continue
+            if st is None or st.state in ShardState.terminal():
+                continue
+            live.append((m, st))
+            if m.rank == 0 and st.state in (ShardState.READY, ShardState.DRAINING):
+                leader_busy = True
+        if not live and not unknown:
+            self.deleted.add(r.id)
+            return
+        resend = self.now - r.sent_at >= self.cfg.resend_s
+        for m, st in live:
+            if m.rank == 0 and st.state is ShardState.READY:
+                if resend:
+                    self.commands.append(d.DrainShard(m.node_id, m.shard_id, int(self.cfg.drain_timeout_s)))
+            elif m.rank == 0 and st.state is ShardState.DRAINING:
+                if self.now - r.sent_at > self.cfg.drain_timeout_s + self.cfg.resend_s:
+                    self.commands.append(d.StopShard(m.node_id, m.shard_id, f"{reason} (drain did not finish)"))
+            elif leader_busy:
+                continue  # the leader's requests in flight still need this rank
+            elif st.state is not ShardState.STOPPING or resend:
+                self.commands.append(d.StopShard(m.node_id, m.shard_id, reason))
+        if resend:
+            r.sent_at = self.now
+
     # -- desired counts ------------------------------------------------------------
     def scale(self) -> None:
         live = [r for r in self.work if r.id not in self.deleted and r.phase is not Phase.TERMINATING]
@@ -223,9 +398,10 @@ class _Pass:
         """Why ``r`` must be replaced (its spec changed, its node is draining), or "" when it may stay."""
         if r.fingerprint != fp:
             return "replaced by a replica with the model's new spec"
-        node = self.nodes.get(r.node_id or "")
-        if node is not None and node.draining:
-            return f"moved off node {node.id}, which is being drained"
+        for node_id in [m.node_id for m in r.members] or [r.node_id or ""]:
+            node = self.nodes.get(node_id)
+            if node is not None and node.draining:
+                return f"moved off node {node.id}, which is being drained"
         return ""
 
     def scale_model(self, name: str, spec: ModelSpec, mine: list[ReplicaRecord]) -> None:
@@ -278,6 +454,12 @@ class _Pass:
         """
         active = [r for r in self.work if r.id not in self.deleted]
         placer = fit.Placer(self.nodes.values(), fit.Ledger(active, self.models))
+        # Rendezvous ports held by the groups already placed: a second leader on
+        # the same node given the same port would meet the first group's ranks.
+        position = {st.view.id: st.idx for st in placer.states}
+        for r in active:
+            if r.members and r.phase in Phase.placed() and r.members[0].node_id in position:
+                placer.leader_ports.setdefault(position[r.members[0].node_id], set()).add(r.leader_port)
 
         def order(r: ReplicaRecord) -> tuple[int, float, str]:
             spec = self.models.get(r.model)
@@ -289,6 +471,9 @@ class _Pass:
             if r.next_attempt_at > self.now:
                 continue
             spec = self.models[r.model]
+            if spec.resources.nnodes > 1:
+                self.place_group(placer, r, spec)
+                continue
             result = placer.place(r.model, spec, replica_id=r.id)
             if isinstance(result, fit.Refused):
                 r.message, r.gpus = result.message, ()
@@ -304,9 +489,32 @@ class _Pass:
             r.endpoint, r.message = "", f"starting on node {result.node_id}{where}{estimated}"
             self.commands.append(d.StartShard(result.node_id, shard_spec(r, spec)))
 
+    def place_group(self, placer: fit.Placer, r: ReplicaRecord, spec: ModelSpec) -> None:
+        """Places a replica that spans nodes: one StartShard per rank, each told where the leader is."""
+        group = fit.place_group(placer, r.model, spec, replica_id=r.id)
+        if isinstance(group, fit.Refused):
+            r.message, r.gpus = group.message, ()
+            return
+        r.attempt += 1
+        r.members = tuple(Member(k.rank, k.node_id, f"{r.id}-{r.attempt}-{k.rank}", k.gpus, k.hcas)
+                          for k in group.ranks)
+        leader = r.members[0]
+        r.phase, r.node_id, r.shard_id, r.gpus = Phase.STARTING, leader.node_id, leader.shard_id, leader.gpus
+        r.leader_addr, r.leader_port = group.leader_addr, group.leader_port
+        r.memory_bytes, r.memory_estimated = group.memory_bytes, group.memory_estimated
+        r.started_at = r.sent_at = self.now
+        r.endpoint = ""
+        r.message = (f"starting {len(r.members)} ranks on fabric {group.fabric} "
+                     f"({', '.join(m.node_id for m in r.members)}); leader {leader.node_id} at "
+                     f"{group.leader_addr}:{group.leader_port}")
+        for m in r.members:
+            self.commands.append(d.StartShard(m.node_id, member_spec(r, spec, m)))
+
     def stop_orphans(self) -> None:
         """Stops live shards no replica wants: left by a replaced attempt, or on a node that came back."""
         wanted = {(r.node_id, r.shard_id) for r in self.work if r.id not in self.deleted and r.shard_id}
+        # Every rank of a live group is wanted, not only its leader.
+        wanted |= {(m.node_id, m.shard_id) for r in self.work if r.id not in self.deleted for m in r.members}
         asked = {(c.node_id, c.shard_id) for c in self.commands if isinstance(c, d.StopShard)}
         for node in self.nodes.values():
             if not (node.connected and node.reported):

@@ -23,7 +23,7 @@ from sqlalchemy.orm import sessionmaker
 
 from llmgw.control.conditions import Condition
 from llmgw.control.events import Event
-from llmgw.control.state import Phase, ReplicaRecord
+from llmgw.control.state import Member, Phase, ReplicaRecord
 from llmgw.control.store.tables import ApiKeyRow, EventRow, ModelRow, NodeRow, ReplicaRow
 from llmgw.core import specs
 from llmgw.core.inventory import Inventory, inventory_from_dict
@@ -93,7 +93,19 @@ def _replica_from_row(row: ReplicaRow) -> ReplicaRecord:
         last_output=tuple(row.last_output or ()), created_at=row.created_at,
         gpus=tuple(int(g) for g in (row.gpus or ())), memory_bytes=int(row.memory_bytes or 0),
         memory_estimated=bool(row.memory_estimated),
+        members=tuple(_member_from_doc(m) for m in (row.members or ())),
+        leader_addr=row.leader_addr or "", leader_port=int(row.leader_port or 0),
     )
+
+
+def _member_to_doc(m: Member) -> dict[str, Any]:
+    return {"rank": m.rank, "node_id": m.node_id, "shard_id": m.shard_id, "gpus": list(m.gpus),
+            "hcas": list(m.hcas)}
+
+
+def _member_from_doc(doc: dict[str, Any]) -> Member:
+    return Member(rank=int(doc["rank"]), node_id=str(doc["node_id"]), shard_id=str(doc["shard_id"]),
+                  gpus=tuple(int(g) for g in doc.get("gpus", ())), hcas=tuple(str(h) for h in doc.get("hcas", ())))
 
 
 def _fill_replica_row(row: ReplicaRow, r: ReplicaRecord, now: float) -> None:
@@ -103,6 +115,8 @@ def _fill_replica_row(row: ReplicaRow, r: ReplicaRecord, now: float) -> None:
     row.ready_at, row.endpoint, row.message = r.ready_at, r.endpoint, r.message
     row.last_output, row.updated_at = list(r.last_output), now
     row.gpus, row.memory_bytes, row.memory_estimated = list(r.gpus), r.memory_bytes, r.memory_estimated
+    row.members = [_member_to_doc(m) for m in r.members]
+    row.leader_addr, row.leader_port = r.leader_addr, r.leader_port
 
 
 class Store:

@@ -81,6 +81,12 @@ class ReplicaRow(Base):
     #: Memory it was placed with (per GPU for a GPU replica); 64-bit: 80 GiB does not fit 32.
     memory_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     memory_estimated: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: A multi-node replica's ranks, leader first: {rank, node_id, shard_id, gpus, hcas} each;
+    #: empty for a one-node replica. Persisted, so a restarted control plane still knows
+    #: every shard of the group and neither stops them as orphans nor loses track of one.
+    members: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
+    leader_addr: Mapped[str] = mapped_column(String(253), default="")
+    leader_port: Mapped[int] = mapped_column(Integer, default=0)
     #: ``Condition.to_doc()`` each, written apart from the target (``Store.set_conditions``).
     conditions: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
 
