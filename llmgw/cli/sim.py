@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import signal
+from pathlib import Path
 
 import typer
 
@@ -20,6 +21,11 @@ def fleet(
     mix: str = typer.Option("h100:0.3,l40s:0.3,cpu:0.4", "--mix", help="Node kinds and weights"),
     heartbeat: float = typer.Option(5.0, "--heartbeat", min=0.1, help="Seconds between each node's heartbeats"),
     seed: int = typer.Option(0, "--seed", help="Which nodes get which kind"),
+    stats_file: Path = typer.Option(None, "--stats-file",
+                                    help="Write counts (registered, commands received, heartbeats and how late "
+                                         "they went out) here as JSON twice a second, for benchmarks"),
+    streams_per_channel: int = typer.Option(100, "--streams-per-channel", min=1,
+                                            help="Agent streams multiplexed on one HTTP/2 connection"),
 ) -> None:
     """Run N simulated agents (fake inventories, shards Ready without an engine) until Ctrl-C."""
     from llmgw.sim import fleet as fleet_mod
@@ -38,7 +44,8 @@ def fleet(
             loop.add_signal_handler(sig, stop.set)
         stats = fleet_mod.Stats()
         agents = fleet_mod.build_fleet(nodes, parsed, heartbeat_s=heartbeat, stats=stats, seed=seed)
-        await fleet_mod.run(server, agents, stop=stop)
+        await fleet_mod.run(server, agents, stop=stop, stats_file=stats_file,
+                            streams_per_channel=streams_per_channel)
 
     async def main_then_exit() -> None:
         with contextlib.suppress(KeyboardInterrupt, asyncio.CancelledError):

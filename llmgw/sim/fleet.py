@@ -7,30 +7,56 @@ exercise placement and reconciliation at a scale this machine cannot host for
 real. Endpoints point at a closed port: routing to a simulated shard fails, so
 the simulator is for the control plane, not the router.
 
-Streams share a few channels (HTTP/2 multiplexes them), because a thousand
-TCP connections from one process only measure the kernel.
+It is built to cost as little per node as it can, so that with thousands of
+nodes on one core it is the control plane that is measured:
+
+* Streams share a few channels (HTTP/2 multiplexes them), because a thousand
+  TCP connections from one process only measure the kernel.
+* A heartbeat is serialized once per node kind and sent as bytes with only the
+  seq in front (protobuf concatenation merges fields), so a beat costs one
+  small bytes join instead of building eight ``Gpu`` messages.
+* Heartbeats are spread evenly over the period, node ``i`` of ``n`` at
+  ``i/n`` of it, on an absolute schedule, so the control plane sees a steady
+  rate and no drift bunches them up. How late each beat went out is counted
+  (``Stats.late``): when the simulator itself cannot keep up, that shows it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import dataclasses
 import itertools
+import json
 import logging
+import os
 import random
 import time
+from pathlib import Path
+from typing import Any
 
 import grpc
 
 from llmgw.api import convert
 from llmgw.api.v1 import agent_pb2 as pb
-from llmgw.api.v1 import agent_pb2_grpc
 from llmgw.core.inventory import Gpu, Inventory
 from llmgw.core.shards import ShardSpec, ShardState, ShardStatus
 
 log = logging.getLogger(__name__)
 GIB = 2**30
 STREAMS_PER_CHANNEL = 100
+CONNECT_METHOD = "/llmgw.v1.AgentService/Connect"
+#: As the real agent's: a restarted control plane is redialled within a second,
+#: not after gRPC's default backoff of up to two minutes.
+CHANNEL_OPTIONS = [
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 1_000),
+]
+#: Upper bounds (seconds) of the lateness histogram; the last bucket is everything above.
+LATE_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
 
 def _gpus(n: int, name: str, mem_gib: int, cc: str, *, nvlink: bool) -> tuple[Gpu, ...]:
@@ -61,29 +87,49 @@ def parse_mix(text: str) -> list[tuple[str, float]]:
             w = float(weight or 1)
         except ValueError:
             raise ValueError(f"--mix {part!r}: the weight must be a number") from None
+        if w < 0:
+            raise ValueError(f"--mix {part!r}: the weight must not be negative")
         out.append((name, w))
+    if not any(w > 0 for _, w in out):
+        raise ValueError(f"--mix {text!r}: at least one weight must be above 0")
     return out
 
 
 @dataclasses.dataclass
 class Stats:
     registered: int = 0
+    #: Streams accepted so far, reconnections included.
+    sessions: int = 0
     starts: int = 0
     stops: int = 0
     drains: int = 0
     heartbeats: int = 0
     errors: int = 0
+    #: Heartbeats by how late they went out against their schedule (LATE_BUCKETS, then one above).
+    late: list[int] = dataclasses.field(default_factory=lambda: [0] * (len(LATE_BUCKETS) + 1))
+
+    def count_late(self, seconds: float) -> None:
+        self.late[bisect.bisect_left(LATE_BUCKETS, seconds)] += 1
+
+
+def _heartbeat_tail(inv: Inventory) -> bytes:
+    return pb.AgentMessage(heartbeat=pb.Heartbeat(
+        memory_total_bytes=inv.memory_total_bytes, memory_available_bytes=inv.memory_available_bytes,
+        gpus=convert.gpus_to_pb(inv.gpus))).SerializeToString()
 
 
 class FakeAgent:
-    def __init__(self, node_id: str, inventory: Inventory, *, heartbeat_s: float, stats: Stats) -> None:
+    def __init__(self, node_id: str, inventory: Inventory, *, heartbeat_s: float, stats: Stats,
+                 phase: float = 0.0, heartbeat_tail: bytes | None = None) -> None:
         self.node_id, self.inventory, self.heartbeat_s, self.stats = node_id, inventory, heartbeat_s, stats
+        #: Where in the heartbeat period this node beats, as a fraction of it.
+        self.phase = phase
         self.shards: dict[str, ShardStatus] = {}
         self._seq = itertools.count(1)
-        self._ports = itertools.count(20000)
+        self._tail = heartbeat_tail if heartbeat_tail is not None else _heartbeat_tail(inventory)
 
-    def _msg(self, **body: object) -> pb.AgentMessage:
-        return pb.AgentMessage(seq=next(self._seq), **body)  # type: ignore[arg-type]
+    def _msg(self, **body: object) -> bytes:
+        return pb.AgentMessage(seq=next(self._seq), **body).SerializeToString()  # type: ignore[arg-type]
 
     def _status(self, spec: ShardSpec, state: ShardState, message: str = "") -> ShardStatus:
         # Port 9 (discard) on loopback: nothing answers, which is the point.
@@ -93,16 +139,18 @@ class FakeAgent:
         return st
 
     async def run(self, channel: grpc.aio.Channel, stop: asyncio.Event) -> None:
+        connect = channel.stream_stream(CONNECT_METHOD, request_serializer=None,  # bytes as they are
+                                        response_deserializer=pb.ControlMessage.FromString)
         while not stop.is_set():
             try:
-                await self._session(channel, stop)
+                await self._session(connect, stop)
             except grpc.aio.AioRpcError as e:
                 self.stats.errors += 1
                 log.debug("%s: %s", self.node_id, e.code().name)
             await asyncio.sleep(0.5 + random.random())
 
-    async def _session(self, channel: grpc.aio.Channel, stop: asyncio.Event) -> None:
-        call = agent_pb2_grpc.AgentServiceStub(channel).Connect()
+    async def _session(self, connect: Any, stop: asyncio.Event) -> None:
+        call = connect()
         await call.write(self._msg(register=pb.Register(
             node_id=self.node_id, hostname=self.node_id, agent_version="fleet-sim", mgmt_addr="127.0.0.1",
             shards=[convert.status_to_pb(s) for s in self.shards.values()],
@@ -111,6 +159,7 @@ class FakeAgent:
         if first is grpc.aio.EOF or not first.ack.ok:
             return
         self.stats.registered += 1
+        self.stats.sessions += 1
         beat = asyncio.create_task(self._beat(call))
         try:
             while not stop.is_set():
@@ -124,14 +173,24 @@ class FakeAgent:
             call.cancel()
 
     async def _beat(self, call: grpc.aio.StreamStreamCall) -> None:
-        await asyncio.sleep(random.random() * self.heartbeat_s)  # spread the fleet's heartbeats
-        inv = self.inventory
+        loop = asyncio.get_running_loop()
+        period = self.heartbeat_s
+        now = loop.time()
+        # The next moment at this node's phase of the period, on a clock shared by the
+        # whole fleet, so the streams of a restarted control plane keep their spread.
+        due = (now // period) * period + self.phase * period
+        if due <= now:
+            due += period
+        tail, stats = self._tail, self.stats
         while True:
-            await call.write(self._msg(heartbeat=pb.Heartbeat(
-                memory_total_bytes=inv.memory_total_bytes, memory_available_bytes=inv.memory_available_bytes,
-                gpus=convert.gpus_to_pb(inv.gpus))))
-            self.stats.heartbeats += 1
-            await asyncio.sleep(self.heartbeat_s)
+            await asyncio.sleep(due - loop.time())
+            stats.count_late(loop.time() - due)
+            await call.write(pb.AgentMessage(seq=next(self._seq)).SerializeToString() + tail)
+            stats.heartbeats += 1
+            due += period
+            now = loop.time()
+            if due < now:  # more than a period behind: skip beats rather than send a burst
+                due += ((now - due) // period + 1) * period
 
     async def _handle(self, call: grpc.aio.StreamStreamCall, msg: pb.ControlMessage) -> None:
         kind = msg.WhichOneof("body")
@@ -161,25 +220,54 @@ def build_fleet(n: int, mix: list[tuple[str, float]], *, heartbeat_s: float, sta
                 seed: int = 0) -> list[FakeAgent]:
     rng = random.Random(seed)
     names, weights = zip(*mix, strict=True)
-    return [FakeAgent(f"sim-{i:05d}", KINDS[rng.choices(names, weights)[0]], heartbeat_s=heartbeat_s, stats=stats)
-            for i in range(n)]
+    tails = {name: _heartbeat_tail(KINDS[name]) for name in names}
+    agents = []
+    for i in range(n):
+        kind = rng.choices(names, weights)[0]
+        agents.append(FakeAgent(f"sim-{i:05d}", KINDS[kind], heartbeat_s=heartbeat_s, stats=stats,
+                                phase=i / n, heartbeat_tail=tails[kind]))
+    return agents
 
 
-async def run(server: str, agents: list[FakeAgent], *, stop: asyncio.Event, report_s: float = 5.0) -> None:
-    channels = [grpc.aio.insecure_channel(server) for _ in range(max(1, len(agents) // STREAMS_PER_CHANNEL))]
+def snapshot(agents: list[FakeAgent], stats: Stats, *, started: float) -> dict[str, Any]:
+    """What the simulator has seen so far, as written to ``--stats-file``."""
+    return {"nodes": len(agents), "shards_ready": sum(
+                1 for a in agents for s in a.shards.values() if s.state is ShardState.READY),
+            "time": time.time(), "uptime_s": round(time.monotonic() - started, 3), "pid": os.getpid(),
+            "late_buckets": list(LATE_BUCKETS), **dataclasses.asdict(stats)}
+
+
+def _write_atomic(path: Path, doc: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc))
+    os.replace(tmp, path)  # a reader never sees half a file
+
+
+async def run(server: str, agents: list[FakeAgent], *, stop: asyncio.Event, report_s: float = 5.0,
+              stats_file: Path | None = None, stats_every_s: float = 0.5,
+              streams_per_channel: int = STREAMS_PER_CHANNEL) -> None:
+    n_channels = max(1, -(-len(agents) // streams_per_channel))
+    channels = [grpc.aio.insecure_channel(server, options=CHANNEL_OPTIONS) for _ in range(n_channels)]
     tasks = [asyncio.create_task(a.run(channels[i % len(channels)], stop)) for i, a in enumerate(agents)]
     stats = agents[0].stats if agents else Stats()
     t0 = time.monotonic()
+    next_report = t0 + report_s
     try:
         while not stop.is_set():
             try:
-                await asyncio.wait_for(stop.wait(), report_s)
+                await asyncio.wait_for(stop.wait(), stats_every_s if stats_file else report_s)
             except TimeoutError:
                 pass
-            log.info("fleet: %d/%d registered, %d shards Ready, %d starts, %d stops, %d heartbeats, %.0fs",
-                     stats.registered, len(agents), sum(len(a.shards) for a in agents), stats.starts, stats.stops,
-                     stats.heartbeats, time.monotonic() - t0)
+            if stats_file is not None:
+                _write_atomic(stats_file, snapshot(agents, stats, started=t0))
+            if time.monotonic() >= next_report:
+                next_report += report_s
+                log.info("fleet: %d/%d registered, %d shards, %d starts, %d stops, %d heartbeats, %.0fs",
+                         stats.registered, len(agents), sum(len(a.shards) for a in agents), stats.starts,
+                         stats.stops, stats.heartbeats, time.monotonic() - t0)
     finally:
+        if stats_file is not None:
+            _write_atomic(stats_file, snapshot(agents, stats, started=t0))
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

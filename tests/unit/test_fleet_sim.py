@@ -1,0 +1,145 @@
+"""The fleet simulator's pure parts, the agent service's wait histogram and GC freezing, heartbeat expiry."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.core import HistogramMetricFamily
+
+from llmgw.api.v1 import agent_pb2 as pb
+from llmgw.control.agentsvc import collector, metrics
+from llmgw.control.cluster import Cluster
+from llmgw.control.store.store import Store, StoredNode
+from llmgw.core.inventory import Heartbeat
+from llmgw.sim import fleet
+
+
+def _buckets(h: metrics.WaitHistogram) -> dict[str, float]:
+    (family,) = list(h.collect())
+    assert isinstance(family, HistogramMetricFamily)
+    return {s.labels["le"]: s.value for s in family.samples if s.name.endswith("_bucket")}
+
+
+def test_wait_histogram_counts_an_idle_sleep_as_waits_of_zero() -> None:
+    """A probe that woke on time adds one zero-wait arrival per millisecond slept, nothing above."""
+    h = metrics.WaitHistogram()
+    h.add(0.005, 0.0)
+    b = _buckets(h)
+    assert b["1e-05"] == pytest.approx(5.0)
+    assert b["+Inf"] == pytest.approx(5.0)
+
+
+def test_wait_histogram_weights_a_stall_by_its_length() -> None:
+    """A one-second stall is a thousand arrivals, waiting evenly from 1 s down to 0: half wait under 0.5 s."""
+    h = metrics.WaitHistogram()
+    h.add(0.005, 1.0)
+    b = _buckets(h)
+    assert b["+Inf"] == pytest.approx(1005.0)
+    assert b["0.5"] - b["1e-05"] == pytest.approx(500.0 - 0.01)
+    assert b["1.0"] == pytest.approx(1005.0)
+    (family,) = list(h.collect())
+    total = next(s.value for s in family.samples if s.name.endswith("_sum"))
+    assert total == pytest.approx(500.0)  # 1000 arrivals waiting 0.5 s on average
+
+
+def test_wait_histogram_puts_a_stall_past_the_last_bucket_in_inf() -> None:
+    """Waits longer than the last bucket still count, in +Inf only."""
+    h = metrics.WaitHistogram()
+    h.add(0.0, 12.0)
+    b = _buckets(h)
+    assert b["10.0"] == pytest.approx(10_000.0)
+    assert b["+Inf"] == pytest.approx(12_000.0)
+
+
+def test_freeze_moves_survivors_out_of_collection() -> None:
+    """After a freeze, objects alive then are in the permanent generation; a full one first unfreezes."""
+    keep = [[i] for i in range(1000)]
+    try:
+        collector.note_registration()
+        collector.freeze(full=False)
+        assert gc.get_freeze_count() >= len(keep)
+        assert collector._registered[0] == 0
+        collector.freeze(full=True)
+        assert gc.get_freeze_count() >= len(keep)
+    finally:
+        gc.unfreeze()
+    assert gc.get_freeze_count() == 0
+
+
+def test_heartbeat_bytes_parse_as_one_message_with_the_seq() -> None:
+    """The seq prefix joined to the prebuilt heartbeat is one AgentMessage carrying both."""
+    agents = fleet.build_fleet(4, fleet.parse_mix("h100:1"), heartbeat_s=5, stats=fleet.Stats())
+    a = agents[0]
+    data = pb.AgentMessage(seq=42).SerializeToString() + a._tail
+    msg = pb.AgentMessage.FromString(data)
+    assert msg.seq == 42 and msg.WhichOneof("body") == "heartbeat"
+    assert len(msg.heartbeat.gpus) == 8
+    assert msg.heartbeat.memory_available_bytes == a.inventory.memory_available_bytes
+
+
+def test_fleet_spreads_heartbeats_evenly_over_the_period() -> None:
+    """Node i of n beats at i/n of the period, so the server sees a steady rate."""
+    agents = fleet.build_fleet(4, fleet.parse_mix("cpu:1"), heartbeat_s=5, stats=fleet.Stats())
+    assert [a.phase for a in agents] == [0.0, 0.25, 0.5, 0.75]
+
+
+def test_lateness_lands_in_its_bucket() -> None:
+    """A beat 3 ms late counts under 5 ms; one later than the last bound counts above it."""
+    s = fleet.Stats()
+    s.count_late(0.003)
+    s.count_late(60.0)
+    assert s.late[fleet.LATE_BUCKETS.index(0.005)] == 1
+    assert s.late[-1] == 1 and sum(s.late) == 2
+
+
+@pytest.mark.parametrize(("mix", "error"), [
+    ("gpu:1", "unknown node kind 'gpu'"),
+    ("h100:lots", "the weight must be a number"),
+    ("h100:-1", "must not be negative"),
+    ("h100:0,cpu:0", "at least one weight must be above 0"),
+])
+def test_bad_mix_says_what_is_wrong(mix: str, error: str) -> None:
+    """Each malformed --mix is refused with what to fix."""
+    with pytest.raises(ValueError, match=error):
+        fleet.parse_mix(mix)
+
+
+class _Link:
+    def __init__(self) -> None:
+        self.closed: list[str] = []
+
+    def start_shard(self, spec: Any) -> None: ...
+    def stop_shard(self, shard_id: str, *, reason: str) -> None: ...
+    def drain_shard(self, shard_id: str, *, timeout_s: int) -> None: ...
+
+    def close(self, reason: str) -> None:
+        self.closed.append(reason)
+
+    def request_logs(self, shard_id: str, *, lines: int, follow: bool) -> tuple[str, asyncio.Queue[Any]]:
+        raise NotImplementedError
+
+    def cancel_logs(self, request_id: str) -> None: ...
+
+
+def test_only_the_silent_node_is_expired(tmp_path: Path) -> None:
+    """A pass closes the stream of the node silent past the timeout and leaves the one that beat."""
+    now = [1000.0]
+    store = Store.open(tmp_path)
+    try:
+        c = Cluster(store, clock=lambda: now[0], heartbeat_timeout_s=20.0)
+        inv = fleet.KINDS["cpu"]
+        links = {name: _Link() for name in ("quiet", "beating")}
+        for name, link in links.items():
+            c.node_registered(StoredNode(name, name, "", "", inv, {}, now[0], now[0]), [], link)
+        now[0] += 15
+        c.node_heartbeat("beating", Heartbeat(inv.memory_total_bytes, inv.memory_available_bytes))
+        now[0] += 10  # quiet: 25 s silent; beating: 10 s
+        c.reconcile_once()
+        assert links["quiet"].closed == ["no heartbeat"] and not c.connected("quiet")
+        assert links["beating"].closed == [] and c.connected("beating")
+    finally:
+        store.close()
