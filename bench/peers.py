@@ -46,6 +46,9 @@ LITELLM_OFFLINE = {
 }
 LITELLM_KEY = "sk-bench-master"
 
+#: The peers' ``--policy`` values and llmgw's ``routing`` that does the same with one worker.
+LLMGW_ROUTING = {"round_robin": "round_robin", "cache_aware": "prefix_cache"}
+
 
 @dataclasses.dataclass(frozen=True)
 class Contender:
@@ -70,13 +73,15 @@ def find(name: str, *, upstream: str, model: str, workdir: Path, policy: str) ->
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     if name == "llmgw":
-        table = {"version": 1, "models": [{"name": model, "served_name": model, "state": "Ready",
+        # The peers' policy under llmgw's name for it; an llmgw routing name passes as it is.
+        routing = LLMGW_ROUTING.get(policy, policy)
+        table = {"version": 1, "models": [{"name": model, "served_name": model, "state": "Ready", "routing": routing,
                                            "endpoints": [{"replica_id": "r-bench", "url": upstream}]}]}
         path = workdir / "llmgw-table.json"
         path.write_text(json.dumps(table))
         return Contender(name, [python_for_project(), "-m", "llmgw.router.standalone", "--port", str(port),
                                 "--table-file", str(path), "--log-level", "warning"],
-                         url, "/v1/models", note="standalone, static table, one endpoint")
+                         url, "/v1/models", note=f"standalone, static table, one endpoint, routing {routing}")
     binary = PEERS_BIN / {"litellm": "litellm", "sglang-router": "sglang-router",
                           "vllm-router": "vllm-router"}[name]
     if not binary.exists():

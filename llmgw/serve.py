@@ -26,14 +26,19 @@ from typing import Any
 
 import uvicorn
 
+from llmgw.control.agentsvc import collector as agentsvc_collector
+from llmgw.control.agentsvc import metrics as agentsvc_metrics
 from llmgw.control.agentsvc import service as agentsvc
 from llmgw.control.cluster import Cluster
 from llmgw.control.http.api import create_api
 from llmgw.control.reconcile import decide
+from llmgw.control.router_events import RouterEvents
 from llmgw.control.store.store import Store
 from llmgw.core.errors import LlmgwError
 from llmgw.router import auth as router_auth
+from llmgw.router import events as router_events
 from llmgw.router import metrics as router_metrics
+from llmgw.router import tracing as router_tracing
 from llmgw.router.app import RouterApp
 from llmgw.router.table import TableHolder
 from llmgw.router.watch import TableWatcher
@@ -51,6 +56,8 @@ class ServerConfig:
     ports_file: Path | None = None
     #: Seconds a disconnected node keeps its replicas before they are placed elsewhere.
     node_grace_s: float = 30.0
+    #: An OTLP/HTTP collector for the router's spans ("": tracing off).
+    tracing_endpoint: str = ""
 
 
 class _Uvicorn(uvicorn.Server):
@@ -107,8 +114,10 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
         loop.add_signal_handler(sig, stop.set)
     _warn_if_exposed(cfg.host)
     store = Store.open(cfg.data_dir)
-    for warning in router_auth.check_listen(cfg.host, bool(store.list_keys()), allow_no_auth=False):
-        log.warning("%s", warning)
+    # The router's first table says whether keys exist; the guard warns then, and again
+    # whenever a later table leaves this listen without any.
+    listen_guard = router_auth.ListenGuard(cfg.host)
+    tracing = router_tracing.Tracing(cfg.tracing_endpoint) if cfg.tracing_endpoint else None
     cluster = Cluster(store, cfg=decide.Config(node_grace_s=cfg.node_grace_s))
     http_sock = _listen(cfg.host, cfg.http_port)
     http_port = http_sock.getsockname()[1]
@@ -119,14 +128,21 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
         raise LlmgwError(str(e)) from None
     holder = TableHolder()
     control_url = _loopback_url(cfg.host, http_port)
-    watcher = TableWatcher(control_url, holder)
-    router = RouterApp(holder, watcher=watcher, source=f"the control plane at {control_url}")
-    api = create_api(store, cluster, extra_registries=(router_metrics.REGISTRY,))
+    watcher = TableWatcher(control_url, holder, listen_guard=listen_guard)
+    # Ejections reach the control plane through a callback: the router and the control
+    # plane share only the report's JSON shape, exactly what a standalone router POSTs.
+    reports = RouterEvents()
+    router = RouterApp(holder, watcher=watcher, source=f"the control plane at {control_url}",
+                       events=router_events.CallbackSink("server", reports.record), tracing=tracing)
+    api = create_api(store, cluster, extra_registries=(router_metrics.REGISTRY, agentsvc_metrics.REGISTRY),
+                     router_events=reports)
     web = _Uvicorn(uvicorn.Config(_dispatch(router, api), lifespan="off", log_level="warning",
                                   http="httptools", ws="none", access_log=False,
                                   timeout_graceful_shutdown=3))
     web_task = asyncio.create_task(web.serve(sockets=[http_sock]))
     reconcile_task = asyncio.create_task(cluster.run())
+    lag_task = asyncio.create_task(agentsvc_metrics.watch_loop_lag())
+    gc_task = asyncio.create_task(agentsvc_collector.manage())
     await router.startup()
     log.info("llmgw server: HTTP on %s:%d (OpenAI API /v1, REST /api/v1), agents on %s:%d, data in %s",
              cfg.host, http_port, cfg.host, agent_port, cfg.data_dir)
@@ -147,6 +163,8 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
         await router.shutdown()
         await grpc_server.stop(grace=1.0)
         reconcile_task.cancel()
+        lag_task.cancel()
+        gc_task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await asyncio.wait_for(web_task, 5.0)
         with contextlib.suppress(asyncio.CancelledError):

@@ -4,9 +4,10 @@
   document, and the holder it is swapped into;
 * ``watch``: the long poll that keeps the table current and outlives control-plane restarts;
 * ``pick``: endpoint choice, pure (round-robin with exclusion of endpoints already tried);
-* ``upstream``: the HTTP client pools to engines and the retry rules;
+* ``upstream``: the choice of endpoint and the retry rules; ``client``: its HTTP/1.1 pools to engines;
 * ``app``: the raw ASGI app (``RouterApp``); ``asgi``, ``request``, ``errors``: its parts;
-* ``standalone``: ``python -m llmgw.router.standalone`` for a router on its own.
+* ``standalone``: ``python -m llmgw.router.standalone`` for a router on its own, served by
+  ``server`` (its own HTTP/1.1 server; ``llmgw server`` runs the same app under uvicorn).
 
 The router never imports ``llmgw.control`` or ``llmgw.agent``: they meet on the wire.
 """

@@ -15,7 +15,9 @@ lost and the model would serve one fewer request at a time for good.
 
 Limits: ``limits`` per model name, else ``default_limit``, else none (a model
 without a limit is only counted). ``limits_from_doc`` reads the optional
-``models[].limits.concurrency`` of the endpoints document.
+``models[].limits.concurrency`` of the endpoints document; the table caps it
+at ``limits.concurrency_per_replica`` times the model's endpoints
+(``table.model_limits``), so a request waits here, not at a full replica.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
-from llmgw.router import errors
+from llmgw.router import errors, metrics
 
 
 class Overloaded(errors.ApiError):
@@ -118,6 +120,7 @@ class Admission:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         heapq.heappush(gate.heap, (-priority, next(self._seq), fut))
         gate.queued += 1
+        metrics.QUEUED.inc()  # only waiters touch it: an admitted-at-once request never does
         start = self._clock()
         try:
             async with asyncio.timeout(self.max_wait_s):
@@ -130,6 +133,7 @@ class Admission:
             else:
                 fut.cancel()
                 gate.queued -= 1
+                metrics.QUEUED.dec()
             if isinstance(exc, TimeoutError):
                 self.rejected += 1
                 raise Overloaded(f"The model {model!r} had no free slot within {self.max_wait_s:g}s "
@@ -145,6 +149,7 @@ class Admission:
             if fut.done():  # its waiter gave up; it counted itself out
                 continue
             gate.queued -= 1
+            metrics.QUEUED.dec()
             gate.active += 1
             fut.set_result(None)
 

@@ -18,6 +18,13 @@ out before the engine's). Each request's timings go to ``metrics`` on a ``Trace`
 
 The app owns its HTTP client pools: ``startup()`` and ``shutdown()``, or ASGI
 lifespan when it runs alone. A ``watcher`` passed in is started and stopped with it.
+
+Under ``server`` (the standalone router's own HTTP server) the scope carries the
+``CANCELS`` extension: that server cancels the request's task the moment the
+client's connection is lost, so the relay runs inline, without the second task
+that watches ``receive()``: two tasks and an ``asyncio.wait`` per request were a
+fifth of the router's time at capacity. Under any other ASGI server (uvicorn in
+``llmgw server``) the watching task stays.
 """
 
 from __future__ import annotations
@@ -28,9 +35,10 @@ import logging
 import time
 from typing import Protocol
 
-import aiohttp
-
 from llmgw.router import admission, asgi, auth, errors, metrics, pick, prefix, ratelimit, relay, request, upstream
+from llmgw.router import events as router_events
+from llmgw.router import tracing as router_tracing
+from llmgw.router.client import Response
 from llmgw.router.table import Endpoint, ModelRoute, RouteTable, TableHolder
 
 log = logging.getLogger(__name__)
@@ -39,7 +47,12 @@ FORWARD_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embed
 MODELS_PATH = "/v1/models"
 METRICS_PATH = "/metrics"
 
-Opened = tuple[Endpoint, aiohttp.ClientResponse]
+Opened = tuple[Endpoint, Response]
+
+#: The scope extension a server sets when it cancels the request's task on disconnect.
+CANCELS = "llmgw.cancel_on_disconnect"
+#: Routings that choose by the request's content; only these need its affinity key.
+KEYED_ROUTINGS = frozenset({"prefix_cache", "session_affinity"})
 
 
 class Lifecycle(Protocol):
@@ -53,7 +66,8 @@ class RouterApp:
     def __init__(self, holder: TableHolder, *, watcher: Lifecycle | None = None,
                  source: str = "the control plane", connect_timeout_s: float = 5.0,
                  max_endpoints: int = 3, max_body_bytes: int = 32 << 20, keepalive_s: float = 15.0,
-                 serve_metrics: bool = False, admission_queue: int = 100, admission_wait_s: float = 30.0) -> None:
+                 serve_metrics: bool = False, admission_queue: int = 100, admission_wait_s: float = 30.0,
+                 events: router_events.Sink | None = None, tracing: router_tracing.Tracing | None = None) -> None:
         self.holder = holder
         self._watcher = watcher
         self._source = source  # named in the 503 answered before the first table arrives
@@ -62,7 +76,9 @@ class RouterApp:
         self._serve_metrics = serve_metrics
         # With the holder, the forwarder scrapes every endpoint's load, not only those already asked.
         self._forwarder = upstream.Forwarder(pick.RoundRobin(), connect_timeout_s=connect_timeout_s,
-                                             max_endpoints=max_endpoints, holder=holder)
+                                             max_endpoints=max_endpoints, holder=holder, events=events)
+        self._events = events  # ejections and recoveries, for the control plane
+        self._tracing = tracing  # None: the untraced path, no SDK call anywhere
         self._models_cache: tuple[RouteTable, dict[frozenset[str], bytes]] | None = None
         self._limiter = ratelimit.RateLimiter()
         self._admission = admission.Admission(max_queue=admission_queue, max_wait_s=admission_wait_s)
@@ -70,6 +86,8 @@ class RouterApp:
 
     async def startup(self) -> None:
         await self._forwarder.start()
+        if self._events is not None:
+            await self._events.start()
         if self._watcher is not None:
             await self._watcher.start()
 
@@ -77,6 +95,10 @@ class RouterApp:
         if self._watcher is not None:
             await self._watcher.stop()
         await self._forwarder.close()
+        if self._events is not None:
+            await self._events.stop()
+        if self._tracing is not None:
+            await self._tracing.shutdown()
 
     async def __call__(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
         if scope["type"] == "http":
@@ -91,7 +113,10 @@ class RouterApp:
             if path in FORWARD_PATHS:
                 if method != "POST":
                     raise errors.method_not_allowed(method, path, "POST")
-                await self._complete(scope, path, arrived, receive, send)
+                if self._tracing is None:
+                    await self._complete(scope, path, arrived, receive, send)
+                else:
+                    await self._tracing.around(self._complete, scope, path, arrived, receive, send)
             elif path == MODELS_PATH:
                 if method not in ("GET", "HEAD"):
                     raise errors.method_not_allowed(method, path, "GET")
@@ -156,9 +181,17 @@ class RouterApp:
             self._limits_seen = table.limits
         if key.tpm:
             send = self._counting(send, key.id)
-        affinity = prefix.request_key(req.doc, session_header=_header(scope, b"x-llmgw-session"))
+        # Hashing the prompt's blocks is for the routings that use them; round-robin skips it.
+        affinity = (prefix.request_key(req.doc, session_header=_header(scope, b"x-llmgw-session"))
+                    if route.routing in KEYED_ROUTINGS else pick.NO_KEY)
+        spans = router_tracing.CURRENT.get()
+        if spans is not None:
+            spans.admission_start()
         async with self._admission.slot(route.name, priority=key.priority):
-            await self._serve(route, req, path, arrived, receive, send, affinity)
+            if spans is not None:
+                spans.admitted(route.name)
+            await self._serve(route, req, path, arrived, receive, send, affinity,
+                              cancels=CANCELS in scope.get("extensions", ()))
 
     def _counting(self, send: asgi.Send, key_id: str) -> asgi.Send:
         """``send``, also counting the tokens of the answer's usage for the key's tokens-per-minute.
@@ -188,7 +221,8 @@ class RouterApp:
         return counting
 
     async def _serve(self, route: ModelRoute, req: request.CompletionRequest, path: str, arrived: float,
-                     receive: asgi.Receive, send: asgi.Send, affinity: pick.RequestKey) -> None:
+                     receive: asgi.Receive, send: asgi.Send, affinity: pick.RequestKey, *,
+                     cancels: bool = False) -> None:
         trace = metrics.Trace(route.name, arrived)
         if not route.endpoints:
             # Answered here, not raised: _http would count it again, under model="".
@@ -199,6 +233,18 @@ class RouterApp:
             return
         body = request.for_engine(req, route.served_name)
         trace.series.in_flight.inc()
+        if cancels:
+            # The server cancels this task when the client goes, which cancels the relay
+            # where it waits and closes the upstream connection: no watcher needed.
+            try:
+                await self._forward(route, path, body, send, trace, stream=req.stream, affinity=affinity)
+            except asyncio.CancelledError:
+                log.info("client left during a %s request for %r; upstream request cancelled", path, req.model)
+                raise
+            finally:
+                trace.series.in_flight.dec()
+                trace.finish(time.perf_counter())
+            return
         forward = asyncio.ensure_future(self._forward(route, path, body, send, trace, stream=req.stream,
                                                       affinity=affinity))
         watch = asyncio.ensure_future(asgi.wait_disconnect(receive))
@@ -227,7 +273,7 @@ class RouterApp:
             started, opened = await self._open_keeping_alive(route, path, body, send, trace, affinity)
         else:
             try:
-                opened = await self._forwarder.open(route, path, body, key=affinity)
+                opened = await self._forwarder.open(route, path, body, key=affinity, stream=stream)
             except errors.ApiError as exc:
                 opened = exc
         if isinstance(opened, errors.ApiError):
@@ -267,31 +313,45 @@ class RouterApp:
         the engine has taken the request and a retry is unlikely to help, while
         without a byte a proxy in front would cut the connection at its idle timeout.
         """
-        opening = asyncio.ensure_future(self._forwarder.open(route, path, body, key=affinity))
+        # No task per request for the common case, an engine that answers within
+        # keepalive_s: a timer that, only when it fires, starts the task that sends the
+        # 200 and the keep-alives while this one goes on waiting for the engine.
         started = False
-        try:
+        sender: asyncio.Future[None] | None = None
+
+        async def keep_alive() -> None:
+            nonlocal started
+            started = True  # before the send: a send cancelled mid-way has still written
+            trace.status = 200
+            await send(relay.stream_start(overhead_s=trace.before_upstream()))
             while True:
-                done, _ = await asyncio.wait((opening,), timeout=self._keepalive_s)
-                if done:
-                    break
-                if not started:
-                    await send(relay.stream_start(overhead_s=trace.before_upstream()))
-                    started = True
-                    trace.status = 200
                 await relay.keepalive(send)
-        except BaseException:
-            # The client left (this task is cancelled) while the engine had not answered, or
-            # just as it did: cancel the attempt, or close the response nobody will read,
-            # either of which drops the upstream connection and stops the engine.
-            if not opening.done():
-                opening.cancel()
-            elif not opening.cancelled() and opening.exception() is None:
-                opening.result()[1].close()
-            raise
+                await asyncio.sleep(self._keepalive_s)
+
+        def begin() -> None:
+            nonlocal sender
+            sender = asyncio.ensure_future(keep_alive())
+
+        timer = asyncio.get_running_loop().call_later(self._keepalive_s, begin)
+        opened: Opened | errors.ApiError | None = None
         try:
-            return started, opening.result()
-        except errors.ApiError as exc:
-            return started, exc
+            try:
+                opened = await self._forwarder.open(route, path, body, key=affinity, stream=True)
+            except errors.ApiError as exc:
+                opened = exc
+            finally:
+                timer.cancel()
+                if sender is not None:
+                    sender.cancel()
+                    await asyncio.gather(sender, return_exceptions=True)
+        except BaseException:
+            # The client left (this task is cancelled) while the engine had not answered
+            # (open() is cancelled with it and drops the attempt), or just as it did:
+            # close the response nobody will read, which drops the upstream connection.
+            if isinstance(opened, tuple):
+                opened[1].close()
+            raise
+        return started, opened
 
     async def _lifespan(self, receive: asgi.Receive, send: asgi.Send) -> None:
         while True:

@@ -9,6 +9,9 @@ request is the anonymous key, so a fresh cluster answers at once; because that
 also means "open to anyone who can reach it", ``check_listen`` warns about a
 non-loopback listen without keys.
 
+``ListenGuard`` repeats that check on every table, so deleting the last key of a
+router listening beyond loopback is warned about when it happens, not only at start.
+
 This module is pure: no sockets, no aiohttp; the control plane is never imported.
 """
 
@@ -17,10 +20,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import ipaddress
-from collections.abc import Iterable, Mapping
+import logging
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from llmgw.router import errors
+
+log = logging.getLogger(__name__)
 
 HOW_TO_GET_ONE = "Create one with `llmgw key create NAME` and send it as `Authorization: Bearer <key>`."
 
@@ -105,6 +111,34 @@ def check_listen(host: str, auth_required: bool, *, allow_no_auth: bool) -> list
         return []
     return [f"The router listens on {host}, beyond this machine, and no API key exists, so anyone who can "
             f"reach it may use every model. {HOW_TO_GET_ONE} Keys are enforced from the first one on."]
+
+
+class ListenGuard:
+    """Warns when the table a router on ``host`` serves requires no key, each time it becomes so.
+
+    Auth is off exactly while no key exists; that is only safe on a loopback listen.
+    Checked on every table, not only at start: deleting the last key opens a router
+    that listens beyond this machine, and the operator must hear of it then. Said
+    once per change, not once per table (one arrives with every replica change).
+    """
+
+    def __init__(self, host: str, *, allow_no_auth: bool = False,
+                 warn: Callable[[str], None] | None = None) -> None:
+        self.host = host
+        self._allow = allow_no_auth
+        self._warn = warn or log.warning
+        self._open: bool | None = None  # unknown until the first table
+        #: Every warning given, for tests and the status page.
+        self.warnings: list[str] = []
+
+    def check(self, authenticator: Authenticator) -> None:
+        now_open = not authenticator.required
+        if now_open == self._open:
+            return
+        self._open = now_open
+        for warning in check_listen(self.host, authenticator.required, allow_no_auth=self._allow):
+            self.warnings.append(warning)
+            self._warn(warning)
 
 
 def _loopback(host: str) -> bool:

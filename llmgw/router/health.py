@@ -15,7 +15,8 @@ router keeps its own record of what each endpoint did to real requests:
 
 ``Outliers`` only decides; ``upstream`` skips the ejected endpoints (all of them
 ejected: tried anyway, rather than failing the request), logs each ejection once
-and counts it. Reporting ejections to the control plane is not done yet.
+and counts it; ``events`` reports each ejection, and the success that ends it, to the
+control plane, which shows them on the replica.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class Ejection:
     replica_id: str
     for_s: float
     reason: str
+    failures: int = 1  # in a row that caused it: the threshold, or 1 on probation
 
 
 @dataclasses.dataclass(slots=True)
@@ -73,14 +75,16 @@ class Outliers:
         if record.backoff_s > 0:
             # On probation after an ejection: one failure is enough to go out again, longer.
             record.backoff_s = min(record.backoff_s * 2, self._max_s)
+            failures = 1
         else:
             record.failures += 1
             if record.failures < self._threshold:
                 return None
             record.backoff_s = self._base_s
+            failures = record.failures
         record.failures = 0
         record.until = now + record.backoff_s
-        return Ejection(replica_id, record.backoff_s, reason)
+        return Ejection(replica_id, record.backoff_s, reason, failures)
 
     def succeeded(self, replica_id: str) -> bool:
         """Record a success; True when it ends a streak or a probation (worth a log line)."""

@@ -9,6 +9,14 @@ The hot path touches only pre-resolved children: ``series(model)`` returns the
 labelled histograms and gauge of one model, resolved once and cached, so a
 streamed chunk costs one ``perf_counter()`` and one ``observe``.
 
+The per-request series (requests, TTFT, ITL, duration, in flight, overhead) are
+not prometheus_client's own metric objects but plain counters behind one
+``_Collector``: each prometheus_client update takes a lock and checks its
+arguments, and the seven of them per request were a tenth of the router's time
+at capacity. The router updates them from its one event-loop thread; a scrape
+from another thread reads each list once, so it may see a request in a bucket
+whose ``_sum`` does not have it yet, which Prometheus's rate() tolerates.
+
 Buckets are set for LLM latencies: a chunk gap is milliseconds, a first token
 milliseconds to a minute behind a long prompt or a queue, a whole request up
 to many minutes; the router's own share is tenths of a millisecond.
@@ -24,9 +32,12 @@ collector), or by appending ``render()``'s body to its own.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+from collections.abc import Iterator, Sequence
 
 import prometheus_client as prom
+from prometheus_client import metrics_core
 
 REGISTRY = prom.CollectorRegistry()
 
@@ -42,27 +53,76 @@ OVERHEAD_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01
 
 RETRIES = prom.Counter("llmgw_router_retries_total", "Requests retried on another endpoint before any byte was sent",
                        ["model", "replica"], registry=REGISTRY)
+PREFILL_WAITS = prom.Counter("llmgw_router_prefill_waits_total",
+                             "Requests held until another request sharing their prompt prefix on the same "
+                             "replica had its first token, so the engine reuses that prefix",
+                             ["model", "replica"], registry=REGISTRY)
 EJECTIONS = prom.Counter("llmgw_router_ejections_total", "Endpoints taken out of rotation after consecutive failures",
                          ["model", "replica"], registry=REGISTRY)
-REQUESTS = prom.Counter("llmgw_router_requests_total",
-                        "Requests answered, by model, the replica that answered (empty: the router itself) and "
-                        "HTTP status (499: the client left first)", ["model", "replica", "code"], registry=REGISTRY)
-TTFT = prom.Histogram("llmgw_router_time_to_first_token_seconds",
-                      "Streamed requests: arrival at the router to the first engine chunk sent to the client",
-                      ["model"], buckets=TTFT_BUCKETS, registry=REGISTRY)
-ITL = prom.Histogram("llmgw_router_inter_token_latency_seconds",
-                     "Streamed requests: time between successive chunks relayed to the client",
-                     ["model"], buckets=ITL_BUCKETS, registry=REGISTRY)
-DURATION = prom.Histogram("llmgw_router_request_duration_seconds",
-                          "Arrival at the router to the last byte sent to the client",
-                          ["model"], buckets=DURATION_BUCKETS, registry=REGISTRY)
-IN_FLIGHT = prom.Gauge("llmgw_router_requests_in_flight", "Requests being forwarded now", ["model"],
-                       registry=REGISTRY)
-OVERHEAD = prom.Histogram("llmgw_router_overhead_seconds",
-                          "The router's own time per request: arrival to the upstream request, plus the first "
-                          "upstream byte to the first byte sent to the client", buckets=OVERHEAD_BUCKETS,
-                          registry=REGISTRY)
-# Always 0 until the admission queue exists (it comes with API keys); see the module docstring.
+
+
+class Histogram:
+    """Bucket counts and a sum, for one label set; ``observe`` is a bisect and two additions."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)  # the last one is +Inf
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def samples(self) -> tuple[list[tuple[str, float]], float]:
+        counts, total = list(self.counts), self.sum
+        cumulative, out = 0, []
+        for bound, n in zip((*map(prom.utils.floatToGoString, self.bounds), "+Inf"), counts, strict=True):
+            cumulative += n
+            out.append((bound, float(cumulative)))
+        return out, total
+
+
+class Gauge:
+    """An up-down count for one label set."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def inc(self) -> None:
+        self.value += 1
+
+    def dec(self) -> None:
+        self.value -= 1
+
+
+@dataclasses.dataclass(frozen=True)
+class _HistogramFamily:
+    name: str
+    doc: str
+    buckets: tuple[float, ...]
+
+
+TTFT = _HistogramFamily("llmgw_router_time_to_first_token_seconds",
+                        "Streamed requests: arrival at the router to the first engine chunk sent to the client",
+                        TTFT_BUCKETS)
+ITL = _HistogramFamily("llmgw_router_inter_token_latency_seconds",
+                       "Streamed requests: time between successive chunks relayed to the client", ITL_BUCKETS)
+DURATION = _HistogramFamily("llmgw_router_request_duration_seconds",
+                            "Arrival at the router to the last byte sent to the client", DURATION_BUCKETS)
+REQUESTS_DOC = ("Requests answered, by model, the replica that answered (empty: the router itself) and "
+                "HTTP status (499: the client left first)")
+IN_FLIGHT_DOC = "Requests being forwarded now"
+OVERHEAD_DOC = ("The router's own time per request: arrival to the upstream request, plus the first "
+                "upstream byte to the first byte sent to the client")
+#: The router's own time, every model together.
+OVERHEAD = Histogram(OVERHEAD_BUCKETS)
+
+
+# QUEUED is kept by admission (requests waiting for a model's slot); QUEUE_OLDEST is not set yet.
 QUEUED = prom.Gauge("llmgw_router_queued_requests", "Requests waiting in the router's admission queue",
                     registry=REGISTRY)
 QUEUE_OLDEST = prom.Gauge("llmgw_router_queue_oldest_seconds", "Age of the oldest request in the admission queue",
@@ -73,6 +133,10 @@ def count_retry(model: str, replica: str) -> None:
     RETRIES.labels(model=model, replica=replica).inc()
 
 
+def count_prefill_wait(model: str, replica: str) -> None:
+    PREFILL_WAITS.labels(model=model, replica=replica).inc()
+
+
 def count_ejection(model: str, replica: str) -> None:
     EJECTIONS.labels(model=model, replica=replica).inc()
 
@@ -81,22 +145,22 @@ def count_ejection(model: str, replica: str) -> None:
 class Series:
     """One model's pre-resolved children, so the hot path never formats labels."""
 
-    ttft: prom.Histogram
-    itl: prom.Histogram
-    duration: prom.Histogram
-    in_flight: prom.Gauge
+    ttft: Histogram
+    itl: Histogram
+    duration: Histogram
+    in_flight: Gauge
 
 
 _series: dict[str, Series] = {}
-_requests: dict[tuple[str, str, int], prom.Counter] = {}
+_requests: dict[tuple[str, str, int], list[int]] = {}
 
 
 def series(model: str) -> Series:
     """The children for ``model`` (a table name, never a client's string), resolved once."""
     found = _series.get(model)
     if found is None:
-        found = _series[model] = Series(ttft=TTFT.labels(model), itl=ITL.labels(model),
-                                        duration=DURATION.labels(model), in_flight=IN_FLIGHT.labels(model))
+        found = _series[model] = Series(ttft=Histogram(TTFT_BUCKETS), itl=Histogram(ITL_BUCKETS),
+                                        duration=Histogram(DURATION_BUCKETS), in_flight=Gauge())
     return found
 
 
@@ -104,8 +168,53 @@ def count_request(model: str, replica: str, code: int) -> None:
     key = (model, replica, code)
     child = _requests.get(key)
     if child is None:
-        child = _requests[key] = REQUESTS.labels(model, replica, str(code))
-    child.inc()
+        child = _requests[key] = [0]
+    child[0] += 1
+
+
+class _Collector:
+    """Exposes the plain counters above in ``REGISTRY`` under their metric names."""
+
+    def describe(self) -> list[metrics_core.Metric]:
+        return []  # unchecked names: the families below are the registry's only ones of these names
+
+    def collect(self) -> Iterator[metrics_core.Metric]:
+        requests = metrics_core.CounterMetricFamily("llmgw_router_requests", REQUESTS_DOC,
+                                                    labels=["model", "replica", "code"])
+        for (model, replica, code), child in list(_requests.items()):
+            requests.add_metric([model, replica, str(code)], child[0])
+        yield requests
+        all_series = list(_series.items())
+        for family, pick in ((TTFT, _ttft), (ITL, _itl), (DURATION, _duration)):
+            out = metrics_core.HistogramMetricFamily(family.name, family.doc, labels=["model"])
+            for model, found in all_series:
+                buckets, total = pick(found).samples()
+                out.add_metric([model], buckets, total)
+            yield out
+        in_flight = metrics_core.GaugeMetricFamily("llmgw_router_requests_in_flight", IN_FLIGHT_DOC,
+                                                   labels=["model"])
+        for model, found in all_series:
+            in_flight.add_metric([model], found.in_flight.value)
+        yield in_flight
+        overhead = metrics_core.HistogramMetricFamily("llmgw_router_overhead_seconds", OVERHEAD_DOC)
+        buckets, total = OVERHEAD.samples()
+        overhead.add_metric([], buckets, total)
+        yield overhead
+
+
+def _ttft(found: Series) -> Histogram:
+    return found.ttft
+
+
+def _itl(found: Series) -> Histogram:
+    return found.itl
+
+
+def _duration(found: Series) -> Histogram:
+    return found.duration
+
+
+REGISTRY.register(_Collector())
 
 
 class Trace:

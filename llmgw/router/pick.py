@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Protocol, TypeVar
 
 
@@ -138,3 +138,14 @@ class SessionAffinity:
         # A retry excludes the session's first choice and so lands on its second: the
         # same replica every retry of that session would reach.
         return max(candidates, key=lambda e: hrw_weight(key.session, e.replica_id))
+
+
+def at_limit(replica_ids: Iterable[str], in_flight: Mapping[str, int], limit: int) -> set[str]:
+    """The replicas with ``limit`` or more requests in flight: a policy must not pick them.
+
+    ``limit`` 0 is no limit. Admission lets no more requests through than the
+    endpoints can take together, so while it holds at least one is below its limit.
+    """
+    if not limit or not in_flight:  # the common cases: no limit, or nothing in flight
+        return set()
+    return {r for r in replica_ids if in_flight.get(r, 0) >= limit}

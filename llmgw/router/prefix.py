@@ -149,3 +149,78 @@ class PrefixCache:
                 chosen = cached
         self.index.record(blocks, chosen.replica_id)
         return chosen
+
+
+class Prefilling:
+    """Prompts sent to a replica whose first token has not come back yet: their prefix is being computed there.
+
+    Engines reuse only a prefix they have finished computing: a second request
+    with the same long system prompt, sent while the first is still in its
+    prefill, gets another slot and computes the whole prefix again (measured on
+    llama.cpp with SmolLM2: a 600-token prefill takes 2.4 s on one core; the same
+    prompt sent while the first is decoding starts its answer in 62 ms). A burst of
+    a chat product's users then costs one full prefill each, all competing for
+    the same engine at once. So a request whose prompt shares at least
+    ``min_blocks`` leading blocks with one still prefilling on the replica it was
+    sent to waits for that one's first token (the ``leader``) and is then a cache
+    hit. Waiting never costs the follower much: the leader started first on the
+    same prefix, so its prefill ends no later than the follower's own would.
+
+    Pure bookkeeping; the waiting itself (events, timeouts) is the caller's.
+    Hashes are salted with the model's name like ``PrefixCache``'s.
+    """
+
+    def __init__(self, *, min_blocks: int = 4) -> None:
+        self.min_blocks = min_blocks
+        #: (replica, salted block) -> the tokens covering it, latest last.
+        self._by_block: dict[tuple[str, int], list[int]] = {}
+        self._tokens: dict[int, tuple[str, tuple[int, ...]]] = {}
+        self._next = 0
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    def leader(self, model: str, replica_id: str, blocks: Sequence[int]) -> int | None:
+        """The token of the prefilling request sharing the longest prefix (>= min_blocks) with ``blocks``."""
+        if len(blocks) < self.min_blocks or not self._by_block:
+            return None
+        salt = hash(model)
+        found: int | None = None
+        matched = 0
+        for i, block in enumerate(blocks):
+            tokens = self._by_block.get((replica_id, block ^ salt))
+            if not tokens:
+                break
+            found, matched = tokens[-1], i + 1
+        return found if matched >= self.min_blocks else None
+
+    def begin(self, model: str, replica_id: str, blocks: Sequence[int]) -> int | None:
+        """Registers a request just sent to ``replica_id``; the token to ``end`` it with, or None if too short."""
+        if len(blocks) < self.min_blocks:
+            return None
+        salt = hash(model)
+        self._next += 1
+        token = self._next
+        salted = tuple(b ^ salt for b in blocks)
+        self._tokens[token] = (replica_id, salted)
+        for block in salted:
+            # The latest request covering a block leads it; when it ends, an earlier one
+            # still covering the block leads again.
+            self._by_block.setdefault((replica_id, block), []).append(token)
+        return token
+
+    def end(self, token: int | None) -> None:
+        """The request's first token came back (or it failed, or was cancelled): its followers may go."""
+        if token is None:
+            return
+        entry = self._tokens.pop(token, None)
+        if entry is None:
+            return
+        replica_id, salted = entry
+        for block in salted:
+            key = (replica_id, block)
+            tokens = self._by_block.get(key)
+            if tokens is not None:
+                tokens.remove(token)
+                if not tokens:
+                    del self._by_block[key]

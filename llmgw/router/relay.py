@@ -23,9 +23,7 @@ import asyncio
 import logging
 import time
 
-import aiohttp
-
-from llmgw.router import asgi, errors, metrics, upstream
+from llmgw.router import asgi, client, errors, metrics, upstream
 from llmgw.router.table import Endpoint, ModelRoute
 
 log = logging.getLogger(__name__)
@@ -57,9 +55,16 @@ async def error_event(send: asgi.Send, body: bytes) -> None:
     await send(_END)
 
 
-async def _first_chunk(content: aiohttp.StreamReader, send: asgi.Send, keepalive_s: float) -> bytes:
+async def _first_chunk(content: client.Response, send: asgi.Send, keepalive_s: float) -> bytes:
     if keepalive_s <= 0:
         return await content.readany()
+    wait_any = getattr(content, "wait_any", None)
+    if wait_any is not None:
+        # ``client``'s body waits with a timer and no task: a chunk already there (the
+        # usual case) costs nothing more than readany.
+        while (chunk := await wait_any(keepalive_s)) is None:
+            await keepalive(send)
+        return chunk
     # A task waited on with a timeout rather than wait_for: a timed-out wait_for would
     # cancel the read, and the read is what must go on while the keep-alive goes out.
     read = asyncio.ensure_future(content.readany())
@@ -74,7 +79,7 @@ async def _first_chunk(content: aiohttp.StreamReader, send: asgi.Send, keepalive
             read.cancel()
 
 
-async def stream(endpoint: Endpoint, response: aiohttp.ClientResponse, send: asgi.Send, trace: metrics.Trace,
+async def stream(endpoint: Endpoint, response: client.Response, send: asgi.Send, trace: metrics.Trace,
                  *, keepalive_s: float = 0.0, started: bool = False) -> None:
     """Relay an SSE response; ``started``: the 200 already went out (keep-alives while connecting)."""
     trace.replica = endpoint.replica_id
@@ -87,17 +92,26 @@ async def stream(endpoint: Endpoint, response: aiohttp.ClientResponse, send: asg
         # From here the engine is generating: wait on it with the idle timeout, not the first-byte one.
         upstream.body_started(response)
         if first:
+            # client.Response says when the body has ended with what was just read: the
+            # stream's end then goes out in the same write as its last bytes, not after.
+            ended = getattr(content, "ended", None)
             received = time.perf_counter()
-            await send({"type": "http.response.body", "body": first, "more_body": True})
+            final = ended is not None and ended()
+            await send({"type": "http.response.body", "body": first, "more_body": not final})
             last = time.perf_counter()
             trace.first_chunk(received, last)
+            if final:
+                return
             itl = trace.series.itl
             async for chunk in content.iter_any():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                final = ended is not None and ended()
+                await send({"type": "http.response.body", "body": chunk, "more_body": not final})
                 now = time.perf_counter()
                 itl.observe(now - last)
                 last = now
-    except aiohttp.ClientError as exc:
+                if final:
+                    return
+    except client.ClientError as exc:
         # Bytes already reached the client, so no retry: end the stream with an error
         # event, which OpenAI's clients raise, rather than a cut that looks complete.
         log.warning("replica %s at %s failed mid-stream: %s", endpoint.replica_id, endpoint.url, exc)
@@ -107,12 +121,12 @@ async def stream(endpoint: Endpoint, response: aiohttp.ClientResponse, send: asg
     await send(_END)
 
 
-async def whole(route: ModelRoute, endpoint: Endpoint, response: aiohttp.ClientResponse,
+async def whole(route: ModelRoute, endpoint: Endpoint, response: client.Response,
                 send: asgi.Send, trace: metrics.Trace) -> None:
     trace.replica = endpoint.replica_id
     try:
         body = await response.read()
-    except aiohttp.ClientError as exc:
+    except client.ClientError as exc:
         failed = errors.upstream_failed(route.served_name, [f"{endpoint.replica_id} at {endpoint.url}: "
                                                             f"body cut short: {exc}"])
         trace.status = failed.status
@@ -128,13 +142,13 @@ async def whole(route: ModelRoute, endpoint: Endpoint, response: aiohttp.ClientR
     trace.own += time.perf_counter() - received
 
 
-async def as_event(endpoint: Endpoint, response: aiohttp.ClientResponse, send: asgi.Send,
+async def as_event(endpoint: Endpoint, response: client.Response, send: asgi.Send,
                    trace: metrics.Trace) -> None:
     """A whole (error) answer to a stream whose 200 already went out: its body becomes the last event."""
     trace.replica = endpoint.replica_id
     try:
         body = (await response.read()).strip()
-    except aiohttp.ClientError as exc:
+    except client.ClientError as exc:
         body = b""
         why = f"body cut short: {exc}"
     else:

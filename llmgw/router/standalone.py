@@ -2,45 +2,65 @@
 
 Either from a static table (``--table-file``, an endpoints document as the
 control plane serves it; for tests and benchmarks) or following a control
-plane (``--control URL``). The server is uvicorn with uvloop and httptools when
-they are installed (``"auto"`` finds them), lifespan on so the app's pools open
-and close with the process, and no access log: a log line per request costs more
-than the proxying does. Alone, the router serves its own ``GET /metrics``.
+plane (``--control URL``). The server is the router's own (``server``: asyncio
+and httptools, on uvloop when it is installed) rather than uvicorn, whose
+per-request machinery cost more than the proxying at capacity; the app's pools
+open before it listens and close after it stopped. No access log: a log line per
+request costs more than the proxying does. Alone, the router serves its own
+``GET /metrics``.
+
+SIGTERM or SIGINT stops listening at once, lets open requests (streams) finish
+for ``--graceful-shutdown`` seconds, then cuts them.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
+import os
+import signal
+import socket
 import sys
 from pathlib import Path
 
-import uvicorn
-
 from llmgw.router import app as app_mod
+from llmgw.router import auth, events, tracing, watch
+from llmgw.router import server as server_mod
 from llmgw.router import table as table_mod
-from llmgw.router import watch
 
 log = logging.getLogger("llmgw.router")
 
 
 def build(*, table_file: Path | None = None, control_url: str | None = None, max_body_bytes: int = 32 << 20,
-          keepalive_s: float = 15.0) -> app_mod.RouterApp:
-    """A RouterApp over a static table or one followed from a control plane, serving its own /metrics."""
+          keepalive_s: float = 15.0, host: str = "127.0.0.1", router_id: str = "",
+          tracing_endpoint: str = "", admission_queue: int = 100, admission_wait_s: float = 30.0,
+          ) -> app_mod.RouterApp:
+    """A RouterApp over a static table or one followed from a control plane, serving its own /metrics.
+
+    Following a control plane, it reports ejections there as ``router_id``. ``host`` is
+    the listen address: keyless tables there get a warning unless it is loopback.
+    """
     holder = table_mod.TableHolder()
     watcher: watch.TableWatcher | None = None
+    sink: events.Sink | None = None
+    guard = auth.ListenGuard(host)
     if table_file is not None:
         holder.swap(table_mod.RouteTable.from_doc(json.loads(table_file.read_text())))
+        guard.check(holder.current.auth)
         source = str(table_file)
     elif control_url is not None:
-        watcher = watch.TableWatcher(control_url, holder)
+        watcher = watch.TableWatcher(control_url, holder, listen_guard=guard)
+        sink = events.HttpSink(router_id or socket.gethostname(), control_url)
         source = f"the control plane at {control_url}"
     else:
         raise ValueError("give a table file or a control-plane URL")
+    traced = tracing.Tracing(tracing_endpoint) if tracing_endpoint else None
     # serve_metrics: alone, nothing else serves the router's metrics; its own app does.
     return app_mod.RouterApp(holder, watcher=watcher, source=source, max_body_bytes=max_body_bytes,
-                             keepalive_s=keepalive_s, serve_metrics=True)
+                             keepalive_s=keepalive_s, serve_metrics=True, events=sink, tracing=traced,
+                             admission_queue=admission_queue, admission_wait_s=admission_wait_s)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -59,6 +79,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="an SSE comment this often while a stream waits for its first token; 0: off")
     parser.add_argument("--graceful-shutdown", type=float, default=30.0, metavar="SECONDS",
                         help="how long open streams may finish after SIGTERM before they are cut")
+    parser.add_argument("--router-id", default="",
+                        help="this router's name in the ejections it reports to the control plane "
+                             "[default: the hostname]")
+    parser.add_argument("--tracing-endpoint", default=os.environ.get("LLMGW_TRACING_ENDPOINT", ""), metavar="URL",
+                        help="export OpenTelemetry spans over OTLP/HTTP to this collector, e.g. "
+                             "http://127.0.0.1:4318 [env LLMGW_TRACING_ENDPOINT; default: off]")
+    parser.add_argument("--admission-queue", type=int, default=100, metavar="N",
+                        help="requests that may wait per model when it is at its concurrency limit")
+    parser.add_argument("--admission-wait", type=float, default=30.0, metavar="SECONDS",
+                        help="how long one may wait for a slot before a 429 with Retry-After")
     return parser.parse_args(argv)
 
 
@@ -67,15 +97,46 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         router = build(table_file=args.table_file, control_url=args.control, max_body_bytes=args.max_body_bytes,
-                       keepalive_s=args.keepalive)
+                       keepalive_s=args.keepalive, host=args.host, router_id=args.router_id,
+                       tracing_endpoint=args.tracing_endpoint, admission_queue=args.admission_queue,
+                       admission_wait_s=args.admission_wait)
     except (OSError, ValueError, table_mod.TableError) as exc:
         print(f"llmgw router: cannot load the route table: {exc}", file=sys.stderr)
         return 2
-    log.info("router on http://%s:%d, routes from %s", args.host, args.port,
-             args.table_file or args.control)
-    uvicorn.run(router, host=args.host, port=args.port, loop="auto", http="auto", lifespan="on",
-                access_log=False, log_level=args.log_level, server_header=False,
-                timeout_graceful_shutdown=args.graceful_shutdown)
+    try:
+        import uvloop
+    except ImportError:  # the stock loop works, at fewer requests per second
+        run = asyncio.run
+    else:
+        run = uvloop.run
+    try:
+        return run(serve(router, host=args.host, port=args.port, max_body_bytes=args.max_body_bytes,
+                         grace_s=args.graceful_shutdown, source=str(args.table_file or args.control)))
+    except KeyboardInterrupt:
+        return 0
+
+
+async def serve(router: app_mod.RouterApp, *, host: str, port: int, max_body_bytes: int, grace_s: float,
+                source: str) -> int:
+    """Open the pools, listen until SIGTERM/SIGINT, drain for ``grace_s``, close the pools."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await router.startup()
+    http = server_mod.Server(router, max_body_bytes=max_body_bytes)
+    try:
+        try:
+            await http.start(host, port)
+        except OSError as exc:
+            print(f"llmgw router: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
+        log.info("router on http://%s:%d, routes from %s", host, port, source)
+        await stop.wait()
+        log.info("stopping: no new connections; open requests have %gs to finish", grace_s)
+        await http.shutdown(grace_s)
+    finally:
+        await router.shutdown()
     return 0
 
 

@@ -56,6 +56,8 @@ class ModelRoute:
     endpoints: tuple[Endpoint, ...] = ()
     created: int = 0
     routing: str = pick.DEFAULT_ROUTING  # one of pick.ROUTINGS
+    #: Requests this router sends one endpoint at a time (``limits.concurrency_per_replica``); 0: no limit.
+    replica_limit: int = 0
 
     def public_names(self) -> tuple[str, ...]:
         """The ids ``/v1/models`` lists for this model: served name first, then aliases."""
@@ -73,7 +75,8 @@ class RouteTable:
     loaded: bool = True
     #: The API keys of this version, so a request checks keys and routes from one snapshot.
     auth: Authenticator = dataclasses.field(default_factory=Authenticator)
-    #: Per-model concurrency limits (``limits.concurrency`` in the document).
+    #: Per-model concurrency limits for admission: ``limits.concurrency`` in the document, capped
+    #: by ``limits.concurrency_per_replica`` times the model's endpoints (see ``model_limits``).
     limits: Mapping[str, int] = dataclasses.field(default_factory=dict)
     _by_name: Mapping[str, ModelRoute] = dataclasses.field(init=False, repr=False, compare=False)
 
@@ -100,7 +103,7 @@ class RouteTable:
             raise TableError("models: expected a list")
         models = tuple(_model(f"models[{i}]", raw) for i, raw in enumerate(raw_models))
         return cls(version=version, models=models, auth=Authenticator.from_doc(doc.get("auth")),
-                   limits=limits_from_doc(doc))
+                   limits=model_limits(limits_from_doc(doc), models))
 
     def lookup(self, name: str) -> ModelRoute | None:
         """The model a client's ``model`` field names, or None."""
@@ -128,6 +131,38 @@ class TableHolder:
         """Install ``table`` and return the one it replaced."""
         old, self.current = self.current, table
         return old
+
+
+def model_limits(limits: Mapping[str, int], models: tuple[ModelRoute, ...]) -> dict[str, int]:
+    """Admission's per-model limits: the model's own, and at most ``replica_limit`` per endpoint.
+
+    Admitting no more than the endpoints can take together is what makes a request
+    wait in the model's bounded queue (and get its 429 past the wait) when every
+    replica is at its limit, rather than being sent to one that is full; the pick
+    then skips the full ones (``upstream``). A model without endpoints gets no cap:
+    a limit of 0 would hold its requests for the whole wait, when the answer is an
+    immediate 503 saying why nothing is ready.
+    """
+    out = dict(limits)
+    for model in models:
+        if model.replica_limit and model.endpoints:
+            cap = model.replica_limit * len(model.endpoints)
+            out[model.name] = min(out.get(model.name, cap), cap)
+    return out
+
+
+def _replica_limit(where: str, raw: Mapping[str, Any]) -> int:
+    # Tolerant, like limits_from_doc: a malformed limit must not make the router refuse
+    # the whole table (and keep serving an old one); it is warned about and not applied.
+    limits = raw.get("limits")
+    n = limits.get("concurrency_per_replica") if isinstance(limits, Mapping) else None
+    if n is None:
+        return 0
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        log.warning("%s.limits.concurrency_per_replica: expected a whole number >= 0, got %r; no limit applied",
+                    where, n)
+        return 0
+    return n
 
 
 def _str(where: str, raw: Mapping[str, Any], key: str, *, default: str | None = None) -> str:
@@ -179,4 +214,5 @@ def _model(where: str, raw: Any) -> ModelRoute:
         endpoints=tuple(endpoints),
         created=created if isinstance(created, int) and not isinstance(created, bool) else 0,
         routing=routing,
+        replica_limit=_replica_limit(where, raw),
     )

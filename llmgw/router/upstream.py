@@ -15,7 +15,11 @@ lives here and the relay in ``app`` never retries:
   hands out connections the engine has already dropped.
 
 The endpoint is chosen by the model's ``routing`` policy (``pick``, ``prefix``)
-from the loads ``loadwatch`` keeps, skipping endpoints ``health`` has ejected.
+from the loads ``loadwatch`` keeps, skipping endpoints ``health`` has ejected and
+those at the model's per-replica concurrency limit (``pick.at_limit``; admission
+keeps the model's total within what its endpoints take, so one is free). Each
+ejection and recovery goes to ``events`` when a sink is given; with tracing on,
+each attempt carries a ``traceparent`` (``tracing``).
 Each forwarded request counts as in flight on its replica from the attempt until
 its response is closed or released, a stream until it ends or is cancelled.
 
@@ -25,21 +29,33 @@ long generation must never be cut. A stream's headers usually arrive before its
 first token, so its body keeps the first-byte timeout until ``body_started`` is
 called on it, and only then the idle one.
 
+A streamed request to a ``prefix_cache`` model whose prompt shares a long prefix
+with one still in its prefill on the chosen replica waits for that one's first
+token before it is sent (``prefix.Prefilling`` says why), at most
+``prefill_wait_s``; an engine can reuse only a prefix it has finished.
+
 Foreign exceptions end here: a caller sees an open response or a 502 ``ApiError``
 listing what each attempt met.
+
+Requests go through ``client`` (keep-alive pools on asyncio.Protocol and httptools:
+aiohttp's client was the largest cost per request in the router's profile);
+aiohttp remains only for the load scraper's ``/metrics`` polls, off the hot path.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import logging
 import socket
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Iterable
 
 import aiohttp
 
-from llmgw.router import errors, health, loadwatch, metrics, pick, prefix
+from llmgw.router import admission, client, errors, health, loadwatch, metrics, pick, prefix
+from llmgw.router import events as router_events
+from llmgw.router import tracing as router_tracing
 from llmgw.router.table import Endpoint, ModelRoute, TableHolder
 
 log = logging.getLogger(__name__)
@@ -54,45 +70,24 @@ class _AttemptFailed(Exception):
     pass
 
 
-class _CountedResponse(aiohttp.ClientResponse):
-    """A response that tells the Forwarder once when it is done: closed, released, or read to the end."""
-
-    _llmgw_done: Callable[[], None] | None = None
-    _llmgw_idle_s: float | None = None  # the idle timeout ``body_started`` switches to
-
-    def _llmgw_finish(self) -> None:
-        done, self._llmgw_done = self._llmgw_done, None
-        if done is not None:
-            done()
-
-    def close(self) -> None:
-        super().close()
-        self._llmgw_finish()
-
-    def release(self) -> Any:
-        result = super().release()
-        self._llmgw_finish()
-        return result
-
-
-def body_started(response: aiohttp.ClientResponse) -> None:
+def body_started(response: client.Response) -> None:
     """Switch ``response``'s read timeout from the first-byte one to the Forwarder's idle one.
 
     Call it once the first chunk of a stream arrived; calling it again is harmless.
     """
+    first = getattr(response, "_llmgw_first", None)
+    if first is not None:
+        response._llmgw_first = None
+        first()
     idle_timeout_s = getattr(response, "_llmgw_idle_s", None)
-    if idle_timeout_s is None:
+    if idle_timeout_s is None or not isinstance(response, client.Response):
         return
-    connection = response.connection
-    if connection is not None and connection.protocol is not None:
-        connection.protocol.read_timeout = idle_timeout_s
-        connection.protocol.start_timeout()  # rescheduled now, not on the next packet
+    response.set_read_timeout(idle_timeout_s)  # rescheduled now, not on the next packet
 
 
 def _nodelay_socket(addr_info: tuple) -> socket.socket:  # type: ignore[type-arg]
-    # Without TCP_NODELAY, Nagle holds a small request or SSE write until the peer's
-    # delayed ACK: about 40 ms added to every first token. aiohttp sets it too once the
-    # connection is made; setting it here does not depend on that.
+    # Without TCP_NODELAY, Nagle holds a small write until the peer's delayed ACK (40 ms).
+    # Only the load scraper's aiohttp session uses this; ``client`` sets it on its own.
     family, type_, proto, _, _ = addr_info
     sock = socket.socket(family=family, type=type_, proto=proto)
     if family in (socket.AF_INET, socket.AF_INET6):
@@ -113,7 +108,8 @@ class Forwarder:
                  first_byte_timeout_s: float = 600.0, idle_timeout_s: float = 300.0, max_endpoints: int = 3,
                  holder: TableHolder | None = None, scrape_interval_s: float = 1.5,
                  outliers: health.Outliers | None = None, prefix_index: prefix.PrefixIndex | None = None,
-                 imbalance_ratio: float = 1.5, imbalance_slack: float = 2.0) -> None:
+                 imbalance_ratio: float = 1.5, imbalance_slack: float = 2.0,
+                 events: router_events.Sink | None = None, prefill_wait_s: float = 30.0) -> None:
         least = pick.LeastOutstanding()
         self._policies: dict[str, pick.Policy] = {
             "round_robin": picker if picker is not None else pick.RoundRobin(),
@@ -125,21 +121,28 @@ class Forwarder:
         self._max_endpoints = max_endpoints
         self._idle_timeout_s = idle_timeout_s
         # No total timeout: a long generation may take minutes; the client's disconnect is
-        # what ends a request early. sock_read bounds the wait for the response headers
-        # (and a stream's first token); ``body_started`` then shortens it to the idle one.
+        # what ends a request early. The read timeout bounds the wait for the response
+        # headers (and a stream's first token); ``body_started`` then shortens it to the idle one.
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s,
                                               sock_read=first_byte_timeout_s or None)
         self._first_byte_timeout_s = first_byte_timeout_s
-        self._pooled: aiohttp.ClientSession | None = None
-        self._fresh: aiohttp.ClientSession | None = None
+        self._connect_timeout_s = connect_timeout_s
+        self._pool: client.Pool | None = None
+        self._pooled: aiohttp.ClientSession | None = None  # the load scraper's session only
+        # Header lines per endpoint, built once: (url, api_key) -> bytes.
+        self._heads: dict[tuple[str, str], bytes] = {}
         # Replica ids whose last attempt failed: a dead endpoint is logged when it starts
         # failing and when it answers again, not on every request that skips it.
         self._failing: set[str] = set()
         self.loads = loadwatch.Loads()
         self.outliers = outliers if outliers is not None else health.Outliers()
+        self.events = events  # told of each ejection and recovery, for the control plane
         self._holder = holder
         self._seen: dict[str, ModelRoute] = {}  # model name -> its latest route, when no holder
         self._watch = loadwatch.LoadWatch(self.loads, self._endpoints, interval_s=scrape_interval_s)
+        self.prefilling = prefix.Prefilling()
+        self._prefill_done: dict[int, asyncio.Event] = {}
+        self._prefill_wait_s = prefill_wait_s  # 0 turns the wait off
 
     def _endpoints(self) -> Iterable[Endpoint]:
         routes = self._holder.current.models if self._holder is not None else tuple(self._seen.values())
@@ -154,21 +157,22 @@ class Forwarder:
         # Bytes pass through as the engine sent them: no decompression, and no
         # Accept-Encoding that would invite the engine to compress a stream.
         return aiohttp.ClientSession(connector=connector, timeout=self._timeout, auto_decompress=False,
-                                     skip_auto_headers=("User-Agent", "Accept-Encoding"),
-                                     response_class=_CountedResponse)
+                                     skip_auto_headers=("User-Agent", "Accept-Encoding"))
 
     async def start(self) -> None:
-        if self._pooled is None:
+        if self._pool is None:
+            self._pool = client.Pool(connect_timeout_s=self._connect_timeout_s,
+                                     read_timeout_s=self._first_byte_timeout_s)
             self._pooled = self._session(force_close=False)
-            self._fresh = self._session(force_close=True)
             self._watch.start(self._pooled)
 
     async def close(self) -> None:
         await self._watch.stop()
-        for session in (self._pooled, self._fresh):
-            if session is not None:
-                await session.close()
-        self._pooled = self._fresh = None
+        if self._pooled is not None:
+            await self._pooled.close()
+        if self._pool is not None:
+            self._pool.close()
+        self._pooled = self._pool = None
 
     def _key(self, route: ModelRoute, body: bytes) -> pick.RequestKey:
         # The fallback when the caller passed no key: a second parse of the body, which
@@ -182,13 +186,14 @@ class Forwarder:
         return prefix.request_key(doc) if isinstance(doc, dict) else pick.NO_KEY
 
     async def open(self, route: ModelRoute, path: str, body: bytes, *,
-                   key: pick.RequestKey | None = None) -> tuple[Endpoint, aiohttp.ClientResponse]:
+                   key: pick.RequestKey | None = None, stream: bool = False) -> tuple[Endpoint, client.Response]:
         """Send ``body`` to ``path`` on an endpoint of ``route``; the response has only its headers read.
 
         ``key`` is the request's affinity key (``prefix.request_key``); without one it is
-        read from ``body``.
+        read from ``body``. ``stream``: the request asked for SSE, so its first chunk
+        says when its prefill ended (only such requests lead a prefix others wait for).
         """
-        if self._pooled is None:
+        if self._pool is None:
             # Serving beats refusing: a host app that forgot startup() still works, and says so.
             log.warning("router used before startup(); opening its connection pools now")
             await self.start()
@@ -203,19 +208,30 @@ class Forwarder:
         attempts: list[str] = []
         while len(tried) < self._max_endpoints:
             load = self.loads.of(ids)
-            endpoint = policy.pick(route.name, route.endpoints, load=load, key=key, exclude=tried | ejected)
+            # Replicas at their concurrency limit are never picked, ejected or not.
+            full = pick.at_limit(ids, self.loads.in_flight, route.replica_limit)
+            endpoint = policy.pick(route.name, route.endpoints, load=load, key=key, exclude=tried | ejected | full)
             if endpoint is None and ejected:
                 # Every endpoint left is ejected: trying one beats failing the request.
-                endpoint = policy.pick(route.name, route.endpoints, load=load, key=key, exclude=tried)
+                endpoint = policy.pick(route.name, route.endpoints, load=load, key=key, exclude=tried | full)
             if endpoint is None:
+                if full and not attempts:  # admission caps the model, so only a race gets here
+                    raise admission.Overloaded(
+                        f"Every replica of {route.name!r} is at its limit of {route.replica_limit} requests at "
+                        "once; retry in 1s.", retry_after_s=1)
                 break
             if tried:
                 metrics.count_retry(route.name, endpoint.replica_id)
             tried.add(endpoint.replica_id)
+            lead: int | None = None
+            if stream and key.blocks and self._prefill_wait_s > 0 and route.routing == "prefix_cache":
+                await self._follow(route.name, endpoint.replica_id, key.blocks)
+                lead = self._lead(route.name, endpoint.replica_id, key.blocks)
             self.loads.started(endpoint.replica_id)
             try:
                 response = await self._send(endpoint, path, body)
             except BaseException as exc:
+                self._prefilled(lead)
                 # Cancelled too (the client left while the engine had not answered): without
                 # this the replica would count one more request in flight for ever.
                 self.loads.finished(endpoint.replica_id)
@@ -225,8 +241,11 @@ class Forwarder:
                 self._failed(route, endpoint, str(exc))
             else:
                 if response.status not in RETRY_STATUSES:
+                    if lead is not None:
+                        response._llmgw_first = functools.partial(self._prefilled, lead)
                     self._answered(route, endpoint, response)
                     return endpoint, response
+                self._prefilled(lead)
                 self.loads.finished(endpoint.replica_id)  # retried elsewhere: no longer in flight
                 status = response.status
                 attempts.append(f"{endpoint.replica_id} at {endpoint.url}: HTTP {status} "
@@ -238,8 +257,35 @@ class Forwarder:
                 log.warning("model %r: %s (not logged again until it answers)", route.name, attempts[-1])
         raise errors.upstream_failed(route.served_name, attempts)
 
-    def _answered(self, route: ModelRoute, endpoint: Endpoint, response: aiohttp.ClientResponse) -> None:
-        if isinstance(response, _CountedResponse):
+    async def _follow(self, model: str, replica_id: str, blocks: tuple[int, ...]) -> None:
+        """Wait (bounded) for the request computing this prompt's prefix on ``replica_id`` to get its first token."""
+        leader = self.prefilling.leader(model, replica_id, blocks)
+        done = self._prefill_done.get(leader) if leader is not None else None
+        if done is None:
+            return
+        metrics.count_prefill_wait(model, replica_id)
+        try:
+            await asyncio.wait_for(done.wait(), self._prefill_wait_s)
+        except TimeoutError:
+            pass  # a slow prefill: computing the prefix again beats waiting on without a bound
+
+    def _lead(self, model: str, replica_id: str, blocks: tuple[int, ...]) -> int | None:
+        token = self.prefilling.begin(model, replica_id, blocks)
+        if token is not None:
+            self._prefill_done[token] = asyncio.Event()
+        return token
+
+    def _prefilled(self, token: int | None) -> None:
+        """The leading request's first token came back, or it ended without one: its followers go."""
+        if token is None:
+            return
+        self.prefilling.end(token)
+        done = self._prefill_done.pop(token, None)
+        if done is not None:
+            done.set()
+
+    def _answered(self, route: ModelRoute, endpoint: Endpoint, response: client.Response) -> None:
+        if isinstance(response, client.Response):
             replica_id = endpoint.replica_id
             response._llmgw_done = lambda: self.loads.finished(replica_id)
             response._llmgw_idle_s = self._idle_timeout_s
@@ -254,6 +300,8 @@ class Forwarder:
         if self.outliers.succeeded(endpoint.replica_id) or endpoint.replica_id in self._failing:
             self._failing.discard(endpoint.replica_id)
             log.info("replica %s at %s answers again", endpoint.replica_id, endpoint.url)
+            if self.events is not None:
+                self.events.recovered(route.name, endpoint.replica_id)
 
     def _failed(self, route: ModelRoute, endpoint: Endpoint, reason: str) -> None:
         ejection = self.outliers.failed(endpoint.replica_id, reason)
@@ -261,31 +309,33 @@ class Forwarder:
             log.warning("model %r: replica %s at %s ejected for %.0fs after repeated failures (last: %s)",
                         route.name, endpoint.replica_id, endpoint.url, ejection.for_s, reason)
             metrics.count_ejection(route.name, endpoint.replica_id)
+            if self.events is not None:
+                self.events.ejected(route.name, endpoint.replica_id, for_s=ejection.for_s,
+                                    failures=ejection.failures, reason=reason)
 
-    async def _send(self, endpoint: Endpoint, path: str, body: bytes) -> aiohttp.ClientResponse:
-        assert self._pooled is not None and self._fresh is not None
-        url = endpoint.url + path
-        headers = {"Content-Type": "application/json"}
-        if endpoint.api_key:
-            # The engine's own key, never the client's: clients authenticate to the router.
-            headers["Authorization"] = f"Bearer {endpoint.api_key}"
+    async def _send(self, endpoint: Endpoint, path: str, body: bytes) -> client.Response:
+        assert self._pool is not None
+        head = self._heads.get((endpoint.url, endpoint.api_key))
+        if head is None:
+            head = b"Content-Type: application/json\r\n"
+            if endpoint.api_key:
+                # The engine's own key, never the client's: clients authenticate to the router.
+                head += b"Authorization: Bearer " + endpoint.api_key.encode("latin-1") + b"\r\n"
+            if len(self._heads) > 4096:  # endpoints come and go; the cache must not grow for ever
+                self._heads.clear()
+            self._heads[(endpoint.url, endpoint.api_key)] = head
+        spans = router_tracing.CURRENT.get()
+        if spans is not None:  # tracing on: the engine continues the trace under this attempt's span
+            head += b"traceparent: " + spans.upstream(endpoint.replica_id, endpoint.url).encode() + b"\r\n"
         try:
-            return await self._pooled.post(url, data=body, headers=headers)
-        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-            raise _AttemptFailed(_describe(exc)) from None  # nothing listens: a fresh socket won't help
-        except (TimeoutError, aiohttp.ServerTimeoutError):
-            raise _AttemptFailed(f"no response within {self._first_byte_timeout_s:g}s") from None
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+            return await self._pool.request(endpoint.url, path, head, body)
+        except client.Disconnected:
             pass  # most likely a pooled connection the engine had closed: once more, fresh
-        except aiohttp.ClientError as exc:
+        except client.ClientError as exc:  # nothing listens, or no answer in time: a fresh socket won't help
             raise _AttemptFailed(_describe(exc)) from None
         try:
-            return await self._fresh.post(url, data=body, headers=headers)
-        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
-            if isinstance(exc, aiohttp.ConnectionTimeoutError):
-                raise _AttemptFailed(_describe(exc)) from None
-            raise _AttemptFailed(f"no response within {self._first_byte_timeout_s:g}s") from None
-        except aiohttp.ClientError as exc:
+            return await self._pool.request(endpoint.url, path, head, body, fresh=True)
+        except client.ClientError as exc:
             raise _AttemptFailed(_describe(exc)) from None
 
 
@@ -294,10 +344,10 @@ def _describe(exc: BaseException) -> str:
     return text if len(text) <= 200 else text[:200] + "..."
 
 
-async def _snippet(response: aiohttp.ClientResponse) -> str:
+async def _snippet(response: client.Response) -> str:
     try:
         text = (await response.content.read(300)).decode("utf-8", "replace").strip()
-    except aiohttp.ClientError:
+    except client.ClientError:
         text = ""
     finally:
         response.close()

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 
 import aiohttp
 
+from llmgw.router.auth import ListenGuard
 from llmgw.router.table import RouteTable, TableError, TableHolder
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ class TableWatcher:
 
     def __init__(self, control_url: str, holder: TableHolder, *, session: aiohttp.ClientSession | None = None,
                  poll_timeout_s: float = 30.0, backoff_min_s: float = 0.2, backoff_max_s: float = 5.0,
-                 headers: Mapping[str, str] | None = None) -> None:
+                 headers: Mapping[str, str] | None = None, listen_guard: ListenGuard | None = None) -> None:
         self._url = control_url.rstrip("/") + "/api/v1/endpoints"
         self._holder = holder
         self._session = session
@@ -47,6 +48,7 @@ class TableWatcher:
         self._backoff_min_s = backoff_min_s
         self._backoff_max_s = backoff_max_s
         self._headers = dict(headers or {})
+        self._guard = listen_guard  # warns when a table leaves a non-loopback listen without keys
         self._after = -1  # no version yet: the first poll answers at once
         self._task: asyncio.Task[None] | None = None
         self._loaded = asyncio.Event()
@@ -121,4 +123,6 @@ class TableWatcher:
             log.info("route table v%d: %d models, %d endpoints (was v%d: %d models, %d endpoints)",
                      table.version, len(table.models), table.endpoint_count(),
                      old.version, len(old.models), old.endpoint_count())
+        if self._guard is not None:
+            self._guard.check(table.auth)
         self._loaded.set()

@@ -20,6 +20,12 @@ event-loop lag does not accumulate into a slower decode rate.
 aiohttp sets TCP_NODELAY on every accepted connection (BaseProtocol.connection_made;
 checked on an accepted socket), so a token chunk is not held back by Nagle.
 
+Started as a worker rank of a multi-node replica (``--rank`` above 0) it
+answers /health, /v1/models (the agent's readiness probe) and /sim/stats, and
+refuses completions with 503: only the leader serves the API, as with a real
+engine. /sim/stats reports the rank it was given and the rank variables its
+agent set, so a test sees what each rank was started with.
+
 A client that disconnects aborts its request at once, waiting or generating:
 the runner is built with ``handler_cancellation=True``, without which aiohttp
 (3.14) lets a handler whose client has gone run to the end: checked, a
@@ -36,6 +42,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import os
 import signal
 import sys
 import time
@@ -46,6 +53,9 @@ from typing import Any
 from aiohttp import web
 
 Json = dict[str, Any]
+
+#: The rank variables an agent sets for a rank of a multi-node replica; /sim/stats reports them.
+GROUP_ENV = ("LLMGW_NNODES", "LLMGW_RANK", "LLMGW_LEADER_ADDR", "LLMGW_LEADER_PORT", "NCCL_IB_HCA")
 
 #: Compact JSON: the separators json.dumps adds by default are a tenth of a small chunk.
 _dumps = functools.partial(json.dumps, separators=(",", ":"))
@@ -62,6 +72,11 @@ class Config:
     parallel: int = 8
     startup_delay: float = 0.0
     max_tokens_default: int = 16
+    #: A rank of a multi-node replica: rank 0 serves the API, the others only /health and /sim/stats.
+    nnodes: int = 1
+    rank: int = 0
+    leader_addr: str = ""
+    leader_port: int = 0
 
 
 class Slots:
@@ -121,6 +136,22 @@ class Stats:
     total: int = 0
     completed: int = 0
     aborted: int = 0
+    #: Completion requests held now (running or waiting), and the most held at once since
+    #: start: what a router's per-replica concurrency limit bounds.
+    inside: int = 0
+    peak_inside: int = 0
+    #: The last ``traceparent`` headers received, so a test can see a router passed its trace on.
+    traceparents: collections.deque[str] = dataclasses.field(default_factory=lambda: collections.deque(maxlen=256))
+    #: The last aborts: the request's ``user`` field (a test's tag for it), and when, in
+    #: ``time.monotonic()`` seconds (one clock for every process on a Linux machine), so a
+    #: test or bench can tell which requests were aborted and how soon after their client left.
+    aborts: collections.deque[tuple[str, float]] = dataclasses.field(
+        default_factory=lambda: collections.deque(maxlen=4096))
+    #: The last requests: ``user``, when each arrived and when its first token went out
+    #: (``time.monotonic()``; first is None until then, and for whole responses), so a test
+    #: can see the order in which a router let requests reach the engine.
+    arrivals: collections.deque[dict[str, Any]] = dataclasses.field(
+        default_factory=lambda: collections.deque(maxlen=4096))
 
 
 def error(status: int, message: str, *, type_: str, code: str | None = None,
@@ -185,6 +216,13 @@ class SimEngine:
     async def _gate(self, request: web.Request,
                     handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
         if request.path.startswith("/v1/"):
+            if self.config.rank > 0 and request.path != "/v1/models":
+                # A real engine's worker rank serves no API either: requests go to the leader.
+                # Its model list still answers: the agent's readiness probe asks it, and a
+                # worker rank is ready as soon as its process runs.
+                return error(503, f"this is rank {self.config.rank} of {self.config.nnodes}, a worker; send "
+                                  f"requests to the leader (rank 0 at {self.config.leader_addr})",
+                             type_="unavailable_error", code="worker_rank")
             key = self.config.api_key
             if key and request.headers.get("Authorization", "") != f"Bearer {key}":
                 return error(401, "Invalid API key: send Authorization: Bearer <key>",
@@ -207,8 +245,19 @@ class SimEngine:
 
     async def sim_stats(self, request: web.Request) -> web.Response:
         return web.json_response({"running": self.slots.running, "waiting": self.slots.waiting,
-                                  "completed": self.stats.completed, "aborted": self.stats.aborted},
+                                  "completed": self.stats.completed, "aborted": self.stats.aborted,
+                                  "peak_inside": self.stats.peak_inside,
+                                  "traceparents": list(self.stats.traceparents),
+                                  "aborts": [{"user": u, "at": t} for u, t in self.stats.aborts],
+                                  "arrivals": list(self.stats.arrivals),
+                                  "group": self.group()},
                                  dumps=_dumps)
+
+    def group(self) -> Json:
+        """The rank it was started as, and the rank variables its agent set (what a real engine would read)."""
+        c = self.config
+        return {"nnodes": c.nnodes, "rank": c.rank, "leader_addr": c.leader_addr, "leader_port": c.leader_port,
+                "env": {k: os.environ[k] for k in GROUP_ENV if k in os.environ}}
 
     async def metrics(self, request: web.Request) -> web.Response:
         rows = [
@@ -265,16 +314,26 @@ class SimEngine:
             return parsed
         body, n_prompt, n_out = parsed
         self.stats.total += 1
+        traceparent = request.headers.get("traceparent")
+        if traceparent is not None:
+            self.stats.traceparents.append(traceparent)
+        self.stats.inside += 1
+        self.stats.peak_inside = max(self.stats.peak_inside, self.stats.inside)
+        arrival: dict[str, Any] = {"user": str(body.get("user") or ""), "arrived": time.monotonic(), "first": None}
+        self.stats.arrivals.append(arrival)
         try:
             if body.get("stream"):
-                response = await self._stream(request, body, n_prompt, n_out, chat=chat)
+                response = await self._stream(request, body, n_prompt, n_out, chat=chat, arrival=arrival)
             else:
                 response = await self._whole(n_prompt, n_out, chat=chat)
         except (asyncio.CancelledError, ConnectionResetError):
             # The client went away: the handler was cancelled (waiting, prefilling or between
             # tokens), or a write found the connection closed.
             self.stats.aborted += 1
+            self.stats.aborts.append((str(body.get("user") or ""), time.monotonic()))
             raise
+        finally:
+            self.stats.inside -= 1
         self.stats.completed += 1
         return response
 
@@ -315,7 +374,7 @@ class SimEngine:
         return web.json_response(out, dumps=_dumps)
 
     async def _stream(self, request: web.Request, body: Json, n_prompt: int, n_out: int, *,
-                      chat: bool) -> web.StreamResponse:
+                      chat: bool, arrival: dict[str, Any] | None = None) -> web.StreamResponse:
         options = body.get("stream_options")
         include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
         base = self._envelope(chat, chunk=True)
@@ -341,6 +400,8 @@ class SimEngine:
             for i in range(n_out):
                 await until(i)
                 await send(choice(i, f" tok{i}", "length" if i == n_out - 1 else None))
+                if i == 0 and arrival is not None:
+                    arrival["first"] = time.monotonic()
         if include_usage:
             base["usage"] = self._usage(n_prompt, n_out)
             await send(None)
@@ -361,9 +422,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--parallel", type=int, default=8, help="requests generating at once")
     parser.add_argument("--startup-delay", type=float, default=0.0, help="seconds /health answers 503")
     parser.add_argument("--max-tokens-default", type=int, default=16, help="max_tokens when not given")
+    parser.add_argument("--nnodes", type=int, default=1, help="ranks of its multi-node replica")
+    parser.add_argument("--rank", type=int, default=0, help="its rank; only rank 0 serves /v1")
+    parser.add_argument("--leader-addr", default="", help="rank 0's address")
+    parser.add_argument("--leader-port", type=int, default=0, help="rank 0's rendezvous port")
     args = parser.parse_args(argv)
     if args.prefill_tps <= 0 or args.decode_tps <= 0 or args.parallel < 1:
         parser.error("--prefill-tps and --decode-tps must be > 0 and --parallel >= 1")
+    if args.nnodes < 1 or not 0 <= args.rank < args.nnodes:
+        parser.error(f"--rank must be one of 0..{max(args.nnodes, 1) - 1} and --nnodes at least 1")
     return args
 
 
@@ -400,7 +467,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     config = Config(model=args.model, api_key=args.api_key, prefill_tps=args.prefill_tps,
                     decode_tps=args.decode_tps, parallel=args.parallel, startup_delay=args.startup_delay,
-                    max_tokens_default=args.max_tokens_default)
+                    max_tokens_default=args.max_tokens_default, nnodes=args.nnodes, rank=args.rank,
+                    leader_addr=args.leader_addr, leader_port=args.leader_port)
     return asyncio.run(serve(config, host=args.host, port=args.port))
 
 

@@ -8,10 +8,7 @@ the sim does not serve.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +19,8 @@ import pytest
 from aiohttp import web
 
 from llmgw.testing import openai_schema
-from llmgw.testing.procs import Proc, free_port
+from llmgw.testing.routed import Procs, started
+from llmgw.testing.threaded import ThreadedApp
 
 EMBEDDING = {"object": "list", "model": "emb-served",
              "data": [{"object": "embedding", "index": 0, "embedding": [0.25, -0.5, 1.0]}],
@@ -35,16 +33,12 @@ RESPONSE_EVENTS = (b'event: response.created\ndata: {"type":"response.created"}\
                    b'event: response.completed\ndata: {"type":"response.completed"}\n\n')
 
 
-class Recorder:
+class Recorder(ThreadedApp):
     """An upstream in a thread that records (path, body) of every request and answers in OpenAI's shapes."""
 
     def __init__(self) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        super().__init__()
         self.bodies: list[tuple[str, bytes]] = []
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._runner: web.AppRunner | None = None
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
@@ -63,63 +57,14 @@ class Recorder:
         return web.json_response({"id": "x", "object": "text_completion", "created": 0, "model": "m",
                                   "choices": [{"index": 0, "text": "ok", "logprobs": None, "finish_reason": "stop"}]})
 
-    async def _start(self) -> None:
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, shutdown_timeout=0.1)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
-
-    def __enter__(self) -> Recorder:
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(5)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(5)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5)
-        self._loop.close()
-
-
-class Procs:
-    """The processes of one test, all stopped at its end."""
-
-    def __init__(self, tmp_path: Path) -> None:
-        self.tmp_path = tmp_path
-        self.procs: list[Proc] = []
-
-    def sim(self, name: str, *extra: str) -> str:
-        port = free_port()
-        proc = Proc.start([sys.executable, "-m", "llmgw.sim.engine", "--host", "127.0.0.1", "--port", str(port),
-                           "--model", name, *extra], log_path=self.tmp_path / f"sim-{port}.log")
-        self.procs.append(proc)
-        url = f"http://127.0.0.1:{port}"
-        proc.wait_http(url + "/health", timeout=30)
-        return url
-
-    def router(self, models: list[dict[str, Any]], *extra: str) -> str:
-        port = free_port()
-        table = self.tmp_path / f"table-{port}.json"
-        table.write_text(json.dumps({"version": 1, "models": models}))
-        proc = Proc.start([sys.executable, "-m", "llmgw.router.standalone", "--host", "127.0.0.1", "--port",
-                           str(port), "--table-file", str(table), *extra],
-                          log_path=self.tmp_path / f"router-{port}.log")
-        self.procs.append(proc)
-        url = f"http://127.0.0.1:{port}"
-        proc.wait_http(url + "/v1/models", timeout=30)
-        return url
 
 
 @pytest.fixture
 def procs(tmp_path: Path) -> Iterator[Procs]:
-    p = Procs(tmp_path)
-    try:
+    with started(tmp_path) as p:
         yield p
-    finally:
-        for proc in reversed(p.procs):
-            proc.stop()
 
 
 @pytest.fixture

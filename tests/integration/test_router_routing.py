@@ -215,3 +215,44 @@ def test_forwarder_times_out_first_byte_counts_in_flight_and_scrapes() -> None:
     """No header within the first-byte timeout retries elsewhere; a stream is in flight until closed;
     engine queues are scraped with the endpoint's key and forgotten when the endpoint leaves the table."""
     asyncio.run(_forwarder_checks())
+
+
+def test_a_burst_sharing_a_prefix_reaches_the_engine_after_the_first_ones_prefill(cluster: Cluster) -> None:
+    """Followers of a prompt still in its prefill wait for its first token; an unrelated prompt does not wait.
+
+    The sim's prefill takes prompt_tokens / prefill_tps (~1.5 s here); it records when each
+    request arrived and when its first token went out, on the one monotonic clock of this machine.
+    """
+    [sim] = cluster.sims(1, "--prefill-tps", "1000")
+    router, _ = cluster.router([("r1", sim)], routing="prefix_cache")
+    system = "You are a careful assistant. " * 200  # ~6,000 characters: 23 blocks, ~1,500 tokens
+
+    async def burst() -> None:
+        async with httpx.AsyncClient(timeout=60) as http:
+            async def ask(user: str, prompt: str, delay: float) -> None:
+                await asyncio.sleep(delay)
+                async with http.stream("POST", router + "/v1/chat/completions", json={
+                        "model": "m", "stream": True, "max_tokens": 2, "user": user,
+                        "messages": [{"role": "system", "content": prompt},
+                                     {"role": "user", "content": f"question of {user}"}]}) as r:
+                    assert r.status_code == 200
+                    async for _ in r.aiter_bytes():
+                        pass
+
+            await asyncio.gather(ask("leader", system, 0.0),
+                                 *(ask(f"follower-{i}", system, 0.2) for i in range(3)),
+                                 ask("stranger", "Something else entirely. " * 200, 0.2))
+
+    asyncio.run(burst())
+    stats = httpx.get(sim + "/sim/stats").json()
+    seen = {a["user"]: a for a in stats["arrivals"]}
+    leader = seen["leader"]
+    assert leader["first"] is not None
+    for i in range(3):
+        assert seen[f"follower-{i}"]["arrived"] >= leader["first"], (seen[f"follower-{i}"], leader)
+    # A prompt that shares nothing is sent at once, during the leader's prefill.
+    assert seen["stranger"]["arrived"] < leader["first"], (seen["stranger"], leader)
+    metrics = httpx.get(router + "/metrics").text
+    waits = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                if line.startswith("llmgw_router_prefill_waits_total{"))
+    assert waits == 3, metrics

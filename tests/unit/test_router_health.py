@@ -21,7 +21,7 @@ def test_three_failures_in_a_row_eject_for_two_seconds() -> None:
     assert out.failed("r1", "refused") is None
     assert not out.is_ejected("r1")
     ejection = out.failed("r1", "HTTP 503")
-    assert ejection == health.Ejection("r1", 2.0, "HTTP 503")
+    assert ejection == health.Ejection("r1", 2.0, "HTTP 503", failures=3)
     assert out.is_ejected("r1") and out.ejected(["r1", "r2"]) == {"r1"}
     clock.now += 1.9
     assert out.is_ejected("r1")
@@ -59,7 +59,7 @@ def test_a_success_resets_and_failures_while_ejected_do_not_extend() -> None:
     clock.now += 1000
     for _ in range(2):
         assert out.failed("r1", "x") is None  # probation ended with the success: three needed again
-    assert out.failed("r1", "x") == health.Ejection("r1", 2.0, "x")
+    assert out.failed("r1", "x") == health.Ejection("r1", 2.0, "x", failures=3)
     assert out.succeeded("r-healthy") is False
 
 

@@ -60,7 +60,7 @@ class FakeForwarder:
 
     cancelled = False
 
-    async def open(self, route: ModelRoute, path: str, body: bytes, *, key: object = None,
+    async def open(self, route: ModelRoute, path: str, body: bytes, *, key: object = None, stream: bool = False,
                    ) -> tuple[Endpoint, FakeResponse]:
         try:
             await asyncio.sleep(self.delay)

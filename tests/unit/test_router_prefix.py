@@ -137,3 +137,43 @@ def test_no_blocks_is_least_loaded_and_models_are_apart() -> None:
     assert policy.pick("m", EPS, key=key(doc), load={"r0": 1, "r1": 1, "r2": 0}) == EPS[2]
     assert policy.pick("other", EPS, key=key(doc), load={"r0": 0, "r1": 1, "r2": 1}) == EPS[0]
     assert policy.pick("m", EPS, key=key(doc), exclude={"r0", "r1", "r2"}) is None
+
+
+# -- Prefilling: who is computing a prefix right now -------------------------------------
+
+def test_prefilling_finds_the_leader_on_the_same_replica_only() -> None:
+    p = prefix.Prefilling(min_blocks=2)
+    blocks = prefix.block_hashes("s" * 256 * 5)
+    token = p.begin("m", "r1", blocks)
+    longer = prefix.block_hashes("s" * 256 * 5 + "q" * 256)
+    assert p.leader("m", "r1", longer) == token
+    assert p.leader("m", "r2", longer) is None
+    assert p.leader("other-model", "r1", longer) is None
+
+
+def test_prefilling_needs_min_blocks_of_shared_prefix() -> None:
+    p = prefix.Prefilling(min_blocks=3)
+    p.begin("m", "r1", prefix.block_hashes("a" * 256 * 2 + "b" * 256 * 3))
+    # Shares only the first two blocks: computing those twice is cheaper than waiting.
+    assert p.leader("m", "r1", prefix.block_hashes("a" * 256 * 2 + "c" * 256 * 3)) is None
+    assert p.leader("m", "r1", prefix.block_hashes("a" * 256 * 2 + "b" * 256)) is not None
+    # Too short to register at all.
+    assert p.begin("m", "r1", prefix.block_hashes("a" * 256)) is None
+
+
+def test_prefilling_end_frees_followers_and_keeps_a_later_leader() -> None:
+    p = prefix.Prefilling(min_blocks=1)
+    blocks = prefix.block_hashes("x" * 256 * 4)
+    first = p.begin("m", "r1", blocks)
+    second = p.begin("m", "r1", blocks)
+    assert p.leader("m", "r1", blocks) == second
+    p.end(second)
+    assert p.leader("m", "r1", blocks) == first  # still computing the same prefix
+    p.end(first)
+    assert p.leader("m", "r1", blocks) is None
+    p.end(first)  # idempotent
+    p.end(None)
+    assert len(p) == 0
+    third = p.begin("m", "r1", blocks)
+    p.end(p.begin("m", "r1", blocks[:2]))
+    assert p.leader("m", "r1", blocks) == third

@@ -173,7 +173,8 @@ def create_api(store: Store, cluster: Cluster, *, extra_registries: tuple[Any, .
     @app.get("/api/v1/nodes")
     async def list_nodes() -> dict[str, Any]:
         items = []
-        occupied = {r.node_id for r in store.list_replicas()}
+        # A multi-node replica occupies every rank's node, not only its leader's.
+        occupied = {n for r in store.list_replicas() for n in (r.node_id, *(m.node_id for m in r.members))}
         for n in store.list_nodes():
             view = cluster.nodes.get(n.id)
             inv = view.inventory if view else n.inventory

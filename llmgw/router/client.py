@@ -1,0 +1,508 @@
+"""The router's HTTP/1.1 client to engines: keep-alive pools on ``asyncio.Protocol`` and httptools.
+
+aiohttp's client cost more per request than everything else the router does
+(profiled at 3.4k-7.5k req/s on one core: request objects, header
+multidicts, a writer and a stream reader per request). Here a request is one
+``transport.write`` of precomputed head bytes plus the body, and the response
+is parsed by httptools into a ``Response`` whose body chunks are handed over
+as they arrive. What relay reads of it is what it read of aiohttp's:
+``status``, ``headers.get``, ``content.readany``/``iter_any``, ``read``,
+``close``.
+
+Errors are ``ClientError`` subclasses, one per failure the Forwarder treats
+differently (``upstream`` explains the retry rules):
+
+* ``ConnectFailed``: refused or timed out before a connection existed;
+* ``Disconnected``: the connection closed or reset before the response's
+  headers, what a pooled connection the engine has dropped looks like;
+* ``ReadTimeout``: no byte within the read timeout (first byte, then idle);
+* ``BodyError``: the connection ended or broke in the middle of a body.
+
+Timeouts are per read, as aiohttp's ``sock_read`` was: each arriving byte
+restarts the wait. There is no timer per request: each connection notes when
+bytes last came, and one ticker per pool (every quarter of the shortest read
+timeout, at most a second) fails the busy connections past their timeout. A
+timer per request cost more than parsing its response.
+
+A connection goes back to its pool when its response has been read to the end
+and both sides said keep-alive; anything else (a close before the end, an
+error, a cancel) closes it, which is what tells the engine to stop generating.
+Bodies are buffered up to ``_HIGH_WATER`` before reading from the engine pauses,
+so a slow client slows its engine rather than growing the router's memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import socket
+import ssl as ssl_mod
+import urllib.parse
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httptools
+
+_HIGH_WATER = 1 << 18  # body bytes buffered before the engine connection is paused
+_LOW_WATER = 1 << 16
+
+
+class ClientError(Exception):
+    """Reaching an engine failed; the message says how."""
+
+
+class ConnectFailed(ClientError):
+    """No connection: refused, unreachable, or not made within the connect timeout."""
+
+
+class Disconnected(ClientError):
+    """The engine closed or reset the connection before the response's headers."""
+
+
+class ReadTimeout(ClientError):
+    """No byte from the engine within the read timeout."""
+
+
+class BodyError(ClientError):
+    """The body ended early or the connection broke while it was being read."""
+
+
+class Headers(dict[str, str]):
+    """Response headers with lower-case names; ``get`` looks up any case, as aiohttp's did."""
+
+    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+        return dict.get(self, name.lower(), default)
+
+    def __getitem__(self, name: str) -> str:
+        return dict.__getitem__(self, name.lower())
+
+    def __contains__(self, name: object) -> bool:
+        return dict.__contains__(self, name.lower() if isinstance(name, str) else name)
+
+
+class Response:
+    """An engine's response: status and headers read, the body still arriving on ``connection``.
+
+    It is also its own ``content`` (``readany``, ``iter_any``, ``read``), so relay code
+    written against aiohttp's ``response.content`` reads it unchanged.
+    """
+
+    __slots__ = ("status", "headers", "connection", "_chunks", "_size", "_eof", "_error", "_waiter",
+                 "_done", "_closed", "_llmgw_done", "_llmgw_idle_s", "_llmgw_first")
+
+    def __init__(self, status: int, headers: Headers, connection: Connection) -> None:
+        self.status = status
+        self.headers = headers
+        self.connection: Connection | None = connection
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._size = 0
+        self._eof = False
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._closed = False
+        # Set by the Forwarder: called once when the response is done with (closed,
+        # released, or read to the end), and the idle timeout ``body_started`` switches to.
+        self._llmgw_done: Callable[[], None] | None = None
+        self._llmgw_idle_s: float | None = None
+        # Set by the Forwarder for a request leading a prefix's prefill: called by
+        # ``upstream.body_started`` (the first token is back) or when the response is done.
+        self._llmgw_first: Callable[[], None] | None = None
+
+    @property
+    def content(self) -> Response:
+        return self
+
+    # -- fed by the connection --
+
+    def _feed(self, chunk: bytes) -> None:
+        self._chunks.append(chunk)
+        self._size += len(chunk)
+        if self._size > _HIGH_WATER and self.connection is not None:
+            self.connection.pause()
+        self._wake()
+
+    def _finish(self, error: BaseException | None = None) -> None:
+        if error is not None and not self._eof:
+            self._error = error
+        self._eof = True
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    # -- read by the relay --
+
+    def _take(self) -> bytes:
+        chunks = self._chunks
+        data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
+        if len(chunks) != 0:
+            chunks.clear()
+        self._size = 0
+        if self.connection is not None:
+            self.connection.resume()
+        return data
+
+    async def _wait(self) -> None:
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    async def readany(self) -> bytes:
+        """What has arrived since the last read, waiting for something; b"" at the end."""
+        while not self._chunks:
+            if self._eof:
+                if self._error is not None:
+                    raise self._error
+                self._ended()
+                return b""
+            await self._wait()
+        return self._take()
+
+    async def wait_any(self, timeout: float) -> bytes | None:
+        """As ``readany``, but None once ``timeout`` passes with nothing new; the read itself goes on."""
+        if self._chunks or self._eof:
+            return await self.readany()
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(timeout, self._wake)
+        try:
+            await self._wait()
+        finally:
+            timer.cancel()
+        if self._chunks or self._eof:
+            return await self.readany()
+        return None
+
+    async def iter_any(self) -> AsyncIterator[bytes]:
+        while chunk := await self.readany():
+            yield chunk
+
+    async def read(self, limit: int = -1) -> bytes:
+        """The whole body (or up to ``limit`` bytes of it, for an error snippet)."""
+        if limit < 0 and self._eof and self._error is None:
+            # The usual whole answer: it arrived with its headers, nothing to wait for.
+            data = self._take() if self._chunks else b""
+            self._ended()
+            return data
+        parts: list[bytes] = []
+        size = 0
+        while limit < 0 or size < limit:
+            chunk = await self.readany()
+            if not chunk:
+                break
+            parts.append(chunk)
+            size += len(chunk)
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
+        return data if limit < 0 else data[:limit]
+
+    def ended(self) -> bool:
+        """The body arrived whole and has all been read: the next read would say so."""
+        return self._eof and not self._chunks and self._error is None
+
+    def set_read_timeout(self, seconds: float) -> None:
+        if self.connection is not None:
+            self.connection.set_read_timeout(seconds)
+
+    def _ended(self) -> None:
+        """Read to the end: the connection was handed back at its message end; tell the Forwarder."""
+        self._release_hook()
+
+    def _release_hook(self) -> None:
+        first, self._llmgw_first = self._llmgw_first, None
+        if first is not None:
+            first()
+        done, self._llmgw_done = self._llmgw_done, None
+        if done is not None:
+            done()
+
+    def release(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Done with the response: before its end this closes the connection (the engine stops)."""
+        if not self._closed:
+            self._closed = True
+            connection, self.connection = self.connection, None
+            if connection is not None and not self._eof:
+                connection.abandon()
+            self._chunks.clear()
+        self._release_hook()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+
+class Connection(asyncio.Protocol):
+    """One keep-alive connection to an engine, carrying one request at a time."""
+
+    def __init__(self, pool: Pool, key: tuple[str, int, bool]) -> None:
+        self._pool = pool
+        self.key = key
+        self.transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpResponseParser(self)
+        self._headers = Headers()
+        self._header_name = b""
+        self._delimited = False  # the body has a length or is chunked (else it ends at EOF)
+        self._waiter: asyncio.Future[Response] | None = None
+        self._response: Response | None = None
+        self._busy = False
+        self._paused = False
+        self._read_timeout = 0.0
+        self._activity = 0.0
+        self._loop = asyncio.get_running_loop()
+        self.lost = False
+
+    # -- asyncio.Protocol --
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        if not self._busy:
+            # Bytes nobody asked for (a late answer to an abandoned request): not ours to read.
+            self._close()
+            return
+        self._activity = self._loop.time()
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(BodyError(f"malformed HTTP response: {exc}") if self._response is not None
+                       else Disconnected(f"malformed HTTP response: {exc}"))
+            self._close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        self._pool._forget(self)
+        if self._response is not None and not self._delimited and exc is None:
+            self._response._finish()  # a body without length or chunking ends at EOF
+            self._response = None
+            return
+        why = str(exc) if exc else "the engine closed the connection"
+        self._fail(BodyError(why) if self._response is not None else Disconnected(why))
+
+    # -- httptools callbacks --
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name:
+            self._header_name = name
+            self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+        else:  # a value continued over two callbacks
+            key = self._header_name.decode("latin-1").lower()
+            self._headers[key] += value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        headers = self._headers
+        self._delimited = "content-length" in headers or "transfer-encoding" in headers
+        status = self._parser.get_status_code()
+        if status < 200:  # an interim 1xx: the real answer follows
+            self._headers = Headers()
+            return
+        response = self._response = Response(status, headers, self)
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(response)
+
+    def on_body(self, body: bytes) -> None:
+        if self._response is not None:
+            self._response._feed(body)
+
+    def on_message_complete(self) -> None:
+        response = self._response
+        if response is None:
+            return  # the end of a 1xx
+        self._response = None
+        self._busy = False
+        keep = self._parser.should_keep_alive() and response.connection is self
+        response.connection = None
+        response._finish()
+        if keep:
+            self._resume()
+            self._pool._idle(self)
+        else:
+            self._close()
+
+    # -- used by the pool and the response --
+
+    def send(self, head: bytes, body: bytes, read_timeout: float) -> asyncio.Future[Response]:
+        assert self.transport is not None
+        self._busy = True
+        self._headers = Headers()
+        self._waiter = waiter = self._loop.create_future()
+        self._read_timeout = read_timeout
+        self._activity = self._loop.time()
+        if len(body) < 16384:
+            self.transport.write(head + body)  # one segment, one syscall
+        else:
+            self.transport.write(head)
+            self.transport.write(body)
+        return waiter
+
+    def set_read_timeout(self, seconds: float) -> None:
+        self._read_timeout = seconds
+        self._activity = self._loop.time()
+        self._pool._tick_within(seconds)
+
+    def check_timeout(self, now: float) -> None:
+        """Called by the pool's ticker: fail the request if no byte came within the read timeout."""
+        if not self._busy or self._read_timeout <= 0 or now - self._activity < self._read_timeout:
+            return
+        self._fail(ReadTimeout(f"no response within {self._read_timeout:g}s") if self._response is None
+                   else BodyError(f"no data for {self._read_timeout:g}s"))
+        self._close()
+
+    def _fail(self, error: ClientError) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(error)
+        response, self._response = self._response, None
+        if response is not None:
+            response._finish(error)
+        self._busy = False
+
+    def pause(self) -> None:
+        if not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+
+    def resume(self) -> None:
+        self._resume()
+
+    def _resume(self) -> None:
+        if self._paused and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+
+    def abandon(self) -> None:
+        """The response will not be read to its end: close, so the engine stops."""
+        self._response = None
+        self._busy = False
+        self._close()
+
+    def _close(self) -> None:
+        self._pool._forget(self)
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    def usable(self) -> bool:
+        return not self.lost and self.transport is not None and not self.transport.is_closing()
+
+
+class Pool:
+    """Keep-alive connections per engine address; ``fresh=True`` asks for a new one."""
+
+    def __init__(self, *, connect_timeout_s: float = 5.0, read_timeout_s: float = 600.0) -> None:
+        self.connect_timeout_s = connect_timeout_s
+        self.read_timeout_s = read_timeout_s
+        self._idle_conns: dict[tuple[str, int, bool], list[Connection]] = {}
+        self._all: set[Connection] = set()
+        self._targets: dict[str, tuple[tuple[str, int, bool], bytes, str]] = {}
+        # (url, path, header lines) -> the request head up to Content-Length, built once.
+        self._heads: dict[tuple[str, str, bytes], bytes] = {}
+        self._ssl: ssl_mod.SSLContext | None = None
+        self._ticker: asyncio.TimerHandle | None = None
+        self._tick_s = 1.0
+        self._tick_within(read_timeout_s)
+
+    def _tick_within(self, timeout_s: float) -> None:
+        """Make the ticker run often enough for ``timeout_s``: every quarter of it, at most each second."""
+        if timeout_s > 0:
+            self._tick_s = min(self._tick_s, max(0.01, timeout_s / 4))
+
+    def _tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for connection in list(self._all):
+            connection.check_timeout(now)
+        self._ticker = loop.call_later(self._tick_s, self._tick) if self._all else None
+
+    def target(self, url: str) -> tuple[tuple[str, int, bool], bytes, str]:
+        """(address, Host header value, path prefix) of a base URL, parsed once."""
+        found = self._targets.get(url)
+        if found is None:
+            parts = urllib.parse.urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ConnectFailed(f"cannot reach {url!r}: only http:// and https:// URLs with a host work")
+            tls = parts.scheme == "https"
+            port = parts.port or (443 if tls else 80)
+            found = self._targets[url] = ((parts.hostname, port, tls), parts.netloc.encode("idna"),
+                                          parts.path.rstrip("/"))
+        return found
+
+    async def request(self, url: str, path: str, head_lines: bytes, body: bytes, *,
+                      fresh: bool = False) -> Response:
+        """POST ``body`` to ``url + path``; ``head_lines`` are extra header lines, each ending CRLF."""
+        start = self._heads.get((url, path, head_lines))
+        if start is None:
+            key, host, prefix = self.target(url)
+            if len(self._heads) > 4096:  # endpoints come and go; the cache must not grow for ever
+                self._heads.clear()
+            start = self._heads[(url, path, head_lines)] = b"".join(
+                (b"POST ", (prefix + path).encode(), b" HTTP/1.1\r\nHost: ", host, b"\r\n", head_lines))
+        key = self.target(url)[0]
+        connection = None if fresh else self._take(key)
+        if connection is None:
+            connection = await self._connect(key, url)
+        waiter = connection.send(start + b"Content-Length: %d\r\n\r\n" % len(body), body, self.read_timeout_s)
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            connection.abandon()  # the client left before the engine answered: stop the engine
+            raise
+
+    def _take(self, key: tuple[str, int, bool]) -> Connection | None:
+        idle = self._idle_conns.get(key)
+        while idle:
+            connection = idle.pop()
+            if connection.usable():
+                return connection
+        return None
+
+    async def _connect(self, key: tuple[str, int, bool], url: str) -> Connection:
+        host, port, tls = key
+        loop = asyncio.get_running_loop()
+        if tls and self._ssl is None:
+            self._ssl = ssl_mod.create_default_context()
+        try:
+            async with asyncio.timeout(self.connect_timeout_s or None):
+                _, protocol = await loop.create_connection(lambda: Connection(self, key), host, port,
+                                                           ssl=self._ssl if tls else None)
+        except TimeoutError:
+            raise ConnectFailed(f"cannot connect to {url}: no connection within {self.connect_timeout_s:g}s") \
+                from None
+        except OSError as exc:
+            raise ConnectFailed(f"cannot connect to {url}: {exc.strerror or exc}") from None
+        transport = protocol.transport
+        sock = transport.get_extra_info("socket") if transport is not None else None
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            # Without TCP_NODELAY, Nagle holds a small request until the engine's delayed
+            # ACK: about 40 ms added to every first token.
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._all.add(protocol)
+        if self._ticker is None:
+            self._ticker = loop.call_later(self._tick_s, self._tick)
+        return protocol
+
+    def _idle(self, connection: Connection) -> None:
+        if connection.usable():
+            self._idle_conns.setdefault(connection.key, []).append(connection)
+
+    def _forget(self, connection: Connection) -> None:
+        idle = self._idle_conns.get(connection.key)
+        if idle and connection in idle:
+            idle.remove(connection)
+        self._all.discard(connection)
+
+    def close(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+            self._ticker = None
+        for connection in list(self._all):
+            connection.abandon()
+        self._all.clear()
+        self._idle_conns.clear()

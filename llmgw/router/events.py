@@ -1,0 +1,169 @@
+"""Telling the control plane what this router saw: replicas ejected, and replicas answering again.
+
+The control plane marks a replica Ready from its own health checks; the router
+sees what real requests meet between two checks (``health``). Without a report,
+``llmgw get replicas`` would show a replica Ready while every router had taken it
+out of rotation for a minute, and an operator would look in the wrong place.
+
+An event is a plain JSON-able dict, the shape ``POST /api/v1/router/events``
+takes (``{"router": id, "events": [event, ...]}``)::
+
+    {"type": "ejected", "model": "m", "replica": "m-1a2b3c", "for_s": 2.0,
+     "failures": 3, "reason": "Cannot connect to host ...", "at": 1764583200.0}
+    {"type": "recovered", "model": "m", "replica": "m-1a2b3c", "at": ...}
+
+The router and the control plane never import each other: inside ``llmgw
+server`` the events go to a callback ``serve`` wires to the control plane's
+recorder (``CallbackSink``); a standalone router POSTs them (``HttpSink``).
+
+Reporting never delays a request: ``ejected``/``recovered`` only append to a
+list, and ``HttpSink`` sends from its own task, in batches, with a bounded
+backlog (oldest dropped) and capped backoff while the control plane is down.
+A recovery is reported only for a replica whose ejection was, so the common
+case (a success on a replica that never failed) costs nothing here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import aiohttp
+
+log = logging.getLogger(__name__)
+
+Event = dict[str, Any]
+EVENTS_PATH = "/api/v1/router/events"
+
+
+class Sink:
+    """Collects the events; subclasses deliver them. Alone, it only keeps which replicas it ejected."""
+
+    def __init__(self, router_id: str, *, clock: Callable[[], float] = time.time) -> None:
+        self.router_id = router_id
+        self._clock = clock
+        self._ejected: set[str] = set()
+
+    def ejected(self, model: str, replica_id: str, *, for_s: float, failures: int, reason: str) -> None:
+        self._ejected.add(replica_id)
+        self.deliver({"type": "ejected", "model": model, "replica": replica_id, "for_s": round(for_s, 3),
+                      "failures": failures, "reason": reason, "at": self._clock()})
+
+    def recovered(self, model: str, replica_id: str) -> None:
+        if replica_id not in self._ejected:
+            return  # a streak that never ejected: nothing was reported, nothing to take back
+        self._ejected.discard(replica_id)
+        self.deliver({"type": "recovered", "model": model, "replica": replica_id, "at": self._clock()})
+
+    def deliver(self, event: Event) -> None:
+        """Hand one event on; must not block or raise."""
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+
+class CallbackSink(Sink):
+    """In-process: each event goes to ``callback({"router": id, "events": [event]})`` at once."""
+
+    def __init__(self, router_id: str, callback: Callable[[Mapping[str, Any]], object], **kw: Any) -> None:
+        super().__init__(router_id, **kw)
+        self._callback = callback
+
+    def deliver(self, event: Event) -> None:
+        try:
+            self._callback({"router": self.router_id, "events": [event]})
+        except Exception:  # a bug on the other side must not fail the request that saw the ejection
+            log.exception("recording a router event failed")
+
+
+class HttpSink(Sink):
+    """A standalone router's: POSTs batches of events to the control plane from one background task."""
+
+    def __init__(self, router_id: str, control_url: str, *, max_backlog: int = 1000, backoff_max_s: float = 10.0,
+                 headers: Mapping[str, str] | None = None, **kw: Any) -> None:
+        super().__init__(router_id, **kw)
+        self.url = control_url.rstrip("/") + EVENTS_PATH
+        self._backlog: collections.deque[Event] = collections.deque(maxlen=max_backlog)
+        self._wake = asyncio.Event()
+        self._backoff_max_s = backoff_max_s
+        self._headers = dict(headers or {})
+        self._task: asyncio.Task[None] | None = None
+        self._session: aiohttp.ClientSession | None = None
+        #: Events the control plane acknowledged, for tests and the log.
+        self.sent = 0
+
+    def deliver(self, event: Event) -> None:
+        if len(self._backlog) == self._backlog.maxlen:
+            log.warning("control plane unreachable: dropping the oldest router event (backlog of %d)",
+                        self._backlog.maxlen)
+        self._backlog.append(event)
+        self._wake.set()
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+            self._task = asyncio.create_task(self._run(), name="llmgw-router-events")
+
+    async def stop(self) -> None:
+        """One last try to send what is pending (at most a second), then stop."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            if self._backlog:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self._send_batch(), 1.0)
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _run(self) -> None:
+        backoff = 0.2
+        failing = False
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._backlog:
+                try:
+                    await self._send_batch()
+                except (aiohttp.ClientError, TimeoutError, _Refused) as exc:
+                    if not failing:
+                        failing = True
+                        log.warning("cannot report %d router events to %s: %s; retrying", len(self._backlog),
+                                    self.url, str(exc) or type(exc).__name__)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, self._backoff_max_s)
+                    continue
+                if failing:
+                    failing = False
+                    log.info("router events reach %s again", self.url)
+                backoff = 0.2
+
+    async def _send_batch(self) -> None:
+        assert self._session is not None
+        batch = list(self._backlog)
+        async with self._session.post(self.url, json={"router": self.router_id, "events": batch},
+                                      headers=self._headers) as resp:
+            if resp.status >= 500:
+                raise _Refused(f"HTTP {resp.status}")
+            if resp.status >= 400:
+                # A control plane that does not know the endpoint (older) or refuses the
+                # batch: retrying the same bytes cannot help, so they are dropped, said once.
+                log.warning("control plane refused %d router events: HTTP %d %s", len(batch), resp.status,
+                            (await resp.text(errors="replace"))[:200])
+        for _ in batch:
+            self._backlog.popleft()
+        self.sent += len(batch)
+
+
+class _Refused(Exception):
+    pass
