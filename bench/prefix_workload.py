@@ -207,8 +207,9 @@ def _taskset(core: str) -> list[str]:
 class Engines:
     """Two llama.cpp servers on core 1, restarted for each contender."""
 
-    def __init__(self, model: Path, workdir: Path, slots: int, ctx: int) -> None:
+    def __init__(self, model: Path, workdir: Path, slots: int, ctx: int, extra: tuple[str, ...] = ()) -> None:
         self.model, self.workdir, self.slots, self.ctx = model, workdir, slots, ctx
+        self.extra = extra
         self.procs: list[Proc] = []
         self.urls: list[str] = []
 
@@ -218,7 +219,7 @@ class Engines:
             port = free_port()
             argv = [*_taskset("1"), sys.executable, "-m", "llmgw.agent.engines.llamacpp_launcher",
                     "--model", str(self.model), "--port", str(port), "--alias", MODEL, "--threads", "1",
-                    "--parallel", str(self.slots), "--ctx-size", str(self.ctx), "--metrics"]
+                    "--parallel", str(self.slots), "--ctx-size", str(self.ctx), "--metrics", *self.extra]
             self.procs.append(Proc.start(argv, log_path=self.workdir / f"engine-{i}-{time.time_ns()}.log"))
             self.urls.append(f"http://127.0.0.1:{port}")
         for url in self.urls:
@@ -291,6 +292,8 @@ async def main() -> None:
     parser.add_argument("--unique", action="store_true", help="a system prompt per user: no shared prefixes")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--think", default="1-3", help="seconds between a user's turns, as MIN-MAX")
+    parser.add_argument("--engine-arg", action="append", default=[], metavar="ARG",
+                        help="one more llama.cpp flag for both engines (repeat), e.g. --engine-arg=--no-kv-unified")
     parser.add_argument("--json", type=Path, help="write the figures here too")
     args = parser.parse_args()
     for c in args.only:
@@ -305,7 +308,7 @@ async def main() -> None:
     rows: list[dict[str, object]] = []
     with tempfile.TemporaryDirectory(prefix="llmgw-prefix-") as tmp:
         workdir = Path(tmp)
-        engines = Engines(smollm2_path(), workdir, args.slots, args.ctx)
+        engines = Engines(smollm2_path(), workdir, args.slots, args.ctx, tuple(args.engine_arg))
         try:
             for contender in args.only:
                 port = free_port()

@@ -176,3 +176,18 @@ def test_resolve_unknown_scheme() -> None:
     """Other schemes are refused with the ones that work."""
     with pytest.raises(errors.EngineError, match="file:///"):
         weights.resolve_source("hf://org/model")
+
+
+def test_launcher_passes_slot_prompt_similarity_to_llama_cpp() -> None:
+    """llama-server's -sps reaches the real xllamacpp parameters; out of [0, 1] it is refused."""
+    import xllamacpp
+
+    from llmgw.agent.engines import llamacpp_launcher as launcher
+
+    args = launcher.parse_args(["--model", "m.gguf", "--slot-prompt-similarity", "0", "--no-kv-unified"])
+    params = launcher.build_params(args, xllamacpp)
+    assert params.slot_prompt_similarity == 0.0 and params.kv_unified is False
+    default = launcher.build_params(launcher.parse_args(["--model", "m.gguf"]), xllamacpp)
+    assert abs(default.slot_prompt_similarity - 0.1) < 1e-6  # llama.cpp's own default, untouched
+    with pytest.raises(SystemExit):
+        launcher.parse_args(["--model", "m.gguf", "-sps", "1.5"])

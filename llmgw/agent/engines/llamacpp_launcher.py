@@ -53,12 +53,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("-np", "--parallel", type=int, default=4, help="slots (requests at once)")
     parser.add_argument("--kv-unified", action=argparse.BooleanOptionalAction, default=True,
                         help="one KV cache shared by all slots (default on)")
+    parser.add_argument("-sps", "--slot-prompt-similarity", type=float, default=None,
+                        help="how alike a prompt must be to a slot's cached one for that slot to take it "
+                             "(llama.cpp's default 0.1; 0 takes the least recently used slot)")
     parser.add_argument("--metrics", action="store_true", help="serve /metrics")
     parser.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", default=None,
                         help="layers on the GPU: a number, 'auto' or 'all'")
     args = parser.parse_args(argv)
     if args.parallel < 1:
         parser.error(f"--parallel must be at least 1, not {args.parallel}")
+    if args.slot_prompt_similarity is not None and not 0.0 <= args.slot_prompt_similarity <= 1.0:
+        parser.error(f"--slot-prompt-similarity must be between 0 and 1, not {args.slot_prompt_similarity}")
     return args
 
 
@@ -125,6 +130,8 @@ def build_params(args: argparse.Namespace, xllamacpp: Any) -> Any:
     params.n_ctx = args.ctx_size
     params.n_parallel = args.parallel
     params.kv_unified = args.kv_unified
+    if args.slot_prompt_similarity is not None:
+        params.slot_prompt_similarity = args.slot_prompt_similarity
     params.cpuparams.n_threads = args.threads
     params.endpoint_metrics = args.metrics
     if args.alias:
