@@ -9,6 +9,7 @@ the database).
 from __future__ import annotations
 
 import datetime
+import sys
 import time
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -165,6 +166,11 @@ def register(app: typer.Typer) -> None:
                     print(event_line(e), flush=True)
                     after = max(after, int(e["id"]))
                 if not follow:
+                    if not after:
+                        # Said on stderr, so a script reading the lines sees none; a person sees why.
+                        which = f" for model {model!r}" if model else f" for node {node!r}" if node else ""
+                        print(f"no events{which}; `llmgw get models` and `llmgw get nodes` list what exists",
+                              file=sys.stderr)
                     return
                 time.sleep(FOLLOW_INTERVAL_S)
         except KeyboardInterrupt:

@@ -83,6 +83,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="this router's name in the ejections it reports to the control plane "
                              "[default: the hostname]")
     parser.add_argument("--tracing-endpoint", default=os.environ.get("LLMGW_TRACING_ENDPOINT", ""), metavar="URL",
+                        type=_tracing_endpoint,
                         help="export OpenTelemetry spans over OTLP/HTTP to this collector, e.g. "
                              "http://127.0.0.1:4318 [env LLMGW_TRACING_ENDPOINT; default: off]")
     parser.add_argument("--admission-queue", type=int, default=100, metavar="N",
@@ -90,6 +91,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--admission-wait", type=float, default=30.0, metavar="SECONDS",
                         help="how long one may wait for a slot before a 429 with Retry-After")
     return parser.parse_args(argv)
+
+
+def _tracing_endpoint(value: str) -> str:
+    """The flag as given, once it reads as a collector URL: a bad one is a usage error, not a table error."""
+    if value:
+        try:
+            tracing.traces_url(value)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:

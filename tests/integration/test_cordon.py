@@ -72,6 +72,8 @@ def test_cordon_survives_restart_and_drain_moves_replicas_without_failing_reques
         events = _cli(s, "events", "--node", "node2")
         for reason in ("NodeCordoned", "NodeDraining", "NodeDrained", "Terminating"):
             assert reason in events.stdout, events.stdout
+        none = _cli(s, "events", "--model", "no-such-model")
+        assert none.returncode == 0 and none.stdout == "" and "no events for model 'no-such-model'" in none.stderr
         described = _cli(s, "describe", "node", "node2")
         assert described.returncode == 0 and "SchedulingDisabled" in described.stdout
 
