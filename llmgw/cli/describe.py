@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -125,23 +126,22 @@ def register(app: typer.Typer) -> None:
     app.add_typer(describe_app, name="describe")
     url_opt = typer.Option(None, "--url", help=f"Control plane URL [env LLMGW_URL, default {client_mod.DEFAULT_URL}]")
 
+    def _show(kind: str, name: str, url: str | None, show: Callable[[dict[str, Any], float], None]) -> None:
+        try:
+            doc = _client(url).get(f"/api/v1/{kind}/{quote(name, safe='')}/describe")
+        except LlmgwError as e:
+            raise _fail(str(e)) from None
+        show(doc, time.time())
+
     @describe_app.command("model")
     def describe_model(name: str, url: str = url_opt) -> None:
         """A model's spec, replicas, conditions and recent events."""
-        try:
-            doc = _client(url).get(f"/api/v1/models/{quote(name, safe='')}/describe")
-        except LlmgwError as e:
-            raise _fail(str(e)) from None
-        print_model(doc, time.time())
+        _show("models", name, url, print_model)
 
     @describe_app.command("node")
     def describe_node(name: str, url: str = url_opt) -> None:
         """A node's status, the replicas on it and its recent events."""
-        try:
-            doc = _client(url).get(f"/api/v1/nodes/{quote(name, safe='')}/describe")
-        except LlmgwError as e:
-            raise _fail(str(e)) from None
-        print_node(doc, time.time())
+        _show("nodes", name, url, print_node)
 
     @app.command("events")
     def events(model: str = typer.Option(None, "--model", help="Only this model's (and its replicas')"),

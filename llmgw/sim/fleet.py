@@ -37,6 +37,7 @@ from typing import Any
 
 import grpc
 
+from llmgw.agent import session
 from llmgw.api import convert
 from llmgw.api.v1 import agent_pb2 as pb
 from llmgw.core.inventory import Gpu, Inventory
@@ -46,15 +47,6 @@ log = logging.getLogger(__name__)
 GIB = 2**30
 STREAMS_PER_CHANNEL = 100
 CONNECT_METHOD = "/llmgw.v1.AgentService/Connect"
-#: As the real agent's: a restarted control plane is redialled within a second,
-#: not after gRPC's default backoff of up to two minutes.
-CHANNEL_OPTIONS = [
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.initial_reconnect_backoff_ms", 200),
-    ("grpc.max_reconnect_backoff_ms", 1_000),
-]
 #: Upper bounds (seconds) of the lateness histogram; the last bucket is everything above.
 LATE_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
@@ -247,7 +239,8 @@ async def run(server: str, agents: list[FakeAgent], *, stop: asyncio.Event, repo
               stats_file: Path | None = None, stats_every_s: float = 0.5,
               streams_per_channel: int = STREAMS_PER_CHANNEL) -> None:
     n_channels = max(1, -(-len(agents) // streams_per_channel))
-    channels = [grpc.aio.insecure_channel(server, options=CHANNEL_OPTIONS) for _ in range(n_channels)]
+    # The real agent's channel options: a restarted control plane is redialled within a second.
+    channels = [grpc.aio.insecure_channel(server, options=session.CHANNEL_OPTIONS) for _ in range(n_channels)]
     tasks = [asyncio.create_task(a.run(channels[i % len(channels)], stop)) for i, a in enumerate(agents)]
     stats = agents[0].stats if agents else Stats()
     t0 = time.monotonic()

@@ -27,48 +27,24 @@ from llmgw.router.table import TableHolder
 from llmgw.router.watch import TableWatcher
 from llmgw.testing import openai_schema
 from llmgw.testing.procs import Proc, free_port, wait_for
+from llmgw.testing.routed import Spawner
 
 CLIENT_KEY = "client-key-the-engines-never-see"
 
 
-class Cluster:
+class Cluster(Spawner):
     """Starts sim engines and routers for one test, and stops them all at its end."""
 
-    def __init__(self, tmp_path: Path) -> None:
-        self.tmp_path = tmp_path
-        self.procs: list[Proc] = []
-
     def sim(self, model: str, *, api_key: str = "", decode_tps: float = 500.0) -> str:
-        port = free_port()
-        proc = Proc.start([sys.executable, "-m", "llmgw.sim.engine", "--host", "127.0.0.1", "--port", str(port),
-                           "--model", model, "--api-key", api_key, "--decode-tps", str(decode_tps)],
-                          log_path=self.tmp_path / f"sim-{port}.log")
-        self.procs.append(proc)
-        url = f"http://127.0.0.1:{port}"
+        proc, url = self.spawn_sim(model, "--api-key", api_key, "--decode-tps", str(decode_tps))
         proc.wait_http(url + "/health", timeout=30)
         return url
 
     def router(self, *, doc: dict[str, Any] | None = None, control: str | None = None,
                wait: bool = True) -> str:
-        port = free_port()
-        argv = [sys.executable, "-m", "llmgw.router.standalone", "--host", "127.0.0.1", "--port", str(port)]
-        if doc is not None:
-            table_file = self.tmp_path / f"table-{port}.json"
-            table_file.write_text(json.dumps(doc))
-            argv += ["--table-file", str(table_file)]
-        else:
-            argv += ["--control", str(control)]
-        proc = Proc.start(argv, log_path=self.tmp_path / f"router-{port}.log")
-        self.procs.append(proc)
-        url = f"http://127.0.0.1:{port}"
         # wait: until it serves its table; otherwise any answer (503 before a table arrives).
-        proc.wait_http(url + "/v1/models", timeout=30,
-                       expect=(lambda status, _: status == 200) if wait else (lambda status, _: True))
-        return url
-
-    def stop_all(self) -> None:
-        for proc in reversed(self.procs):
-            proc.stop()
+        return self.spawn_router(*(() if doc is not None else ("--control", str(control))), table=doc,
+                                 expect=None if wait else (lambda status, _: True))
 
 
 @pytest.fixture

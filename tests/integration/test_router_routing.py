@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,48 +19,26 @@ from aiohttp import web
 
 from llmgw.router import table, upstream
 from llmgw.testing.procs import Proc, free_port, wait_for
+from llmgw.testing.routed import Spawner
 
 
-class Cluster:
+class Cluster(Spawner):
     """Starts sim engines and one router for a test, and stops them all at its end."""
-
-    def __init__(self, tmp_path: Path) -> None:
-        self.tmp_path = tmp_path
-        self.procs: list[Proc] = []
 
     def sims(self, n: int, *extra: str, health: int = 200) -> list[str]:
         """``n`` sims started at once (their start-up overlaps), each answering /health with ``health``."""
-        started = []
-        for _ in range(n):
-            port = free_port()
-            proc = Proc.start([sys.executable, "-m", "llmgw.sim.engine", "--host", "127.0.0.1", "--port",
-                               str(port), "--model", "m", "--prefill-tps", "200000", *extra],
-                              log_path=self.tmp_path / f"sim-{port}.log")
-            self.procs.append(proc)
-            started.append((proc, f"http://127.0.0.1:{port}"))
+        started = [self.spawn_sim("m", "--prefill-tps", "200000", *extra) for _ in range(n)]
         for proc, url in started:
             proc.wait_http(url + "/health", timeout=30, expect=lambda status, _: status == health)
         return [url for _, url in started]
 
     def router(self, endpoints: list[tuple[str, str]], *, routing: str | None = None) -> tuple[str, Proc]:
-        port = free_port()
         entry: dict[str, Any] = {"name": "m", "state": "Ready",
                                  "endpoints": [{"replica_id": r, "url": u} for r, u in endpoints]}
         if routing is not None:
             entry["routing"] = routing
-        table_file = self.tmp_path / f"table-{port}.json"
-        table_file.write_text(json.dumps({"version": 1, "models": [entry]}))
-        proc = Proc.start([sys.executable, "-m", "llmgw.router.standalone", "--host", "127.0.0.1", "--port",
-                           str(port), "--table-file", str(table_file)],
-                          log_path=self.tmp_path / f"router-{port}.log")
-        self.procs.append(proc)
-        url = f"http://127.0.0.1:{port}"
-        proc.wait_http(url + "/v1/models", timeout=30)
-        return url, proc
-
-    def stop_all(self) -> None:
-        for proc in reversed(self.procs):
-            proc.stop()
+        url = self.spawn_router(table={"version": 1, "models": [entry]})
+        return url, self.procs[-1]
 
 
 @pytest.fixture
