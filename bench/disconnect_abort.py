@@ -179,6 +179,8 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=10, help="of each kind, on each path")
     parser.add_argument("--prompt-words", type=int, default=300, help="the early trials' prompt length")
     parser.add_argument("--threads", type=int, default=1, help="llama.cpp's threads")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="llama.cpp's -b (prompt tokens per decode call; default its 2048)")
     parser.add_argument("--close", choices=("fin", "rst"), default="fin",
                         help="how the client leaves: a plain close (FIN) or an abortive one (RST)")
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
@@ -198,11 +200,13 @@ def main() -> int:
             else:
                 engine = ["-m", "llmgw.agent.engines.llamacpp_launcher", "--model", model, "--port", str(engine_port),
                           "--alias", ALIAS, "--ctx-size", "8192", "--parallel", "1", "--threads", str(args.threads)]
+                if args.batch_size:
+                    engine += ["--batch-size", str(args.batch_size)]
             procs.append(Proc.start([sys.executable, *engine], log_path=Path(tmp) / "engine.log"))
             procs[-1].wait_http(f"http://127.0.0.1:{engine_port}/health", timeout=120)
             table = Path(tmp) / "table.json"
             table.write_text(json.dumps({"version": 1, "models": [
-                {"name": ALIAS, "state": "Ready",
+                {"name": ALIAS, "state": "Ready", "engine": args.engine,
                  "endpoints": [{"replica_id": "r-1", "url": f"http://127.0.0.1:{engine_port}"}]}]}))
             procs.append(Proc.start([sys.executable, "-m", "llmgw.router.standalone", "--host", "127.0.0.1",
                                      "--port", str(router_port), "--table-file", str(table), "--log-level",
@@ -226,7 +230,8 @@ def main() -> int:
                 proc.stop()
             engine_log = (Path(tmp) / "engine.log").read_text(errors="replace") if procs else ""
     what = "sim engine" if args.engine == "sim" else f"llama.cpp (xllamacpp) {os.path.basename(model)}"
-    print(f"{what}, 1 slot, {args.threads} thread(s), close={CLOSE}; "
+    batch = f", n_batch {args.batch_size}" if args.batch_size and args.engine != "sim" else ""
+    print(f"{what}, 1 slot, {args.threads} thread(s){batch}, close={CLOSE}; "
           f"disconnect -> no slot processing, in ms ({skipped} early trials discarded: first token came first)")
     for name, values in results.items():
         print(summary(name, values))

@@ -343,7 +343,7 @@ class Cluster:
             st = summarize(m.spec, mine, now=now)
             models.append({
                 "name": m.name, "served_name": m.spec.served_name, "aliases": list(m.spec.aliases),
-                "routing": m.spec.routing,
+                "routing": m.spec.routing, "engine": m.spec.engine,
                 # Read by the router's admission (llmgw.router.table); 0 is no limit.
                 "limits": {"concurrency_per_replica": m.spec.max_concurrency_per_replica},
                 "state": st.state, "message": st.message,

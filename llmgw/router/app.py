@@ -232,12 +232,18 @@ class RouterApp:
             trace.finish(time.perf_counter())
             return
         body = request.for_engine(req, route.served_name)
+        progress = False
+        if request.wants_progress(req, route.engine):
+            asked = request.with_progress(body)
+            if asked is not None:
+                body, progress = asked, True
         trace.series.in_flight.inc()
         if cancels:
             # The server cancels this task when the client goes, which cancels the relay
             # where it waits and closes the upstream connection: no watcher needed.
             try:
-                await self._forward(route, path, body, send, trace, stream=req.stream, affinity=affinity)
+                await self._forward(route, path, body, send, trace, stream=req.stream, affinity=affinity,
+                                    progress=progress)
             except asyncio.CancelledError:
                 log.info("client left during a %s request for %r; upstream request cancelled", path, req.model)
                 raise
@@ -246,7 +252,7 @@ class RouterApp:
                 trace.finish(time.perf_counter())
             return
         forward = asyncio.ensure_future(self._forward(route, path, body, send, trace, stream=req.stream,
-                                                      affinity=affinity))
+                                                      affinity=affinity, progress=progress))
         watch = asyncio.ensure_future(asgi.wait_disconnect(receive))
         try:
             await asyncio.wait((forward, watch), return_when=asyncio.FIRST_COMPLETED)
@@ -265,15 +271,16 @@ class RouterApp:
             forward.result()  # re-raise what went wrong in the relay, if anything did
 
     async def _forward(self, route: ModelRoute, path: str, body: bytes, send: asgi.Send, trace: metrics.Trace,
-                       *, stream: bool, affinity: pick.RequestKey) -> None:
+                       *, stream: bool, affinity: pick.RequestKey, progress: bool = False) -> None:
         trace.sent_upstream(time.perf_counter())
         started = False
         opened: Opened | errors.ApiError
         if stream and self._keepalive_s > 0:
-            started, opened = await self._open_keeping_alive(route, path, body, send, trace, affinity)
+            started, opened = await self._open_keeping_alive(route, path, body, send, trace, affinity, progress)
         else:
             try:
-                opened = await self._forwarder.open(route, path, body, key=affinity, stream=stream)
+                opened = await self._forwarder.open(route, path, body, key=affinity, stream=stream,
+                                                    progress=progress)
             except errors.ApiError as exc:
                 opened = exc
         if isinstance(opened, errors.ApiError):
@@ -300,7 +307,7 @@ class RouterApp:
             response.close()
 
     async def _open_keeping_alive(self, route: ModelRoute, path: str, body: bytes, send: asgi.Send,
-                                  trace: metrics.Trace, affinity: pick.RequestKey,
+                                  trace: metrics.Trace, affinity: pick.RequestKey, progress: bool = False,
                                   ) -> tuple[bool, Opened | errors.ApiError]:
         """Open the upstream response; if that takes longer than ``keepalive_s``, start the stream.
 
@@ -336,7 +343,8 @@ class RouterApp:
         opened: Opened | errors.ApiError | None = None
         try:
             try:
-                opened = await self._forwarder.open(route, path, body, key=affinity, stream=True)
+                opened = await self._forwarder.open(route, path, body, key=affinity, stream=True,
+                                                    progress=progress)
             except errors.ApiError as exc:
                 opened = exc
             finally:

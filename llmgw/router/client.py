@@ -200,6 +200,12 @@ class Response:
         data = parts[0] if len(parts) == 1 else b"".join(parts)
         return data if limit < 0 else data[:limit]
 
+    def unread(self, data: bytes) -> None:
+        """Put ``data`` back in front of what is still to be read (what a look ahead took and did not use)."""
+        if data:
+            self._chunks.appendleft(data)
+            self._size += len(data)
+
     def ended(self) -> bool:
         """The body arrived whole and has all been read: the next read would say so."""
         return self._eof and not self._chunks and self._error is None

@@ -11,6 +11,14 @@ unknown name with 200 and its own model, vLLM with 404). Only the value's bytes
 are replaced: re-encoding the document would reformat numbers (``1e3`` becomes
 ``1000.0``), fold duplicate keys and change whitespace, bytes that a client may
 have signed or an engine's cache may key on.
+
+The other, for a streamed request to llama.cpp only (``with_progress``):
+``"return_progress":true`` goes in front, so the engine writes a progress event
+after each prefill batch. llama.cpp notices a client that left only when it
+writes to it; without those writes a client that leaves during a long prefill
+keeps its slot busy until the prefill ends (seconds on a CPU), with them it is
+stopped within two batches. The router reads and drops the events it asked for
+(``upstream``): the client gets the stream it would have got without them.
 """
 
 from __future__ import annotations
@@ -83,6 +91,24 @@ def for_engine(request: CompletionRequest, served_name: str) -> bytes:
         return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
     start, end = span
     return (text[:start] + value + text[end:]).encode("utf-8")
+
+
+#: Engines whose streams report prefill progress when asked with ``"return_progress": true``.
+PROGRESS_ENGINES = frozenset({"llamacpp"})
+_PROGRESS_FIELD = b'"return_progress":true,'
+
+
+def wants_progress(request: CompletionRequest, engine: str) -> bool:
+    """Whether the router asks ``engine`` for prefill progress: a stream whose client did not ask itself."""
+    return request.stream and engine in PROGRESS_ENGINES and "return_progress" not in request.doc
+
+
+def with_progress(body: bytes) -> bytes | None:
+    """``body`` (a JSON object ``parse`` read) with ``"return_progress":true`` first; None if not UTF-8 text."""
+    start = len(body) - len(body.lstrip(b" \t\r\n"))
+    if body[start:start + 1] != b"{" or body[start + 1:start + 2] == b"\x00":
+        return None  # a BOM, or UTF-16/32 JSON (parse() reads those): leave the body as the client sent it
+    return body[:start + 1] + _PROGRESS_FIELD + body[start + 1:]
 
 
 _WS = re.compile(r"[ \t\n\r]*")

@@ -58,6 +58,9 @@ class ModelRoute:
     routing: str = pick.DEFAULT_ROUTING  # one of pick.ROUTINGS
     #: Requests this router sends one endpoint at a time (``limits.concurrency_per_replica``); 0: no limit.
     replica_limit: int = 0
+    #: The engine its replicas run (``spec.engine``: llamacpp, vllm, sglang, sim), "" when not said:
+    #: what engine-specific fields the router may add (``request.with_progress``).
+    engine: str = ""
 
     def public_names(self) -> tuple[str, ...]:
         """The ids ``/v1/models`` lists for this model: served name first, then aliases."""
@@ -215,4 +218,5 @@ def _model(where: str, raw: Any) -> ModelRoute:
         created=created if isinstance(created, int) and not isinstance(created, bool) else 0,
         routing=routing,
         replica_limit=_replica_limit(where, raw),
+        engine=_str(where, raw, "engine", default=""),
     )

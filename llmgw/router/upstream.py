@@ -186,12 +186,16 @@ class Forwarder:
         return prefix.request_key(doc) if isinstance(doc, dict) else pick.NO_KEY
 
     async def open(self, route: ModelRoute, path: str, body: bytes, *,
-                   key: pick.RequestKey | None = None, stream: bool = False) -> tuple[Endpoint, client.Response]:
+                   key: pick.RequestKey | None = None, stream: bool = False,
+                   progress: bool = False) -> tuple[Endpoint, client.Response]:
         """Send ``body`` to ``path`` on an endpoint of ``route``; the response has only its headers read.
 
         ``key`` is the request's affinity key (``prefix.request_key``); without one it is
         read from ``body``. ``stream``: the request asked for SSE, so its first chunk
         says when its prefill ended (only such requests lead a prefix others wait for).
+        ``progress``: the router asked the engine for prefill progress events
+        (``request.with_progress``); they are read and dropped here, so the response
+        returned starts where it would have without them.
         """
         if self._pool is None:
             # Serving beats refusing: a host app that forgot startup() still works, and says so.
@@ -230,6 +234,8 @@ class Forwarder:
             self.loads.started(endpoint.replica_id)
             try:
                 response = await self._send(endpoint, path, body)
+                if progress and response.status == 200:
+                    await _past_progress(response)
             except BaseException as exc:
                 self._prefilled(lead)
                 # Cancelled too (the client left while the engine had not answered): without
@@ -337,6 +343,41 @@ class Forwarder:
             return await self._pool.request(endpoint.url, path, head, body, fresh=True)
         except client.ClientError as exc:
             raise _AttemptFailed(_describe(exc)) from None
+
+
+#: What marks one of llama.cpp's prefill progress events (``"return_progress": true``).
+_PROGRESS_EVENT = b'"prompt_progress"'
+#: Bytes read ahead without finding where an event ends: not the SSE expected, so it is all relayed.
+_LOOKAHEAD_LIMIT = 65536
+
+
+async def _past_progress(response: client.Response) -> None:
+    """Read and drop the progress events a stream starts with; the first other event and the rest stay.
+
+    llama.cpp writes one event per prefill batch, each on its own, before the first
+    token's. Reading them here rather than in the relay keeps what reaches the client,
+    and when, exactly as without them, and an engine that fails during the prefill is
+    still retried on another replica: no byte has gone to the client. A cancel (the
+    client left) or a break closes the response, which is what makes the engine stop:
+    its next progress write fails.
+    """
+    try:
+        if not response.headers.get("Content-Type", "").startswith("text/event-stream"):
+            return
+        pending = b""
+        while chunk := await response.readany():
+            pending = pending + chunk if pending else chunk
+            while (end := pending.find(b"\n\n")) >= 0 and _PROGRESS_EVENT in pending[:end]:
+                pending = pending[end + 2:]
+            if pending.find(b"\n\n") >= 0 or len(pending) > _LOOKAHEAD_LIMIT:
+                break
+        response.unread(pending)
+    except client.ClientError as exc:
+        response.close()
+        raise _AttemptFailed(f"the stream broke during the prefill: {_describe(exc)}") from None
+    except BaseException:
+        response.close()
+        raise
 
 
 def _describe(exc: BaseException) -> str:

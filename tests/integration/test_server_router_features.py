@@ -39,6 +39,7 @@ def test_server_router_has_the_limit_and_traces_to_the_engine(traced: tuple[Syst
     system.wait_router("t", 1)
     (model,) = [m for m in system.get("/api/v1/endpoints")["models"] if m["name"] == "t"]
     assert model["limits"] == {"concurrency_per_replica": 3}
+    assert model["engine"] == "sim"  # what the router may add for an engine (return_progress: llamacpp's)
 
     answer = system.request("POST", "/v1/chat/completions", json={
         "model": "t", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})

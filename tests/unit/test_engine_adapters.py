@@ -36,8 +36,21 @@ def test_llamacpp_without_binary_runs_the_launcher() -> None:
     got = launch(llamacpp.LlamaCpp(which=no_binary), SPEC)
     assert got.argv == ["/venv/bin/python", "-m", "llmgw.agent.engines.llamacpp_launcher",
                         "--model", "/models/smol.gguf", "--host", "127.0.0.1", "--port", "8011",
-                        "--alias", "smol-135m", "--threads", "4", "--metrics"]
+                        "--alias", "smol-135m", "--threads", "4", "--metrics", "--batch-size", "64"]
     assert got.env == {}
+
+
+@pytest.mark.parametrize(("gpus", "args", "batch"), [
+    ((), (), ["64"]),  # CPU: small decode calls, so a client's disconnect stops a prefill soon
+    ((0,), (), []),  # GPU: llama.cpp's own default
+    ((), ("-b", "512"), ["512"]),  # the model's engine args win
+    ((), ("--batch-size=256",), []),
+])
+def test_llamacpp_batch_size_is_small_on_cpu_only(gpus: tuple[int, ...], args: tuple[str, ...],
+                                                   batch: list[str]) -> None:
+    got = launch(llamacpp.LlamaCpp(which=no_binary), dataclasses.replace(SPEC, gpus=gpus, args=args)).argv
+    values = [got[i + 1] for i, a in enumerate(got) if a in ("-b", "--batch-size")]
+    assert values == batch
 
 
 def test_llamacpp_prefers_llama_server_on_path() -> None:
@@ -52,7 +65,7 @@ def test_llamacpp_api_key_env_and_args_are_passed() -> None:
     spec = dataclasses.replace(SPEC, api_key="sk-shard", args=("-c", "2048", "--parallel", "2"),
                                env=(("OMP_NUM_THREADS", "2"),))
     got = launch(llamacpp.LlamaCpp(which=no_binary), spec)
-    assert got.argv[-6:] == ["--api-key", "sk-shard", "-c", "2048", "--parallel", "2"]
+    assert got.argv[-8:] == ["--api-key", "sk-shard", "--batch-size", "64", "-c", "2048", "--parallel", "2"]
     assert got.env == {"OMP_NUM_THREADS": "2"}
 
 
@@ -191,3 +204,20 @@ def test_launcher_passes_slot_prompt_similarity_to_llama_cpp() -> None:
     assert abs(default.slot_prompt_similarity - 0.1) < 1e-6  # llama.cpp's own default, untouched
     with pytest.raises(SystemExit):
         launcher.parse_args(["--model", "m.gguf", "-sps", "1.5"])
+
+
+def test_launcher_passes_batch_sizes_to_llama_cpp() -> None:
+    """-b and -ub reach xllamacpp; -b alone caps the physical batch under it; a ubatch over the batch is refused."""
+    import xllamacpp
+
+    from llmgw.agent.engines import llamacpp_launcher as launcher
+
+    params = launcher.build_params(launcher.parse_args(["--model", "m.gguf", "-b", "64"]), xllamacpp)
+    assert (params.n_batch, params.n_ubatch) == (64, 64)
+    params = launcher.build_params(launcher.parse_args(["--model", "m.gguf", "-b", "1024", "-ub", "256"]), xllamacpp)
+    assert (params.n_batch, params.n_ubatch) == (1024, 256)
+    default = launcher.build_params(launcher.parse_args(["--model", "m.gguf"]), xllamacpp)
+    assert (default.n_batch, default.n_ubatch) == (2048, 512)  # llama.cpp's own, untouched
+    for bad in (["-b", "0"], ["-b", "64", "-ub", "128"]):
+        with pytest.raises(SystemExit):
+            launcher.parse_args(["--model", "m.gguf", *bad])

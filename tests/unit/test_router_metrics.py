@@ -61,6 +61,7 @@ class FakeForwarder:
     cancelled = False
 
     async def open(self, route: ModelRoute, path: str, body: bytes, *, key: object = None, stream: bool = False,
+                   progress: bool = False,
                    ) -> tuple[Endpoint, FakeResponse]:
         try:
             await asyncio.sleep(self.delay)

@@ -68,3 +68,30 @@ def test_not_found_lists_models_and_not_ready_names_next_step() -> None:
     assert "a, b" in errors.model_not_found("x", ["a", "b"]).message
     message = errors.no_ready_endpoint("x", "Starting", "0 of 1 replicas Ready").message
     assert "Starting" in message and "0 of 1 replicas Ready" in message and "llmgw get replicas" in message
+
+
+def test_progress_is_asked_of_llamacpp_streams_only() -> None:
+    """Only a stream to llama.cpp, whose client did not ask for progress itself, gets the router's field."""
+    stream = request.parse(b'{"model": "m", "stream": true}')
+    assert request.wants_progress(stream, "llamacpp")
+    assert not request.wants_progress(stream, "vllm")
+    assert not request.wants_progress(stream, "")
+    assert not request.wants_progress(request.parse(b'{"model": "m"}'), "llamacpp")
+    asked = request.parse(b'{"model": "m", "stream": true, "return_progress": false}')
+    assert not request.wants_progress(asked, "llamacpp")
+
+
+def test_with_progress_adds_one_member_and_keeps_every_other_byte() -> None:
+    """The field goes first; the client's bytes follow unchanged, whitespace and number spellings included."""
+    body = b' {"model": "m", "stream": true, "max_tokens": 1e1,\n "user": "u"}'
+    changed = request.with_progress(body)
+    assert changed == b' {"return_progress":true,"model": "m", "stream": true, "max_tokens": 1e1,\n "user": "u"}'
+    assert json.loads(changed) == {**json.loads(body), "return_progress": True}
+
+
+def test_with_progress_leaves_bodies_it_cannot_edit_as_bytes() -> None:
+    """UTF-16 JSON and a BOM are valid requests the router cannot splice into: they go as they came."""
+    utf16 = '{"model": "m", "stream": true}'.encode("utf-16-le")
+    assert request.parse(utf16).stream
+    assert request.with_progress(utf16) is None
+    assert request.with_progress(b'\xef\xbb\xbf{"model": "m"}') is None

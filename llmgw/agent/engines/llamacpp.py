@@ -21,6 +21,16 @@ xllamacpp's package version. A model's ``engine_version`` is matched against
 these. Running ``--version`` is the one process an adapter starts: a probe that
 exits at once, not an engine, and its answer is kept until the binary changes.
 
+On a replica given no GPU, prompts are evaluated 64 tokens per decode call
+(``--batch-size 64``) unless the model's engine args say otherwise: llama.cpp
+stops a request whose client left only between two such calls, once a progress
+event it writes fails (the router asks for those: ``router/request.py``), so at
+its default of 2048 a prompt's whole prefill runs first. Measured with SmolLM2 on
+one thread (``bench/disconnect_abort.py``): aborted 0.5 s after the disconnect at
+64 against 4.2 s at 2048, and 1,680 prompt tokens took 7.8 s at 64, 8.0 s at
+2048 (at 32: 12.1 s, so not lower). On a GPU a 2048-token batch takes milliseconds
+and a smaller one only costs throughput, so GPU replicas keep llama.cpp's default.
+
 Threads default to half the CPUs, not llama.cpp's all of them: two busy
 llama.cpp servers each spinning on all 8 vCPUs fell to 0.8 tok/s apiece, where
 at 4 threads they kept 5.5.
@@ -41,6 +51,9 @@ from llmgw.core import errors, shards
 
 #: The module run with ``python -m`` when there is no llama-server binary.
 LAUNCHER_MODULE = "llmgw.agent.engines.llamacpp_launcher"
+#: Prompt tokens per decode call on a replica without a GPU (see the module docstring).
+CPU_BATCH = 64
+_BATCH_FLAGS = ("-b", "--batch-size")
 #: The gauges of /metrics whose sum is the requests in flight.
 IN_FLIGHT_GAUGES = ("llamacpp:requests_processing", "llamacpp:requests_deferred")
 
@@ -118,6 +131,8 @@ class LlamaCpp:
                 "--alias", spec.served_name, "--threads", str(threads), "--metrics"]
         if spec.api_key:
             argv += ["--api-key", spec.api_key]
+        if not spec.gpus and not any(a in _BATCH_FLAGS or a.startswith("--batch-size=") for a in spec.args):
+            argv += ["--batch-size", str(CPU_BATCH)]
         argv += spec.args
         return base.Launch(argv=argv, env=base.spec_env(spec))
 

@@ -56,6 +56,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("-sps", "--slot-prompt-similarity", type=float, default=None,
                         help="how alike a prompt must be to a slot's cached one for that slot to take it "
                              "(llama.cpp's default 0.1; 0 takes the least recently used slot)")
+    parser.add_argument("-b", "--batch-size", type=int, default=None,
+                        help="prompt tokens per decode call (llama.cpp's default 2048); a request whose "
+                             "client left is stopped only between two, so smaller ones stop sooner")
+    parser.add_argument("-ub", "--ubatch-size", type=int, default=None,
+                        help="physical batch (llama.cpp's default 512); at most --batch-size")
     parser.add_argument("--metrics", action="store_true", help="serve /metrics")
     parser.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", default=None,
                         help="layers on the GPU: a number, 'auto' or 'all'")
@@ -64,6 +69,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--parallel must be at least 1, not {args.parallel}")
     if args.slot_prompt_similarity is not None and not 0.0 <= args.slot_prompt_similarity <= 1.0:
         parser.error(f"--slot-prompt-similarity must be between 0 and 1, not {args.slot_prompt_similarity}")
+    for flag, value in (("--batch-size", args.batch_size), ("--ubatch-size", args.ubatch_size)):
+        if value is not None and value < 1:
+            parser.error(f"{flag} must be at least 1, not {value}")
+    if args.batch_size is not None and args.ubatch_size is None:
+        args.ubatch_size = min(args.batch_size, 512)  # llama.cpp refuses a ubatch over the batch
+    if args.batch_size is not None and args.ubatch_size is not None and args.ubatch_size > args.batch_size:
+        parser.error(f"--ubatch-size {args.ubatch_size} is over --batch-size {args.batch_size}; "
+                     "make it at most that")
     return args
 
 
@@ -133,6 +146,10 @@ def build_params(args: argparse.Namespace, xllamacpp: Any) -> Any:
     if args.slot_prompt_similarity is not None:
         params.slot_prompt_similarity = args.slot_prompt_similarity
     params.cpuparams.n_threads = args.threads
+    if args.batch_size is not None:
+        params.n_batch = args.batch_size
+    if args.ubatch_size is not None:
+        params.n_ubatch = args.ubatch_size
     params.endpoint_metrics = args.metrics
     if args.alias:
         params.model_alias = {args.alias}
