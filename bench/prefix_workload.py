@@ -254,7 +254,7 @@ def router_argv(contender: str, upstreams: list[str], workdir: Path, port: int) 
     """(argv, ready path) for ``contender`` in front of ``upstreams``, or why it cannot run."""
     name, policy = contender.split(":", 1)
     if name == "llmgw":
-        table = {"version": 1, "models": [{"name": MODEL, "served_name": MODEL, "state": "Ready",
+        table = {"version": 1, "models": [{"name": MODEL, "served_name": MODEL, "state": "Ready", "engine": "llamacpp",
                                            "routing": policy,
                                            "endpoints": [{"replica_id": f"r{i}", "url": u}
                                                          for i, u in enumerate(upstreams)]}]}

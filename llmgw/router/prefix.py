@@ -14,11 +14,12 @@ see those blocks, so it remembers where it sent each prompt prefix:
   can share. Hashes are Python's ``hash`` of the slices, salted per process:
   the index lives in this process only, so that is enough, and it is cheap
   (measured: 13 µs to hash a 20 KB prompt, 18 µs more to pick and record it);
-* ``PrefixIndex`` maps block hash to the replica last sent it, an LRU bounded in
+* ``PrefixIndex`` maps block hash to the replicas last sent it, an LRU bounded in
   entries across all models (the model's name salts the hashes);
-* ``PrefixCache.pick`` takes the replica holding the longest matching prefix,
-  unless it is loaded beyond ``min_load * imbalance_ratio + imbalance_slack``,
-  then the least loaded; either way the choice is recorded for every block.
+* ``PrefixCache.choose`` takes the replica where the prompt costs least: the
+  blocks it lacks there, the prefill already queued there, and a weight per
+  request in flight (its docstring says why that and not a load ratio); the
+  choice is recorded for every block.
 
 Pure: no I/O and no clock; ``request_key`` works on the already-parsed body.
 """
@@ -35,6 +36,8 @@ BLOCK_CHARS = 256
 #: About 200k blocks of 256 characters is 50M characters (~12M tokens) of prompt,
 #: more than the KV caches of a few replicas hold, in about 25 MB of router memory.
 MAX_ENTRIES = 200_000
+#: Replicas remembered per block: enough for a system prompt every replica of a model holds.
+HOLDERS = 4
 
 _NO_LOAD: Mapping[str, float] = {}
 
@@ -90,65 +93,128 @@ def request_key(doc: Mapping[str, Any], *, session_header: str = "", block_chars
 
 
 class PrefixIndex:
-    """Block hash -> the replica last sent that block; least recently used entries go first."""
+    """Block hash -> the replicas last sent that block (up to ``HOLDERS``, latest last); LRU bounded."""
 
     def __init__(self, *, max_entries: int = MAX_ENTRIES) -> None:
         self.max_entries = max_entries
-        self._where: collections.OrderedDict[int, str] = collections.OrderedDict()
+        self._where: collections.OrderedDict[int, tuple[str, ...]] = collections.OrderedDict()
 
     def __len__(self) -> int:
         return len(self._where)
 
     def get(self, block: int) -> str | None:
-        return self._where.get(block)
+        """The replica ``block`` was last sent to, or None."""
+        holders = self._where.get(block)
+        return holders[-1] if holders else None
+
+    def holders(self, block: int) -> tuple[str, ...]:
+        return self._where.get(block, ())
 
     def record(self, blocks: Iterable[int], replica_id: str) -> None:
         where = self._where
         for block in blocks:
-            where[block] = replica_id
+            holders = where.get(block, ())
+            if not holders or holders[-1] != replica_id:
+                holders = (*(h for h in holders if h != replica_id), replica_id)[-HOLDERS:]
+                where[block] = holders
             where.move_to_end(block)
         while len(where) > self.max_entries:
             where.popitem(last=False)
 
 
 class PrefixCache:
-    """Longest matching prefix wins, unless that replica is overloaded; then the least loaded."""
+    """The replica where a request's prompt would cost least: prefill still queued there plus what it lacks.
 
-    # The defaults: affinity alone hot-spots a replica (every request of a popular system
-    # prompt would queue on one engine while the others idle). A replica may carry half
-    # again the least loaded one's load plus two requests before its cache stops paying:
-    # the slack keeps an idle cluster (min load 0) on the cached replica for the first few
-    # concurrent requests, the ratio lets a busy one stay ahead in proportion.
-    def __init__(self, index: PrefixIndex | None = None, *, imbalance_ratio: float = 1.5,
-                 imbalance_slack: float = 2.0) -> None:
+    For each replica: the blocks of this prompt it does not hold (what it must
+    prefill), plus the blocks of prompts sent to it that are still in their
+    prefill (``charge``: the queue in front of this one), plus ``decode_weight``
+    blocks per request in flight there (each decoding request shares the engine's
+    steps). The least wins; among equals, the least loaded, then round-robin.
+
+    This is the balance the affinity needs: a replica holding the prefix keeps
+    its requests until the work queued on it outweighs what the prefix saves,
+    and no longer (affinity alone hot-spots a replica: every user of a popular
+    system prompt queues on one engine while the others idle), while a
+    conversation is not moved off its replica by a momentary imbalance when
+    moving it would mean evaluating its whole history again elsewhere. The
+    threshold is the prefill a miss costs, not a fixed ratio: a fixed one moved
+    conversations with 700 cached tokens to save a queue of two short turns.
+    """
+
+    def __init__(self, index: PrefixIndex | None = None, *, decode_weight: float = 1.0) -> None:
         self.index = index if index is not None else PrefixIndex()
-        self._ratio = imbalance_ratio
-        self._slack = imbalance_slack
+        self.decode_weight = decode_weight
         self._least = LeastOutstanding()
+        #: Blocks still to be prefilled on each replica, by requests not yet past their first token.
+        self.pending: dict[str, float] = {}
+        self._charges: dict[int, tuple[str, float]] = {}
+        self._next = 0
 
     def pick(self, model: str, endpoints: Sequence[E], *, load: Mapping[str, float] = _NO_LOAD,
              key: RequestKey = NO_KEY, exclude: Collection[str] = ()) -> E | None:
-        least = self._least.pick(model, endpoints, load=load, exclude=exclude)
-        if least is None or not key.blocks:
-            return least
+        return self.choose(model, endpoints, load=load, key=key, exclude=exclude)[0]
+
+    def choose(self, model: str, endpoints: Sequence[E], *, load: Mapping[str, float] = _NO_LOAD,
+               key: RequestKey = NO_KEY, exclude: Collection[str] = ()) -> tuple[E | None, int]:
+        """The replica chosen (recorded as holding every block), and how many blocks it lacked."""
+        if not key.blocks:
+            return self._least.pick(model, endpoints, load=load, exclude=exclude), 0
         salt = hash(model)  # the same prompt to two models must not share entries
         blocks = [b ^ salt for b in key.blocks]
-        by_id = {e.replica_id: e for e in endpoints if e.replica_id not in exclude}
-        cached: E | None = None
-        for block in blocks:  # chained: the first miss ends every longer match
-            replica = self.index.get(block)
-            if replica is None:
+        depth = {e.replica_id: 0 for e in endpoints if e.replica_id not in exclude}
+        if not depth:
+            return None, 0
+        for i, block in enumerate(blocks):  # chained: a replica's first miss ends its match
+            extended = False
+            for replica in self.index.holders(block):
+                if depth.get(replica) == i:
+                    depth[replica] = i + 1
+                    extended = True
+            if not extended:
                 break
-            # A block last sent to a replica now gone or excluded does not end the walk: a
-            # longer prefix may still sit on one that is here.
-            cached = by_id.get(replica, cached)
-        chosen = least
-        if cached is not None:
-            min_load = load.get(least.replica_id, 0.0)
-            if load.get(cached.replica_id, 0.0) <= min_load * self._ratio + self._slack:
-                chosen = cached
+        n = len(blocks)
+        pending, weight = self.pending, self.decode_weight
+        cost = {r: pending.get(r, 0.0) + (n - d) + weight * load.get(r, 0.0) for r, d in depth.items()}
+        best = min(cost.values())
+        tied = {r for r, c in cost.items() if c <= best + 1e-9}
+        chosen = self._least.pick(model, endpoints, load=load,
+                                  exclude=[e.replica_id for e in endpoints if e.replica_id not in tied])
+        assert chosen is not None  # tied is non-empty and within the endpoints
         self.index.record(blocks, chosen.replica_id)
-        return chosen
+        return chosen, n - depth[chosen.replica_id]
+
+    def charge(self, replica_id: str, blocks: float) -> int | None:
+        """``blocks`` more to prefill on ``replica_id``; the token to ``settle`` once its first token is back."""
+        if blocks <= 0:
+            return None
+        self._next += 1
+        self._charges[self._next] = (replica_id, blocks)
+        self.pending[replica_id] = self.pending.get(replica_id, 0.0) + blocks
+        return self._next
+
+    def settle(self, token: int | None) -> None:
+        """The charged request is past its prefill (its first token came, or it ended or failed)."""
+        entry = self._charges.pop(token, None) if token is not None else None
+        if entry is None:
+            return
+        replica_id, blocks = entry
+        left = self.pending.get(replica_id, 0.0) - blocks
+        if left > 1e-9:
+            self.pending[replica_id] = left
+        else:
+            self.pending.pop(replica_id, None)
+
+
+#: Engines on which a cached prefix serves one request at a time, where ``Prefilling``'s wait
+#: is not used. Measured on llama.cpp (xllamacpp 2026.10, 4 slots, SmolLM2, a 600-token system
+#: prompt): a second request sharing it, sent while the first decodes, evaluated all 607
+#: prompt tokens (2.5 s); sent after the first ended, 7 (62 ms). Its prompt cache moves a
+#: state into the slot that loads it, so a follower made to wait for the leader's end would
+#: take the leader's copy, and the leader's conversation, whose next turn needed it, would
+#: compute its whole history again (measured in bench/prefix_workload.py: four later turns
+#: of ~700 tokens cold instead of four first turns). Computing the prefix again gives each
+#: conversation its own copy, and only the new conversation pays.
+EXCLUSIVE_PREFIX_ENGINES = frozenset({"llamacpp"})
 
 
 class Prefilling:

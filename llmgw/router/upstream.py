@@ -32,7 +32,17 @@ called on it, and only then the idle one.
 A streamed request to a ``prefix_cache`` model whose prompt shares a long prefix
 with one still in its prefill on the chosen replica waits for that one's first
 token before it is sent (``prefix.Prefilling`` says why), at most
-``prefill_wait_s``; an engine can reuse only a prefix it has finished.
+``prefill_wait_s``; an engine can reuse only a prefix it has finished. Not on
+llama.cpp, where a cached prefix serves one request at a time
+(``prefix.EXCLUSIVE_PREFIX_ENGINES``). ``prefix_cache`` is also told how many
+prompt blocks each request lacks on its replica until the request's first token
+(``charge``/``settle``): the prefill queued there, which its choices weigh.
+
+For llama.cpp streams the router asks for prefill progress (``request.with_progress``)
+and reads and drops those events here, before returning the response: so an
+engine failing during a prefill is still retried elsewhere, and a client that
+leaves stops the prefill within about two batches (the closed connection fails
+the engine's next progress write).
 
 Foreign exceptions end here: a caller sees an open response or a 502 ``ApiError``
 listing what each attempt met.
@@ -108,15 +118,13 @@ class Forwarder:
                  first_byte_timeout_s: float = 600.0, idle_timeout_s: float = 300.0, max_endpoints: int = 3,
                  holder: TableHolder | None = None, scrape_interval_s: float = 1.5,
                  outliers: health.Outliers | None = None, prefix_index: prefix.PrefixIndex | None = None,
-                 imbalance_ratio: float = 1.5, imbalance_slack: float = 2.0,
                  events: router_events.Sink | None = None, prefill_wait_s: float = 30.0) -> None:
         least = pick.LeastOutstanding()
         self._policies: dict[str, pick.Policy] = {
             "round_robin": picker if picker is not None else pick.RoundRobin(),
             "least_outstanding": least,
             "session_affinity": pick.SessionAffinity(),
-            "prefix_cache": prefix.PrefixCache(prefix_index, imbalance_ratio=imbalance_ratio,
-                                               imbalance_slack=imbalance_slack),
+            "prefix_cache": prefix.PrefixCache(prefix_index),
         }
         self._max_endpoints = max_endpoints
         self._idle_timeout_s = idle_timeout_s
@@ -214,10 +222,10 @@ class Forwarder:
             load = self.loads.of(ids)
             # Replicas at their concurrency limit are never picked, ejected or not.
             full = pick.at_limit(ids, self.loads.in_flight, route.replica_limit)
-            endpoint = policy.pick(route.name, route.endpoints, load=load, key=key, exclude=tried | ejected | full)
+            endpoint, lacking = _choose(policy, route, load, key, tried | ejected | full)
             if endpoint is None and ejected:
                 # Every endpoint left is ejected: trying one beats failing the request.
-                endpoint = policy.pick(route.name, route.endpoints, load=load, key=key, exclude=tried | full)
+                endpoint, lacking = _choose(policy, route, load, key, tried | full)
             if endpoint is None:
                 if full and not attempts:  # admission caps the model, so only a race gets here
                     raise admission.Overloaded(
@@ -227,17 +235,23 @@ class Forwarder:
             if tried:
                 metrics.count_retry(route.name, endpoint.replica_id)
             tried.add(endpoint.replica_id)
+            # Charged before any wait, so requests picked meanwhile see this one's prefill queued.
+            charge = policy.charge(endpoint.replica_id, lacking) if isinstance(policy, prefix.PrefixCache) else None
             lead: int | None = None
-            if stream and key.blocks and self._prefill_wait_s > 0 and route.routing == "prefix_cache":
+            # Not on an engine whose cached prefix serves one request at a time (llama.cpp): there
+            # a follower would only take the leader's copy from its conversation (prefix.py).
+            if (stream and key.blocks and self._prefill_wait_s > 0 and route.routing == "prefix_cache"
+                    and route.engine not in prefix.EXCLUSIVE_PREFIX_ENGINES):
                 await self._follow(route.name, endpoint.replica_id, key.blocks)
                 lead = self._lead(route.name, endpoint.replica_id, key.blocks)
+            prefilled = functools.partial(self._prefilled, lead, charge)
             self.loads.started(endpoint.replica_id)
             try:
                 response = await self._send(endpoint, path, body)
                 if progress and response.status == 200:
                     await _past_progress(response)
             except BaseException as exc:
-                self._prefilled(lead)
+                prefilled()
                 # Cancelled too (the client left while the engine had not answered): without
                 # this the replica would count one more request in flight for ever.
                 self.loads.finished(endpoint.replica_id)
@@ -247,11 +261,11 @@ class Forwarder:
                 self._failed(route, endpoint, str(exc))
             else:
                 if response.status not in RETRY_STATUSES:
-                    if lead is not None:
-                        response._llmgw_first = functools.partial(self._prefilled, lead)
+                    if lead is not None or charge is not None:
+                        response._llmgw_first = prefilled
                     self._answered(route, endpoint, response)
                     return endpoint, response
-                self._prefilled(lead)
+                prefilled()
                 self.loads.finished(endpoint.replica_id)  # retried elsewhere: no longer in flight
                 status = response.status
                 attempts.append(f"{endpoint.replica_id} at {endpoint.url}: HTTP {status} "
@@ -281,8 +295,12 @@ class Forwarder:
             self._prefill_done[token] = asyncio.Event()
         return token
 
-    def _prefilled(self, token: int | None) -> None:
-        """The leading request's first token came back, or it ended without one: its followers go."""
+    def _prefilled(self, token: int | None, charge: int | None = None) -> None:
+        """The request's first token came back, or it ended without one: its followers go, its prefill is paid."""
+        if charge is not None:
+            prefix_cache = self._policies["prefix_cache"]
+            assert isinstance(prefix_cache, prefix.PrefixCache)
+            prefix_cache.settle(charge)
         if token is None:
             return
         self.prefilling.end(token)
@@ -343,6 +361,14 @@ class Forwarder:
             return await self._pool.request(endpoint.url, path, head, body, fresh=True)
         except client.ClientError as exc:
             raise _AttemptFailed(_describe(exc)) from None
+
+
+def _choose(policy: pick.Policy, route: ModelRoute, load: dict[str, float], key: pick.RequestKey,
+            exclude: set[str]) -> tuple[Endpoint | None, int]:
+    """The policy's endpoint and, from ``prefix_cache``, the prompt blocks it lacks (0 from the others)."""
+    if isinstance(policy, prefix.PrefixCache):
+        return policy.choose(route.name, route.endpoints, load=load, key=key, exclude=exclude)
+    return policy.pick(route.name, route.endpoints, load=load, key=key, exclude=exclude), 0
 
 
 #: What marks one of llama.cpp's prefill progress events (``"return_progress": true``).

@@ -32,8 +32,9 @@ class Cluster(Spawner):
             proc.wait_http(url + "/health", timeout=30, expect=lambda status, _: status == health)
         return [url for _, url in started]
 
-    def router(self, endpoints: list[tuple[str, str]], *, routing: str | None = None) -> tuple[str, Proc]:
-        entry: dict[str, Any] = {"name": "m", "state": "Ready",
+    def router(self, endpoints: list[tuple[str, str]], *, routing: str | None = None,
+               engine: str = "") -> tuple[str, Proc]:
+        entry: dict[str, Any] = {"name": "m", "state": "Ready", "engine": engine,
                                  "endpoints": [{"replica_id": r, "url": u} for r, u in endpoints]}
         if routing is not None:
             entry["routing"] = routing
@@ -232,3 +233,35 @@ def test_a_burst_sharing_a_prefix_reaches_the_engine_after_the_first_ones_prefil
     waits = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
                 if line.startswith("llmgw_router_prefill_waits_total{"))
     assert waits == 3, metrics
+
+
+def test_on_llamacpp_a_burst_sharing_a_prefix_is_not_held_back(cluster: Cluster) -> None:
+    """On an engine whose cached prefix serves one request at a time, followers go at once.
+
+    Waiting would hand them the leader's copy of the prefix, taken from the leader's
+    conversation (``prefix.EXCLUSIVE_PREFIX_ENGINES``). The sim stands in for llama.cpp: the
+    table says engine llamacpp; the same burst as above reaches it during the leader's prefill.
+    """
+    [sim] = cluster.sims(1, "--prefill-tps", "1000")
+    router, _ = cluster.router([("r1", sim)], routing="prefix_cache", engine="llamacpp")
+    system = "You are a careful assistant. " * 200
+
+    async def burst() -> None:
+        async with httpx.AsyncClient(timeout=60) as http:
+            async def ask(user: str, delay: float) -> None:
+                await asyncio.sleep(delay)
+                async with http.stream("POST", router + "/v1/chat/completions", json={
+                        "model": "m", "stream": True, "max_tokens": 2, "user": user,
+                        "messages": [{"role": "system", "content": system},
+                                     {"role": "user", "content": f"question of {user}"}]}) as r:
+                    assert r.status_code == 200
+                    async for _ in r.aiter_bytes():
+                        pass
+
+            await asyncio.gather(ask("leader", 0.0), *(ask(f"follower-{i}", 0.2) for i in range(3)))
+
+    asyncio.run(burst())
+    seen = {a["user"]: a for a in httpx.get(sim + "/sim/stats").json()["arrivals"]}
+    for i in range(3):
+        assert seen[f"follower-{i}"]["arrived"] < seen["leader"]["first"], (seen[f"follower-{i}"], seen["leader"])
+    assert "llmgw_router_prefill_waits_total{" not in httpx.get(router + "/metrics").text

@@ -221,3 +221,18 @@ def test_launcher_passes_batch_sizes_to_llama_cpp() -> None:
     for bad in (["-b", "0"], ["-b", "64", "-ub", "128"]):
         with pytest.raises(SystemExit):
             launcher.parse_args(["--model", "m.gguf", *bad])
+
+
+def test_launcher_passes_prompt_cache_settings_to_llama_cpp() -> None:
+    """--no-cache-idle-slots and --cache-ram reach xllamacpp; unset, llama.cpp's defaults stay."""
+    import xllamacpp
+
+    from llmgw.agent.engines import llamacpp_launcher as launcher
+
+    args = launcher.parse_args(["--model", "m.gguf", "--no-cache-idle-slots", "--cache-ram", "1024"])
+    params = launcher.build_params(args, xllamacpp)
+    assert (params.cache_idle_slots, params.cache_ram_mib) == (False, 1024)
+    default = launcher.build_params(launcher.parse_args(["--model", "m.gguf"]), xllamacpp)
+    assert (default.cache_idle_slots, default.cache_ram_mib) == (True, 8192)
+    with pytest.raises(SystemExit):
+        launcher.parse_args(["--model", "m.gguf", "--cache-ram", "-5"])

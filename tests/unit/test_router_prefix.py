@@ -117,16 +117,49 @@ def test_groups_stick_to_their_replica() -> None:
         assert policy.pick("m", EPS, key=key(chat(SYSTEM_B, f"other {i}"))) == first_b
 
 
-def test_overloaded_cached_replica_falls_back_to_least_loaded() -> None:
-    """Past min_load * 1.5 + 2 the cached replica is passed over for the least loaded, which then holds it."""
+def test_index_keeps_every_recent_holder_of_a_block() -> None:
+    """A block sent to several replicas names each (latest last), up to HOLDERS; get() is the latest."""
+    index = prefix.PrefixIndex()
+    for r in ("r0", "r1", "r0", "r2", "r3", "r4"):
+        index.record([7], r)
+    assert index.holders(7) == ("r1", "r0", "r2", "r3", "r4")[-prefix.HOLDERS:]
+    assert index.get(7) == "r4" and index.holders(8) == ()
+
+
+def test_the_cached_replica_keeps_a_conversation_until_its_queue_outweighs_the_miss() -> None:
+    """Cost = blocks lacking + prefill queued + a block per request in flight; the least wins.
+
+    A conversation of ~12 blocks on r0 stays there with r0 busier than the others (moving it
+    would mean evaluating all 12 again), and goes elsewhere only once r0's queue costs more.
+    """
     policy = prefix.PrefixCache()
-    doc = chat(SYSTEM_A, "q")
-    assert policy.pick("m", EPS, key=key(doc), load={"r1": 5, "r2": 5}) == EPS[0]
-    assert policy.pick("m", EPS, key=key(doc), load={"r0": 2, "r1": 0, "r2": 1}) == EPS[0]  # 2 <= 0*1.5+2
-    assert policy.pick("m", EPS, key=key(doc), load={"r0": 8, "r1": 4, "r2": 9}) == EPS[0]  # 8 <= 4*1.5+2
-    moved = policy.pick("m", EPS, key=key(doc), load={"r0": 9, "r1": 4, "r2": 9})
-    assert moved == EPS[1]
-    assert policy.pick("m", EPS, key=key(doc)) == EPS[1]  # the choice was recorded
+    doc = chat(SYSTEM_A, "q")  # 8 whole blocks
+    n = len(key(doc).blocks)
+    assert policy.choose("m", EPS, key=key(doc)) == (EPS[0], n)  # nothing cached anywhere: all lack n
+    # The old rule (load <= 1.5 x least + 2) moved it at 3 in flight against 0; the cost keeps it.
+    assert policy.choose("m", EPS, key=key(doc), load={"r0": 5, "r1": 0, "r2": 0}) == (EPS[0], 0)
+    token = policy.charge("r0", n - 2)  # a long prompt is prefilling on r0 now
+    assert policy.pending == {"r0": n - 2}
+    assert policy.choose("m", EPS, key=key(doc), load={"r0": 3}) == (EPS[1], n)  # 3 + n-2 > n
+    policy.settle(token)
+    assert policy.pending == {}
+    # Both now hold the prompt: the less loaded of the two, and never r2, which lacks it.
+    assert policy.pick("m", EPS, key=key(doc), load={"r0": 2, "r1": 1}) == EPS[1]
+    assert policy.pick("m", EPS, key=key(doc), load={"r0": 1, "r1": 2}) == EPS[0]
+
+
+def test_charges_add_up_per_replica_and_settle_once() -> None:
+    policy = prefix.PrefixCache()
+    a, b, c = policy.charge("r0", 3), policy.charge("r0", 2), policy.charge("r1", 1)
+    assert policy.charge("r1", 0) is None  # nothing to prefill: nothing to settle
+    assert policy.pending == {"r0": 5, "r1": 1}
+    policy.settle(a)
+    policy.settle(a)  # a second settle of the same request changes nothing
+    policy.settle(None)
+    assert policy.pending == {"r0": 2, "r1": 1}
+    policy.settle(b)
+    policy.settle(c)
+    assert policy.pending == {}
 
 
 def test_no_blocks_is_least_loaded_and_models_are_apart() -> None:

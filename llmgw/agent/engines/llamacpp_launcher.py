@@ -22,6 +22,10 @@ Facts about xllamacpp this is built on (2026.10):
 * The API key is ``params.api_keys`` (a list); the alias is ``params.model_alias``
   (a set). Without ``kv_unified`` each slot gets only n_ctx / n_parallel of
   context, so it is on unless ``--no-kv-unified`` is given, as in llama-server.
+* ``-b/--batch-size``, ``-ub/--ubatch-size``, ``--cache-ram`` and
+  ``--[no-]cache-idle-slots`` set the llama.cpp parameters of those names
+  (``n_batch``, ``n_ubatch``, ``cache_ram_mib``, ``cache_idle_slots``); unset, the
+  library's defaults stay (2048, 512, 8192 MiB, on).
 """
 
 from __future__ import annotations
@@ -61,6 +65,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "client left is stopped only between two, so smaller ones stop sooner")
     parser.add_argument("-ub", "--ubatch-size", type=int, default=None,
                         help="physical batch (llama.cpp's default 512); at most --batch-size")
+    parser.add_argument("--cache-idle-slots", action=argparse.BooleanOptionalAction, default=None,
+                        help="move an idle slot's prompt into the RAM prompt cache whenever a task starts "
+                             "(llama.cpp's default on)")
+    parser.add_argument("-cram", "--cache-ram", type=int, default=None,
+                        help="MiB of RAM for the prompt cache (llama.cpp's default 8192; 0 off, -1 no limit)")
     parser.add_argument("--metrics", action="store_true", help="serve /metrics")
     parser.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", default=None,
                         help="layers on the GPU: a number, 'auto' or 'all'")
@@ -69,6 +78,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--parallel must be at least 1, not {args.parallel}")
     if args.slot_prompt_similarity is not None and not 0.0 <= args.slot_prompt_similarity <= 1.0:
         parser.error(f"--slot-prompt-similarity must be between 0 and 1, not {args.slot_prompt_similarity}")
+    if args.cache_ram is not None and args.cache_ram < -1:
+        parser.error(f"--cache-ram takes MiB, 0 (off) or -1 (no limit), not {args.cache_ram}")
     for flag, value in (("--batch-size", args.batch_size), ("--ubatch-size", args.ubatch_size)):
         if value is not None and value < 1:
             parser.error(f"{flag} must be at least 1, not {value}")
@@ -146,6 +157,10 @@ def build_params(args: argparse.Namespace, xllamacpp: Any) -> Any:
     if args.slot_prompt_similarity is not None:
         params.slot_prompt_similarity = args.slot_prompt_similarity
     params.cpuparams.n_threads = args.threads
+    if args.cache_idle_slots is not None:
+        params.cache_idle_slots = args.cache_idle_slots
+    if args.cache_ram is not None:
+        params.cache_ram_mib = args.cache_ram
     if args.batch_size is not None:
         params.n_batch = args.batch_size
     if args.ubatch_size is not None:
