@@ -194,6 +194,22 @@ def test_forwarder_times_out_first_byte_counts_in_flight_and_scrapes() -> None:
     asyncio.run(_forwarder_checks())
 
 
+async def _burst(router: str, asks: list[tuple[str, str, float]]) -> None:
+    """Streamed chats at once: (user, system prompt, delay before sending) each, read to the end."""
+    async with httpx.AsyncClient(timeout=60) as http:
+        async def ask(user: str, prompt: str, delay: float) -> None:
+            await asyncio.sleep(delay)
+            async with http.stream("POST", router + "/v1/chat/completions", json={
+                    "model": "m", "stream": True, "max_tokens": 2, "user": user,
+                    "messages": [{"role": "system", "content": prompt},
+                                 {"role": "user", "content": f"question of {user}"}]}) as r:
+                assert r.status_code == 200
+                async for _ in r.aiter_bytes():
+                    pass
+
+        await asyncio.gather(*(ask(*a) for a in asks))
+
+
 def test_a_burst_sharing_a_prefix_reaches_the_engine_after_the_first_ones_prefill(cluster: Cluster) -> None:
     """Followers of a prompt still in its prefill wait for its first token; an unrelated prompt does not wait.
 
@@ -204,23 +220,9 @@ def test_a_burst_sharing_a_prefix_reaches_the_engine_after_the_first_ones_prefil
     router, _ = cluster.router([("r1", sim)], routing="prefix_cache")
     system = "You are a careful assistant. " * 200  # ~6,000 characters: 23 blocks, ~1,500 tokens
 
-    async def burst() -> None:
-        async with httpx.AsyncClient(timeout=60) as http:
-            async def ask(user: str, prompt: str, delay: float) -> None:
-                await asyncio.sleep(delay)
-                async with http.stream("POST", router + "/v1/chat/completions", json={
-                        "model": "m", "stream": True, "max_tokens": 2, "user": user,
-                        "messages": [{"role": "system", "content": prompt},
-                                     {"role": "user", "content": f"question of {user}"}]}) as r:
-                    assert r.status_code == 200
-                    async for _ in r.aiter_bytes():
-                        pass
-
-            await asyncio.gather(ask("leader", system, 0.0),
-                                 *(ask(f"follower-{i}", system, 0.2) for i in range(3)),
-                                 ask("stranger", "Something else entirely. " * 200, 0.2))
-
-    asyncio.run(burst())
+    asyncio.run(_burst(router, [("leader", system, 0.0),
+                                *((f"follower-{i}", system, 0.2) for i in range(3)),
+                                ("stranger", "Something else entirely. " * 200, 0.2)]))
     stats = httpx.get(sim + "/sim/stats").json()
     seen = {a["user"]: a for a in stats["arrivals"]}
     leader = seen["leader"]
@@ -246,21 +248,7 @@ def test_on_llamacpp_a_burst_sharing_a_prefix_is_not_held_back(cluster: Cluster)
     router, _ = cluster.router([("r1", sim)], routing="prefix_cache", engine="llamacpp")
     system = "You are a careful assistant. " * 200
 
-    async def burst() -> None:
-        async with httpx.AsyncClient(timeout=60) as http:
-            async def ask(user: str, delay: float) -> None:
-                await asyncio.sleep(delay)
-                async with http.stream("POST", router + "/v1/chat/completions", json={
-                        "model": "m", "stream": True, "max_tokens": 2, "user": user,
-                        "messages": [{"role": "system", "content": system},
-                                     {"role": "user", "content": f"question of {user}"}]}) as r:
-                    assert r.status_code == 200
-                    async for _ in r.aiter_bytes():
-                        pass
-
-            await asyncio.gather(ask("leader", 0.0), *(ask(f"follower-{i}", 0.2) for i in range(3)))
-
-    asyncio.run(burst())
+    asyncio.run(_burst(router, [("leader", system, 0.0), *((f"follower-{i}", system, 0.2) for i in range(3))]))
     seen = {a["user"]: a for a in httpx.get(sim + "/sim/stats").json()["arrivals"]}
     for i in range(3):
         assert seen[f"follower-{i}"]["arrived"] < seen["leader"]["first"], (seen[f"follower-{i}"], seen["leader"])
