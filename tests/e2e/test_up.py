@@ -55,6 +55,8 @@ def test_up_serves_llamacpp_and_sigterm_stops_everything(tmp_path: Path) -> None
         for ch in chunks:
             openai_schema.validate("chat_chunk", ch.model_dump(mode="json", exclude_unset=True))
         assert sum(1 for ch in chunks if ch.choices and ch.choices[0].delta.content is not None) >= 1
+        # The router asked llama.cpp for prefill progress events (to notice a client leaving); none reach the client.
+        assert not any("prompt_progress" in ch.model_dump() for ch in chunks)
         comp = c.completions.create(model="tiny", prompt="a b c", max_tokens=4, temperature=0,
                                     extra_body={"ignore_eos": True})
         assert comp.usage and comp.usage.completion_tokens == 4
