@@ -20,11 +20,8 @@ import json
 import logging
 import signal
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import uvicorn
 
 from llmgw.control.agentsvc import collector as agentsvc_collector
 from llmgw.control.agentsvc import metrics as agentsvc_metrics
@@ -38,6 +35,7 @@ from llmgw.core.errors import LlmgwError
 from llmgw.router import auth as router_auth
 from llmgw.router import events as router_events
 from llmgw.router import metrics as router_metrics
+from llmgw.router import server as router_server
 from llmgw.router import tracing as router_tracing
 from llmgw.router.app import RouterApp
 from llmgw.router.table import TableHolder
@@ -58,15 +56,6 @@ class ServerConfig:
     node_grace_s: float = 30.0
     #: An OTLP/HTTP collector for the router's spans ("": tracing off).
     tracing_endpoint: str = ""
-
-
-class _Uvicorn(uvicorn.Server):
-    # uvicorn installs its own SIGINT/SIGTERM handlers and re-raises the
-    # signal once it has shut down, which would kill this process before the
-    # gRPC server and the reconcile loop were stopped. Signals are ours here.
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
 
 
 def _dispatch(router: RouterApp, api: Any) -> Any:
@@ -136,10 +125,10 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
                        events=router_events.CallbackSink("server", reports.record), tracing=tracing)
     api = create_api(store, cluster, extra_registries=(router_metrics.REGISTRY, agentsvc_metrics.REGISTRY),
                      router_events=reports)
-    web = _Uvicorn(uvicorn.Config(_dispatch(router, api), lifespan="off", log_level="warning",
-                                  http="httptools", ws="none", access_log=False,
-                                  timeout_graceful_shutdown=3))
-    web_task = asyncio.create_task(web.serve(sockets=[http_sock]))
+    # The router's own HTTP server, as a standalone router has (router/server.py): uvicorn's
+    # per-request machinery cost the router more than its own work.
+    web = router_server.Server(_dispatch(router, api))
+    await web.start_on(http_sock)
     reconcile_task = asyncio.create_task(cluster.run())
     lag_task = asyncio.create_task(agentsvc_metrics.watch_loop_lag())
     gc_task = asyncio.create_task(agentsvc_collector.manage())
@@ -149,24 +138,20 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
     if cfg.ports_file:
         cfg.ports_file.write_text(json.dumps({"http_port": http_port, "agent_port": agent_port}))
     try:
-        done, _ = await asyncio.wait([asyncio.create_task(stop.wait()), web_task, reconcile_task],
+        done, _ = await asyncio.wait([asyncio.create_task(stop.wait()), reconcile_task],
                                      return_when=asyncio.FIRST_COMPLETED)
-        for task in done:
-            if task is not web_task and task is not reconcile_task:
-                continue
-            if task.exception():
-                raise task.exception()  # type: ignore[misc]
+        if reconcile_task in done and reconcile_task.exception():
+            raise reconcile_task.exception()  # type: ignore[misc]
     finally:
         log.info("llmgw server stopping")
         await cluster.close()
-        web.should_exit = True
+        # Open long polls (a watching router, `llmgw events -f`) get 3 s, then are cut.
+        await web.shutdown(3.0)
         await router.shutdown()
         await grpc_server.stop(grace=1.0)
         reconcile_task.cancel()
         lag_task.cancel()
         gc_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await asyncio.wait_for(web_task, 5.0)
         with contextlib.suppress(asyncio.CancelledError):
             await reconcile_task
         store.close()

@@ -7,7 +7,7 @@
 * ``upstream``: the choice of endpoint and the retry rules; ``client``: its HTTP/1.1 pools to engines;
 * ``app``: the raw ASGI app (``RouterApp``); ``asgi``, ``request``, ``errors``: its parts;
 * ``standalone``: ``python -m llmgw.router.standalone`` for a router on its own, served by
-  ``server`` (its own HTTP/1.1 server; ``llmgw server`` runs the same app under uvicorn).
+  ``server`` (its own HTTP/1.1 server, which ``llmgw server`` runs too, with the REST API beside it).
 
 The router never imports ``llmgw.control`` or ``llmgw.agent``: they meet on the wire.
 """

@@ -19,12 +19,12 @@ out before the engine's). Each request's timings go to ``metrics`` on a ``Trace`
 The app owns its HTTP client pools: ``startup()`` and ``shutdown()``, or ASGI
 lifespan when it runs alone. A ``watcher`` passed in is started and stopped with it.
 
-Under ``server`` (the standalone router's own HTTP server) the scope carries the
-``CANCELS`` extension: that server cancels the request's task the moment the
-client's connection is lost, so the relay runs inline, without the second task
-that watches ``receive()``: two tasks and an ``asyncio.wait`` per request were a
-fifth of the router's time at capacity. Under any other ASGI server (uvicorn in
-``llmgw server``) the watching task stays.
+Under ``server`` (the router's own HTTP server, standalone and in ``llmgw server``)
+the scope carries the ``CANCELS`` extension: that server cancels the request's
+task the moment the client's connection is lost, so the relay runs inline,
+without the second task that watches ``receive()``: two tasks and an
+``asyncio.wait`` per request were a fifth of the router's time at capacity.
+Under any other ASGI server the watching task stays.
 """
 
 from __future__ import annotations

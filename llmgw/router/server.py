@@ -31,6 +31,7 @@ import asyncio
 import email.utils
 import http
 import logging
+import socket
 import time
 import urllib.parse
 from collections import deque
@@ -84,7 +85,15 @@ class Server:
 
     async def start(self, host: str, port: int) -> asyncio.AbstractServer:
         loop = asyncio.get_running_loop()
-        server = await loop.create_server(lambda: _Connection(self), host, port, backlog=2048)
+        return self._started(await loop.create_server(lambda: _Connection(self), host, port, backlog=2048))
+
+    async def start_on(self, sock: socket.socket) -> asyncio.AbstractServer:
+        """Serve on ``sock``, a listening socket already bound (its port known before the server starts)."""
+        loop = asyncio.get_running_loop()
+        return self._started(await loop.create_server(lambda: _Connection(self), sock=sock, backlog=2048))
+
+    def _started(self, server: asyncio.AbstractServer) -> asyncio.AbstractServer:
+        loop = asyncio.get_running_loop()
         self._servers.append(server)
         if self._sweeper is None and self.keepalive_s > 0:
             self._sweeper = loop.call_later(1.0, self._sweep)
