@@ -242,7 +242,11 @@ class Forwarder:
             # a follower would only take the leader's copy from its conversation (prefix.py).
             if (stream and key.blocks and self._prefill_wait_s > 0 and route.routing == "prefix_cache"
                     and route.engine not in prefix.EXCLUSIVE_PREFIX_ENGINES):
-                await self._follow(route.name, endpoint.replica_id, key.blocks)
+                try:
+                    await self._follow(route.name, endpoint.replica_id, key.blocks)
+                except BaseException:  # the client left while waiting: its prefill will never be queued
+                    self._prefilled(None, charge)
+                    raise
                 lead = self._lead(route.name, endpoint.replica_id, key.blocks)
             prefilled = functools.partial(self._prefilled, lead, charge)
             self.loads.started(endpoint.replica_id)
