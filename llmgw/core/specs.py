@@ -334,15 +334,20 @@ def _aliases(value: Any, served: str) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _bytes(m: Mapping[str, Any], key: str, where: str) -> int:
+    """``m[key]`` as a byte count ("8Gi", "512MB", a number); 0 when it is not given."""
+    if m.get(key) is None:
+        return 0
+    try:
+        return units.parse_bytes(m[key])
+    except ValueError as e:
+        raise SpecError(where, str(e)) from None
+
+
 def _resources(value: Any) -> Resources:
     res = _mapping(value, "spec.resources")
     _check_fields(res, _RESOURCE_FIELDS, "spec.resources")
-    memory = 0
-    if res.get("memory") is not None:
-        try:
-            memory = units.parse_bytes(res["memory"])
-        except ValueError as e:
-            raise SpecError("spec.resources.memory", str(e)) from None
+    memory = _bytes(res, "memory", "spec.resources.memory")
     threads = 0
     if res.get("cpu_threads") is not None:
         threads = _int(res["cpu_threads"], "spec.resources.cpu_threads", lo=0, hi=4096)
@@ -380,12 +385,7 @@ def _gpus(value: Any, nnodes: int) -> Gpus:
     else:
         raise SpecError("spec.resources.gpus.count", "required: how many GPUs each node of a replica needs "
                                                      "(or give tensor_parallel/pipeline_parallel)")
-    memory = 0
-    if g.get("memory") is not None:
-        try:
-            memory = units.parse_bytes(g["memory"])
-        except ValueError as e:
-            raise SpecError("spec.resources.gpus.memory", str(e)) from None
+    memory = _bytes(g, "memory", "spec.resources.gpus.memory")
     cc = g.get("compute_capability") or ""
     if isinstance(cc, float | int) and not isinstance(cc, bool):
         cc = str(cc) if "." in str(cc) else f"{cc}.0"  # YAML reads an unquoted 8.0 as a float

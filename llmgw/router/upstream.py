@@ -124,8 +124,9 @@ class Forwarder:
             "round_robin": picker if picker is not None else pick.RoundRobin(),
             "least_outstanding": least,
             "session_affinity": pick.SessionAffinity(),
-            "prefix_cache": prefix.PrefixCache(prefix_index),
         }
+        self._prefix_cache = prefix.PrefixCache(prefix_index)
+        self._policies["prefix_cache"] = self._prefix_cache
         self._max_endpoints = max_endpoints
         self._idle_timeout_s = idle_timeout_s
         # No total timeout: a long generation may take minutes; the client's disconnect is
@@ -302,9 +303,7 @@ class Forwarder:
     def _prefilled(self, token: int | None, charge: int | None = None) -> None:
         """The request's first token came back, or it ended without one: its followers go, its prefill is paid."""
         if charge is not None:
-            prefix_cache = self._policies["prefix_cache"]
-            assert isinstance(prefix_cache, prefix.PrefixCache)
-            prefix_cache.settle(charge)
+            self._prefix_cache.settle(charge)
         if token is None:
             return
         self.prefilling.end(token)
