@@ -187,6 +187,8 @@ def main() -> int:
                         help="how the client leaves: a plain close (FIN) or an abortive one (RST)")
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
     args = parser.parse_args()
+    if args.batch_size is not None and args.batch_size < 1:
+        parser.error(f"--batch-size takes a number of prompt tokens, at least 1, not {args.batch_size}")
     global CLOSE
     CLOSE = args.close
 
