@@ -21,6 +21,7 @@ _STATE_TO_PB = {
     ShardState.STOPPED: pb.SHARD_STATE_STOPPED,
     ShardState.DRAINING: pb.SHARD_STATE_DRAINING,
     ShardState.DRAINED: pb.SHARD_STATE_DRAINED,
+    ShardState.UNHEALTHY: pb.SHARD_STATE_UNHEALTHY,
 }
 _STATE_FROM_PB = {v: k for k, v in _STATE_TO_PB.items()}
 
@@ -53,7 +54,7 @@ def status_to_pb(st: ShardStatus) -> pb.ShardStatus:
     msg = pb.ShardStatus(
         shard_id=st.shard_id, replica_id=st.replica_id, state=_STATE_TO_PB[st.state], message=st.message,
         exited=st.exit_code is not None, exit_code=st.exit_code or 0, last_output=list(st.last_output),
-        endpoint=st.endpoint, pid=st.pid, adopted=st.adopted,
+        endpoint=st.endpoint, pid=st.pid, adopted=st.adopted, probe_failures=st.probe_failures,
     )
     if st.spec is not None:
         msg.spec.CopyFrom(spec_to_pb(st.spec))
@@ -68,7 +69,7 @@ def status_from_pb(msg: pb.ShardStatus) -> ShardStatus:
         shard_id=msg.shard_id, replica_id=msg.replica_id, state=state, message=msg.message,
         exit_code=msg.exit_code if msg.exited else None, last_output=tuple(msg.last_output),
         endpoint=msg.endpoint, pid=msg.pid, spec=spec_from_pb(msg.spec) if msg.HasField("spec") else None,
-        adopted=msg.adopted,
+        adopted=msg.adopted, probe_failures=msg.probe_failures,
     )
 
 

@@ -29,6 +29,10 @@ class ShardState(enum.Enum):
     DRAINING = "Draining"
     #: Drained: nothing in flight, so stopping it now fails no request.
     DRAINED = "Drained"
+    #: The process lives but stopped answering its health probe (a deadlock, a wedged GPU,
+    #: ``kill -STOP``): no traffic goes to it; it becomes READY again if a probe passes, and the
+    #: control plane replaces it once it has stayed so past a grace period.
+    UNHEALTHY = "Unhealthy"
 
     @classmethod
     def terminal(cls) -> frozenset[ShardState]:
@@ -38,7 +42,7 @@ class ShardState(enum.Enum):
     @classmethod
     def live(cls) -> frozenset[ShardState]:
         """States in which a process may still exist."""
-        return frozenset({cls.STARTING, cls.READY, cls.STOPPING, cls.DRAINING, cls.DRAINED})
+        return frozenset({cls.STARTING, cls.READY, cls.STOPPING, cls.DRAINING, cls.DRAINED, cls.UNHEALTHY})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -95,3 +99,6 @@ class ShardStatus:
     spec: ShardSpec | None = None
     #: True for an engine a previous agent left running, while it is being checked.
     adopted: bool = False
+    #: Health probes failed in a row since the last one that passed (READY/UNHEALTHY only).
+    #: Routers stop sending new requests to the shard from the first failure.
+    probe_failures: int = 0

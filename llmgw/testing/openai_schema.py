@@ -1,10 +1,9 @@
 """Check bodies and SSE chunks against OpenAI's published response schemas.
 
-The schemas are ``shared/openai/schemas.json`` (provenance in SOURCE.md next
-to it): one JSON Schema 2020-12 document whose ``$defs`` hold the spec's
-response roots. CI checks the repository out with ``shared/`` beside it, so
-the default location is found from this file; ``LLMGW_OPENAI_SCHEMAS`` names
-another.
+The schemas are ``llmgw/testing/openai/schemas.json`` (provenance in SOURCE.md
+next to it): one JSON Schema 2020-12 document whose ``$defs`` hold the spec's
+response roots. They ship inside the repository so that a bare clone, with
+nothing beside it, runs every test; ``LLMGW_OPENAI_SCHEMAS`` names another copy.
 
 A failure message names the kind, the JSON path of the bad value and the
 schema rule it broke, and shows the object, so a test failure says what to fix
@@ -35,12 +34,11 @@ ROOTS: dict[str, str] = {
 
 
 def schemas_path() -> Path:
-    """Where schemas.json is: $LLMGW_OPENAI_SCHEMAS, else shared/openai/ beside the repository."""
+    """Where schemas.json is: $LLMGW_OPENAI_SCHEMAS, else the copy shipped beside this module."""
     override = os.environ.get("LLMGW_OPENAI_SCHEMAS")
     if override:
         return Path(override)
-    # llmgw/testing/openai_schema.py -> parents[2] is the repository root; shared/ sits beside it.
-    return Path(__file__).resolve().parents[2].parent / "shared" / "openai" / "schemas.json"
+    return Path(__file__).resolve().parent / "openai" / "schemas.json"
 
 
 @functools.cache
@@ -49,8 +47,8 @@ def _document() -> dict[str, Any]:
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
-        raise FileNotFoundError(f"OpenAI schemas not found at {path}; check out shared/ beside the "
-                                "repository or set LLMGW_OPENAI_SCHEMAS") from None
+        raise FileNotFoundError(f"OpenAI schemas not found at {path}; restore it from git "
+                                "(llmgw/testing/openai/) or set LLMGW_OPENAI_SCHEMAS") from None
 
 
 @functools.cache

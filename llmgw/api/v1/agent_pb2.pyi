@@ -17,6 +17,7 @@ class ShardState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SHARD_STATE_STOPPED: _ClassVar[ShardState]
     SHARD_STATE_DRAINING: _ClassVar[ShardState]
     SHARD_STATE_DRAINED: _ClassVar[ShardState]
+    SHARD_STATE_UNHEALTHY: _ClassVar[ShardState]
 SHARD_STATE_UNSPECIFIED: ShardState
 SHARD_STATE_STARTING: ShardState
 SHARD_STATE_READY: ShardState
@@ -25,6 +26,7 @@ SHARD_STATE_STOPPING: ShardState
 SHARD_STATE_STOPPED: ShardState
 SHARD_STATE_DRAINING: ShardState
 SHARD_STATE_DRAINED: ShardState
+SHARD_STATE_UNHEALTHY: ShardState
 
 class AgentMessage(_message.Message):
     __slots__ = ("seq", "register", "heartbeat", "shard_status", "ack", "logs_reply")
@@ -464,7 +466,7 @@ class StopShard(_message.Message):
     def __init__(self, shard_id: _Optional[str] = ..., grace_s: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ShardStatus(_message.Message):
-    __slots__ = ("shard_id", "replica_id", "state", "message", "exited", "exit_code", "last_output", "endpoint", "pid", "spec", "adopted")
+    __slots__ = ("shard_id", "replica_id", "state", "message", "exited", "exit_code", "last_output", "endpoint", "pid", "spec", "adopted", "probe_failures")
     SHARD_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -476,6 +478,7 @@ class ShardStatus(_message.Message):
     PID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     ADOPTED_FIELD_NUMBER: _ClassVar[int]
+    PROBE_FAILURES_FIELD_NUMBER: _ClassVar[int]
     shard_id: str
     replica_id: str
     state: ShardState
@@ -487,7 +490,8 @@ class ShardStatus(_message.Message):
     pid: int
     spec: ShardSpec
     adopted: bool
-    def __init__(self, shard_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., state: _Optional[_Union[ShardState, str]] = ..., message: _Optional[str] = ..., exited: bool = ..., exit_code: _Optional[int] = ..., last_output: _Optional[_Iterable[str]] = ..., endpoint: _Optional[str] = ..., pid: _Optional[int] = ..., spec: _Optional[_Union[ShardSpec, _Mapping]] = ..., adopted: bool = ...) -> None: ...
+    probe_failures: int
+    def __init__(self, shard_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., state: _Optional[_Union[ShardState, str]] = ..., message: _Optional[str] = ..., exited: bool = ..., exit_code: _Optional[int] = ..., last_output: _Optional[_Iterable[str]] = ..., endpoint: _Optional[str] = ..., pid: _Optional[int] = ..., spec: _Optional[_Union[ShardSpec, _Mapping]] = ..., adopted: bool = ..., probe_failures: _Optional[int] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("seq", "ok", "error")
