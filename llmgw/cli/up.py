@@ -14,7 +14,6 @@ import importlib.metadata
 import importlib.util
 import json
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,7 +24,7 @@ from typing import IO, Any
 import httpx
 from rich.console import Console
 
-from llmgw.cli import manifests
+from llmgw.cli import manifests, portuse
 from llmgw.cli.defaults import DEFAULT_MODEL
 from llmgw.core import specs
 from llmgw.core.errors import LlmgwError
@@ -54,15 +53,6 @@ def _which(name: str) -> str | None:
     import shutil
 
     return shutil.which(name)
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 class _Child:
@@ -141,8 +131,8 @@ def run(*, http_port: int, agent_port: int, data_dir: Path, model_file: Path | N
     model = manifests.load(str(model_file))[0] if model_file else specs.parse_manifest(DEFAULT_MODEL)
     _check_engine(model)
     for port, flag in ((http_port, "--http-port"), (agent_port, "--agent-port")):
-        if port and not _port_free(port):
-            raise LlmgwError(f"port {port} is in use (another `llmgw up`?); stop it or pass {flag}")
+        if port and portuse.in_use(port):
+            raise LlmgwError(portuse.refusal(port, flag))
     logs = data_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     ports_file = data_dir / "ports.json"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import signal
 import sys
@@ -20,8 +22,14 @@ from llmgw.testing.tiny_gguf import write_tiny_llama_gguf
 pytestmark = pytest.mark.slow
 
 
+def _up(model: Path, data: Path, log: Path, *, http_port: int = 0, agent_port: int = 0) -> Proc:
+    return Proc.start([sys.executable, "-m", "llmgw", "up", "--model", str(model), "--http-port", str(http_port),
+                       "--agent-port", str(agent_port), "--data-dir", str(data), "--wait", "90"], log_path=log)
+
+
 def test_up_serves_llamacpp_and_sigterm_stops_everything(tmp_path: Path) -> None:
-    """`up` with a tiny GGUF serves real llama.cpp completions through the router; SIGTERM ends every process."""
+    """`up` with a tiny GGUF serves real llama.cpp completions through the router; SIGTERM ends every process;
+    a second `up` on the same ports starts at once (its connections left in TIME_WAIT do not hold them)."""
     gguf = write_tiny_llama_gguf(tmp_path / "tiny.gguf")
     model = tmp_path / "tiny.yaml"
     model.write_text(yaml.safe_dump({
@@ -30,9 +38,8 @@ def test_up_serves_llamacpp_and_sigterm_stops_everything(tmp_path: Path) -> None
                  "engine_args": ["--ctx-size", "512", "--parallel", "2"], "startup_timeout": "60s"}}))
     # Port 0: the server binds free ports itself and `up` reads them back, so no other
     # process can take a port between the test choosing it and the server binding it.
-    up = Proc.start([sys.executable, "-m", "llmgw", "up", "--model", str(model), "--http-port", "0",
-                     "--agent-port", "0", "--data-dir", str(tmp_path / "data"), "--wait", "90"],
-                    log_path=tmp_path / "up.log")
+    up = _up(model, tmp_path / "data", tmp_path / "up.log")
+    again: Proc | None = None
     family: set[int] = set()
     try:
         wait_for(lambda: "llmgw is up" in up.log_tail(200) or up.poll() is not None, timeout=120, interval=0.2,
@@ -42,6 +49,7 @@ def test_up_serves_llamacpp_and_sigterm_stops_everything(tmp_path: Path) -> None
         found = re.search(r"OpenAI base URL: http://127\.0\.0\.1:(\d+)/v1", out)
         assert found and "model:           tiny" in out, out
         http_port = int(found.group(1))
+        agent_port = json.loads((tmp_path / "data" / "ports.json").read_text())["agent_port"]
         assert f"REST API:        http://127.0.0.1:{http_port}/api/v1" in out and "Ctrl-C" in out
         family = {p.pid for p in psutil.Process(up.pid).children(recursive=True)}
         assert len(family) >= 3  # server, agent, engine
@@ -68,8 +76,20 @@ def test_up_serves_llamacpp_and_sigterm_stops_everything(tmp_path: Path) -> None
         assert took < 10, f"stopping took {took:.1f}s"
         left = [p for p in family if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
         assert left == [], f"processes left behind: {left}"
+
+        # Stop, then start again at once on the same ports: the clients' kept-alive connections
+        # the server closed sit in TIME_WAIT on the HTTP port, which must not count as "in use".
+        again = _up(model, tmp_path / "data", tmp_path / "up2.log", http_port=http_port, agent_port=agent_port)
+        wait_for(lambda: "llmgw is up" in again.log_tail(200) or again.poll() is not None, timeout=120,
+                 interval=0.2, what="the second llmgw up")
+        assert again.poll() is None and f"http://127.0.0.1:{http_port}/v1" in again.log_tail(200), again.log_tail(40)
+        family |= {p.pid for p in psutil.Process(again.pid).children(recursive=True)}
+        again.signal(signal.SIGTERM)
+        assert again.popen.wait(timeout=15) == 0, again.log_tail(40)
     finally:
         up.stop(timeout=15)
+        if again is not None:
+            again.stop(timeout=15)
         for pid in family:
             try:
                 psutil.Process(pid).kill()
@@ -93,3 +113,5 @@ def test_up_refuses_a_busy_port(tmp_path: Path) -> None:
         code = up.popen.wait(timeout=60)
     assert code == 1
     assert f"port {port} is in use" in up.log_tail() and "--http-port" in up.log_tail()
+    # The kernel tells who listens (this test's process), and the refusal says so.
+    assert f"by pid {os.getpid()} (" in up.log_tail()
