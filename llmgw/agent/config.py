@@ -15,6 +15,7 @@ import socket
 from pathlib import Path
 
 from llmgw.agent.settings import DEFAULT_AGENT_PORT, AgentSettings
+from llmgw.agent.supervisor import liveness
 from llmgw.core.errors import LlmgwError
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,8 @@ class AgentConfig:
     reconnect_max_s: float = 30.0
     stop_grace_s: float = 10.0
     adopt_ready_timeout_s: float = 60.0
+    #: How a Ready engine's health is probed (``probe_period_s`` and the rest of the settings).
+    probes: liveness.Liveness = liveness.Liveness()
     labels: tuple[tuple[str, str], ...] = ()
     #: (fabric name, adapters) as declared; checked against the adapters as they are.
     fabrics: tuple[tuple[str, tuple[str, ...]], ...] = ()
@@ -86,6 +89,8 @@ def from_settings(st: AgentSettings) -> AgentConfig:
         servers=addrs, node_id=found_id, mgmt_addr=found_addr, state_dir=st.state_dir or default_state_dir(),
         model_dirs=tuple(model_dirs), heartbeat_interval_s=st.heartbeat_interval, reconnect_base_s=st.reconnect_base,
         reconnect_max_s=st.reconnect_max, stop_grace_s=st.stop_grace, adopt_ready_timeout_s=st.adopt_ready_timeout,
+        probes=liveness.Liveness(period_s=st.probe_period_s, timeout_s=st.probe_timeout_s,
+                                 failure_threshold=st.probe_failure_threshold),
         labels=tuple(sorted(st.labels.items())), fabrics=tuple((f.fabric, tuple(f.hcas)) for f in st.fabrics),
         mgmt_interface=st.mgmt_interface or "", stop_engines_on_exit=st.stop_engines_on_exit,
         prefer_nvml=st.discovery.prefer_nvml, nvidia_smi=st.discovery.nvidia_smi,

@@ -102,7 +102,8 @@ async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Ev
 
     run_dir = cfg.state_dir / "shards"
     supervisor = Supervisor(run_dir=run_dir, host=cfg.mgmt_addr, on_status=on_status, grace_s=cfg.stop_grace_s,
-                            adopt_timeout_s=cfg.adopt_ready_timeout_s, node_gpus=lambda: found.gpu_indices)
+                            adopt_timeout_s=cfg.adopt_ready_timeout_s, live=cfg.probes,
+                            node_gpus=lambda: found.gpu_indices)
     # Before registering, so that the Register lists the engines a previous
     # agent left and the control plane does not start them a second time.
     adopted = await supervisor.recover()
@@ -119,12 +120,11 @@ async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Ev
     async def drain(shard_id: str, timeout_s: float) -> object:
         return await supervisor.drain(shard_id, timeout_s=timeout_s)
 
-    def shard_log(shard_id: str) -> Path | None:
-        path = run_dir / f"{shard_id}.log"
-        return path if supervisor.status(shard_id) is not None or path.exists() else None
+    shard_logs = logs_mod.ShardLogs(run_dir, node_id=cfg.node_id,
+                                    known=lambda: [s.shard_id for s in supervisor.statuses()])
 
     def read_logs(shard_id: str, lines: int, follow: bool) -> AsyncIterator[list[str]]:
-        return logs_mod.read(shard_id=shard_id, lines=lines, follow=follow, ring=ring, shard_log=shard_log)
+        return logs_mod.read(shard_id=shard_id, lines=lines, follow=follow, ring=ring, shard_log=shard_logs.find)
 
     session = Session(cfg, inventory=found.inventory, heartbeat=lambda: found.heartbeat(supervisor.pids()),
                       on_register=found.builder.baseline,

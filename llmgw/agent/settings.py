@@ -32,6 +32,7 @@ import pydantic
 import yaml
 from pydantic_core import PydanticCustomError
 
+from llmgw.agent.supervisor import liveness
 from llmgw.core import units
 from llmgw.core.errors import LlmgwError
 
@@ -170,6 +171,12 @@ class AgentSettings(_Strict):
     reconnect_max: Duration = 30.0
     adopt_ready_timeout: Duration = 60.0
     stop_grace: Duration = 10.0
+    # Liveness of a Ready engine (``supervisor.liveness`` says how the defaults were measured).
+    # The "_s" is in the names so that the variables are LLMGW_AGENT_PROBE_PERIOD_S and
+    # LLMGW_AGENT_PROBE_TIMEOUT_S, the names system tests and operators set; 500ms is read too.
+    probe_period_s: Duration = liveness.PERIOD_S
+    probe_timeout_s: Duration = liveness.TIMEOUT_S
+    probe_failure_threshold: int = liveness.FAILURE_THRESHOLD
     stop_engines_on_exit: bool = False
     discovery: DiscoverySettings = pydantic.Field(default_factory=DiscoverySettings)
 
@@ -193,11 +200,29 @@ class AgentSettings(_Strict):
                                               "{value}; write it in quotes", {"key": key, "value": repr(value)})
         return v
 
-    @pydantic.field_validator("heartbeat_interval", "reconnect_base", "adopt_ready_timeout")
+    @pydantic.field_validator("heartbeat_interval", "reconnect_base", "adopt_ready_timeout", "probe_period_s",
+                              "probe_timeout_s")
     @classmethod
     def _positive(cls, v: float) -> float:
         if v <= 0:
             raise PydanticCustomError("positive", "must be more than 0s")
+        return v
+
+    @pydantic.field_validator("probe_failure_threshold", mode="before")
+    @classmethod
+    def _threshold(cls, v: object) -> object:
+        # YAML reads `yes` as True, which pydantic would take for 1.
+        if isinstance(v, bool):
+            raise PydanticCustomError("threshold", "expected a whole number of failed probes such as 3, got {value}",
+                                      {"value": repr(v)})
+        return v
+
+    @pydantic.field_validator("probe_failure_threshold")
+    @classmethod
+    def _at_least_one(cls, v: int) -> int:
+        if v < 1:
+            raise PydanticCustomError("threshold", "must be at least 1 (the failed probes in a row that make a "
+                                      "shard Unhealthy), got {value}", {"value": v})
         return v
 
     @pydantic.field_validator("fabrics")

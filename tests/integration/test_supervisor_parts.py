@@ -95,7 +95,7 @@ def test_refusals_are_failed_statuses_that_say_what_to_fix(tmp_path: Path) -> No
         missing = await sup.start(spec("a", source="file:///no/such/model.gguf"))
         assert missing.state is S.FAILED and "does not exist on this node" in missing.message
         bad_id = await sup.start(spec("../evil"))
-        assert bad_id.state is S.FAILED and "not usable as a file name" in bad_id.message
+        assert bad_id.state is S.FAILED and "shard id '../evil' is not valid" in bad_id.message
         reserved = await sup.start(spec("c", args=("--port", "1")))
         assert reserved.state is S.FAILED and "--port" in reserved.message
         assert psutil.Process().children() == []

@@ -1,9 +1,12 @@
 """Engine processes: the only place in the agent that starts a subprocess.
 
 ``Supervisor`` (in ``supervising``) is the front; behind it ``launching`` turns
-a spec into a process, ``probing`` decides readiness, ``watching`` follows each
-process, ``draining`` waits out its requests, ``ending`` signals and describes
-exits, and ``records`` holds each shard and reports its transitions. Engines
+a spec into a process, ``process`` owns each engine process (launched or
+adopted) and every call to it, ``probing`` asks an engine whether it is ready,
+alive, or busy, ``watching`` follows each process, ``liveness`` decides what a
+Ready engine's health probe means (UNHEALTHY, READY again), ``draining`` waits
+out its requests, ``ending`` signals and describes exits, and ``records``
+holds each shard and reports its transitions. Engines
 outlive the agent: ``statefiles`` describes each on disk, ``recovering``
 decides what a restarted agent adopts or kills, and ``orphans`` watches and
 ends the processes a previous agent started.

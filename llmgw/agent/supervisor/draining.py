@@ -3,20 +3,24 @@
 The control plane takes a DRAINING shard out of the router's table first, so
 no new request reaches it; what it still holds are the requests already in
 flight, which the engine itself counts. The count is asked every 0.25 s
-through the adapter's ``in_flight_probe``, and the shard is DRAINED at the
-first answer of 0 or when the timeout passes, and the message says which.
-An answer that is not a count (an engine without the endpoint, an error, no
-answer) is never taken for 0: a drain that guessed would stop the engine
-under a stream, so it waits the timeout out instead. A drained engine keeps
-running: stopping it is the next command.
+through the shard's ``EngineProcess`` (where to ask is the adapter's
+``in_flight_probe``), and the shard is DRAINED at the first answer of 0 or
+when the timeout passes, and the message says which. An answer that is not a
+count (an engine without the endpoint, an error, no answer) is never taken
+for 0: a drain that guessed would stop the engine under a stream, so it waits
+the timeout out instead. A drained engine keeps running: stopping it is the
+next command.
+
+An UNHEALTHY shard is drained too, and the same way: a hung engine answers no
+count, so its drain ends at the timeout, never later, and the stop that
+follows kills it after the grace (a frozen process ignores SIGTERM). It is not
+cut short: an engine that was only slow may still finish what it holds.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-
-import aiohttp
 
 from llmgw.agent import engines
 from llmgw.agent.supervisor import probing, records
@@ -33,20 +37,16 @@ def probe_of(adapter: engines.Adapter) -> engines.InFlightProbe | None:
     return probe() if probe is not None else None
 
 
-async def drain(rec: records.Shard, *, recs: records.Records, http: Callable[[], aiohttp.ClientSession],
-                probe: engines.InFlightProbe | None, timeout_s: float, clock: Callable[[], float],
+async def drain(rec: records.Shard, *, recs: records.Records, timeout_s: float, clock: Callable[[], float],
                 poll_s: float = POLL_S) -> ShardStatus:
     """Poll until nothing is in flight or ``timeout_s`` passes, then DRAINED; any other move ends it early."""
-    spec, endpoint = rec.status.spec, rec.status.endpoint
-    assert spec is not None
+    engine = rec.engine
+    assert engine is not None
     began = clock()
     while rec.status.state is S.DRAINING:
-        if probe is None:
-            count, said = None, "its engine's adapter has no in-flight probe"
-        else:
-            path, parse = probe
-            count, said = await probing.in_flight(http(), endpoint, path, parse, api_key=spec.api_key,
-                                                  timeout_s=min(probing.PROBE_TIMEOUT_S, max(poll_s, timeout_s)))
+        # Each ask is bounded, so a hung engine (an UNHEALTHY one, say) costs
+        # the drain its timeout and no more: it never answers, and never gets to 0.
+        count, said = await engine.in_flight(timeout_s=min(probing.PROBE_TIMEOUT_S, max(poll_s, timeout_s)))
         if rec.status.state is not S.DRAINING:
             break  # stopped, or exited, while we asked
         waited = clock() - began

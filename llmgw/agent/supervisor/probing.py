@@ -6,8 +6,11 @@ exist". A pid is not enough either: a loading engine has one, and so does one
 wedged in a collective. Each request has a short timeout so a hung engine
 delays the next probe, never the event loop.
 
-``in_flight`` asks an engine how many requests it holds, for a drain; where
-to ask and how to read the answer are the adapter's (``in_flight_probe``).
+``health`` is the liveness probe of an engine that is already ready: its
+cheap health path only, and the reason in words when it does not answer 200
+(``liveness`` decides what that means). ``in_flight`` asks an engine how many
+requests it holds, for a drain; where to ask and how to read the answer are
+the adapter's (``in_flight_probe``).
 """
 
 from __future__ import annotations
@@ -40,6 +43,34 @@ async def probe(session: aiohttp.ClientSession, endpoint: str, *, health_path: s
     ids = [m.get("id") for m in data if isinstance(m, dict)] if isinstance(data, list) else []
     if served_name not in ids:
         return f"/v1/models does not list {served_name!r} yet (it lists {ids})"
+    return None
+
+
+async def health(session: aiohttp.ClientSession, endpoint: str, *, health_path: str, api_key: str = "",
+                 timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+    """None when the engine answers ``health_path`` with 200 within ``timeout_s``; otherwise why not, in words.
+
+    The key goes along when the shard has one: llama.cpp leaves /health open,
+    but an engine that guards it would answer 401, and a probe that read that
+    as a hang would have a healthy engine replaced.
+    """
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        async with session.get(endpoint + health_path, headers=headers,
+                               timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+            if r.status != 200:
+                return f"{health_path} answered {r.status} {r.reason or ''}".rstrip()
+            await r.read()
+    except TimeoutError:
+        # What a frozen engine looks like: the kernel still accepts the
+        # connection into the listen backlog, and nothing ever answers.
+        return f"timed out after {timeout_s:g} s"
+    except aiohttp.ClientConnectorError as exc:
+        if isinstance(exc.os_error, ConnectionRefusedError):
+            return f"connection refused at {endpoint}"
+        return f"cannot connect to {endpoint}: {exc.os_error.strerror or exc.os_error}"
+    except aiohttp.ClientError as exc:
+        return f"no answer from {endpoint}{health_path} ({type(exc).__name__}: {exc})"
     return None
 
 

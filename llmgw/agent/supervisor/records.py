@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from llmgw.agent.supervisor import launching, orphans, statefiles
+from llmgw.agent.supervisor import launching, process, statefiles
 from llmgw.core.shards import ShardState, ShardStatus
 
 log = logging.getLogger(__name__)
@@ -36,19 +36,16 @@ class Shard:
     stopping: asyncio.Task[ShardStatus] | None = None
     monitor: asyncio.Task[None] | None = None
     draining: asyncio.Task[ShardStatus] | None = None
-    #: Our child, for a shard this agent launched...
-    proc: asyncio.subprocess.Process | None = None
-    #: ...or the engine a previous agent launched, for an adopted one.
-    orphan: orphans.Orphan | None = None
+    #: Its engine's process, launched or adopted; None until the launch has one (or when it failed to).
+    engine: process.EngineProcess | None = None
     plan: launching.Plan | None = None
-    log_offset: int = 0
     #: Its state file while the process may run; removed (and None) once it has ended.
     state_path: Path | None = None
     #: Whether it was ever READY (a drained engine that exits failed "after it was ready").
     was_ready: bool = False
 
     def has_process(self) -> bool:
-        return self.proc is not None or self.orphan is not None
+        return self.engine is not None
 
     def tasks(self) -> Iterator[asyncio.Task[Any]]:
         for task in (self.starting, self.stopping, self.monitor, self.draining):
@@ -74,10 +71,17 @@ class Records:
     def all(self) -> list[Shard]:
         return list(self._shards.values())
 
-    def move(self, rec: Shard, state: ShardState, **changes: object) -> ShardStatus:
-        """Record a transition and tell ``on_status``, once."""
+    def move(self, rec: Shard, state: ShardState, *, report: bool = True, **changes: object) -> ShardStatus:
+        """Record a transition and tell ``on_status``, once; ``report=False`` records without telling.
+
+        ``probe_failures`` counts only in READY and UNHEALTHY: a stopping or
+        draining shard that still said "2 failed" would read as a live problem.
+        """
+        if state not in (ShardState.READY, ShardState.UNHEALTHY):
+            changes.setdefault("probe_failures", 0)
         rec.status = dataclasses.replace(rec.status, state=state, **changes)  # type: ignore[arg-type]
-        log.info("shard %s: %s: %s", rec.status.shard_id, state.value, rec.status.message)
+        log.log(logging.INFO if report else logging.DEBUG, "shard %s: %s: %s", rec.status.shard_id, state.value,
+                rec.status.message)
         rec.was_ready = rec.was_ready or state is ShardState.READY
         if state in ShardState.terminal():
             statefiles.remove(rec.state_path)
@@ -85,6 +89,8 @@ class Records:
             self._ended.append(rec.status.shard_id)
             while len(self._ended) > self._max_terminal:
                 self._forget(self._ended.popleft())
+        if not report:
+            return rec.status
         try:
             self._on_status(rec.status)
         except Exception:

@@ -9,9 +9,14 @@ SIGTERM without its SIGKILL; callers only wait on them.
 
 A shard moves STARTING -> READY -> (FAILED | STOPPING -> STOPPED), or straight
 to FAILED when it cannot be launched; a drain puts DRAINING -> DRAINED before
-the stop. The startup timeout is the control plane's to enforce: killing a
-slow loader here would race its decision to replace it. FAILED always means
-the process is gone.
+the stop. A READY engine that stops answering its health probe goes UNHEALTHY,
+and READY again if it answers (``liveness``); an UNHEALTHY one is stopped or
+drained like a ready one. The startup timeout is the control plane's to
+enforce: killing a slow loader here would race its decision to replace it.
+FAILED always means the process is gone.
+
+Each shard's process, launched or adopted, is one ``process.EngineProcess``:
+the watcher, the drain and the stop ask it, never a pid or a session of their own.
 
 Engines outlive the agent: ``close`` leaves them running, each shard's state
 file (``statefiles``) describes it, and ``recover``, called by the next agent
@@ -24,16 +29,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import aiohttp
 import psutil
 
 from llmgw.agent import engines, weights
 from llmgw.agent.discovery import host as host_facts
-from llmgw.agent.supervisor import draining, ending, launching, orphans, records, recovering, statefiles, watching
+from llmgw.agent.supervisor import (
+    draining,
+    launching,
+    liveness,
+    orphans,
+    process,
+    records,
+    recovering,
+    statefiles,
+    watching,
+)
 from llmgw.core.errors import EngineError
 from llmgw.core.shards import ShardSpec, ShardState, ShardStatus
 
@@ -57,14 +72,16 @@ class Supervisor:
                  cpu_count: int | None = None, grace_s: float = 10.0, health_interval_s: float = 0.5,
                  adapters: Registry = engines, resolve: Callable[[str], str | None] = weights.resolve_source,
                  clock: Callable[[], float] = time.monotonic, max_terminal: int = 100,
-                 adopt_timeout_s: float = 60.0,
+                 adopt_timeout_s: float = 60.0, live: liveness.Liveness | None = None,
                  node_gpus: Callable[[], tuple[int, ...] | None] = lambda: None) -> None:
         # Absolute, and resolved once: it is the marker in every engine's
         # environment, and the next agent must spell it the same way.
         self._run_dir, self._host = Path(run_dir).resolve(), host
         self._cpu_count = cpu_count or host_facts.cpu_count()
-        self._grace_s, self._interval_s, self._adopt_timeout_s = grace_s, health_interval_s, adopt_timeout_s
+        self._grace_s, self._interval_s = grace_s, health_interval_s
         self._adapters, self._resolve, self._clock = adapters, resolve, clock
+        self._timing = watching.Timing(interval_s=health_interval_s, adopt_timeout_s=adopt_timeout_s,
+                                       live=live or liveness.Liveness(), clock=clock)
         # The GPU indices discovery found (None until it has looked): a shard
         # given none on a GPU node is hidden from them, and one naming a GPU the
         # node lacks is refused before it loads for minutes.
@@ -107,7 +124,10 @@ class Supervisor:
             model_path = await asyncio.to_thread(self._resolve, spec.source) if spec.source else None
             plan = launching.plan(spec, adapter, host=self._host, model_path=model_path,
                                   cpu_count=self._cpu_count, run_dir=self._run_dir, node_gpus=self._node_gpus())
-            rec.proc, rec.log_offset = await launching.spawn(plan)
+            # Asked before the spawn: an adapter that raised here after it would
+            # leave a running engine that no watcher follows.
+            in_flight = draining.probe_of(adapter)
+            child, log_offset = await launching.spawn(plan)
         except EngineError as exc:
             return self._recs.move(rec, S.FAILED, message=str(exc))
         except Exception as exc:
@@ -117,15 +137,18 @@ class Supervisor:
             return self._recs.move(rec, S.FAILED, message=f"cannot start shard {spec.shard_id}: "
                                    f"internal error {type(exc).__name__}: {exc}; see the agent's log")
         rec.plan = plan
+        rec.engine = process.EngineProcess(spec, plan, http=self._http, log_offset=log_offset, child=child,
+                                           in_flight_probe=in_flight, poll_s=self._interval_s)
         # Right after the spawn, with no await in between: the watcher that
         # could report an early exit (and remove the file) starts below.
-        self._save(rec, spec, plan, rec.proc.pid)
-        self._recs.move(rec, S.STARTING, endpoint=plan.endpoint, pid=rec.proc.pid,
+        self._save(rec, spec, plan, child.pid)
+        self._recs.move(rec, S.STARTING, endpoint=plan.endpoint, pid=child.pid,
                         message=f"launched {plan.argv[0]}; its output goes to {plan.log_path}")
-        rec.monitor = asyncio.create_task(
-            watching.watch(rec, rec.proc, plan, recs=self._recs, http=self._http,
-                           interval_s=self._interval_s, clock=self._clock), name=f"watch {spec.shard_id}")
+        rec.monitor = asyncio.create_task(self._watch(rec), name=f"watch {spec.shard_id}")
         return rec.status
+
+    def _watch(self, rec: records.Shard) -> Coroutine[Any, Any, None]:
+        return watching.watch(rec, recs=self._recs, timing=self._timing, give_up=self._give_up)
 
     def _save(self, rec: records.Shard, spec: ShardSpec, plan: launching.Plan, pid: int) -> None:
         """Write the shard's state file; a failure is logged, and the engine runs on undescribed."""
@@ -135,7 +158,7 @@ class Supervisor:
             return  # already gone, and the watcher is about to say so
         saved = statefiles.Saved(spec=spec, pid=pid, create_time=create_time, port=plan.port,
                                  endpoint=plan.endpoint, host=self._host, log_path=plan.log_path,
-                                 log_offset=rec.log_offset, argv=tuple(plan.argv))
+                                 log_offset=rec.engine.log_offset if rec.engine else 0, argv=tuple(plan.argv))
         try:
             # A small local file: written on the event loop, as the log tail is read.
             rec.state_path = statefiles.write(self._run_dir, saved)
@@ -167,12 +190,11 @@ class Supervisor:
         """End the process; STOPPED, or FAILED with ``failure`` when it is being given up on."""
         if failure is None:
             self._recs.move(rec, S.STOPPING, message=reason or "stop requested")
-        code: int | None = None
-        if rec.orphan is not None:
-            killed = await rec.orphan.terminate(grace_s=grace)
-        else:
-            assert rec.proc is not None
-            code, killed = await ending.terminate(rec.proc, grace_s=grace)
+        assert rec.engine is not None
+        # SIGKILL after the grace is what ends an UNHEALTHY engine that was
+        # frozen (SIGSTOP, a tracer): its SIGTERM stays pending for ever.
+        killed = await rec.engine.terminate(grace_s=grace)
+        code = rec.engine.exit_code
         said = failure or reason or "stopped on request"
         if killed:
             log.warning("shard %s ignored SIGTERM for %g s and was killed", rec.status.shard_id, grace)
@@ -193,24 +215,19 @@ class Supervisor:
         if rec.starting is not None and not rec.starting.done():
             await asyncio.shield(rec.starting)
         state = rec.status.state
-        if state is S.STARTING and rec.orphan is None:
+        if state is S.STARTING and (rec.engine is None or not rec.engine.adopted):
             # Still loading: it has never been in the router's table, so nothing is in flight.
             return self._recs.move(rec, S.DRAINED, message="drained before it was ready: it had served nothing")
-        if state not in (S.READY, S.STARTING) or rec.draining is not None:
+        if state not in (S.READY, S.STARTING, S.UNHEALTHY) or rec.draining is not None or not rec.has_process():
             return rec.status
         # An adopted engine still being checked may be serving: the router kept
         # sending to it while the agent restarted. It is drained like a ready one.
+        # So is an UNHEALTHY one: its drain ends at the timeout at the latest.
+        was = f"; it was {rec.status.message}" if state is S.UNHEALTHY else ""
         self._recs.move(rec, S.DRAINING, message=f"draining: waiting up to {timeout_s:g} s for the requests "
-                        "in flight to finish")
-        probe: engines.InFlightProbe | None = None
-        try:
-            assert rec.status.spec is not None
-            probe = draining.probe_of(self._adapters.get(rec.status.spec.engine))
-        except EngineError as exc:
-            log.warning("shard %s: no in-flight probe (%s); the drain waits its timeout out", shard_id, exc)
+                        f"in flight to finish{was}")
         rec.draining = asyncio.create_task(
-            draining.drain(rec, recs=self._recs, http=self._http, probe=probe, timeout_s=timeout_s,
-                           clock=self._clock), name=f"drain {shard_id}")
+            draining.drain(rec, recs=self._recs, timeout_s=timeout_s, clock=self._clock), name=f"drain {shard_id}")
         return await asyncio.shield(rec.draining)
 
     async def recover(self) -> list[ShardStatus]:
@@ -246,24 +263,28 @@ class Supervisor:
         message = f"adopted from a previous agent (pid {saved.pid})"
         if d.note:
             log.warning("shard %s: %s", spec.shard_id, d.note)
-        rec = records.Shard(ShardStatus(spec.shard_id, spec.replica_id, S.STARTING, message=message,
-                                        endpoint=saved.endpoint, pid=saved.pid, spec=spec, adopted=True),
-                            started_at=self._clock(), orphan=orphans.Orphan(d.seen), log_offset=saved.log_offset,
-                            state_path=statefiles.path_of(self._run_dir, spec.shard_id))
-        self._recs.add(rec)
-        self._recs.move(rec, S.STARTING)  # on_status hears of it, as of a launch
+        adapter: engines.Adapter | None = None
+        unknown = ""
         try:
             adapter = self._adapters.get(spec.engine)
         except EngineError as exc:
-            self._give_up(rec, f"cannot judge the adopted engine: {exc}; it was stopped")
+            unknown = str(exc)
+        plan = launching.Plan(argv=list(saved.argv), env={}, endpoint=saved.endpoint,
+                              health_path=adapter.health_path if adapter else "", log_path=saved.log_path,
+                              port=saved.port)
+        engine = process.EngineProcess(spec, plan, http=self._http, log_offset=saved.log_offset,
+                                       orphan=orphans.Orphan(d.seen), poll_s=self._interval_s,
+                                       in_flight_probe=draining.probe_of(adapter) if adapter else None)
+        rec = records.Shard(ShardStatus(spec.shard_id, spec.replica_id, S.STARTING, message=message,
+                                        endpoint=saved.endpoint, pid=saved.pid, spec=spec, adopted=True),
+                            started_at=self._clock(), engine=engine, plan=plan if adapter else None,
+                            state_path=statefiles.path_of(self._run_dir, spec.shard_id))
+        self._recs.add(rec)
+        self._recs.move(rec, S.STARTING)  # on_status hears of it, as of a launch
+        if adapter is None:
+            self._give_up(rec, f"cannot judge the adopted engine: {unknown}; it was stopped")
             return rec.status
-        rec.plan = launching.Plan(argv=list(saved.argv), env={}, endpoint=saved.endpoint,
-                                  health_path=adapter.health_path, log_path=saved.log_path, port=saved.port)
-        rec.monitor = asyncio.create_task(
-            watching.watch_adopted(rec, rec.orphan, rec.plan, recs=self._recs, http=self._http,
-                                   interval_s=self._interval_s, clock=self._clock,
-                                   adopt_timeout_s=self._adopt_timeout_s, give_up=self._give_up),
-            name=f"watch adopted {spec.shard_id}")
+        rec.monitor = asyncio.create_task(self._watch(rec), name=f"watch adopted {spec.shard_id}")
         return rec.status
 
     def _give_up(self, rec: records.Shard, failure: str) -> None:
