@@ -13,6 +13,13 @@ an engine that prints a binary blob must not end the stream.
 
 Batches are kept under a size the stream carries: gRPC refuses a message over
 4 MiB by default, and 10000 lines of a chatty engine's config dump were more.
+
+Only shards' logs are shown, and only of shards this node runs or ran: the id
+in a request is checked (``shards.check_shard_id``) before it becomes a path,
+and then must name a shard the supervisor has a record of, or one with a state
+file or a log in the run directory (a shard that ended before the agent
+restarted). Before this, ``shard=/var/log/dpkg`` read /var/log/dpkg.log and
+``shard=../../x`` anything ending in ``.log`` the agent could open.
 """
 
 from __future__ import annotations
@@ -20,12 +27,14 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 from typing import BinaryIO
 
 from llmgw.agent import logring
-from llmgw.core.errors import LlmgwError
+from llmgw.agent.supervisor import launching, statefiles
+from llmgw.core import shards
+from llmgw.core.errors import LlmgwError, ShardIdError
 
 DEFAULT_LINES = 100
 MAX_LINES = 10000
@@ -41,6 +50,57 @@ _BLOCK = 64 * 1024
 PARTIAL_FLUSH_S = 1.0
 
 
+#: The most shard ids a refusal lists.
+MAX_LISTED = 20
+
+
+class UnknownShard(LlmgwError, LookupError):
+    """A log was asked of a shard this node neither runs nor ran; the message lists the ones it has."""
+
+
+class ShardLogs:
+    """Which shard logs this node shows, and where each one is.
+
+    ``known`` gives the ids the supervisor has a record of (running, or ended
+    and not yet forgotten). A shard that ended before this agent started has
+    no record, but its log (and, while its engine runs, its state file) is
+    still in ``run_dir``, and that log is often the one that says why it died.
+    """
+
+    def __init__(self, run_dir: Path, *, node_id: str, known: Callable[[], Iterable[str]]) -> None:
+        self._run_dir = run_dir
+        self._node_id = node_id
+        self._known = known
+
+    def find(self, shard_id: str) -> Path:
+        """``shard_id``'s log; ShardIdError for a string that is no shard id, UnknownShard for one not here."""
+        path = launching.log_path_of(self._run_dir, shard_id)  # checks the id before it becomes a path
+        if shard_id in set(self._known()) or path.is_file() or statefiles.path_of(self._run_dir, shard_id).is_file():
+            return path
+        here = self.here()
+        listed = ", ".join(here[:MAX_LISTED]) + (f" and {len(here) - MAX_LISTED} more" if len(here) > MAX_LISTED
+                                                 else "")
+        raise UnknownShard(f"no shard {shard_id} on node {self._node_id}; shards here: {listed or 'none'}. "
+                           "`llmgw get replicas` shows the node and shard of each replica")
+
+    def here(self) -> list[str]:
+        """Every shard id this node can show a log of, sorted."""
+        ids = set(self._known())
+        try:
+            ids.update(e.stem for e in self._run_dir.iterdir() if e.suffix in (".log", statefiles.SUFFIX))
+        except FileNotFoundError:
+            pass  # nothing was ever launched here
+        return sorted(i for i in ids if _is_shard_id(i))
+
+
+def _is_shard_id(s: str) -> bool:
+    try:
+        shards.check_shard_id(s)
+    except ShardIdError:
+        return False
+    return True
+
+
 def clamp_lines(lines: int) -> int:
     """0 (or less) means the default; more than MAX_LINES is cut to it."""
     return DEFAULT_LINES if lines <= 0 else min(lines, MAX_LINES)
@@ -50,16 +110,21 @@ async def read(*, shard_id: str, lines: int, follow: bool, ring: logring.LogRing
                shard_log: Callable[[str], Path | None], poll_s: float = 0.25) -> AsyncIterator[list[str]]:
     """Batches of log lines: the last ``lines``, then with ``follow`` new ones as they come.
 
-    ``shard_id`` "" is the agent's own log. The first batch is always yielded,
-    even empty, so a caller can answer at once. Cancelling the consuming task,
-    or closing the iterator (``contextlib.aclosing``), stops it and releases
-    the file or subscription.
+    ``shard_id`` "" is the agent's own log; any other must be a valid shard
+    id (ShardIdError otherwise, whatever ``shard_log`` would say), and
+    ``shard_log`` finds its file or raises (None: LookupError). The first
+    batch is always yielded, even empty, so a caller can answer at once.
+    Cancelling the consuming task, or closing the iterator
+    (``contextlib.aclosing``), stops it and releases the file or subscription.
     """
     n = clamp_lines(lines)
     if not shard_id:
         async for batch in _read_ring(ring, n, follow=follow):
             yield batch
         return
+    # Here as well as in ShardLogs: this is the one door from a request to a
+    # file, and a shard_log that builds a path must never see "../../etc/x".
+    shards.check_shard_id(shard_id)
     path = shard_log(shard_id)
     if path is None:
         raise LookupError(f"no shard {shard_id} on this node; `llmgw get replicas` lists where each runs")

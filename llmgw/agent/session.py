@@ -24,6 +24,7 @@ from llmgw.agent.config import AgentConfig
 from llmgw.api import convert
 from llmgw.api.v1 import agent_pb2 as pb
 from llmgw.api.v1 import agent_pb2_grpc
+from llmgw.core.errors import LlmgwError
 from llmgw.core.inventory import Heartbeat, Inventory
 from llmgw.core.shards import ShardSpec, ShardStatus
 
@@ -227,7 +228,8 @@ class Session:
             reply(done=True)
         except asyncio.CancelledError:
             raise
-        except LookupError as e:
+        except (LookupError, LlmgwError) as e:
+            # A refusal (no such shard, an id that is no shard id): its message says why, no traceback.
             reply(error=str(e.args[0]) if e.args else str(e), done=True)
         except Exception as e:  # the reader's own failure, said to whoever asked
             log.exception("reading logs for %s failed", req.shard_id or "the agent")

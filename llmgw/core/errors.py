@@ -23,3 +23,7 @@ class SpecError(LlmgwError):
 
 class EngineError(LlmgwError):
     """An engine cannot be launched with what it was given."""
+
+
+class ShardIdError(LlmgwError):
+    """A string offered as a shard id is not one; the message says what was wrong and what one looks like."""

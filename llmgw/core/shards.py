@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import re
+
+from llmgw.core import errors
 
 
 class ShardState(enum.Enum):
@@ -102,3 +105,58 @@ class ShardStatus:
     #: Health probes failed in a row since the last one that passed (READY/UNHEALTHY only).
     #: Routers stop sending new requests to the shard from the first failure.
     probe_failures: int = 0
+
+
+#: The longest shard id accepted. The control plane names a shard
+#: ``<replica id>-<attempt>`` (``-<rank>`` added for a replica that spans nodes),
+#: and a replica id is ``<model name>-<6 hex digits>``, a model name at most 63
+#: characters: an id nearer 80. Bounded, because the id becomes a file name
+#: (255 bytes at most) with a suffix.
+SHARD_ID_MAX = 128
+# Exactly the shape the control plane generates: model names are lower-case
+# letters, digits, '.' and '-', starting with a letter or digit (specs.NAME_RE),
+# and the rest is digits, hex and '-'.
+_SHARD_ID = re.compile(r"[a-z0-9][a-z0-9.-]*")
+_EXAMPLE = "'llama-3.1-8b-1a2b3c-2'"
+
+
+def check_shard_id(shard_id: str) -> str:
+    """``shard_id`` itself when it is a usable shard id; ShardIdError saying why otherwise.
+
+    Called wherever a shard id becomes a path (the launch's log, state files,
+    a log request) and where a request carries one in. Measured before this
+    existed: ``GET /api/v1/nodes/N/logs?shard=/var/log/dpkg`` returned that
+    node's /var/log/dpkg.log, because the agent read ``<run_dir>/<id>.log``
+    for whatever id it was sent. With no '/', no NUL and no leading '.', an id
+    is one file name inside the run directory and can name nothing else; a
+    '..' inside one (a model named "a..b") then names no parent and is allowed.
+    """
+    problem = _problem(shard_id)
+    if problem is None:
+        return shard_id
+    shown = repr(shard_id) if len(shard_id) <= 80 else f"{shard_id[:40]!r}... ({len(shard_id)} characters)"
+    raise errors.ShardIdError(
+        f"shard id {shown} is not valid: {problem}. A shard id is the name the control plane "
+        f"gave a shard, like {_EXAMPLE}: lower-case letters, digits, '.' and '-', starting with a letter or "
+        f"digit, at most {SHARD_ID_MAX} characters; `llmgw get replicas` shows each replica's shard")
+
+
+def _problem(shard_id: str) -> str | None:
+    if not isinstance(shard_id, str):
+        return f"it is a {type(shard_id).__name__}, not a string"
+    if not shard_id:
+        return "it is empty"
+    if len(shard_id) > SHARD_ID_MAX:
+        return f"it is {len(shard_id)} characters long, over {SHARD_ID_MAX}"
+    if "\0" in shard_id:
+        return "it contains a NUL byte"
+    if "/" in shard_id or "\\" in shard_id:
+        return "it contains a path separator"
+    if shard_id[0] == ".":
+        return "it starts with '.'"
+    if shard_id[0] == "-":
+        return "it starts with '-', which a command would read as an option"
+    if not _SHARD_ID.fullmatch(shard_id):
+        bad = sorted({c for c in shard_id if not (c.isascii() and (c.islower() or c.isdigit() or c in ".-"))})
+        return f"it contains {', '.join(repr(c) for c in bad)}"
+    return None

@@ -175,7 +175,8 @@ def test_logs_of_agent_and_shard(system: System) -> None:
     follow = Proc.start([*LLMGW, "logs", "node1", "-n", "1", "-f", "--url", system.url],
                         log_path=Path(str(system.root)) / "follow.log")
     try:
-        time.sleep(1.0)
+        # Its first line printed: the agent has sent the tail, so its subscription for what follows exists.
+        wait_for(lambda: follow.log_tail(5).strip(), timeout=15, what="the follow's first line")
         system.apply(sim_model("later"))  # the agent logs the new shard's start
         wait_for(lambda: "later" in follow.log_tail(50), timeout=15, what="followed line")
     finally:

@@ -88,7 +88,8 @@ def test_rolling_update_of_four_replicas_under_load_fails_no_request(system: Sys
 
 
 def test_rollout_bounds_are_validated(system: System) -> None:
-    """A bad rollout bound is refused naming the field; only the bounds changing rolls nothing."""
+    """A bad rollout bound is refused naming the field; only the bounds changing rolls nothing, while the loop
+    goes on acting on the model (a later scale is carried out)."""
     bad = sim_model("b", rollout={"max_surge": "150%"})
     r = system.request("POST", "/api/v1/models", json=bad)
     assert r.status_code == 422 and r.json()["error"]["param"] == "spec.rollout.max_surge"
@@ -96,7 +97,20 @@ def test_rollout_bounds_are_validated(system: System) -> None:
     system.apply(doc)
     system.wait_model("b")
     ids = {x["id"] for x in system.replicas("b")}
+    fp = system.get("/api/v1/models/b/describe")["fingerprint"]
     doc["spec"]["rollout"] = {"max_surge": 2, "max_unavailable": "50%"}
     system.apply(doc)
-    time.sleep(2)  # a few passes: nothing may be replaced
-    assert {x["id"] for x in system.replicas("b")} == ids
+    # Then a change the loop must act on. Passes are level-triggered and in order: once the third replica is
+    # Ready, the loop has passed over the new bounds more than once, so a roll they started would show below
+    # (surge replicas, or old ones not current). A stalled loop never gets here; a sleep would have passed.
+    doc["spec"]["replicas"] = 3
+    system.apply(doc)
+    wait_for(lambda: system.model_status("b")["ready_replicas"] == 3, timeout=30, interval=0.1,
+             what="the third replica Ready")
+    described = system.get("/api/v1/models/b/describe")
+    reps = described["replicas"]
+    assert len(reps) == 3 and ids < {r["id"] for r in reps}, reps  # the two kept, one added, none replaced
+    assert all(r["phase"] == "Ready" and r["current"] and r["attempt"] == 1 for r in reps), reps
+    assert described["fingerprint"] == fp  # the bounds are not part of what the engine runs
+    reasons = [e["reason"] for e in system.get("/api/v1/events?model=b")["items"]]
+    assert "RollingUpdate" not in reasons and "Deleted" not in reasons, reasons

@@ -362,6 +362,9 @@ class ControlPlane:
         self.url = f"http://127.0.0.1:{self.port}"
         self.doc = doc
         self.polls = 0
+        #: (after, timeout) of each poll, and how many are held open waiting for a change now.
+        self.queries: list[tuple[int, float]] = []
+        self.held = 0
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._changed: asyncio.Event | None = None
@@ -371,9 +374,14 @@ class ControlPlane:
         self.polls += 1
         assert self._changed is not None
         after, timeout = int(request.query.get("after", "-1")), float(request.query.get("timeout", "30"))
+        self.queries.append((after, timeout))
         if self.doc["version"] == after:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self._changed.wait()), timeout)
+            self.held += 1
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(self._changed.wait()), timeout)
+            finally:
+                self.held -= 1
         return web.json_response(self.doc)
 
     def _call(self, fn: Callable[[], Any]) -> Any:
@@ -447,14 +455,39 @@ def test_router_follows_the_control_plane_and_outlives_it(cluster: Cluster) -> N
 
 
 def test_long_poll_is_used_not_a_busy_loop(cluster: Cluster) -> None:
-    """With nothing changing, the watcher waits on the long poll instead of asking again and again."""
+    """With nothing changing, the watcher holds one long poll open (not asking again and again, not idle),
+    and a change reaches the router through that poll at once."""
     control = ControlPlane({"version": 5, "models": []}).start()
     try:
-        cluster.router(control=control.url)
+        router = cluster.router(control=control.url)
+        # Polling, and on the long poll: a request naming the version it has is held open by the control plane.
+        # A watcher that stopped after its first table never gets here.
+        wait_for(lambda: control.held == 1, timeout=10, what="a long poll held open by the control plane")
+        after, timeout = control.queries[-1]
+        assert after == 5 and timeout >= 10, control.queries
+        # Not a busy loop: over a second with nothing changing, the same poll is still the one held.
+        held_at = control.polls
         time.sleep(1.0)
-        assert control.polls <= 3
+        assert control.polls == held_at and control.held == 1, control.queries
+        assert control.polls <= 3, control.queries
+        # The held poll is what brings a change: far sooner than its timeout.
+        t0 = time.monotonic()
+        control.set_doc({"version": 6, "models": [model("fresh", ("r-1", dead_url(), ""))]})
+        wait_for(lambda: "fresh" in httpx.get(router + "/v1/models", timeout=5).text, timeout=5,
+                 what="the change served by the router")
+        assert time.monotonic() - t0 < timeout / 2
+        assert control.queries[held_at - 1][0] == 5 and all(a == 6 for a, _ in control.queries[held_at:])
     finally:
         control.close()
+
+
+async def _until(predicate: Callable[[], bool], *, timeout: float = 5.0) -> None:
+    """Polls ``predicate`` on the running loop; TimeoutError when it stays false, so a stall fails the test."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not reached")
+        await asyncio.sleep(0.02)
 
 
 def test_watcher_in_process_keeps_last_table_on_bad_doc_and_stops_promptly() -> None:
@@ -470,16 +503,16 @@ def test_watcher_in_process_keeps_last_table_on_bad_doc_and_stops_promptly() -> 
             try:
                 assert await watcher.wait_loaded(5)
                 seen.append(holder.current.version)
+                asked = len(control.queries)
                 control.set_doc({"version": 2, "models": "not a list"})
-                await asyncio.sleep(0.5)  # several refused answers
+                # Several refused answers: the bad document was served, and asked for again, at least twice.
+                await _until(lambda: len(control.queries) >= asked + 3)
                 seen.append(holder.current.version)
                 control.set_doc({"version": 3, "models": []})
-                for _ in range(100):
-                    if holder.current.version == 3:
-                        break
-                    await asyncio.sleep(0.05)
+                await _until(lambda: holder.current.version == 3)
                 seen.append(holder.current.version)
-                await asyncio.sleep(0.3)  # a poll with after=3 is now held by the control plane
+                await _until(lambda: control.held == 1)  # a poll with after=3 is now held by the control plane
+                assert control.queries[-1][0] == 3, control.queries
             finally:
                 started = time.monotonic()
                 await watcher.stop()

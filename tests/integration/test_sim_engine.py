@@ -159,13 +159,20 @@ def test_errors_are_openai_shaped(fast: str) -> None:
 
 
 def test_metrics(fast: str) -> None:
-    """/metrics is Prometheus text with the four sim series."""
-    with urllib.request.urlopen(fast + "/metrics", timeout=5) as r:
-        text = r.read().decode()
-    samples = dict(line.split(" ") for line in text.splitlines() if line and not line.startswith("#"))
-    assert set(samples) == {"llmgw_sim_requests_running", "llmgw_sim_requests_waiting",
-                            "llmgw_sim_requests_total", "llmgw_sim_requests_aborted_total"}
-    assert int(samples["llmgw_sim_requests_total"]) >= 0
+    """/metrics is Prometheus text with the four sim series; a completion counts once, and none is left running."""
+    def scrape() -> dict[str, float]:
+        with urllib.request.urlopen(fast + "/metrics", timeout=5) as r:
+            text = r.read().decode()
+        return {k: float(v) for k, v in (line.split(" ") for line in text.splitlines()
+                                         if line and not line.startswith("#"))}
+
+    before = scrape()
+    assert set(before) == {"llmgw_sim_requests_running", "llmgw_sim_requests_waiting",
+                           "llmgw_sim_requests_total", "llmgw_sim_requests_aborted_total"}
+    client(fast).completions.create(model=MODEL, prompt="x", max_tokens=2)
+    after = scrape()
+    assert after["llmgw_sim_requests_total"] == before["llmgw_sim_requests_total"] + 1, (before, after)
+    assert after["llmgw_sim_requests_running"] == after["llmgw_sim_requests_waiting"] == 0, after
 
 
 def send_request(url: str, body: dict[str, Any]) -> socket.socket:

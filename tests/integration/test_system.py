@@ -146,11 +146,32 @@ def test_crashed_engine_is_replaced(system: System) -> None:
 
 
 def test_startup_timeout_replaces_slow_engine(system: System) -> None:
-    """A shard that is not Ready within the startup timeout is stopped and retried, and the status says so."""
+    """A shard not Ready within its startup timeout: its process is killed, a Failed event says it timed out,
+    and a new attempt starts a new engine."""
     system.apply(sim_model("slow", args=["--startup-delay", "60"], startup_timeout="2s"))
-    wait_for(lambda: "did not become ready within 2s" in system.model_status("slow")["message"]
-             or system.replicas("slow")[0]["attempt"] >= 2, timeout=20, interval=0.2, what="timeout noticed")
-    wait_for(lambda: len(system.engine_pids()) <= 1, timeout=10, what="the timed-out engine stopped")
+    # The first attempt's engine, while it is still loading (it would take 60 s).
+    first = wait_for(lambda: (r := system.replicas("slow")) and r[0]["attempt"] == 1 and r[0]["shard"]
+                     and system.engine_pids() and r[0], timeout=20, interval=0.1, what="the slow engine launched")
+    (slow_pid,) = system.engine_pids()
+    timed_out = wait_for(lambda: [e for e in system.get("/api/v1/events?model=slow")["items"]
+                                  if e["reason"] == "Failed" and "did not become ready within 2s" in e["message"]],
+                         timeout=20, interval=0.2, what="an event saying the startup timed out")
+    assert timed_out[0]["object"] == f"replica/{first['id']}" and timed_out[0]["kind"] == "Warning", timed_out
+    wait_for(lambda: not _running(slow_pid), timeout=15, interval=0.1, what=f"the slow engine (pid {slow_pid}) gone")
+    # Replaced: a later attempt, under a new shard id, with an engine process that is not the slow one.
+    again = wait_for(lambda: (r := system.replicas("slow")) and r[0]["attempt"] >= 2 and r[0]["shard"]
+                     and (system.engine_pids() - {slow_pid}) and r[0], timeout=30, interval=0.2,
+                     what="a replacement engine started")
+    assert again["id"] == first["id"] and again["shard"] != first["shard"], (first, again)
+    assert slow_pid not in system.engine_pids()
+
+
+def _running(pid: int) -> bool:
+    """The process exists and is not a zombie waiting to be reaped."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def test_server_restart_keeps_engines(system: System) -> None:

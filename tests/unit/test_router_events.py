@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
+from typing import Any
+
 import pytest
 
 from llmgw.control.router_events import BadReport, RouterEvents
@@ -50,11 +54,22 @@ def test_ejections_expire_and_each_router_is_shown() -> None:
     assert recorder.message("m-1") == ""
 
 
-def test_a_callback_that_raises_does_not_fail_the_request() -> None:
-    """The router's request path never sees the recorder's bug."""
-    def broken(doc: object) -> None:
-        raise RuntimeError("boom")
-    events.CallbackSink("r1", broken).ejected("m", "m-1", for_s=2, failures=3, reason="x")
+def test_a_callback_that_raises_does_not_fail_the_request(caplog: pytest.LogCaptureFixture) -> None:
+    """A recorder that raises: ejected() returns, the bug is logged, and the next event still reaches it."""
+    seen: list[str] = []
+
+    def flaky(doc: Mapping[str, Any]) -> None:
+        seen.append(doc["events"][0]["type"])
+        if len(seen) == 1:
+            raise RuntimeError("boom in the recorder")
+
+    sink = events.CallbackSink("r1", flaky)
+    with caplog.at_level(logging.ERROR, logger=events.__name__):
+        sink.ejected("m", "m-1", for_s=2, failures=3, reason="x")  # what the request path calls: must not raise
+    assert seen == ["ejected"]  # it was delivered, not skipped
+    assert "recording a router event failed" in caplog.text and "boom in the recorder" in caplog.text
+    sink.recovered("m", "m-1")  # the sink still knows the ejection and still delivers
+    assert seen == ["ejected", "recovered"]
 
 
 @pytest.mark.parametrize("doc, field", [

@@ -33,20 +33,17 @@ import asyncio
 import dataclasses
 import logging
 import os
-import re
 import socket
 from pathlib import Path
 from typing import BinaryIO
 
 from llmgw.agent import engines
-from llmgw.core.errors import EngineError
+from llmgw.core import shards
+from llmgw.core.errors import EngineError, ShardIdError
 from llmgw.core.shards import RESERVED_ENV, ShardSpec
 
 log = logging.getLogger(__name__)
 
-# The shard id becomes a file name under run_dir; "../x" or "a/b" would write
-# the log somewhere else entirely.
-_SHARD_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 #: The markers set in every engine's environment.
 SHARD_ENV = "LLMGW_SHARD_ID"
 RUN_DIR_ENV = "LLMGW_RUN_DIR"
@@ -130,9 +127,12 @@ def plan(spec: ShardSpec, adapter: engines.Adapter, *, host: str, model_path: st
     ``run_dir`` must be absolute: it is the marker a later agent compares.
     ``node_gpus`` are the GPU indices this node reported (None: not known).
     """
-    if not _SHARD_ID.match(spec.shard_id):
-        raise EngineError(f"shard id {spec.shard_id!r} is not usable as a file name; use letters, "
-                          "digits, '.', '_' and '-' only")
+    try:
+        # The shard id becomes a file name under run_dir; "../x" or "a/b" would
+        # write the log, and later the state file, somewhere else entirely.
+        shards.check_shard_id(spec.shard_id)
+    except ShardIdError as exc:
+        raise EngineError(str(exc)) from None
     gpus = gpu_env(spec, node_gpus)
     port = spec.port or free_port(host)
     launch = adapter.launch(spec, host=host, port=port, model_path=model_path, cpu_count=cpu_count)
@@ -157,7 +157,12 @@ def plan(spec: ShardSpec, adapter: engines.Adapter, *, host: str, model_path: st
     # unreported; one that set CUDA_VISIBLE_DEVICES would use GPUs given to another.
     env |= {**gpus, **group_env(spec), SHARD_ENV: spec.shard_id, RUN_DIR_ENV: str(run_dir)}
     return Plan(argv=list(launch.argv), env=env, endpoint=endpoint_of(host, port),
-                health_path=adapter.health_path, log_path=run_dir / f"{spec.shard_id}.log", port=port)
+                health_path=adapter.health_path, log_path=log_path_of(run_dir, spec.shard_id), port=port)
+
+
+def log_path_of(run_dir: Path, shard_id: str) -> Path:
+    """Where ``shard_id``'s engine output goes; ShardIdError for an id that would name a file outside ``run_dir``."""
+    return run_dir / f"{shards.check_shard_id(shard_id)}.log"
 
 
 def _open_log(path: Path) -> tuple[BinaryIO, int]:

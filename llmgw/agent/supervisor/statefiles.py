@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from llmgw.core import shards
+from llmgw.core.errors import ShardIdError
 from llmgw.core.shards import ShardSpec
 
 log = logging.getLogger(__name__)
@@ -62,7 +64,8 @@ class Saved:
 
 
 def path_of(run_dir: Path, shard_id: str) -> Path:
-    return run_dir / f"{shard_id}{SUFFIX}"
+    """Where ``shard_id``'s state file is; ShardIdError for an id that would name a file outside ``run_dir``."""
+    return run_dir / f"{shards.check_shard_id(shard_id)}{SUFFIX}"
 
 
 def _to_json(saved: Saved) -> dict[str, Any]:
@@ -127,6 +130,11 @@ def read(path: Path) -> Saved:
                       argv=tuple(str(a) for a in raw.get("argv", ())))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise Unreadable(f"{path} does not describe a shard ({type(exc).__name__}: {exc})") from exc
+    try:
+        # A file put there by hand: its id would become the log's path when it is adopted.
+        shards.check_shard_id(spec.shard_id)
+    except ShardIdError as exc:
+        raise Unreadable(f"{path}: {exc}") from None
     if spec.shard_id != path.name.removesuffix(SUFFIX):
         raise Unreadable(f"{path} describes shard {spec.shard_id!r}, not the one its name says")
     if saved.pid <= 1:
