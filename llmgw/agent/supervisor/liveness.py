@@ -33,12 +33,13 @@ S = ShardState
 PERIOD_S = 2.0
 #: How long one health ask may take. Measured on this project's 2-vCPU build box
 #: with the real llama.cpp server (xllamacpp 2026.10, SmolLM2-135M, the llamacpp
-#: adapter's argv): /health answered in 0.9 ms median, 6.6 ms at most, during a
-#: 913-token prefill at the adapter's defaults (1 thread, batch 64); and in 0.8 ms
-#: median, 27 ms at most, with every vCPU busy (2 threads, batch 2048, four
-#: 2,440-token prompts at once, 49 s of prefill). llama.cpp answers /health on
-#: its HTTP thread, not between decode calls, so a long prefill does not delay
-#: it; 2 s is 70 times the worst seen, room for a node whose CPUs are far busier.
+#: adapter's argv; ``bench/health_under_prefill.py``): /health answered in 1.0 ms
+#: median, 23 ms at most, during a 915-token prefill at the adapter's defaults;
+#: and in 4 ms median, 27 ms p99, 230 ms at most with the CPUs oversubscribed
+#: (load 6: 2 threads, batch 2048, four 2,442-token prompts prefilling for
+#: 97-215 s each). llama.cpp answers /health on its HTTP thread, not between
+#: decode calls, so a long prefill does not delay it; 2 s is 9 times the worst
+#: seen, room for a node whose CPUs are busier still.
 TIMEOUT_S = 2.0
 #: Failed asks in a row that make a shard UNHEALTHY: one lost packet or one GC
 #: pause is not a hang, three in a row (six seconds of silence) are.
