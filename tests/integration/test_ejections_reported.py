@@ -12,11 +12,12 @@ following that control plane; the replica's endpoint is a port nothing listens o
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -146,36 +147,52 @@ def test_bad_report_is_refused_naming_the_field(control: ControlPlane) -> None:
     assert "events[0].type" in answer.json()["error"]["message"]
 
 
-def test_events_wait_out_a_control_plane_outage() -> None:
-    """An ejection seen while the control plane is down is delivered once it answers again, in order."""
-    async def scenario() -> list[dict[str, Any]]:
+async def _until(test: Callable[[], object], what: str, *, timeout: float = 10.0) -> None:
+    """Poll ``test`` on the loop until it holds; fail naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not test():
+        assert time.monotonic() < deadline, f"{what} did not happen within {timeout:g} s"
+        await asyncio.sleep(0.02)
+
+
+def test_events_wait_out_a_control_plane_outage(caplog: pytest.LogCaptureFixture) -> None:
+    """Refused, then answered 503 three times: the sink keeps retrying the same batch and delivers it once, in order."""
+    caplog.set_level(logging.WARNING, logger=events.__name__)
+
+    async def scenario() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         port = free_port()
-        got: list[dict[str, Any]] = []
+        refused: list[dict[str, Any]] = []  # reports answered 503: a control plane up but failing
+        got: list[dict[str, Any]] = []  # reports accepted
         sink = events.HttpSink("r1", f"http://127.0.0.1:{port}", backoff_max_s=0.3)
         await sink.start()
         sink.ejected("m", "m-1", for_s=2.0, failures=3, reason="HTTP 503")
         sink.recovered("m", "m-1")
-        await asyncio.sleep(0.5)  # a few failed attempts: nothing listens yet
 
         async def receive(request: web.Request) -> web.Response:
+            if len(refused) < 3:
+                refused.append(await request.json())
+                return web.json_response({"error": {"message": "store unavailable"}}, status=503)
             got.append(await request.json())
             return web.json_response({"applied": len(got[-1]["events"])})
         app = web.Application()
         app.router.add_post("/api/v1/router/events", receive)
         runner = web.AppRunner(app)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
         try:
-            for _ in range(100):
-                if sink.sent == 2:
-                    break
-                await asyncio.sleep(0.05)
+            # Nothing listens yet: the first attempt is refused, and said so (once).
+            await _until(lambda: any("cannot report 2 router events" in r.getMessage() for r in caplog.records),
+                         "a refused attempt")
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", port).start()
+            # Without retries the events would wait for stop()'s last try: delivery must come first.
+            await _until(lambda: sink.sent == 2, "delivery after three 503s")
         finally:
             await sink.stop()
             await runner.cleanup()
-        return got
+        return refused, got
 
-    got = asyncio.run(scenario())
-    sent = [e for report in got for e in report["events"]]
-    assert [e["type"] for e in sent] == ["ejected", "recovered"]
-    assert all(report["router"] == "r1" for report in got)
+    refused, got = asyncio.run(scenario())
+    assert len(refused) == 3 and len(got) == 1
+    for report in (*refused, *got):  # every attempt carried the whole backlog, oldest first
+        assert report["router"] == "r1" and [e["type"] for e in report["events"]] == ["ejected", "recovered"]
+    warned = [r.getMessage() for r in caplog.records if "router events" in r.getMessage()]
+    assert len(warned) == 1, warned  # one warning for the whole outage, not one per attempt

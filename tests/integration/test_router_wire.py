@@ -158,10 +158,11 @@ def test_oversized_body_malformed_request_and_failing_app() -> None:
 def test_client_disconnect_cancels_the_request_at_once() -> None:
     """Closing the connection while the app waits cancels the app's task (how the router stops an engine)."""
     async def main() -> None:
-        cancelled = asyncio.Event()
+        waiting, cancelled = asyncio.Event(), asyncio.Event()
 
         async def slow(scope: dict[str, Any], receive: Any, send: Any) -> None:
             await receive()
+            waiting.set()
             try:
                 await asyncio.sleep(30)
             except asyncio.CancelledError:
@@ -173,7 +174,7 @@ def test_client_disconnect_cancels_the_request_at_once() -> None:
             _, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n")
             await writer.drain()
-            await asyncio.sleep(0.1)
+            await asyncio.wait_for(waiting.wait(), 5)  # the app holds the request: there is something to cancel
             writer.close()
             await asyncio.wait_for(cancelled.wait(), 5)
         finally:
@@ -184,8 +185,11 @@ def test_client_disconnect_cancels_the_request_at_once() -> None:
 def test_shutdown_lets_a_request_in_flight_finish() -> None:
     """shutdown() stops listening but the open request still gets its whole answer within the grace."""
     async def main() -> None:
+        started = asyncio.Event()
+
         async def slowish(scope: dict[str, Any], receive: Any, send: Any) -> None:
             await receive()
+            started.set()
             await asyncio.sleep(0.3)
             await echo(scope, _once(b""), send)
 
@@ -193,7 +197,7 @@ def test_shutdown_lets_a_request_in_flight_finish() -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"GET /late HTTP/1.1\r\nHost: t\r\n\r\n")
         await writer.drain()
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(started.wait(), 5)  # in the app when the shutdown begins, not still unread
         stopping = asyncio.ensure_future(http.shutdown(5))
         status, _, body = await _read_response(reader)
         assert status == b"HTTP/1.1 200 OK" and json.loads(body)["path"] == "/late"

@@ -116,9 +116,24 @@ def test_stop_reports_stopping_then_stopped_and_the_process_is_gone(
 def test_stop_while_starting_never_reports_ready(harness: Callable[..., Harness]) -> None:
     """A shard stopped while it still loads goes STARTING, STOPPING, STOPPED."""
     h = harness()
-    h.run(h.sup.start(spec("a", "--startup-delay", "30")))
-    h.run(asyncio.sleep(0.5))
-    assert h.run(h.sup.stop("a")).state is S.STOPPED
+    started = h.run(h.sup.start(spec("a", "--startup-delay", "30")))
+
+    async def loading() -> None:
+        """Until the engine is up and loading (its model list answers 503), not still being imported."""
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                status, body = await models(started.endpoint, "k")
+                if status == 503 and body["error"]["code"] == "model_loading":
+                    return
+            except aiohttp.ClientError:
+                pass
+            assert time.monotonic() < deadline, "the engine never came up"
+            await asyncio.sleep(0.05)
+
+    h.run(loading())
+    stopped = h.run(h.sup.stop("a"))
+    assert (stopped.state, stopped.exit_code) == (S.STOPPED, 0)  # it was up: it handled SIGTERM itself
     assert h.states("a") == [S.STARTING, S.STOPPING, S.STOPPED]
 
 

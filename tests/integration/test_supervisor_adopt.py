@@ -9,6 +9,7 @@ whatever the test did, and resumes any it froze first.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -101,12 +102,20 @@ def test_a_restarted_agent_adopts_the_running_engine(agents: Callable[..., Agent
     assert agents().run(agents().sup.recover()) == []
 
 
-def test_a_dead_or_reused_pid_only_loses_its_state_file(agents: Callable[..., Agent], tmp_path: Path) -> None:
+def test_a_dead_or_reused_pid_only_loses_its_state_file(agents: Callable[..., Agent], tmp_path: Path,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
     """A state file naming a pid that has exited, or one now held by another process, is removed; nothing is killed."""
+    caplog.set_level(logging.INFO, logger="llmgw.agent.supervisor")
     run = tmp_path / "run"
     ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead_pid = int(ended.stdout)
-    with procs.Proc.start([sys.executable, "-c", "import time; time.sleep(60)"], log_path=tmp_path / "x.log") as other:
+    # The process that now holds a pid is a plain HTTP server with default signal handling: any
+    # SIGTERM or SIGKILL sent during recover() ends it before it can answer again.
+    port = procs.free_port()
+    argv = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(tmp_path)]
+    with procs.Proc.start(argv, log_path=tmp_path / "x.log") as other:
+        url = f"http://127.0.0.1:{port}/"
+        other.wait_http(url, timeout=10)
         for shard_id, pid in (("dead", dead_pid), ("reused", other.pid)):
             statefiles.write(run, statefiles.Saved(spec=spec(shard_id), pid=pid, create_time=time.time() - 3600,
                                                    port=1, endpoint="http://127.0.0.1:1", host="127.0.0.1",
@@ -114,8 +123,14 @@ def test_a_dead_or_reused_pid_only_loses_its_state_file(agents: Callable[..., Ag
         b = agents()
         assert b.run(b.sup.recover()) == []
         assert statefiles.listing(run) == [] and b.seen == []
-        time.sleep(0.2)
-        assert other.poll() is None  # the process that now has the pid was left alone
+        # The pass looked at each pid and told them apart, rather than dropping the files unread.
+        removed = {r.args[0].name: r.args[1] for r in caplog.records if r.msg.startswith("removing state file")}
+        assert removed == {"dead.json": f"its engine (pid {dead_pid}) is no longer running",
+                           "reused.json": f"pid {other.pid} now belongs to another process (its environment does "
+                                          "not name shard reused): the engine exited and the pid was reused"}
+        # recover() has returned, so any signal it sent has been sent: an answer now means none was.
+        other.wait_http(url, timeout=10)
+        assert other.poll() is None
 
 
 def test_engines_nothing_describes_are_killed(agents: Callable[..., Agent], tmp_path: Path) -> None:

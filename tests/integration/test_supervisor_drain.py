@@ -124,7 +124,7 @@ def test_drain_gives_up_at_its_timeout_and_says_so(tmp_path: Path) -> None:
         await started.wait()
         began = time.monotonic()
         first = asyncio.create_task(sup.drain("a", timeout_s=0.6))
-        await asyncio.sleep(0.1)
+        await until(sup, "a", S.DRAINING)  # the first drain has begun
         assert (await sup.drain("a", timeout_s=0.6)).state is S.DRAINING
         drained = await first
         assert 0.6 <= time.monotonic() - began < 1.5
@@ -138,17 +138,38 @@ def test_drain_gives_up_at_its_timeout_and_says_so(tmp_path: Path) -> None:
     run_with(tmp_path, body)
 
 
+async def serves(endpoint: str) -> bool:
+    """Whether the engine at ``endpoint`` lists its model now (it has loaded)."""
+    try:
+        async with aiohttp.ClientSession() as s, s.get(endpoint + "/v1/models", headers=AUTH) as r:
+            return r.status == 200
+    except aiohttp.ClientError:
+        return False
+
+
 def test_a_shard_still_loading_is_drained_at_once(tmp_path: Path) -> None:
-    """Never ready, so never routed to: DRAINED without waiting, and it never turns READY after."""
+    """Never ready, so never routed to: DRAINED without waiting; its engine loads, yet it never turns READY."""
     async def body(sup: Supervisor) -> None:
         await sup.start(spec("a", "--startup-delay", "0.3"))
         drained = await sup.drain("a", timeout_s=10)
         assert drained.state is S.DRAINED and "before it was ready" in drained.message
-        await asyncio.sleep(0.6)
-        assert sup.status("a").state is S.DRAINED  # type: ignore[union-attr]
+        deadline = time.monotonic() + 15
+        while not await serves(drained.endpoint):  # its engine has loaded: a READY there was to be seen
+            assert time.monotonic() < deadline, "the drained engine never loaded"
+            await asyncio.sleep(0.05)
+        # A witness on the same supervisor, launched only now: by the time its watcher has seen it
+        # READY (a launch and 0.3 s of loading later), a's watcher, on the same loop and interval,
+        # has had several probes of a loaded engine in which to turn it READY.
+        await sup.start(spec("w", "--startup-delay", "0.3"))
+        await until(sup, "w", S.READY)
+        assert sup.status("a") == drained
+        # And a's watcher was alive all along, not stalled: it still sees the process end.
+        os.kill(drained.pid, signal.SIGKILL)
+        failed = await until(sup, "a", S.FAILED)
+        assert failed.message.startswith("engine was killed by signal 9 (SIGKILL) before it was ready")
 
     seen = run_with(tmp_path, body)
-    assert [s.state for s in seen][:2] == [S.STARTING, S.DRAINED]
+    assert [s.state for s in seen if s.shard_id == "a"] == [S.STARTING, S.DRAINED, S.FAILED]
 
 
 @pytest.mark.skipif(engines.get("llamacpp").probe() is None, reason="neither llama-server nor xllamacpp installed")
