@@ -41,24 +41,43 @@ def _chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
 
 
-def answers(model: str) -> dict[str, bytes]:
-    """Every canned response, by name, as the bytes that go on the wire."""
-    base = {"id": "chatcmpl-bench", "created": 1700000000, "model": model}
-    completion = {**base, "object": "chat.completion",
-                  "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
-                               "finish_reason": "length"}],
-                  "usage": {"prompt_tokens": 8, "completion_tokens": 1, "total_tokens": 9}}
+def answers(model: str, *, order: str = "openai") -> dict[str, bytes]:
+    """Every canned response, by name, as the bytes that go on the wire.
 
-    def event(delta: dict[str, object], finish: str | None = None, **extra: object) -> bytes:
-        doc = {**base, "object": "chat.completion.chunk",
-               "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
+    ``order="llamacpp"``: the chat answers as llama.cpp (xllamacpp 2026.10) writes them, key for
+    key (``choices`` first, no usage on a stream without ``include_usage``), so a router that
+    splices llama.cpp's bytes (llmgw with ``engine: llamacpp``) takes its usual path.
+    """
+    usage = {"prompt_tokens": 8, "completion_tokens": 1, "total_tokens": 9}
+    if order == "llamacpp":
+        def doc_of(kind: str, choice: dict[str, object], **extra: object) -> dict[str, object]:
+            return {"choices": [choice], "created": 1700000000, "id": "chatcmpl-bench", "model": model,
+                    "system_fingerprint": "b0-unknown", "object": kind, **extra}
+
+        completion = doc_of("chat.completion", {"finish_reason": "length", "index": 0,
+                                                "message": {"role": "assistant", "content": "hi"}}, usage=usage)
+        chunks = [doc_of("chat.completion.chunk", {"finish_reason": finish, "index": 0, "delta": delta})
+                  for delta, finish in (({"role": "assistant", "content": None}, None), ({"content": "hi"}, None),
+                                        ({"content": "!"}, None), ({}, "length"))]
+    else:
+        base = {"id": "chatcmpl-bench", "created": 1700000000, "model": model}
+        completion = {**base, "object": "chat.completion",
+                      "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
+                                   "finish_reason": "length"}], "usage": usage}
+
+        def chunk(delta: dict[str, object], finish: str | None = None, **extra: object) -> dict[str, object]:
+            return {**base, "object": "chat.completion.chunk",
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
+
+        chunks = [chunk({"role": "assistant", "content": ""}), chunk({"content": "hi"}), chunk({"content": "!"}),
+                  chunk({}, "length", usage={"prompt_tokens": 8, "completion_tokens": 2, "total_tokens": 10})]
+
+    def event(doc: dict[str, object]) -> bytes:
         return b"data: " + json.dumps(doc, separators=(",", ":")).encode() + b"\n\n"
 
     # One chunk per event, as an engine flushes them, sent together: the router relays
     # each as it reads it, however they arrive.
-    events = [event({"role": "assistant", "content": ""}), event({"content": "hi"}), event({"content": "!"}),
-              event({}, "length", usage={"prompt_tokens": 8, "completion_tokens": 2, "total_tokens": 10}),
-              b"data: [DONE]\n\n"]
+    events = [*(event(c) for c in chunks), b"data: [DONE]\n\n"]
     stream = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
               b"transfer-encoding: chunked\r\n\r\n" + b"".join(_chunk(e) for e in events) + b"0\r\n\r\n")
     models = {"object": "list", "data": [{"id": model, "object": "model", "created": 1700000000,
@@ -118,8 +137,8 @@ class Upstream(asyncio.Protocol):
         return canned["not_found"]
 
 
-async def serve(host: str, port: int, model: str) -> None:
-    canned = answers(model)
+async def serve(host: str, port: int, model: str, order: str = "openai") -> None:
+    canned = answers(model, order=order)
     loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: Upstream(canned), host, port, backlog=4096)
     async with server:
@@ -131,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=9000)
     parser.add_argument("--model", default="bench-model")
+    parser.add_argument("--order", choices=("openai", "llamacpp"), default="openai",
+                        help="the key order of the chat answers: llamacpp writes them as llama.cpp does")
     args = parser.parse_args(argv)
     try:
         import uvloop
@@ -139,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         runner = uvloop.run
     try:
-        runner(serve(args.host, args.port, args.model))
+        runner(serve(args.host, args.port, args.model, args.order))
     except KeyboardInterrupt:
         pass
     return 0

@@ -22,6 +22,9 @@ over all of them. What each round measures, after a warm-up in the first:
   in chunked encoding and wrk reads each to its end. A Lua ``response`` hook
   counts streams whose body lacks ``data: [DONE]``: a router that cuts streams
   would otherwise look fast;
+* **per CPU-second**: each wrk run's requests over the CPU time (utime + stime from
+  /proc) the router process spent meanwhile: its one-core capacity had it the core to
+  itself, which moves far less than req/s when other work shares the machine;
 * **TTFT** (``--latency N`` > 0): N streamed requests at concurrency 1 on one
   keep-alive connection (router_peers.latency), p50 and p99, and what the router
   adds over the direct row's.
@@ -29,14 +32,24 @@ over all of them. What each round measures, after a warm-up in the first:
 Figures are printed as they come and as a table with ratios to llmgw and to
 direct. The machine's other load moves absolute numbers; compare within a run.
 
+``--engine llamacpp`` names that engine in llmgw's table, so the router does
+what it does for llama.cpp models (asks for prefill progress, splices each
+chunk into OpenAI's shape: ``router.openai_shape``). ``--before TREE`` adds a
+contender ``llmgw-before``: the router from another checkout (``git worktree
+add /tmp/before HEAD``), with the same table, measured in the same rounds, so
+a change's cost is a same-run comparison; ``--tree TREE`` runs the ``llmgw`` row
+from another checkout too.
+
     make bench-peers && bench/.venv-peers/bin/python bench/router_capacity.py
     .venv/bin/python bench/router_capacity.py --only llmgw   # without the peers' venv
+    .venv/bin/python bench/router_capacity.py --only llmgw --engine llamacpp --before /tmp/before
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import re
@@ -92,6 +105,28 @@ def wrk(url: str, script: Path, *, seconds: float, connections: int) -> dict[str
     result = {name: float(m.group(1)) if m else 0.0 for name, m in found.items()}
     errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
     result["socket_errors"] = float(sum(int(g) for g in errors.groups())) if errors else 0.0
+    done = re.search(r"(\d+) requests in", out)
+    result["requests"] = float(done.group(1)) if done else 0.0
+    return result
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of process ``pid`` (from /proc), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def per_cpu_second(url: str, script: Path, args: argparse.Namespace, pid: int | None) -> dict[str, float]:
+    """One wrk run, and (with the router's ``pid``) how many requests it served per second of its own CPU.
+
+    Other load on the machine takes CPU away from the router, which moves req/s; the CPU the
+    router spent per request moves much less, so requests per CPU-second is the figure to
+    compare across a busy machine's rounds: the one-core capacity if it had the core alone.
+    """
+    before = cpu_seconds(pid) if pid else 0.0
+    result = wrk(url, script, seconds=args.seconds, connections=args.connections)
+    spent = cpu_seconds(pid) - before if pid else 0.0
+    result["per_cpu_s"] = result["requests"] / spent if spent > 0 else 0.0
     return result
 
 
@@ -102,15 +137,17 @@ def ready(url: str, post: Path) -> None:
         time.sleep(0.5)
 
 
-def measure(url: str, key: str, args: argparse.Namespace, workdir: Path, *, warm: bool) -> dict[str, float]:
-    """One round's req/s, streams/s and failures for the contender at ``url``."""
+def measure(url: str, key: str, args: argparse.Namespace, workdir: Path, *, warm: bool,
+            pid: int | None = None) -> dict[str, float]:
+    """One round's req/s, streams/s, both per CPU-second of the router at ``pid``, and failures."""
     post, stream = lua(workdir, key, stream=False), lua(workdir, key, stream=True)
     if warm:
         ready(url, post)
         wrk(url, post, seconds=args.warmup, connections=args.connections)
-    whole = wrk(url, post, seconds=args.seconds, connections=args.connections)
-    streamed = wrk(url, stream, seconds=args.seconds, connections=args.connections)
+    whole = per_cpu_second(url, post, args, pid)
+    streamed = per_cpu_second(url, stream, args, pid)
     return {"rps": whole["rps"], "streams": streamed["rps"],
+            "cpu_rps": whole["per_cpu_s"], "cpu_streams": streamed["per_cpu_s"],
             "bad": whole["non2xx"] + streamed["non2xx"] + whole["socket_errors"] + streamed["socket_errors"]
             + streamed["incomplete"]}
 
@@ -122,7 +159,7 @@ def latency(url: str, key: str, n: int) -> dict[str, float]:
 
 
 def median_row(rounds: list[dict[str, float]]) -> dict[str, float]:
-    row = {k: statistics.median(r[k] for r in rounds) for k in ("rps", "streams")}
+    row = {k: statistics.median(r[k] for r in rounds) for k in ("rps", "streams", "cpu_rps", "cpu_streams")}
     # The best round too: the machine's other load only ever takes capacity away.
     row.update({f"best_{k}": max(r[k] for r in rounds) for k in ("rps", "streams")})
     row["bad"] = sum(r["bad"] for r in rounds)
@@ -137,6 +174,7 @@ def report(rows: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
           f"{f'; TTFT over {args.latency} streamed requests at concurrency 1' if args.latency else ''}")
     head = (f"{'':16} {'req/s':>8} {'x llmgw':>8} {'x direct':>8} {'streams/s':>10} {'x llmgw':>8} {'x direct':>8}"
             f" {'best req/s':>10} {'x llmgw':>8} {'best str/s':>10} {'x llmgw':>8}")
+    head += f" {'req/cpu-s':>10} {'x llmgw':>8} {'str/cpu-s':>10} {'x llmgw':>8}"
     if args.latency:
         head += f" {'ttft p50':>9} {'ttft p99':>9} {'+p50':>7} {'+p99':>7}"
     print(head)
@@ -146,7 +184,8 @@ def report(rows: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
             return f"{row[key] / of[key]:8.2f}" if of and of.get(key) else f"{'-':>8}"
         line = (f"{name:16} {row['rps']:8.0f} {ratio('rps', ours)} {ratio('rps', base)} {row['streams']:10.0f} "
                 f"{ratio('streams', ours)} {ratio('streams', base)} {row['best_rps']:10.0f} {ratio('best_rps', ours)} "
-                f"{row['best_streams']:10.0f} {ratio('best_streams', ours)}")
+                f"{row['best_streams']:10.0f} {ratio('best_streams', ours)} {row['cpu_rps']:10.0f} "
+                f"{ratio('cpu_rps', ours)} {row['cpu_streams']:10.0f} {ratio('cpu_streams', ours)}")
         if args.latency and "p50" in row:
             added = ("" if name.startswith("direct") or not base else
                      f" {row['p50'] - base['p50']:7.3f} {row['p99'] - base['p99']:7.3f}")
@@ -156,42 +195,68 @@ def report(rows: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
         print(line)
 
 
+def llmgw_variant(found: peers.Contender, name: str, args: argparse.Namespace,
+                  workdir: Path) -> tuple[peers.Contender, Path | None]:
+    """llmgw's contender with ``--engine`` in its table, run from ``--tree`` (``llmgw-before``: ``--before``)."""
+    argv = list(found.argv)
+    at = argv.index("--table-file") + 1
+    table = json.loads(Path(argv[at]).read_text())
+    for model in table["models"]:
+        model["engine"] = args.engine
+    argv[at] = str(workdir / f"{name}-table.json")
+    Path(argv[at]).write_text(json.dumps(table))
+    other = args.before if name == "llmgw-before" else args.tree
+    if not other:
+        return dataclasses.replace(found, name=name, argv=argv), None
+    tree = Path(other).resolve()
+    # PYTHONPATH before the venv's editable install, and the tree as the working directory
+    # (``-m`` puts it first on sys.path): the router's modules come from the other checkout.
+    env = {**(found.env or os.environ), "PYTHONPATH": str(tree)}
+    return dataclasses.replace(found, name=name, argv=argv, env=env), tree
+
+
 def run_group(names: list[str], args: argparse.Namespace, upstream_url: str, workdir: Path, *,
               rounds: int) -> dict[str, dict[str, float]]:
     """Start ``names`` together, let them settle, measure each in interleaved rounds, stop them."""
     procs: list[Proc] = []
-    contenders: dict[str, tuple[str, str]] = {}
+    contenders: dict[str, tuple[str, str, int | None]] = {}
     try:
         for name in names:
             if name == "direct":
-                contenders[name] = (upstream_url, "")
+                contenders[name] = (upstream_url, "", None)
                 continue
-            found = peers.find(name, upstream=upstream_url, model=MODEL, workdir=workdir, policy=args.policy)
+            kind = "llmgw" if name.startswith("llmgw") else name
+            found = peers.find(kind, upstream=upstream_url, model=MODEL, workdir=workdir, policy=args.policy)
             if isinstance(found, str):
                 print(f"skipping {name}: {found}")
                 continue
-            proc = Proc.start([*router_peers.pin(0), *found.argv], env=found.env, log_path=workdir / f"{name}.log")
+            cwd = None
+            if kind == "llmgw":
+                found, cwd = llmgw_variant(found, name, args, workdir)
+            proc = Proc.start([*router_peers.pin(0), *found.argv], env=found.env, log_path=workdir / f"{name}.log",
+                              cwd=cwd)
             procs.append(proc)
             try:
                 proc.wait_http(found.url + found.ready_path, timeout=120, expect=lambda s, b: s < 500)
             except (TimeoutError, RuntimeError) as exc:
                 print(f"skipping {name}: it did not start: {exc}\n  log: {proc.log_path}")
                 continue
-            contenders[name] = (found.url, found.key)
+            contenders[name] = (found.url, found.key, proc.pid)
         time.sleep(args.settle)  # start-up work done before anything is measured
         measured: dict[str, list[dict[str, float]]] = {name: [] for name in contenders}
         for i in range(rounds):
-            for name, (url, key) in contenders.items():
+            for name, (url, key, pid) in contenders.items():
                 try:
-                    one = measure(url, key, args, workdir, warm=i == 0)
+                    one = measure(url, key, args, workdir, warm=i == 0, pid=pid)
                 except (OSError, subprocess.SubprocessError) as exc:
                     print(f"{name} failed in round {i + 1}: {exc}")
                     continue
                 measured[name].append(one)
-                print(f"round {i + 1} {name}: {one['rps']:.0f} req/s, {one['streams']:.0f} streams/s"
+                print(f"round {i + 1} {name}: {one['rps']:.0f} req/s, {one['streams']:.0f} streams/s; per CPU-second "
+                      f"{one['cpu_rps']:.0f} and {one['cpu_streams']:.0f}"
                       + (f" ({one['bad']:.0f} failed or incomplete)" if one["bad"] else ""), flush=True)
         rows: dict[str, dict[str, float]] = {}
-        for name, (url, key) in contenders.items():
+        for name, (url, key, _) in contenders.items():
             if not measured[name]:
                 continue
             rows[name] = median_row(measured[name])
@@ -216,6 +281,12 @@ def main() -> int:
     parser.add_argument("--latency", type=int, default=1000, help="streamed requests for TTFT (0: skip)")
     parser.add_argument("--policy", default="round_robin",
                         help="the peers' --policy and llmgw's routing (llmgw's default is prefix_cache)")
+    parser.add_argument("--engine", default="", help="the engine llmgw's table names (llamacpp: its splices)")
+    parser.add_argument("--before", metavar="TREE",
+                        help="also measure llmgw from this checkout (a git worktree) as llmgw-before")
+    parser.add_argument("--tree", metavar="TREE",
+                        help="run the llmgw row from this checkout rather than the venv's (a shared working tree "
+                             "holds others' unfinished work: a worktree with only the change measured)")
     args = parser.parse_args()
     if not shutil.which("wrk"):
         print("wrk is not installed (`make bench-peers` installs it with apt-get as root)", file=sys.stderr)
@@ -226,13 +297,18 @@ def main() -> int:
     port = free_port()
     upstream_url = f"http://127.0.0.1:{port}"
     upstream = Proc.start([*router_peers.pin(1), peers.python_for_project(), str(HERE / "fast_upstream.py"),
-                           "--port", str(port), "--model", MODEL], log_path=workdir / "upstream.log")
+                           "--port", str(port), "--model", MODEL,
+                           # llama.cpp's own bytes when llmgw treats the upstream as llama.cpp.
+                           "--order", "llamacpp" if args.engine == "llamacpp" else "openai"],
+                          log_path=workdir / "upstream.log")
     rows: dict[str, dict[str, float]] = {}
     try:
         upstream.wait_http(upstream_url + "/health", timeout=30)
         # LiteLLM measured alone, after the others: idle, it still runs background work on
         # core 0 for a while after it starts, which took up to a third off the others' first round.
         together = [n for n in args.only if n not in SOLO]
+        if args.before and "llmgw" in together:
+            together.insert(together.index("llmgw") + 1, "llmgw-before")
         rows.update(run_group(["direct", *together], args, upstream_url, workdir, rounds=args.rounds))
         for name in args.only:
             if name in SOLO:

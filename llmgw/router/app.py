@@ -4,7 +4,8 @@
 ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings`` and
 ``/v1/responses`` to one of the model's endpoints (``upstream`` picks and
 retries). Everything the router says itself is an OpenAI-shaped error from
-``errors``; what an engine says is relayed as it is. With ``serve_metrics`` (the
+``errors``; what an engine says is relayed, its errors (and llama.cpp's answers) in OpenAI's
+shape (``openai_shape``). With ``serve_metrics`` (the
 standalone router) it also answers ``GET /metrics``; in the server process the
 control plane's ``/metrics`` carries ``metrics.REGISTRY`` instead.
 
@@ -35,7 +36,20 @@ import logging
 import time
 from typing import Protocol
 
-from llmgw.router import admission, asgi, auth, errors, metrics, pick, prefix, ratelimit, relay, request, upstream
+from llmgw.router import (
+    admission,
+    asgi,
+    auth,
+    errors,
+    metrics,
+    openai_shape,
+    pick,
+    prefix,
+    ratelimit,
+    relay,
+    request,
+    upstream,
+)
 from llmgw.router import events as router_events
 from llmgw.router import tracing as router_tracing
 from llmgw.router.client import Response
@@ -232,6 +246,8 @@ class RouterApp:
             trace.finish(time.perf_counter())
             return
         body = request.for_engine(req, route.served_name)
+        # What the engine's answer needs to be OpenAI's shape (llama.cpp's); None for engines that conform.
+        shape = openai_shape.plan(route.engine, path, req.doc)
         progress = False
         if request.wants_progress(req, route.engine):
             asked = request.with_progress(body)
@@ -243,7 +259,7 @@ class RouterApp:
             # where it waits and closes the upstream connection: no watcher needed.
             try:
                 await self._forward(route, path, body, send, trace, stream=req.stream, affinity=affinity,
-                                    progress=progress)
+                                    progress=progress, shape=shape)
             except asyncio.CancelledError:
                 log.info("client left during a %s request for %r; upstream request cancelled", path, req.model)
                 raise
@@ -252,7 +268,7 @@ class RouterApp:
                 trace.finish(time.perf_counter())
             return
         forward = asyncio.ensure_future(self._forward(route, path, body, send, trace, stream=req.stream,
-                                                      affinity=affinity, progress=progress))
+                                                      affinity=affinity, progress=progress, shape=shape))
         watch = asyncio.ensure_future(asgi.wait_disconnect(receive))
         try:
             await asyncio.wait((forward, watch), return_when=asyncio.FIRST_COMPLETED)
@@ -271,7 +287,8 @@ class RouterApp:
             forward.result()  # re-raise what went wrong in the relay, if anything did
 
     async def _forward(self, route: ModelRoute, path: str, body: bytes, send: asgi.Send, trace: metrics.Trace,
-                       *, stream: bool, affinity: pick.RequestKey, progress: bool = False) -> None:
+                       *, stream: bool, affinity: pick.RequestKey, progress: bool = False,
+                       shape: openai_shape.Plan | None = None) -> None:
         trace.sent_upstream(time.perf_counter())
         started = False
         opened: Opened | errors.ApiError
@@ -295,11 +312,11 @@ class RouterApp:
         try:
             if response.headers.get("Content-Type", "").startswith("text/event-stream"):
                 await relay.stream(endpoint, response, send, trace, keepalive_s=self._keepalive_s,
-                                   started=started)
+                                   started=started, shape=shape)
             elif started:
                 await relay.as_event(endpoint, response, send, trace)
             else:
-                await relay.whole(route, endpoint, response, send, trace)
+                await relay.whole(route, endpoint, response, send, trace, shape=shape)
         finally:
             # After a complete read the connection is already back in the pool and this
             # is a no-op; on cancel or error it drops the connection, which is what

@@ -2,9 +2,13 @@
 
 A stream (``text/event-stream``) goes out chunk by chunk as each chunk arrives:
 nothing is buffered, and each ASGI send is flushed by the server at once. The
-chunks are not parsed or rewritten; that would cost per token on the hot path
-(DESIGN.md: measure before doing it). A whole response is read and sent with its
-length. Past this point nothing is retried: bytes may have reached the client.
+chunks are not parsed; for an engine whose answers are not OpenAI's shape
+(llama.cpp) a request's ``openai_shape.Plan`` splices them as they pass (a
+byte splice, ~0.3 us a chunk: bench/README.md, "OpenAI shape"), and for every other
+engine they go out as they came. A whole response is read and sent with its
+length; an engine's error answer (status >= 400) is rebuilt as OpenAI's
+ErrorResponse (``openai_shape.error_body``), whatever the engine wrote. Past this
+point nothing is retried: bytes may have reached the client.
 
 While a stream waits for its first chunk (a long prompt's prefill, a full
 engine), an SSE comment ``: keep-alive`` goes out every ``keepalive_s``: proxies
@@ -23,7 +27,7 @@ import asyncio
 import logging
 import time
 
-from llmgw.router import asgi, client, errors, metrics, upstream
+from llmgw.router import asgi, client, errors, metrics, openai_shape, upstream
 from llmgw.router.table import Endpoint, ModelRoute
 
 log = logging.getLogger(__name__)
@@ -80,9 +84,13 @@ async def _first_chunk(content: client.Response, send: asgi.Send, keepalive_s: f
 
 
 async def stream(endpoint: Endpoint, response: client.Response, send: asgi.Send, trace: metrics.Trace,
-                 *, keepalive_s: float = 0.0, started: bool = False) -> None:
-    """Relay an SSE response; ``started``: the 200 already went out (keep-alives while connecting)."""
+                 *, keepalive_s: float = 0.0, started: bool = False, shape: openai_shape.Plan | None = None) -> None:
+    """Relay an SSE response; ``started``: the 200 already went out (keep-alives while connecting).
+
+    ``shape``: what the engine's chunks need to be OpenAI's (None: nothing, they pass as they are).
+    """
     trace.replica = endpoint.replica_id
+    shaper = shape.shaper(endpoint.replica_id) if shape is not None else None
     if not started:
         await send(stream_start(overhead_s=trace.before_upstream(), endpoint=endpoint, status=response.status))
         trace.status = response.status
@@ -97,6 +105,8 @@ async def stream(endpoint: Endpoint, response: client.Response, send: asgi.Send,
             ended = getattr(content, "ended", None)
             received = time.perf_counter()
             final = ended is not None and ended()
+            if shaper is not None:
+                first = shaper.feed(first) + (shaper.end() if final else b"")
             await send({"type": "http.response.body", "body": first, "more_body": not final})
             last = time.perf_counter()
             trace.first_chunk(received, last)
@@ -105,6 +115,10 @@ async def stream(endpoint: Endpoint, response: client.Response, send: asgi.Send,
             itl = trace.series.itl
             async for chunk in content.iter_any():
                 final = ended is not None and ended()
+                if shaper is not None:
+                    chunk = shaper.feed(chunk) + (shaper.end() if final else b"")
+                    if not chunk and not final:
+                        continue  # only part of a line came: the shaper keeps it until the rest arrives
                 await send({"type": "http.response.body", "body": chunk, "more_body": not final})
                 now = time.perf_counter()
                 itl.observe(now - last)
@@ -118,11 +132,15 @@ async def stream(endpoint: Endpoint, response: client.Response, send: asgi.Send,
         error = errors.failed_mid_stream(endpoint.replica_id, str(exc) or type(exc).__name__)
         await error_event(send, error.body())
         return
+    rest = shaper.end() if shaper is not None else b""
+    if rest:
+        await send({"type": "http.response.body", "body": rest, "more_body": True})
     await send(_END)
 
 
 async def whole(route: ModelRoute, endpoint: Endpoint, response: client.Response,
-                send: asgi.Send, trace: metrics.Trace) -> None:
+                send: asgi.Send, trace: metrics.Trace, *, shape: openai_shape.Plan | None = None) -> None:
+    """Relay a whole response: an error rebuilt as OpenAI's ErrorResponse, a 200 spliced by ``shape``."""
     trace.replica = endpoint.replica_id
     try:
         body = await response.read()
@@ -134,6 +152,11 @@ async def whole(route: ModelRoute, endpoint: Endpoint, response: client.Response
         return
     received = time.perf_counter()
     content_type = response.headers.get("Content-Type", "application/json").encode("latin-1", "replace")
+    if response.status >= 400:
+        body = openai_shape.error_body(response.status, body, replica_id=endpoint.replica_id)
+        content_type = asgi.JSON
+    elif shape is not None and response.status == 200:
+        body = shape.body(body)
     trace.status = response.status
     overhead = trace.before_upstream() + time.perf_counter() - received
     await asgi.send_bytes(send, response.status, body, content_type=content_type,
@@ -153,5 +176,7 @@ async def as_event(endpoint: Endpoint, response: client.Response, send: asgi.Sen
         why = f"body cut short: {exc}"
     else:
         why = f"HTTP {response.status} with an empty body"
-    # An engine's error is already OpenAI-shaped JSON; a cut or empty one becomes ours.
+    # An engine's error in OpenAI's shape, whatever the engine wrote; a cut or empty one becomes ours.
+    if body and response.status >= 400:
+        body = openai_shape.error_body(response.status, body, replica_id=endpoint.replica_id)
     await error_event(send, body or errors.failed_mid_stream(endpoint.replica_id, why).body())

@@ -142,7 +142,9 @@ def test_whole_request_has_overhead_header_and_no_ttft() -> None:
     response = FakeResponse(400, "application/json", [b'{"error": {"message": "no"}}'])
     sent = asyncio.run(call(router("m-whole", FakeForwarder(response)), "/v1/embeddings",
                             b'{"model": "m-whole", "input": "x"}'))
-    assert sent[0]["status"] == 400 and body_of(sent) == b'{"error": {"message": "no"}}'
+    # The engine's error in OpenAI's shape (openai_shape): its message and status kept.
+    assert sent[0]["status"] == 400 and json.loads(body_of(sent)) == {"error": {
+        "message": "no", "type": "invalid_request_error", "param": None, "code": None}}
     assert 0 <= float(headers(sent)[b"x-llmgw-overhead-ms"]) < 1000
     assert sample("llmgw_router_requests_total", model="m-whole", replica="r-1", code="400") == 1
     assert sample("llmgw_router_time_to_first_token_seconds_count", model="m-whole") == 0

@@ -1,0 +1,409 @@
+"""Engine answers in OpenAI's shape: every error body rebuilt, llama.cpp's completions spliced.
+
+**Errors** (the rare path: parsed and rebuilt, cost does not matter). OpenAI's
+``ErrorResponse`` is ``{"error": {"message", "type", "param", "code"}}`` with all
+four required and ``param``/``code`` strings or null. Engines differ: llama.cpp
+writes ``{"error": {"code": 400, "message", "type"}}`` (an integer code, no
+param), vLLM an integer code too, a FastAPI server ``{"detail": ...}``, a proxy in
+front of an engine an HTML page, a crashing one nothing. ``error_body`` turns
+any of these into the schema's shape and keeps the engine's message word for
+word (extra fields of its error object, such as llama.cpp's ``n_ctx``, stay);
+the HTTP status is the relay's and stays. Decisions:
+
+* an integer ``code`` is an HTTP status (llama.cpp and vLLM put the status
+  there), which the response's status already says: it becomes null, so a
+  client matching OpenAI's codes (words such as ``context_length_exceeded``)
+  never sees a new vocabulary of numeric strings; any other non-string code
+  becomes its string;
+* ``code`` null and llama.cpp's ``exceed_context_size_error`` type: OpenAI's
+  ``context_length_exceeded``, what clients look for to trim a conversation;
+* ``param`` missing: the field llama.cpp's message names ("'messages' is
+  required", "Field 'max_tokens': ..."), else null;
+* ``type`` missing: the one OpenAI uses for the status (400 invalid_request_error,
+  401 authentication_error, 404 not_found_error, 429 rate_limit_error, 5xx
+  server_error, ...).
+
+An ``{"error": ...}`` event inside a stream (llama.cpp writes one and stops when
+a task fails after its first token) is rewritten the same way (``Shaper``).
+
+**Successes from llama.cpp** (xllamacpp 2026.10, checked against
+llmgw/testing/openai/schemas.json; vLLM and the sim already conform):
+
+* required by the schema: a chat answer's ``choices[].logprobs`` and
+  ``message.refusal`` (absent), and with ``logprobs`` asked, the logprobs
+  object's ``refusal`` (absent, stream and not); a completions stream for a
+  list of prompts starts with a ``data: null`` event (dropped);
+* OpenAI's behaviour, not required by the schema (chunks without them
+  validate): ``"logprobs":null`` in every chat chunk's choice, and with
+  ``stream_options.include_usage`` ``"usage":null`` on every chunk but the
+  last and, for completions, the usage in a final ``"choices":[]`` chunk
+  (llama.cpp puts it on the last choice's chunk).
+
+These are byte splices at known positions, not parse-and-dump: the common chunk
+(one event, as llama.cpp writes it) costs a ``find``, a ``startswith`` and a
+concatenation, ~0.3 us against ~6 us to parse and dump it (bench/README.md,
+"OpenAI shape"). A chunk with something unusual (an error, usage, logprobs, other
+spacing) goes line by line, and only the completions chunk whose usage moves is
+parsed (once per stream). ``plan`` decides once per request what applies; an
+engine that conforms gets None and the relay touches nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import html
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+#: Engines whose successful answers need splicing; the others already conform.
+NORMALISED_ENGINES = frozenset({"llamacpp"})
+CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
+
+# -- errors --
+
+#: The type OpenAI gives each status, for an engine error that says none.
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+          404: "not_found_error", 409: "conflict_error", 422: "invalid_request_error", 429: "rate_limit_error"}
+#: OpenAI's code for an engine's error type, where one exists.
+_CODES = {"exceed_context_size_error": "context_length_exceeded"}
+#: Where llama.cpp's messages name the request field at fault.
+_PARAMS = (re.compile(r"^'(\w+)' is required"), re.compile(r"^Field '(\w+)'"), re.compile(r"key '(\w+)' not found"))
+_TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.I | re.S)
+_TAGS = re.compile(r"<(script|style)\b.*?</\1>|<[^>]+>", re.I | re.S)
+_SPACE = re.compile(r"\s+")
+#: An engine's text quoted in a message is cut here: a whole HTML page helps nobody.
+MAX_QUOTED = 500
+
+
+def default_type(status: int) -> str:
+    return _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+
+
+def summary(text: str) -> str:
+    """A non-JSON error body in one line: an HTML page's title (else its text), whitespace folded, cut short."""
+    if "<" in text and ">" in text:
+        title = _TITLE.search(text)
+        text = html.unescape(title.group(1) if title and title.group(1).strip() else _TAGS.sub(" ", text))
+    text = _SPACE.sub(" ", text).strip()
+    return text if len(text) <= MAX_QUOTED else text[:MAX_QUOTED] + "..."
+
+
+def error_object(status: int, body: bytes, *, replica_id: str) -> dict[str, Any]:
+    """The ``error`` object of OpenAI's ErrorResponse for an engine's error answer ``body`` with ``status``."""
+    text = body.decode("utf-8", "replace").strip()
+    where = f"The engine (replica {replica_id}) answered HTTP {status}"
+    if not text:
+        return _error(status, f"{where} with an empty body. Retry, or check `llmgw get replicas`.")
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return _error(status, f"{where}: {summary(text)}")
+    if isinstance(doc, Mapping):
+        inner = doc.get("error")
+        if isinstance(inner, Mapping):
+            return _from_fields(status, inner, where)
+        if isinstance(inner, str) and inner:  # {"error": "..."}
+            return _error(status, inner, param=_param(inner))
+        if "detail" in doc:  # FastAPI: a string, or validation errors [{"loc", "msg", ...}]
+            return _from_detail(status, doc["detail"], where)
+        if isinstance(doc.get("message"), str):  # older vLLM: {"object": "error", "message": ...} flat
+            return _from_fields(status, doc, where)
+    return _error(status, f"{where}: {summary(json.dumps(doc, ensure_ascii=False))}")
+
+
+def error_body(status: int, body: bytes, *, replica_id: str) -> bytes:
+    """``body`` as OpenAI's ErrorResponse; the same bytes when it already is one."""
+    obj = error_object(status, body, replica_id=replica_id)
+    try:
+        if json.loads(body) == {"error": obj}:
+            return body  # already the shape: the engine's bytes, untouched
+    except ValueError:
+        pass
+    return json.dumps({"error": obj}, ensure_ascii=False).encode()
+
+
+def _error(status: int, message: str, *, type: str | None = None, param: str | None = None,
+           code: str | None = None) -> dict[str, Any]:
+    return {"message": message, "type": type or default_type(status), "param": param, "code": code}
+
+
+def _param(message: str) -> str | None:
+    for pattern in _PARAMS:
+        found = pattern.search(message)
+        if found:
+            return found.group(1)
+    return None
+
+
+def _from_fields(status: int, fields: Mapping[str, Any], where: str) -> dict[str, Any]:
+    message = fields.get("message")
+    if not isinstance(message, str) or not message:
+        message = f"{where}: {summary(json.dumps(dict(fields), ensure_ascii=False))}"
+    type_ = fields.get("type") if isinstance(fields.get("type"), str) and fields.get("type") else None
+    param = fields.get("param")
+    param = param if isinstance(param, str) else (_param(message) if param is None else str(param))
+    code = fields.get("code")
+    if isinstance(code, int) and not isinstance(code, bool) and 100 <= code <= 599:
+        code = None  # the HTTP status again (see the module docstring)
+    elif code is not None and not isinstance(code, str):
+        code = json.dumps(code)
+    if code is None and type_ in _CODES:
+        code = _CODES[type_]
+    extra = {k: v for k, v in fields.items() if k not in ("message", "type", "param", "code", "object")}
+    return {**extra, **_error(status, message, type=type_, param=param, code=code)}
+
+
+def _from_detail(status: int, detail: Any, where: str) -> dict[str, Any]:
+    if isinstance(detail, str) and detail:
+        return _error(status, detail, param=_param(detail))
+    if isinstance(detail, list) and detail and all(isinstance(d, Mapping) for d in detail):
+        parts, param = [], None
+        for d in detail:
+            loc = [str(p) for p in d.get("loc", ()) if p != "body"]
+            parts.append(f"{'.'.join(loc)}: {d.get('msg', '')}" if loc else str(d.get("msg", "")))
+            if param is None and loc:
+                param = loc[0]
+        return _error(status, "; ".join(parts), param=param)
+    return _error(status, f"{where}: {summary(json.dumps(detail, ensure_ascii=False))}")
+
+
+# -- successes: the plan, made once per request --
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Plan:
+    """What a request's answer needs to be OpenAI's shape; ``plan`` makes one."""
+
+    chat: bool  # chat completions (else completions)
+    logprobs: bool  # the request asked for logprobs: events carry logprobs objects
+    include_usage: bool  # stream_options.include_usage: usage null on every chunk, then a usage chunk
+    prompt_list: bool  # completions for a list of prompts: llama.cpp starts the stream with ``data: null``
+
+    def body(self, body: bytes) -> bytes:
+        """A whole 200 answer's ``body`` in OpenAI's shape."""
+        return chat_body(body) if self.chat else body
+
+    def shaper(self, replica_id: str) -> Shaper:
+        return Shaper(self, replica_id)
+
+
+def plan(engine: str, path: str, doc: Mapping[str, Any]) -> Plan | None:
+    """What ``engine``'s answer to ``doc`` on ``path`` needs; None when nothing (the hot path untouched)."""
+    if engine not in NORMALISED_ENGINES or path not in (CHAT_PATH, COMPLETIONS_PATH):
+        return None
+    options = doc.get("stream_options")
+    logprobs = doc.get("logprobs")
+    return _plan(path == CHAT_PATH, logprobs is not None and logprobs is not False and logprobs != 0,
+                 options is not None and isinstance(options, Mapping) and options.get("include_usage") is True,
+                 isinstance(doc.get("prompt"), list))
+
+
+@functools.cache
+def _plan(chat: bool, logprobs: bool, include_usage: bool, prompt_list: bool) -> Plan:
+    # Sixteen possible plans, each built once: a frozen dataclass costs ~0.5 us to construct.
+    return Plan(chat=chat, logprobs=logprobs, include_usage=include_usage, prompt_list=prompt_list)
+
+
+# -- the splices --
+
+_CHOICE = b'{"choices":[{'
+_DATA = b"data: "
+_DATA_CHOICE = _DATA + _CHOICE
+_DATA_CHOICE_LEN = len(_DATA_CHOICE)
+_DONE = b"data: [DONE]\n\n"
+_CHOICE_LOGPROBS = b'{"choices":[{"logprobs":null,'
+_CHOICE_USAGE_LOGPROBS = b'{"usage":null,"choices":[{"logprobs":null,'
+_LOGPROBS_OBJECT = b'"logprobs":{"content":'
+_LOGPROBS_REFUSAL = b'"logprobs":{"refusal":null,"content":'
+_MESSAGE = b'"message":{'
+_MESSAGE_REFUSAL = b'"message":{"refusal":null,'
+# The same places with any JSON whitespace, for bytes not written as llama.cpp writes them.
+_CHOICE_ANY = re.compile(rb'("choices"\s*:\s*\[\s*\{)')
+_LOGPROBS_OBJECT_ANY = re.compile(rb'("logprobs"\s*:\s*\{)')
+_ERROR_ANY = re.compile(rb'^\s*\{\s*"error"\s*:')
+_KEY_LOGPROBS = re.compile(rb'"logprobs"\s*:')
+_KEY_REFUSAL = re.compile(rb'"refusal"\s*:')
+_KEY_USAGE = re.compile(rb'"usage"\s*:')
+_EMPTY_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')
+
+
+def chat_body(body: bytes) -> bytes:
+    """A llama.cpp chat answer with ``choices[].logprobs``, ``message.refusal`` (and ``logprobs.refusal``)."""
+    if body.startswith(_CHOICE) and body.count(_MESSAGE) == 1 and b'"refusal"' not in body:
+        # llama.cpp's own bytes, one choice (it refuses n > 1): two splices.
+        if b'"logprobs":' not in body:
+            body = _CHOICE_LOGPROBS + body[len(_CHOICE):]
+        else:  # asked for: its object lacks the refusal
+            body = body.replace(_LOGPROBS_OBJECT, _LOGPROBS_REFUSAL)
+        return body.replace(_MESSAGE, _MESSAGE_REFUSAL)
+    try:  # anything else: the rare path, parsed
+        doc = json.loads(body)
+    except ValueError:
+        return body
+    choices = doc.get("choices") if isinstance(doc, dict) else None
+    if not isinstance(choices, list):
+        return body
+    for choice in choices:
+        if isinstance(choice, dict):
+            choice.setdefault("logprobs", None)
+            if isinstance(choice["logprobs"], dict):
+                choice["logprobs"].setdefault("refusal", None)
+            if isinstance(choice.get("message"), dict):
+                choice["message"].setdefault("refusal", None)
+    return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _insert_after(data: bytes, pattern: re.Pattern[bytes], text: bytes) -> bytes:
+    return pattern.sub(lambda m: m.group(1) + text, data, count=1)
+
+
+def chat_data(data: bytes, *, include_usage: bool) -> bytes:
+    """One chat chunk's JSON (any spacing): logprobs null or its refusal, and usage null if asked."""
+    found = _LOGPROBS_OBJECT_ANY.search(data)
+    if found is not None:
+        # llama.cpp writes the logprobs object after the delta, so a refusal past its brace is its own.
+        if not _KEY_REFUSAL.search(data, found.end()):
+            data = data[:found.end()] + b'"refusal":null,' + data[found.end():]
+    elif not _KEY_LOGPROBS.search(data):
+        data = _insert_after(data, _CHOICE_ANY, b'"logprobs":null,')
+    if include_usage and not _KEY_USAGE.search(data):
+        data = _insert_at_open(data, b'"usage":null,')
+    return data
+
+
+def _insert_at_open(data: bytes, text: bytes) -> bytes:
+    i = data.find(b"{")
+    return data if i < 0 else data[:i + 1] + text + data[i + 1:]
+
+
+def completion_data(data: bytes, *, include_usage: bool) -> list[bytes]:
+    """One completions chunk's JSON as the events OpenAI sends: usage null, or usage in its own last chunk."""
+    if not include_usage:
+        return [data]
+    if not _KEY_USAGE.search(data):
+        return [_insert_at_open(data, b'"usage":null,')]
+    if _EMPTY_CHOICES.search(data):
+        return [data]
+    try:  # once per stream: the usage leaves the last choice's chunk for a "choices": [] one
+        doc = json.loads(data)
+    except ValueError:
+        return [data]
+    if not isinstance(doc, dict):
+        return [data]
+    usage = doc.pop("usage")
+    doc["usage"] = None
+    tail = {k: doc[k] for k in ("id", "object", "created", "model", "system_fingerprint") if k in doc}
+    tail.update(choices=[], usage=usage)
+    return [json.dumps(d, ensure_ascii=False, separators=(",", ":")).encode() for d in (doc, tail)]
+
+
+class Shaper:
+    """Splices one stream's chunks as they pass; ``feed`` each chunk, ``end`` at the end of the stream.
+
+    The usual chunk is one whole event as llama.cpp writes it (``data: {"choices":[{``...):
+    one ``find``, one ``startswith`` and a concatenation (measured: bench/README.md). A
+    chunk of several events is split into them; anything else (an error, a usage,
+    logprobs, other spacing, ``[DONE]``) goes line by line. A line is spliced whole:
+    the bytes after a chunk's last newline wait for the next chunk (a part of an
+    event, which no SSE client could use yet).
+    """
+
+    def __init__(self, plan: Plan, replica_id: str) -> None:
+        self._plan = plan
+        self._replica_id = replica_id
+        self._carry = b""
+        self._drop_blank = False  # a dropped event's blank line may come in the next chunk
+        # The usual event's new start; None: every event line by line.
+        self._start: bytes | None = None
+        if plan.chat and not plan.logprobs:
+            self._start = _DATA + (_CHOICE_USAGE_LOGPROBS if plan.include_usage else _CHOICE_LOGPROBS)
+        elif not plan.chat and not plan.include_usage and not plan.prompt_list:
+            self._start = _DATA_CHOICE  # llama.cpp's completions chunks already conform
+        # A chat chunk that carries usage must not get a second ``"usage":null`` (llama.cpp sends
+        # usage only in a ``"choices":[]`` chunk, which the fast path never matches, but be sure).
+        self._check_usage = plan.chat and plan.include_usage
+
+    def feed(self, chunk: bytes) -> bytes:
+        if self._carry:
+            chunk, self._carry = self._carry + chunk, b""
+        if chunk.find(b"\n") == len(chunk) - 2 and chunk[-1] == 10:  # the usual chunk: one whole event
+            start = self._start
+            if (start is not None and chunk.startswith(_DATA_CHOICE)
+                    and not (self._check_usage and b'"usage"' in chunk)):
+                return chunk if start is _DATA_CHOICE else start + chunk[_DATA_CHOICE_LEN:]
+            return self._event(chunk)
+        if not chunk.endswith(b"\n"):
+            cut = chunk.rfind(b"\n") + 1
+            chunk, self._carry = chunk[:cut], chunk[cut:]
+            if not chunk:
+                return b""
+        if chunk.endswith(b"\n\n"):
+            start = self._start
+            if start is not None and not (self._check_usage and b'"usage"' in chunk):
+                # Several events read at once: when each is a usual one (or the last is [DONE]),
+                # one replace splices them all. ``data: {"choices":[{`` cannot occur inside a JSON
+                # string (its quotes would be escaped); text with "data:" in it only costs the slow way.
+                usual = chunk.count(_DATA_CHOICE)
+                if usual + chunk.endswith(_DONE) == chunk.count(b"data:"):
+                    return chunk if start is _DATA_CHOICE else chunk.replace(_DATA_CHOICE, start)
+            return b"".join([self._event(e + b"\n\n") for e in chunk[:-2].split(b"\n\n")])
+        return self._lines(chunk)
+
+    def _event(self, event: bytes) -> bytes:
+        """One whole event (its blank line included)."""
+        start = self._start
+        if (start is not None and event.startswith(_DATA_CHOICE)
+                and not (self._check_usage and b'"usage"' in event)):
+            return event if start is _DATA_CHOICE else start + event[_DATA_CHOICE_LEN:]
+        if event == _DONE:
+            return event
+        return self._lines(event)
+
+    def end(self) -> bytes:
+        """What is left at the end of the stream (a last line without its newline), spliced."""
+        rest, self._carry = self._carry, b""
+        return self._lines(rest) if rest else b""
+
+    def _lines(self, chunk: bytes) -> bytes:
+        out: list[bytes] = []
+        lines = chunk.split(b"\n")
+        last = len(lines) - 1  # after the chunk's last newline: nothing, or what end() flushes
+        for i, line in enumerate(lines):
+            if self._drop_blank and i < last:
+                self._drop_blank = False
+                if not line.strip():
+                    continue  # the dropped event's blank line goes with it
+            shaped = self._line(line)
+            if shaped is None:
+                self._drop_blank = True
+                continue
+            out.append(shaped)
+        return b"\n".join(out)
+
+    def _line(self, line: bytes) -> bytes | None:
+        if not line.startswith(b"data:"):
+            return line
+        data = line[5:].strip()
+        if not data.startswith(b"{"):
+            return None if data == b"null" else line  # [DONE] stays; llama.cpp's ``data: null`` goes
+        if _ERROR_ANY.match(data):
+            return b"data: " + _error_event(data, self._replica_id)
+        plan = self._plan
+        if plan.chat:
+            return b"data: " + chat_data(data, include_usage=plan.include_usage)
+        events = completion_data(data, include_usage=plan.include_usage)
+        return b"\n\n".join(b"data: " + e for e in events)
+
+
+def _error_event(data: bytes, replica_id: str) -> bytes:
+    """An ``{"error": ...}`` event inside a stream, rebuilt; its status is the one its code gives, else 500."""
+    try:
+        code = json.loads(data)["error"].get("code")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        code = None
+    status = code if isinstance(code, int) and not isinstance(code, bool) and 100 <= code <= 599 else 500
+    return error_body(status, data, replica_id=replica_id)
