@@ -17,7 +17,8 @@ import pydantic
 from fastapi import APIRouter, Response
 
 from llmgw.control.http.errors import ApiError
-from llmgw.control.store.store import Store, StoredKey
+from llmgw.control.store.offloop import StoreThread
+from llmgw.control.store.store import StoredKey
 
 SECRET_PREFIX = "llmgw-"
 
@@ -53,7 +54,7 @@ def key_doc(key: StoredKey) -> dict[str, Any]:
             "priority": key.priority, "created_at": key.created_at, "disabled": key.disabled}
 
 
-def router(store: Store, cluster: _Kicker) -> APIRouter:
+def router(db: StoreThread, cluster: _Kicker) -> APIRouter:
     r = APIRouter()
 
     @r.post("/api/v1/keys", status_code=201)
@@ -61,7 +62,7 @@ def router(store: Store, cluster: _Kicker) -> APIRouter:
         """Creates a key; the answer's ``key`` is the secret, shown this once."""
         models = [m.strip() for m in body.models if m.strip()]
         secret = new_secret()
-        key = store.add_key(StoredKey(id=f"key-{secrets.token_hex(3)}", name=body.name.strip(),
+        key = await db.add_key(StoredKey(id=f"key-{secrets.token_hex(3)}", name=body.name.strip(),
                                       sha256=hash_secret(secret), models=tuple(models), rpm=body.rpm,
                                       tpm=body.tpm, priority=body.priority, created_at=time.time()))
         cluster.kick()
@@ -70,11 +71,11 @@ def router(store: Store, cluster: _Kicker) -> APIRouter:
 
     @r.get("/api/v1/keys")
     async def list_keys() -> dict[str, Any]:
-        return {"items": [key_doc(k) for k in store.list_keys()]}
+        return {"items": [key_doc(k) for k in await db.list_keys()]}
 
     @r.delete("/api/v1/keys/{key_id}")
     async def delete_key(key_id: str) -> dict[str, Any]:
-        if not store.delete_key(key_id):
+        if not await db.delete_key(key_id):
             raise ApiError(404, f"key {key_id!r} does not exist; `llmgw key list` lists them", code="key_not_found")
         cluster.kick()
         return {"deleted": key_id}

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from alembic import command as alembic_command
 from alembic.config import Config as AlembicConfig
 from sqlalchemy import event
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy.orm import defer, sessionmaker
 
 from llmgw.control.conditions import Condition
 from llmgw.control.events import Event
@@ -171,7 +171,8 @@ class Store:
 
     def list_models(self) -> list[StoredModel]:
         with self._session() as s:
-            return [self._stored_model(r) for r in s.scalars(sa.select(ModelRow).order_by(ModelRow.name))]
+            q = sa.select(ModelRow).options(defer(ModelRow.conditions)).order_by(ModelRow.name)
+            return [self._stored_model(r) for r in s.scalars(q)]
 
     def delete_model(self, name: str) -> bool:
         with self._session.begin() as s:
@@ -184,7 +185,10 @@ class Store:
     # -- replicas ----------------------------------------------------------------
     def list_replicas(self) -> list[ReplicaRecord]:
         with self._session() as s:
-            rows = s.scalars(sa.select(ReplicaRow).order_by(ReplicaRow.created_at, ReplicaRow.id))
+            # Conditions are not part of a ReplicaRecord; decoding their JSON was the largest part of
+            # this call, made every pass and on every `llmgw get replicas` (py-spy, bench/control_load.py).
+            q = sa.select(ReplicaRow).options(defer(ReplicaRow.conditions))
+            rows = s.scalars(q.order_by(ReplicaRow.created_at, ReplicaRow.id))
             return [_replica_from_row(r) for r in rows]
 
     def write_replicas(self, *, upserts: Iterable[ReplicaRecord] = (), deletes: Iterable[str] = (),
