@@ -30,6 +30,7 @@ from llmgw.control.cluster import Cluster
 from llmgw.control.http.api import create_api
 from llmgw.control.reconcile import decide
 from llmgw.control.router_events import RouterEvents
+from llmgw.control.store.offloop import StoreThread
 from llmgw.control.store.store import Store
 from llmgw.core.errors import LlmgwError
 from llmgw.router import auth as router_auth
@@ -54,6 +55,9 @@ class ServerConfig:
     ports_file: Path | None = None
     #: Seconds a disconnected node keeps its replicas before they are placed elsewhere.
     node_grace_s: float = 30.0
+    #: Seconds a shard its agent calls Unhealthy stays so before it is replaced
+    #: (``decide.Config.unhealthy_grace_s`` says why 30).
+    unhealthy_grace_s: float = 30.0
     #: An OTLP/HTTP collector for the router's spans ("": tracing off).
     tracing_endpoint: str = ""
 
@@ -107,7 +111,16 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
     # whenever a later table leaves this listen without any.
     listen_guard = router_auth.ListenGuard(cfg.host)
     tracing = router_tracing.Tracing(cfg.tracing_endpoint) if cfg.tracing_endpoint else None
-    cluster = Cluster(store, cfg=decide.Config(node_grace_s=cfg.node_grace_s))
+    # What routers report about replicas (ejections), shown on each replica and weighed by the
+    # reconciler as evidence of a hung engine.
+    reports = RouterEvents()
+    # Every store call from here on runs on the store's thread, off the loop the agents'
+    # streams and the router share; the reads above and Cluster's first load are before
+    # anything listens, so they hold nobody up.
+    db = StoreThread(store)
+    cluster = Cluster(store, cfg=decide.Config(node_grace_s=cfg.node_grace_s, unhealthy_grace_s=cfg.unhealthy_grace_s),
+                      ejections=reports.current, db=db)
+    db.watch_loop()
     http_sock = _listen(cfg.host, cfg.http_port)
     http_port = http_sock.getsockname()[1]
     try:
@@ -120,10 +133,9 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
     watcher = TableWatcher(control_url, holder, listen_guard=listen_guard)
     # Ejections reach the control plane through a callback: the router and the control
     # plane share only the report's JSON shape, exactly what a standalone router POSTs.
-    reports = RouterEvents()
     router = RouterApp(holder, watcher=watcher, source=f"the control plane at {control_url}",
                        events=router_events.CallbackSink("server", reports.record), tracing=tracing)
-    api = create_api(store, cluster, extra_registries=(router_metrics.REGISTRY, agentsvc_metrics.REGISTRY),
+    api = create_api(db, cluster, extra_registries=(router_metrics.REGISTRY, agentsvc_metrics.REGISTRY),
                      router_events=reports)
     # The router's own HTTP server, as a standalone router has (router/server.py): uvicorn's
     # per-request machinery cost the router more than its own work.
@@ -154,6 +166,7 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
         gc_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await reconcile_task
+        await asyncio.to_thread(db.close)  # the writes still queued (the agents' disconnects) first
         store.close()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)

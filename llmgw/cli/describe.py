@@ -97,7 +97,8 @@ def print_model(doc: dict[str, Any], now: float) -> None:
                   r["endpoint"] or "-", "current" if r["current"] else "old", _short(r["conditions"]), r["message"])
     console.print(t)
     for r in doc["replicas"]:
-        loop = [c for c in r["conditions"] if c["reason"] == "CrashLoop"]
+        # A crash loop's or a hung engine's whole sentence, with the engine's last output.
+        loop = [c for c in r["conditions"] if c["type"] == "Degraded" and c["reason"] in ("CrashLoop", "Unhealthy")]
         if loop:
             console.print(f"  {r['id']}: {loop[0]['message']}", markup=False)
     console.print("\nEvents:", markup=False)

@@ -68,6 +68,8 @@ def server(
     data_dir: Path = typer.Option(None, help="Database directory [default $XDG_DATA_HOME/llmgw]"),
     ports_file: Path = typer.Option(None, help="Write the bound ports here as JSON once listening"),
     node_grace: float = typer.Option(30.0, help="Seconds a disconnected node keeps its replicas"),
+    unhealthy_grace: float = typer.Option(30.0, help="Seconds a replica whose engine its agent calls Unhealthy "
+                                          "(alive, not answering) stays so before it is replaced"),
     tracing_endpoint: str = TracingOpt,
     log_level: str = typer.Option("info"),
 ) -> None:
@@ -77,11 +79,13 @@ def server(
     _logging(log_level)
     if node_grace < 0:
         raise _fail("--node-grace cannot be negative")
+    if unhealthy_grace < 0:
+        raise _fail("--unhealthy-grace cannot be negative")
     if tracing_endpoint and not tracing_endpoint.startswith(("http://", "https://")):
         raise _fail(f"--tracing-endpoint {tracing_endpoint!r}: expected http://HOST:PORT of an OTLP/HTTP collector")
     cfg = serve.ServerConfig(host=host, http_port=http_port, agent_port=agent_port,
                              data_dir=data_dir or default_data_dir(), ports_file=ports_file, node_grace_s=node_grace,
-                             tracing_endpoint=tracing_endpoint or "")
+                             unhealthy_grace_s=unhealthy_grace, tracing_endpoint=tracing_endpoint or "")
 
     async def serve_then_exit() -> None:
         code = 0

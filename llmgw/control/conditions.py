@@ -3,7 +3,7 @@
 A phase says where a replica is in the plan; conditions say what is true of
 it, each with a CamelCase reason and one sentence a person can act on:
 ``Placed``, ``WeightsPresent``, ``Ready`` and ``Degraded`` (crash loop, failing,
-fewer Ready than wanted); a model also has ``Progressing`` while a roll or a
+unhealthy, fewer Ready than wanted); a model also has ``Progressing`` while a roll or a
 node drain replaces its replicas. ``last_transition`` changes only when the
 status does, so "Ready False since 09:12" means the replica has not served
 since then, however often its message was refreshed; the caller keeps the
@@ -113,6 +113,8 @@ def _ready(r: ReplicaRecord) -> Condition:
         return Condition("Ready", FALSE, "Starting", f"starting on node {r.node_id}")
     if r.phase is Phase.TERMINATING:
         return Condition("Ready", FALSE, "Terminating", r.message or "being stopped")
+    if r.phase is Phase.UNHEALTHY:
+        return Condition("Ready", FALSE, "Unhealthy", r.message or f"its health probe fails on node {r.node_id}")
     return Condition("Ready", FALSE, "NotPlaced", "not on a node")
 
 
@@ -122,6 +124,11 @@ def _degraded(r: ReplicaRecord, crash_loop_after: int) -> Condition:
         out = f"; last output: {' | '.join(tail)}" if tail else ""
         return Condition("Degraded", TRUE, "CrashLoop",
                          f"failed {r.failures} times in a row: {r.message}{out}")
+    if r.phase is Phase.UNHEALTHY:
+        # Its process lives and does not answer: the engine's last lines often say why (a CUDA error).
+        tail = [line for line in r.last_output if line.strip()][-LAST_OUTPUT_LINES:]
+        out = f"; last output: {' | '.join(tail)}" if tail else ""
+        return Condition("Degraded", TRUE, "Unhealthy", f"{r.message}{out}")
     if r.failures:
         return Condition("Degraded", TRUE, "Failing", r.message or f"failed {r.failures} times in a row")
     return Condition("Degraded", FALSE, "AsExpected", "no failure since it was last Ready")
@@ -178,8 +185,11 @@ def model_conditions(spec: ModelSpec, replicas: Iterable[ReplicaRecord],
 
     looping = [c for c in by_type.get("Degraded", []) if c.reason == "CrashLoop"]
     failing = [c for c in by_type.get("Degraded", []) if c.reason == "Failing"]
+    hung = [c for c in by_type.get("Degraded", []) if c.reason == "Unhealthy"]
     if looping:
         degraded_c = Condition("Degraded", TRUE, "CrashLoop", f"{head}; a replica {looping[0].message}")
+    elif hung:
+        degraded_c = Condition("Degraded", TRUE, "ReplicaUnhealthy", f"{head}; a replica is {hung[0].message}")
     elif failing:
         degraded_c = Condition("Degraded", TRUE, "ReplicaFailing", f"{head}; a replica failed: {failing[0].message}")
     elif ready < desired:

@@ -55,6 +55,14 @@ def replica_events(before: ReplicaRecord | None, after: ReplicaRecord | None, *,
         out = f" (last output: {tail[0]})" if tail else ""
         e = ev(WARNING, reason, f"{after.message}{out}")
         return [dataclasses.replace(e, node=before.node_id or "")]
+    if after.phase is Phase.UNHEALTHY and after.message != before.message:
+        # Each step is told: out of routing (a first failed probe), Unhealthy (the agent's
+        # threshold, with its reason), past its grace; a message holds no clock, so a pass
+        # that changes nothing says nothing.
+        return [ev(WARNING, "Unhealthy", f"replica {r.id} {after.message}")]
+    if before.phase is Phase.UNHEALTHY and after.phase is Phase.READY:
+        return [ev(NORMAL, "Recovered", f"replica {r.id} recovered: its health probe passes again on node "
+                                        f"{after.node_id}; routed again")]
     if after.phase is before.phase:
         if after.phase is Phase.PENDING and after.message and after.message != before.message \
                 and not after.failures:

@@ -109,6 +109,14 @@ class RouterEvents:
             return []
         return sorted(mine.values(), key=lambda e: e.at)
 
+    def current(self) -> dict[str, str]:
+        """Every replica some router has ejected now, with the sentence ``message`` gives.
+
+        The reconciler weighs these (``llmgw.control.reconcile.liveness``): an ejection
+        shortens the grace of a replica its agent also calls Unhealthy, and moves nothing alone.
+        """
+        return {replica: said for replica in list(self._by_replica) if (said := self.message(replica))}
+
     def message(self, replica_id: str) -> str:
         """One sentence for the replica's message column, or "" when no router has it ejected."""
         return "; ".join(e.message() for e in self.ejections(replica_id))

@@ -27,11 +27,15 @@ class Phase(enum.Enum):
     READY = "Ready"
     #: Being stopped (deleted, scaled down or replaced); gone once its shard is.
     TERMINATING = "Terminating"
+    #: It served, and its engine's health probe now fails (its agent reports probe failures, or
+    #: the shard Unhealthy): the router sends it nothing; Ready again if a probe passes, replaced
+    #: once its agent has called it Unhealthy for longer than ``unhealthy_grace_s``.
+    UNHEALTHY = "Unhealthy"
 
     @classmethod
     def placed(cls) -> frozenset[Phase]:
         """Phases in which a replica holds a node's resources."""
-        return frozenset({cls.STARTING, cls.READY, cls.TERMINATING})
+        return frozenset({cls.STARTING, cls.READY, cls.TERMINATING, cls.UNHEALTHY})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -107,3 +111,8 @@ class NodeView:
     labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
     #: Set by `llmgw drain` (persisted, with cordoned): its replicas are rolled to other nodes.
     draining: bool = False
+    #: When this control plane first heard each shard reported Unhealthy (by shard id), until it
+    #: reports Ready again: where an Unhealthy shard's grace starts. Held in memory, like the
+    #: shard states: after a restart the grace starts again, rather than replacing an engine on
+    #: an old observation.
+    unhealthy_since: dict[str, float] = dataclasses.field(default_factory=dict)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from llmgw.core.errors import LlmgwError
@@ -45,6 +45,14 @@ class Endpoint:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Unhealthy:
+    """A replica out of routing because its engine stopped answering (``hung`` re-sends what waits there)."""
+
+    replica_id: str
+    reason: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class ModelRoute:
     """A model as the router sees it: its names, its ready endpoints, and why there are none."""
 
@@ -61,6 +69,10 @@ class ModelRoute:
     #: The engine its replicas run (``spec.engine``: llamacpp, vllm, sglang, sim), "" when not said:
     #: what engine-specific fields the router may add (``request.with_progress``).
     engine: str = ""
+    #: Replicas left out of ``endpoints`` because their engine does not answer its health probe.
+    #: Unlike a replica drained or scaled away (simply absent), the requests still waiting there
+    #: for a first byte are given up and sent to another endpoint (``hung``).
+    unhealthy: tuple[Unhealthy, ...] = ()
 
     def public_names(self) -> tuple[str, ...]:
         """The ids ``/v1/models`` lists for this model: served name first, then aliases."""
@@ -119,6 +131,10 @@ class RouteTable:
     def endpoint_count(self) -> int:
         return sum(len(m.endpoints) for m in self.models)
 
+    def unhealthy(self) -> dict[str, str]:
+        """Every replica the document lists as not answering, with why."""
+        return {u.replica_id: u.reason for m in self.models for u in m.unhealthy}
+
 
 #: What the holder holds before the first table arrives.
 NOT_LOADED = RouteTable(version=-1, models=(), loaded=False)
@@ -129,10 +145,17 @@ class TableHolder:
 
     def __init__(self, table: RouteTable = NOT_LOADED) -> None:
         self.current = table
+        self._listeners: list[Callable[[RouteTable], None]] = []
+
+    def listen(self, fn: Callable[[RouteTable], None]) -> None:
+        """Call ``fn`` with each table installed from now on (synchronously, inside ``swap``)."""
+        self._listeners.append(fn)
 
     def swap(self, table: RouteTable) -> RouteTable:
-        """Install ``table`` and return the one it replaced."""
+        """Install ``table``, tell the listeners, and return the one it replaced."""
         old, self.current = self.current, table
+        for fn in self._listeners:
+            fn(table)
         return old
 
 
@@ -201,6 +224,7 @@ def _model(where: str, raw: Any) -> ModelRoute:
                                   api_key=_str(ep_where, ep, "api_key", default="")))
     created = raw.get("created", 0)
     routing = raw.get("routing") or pick.DEFAULT_ROUTING
+    unhealthy = _unhealthy(where, raw)
     if routing not in pick.ROUTINGS:
         # Serving beats refusing the whole table over one field a newer control plane added.
         if str(routing) not in _warned_routings:
@@ -219,4 +243,22 @@ def _model(where: str, raw: Any) -> ModelRoute:
         routing=routing,
         replica_limit=_replica_limit(where, raw),
         engine=_str(where, raw, "engine", default=""),
+        unhealthy=unhealthy,
     )
+
+
+def _unhealthy(where: str, raw: Mapping[str, Any]) -> tuple[Unhealthy, ...]:
+    # Refused like endpoints when malformed: a router that misread it would either keep
+    # requests waiting on a hung engine or re-send requests a drained one is finishing.
+    items = raw.get("unhealthy")
+    if items is None:  # a control plane from before liveness: nothing listed
+        return ()
+    if not isinstance(items, list):
+        raise TableError(f"{where}.unhealthy: expected a list")
+    out = []
+    for i, item in enumerate(items):
+        if not isinstance(item, Mapping):
+            raise TableError(f"{where}.unhealthy[{i}]: expected an object")
+        out.append(Unhealthy(_str(f"{where}.unhealthy[{i}]", item, "replica_id"),
+                             _str(f"{where}.unhealthy[{i}]", item, "reason", default="")))
+    return tuple(out)

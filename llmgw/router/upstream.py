@@ -63,7 +63,7 @@ from collections.abc import Iterable
 
 import aiohttp
 
-from llmgw.router import admission, client, errors, health, loadwatch, metrics, pick, prefix
+from llmgw.router import admission, client, errors, health, hung, loadwatch, metrics, openai_shape, pick, prefix
 from llmgw.router import events as router_events
 from llmgw.router import tracing as router_tracing
 from llmgw.router.table import Endpoint, ModelRoute, TableHolder
@@ -146,6 +146,10 @@ class Forwarder:
         self.loads = loadwatch.Loads()
         self.outliers = outliers if outliers is not None else health.Outliers()
         self.events = events  # told of each ejection and recovery, for the control plane
+        # Attempts waiting on a first byte, given up when their replica is found hung (``hung``).
+        self.waits = hung.Waits()
+        if holder is not None:
+            holder.listen(self.waits.follow)
         self._holder = holder
         self._seen: dict[str, ModelRoute] = {}  # model name -> its latest route, when no holder
         self._watch = loadwatch.LoadWatch(self.loads, self._endpoints, interval_s=scrape_interval_s)
@@ -216,7 +220,7 @@ class Forwarder:
         if key is None:
             key = self._key(route, body)
         ids = [e.replica_id for e in route.endpoints]
-        ejected = self.outliers.ejected(ids)
+        ejected = self.outliers.ejected(ids) | self.waits.among(ids)
         tried: set[str] = set()
         attempts: list[str] = []
         while len(tried) < self._max_endpoints:
@@ -252,18 +256,20 @@ class Forwarder:
             prefilled = functools.partial(self._prefilled, lead, charge)
             self.loads.started(endpoint.replica_id)
             try:
-                response = await self._send(endpoint, path, body)
-                if progress and response.status == 200:
-                    await _past_progress(response)
+                with self.waits.waiting(endpoint.replica_id):
+                    response = await self._send(endpoint, path, body)
+                    if progress and response.status == 200:
+                        await _past_progress(response)
             except BaseException as exc:
                 prefilled()
                 # Cancelled too (the client left while the engine had not answered): without
                 # this the replica would count one more request in flight for ever.
                 self.loads.finished(endpoint.replica_id)
-                if not isinstance(exc, _AttemptFailed):
+                if not isinstance(exc, _AttemptFailed | hung.Abandoned):
                     raise
                 attempts.append(f"{endpoint.replica_id} at {endpoint.url}: {exc}")
-                self._failed(route, endpoint, str(exc))
+                if isinstance(exc, _AttemptFailed):  # an abandoned one is out already: no ejection
+                    self._failed(route, endpoint, str(exc))
             else:
                 if response.status not in RETRY_STATUSES:
                     if lead is not None or charge is not None:
@@ -339,6 +345,8 @@ class Forwarder:
             if self.events is not None:
                 self.events.ejected(route.name, endpoint.replica_id, for_s=ejection.for_s,
                                     failures=ejection.failures, reason=reason)
+            # What waits there for a first byte would most likely fail the same way, slowly.
+            self.waits.abandon(endpoint.replica_id, f"ejected by this router ({reason})")
 
     async def _send(self, endpoint: Endpoint, path: str, body: bytes) -> client.Response:
         assert self._pool is not None
@@ -421,4 +429,5 @@ async def _snippet(response: client.Response) -> str:
         text = ""
     finally:
         response.close()
-    return f"({text})" if text else ""
+    # An HTML error page (a proxy in front of the engine) as its title, not its markup.
+    return f"({openai_shape.summary(text)})" if text else ""

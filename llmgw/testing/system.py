@@ -9,8 +9,10 @@ processes it started is killed by pid.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +31,14 @@ def sim_model(name: str, *, replicas: int = 1, args: list[str] | None = None, **
 
 
 class System:
-    def __init__(self, root: Path, *, node_grace_s: float = 30.0) -> None:
+    def __init__(self, root: Path, *, node_grace_s: float = 30.0, server_args: Sequence[str] = (),
+                 agent_env: Mapping[str, str] | None = None) -> None:
+        """``server_args`` are added to `llmgw server`'s; ``agent_env`` to each agent's environment."""
         self.root = root
         self.data_dir = root / "data"
         self.node_grace_s = node_grace_s
+        self.server_args = tuple(server_args)
+        self.agent_env = dict(agent_env or {})
         self.server: Proc | None = None
         self.agents: dict[str, Proc] = {}
         self._engine_pids: set[int] = set()
@@ -44,7 +50,7 @@ class System:
         ports.unlink(missing_ok=True)
         self.server = Proc.start([*LLMGW, "server", "--http-port", str(self.http_port), "--agent-port",
                                   str(self.agent_port), "--data-dir", str(self.data_dir), "--ports-file",
-                                  str(ports), "--node-grace", str(self.node_grace_s)],
+                                  str(ports), "--node-grace", str(self.node_grace_s), *self.server_args],
                                  log_path=self.root / "server.log")
         got = wait_for(lambda: ports.exists() and ports.read_text(), timeout=30, what="server ports file")
         doc = json.loads(str(got))
@@ -59,7 +65,8 @@ class System:
     def start_agent(self, node_id: str = "node1") -> Proc:
         proc = Proc.start([*LLMGW, "agent", "--server", f"127.0.0.1:{self.agent_port}", "--node-id", node_id,
                            "--state-dir", str(self.root / node_id), "--heartbeat-interval", "1",
-                           "--stop-grace", "3"], log_path=self.root / f"agent-{node_id}.log")
+                           "--stop-grace", "3"], log_path=self.root / f"agent-{node_id}.log",
+                          env={**os.environ, **self.agent_env} if self.agent_env else None)
         self.agents[node_id] = proc
         wait_for(lambda: any(n["id"] == node_id and n["connected"] for n in self.get("/api/v1/nodes")["items"]),
                  timeout=30, interval=0.1, what=f"agent {node_id} registered")

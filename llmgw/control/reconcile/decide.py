@@ -21,15 +21,31 @@ whose node is lost past its grace stops every rank, and the whole group is
 placed again (a failure with backoff). Its leader (rank 0) is what the router
 sees: the replica's node, shard and endpoint are the leader's. Removing a
 Ready group drains the leader, then stops every rank.
+
+A Ready replica whose engine's health probe fails is Unhealthy: out of routing
+at once, Ready again if a probe passes, and replaced like a failed one once its
+agent has called the shard Unhealthy for longer than the grace
+(``liveness`` says what counts as evidence). Unlike a failed one, it is
+replaced as a roll replaces an outdated replica: the replacement is created
+within ``max_surge`` and the hung one is stopped (StopShard, never Drain: a
+hung engine never finishes its requests, and the agent SIGKILLs it after its
+stop grace, since a stopped process ignores SIGTERM) once the replacement is
+Ready. Until then it keeps its node's resources, so the replacement is not
+placed onto the GPU that may be what wedged it. With ``max_surge`` 0 there is
+no room for a replacement beside it, and waiting would wait for ever: it is
+stopped at once and replaced in its place; likewise when the replacement was
+refused a node.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
+from llmgw.control import events as ev
 from llmgw.control.placement import fit
 from llmgw.control.reconcile import decisions as d
+from llmgw.control.reconcile import liveness
 from llmgw.control.state import Member, NodeView, Phase, ReplicaRecord
 from llmgw.core.shards import ShardSpec, ShardState, ShardStatus
 from llmgw.core.specs import ModelSpec
@@ -51,6 +67,15 @@ class Config:
     crash_loop_after: int = 5
     #: How long a Ready replica being removed may take to finish its requests.
     drain_timeout_s: float = 30.0
+    #: How long a shard its agent calls Unhealthy stays so before it is replaced (it is out of
+    #: routing from its first failed probe all the same). The agent already waited out its probe
+    #: threshold; this grace is for the stall that passes (an engine swapping under a memory
+    #: spike, a long GC pause), which costs nothing to wait out, when a replacement costs a
+    #: weight load (minutes for a big model) and a wedged one costs only its share of capacity.
+    unhealthy_grace_s: float = 30.0
+    #: The grace when a router has also ejected the replica: two witnesses on two paths agree,
+    #: and the stall is failing real requests now.
+    corroborated_grace_s: float = 5.0
 
 
 def backoff(failures: int, cfg: Config) -> float:
@@ -86,8 +111,11 @@ class _Pass:
     """One reconcile pass: a working copy of the replicas and the decisions so far."""
 
     def __init__(self, models: Mapping[str, ModelSpec], replicas: list[ReplicaRecord],
-                 nodes: Mapping[str, NodeView], now: float, cfg: Config) -> None:
+                 nodes: Mapping[str, NodeView], now: float, cfg: Config,
+                 ejected: Mapping[str, str] | None = None) -> None:
         self.models, self.nodes, self.now, self.cfg = models, nodes, now, cfg
+        #: Replicas some router has ejected now, with the routers' sentence (``liveness``).
+        self.ejected: Mapping[str, str] = ejected or {}
         self.original = {r.id: r for r in replicas}
         self.work = [dataclasses.replace(r) for r in replicas]
         self.commands: list[d.Decision] = []
@@ -179,12 +207,13 @@ class _Pass:
             self.observe_terminating(r, node, st)
             return
         spec = self.models.get(r.model)
-        if st is not None and st.adopted and st.state is ShardState.STARTING and r.phase is Phase.READY:
+        serving = r.phase is Phase.READY or r.phase is Phase.UNHEALTHY
+        if st is not None and st.adopted and st.state is ShardState.STARTING and serving:
             # A restarted agent found this engine running and is checking it;
             # it has served all along, so it stays Ready (and routed) meanwhile.
             # If the check fails the agent reports it Failed, and it is replaced.
             return
-        if st is None and r.phase is Phase.READY:
+        if st is None and serving:
             # The node registered with its full list and this shard is not on
             # it: the engine is gone (the agent was restarted and could not
             # keep it). Not the replica's failure, so no backoff.
@@ -210,10 +239,18 @@ class _Pass:
             elif st is not None:
                 r.message, r.endpoint = f"starting on node {node.id}", st.endpoint
             return
+        if liveness.probe_failing(st):
+            self.unhealthy(r, node, st)
+            return
         if st.state is ShardState.READY:
             if r.phase is not Phase.READY:
                 r.phase, r.ready_at, r.failures = Phase.READY, self.now, 0
                 r.endpoint, r.message, r.last_output = st.endpoint, f"serving on node {node.id}", ()
+            elif r.id in self.ejected:
+                # A router's word alone moves nothing (``liveness``): said, and kept in rotation.
+                self.note(r, ev.NORMAL, "EjectedByRouter",
+                          f"{self.ejected[r.id]}; its agent's health probe passes on node {node.id}, so it "
+                          "stays in the other routers' rotation and is not replaced")
             return
         if st.state is ShardState.STOPPED:
             # Stopped on its node without being asked by us (its agent was
@@ -228,6 +265,49 @@ class _Pass:
             what = st.message or f"engine exited{code}"
             self.fail(r, what, last_output=st.last_output)
         # STOPPING that we did not ask for: wait for it to end.
+
+    def note(self, r: ReplicaRecord, kind: str, reason: str, message: str) -> None:
+        self.commands.append(d.RecordEvent(ev.Event(self.now, kind, reason, f"replica/{r.id}", message,
+                                                    model=r.model, node=r.node_id or "")))
+
+    def unhealthy(self, r: ReplicaRecord, node: NodeView, st: ShardStatus) -> None:
+        """Its engine's probe fails: out of routing now; the agent's Unhealthy starts the grace."""
+        if r.phase is not Phase.UNHEALTHY:
+            # From Starting too: a shard that went Ready and then failed between two passes.
+            r.phase, r.endpoint = Phase.UNHEALTHY, st.endpoint or r.endpoint
+        why = liveness.reason(st)
+        if st.state is not ShardState.UNHEALTHY:
+            r.message = f"health probe failing on node {node.id}: {why}; not routed until a probe passes"
+            return
+        if st.last_output:
+            r.last_output = st.last_output
+        grace = self.grace(r)
+        if not self.overdue(r):
+            seconded = f"; {self.ejected[r.id]}" if r.id in self.ejected else ""
+            r.message = (f"unhealthy on node {node.id}: {why}{seconded}; replaced unless it recovers within "
+                         f"{grace:.0f}s")
+            return
+        r.message = f"unhealthy on node {node.id} past its {grace:.0f}s grace: {why}"
+
+    def grace(self, r: ReplicaRecord) -> float:
+        return liveness.grace_s(self.cfg.unhealthy_grace_s, self.cfg.corroborated_grace_s,
+                                ejected=r.id in self.ejected)
+
+    def overdue(self, r: ReplicaRecord) -> bool:
+        """An Unhealthy replica one of whose shards its agent has called Unhealthy for longer than the grace."""
+        return self.overdue_shard(r) is not None
+
+    def overdue_shard(self, r: ReplicaRecord) -> ShardStatus | None:
+        """The status of the shard (a group's: of any rank) that makes ``r`` overdue, or None."""
+        if r.phase is not Phase.UNHEALTHY:
+            return None
+        for node_id, shard_id in [(m.node_id, m.shard_id) for m in r.members] or [(r.node_id, r.shard_id)]:
+            node = self.nodes.get(node_id or "")
+            st = node.shards.get(shard_id or "") if node is not None else None
+            if node is not None and st is not None and st.state is ShardState.UNHEALTHY \
+                    and self.now - node.unhealthy_since.get(st.shard_id, self.now) >= self.grace(r):
+                return st
+        return None
 
     def observe_terminating(self, r: ReplicaRecord, node: NodeView, st: ShardStatus | None) -> None:
         shard = r.shard_id or ""
@@ -274,7 +354,9 @@ class _Pass:
     def observe_group(self, r: ReplicaRecord) -> None:
         """A Starting or Ready group: Ready once every rank is; replaced whole when one rank is lost."""
         spec = self.models.get(r.model)
+        serving_before = r.phase is Phase.READY or r.phase is Phase.UNHEALTHY
         ready: list[ShardStatus] = []
+        hung: list[tuple[Member, ShardStatus]] = []
         waiting: list[str] = []
         resend: list[Member] = []
         for m in r.members:
@@ -291,10 +373,10 @@ class _Pass:
             if not node.reported:
                 waiting.append(f"waiting for node {m.node_id} (rank {m.rank}) to report")
                 continue
-            if st is not None and st.adopted and st.state is ShardState.STARTING and r.phase is Phase.READY:
+            if st is not None and st.adopted and st.state is ShardState.STARTING and serving_before:
                 ready.append(st)  # a restarted agent is checking an engine that served all along
                 continue
-            if st is None and r.phase is Phase.READY:
+            if st is None and serving_before:
                 self.regroup(r, m, f"rank {m.rank} of its group is gone",
                              f"the engine of rank {m.rank} is gone from node {m.node_id}; starting the group again")
                 return
@@ -302,6 +384,11 @@ class _Pass:
                 if st is None and (r.sent_at < node.registered_at or self.now - r.sent_at >= self.cfg.resend_s):
                     resend.append(m)
                 waiting.append(f"rank {m.rank} starting on node {m.node_id}")
+                continue
+            if liveness.probe_failing(st):
+                # A rank that stopped answering stalls the whole group (the others wait in a collective).
+                ready.append(st)
+                hung.append((m, st))
                 continue
             if st.state is ShardState.READY:
                 ready.append(st)
@@ -322,6 +409,17 @@ class _Pass:
         leader = r.members[0]
         serving = (f"serving on node {leader.node_id} (leader of {len(r.members)} ranks on "
                    f"{', '.join(m.node_id for m in r.members)})")
+        if hung and len(ready) == len(r.members):
+            m, st = hung[0]
+            r.phase = Phase.UNHEALTHY
+            if st.state is ShardState.UNHEALTHY:
+                r.last_output = st.last_output or r.last_output
+                r.message = (f"unhealthy: rank {m.rank} on node {m.node_id}: {liveness.reason(st)}; the group is "
+                             f"replaced unless it recovers within {self.grace(r):.0f}s")
+            else:
+                r.message = (f"health probe failing on rank {m.rank} on node {m.node_id}: {liveness.reason(st)}; "
+                             "not routed until a probe passes")
+            return
         if len(ready) == len(r.members):
             if r.phase is not Phase.READY:
                 endpoint = next((st.endpoint for st in ready if st.shard_id == leader.shard_id), "")
@@ -329,7 +427,7 @@ class _Pass:
                 r.endpoint, r.last_output = endpoint, ()
             r.message = serving
             return
-        if r.phase is Phase.READY:
+        if serving_before:
             # A rank's node is within its grace, or a rank is being checked by a
             # restarted agent: the group stays routed meanwhile, as one node would.
             r.message = waiting[0] if waiting else serving
@@ -402,7 +500,20 @@ class _Pass:
             node = self.nodes.get(node_id)
             if node is not None and node.draining:
                 return f"moved off node {node.id}, which is being drained"
+        hung = self.overdue_shard(r)
+        if hung is not None:
+            where = next((m.node_id for m in r.members if m.shard_id == hung.shard_id), r.node_id)
+            return f"unhealthy on node {where} past its {self.grace(r):.0f}s grace: {liveness.reason(hung)}"
         return ""
+
+    def still_hung(self, r: ReplicaRecord) -> bool:
+        """A replica being stopped whose engine still fails its probe (so it still holds its node's resources)."""
+        for node_id, shard_id in [(m.node_id, m.shard_id) for m in r.members] or [(r.node_id, r.shard_id)]:
+            node = self.nodes.get(node_id or "")
+            st = node.shards.get(shard_id or "") if node is not None else None
+            if st is not None and liveness.probe_failing(st):
+                return True
+        return False
 
     def scale_model(self, name: str, spec: ModelSpec, mine: list[ReplicaRecord]) -> None:
         """Scales to ``spec.replicas`` and rolls outdated replicas within the spec's rollout bounds.
@@ -420,7 +531,8 @@ class _Pass:
         outdated = [r for r in mine if self.leaving(r, fp)]
         desired = spec.replicas
         if len(current) > desired:
-            order = {Phase.PENDING: 0, Phase.STARTING: 1, Phase.READY: 2}
+            # An Unhealthy one (within its grace) serves nothing: the first to go.
+            order = {Phase.UNHEALTHY: 0, Phase.PENDING: 0, Phase.STARTING: 1, Phase.READY: 2}
             extras = sorted(current, key=lambda r: (order[r.phase], -r.created_at))
             for r in extras[: len(current) - desired]:
                 self.terminate(r, f"scaled down to {desired} replicas")
@@ -428,9 +540,14 @@ class _Pass:
         surge, unavailable = spec.rollout.surge(desired), spec.rollout.unavailable(desired)
         ready = sum(1 for r in current + outdated if r.phase is Phase.READY)
         kept: list[ReplicaRecord] = []
+        hung = [r for r in outdated if self.overdue(r)]
+        if hung:
+            kept = self.replace_hung(spec, current, hung, surge=surge, reason=lambda r: self.leaving(r, fp))
+        hung_ids = {r.id for r in hung}
         # One not serving costs no availability, so it goes first and at once;
         # Ready ones go oldest first while enough others stay Ready.
-        for r in sorted(outdated, key=lambda r: (r.phase is Phase.READY, r.created_at, r.id)):
+        for r in sorted((r for r in outdated if r.id not in hung_ids),
+                        key=lambda r: (r.phase is Phase.READY, r.created_at, r.id)):
             if r.phase is not Phase.READY:
                 self.terminate(r, self.leaving(r, fp))
             elif ready - 1 >= desired - unavailable:
@@ -440,11 +557,47 @@ class _Pass:
                 kept.append(r)
         missing = desired - len(current)
         holding = [r for r in self.terminating.get(name, ()) if r.id not in self.deleted and r.node_id
-                   and self.leaving(r, fp)]
+                   and (self.leaving(r, fp) or self.still_hung(r))]
         if kept or holding:
             missing = min(missing, desired + surge - len(current) - len(kept) - len(holding))
         for _ in range(missing):
             self.created.append(d.CreateReplica(name, fp))
+
+    def replace_hung(self, spec: ModelSpec, current: list[ReplicaRecord], hung: list[ReplicaRecord], *,
+                     surge: int, reason: Callable[[ReplicaRecord], str]) -> list[ReplicaRecord]:
+        """Stops the hung replicas whose replacements are Ready; the others are kept (and returned).
+
+        Kept, each counts against ``max_surge`` as a roll's old replica does, so its
+        replacement is created beside it. The one that has hung longest goes first,
+        once the Ready replicas number ``replicas`` less the hung ones still waiting.
+        """
+        ready = sum(1 for r in current if r.phase is Phase.READY)
+        refused = next((r.message for r in current if r.phase is Phase.PENDING and r.message and not r.failures), "")
+        kept: list[ReplicaRecord] = []
+
+        def since(r: ReplicaRecord) -> tuple[float, str]:
+            st = self.overdue_shard(r)
+            node = self.nodes.get(next((m.node_id for m in r.members if st and m.shard_id == st.shard_id),
+                                       r.node_id or ""))
+            return (node.unhealthy_since.get(st.shard_id, self.now) if node and st else self.now), r.id
+
+        ordered = sorted(hung, key=since)
+        for i, r in enumerate(ordered):
+            why = reason(r)
+            if surge == 0:
+                self.terminate(r, f"{why}; stopped first: max_surge 0 leaves no room to start its replacement "
+                                  "beside it")
+            elif refused:
+                self.terminate(r, f"{why}; stopped first, to free its resources: its replacement was refused a "
+                                  f"node ({refused})")
+            elif ready >= spec.replicas - (len(ordered) - 1 - i):
+                self.terminate(r, f"{why}; stopped now that its replacement is Ready")
+            else:
+                kept.append(r)
+                self.note(r, ev.WARNING, "Replacing",
+                          f"replacing unhealthy replica {r.id} ({why}): a new replica starts first, and this one "
+                          "is stopped once the new one is Ready")
+        return kept
 
     def place_pending(self) -> None:
         """Places pending replicas, higher-priority models first, then oldest first.
@@ -542,9 +695,14 @@ class _Pass:
 
 
 def reconcile(models: Mapping[str, ModelSpec], replicas: list[ReplicaRecord],
-              nodes: Mapping[str, NodeView], *, now: float, cfg: Config = Config()) -> list[d.Decision]:
-    """Everything that should be done now to move the observed world toward the desired one."""
-    p = _Pass(models, replicas, nodes, now, cfg)
+              nodes: Mapping[str, NodeView], *, now: float, cfg: Config = Config(),
+              ejected: Mapping[str, str] | None = None) -> list[d.Decision]:
+    """Everything that should be done now to move the observed world toward the desired one.
+
+    ``ejected``: the replicas some router has ejected now, each with the routers' sentence;
+    evidence that shortens an Unhealthy replica's grace, never a reason on its own (``liveness``).
+    """
+    p = _Pass(models, replicas, nodes, now, cfg, ejected)
     for r in p.work:
         if r.phase in Phase.placed():
             p.observe(r)

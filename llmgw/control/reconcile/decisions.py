@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from llmgw.control.events import Event
 from llmgw.control.state import ReplicaRecord
 from llmgw.core.shards import ShardSpec
 
@@ -53,4 +54,15 @@ class DrainShard:
     timeout_s: int
 
 
-Decision = CreateReplica | UpdateReplica | DeleteReplica | StartShard | StopShard | DrainShard
+@dataclasses.dataclass(frozen=True, slots=True)
+class RecordEvent:
+    """Something seen that changes no target but a person should read (``llmgw events``, describe).
+
+    The executor records it as it records every event: a repeat of an object's last event is
+    not written again, so a pass may say the same thing every time it sees it.
+    """
+
+    event: Event
+
+
+Decision = CreateReplica | UpdateReplica | DeleteReplica | StartShard | StopShard | DrainShard | RecordEvent
