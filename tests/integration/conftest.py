@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -9,9 +10,15 @@ from llmgw.testing.system import System
 
 
 @pytest.fixture
-def system(tmp_path: Path) -> Iterator[System]:
+def system_args() -> dict[str, Any]:
+    """Keyword arguments for the ``system`` fixture's ``System``; a test module overrides this for its own settings."""
+    return {}
+
+
+@pytest.fixture
+def system(tmp_path: Path, system_args: dict[str, Any]) -> Iterator[System]:
     """A running server and one agent (node1), torn down whatever happens."""
-    s = System(tmp_path)
+    s = System(tmp_path, **system_args)
     try:
         s.start_server()
         s.start_agent("node1")

@@ -24,16 +24,13 @@ import os
 import re
 import signal
 import subprocess
-import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import httpx
 import psutil
 import pytest
 
+from llmgw.testing.load import Load
 from llmgw.testing.procs import wait_for
 from llmgw.testing.system import LLMGW, System, sim_model
 
@@ -44,82 +41,10 @@ AGENT_ENV = {"LLMGW_AGENT_PROBE_PERIOD_S": "0.5", "LLMGW_AGENT_PROBE_TIMEOUT_S":
 GRACE_S = 5
 
 
-class Load:
-    """Clients sending completions through the router back to back; each failure kept with whether bytes came."""
-
-    def __init__(self, url: str, model: str, *, clients: int = 6) -> None:
-        self.url, self.model = url, model
-        self.ok = {True: 0, False: 0}  # by streaming
-        self.before_bytes: list[str] = []  # failed with no byte of an answer received: must be none
-        self.after_bytes: list[str] = []  # a stream cut after bytes had come: counted apart
-        self.slowest_s = 0.0  # the longest a request that was served took
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, args=(i % 2 == 0,), daemon=True)
-                         for i in range(clients)]
-
-    def __enter__(self) -> Load:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout=70)
-
-    def served(self) -> int:
-        return self.ok[True] + self.ok[False]
-
-    def _count(self, stream: bool, failure: str | None, *, got_bytes: bool, took_s: float = 0.0) -> None:
-        with self._lock:
-            if failure is None:
-                self.ok[stream] += 1
-                self.slowest_s = max(self.slowest_s, took_s)
-            elif got_bytes:
-                self.after_bytes.append(f"{'stream' if stream else 'whole'}: {failure}")
-            else:
-                self.before_bytes.append(f"{'stream' if stream else 'whole'}: {failure}")
-
-    def _run(self, stream: bool) -> None:
-        body = {"model": self.model, "prompt": "x", "max_tokens": 8, "stream": stream}
-        with httpx.Client(timeout=60, trust_env=False) as c:
-            while not self._stop.is_set():
-                got = b""
-                started = time.monotonic()
-                try:
-                    with c.stream("POST", f"{self.url}/v1/completions", json=body) as r:
-                        for chunk in r.iter_raw():
-                            got += chunk
-                    text = got.decode("utf-8", "replace")
-                    if r.status_code != 200:
-                        failure: str | None = f"HTTP {r.status_code}: {text[:200]}"
-                    elif stream:
-                        lines = [x for x in text.splitlines() if x]
-                        done = bool(lines) and lines[-1] == "data: [DONE]" and not any('"error"' in x for x in lines)
-                        failure = None if done else f"stream cut: {lines[-2:]}"
-                    else:
-                        failure = None if '"text"' in text else f"no text: {text[:200]}"
-                    # A status that is not 200 is an answer of no use: counted as no byte served.
-                    self._count(stream, failure, got_bytes=r.status_code == 200 and bool(got),
-                                took_s=time.monotonic() - started)
-                except httpx.HTTPError as e:
-                    self._count(stream, repr(e), got_bytes=bool(got))
-
-    def wait_ok(self, n: int, *, timeout: float = 30) -> None:
-        start = self.served()
-        wait_for(lambda: self.served() >= start + n, timeout=timeout, what=f"{n} more requests served")
-
-
 @pytest.fixture
-def system(tmp_path: Path) -> Iterator[System]:
-    s = System(tmp_path, server_args=["--unhealthy-grace", str(GRACE_S)], agent_env=AGENT_ENV)
-    try:
-        s.start_server()
-        s.start_agent("node1")
-        yield s
-    finally:
-        s.close()
+def system_args() -> dict[str, Any]:
+    """The shared ``system`` fixture's server and agents, with a short grace and fast probes."""
+    return {"server_args": ["--unhealthy-grace", str(GRACE_S)], "agent_env": AGENT_ENV}
 
 
 def _cli(system: System, *args: str) -> str:
@@ -147,17 +72,23 @@ def _gone(pid: int) -> bool:
     return False
 
 
-def test_a_stopped_engine_is_found_replaced_and_killed_with_no_failed_request(system: System) -> None:
-    """SIGSTOP one of two engines under load: Unhealthy, replaced, process gone, zero failures before a byte."""
-    system.apply(sim_model("hang", replicas=2))
-    system.wait_model("hang", timeout=60)
-    system.wait_router("hang", 2)
-    before = {r["id"]: r for r in system.replicas("hang")}
+def _two_replicas_and_a_victim(system: System, model: str) -> tuple[dict[str, Any], str, int]:
+    """Two sim replicas of ``model`` Ready and routed: each replica by id, the one to stop, and its engine's pid."""
+    system.apply(sim_model(model, replicas=2))
+    system.wait_model(model, timeout=60)
+    system.wait_router(model, 2)
+    before = {r["id"]: r for r in system.replicas(model)}
     victim = sorted(before)[0]
     pid = _shard_pid(system, before[victim]["shard"])
     assert pid in system.engine_pids("node1")  # one of this system's engines, nothing else's
+    return before, victim, pid
+
+
+def test_a_stopped_engine_is_found_replaced_and_killed_with_no_failed_request(system: System) -> None:
+    """SIGSTOP one of two engines under load: Unhealthy, replaced, process gone, zero failures before a byte."""
+    before, victim, pid = _two_replicas_and_a_victim(system, "hang")
     unhealthy_seen: dict[str, Any] = {}
-    with Load(system.url, "hang") as load:
+    with Load(system.url, "hang", clients=6, timeout_s=60) as load:
         load.wait_ok(30)
         stopped_at = time.monotonic()
         os.kill(pid, signal.SIGSTOP)
@@ -181,14 +112,14 @@ def test_a_stopped_engine_is_found_replaced_and_killed_with_no_failed_request(sy
             if not _gone(pid):  # never leave a stopped process behind, whatever failed
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-        served_before = load.served()
+        served_before = load.ok
         load.wait_ok(30)  # and the two replicas serve on
     assert system.server is not None
     # The router says how many requests it gave up on the stopped engine and sent elsewhere.
     resent = sum(int(m) for m in re.findall(r"(\d+) requests waiting there for a first byte are sent elsewhere",
                                             system.server.log_path.read_text(errors="replace")))
     print(f"\nmeasured: Unhealthy {found_s:.1f}s after SIGSTOP, replaced and killed after {replaced_s:.1f}s; "
-          f"served {load.ok[False]} whole and {load.ok[True]} streamed ({load.served() - served_before} after); "
+          f"served {load.ok - load.streamed} whole and {load.streamed} streamed ({load.ok - served_before} after); "
           f"re-sent by the router: {resent}; slowest served request {load.slowest_s:.1f}s; "
           f"failed before any byte: {len(load.before_bytes)}, streams cut after bytes: {len(load.after_bytes)} "
           f"{[f[-160:] for f in load.after_bytes[:3]]}")
@@ -222,14 +153,8 @@ def test_a_stopped_engine_is_found_replaced_and_killed_with_no_failed_request(sy
 
 def test_an_engine_that_answers_again_before_its_grace_is_kept_and_routed(system: System) -> None:
     """SIGSTOP then SIGCONT within the grace: Unhealthy, then Ready again (Recovered); nothing replaced or failed."""
-    system.apply(sim_model("blip", replicas=2))
-    system.wait_model("blip", timeout=60)
-    system.wait_router("blip", 2)
-    before = {r["id"]: r for r in system.replicas("blip")}
-    victim = sorted(before)[0]
-    pid = _shard_pid(system, before[victim]["shard"])
-    assert pid in system.engine_pids("node1")
-    with Load(system.url, "blip", clients=4) as load:
+    before, victim, pid = _two_replicas_and_a_victim(system, "blip")
+    with Load(system.url, "blip", clients=4, timeout_s=60) as load:
         load.wait_ok(20)
         os.kill(pid, signal.SIGSTOP)
         try:

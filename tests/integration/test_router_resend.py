@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 from llmgw.router import upstream
@@ -96,17 +97,30 @@ async def _until(check: Any, what: str) -> None:
     raise AssertionError(f"never: {what}")
 
 
+@contextlib.asynccontextmanager
+async def _routed(*engines: Engine) -> AsyncIterator[tuple[TableHolder, upstream.Forwarder]]:
+    """The engines started and in the table (version 1) of a started forwarder; all closed after, whatever failed."""
+    try:
+        for e in engines:
+            await e.start()
+        holder = TableHolder()
+        holder.swap(doc(1, list(engines)))
+        fwd = upstream.Forwarder(holder=holder, scrape_interval_s=3600)
+        await fwd.start()
+        try:
+            yield holder, fwd
+        finally:
+            await fwd.close()
+    finally:
+        for e in engines:
+            await e.stop()
+
+
 def test_requests_waiting_on_a_replica_listed_unhealthy_are_answered_by_another() -> None:
     """Requests that reached the hung engine and got no byte are answered by the other replica; none fails."""
     async def main() -> None:
         hung_one, good = Engine("hung", answers=False), Engine("good", answers=True)
-        await hung_one.start()
-        await good.start()
-        holder = TableHolder()
-        holder.swap(doc(1, [hung_one, good]))
-        fwd = upstream.Forwarder(holder=holder, scrape_interval_s=3600)
-        await fwd.start()
-        try:
+        async with _routed(hung_one, good) as (holder, fwd):
             asks = [asyncio.create_task(_ask(fwd, holder)) for _ in range(6)]
             await _until(lambda: hung_one.received >= 3, "three requests reached the hung engine")
             assert sum(t.done() for t in asks) == 3  # the good one answered its share
@@ -114,10 +128,6 @@ def test_requests_waiting_on_a_replica_listed_unhealthy_are_answered_by_another(
             got = await asyncio.wait_for(asyncio.gather(*asks), 10)
             assert got == ["good"] * 6
             await _until(lambda: hung_one.dropped == 3, "the hung engine's connections dropped")
-        finally:
-            await fwd.close()
-            await hung_one.stop()
-            await good.stop()
 
     asyncio.run(main())
 
@@ -126,13 +136,7 @@ def test_requests_on_a_replica_that_leaves_the_table_drained_finish_there() -> N
     """A replica simply gone from the endpoints (drained) keeps its requests: they are answered by it, not re-sent."""
     async def main() -> None:
         slow, good = Engine("slow", answers=False), Engine("good", answers=True)
-        await slow.start()
-        await good.start()
-        holder = TableHolder()
-        holder.swap(doc(1, [slow, good]))
-        fwd = upstream.Forwarder(holder=holder, scrape_interval_s=3600)
-        await fwd.start()
-        try:
+        async with _routed(slow, good) as (holder, fwd):
             asks = [asyncio.create_task(_ask(fwd, holder)) for _ in range(4)]
             await _until(lambda: slow.received >= 2, "two requests reached the slow engine")
             holder.swap(doc(2, [good]))
@@ -141,10 +145,6 @@ def test_requests_on_a_replica_that_leaves_the_table_drained_finish_there() -> N
             slow.gate.set()
             assert sorted(await asyncio.wait_for(asyncio.gather(*asks), 10)) == ["good", "good", "slow", "slow"]
             assert slow.dropped == 0
-        finally:
-            await fwd.close()
-            await slow.stop()
-            await good.stop()
 
     asyncio.run(main())
 
@@ -153,13 +153,7 @@ def test_requests_waiting_on_a_replica_this_router_ejects_are_answered_by_anothe
     """The router's own ejection (503s in a row) gives up the requests waiting there for a first byte."""
     async def main() -> None:
         flaky, good = Engine("flaky", answers=False, fails=True), Engine("good", answers=True)
-        await flaky.start()
-        await good.start()
-        holder = TableHolder()
-        holder.swap(doc(1, [flaky, good]))
-        fwd = upstream.Forwarder(holder=holder, scrape_interval_s=3600)
-        await fwd.start()
-        try:
+        async with _routed(flaky, good) as (holder, fwd):
             asks = [asyncio.create_task(_ask(fwd, holder)) for _ in range(4)]
             await _until(lambda: flaky.received >= 2, "two requests waiting on the flaky engine")
             # Each 503 is retried on the good one (so these succeed) and counts toward the ejection.
@@ -167,9 +161,5 @@ def test_requests_waiting_on_a_replica_this_router_ejects_are_answered_by_anothe
                 assert await _ask(fwd, holder, b'{"model": "m", "prompt": "fail"}') == "good"
             assert await asyncio.wait_for(asyncio.gather(*asks), 10) == ["good"] * 4
             await _until(lambda: flaky.dropped == 2, "the flaky engine's waiting connections dropped")
-        finally:
-            await fwd.close()
-            await flaky.stop()
-            await good.stop()
 
     asyncio.run(main())

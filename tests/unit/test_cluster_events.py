@@ -7,7 +7,6 @@ pass is run by hand and what it wrote is read back from the store, across a
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -17,48 +16,18 @@ from llmgw.control.store.store import Store, StoredNode
 from llmgw.core import specs
 from llmgw.core.inventory import Inventory
 from llmgw.core.shards import ShardState, ShardStatus
+from llmgw.testing import stepped
 
 INV = Inventory(cpu_count=8, memory_total_bytes=16 << 30, memory_available_bytes=12 << 30, engines=(("sim", "1"),))
 MODEL = specs.parse_manifest({"apiVersion": "llmgw/v1", "kind": "Model", "metadata": {"name": "m"},
                               "spec": {"engine": "sim", "replicas": 1}})
 
 
-class Link:
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, str]] = []
-
-    def start_shard(self, spec: Any) -> None:
-        self.sent.append(("start", spec.shard_id))
-
-    def stop_shard(self, shard_id: str, *, reason: str) -> None:
-        self.sent.append(("stop", shard_id))
-
-    def drain_shard(self, shard_id: str, *, timeout_s: int) -> None:
-        self.sent.append(("drain", shard_id))
-
-    def close(self, reason: str) -> None:
-        pass
-
-    def request_logs(self, shard_id: str, *, lines: int, follow: bool) -> tuple[str, asyncio.Queue[Any]]:
-        raise NotImplementedError
-
-    def cancel_logs(self, request_id: str) -> None:
-        pass
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def cluster(store: Store, clock: Clock) -> Cluster:
+def cluster(store: Store, clock: stepped.Clock) -> Cluster:
     return Cluster(store, clock=clock, cfg=decide.Config(node_grace_s=30), heartbeat_timeout_s=1e9)
 
 
-def register(c: Cluster, node_id: str, link: Link, shards: list[ShardStatus] | None = None) -> None:
+def register(c: Cluster, node_id: str, link: stepped.Link, shards: list[ShardStatus] | None = None) -> None:
     c.node_registered(StoredNode(node_id, node_id, "127.0.0.1", "0", INV, {}, 0.0, c.clock()), shards or [], link)
 
 
@@ -68,7 +37,7 @@ def reasons(store: Store, **kw: Any) -> list[str]:
 
 def test_a_replica_life_is_told_once_and_its_conditions_survive_a_restart(tmp_path: Path) -> None:
     """Created, Scheduled, Ready events; Ready's transition time is kept by a restarted control plane."""
-    store, clock, link = Store.open(tmp_path), Clock(), Link()
+    store, clock, link = Store.open(tmp_path), stepped.Clock(), stepped.Link()
     store.put_model(MODEL)
     c = cluster(store, clock)
     register(c, "n1", link)
@@ -93,7 +62,7 @@ def test_a_replica_life_is_told_once_and_its_conditions_survive_a_restart(tmp_pa
 
     clock.now += 100  # a restart: the same database, a new instance, the agent reconnects with its shard
     again = cluster(store, clock)
-    register(again, "n1", Link(), [ShardStatus(shard, rid, ShardState.READY, endpoint="http://e")])
+    register(again, "n1", stepped.Link(), [ShardStatus(shard, rid, ShardState.READY, endpoint="http://e")])
     again.reconcile_once()
     ready = {x.type: x for x in again.conditions_of(f"replica/{rid}")}["Ready"]
     assert (ready.status, ready.last_transition) == ("True", 1002.0)
@@ -103,7 +72,7 @@ def test_a_replica_life_is_told_once_and_its_conditions_survive_a_restart(tmp_pa
 
 def test_silent_node_is_not_ready_after_its_grace_and_cordon_survives_everything(tmp_path: Path) -> None:
     """Disconnect, then NotReady once past the grace; a cordon stays through re-registration and restart."""
-    store, clock, link = Store.open(tmp_path), Clock(), Link()
+    store, clock, link = Store.open(tmp_path), stepped.Clock(), stepped.Link()
     c = cluster(store, clock)
     register(c, "n1", link)
     assert c.set_scheduling("n1", cordoned=True, draining=False) and not c.set_scheduling("x", cordoned=True,
@@ -116,9 +85,9 @@ def test_silent_node_is_not_ready_after_its_grace_and_cordon_survives_everything
     c.reconcile_once()
     c.reconcile_once()
     assert reasons(store, node="n1") == ["NodeRegistered", "NodeCordoned", "NodeDisconnected", "NodeNotReady"]
-    register(c, "n1", Link())
+    register(c, "n1", stepped.Link())
     assert c.nodes["n1"].cordoned  # the agent's registration does not undo the operator's cordon
     restarted = cluster(store, clock)
     assert restarted.nodes["n1"].cordoned and not restarted.nodes["n1"].draining
-    register(restarted, "n1", Link())
+    register(restarted, "n1", stepped.Link())
     assert restarted.nodes["n1"].cordoned

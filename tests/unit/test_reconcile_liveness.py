@@ -8,7 +8,6 @@ the conditions.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from llmgw.core import specs
 from llmgw.core.inventory import Inventory
 from llmgw.core.shards import ShardState, ShardStatus
 from llmgw.core.specs import ModelSpec, Rollout
+from llmgw.testing import stepped
 
 CFG = decide.Config(node_grace_s=30, resend_s=10, backoff_base_s=2, crash_loop_after=3, unhealthy_grace_s=30,
                     corroborated_grace_s=5)
@@ -211,40 +211,9 @@ def test_a_group_whose_rank_stops_answering_leaves_routing_and_is_replaced_whole
 
 
 # -- the control plane's loop, with a real store ----------------------------------------------
-class Link:
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, str]] = []
-
-    def start_shard(self, spec: Any) -> None:
-        self.sent.append(("start", spec.shard_id))
-
-    def stop_shard(self, shard_id: str, *, reason: str) -> None:
-        self.sent.append(("stop", shard_id))
-
-    def drain_shard(self, shard_id: str, *, timeout_s: int) -> None:
-        self.sent.append(("drain", shard_id))
-
-    def close(self, reason: str) -> None:
-        pass
-
-    def request_logs(self, shard_id: str, *, lines: int, follow: bool) -> tuple[str, asyncio.Queue[Any]]:
-        raise NotImplementedError
-
-    def cancel_logs(self, request_id: str) -> None:
-        pass
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_the_control_plane_tells_the_whole_story(tmp_path: Path) -> None:
     """Probe fails: out of the endpoints doc, listed unhealthy; past the grace: replaced, stopped, told in events."""
-    store, clock, link = Store.open(tmp_path), Clock(), Link()
+    store, clock, link = Store.open(tmp_path), stepped.Clock(), stepped.Link()
     store.put_model(specs.parse_manifest({"apiVersion": "llmgw/v1", "kind": "Model", "metadata": {"name": "m"},
                                           "spec": {"engine": "sim", "replicas": 2}}))
     reports = RouterEvents(clock=clock)
