@@ -40,6 +40,8 @@ In each window:
   time to the first body byte. **added** = routed quantile - direct quantile.
 * The loader's own view: latency of each REST call kind, how long the 100
   applies took, and how many of the applied replicas were Ready at the end.
+* **GC pause**: seconds the collector stopped every thread in the window, by
+  generation (``llmgw_gc_pause_seconds``), and how many full (gen 2) collections.
 
 Results: ``bench/results/control-load-<label>-<time>.json`` and a Markdown row
 per window on stdout.
@@ -346,21 +348,23 @@ def _ms(x: float) -> str:
 def table(rows: list[dict[str, Any]]) -> str:
     lines = ["| code | window | nodes | hb/s | loop wait p99 / p99.9 (ms) | lag max (ms) | heartbeat p99 (ms) "
              "| TTFT direct p50 / p99 (ms) | TTFT via server p50 / p99 (ms) | added p50 / p99 (ms) "
-             "| REST p50 / p99 (ms): events, replicas, apply | Ready at end | server CPU % | load avg |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| REST p50 / p99 (ms): events, replicas, apply | Ready at end "
+             "| GC pause (s): gen 0 / 1 / 2, (gen 2 count) | server CPU % | load avg |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         rest = r.get("rest")
         rest_s = (f"{_ms(rest['events_p50_ms'])} / {_ms(rest['events_p99_ms'])}, "
                   f"{_ms(rest['replicas_p50_ms'])} / {_ms(rest['replicas_p99_ms'])}, "
                   f"{_ms(rest['apply_p50_ms'])} / {_ms(rest['apply_p99_ms'])}") if rest else "—"
         ready = f"{rest['ready_at_end']}/{rest['wanted']}" if rest else "—"
+        gc_s = " / ".join(f"{r['gc'][g]['seconds']:.2f}" for g in "012") + f" ({r['gc']['2']['count']:.0f})"
         lines.append(
             f"| {r['label']} | {r['window']} | {r['nodes']} | {r['hb_per_s']:.0f} "
             f"| {_ms(r['wait_p99_ms'])} / {_ms(r['wait_p999_ms'])} | {_ms(r['lag_max_ms'])} "
             f"| {_ms(r['heartbeat_p99_ms'])} "
             f"| {_ms(r['ttft_direct_p50_ms'])} / {_ms(r['ttft_direct_p99_ms'])} "
             f"| {_ms(r['ttft_routed_p50_ms'])} / {_ms(r['ttft_routed_p99_ms'])} "
-            f"| {_ms(r['ttft_added_p50_ms'])} / {_ms(r['ttft_added_p99_ms'])} | {rest_s} | {ready} "
+            f"| {_ms(r['ttft_added_p50_ms'])} / {_ms(r['ttft_added_p99_ms'])} | {rest_s} | {ready} | {gc_s} "
             f"| {r['server_cpu_pct']} | {r['load_avg']:.1f} |")
     return "\n".join(lines)
 

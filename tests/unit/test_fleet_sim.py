@@ -70,6 +70,29 @@ def test_freeze_moves_survivors_out_of_collection() -> None:
     assert gc.get_freeze_count() == 0
 
 
+def test_no_automatic_full_collection_walks_promoted_objects() -> None:
+    """Under the policy, young collections promote survivors but Python starts no full collection itself."""
+    saved = gc.get_threshold()
+    started: list[int] = []
+
+    def on_gc(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            started.append(info["generation"])
+
+    try:
+        gc.set_threshold(50, 2, saved[2])  # young collections every 50 survivors: many promotions, quickly
+        collector.no_automatic_full()
+        gc.callbacks.append(on_gc)
+        keep = [[] for _ in range(300_000)]  # each survives its young collections into the oldest generation
+        gc.callbacks.remove(on_gc)
+        assert len(keep) == 300_000 and started.count(1) >= 1000
+        assert 2 not in started
+    finally:
+        if on_gc in gc.callbacks:
+            gc.callbacks.remove(on_gc)
+        gc.set_threshold(*saved)
+
+
 def test_heartbeat_bytes_parse_as_one_message_with_the_seq() -> None:
     """The seq prefix joined to the prebuilt heartbeat is one AgentMessage carrying both."""
     agents = fleet.build_fleet(4, fleet.parse_mix("h100:1"), heartbeat_s=5, stats=fleet.Stats())
