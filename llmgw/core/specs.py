@@ -272,7 +272,8 @@ def _int(value: Any, field: str, *, lo: int, hi: int) -> int:
 def _source(value: Any, engine: str) -> str:
     text = _string(value, "spec.source").strip()
     if not text:
-        if engine in engines_mod.NEEDS_SOURCE:
+        found = engines_mod.record(engine)
+        if found is not None and found.needs_source:
             raise SpecError("spec.source", f"engine {engine} needs weights: give file:///path/model.gguf "
                                            "or pkg:PACKAGE (a .gguf inside an installed Python package)")
         return ""
@@ -291,7 +292,7 @@ def _engine_args(value: Any, engine: str) -> tuple[str, ...]:
     if not isinstance(value, list):
         raise SpecError("spec.engine_args", "expected a list of strings, such as [\"--ctx-size\", \"4096\"]")
     args: list[str] = []
-    reserved = engines_mod.RESERVED_FLAGS.get(engine, frozenset())
+    reserved = engines_mod.reserved_flags(engine)
     for i, item in enumerate(value):
         field = f"spec.engine_args[{i}]"
         if isinstance(item, bool) or not isinstance(item, str | int | float):

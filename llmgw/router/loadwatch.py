@@ -31,22 +31,26 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 
 import aiohttp
 
+from llmgw.core import engines
 from llmgw.router.table import Endpoint
 
 log = logging.getLogger(__name__)
 
-#: Gauges of requests queued in the engine, per engine kind (first one present wins per kind).
-WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred",
-           "llmgw_sim_requests_waiting")
-RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs", "llamacpp:requests_processing",
-           "llmgw_sim_requests_running")
-# vLLM renamed gpu_cache_usage_perc to kv_cache_usage_perc in 0.10; either is read.
-KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-_WANTED = frozenset((*WAITING, *RUNNING, *KV_USAGE))
+# The gauges of requests queued, running and the KV cache's use are each engine's record's
+# (llmgw.core.engines), read at each scrape: a scrape does not know the engine it reads, so every
+# engine's names are looked for, in the registry's order (the first one present wins).
 
 
-def parse_gauges(text: str, names: Collection[str] = _WANTED) -> dict[str, float]:
-    """The values of the named samples in a Prometheus text exposition, summed over label sets."""
+def wanted() -> frozenset[str]:
+    """Every gauge name an engine's load is read from."""
+    return frozenset((*engines.queue_metrics(), *engines.running_metrics(), *engines.kv_usage_metrics()))
+
+
+def parse_gauges(text: str, names: Collection[str] | None = None) -> dict[str, float]:
+    """The values of the named samples (every engine's load gauges when None) in a Prometheus text
+    exposition, summed over label sets."""
+    if names is None:
+        names = wanted()
     values: dict[str, float] = {}
     for line in text.splitlines():
         if not line or line[0] == "#":
@@ -87,8 +91,8 @@ class EngineLoad:
 def engine_load(gauges: Mapping[str, float], *, at: float = 0.0) -> EngineLoad:
     def first(names: tuple[str, ...]) -> float | None:
         return next((gauges[n] for n in names if n in gauges), None)
-    return EngineLoad(waiting=first(WAITING) or 0.0, running=first(RUNNING) or 0.0,
-                      kv_cache_usage=first(KV_USAGE), at=at)
+    return EngineLoad(waiting=first(engines.queue_metrics()) or 0.0, running=first(engines.running_metrics()) or 0.0,
+                      kv_cache_usage=first(engines.kv_usage_metrics()), at=at)
 
 
 class Loads:

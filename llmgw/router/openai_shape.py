@@ -58,8 +58,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-#: Engines whose successful answers need splicing; the others already conform.
-NORMALISED_ENGINES = frozenset({"llamacpp"})
+from llmgw.core import engines
+
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
 
@@ -193,7 +193,10 @@ class Plan:
 
 def plan(engine: str, path: str, doc: Mapping[str, Any]) -> Plan | None:
     """What ``engine``'s answer to ``doc`` on ``path`` needs; None when nothing (the hot path untouched)."""
-    if engine not in NORMALISED_ENGINES or path not in (CHAT_PATH, COMPLETIONS_PATH):
+    # Whether its successful answers need splicing is the engine's record's; the others conform.
+    # The registry is read directly: this runs on every request (bench/openai_shape_cost.py).
+    found = engines.ENGINES.get(engine)
+    if found is None or not found.openai_shapes_needed or path not in (CHAT_PATH, COMPLETIONS_PATH):
         return None
     options = doc.get("stream_options")
     logprobs = doc.get("logprobs")

@@ -30,6 +30,7 @@ import collections
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
+from llmgw.core import engines
 from llmgw.router.pick import NO_KEY, E, LeastOutstanding, RequestKey
 
 BLOCK_CHARS = 256
@@ -205,16 +206,21 @@ class PrefixCache:
             self.pending.pop(replica_id, None)
 
 
-#: Engines on which a cached prefix serves one request at a time, where ``Prefilling``'s wait
-#: is not used. Measured on llama.cpp (xllamacpp 2026.10, 4 slots, SmolLM2, a 600-token system
-#: prompt): a second request sharing it, sent while the first decodes, evaluated all 607
-#: prompt tokens (2.5 s); sent after the first ended, 7 (62 ms). Its prompt cache moves a
-#: state into the slot that loads it, so a follower made to wait for the leader's end would
-#: take the leader's copy, and the leader's conversation, whose next turn needed it, would
-#: compute its whole history again (measured in bench/prefix_workload.py: four later turns
-#: of ~700 tokens cold instead of four first turns). Computing the prefix again gives each
-#: conversation its own copy, and only the new conversation pays.
-EXCLUSIVE_PREFIX_ENGINES = frozenset({"llamacpp"})
+def exclusive_prefix(engine: str) -> bool:
+    """Whether ``engine``'s cached prefix serves one request at a time; False for one not known.
+
+    There ``Prefilling``'s wait is not used. It is the engine's record's ``prefix_cache_shared``
+    (llmgw.core.engines), False for llama.cpp. Measured on llama.cpp (xllamacpp 2026.10, 4 slots,
+    SmolLM2, a 600-token system prompt): a second request sharing it, sent while the first decodes,
+    evaluated all 607 prompt tokens (2.5 s); sent after the first ended, 7 (62 ms). Its prompt
+    cache moves a state into the slot that loads it, so a follower made to wait for the leader's
+    end would take the leader's copy, and the leader's conversation, whose next turn needed it,
+    would compute its whole history again (measured in bench/prefix_workload.py: four later turns
+    of ~700 tokens cold instead of four first turns). Computing the prefix again gives each
+    conversation its own copy, and only the new conversation pays.
+    """
+    found = engines.record(engine)
+    return found is not None and not found.prefix_cache_shared
 
 
 class Prefilling:

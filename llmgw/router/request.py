@@ -27,6 +27,7 @@ import dataclasses
 import json
 import re
 
+from llmgw.core import engines
 from llmgw.router import errors
 
 
@@ -93,14 +94,16 @@ def for_engine(request: CompletionRequest, served_name: str) -> bytes:
     return (text[:start] + value + text[end:]).encode("utf-8")
 
 
-#: Engines whose streams report prefill progress when asked with ``"return_progress": true``.
-PROGRESS_ENGINES = frozenset({"llamacpp"})
 _PROGRESS_FIELD = b'"return_progress":true,'
 
 
 def wants_progress(request: CompletionRequest, engine: str) -> bool:
     """Whether the router asks ``engine`` for prefill progress: a stream whose client did not ask itself."""
-    return request.stream and engine in PROGRESS_ENGINES and "return_progress" not in request.doc
+    if not request.stream or "return_progress" in request.doc:
+        return False
+    # Whether its streams report prefill progress when asked is the engine's record's.
+    found = engines.record(engine)
+    return found is not None and found.reports_prefill_progress
 
 
 def with_progress(body: bytes) -> bytes | None:

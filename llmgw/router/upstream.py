@@ -34,7 +34,7 @@ with one still in its prefill on the chosen replica waits for that one's first
 token before it is sent (``prefix.Prefilling`` says why), at most
 ``prefill_wait_s``; an engine can reuse only a prefix it has finished. Not on
 llama.cpp, where a cached prefix serves one request at a time
-(``prefix.EXCLUSIVE_PREFIX_ENGINES``). ``prefix_cache`` is also told how many
+(``prefix.exclusive_prefix``). ``prefix_cache`` is also told how many
 prompt blocks each request lacks on its replica until the request's first token
 (``charge``/``settle``): the prefill queued there, which its choices weigh.
 
@@ -246,7 +246,7 @@ class Forwarder:
             # Not on an engine whose cached prefix serves one request at a time (llama.cpp): there
             # a follower would only take the leader's copy from its conversation (prefix.py).
             if (stream and key.blocks and self._prefill_wait_s > 0 and route.routing == "prefix_cache"
-                    and route.engine not in prefix.EXCLUSIVE_PREFIX_ENGINES):
+                    and not prefix.exclusive_prefix(route.engine)):
                 try:
                     await self._follow(route.name, endpoint.replica_id, key.blocks)
                 except BaseException:  # the client left while waiting: its prefill will never be queued

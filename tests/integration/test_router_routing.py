@@ -241,7 +241,7 @@ def test_on_llamacpp_a_burst_sharing_a_prefix_is_not_held_back(cluster: Cluster)
     """On an engine whose cached prefix serves one request at a time, followers go at once.
 
     Waiting would hand them the leader's copy of the prefix, taken from the leader's
-    conversation (``prefix.EXCLUSIVE_PREFIX_ENGINES``). The sim stands in for llama.cpp: the
+    conversation (``prefix.exclusive_prefix``). The sim stands in for llama.cpp: the
     table says engine llamacpp; the same burst as above reaches it during the leader's prefill.
     """
     [sim] = cluster.sims(1, "--prefill-tps", "1000")

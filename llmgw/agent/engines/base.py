@@ -69,7 +69,7 @@ class Adapter(Protocol):
 
 def reserved_in(engine: str, args: Iterable[str]) -> list[str]:
     """The args that set a flag llmgw sets itself for ``engine`` (``--port 1`` and ``--port=1`` alike)."""
-    reserved = engines.RESERVED_FLAGS.get(engine, frozenset())
+    reserved = engines.reserved_flags(engine)
     return [a for a in args if a.split("=", 1)[0] in reserved]
 
 
@@ -82,7 +82,7 @@ def check_common(engine: str, spec: shards.ShardSpec) -> None:
     if clashes:
         raise errors.EngineError(
             f"shard {spec.shard_id}: engine args {' '.join(clashes)} set flags llmgw sets itself for "
-            f"{engine} ({', '.join(sorted(engines.RESERVED_FLAGS[engine]))}); remove them from the "
+            f"{engine} ({', '.join(sorted(engines.reserved_flags(engine)))}); remove them from the "
             "model's engine args")
     if spec.threads < 0:
         raise errors.EngineError(f"shard {spec.shard_id}: threads is {spec.threads}; use 0 for the "

@@ -47,15 +47,15 @@ import sys
 from collections.abc import Callable
 
 from llmgw.agent.engines import base
-from llmgw.core import errors, shards
+from llmgw.core import engines, errors, shards
 
 #: The module run with ``python -m`` when there is no llama-server binary.
 LAUNCHER_MODULE = "llmgw.agent.engines.llamacpp_launcher"
 #: Prompt tokens per decode call on a replica without a GPU (see the module docstring).
 CPU_BATCH = 64
 _BATCH_FLAGS = ("-b", "--batch-size")
-#: The gauges of /metrics whose sum is the requests in flight.
-IN_FLIGHT_GAUGES = ("llamacpp:requests_processing", "llamacpp:requests_deferred")
+#: The gauges of /metrics whose sum is the requests in flight: running plus queued, from the record.
+IN_FLIGHT_GAUGES = (engines.ENGINES["llamacpp"].running_metric, engines.ENGINES["llamacpp"].queue_metric)
 
 
 def parse_metrics_in_flight(body: bytes) -> int | None:

@@ -9,12 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from llmgw.core import engines
 from llmgw.core.specs import ModelSpec
-
-#: The context llama.cpp's server sizes its KV cache for when not told; other
-#: engines (vLLM's max-model-len) default to the model's own, which 0 asks for.
-DEFAULT_CONTEXT_TOKENS = {"llamacpp": 4096}
-_CONTEXT_FLAGS = ("--ctx-size", "-c", "--max-model-len")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -63,14 +59,21 @@ def weights_path(source: str) -> str:
 
 
 def context_tokens(engine: str, args: tuple[str, ...]) -> int:
-    """The context the engine is told to hold (``--ctx-size N`` or ``--ctx-size=N``), else its default."""
+    """The context the engine is told to hold (``--ctx-size N`` or ``--ctx-size=N``), else its default.
+
+    The flags and the default are the engine's record's (``llmgw.core.engines``); 0 asks the
+    estimate to take the model's own context.
+    """
+    found = engines.record(engine)
+    if found is None:
+        return 0
     for i, arg in enumerate(args):
         flag, eq, value = arg.partition("=")
-        if flag in _CONTEXT_FLAGS:
+        if flag in found.context_flags:
             text = value if eq else (args[i + 1] if i + 1 < len(args) else "")
             if text.isdigit() and int(text) > 0:
                 return int(text)
-    return DEFAULT_CONTEXT_TOKENS.get(engine, 0)
+    return found.context_default
 
 
 def need_for(model: str, spec: ModelSpec, *, estimate: int | None = None) -> Need:
