@@ -80,15 +80,16 @@ class LeavingHarness(SupervisorHarness):
 
 
 @contextlib.contextmanager
-def harnesses(run_dir: Path) -> Iterator[Callable[..., LeavingHarness]]:
-    """A maker of harnesses sharing ``run_dir``; after, each is stopped and every child of this process killed.
+def harnesses(run_dir: Path, **defaults: Any) -> Iterator[Callable[..., LeavingHarness]]:
+    """A maker of harnesses sharing ``run_dir`` (``defaults`` for each, overridden by the maker's own
+    arguments); after, each is stopped and every child of this process killed.
 
     The children are killed whatever the test did: SIGKILL ends a frozen (SIGSTOP) one too.
     """
     made: list[LeavingHarness] = []
 
     def make(**kw: Any) -> LeavingHarness:
-        made.append(LeavingHarness(run_dir, **kw))
+        made.append(LeavingHarness(run_dir, **{**defaults, **kw}))
         return made[-1]
 
     try:

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import subprocess
 import threading
 import time
 from pathlib import Path
 
-import grpc
 import httpx
 import pytest
 
 from llmgw.api.v1 import agent_pb2 as pb
 from llmgw.api.v1 import agent_pb2_grpc
+from llmgw.testing import fakecontrol
 from llmgw.testing.procs import Proc, free_port, wait_for
 from llmgw.testing.system import LLMGW, System, sim_model
 
@@ -109,19 +108,6 @@ class _Refuser(agent_pb2_grpc.AgentServiceServicer):
         yield pb.ControlMessage(ack=pb.Ack(seq=first.seq, ok=False, error="this control plane is a standby"))
 
 
-def _serve_refuser(port: int, ready: threading.Event, stop: threading.Event) -> None:
-    async def main() -> None:
-        server = grpc.aio.server()
-        agent_pb2_grpc.add_AgentServiceServicer_to_server(_Refuser(), server)
-        server.add_insecure_port(f"127.0.0.1:{port}")
-        await server.start()
-        ready.set()
-        await asyncio.to_thread(stop.wait)
-        await server.stop(0)
-
-    asyncio.run(main())
-
-
 @pytest.mark.parametrize("first", ["closed port", "refusing server"])
 def test_second_address_is_tried_without_backoff(system: System, tmp_path: Path, first: str) -> None:
     """With the first address refusing, the agent registers with the second at once, not after a backoff."""
@@ -129,7 +115,7 @@ def test_second_address_is_tried_without_backoff(system: System, tmp_path: Path,
     ready, stop = threading.Event(), threading.Event()
     refuser = None
     if first == "refusing server":
-        refuser = threading.Thread(target=_serve_refuser, args=(port, ready, stop), daemon=True)
+        refuser = threading.Thread(target=fakecontrol.serve, args=(_Refuser(), port, ready, stop), daemon=True)
         refuser.start()
         assert ready.wait(10)
     cfg = tmp_path / "agent.yaml"

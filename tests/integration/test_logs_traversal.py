@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 
 from llmgw.api.v1 import agent_pb2 as pb
 from llmgw.api.v1 import agent_pb2_grpc
+from llmgw.testing import fakecontrol
 from llmgw.testing.procs import Proc, free_port, wait_for
 from llmgw.testing.system import LLMGW, System, sim_model
 
@@ -106,19 +106,6 @@ class _Asker(agent_pb2_grpc.AgentServiceServicer):
                     self.done.set()
 
 
-def _serve(servicer: _Asker, port: int, ready: threading.Event, stop: threading.Event) -> None:
-    async def main() -> None:
-        server = grpc.aio.server()
-        agent_pb2_grpc.add_AgentServiceServicer_to_server(servicer, server)
-        server.add_insecure_port(f"127.0.0.1:{port}")
-        await server.start()
-        ready.set()
-        await asyncio.to_thread(stop.wait)
-        await server.stop(0)
-
-    asyncio.run(main())
-
-
 def test_the_agent_itself_answers_a_traversal_with_an_error(tmp_path: Path) -> None:
     """Sent straight to a real agent, each bad id gets LogsReply.error, never a line of the file it names."""
     secret = _plant_secrets(tmp_path, "n1")
@@ -129,7 +116,7 @@ def test_the_agent_itself_answers_a_traversal_with_an_error(tmp_path: Path) -> N
     asker = _Asker([*bad, "nosuch-abc123-1", "m-abc123-1"])
     port = free_port()
     ready, stop = threading.Event(), threading.Event()
-    server = threading.Thread(target=_serve, args=(asker, port, ready, stop), daemon=True)
+    server = threading.Thread(target=fakecontrol.serve, args=(asker, port, ready, stop), daemon=True)
     server.start()
     agent = None
     try:

@@ -18,7 +18,6 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import psutil
@@ -41,22 +40,8 @@ def spec(shard_id: str, *args: str) -> ShardSpec:
 
 @pytest.fixture
 def harness(tmp_path: Path) -> Iterator[Callable[..., SupervisorHarness]]:
-    made: list[SupervisorHarness] = []
-
-    def make(**kw: Any) -> SupervisorHarness:
-        made.append(SupervisorHarness(tmp_path / "run", **{"live": LIVE, "grace_s": 0.5, **kw}))
-        return made[-1]
-
-    yield make
-    for h in made:
-        try:
-            h.run(h.sup.stop_all(reason="test over"))
-            h.run(h.sup.close())
-        finally:
-            h.loop.close()
-    for child in psutil.Process().children(recursive=True):
-        with contextlib.suppress(psutil.NoSuchProcess):
-            child.kill()
+    with harnesses(tmp_path / "run", live=LIVE, grace_s=0.5) as make:
+        yield make
 
 
 @contextlib.contextmanager
