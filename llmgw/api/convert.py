@@ -34,7 +34,8 @@ def spec_to_pb(spec: ShardSpec) -> pb.ShardSpec:
         api_key=spec.api_key, threads=spec.threads, memory_bytes=spec.memory_bytes,
         startup_timeout_s=spec.startup_timeout_s, env=dict(spec.env), gpus=list(spec.gpus),
         nnodes=spec.nnodes, rank=spec.rank, leader_addr=spec.leader_addr, leader_port=spec.leader_port,
-        hcas=list(spec.hcas),
+        hcas=list(spec.hcas), tensor_parallel=spec.tensor_parallel, pipeline_parallel=spec.pipeline_parallel,
+        dtype=spec.dtype, context_length=spec.context_length, gpu_memory_bytes=spec.gpu_memory_bytes,
     )
 
 
@@ -47,6 +48,9 @@ def spec_from_pb(msg: pb.ShardSpec) -> ShardSpec:
         # 0 is what an older control plane sends: it knew only one-node replicas.
         nnodes=max(msg.nnodes, 1), rank=msg.rank, leader_addr=msg.leader_addr, leader_port=msg.leader_port,
         hcas=tuple(msg.hcas),
+        # 0 from an older control plane, which passed no parallelism to any engine.
+        tensor_parallel=max(msg.tensor_parallel, 1), pipeline_parallel=max(msg.pipeline_parallel, 1),
+        dtype=msg.dtype, context_length=msg.context_length, gpu_memory_bytes=msg.gpu_memory_bytes,
     )
 
 

@@ -55,6 +55,16 @@ class Engine:
     #: Whether its successful OpenAI answers need the router's splices to conform (llama.cpp's:
     #: see ``llmgw.router.openai_shape``); the others are passed through untouched.
     openai_shapes_needed: bool
+    #: Whether one replica may span nodes (one rank per node). False: a model file asking for
+    #: ``nnodes`` above 1 is refused at apply, not found out at launch.
+    multi_node: bool = False
+    #: Whether ranks other than 0 answer HTTP (health and model list). False (vLLM, SGLang): a
+    #: worker rank is judged by its process staying alive, and the replica is Ready when its
+    #: leader answers and every rank lives; probing one would wait out the startup timeout.
+    worker_ranks_serve_http: bool = True
+    #: The environment variable the engine reads its API key from; "" when it takes it only
+    #: as a flag. A key on the command line is readable by every user of the node (``ps``).
+    api_key_env: str = ""
 
 
 _LLAMACPP = Engine(

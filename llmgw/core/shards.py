@@ -77,6 +77,16 @@ class ShardSpec:
     leader_port: int = 0
     #: The fabric adapters this rank uses (NCCL_IB_HCA); empty for a one-node replica.
     hcas: tuple[str, ...] = ()
+    #: Tensor and pipeline parallel sizes of the whole replica, over all its ranks
+    #: (``specs.parallelism``); their product is the replica's GPUs, 1 each without GPUs.
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
+    #: The dtype the engine runs the weights in ("bfloat16", "fp8", ...); "": the engine's choice.
+    dtype: str = ""
+    #: Tokens of context to serve; 0: the engine's default (or its context flag in ``args``).
+    context_length: int = 0
+    #: Memory placement gave the replica on each of its GPUs; 0: not stated nor estimated.
+    gpu_memory_bytes: int = 0
 
 
 #: Variables llmgw sets itself in every engine's environment: a spec's env may

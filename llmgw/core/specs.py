@@ -15,6 +15,12 @@ mappings, so it stays free of I/O and third-party imports)::
       startup_timeout: 5m
       engine_args: ["--ctx-size", "4096"]
 
+An engine's context and dtype are said once, in words every engine takes
+(the adapter passes them as its own flags)::
+
+      context_length: 8192            # tokens; else the engine's default (the model's own for vLLM)
+      dtype: bfloat16                 # auto (the default), float16, bfloat16, float32 or fp8
+
 A GPU model states per replica what each node of it needs, where it may run,
 and how replicas are spread::
 
@@ -70,6 +76,9 @@ VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+_-]*$")
 CAPABILITY_RE = re.compile(r"^\d+\.\d+$")
 MAX_PRIORITY = 1_000_000
 MAX_NNODES = 64
+#: What ``spec.dtype`` may say. "auto": the engine reads it from the model's config.
+DTYPES = ("auto", "float16", "bfloat16", "float32", "fp8")
+MAX_CONTEXT = 1 << 24
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -155,6 +164,10 @@ class ModelSpec:
     placement: str = "spread"
     #: Higher is placed first within a reconcile pass.
     priority: int = 0
+    #: The dtype the engine runs the weights in, one of DTYPES but "auto" ("": the engine's choice).
+    dtype: str = ""
+    #: Tokens of context to serve; 0: the engine's default. Passed as the engine's own flag.
+    context_length: int = 0
 
     def fingerprint(self) -> str:
         """A short hash of everything that changes the engine process (not replicas, aliases, routing or rollout)."""
@@ -171,7 +184,8 @@ class ModelSpec:
         # Fields added after the first release hash only when set, so a model
         # that uses none of them keeps its fingerprint across an upgrade:
         # otherwise upgrading the control plane would restart every engine.
-        for key, unset in (("engine_version", ""), ("node_selector", ()), ("pool", "")):
+        for key, unset in (("engine_version", ""), ("node_selector", ()), ("pool", ""), ("dtype", ""),
+                           ("context_length", 0)):
             if doc[key] == unset:
                 doc.pop(key)
         if self.resources.gpus == Gpus():
@@ -209,6 +223,10 @@ class Model:
             "placement": s.placement,
             "priority": s.priority,
         }
+        if s.dtype:
+            spec["dtype"] = s.dtype
+        if s.context_length:
+            spec["context_length"] = s.context_length
         return {"apiVersion": API_VERSION, "kind": "Model", "metadata": {"name": self.name}, "spec": spec}
 
 
@@ -216,7 +234,7 @@ _TOP_FIELDS = ("apiVersion", "kind", "metadata", "spec")
 _META_FIELDS = ("name", "labels")
 _SPEC_FIELDS = ("engine", "served_name", "source", "replicas", "resources", "startup_timeout",
                 "engine_args", "env", "aliases", "routing", "rollout",
-                "max_concurrency_per_replica")
+                "max_concurrency_per_replica", "dtype", "context_length")
 _PLACEMENT_FIELDS = ("engine_version", "node_selector", "pool", "placement", "priority")
 _RESOURCE_FIELDS = ("memory", "cpu_threads", "gpus", "nnodes")
 _GPU_FIELDS = ("count", "memory", "compute_capability", "tensor_parallel", "pipeline_parallel")
@@ -494,8 +512,51 @@ def parse_manifest(doc: Any) -> Model:
         pool=_pool(spec_doc.get("pool")),
         placement=_choice(spec_doc.get("placement", "spread"), "spec.placement", PLACEMENT_POLICIES),
         priority=_int(spec_doc.get("priority", 0), "spec.priority", lo=-MAX_PRIORITY, hi=MAX_PRIORITY),
+        dtype=_dtype(spec_doc.get("dtype")),
+        context_length=_int(_or_zero(spec_doc.get("context_length")), "spec.context_length", lo=0, hi=MAX_CONTEXT),
     )
+    if spec.context_length:
+        _context_said_once(spec)
     return Model(name=name, spec=spec)
+
+
+def _dtype(value: Any) -> str:
+    if value is None:
+        return ""
+    text = _choice(value, "spec.dtype", DTYPES)
+    return "" if text == "auto" else text
+
+
+def _context_said_once(spec: ModelSpec) -> None:
+    """A context given both as ``context_length`` and as the engine's flag in engine_args is refused."""
+    found = engines_mod.record(spec.engine)
+    flags = found.context_flags if found else ()
+    for i, arg in enumerate(spec.engine_args):
+        if arg.split("=", 1)[0] in flags:
+            raise SpecError(f"spec.engine_args[{i}]", f"{arg.split('=', 1)[0]} sets the context, which "
+                                                      f"spec.context_length ({spec.context_length}) already "
+                                                      "sets; keep one of them")
+
+
+def parallelism(resources: Resources) -> tuple[int, int]:
+    """(tensor, pipeline) parallel sizes of one replica over all its nodes; (1, 1) without GPUs.
+
+    Unstated, tensor parallelism spans the GPUs of one node and pipeline
+    parallelism the nodes (the fast links are inside a node); one stated
+    size gives the other, and the parser has checked both against the GPUs.
+    """
+    g, nnodes = resources.gpus, resources.nnodes
+    total = g.count * nnodes
+    if not total:
+        return 1, 1
+    tp, pp = g.tensor_parallel, g.pipeline_parallel
+    if tp and pp:
+        return tp, pp
+    if tp:
+        return tp, max(1, total // tp)
+    if pp:
+        return max(1, total // pp), pp
+    return g.count, nnodes
 
 
 def _or_zero(value: Any) -> Any:

@@ -166,7 +166,8 @@ class Placer:
             for w in self.states[idx].view.inventory.weights:
                 if w.path.rstrip("/") == path:
                     ranks = res.gpus.count * res.nnodes
-                    est = self._estimate(w, context_tokens(spec.engine, spec.engine_args), max(ranks, 1), ranks > 0)
+                    ctx = spec.context_length or context_tokens(spec.engine, spec.engine_args)
+                    est = self._estimate(w, ctx, max(ranks, 1), ranks > 0)
                     if est:
                         return est
         return None

@@ -47,6 +47,7 @@ from llmgw.control.placement import fit
 from llmgw.control.reconcile import decisions as d
 from llmgw.control.reconcile import liveness
 from llmgw.control.state import Member, NodeView, Phase, ReplicaRecord
+from llmgw.core import specs
 from llmgw.core.shards import ShardSpec, ShardState, ShardStatus
 from llmgw.core.specs import ModelSpec
 from llmgw.core.units import format_bytes
@@ -87,11 +88,14 @@ def backoff(failures: int, cfg: Config) -> float:
 
 def shard_spec(r: ReplicaRecord, spec: ModelSpec) -> ShardSpec:
     assert r.shard_id is not None
+    tp, pp = specs.parallelism(spec.resources)
     return ShardSpec(
         shard_id=r.shard_id, replica_id=r.id, model=r.model, engine=spec.engine,
         served_name=spec.served_name, source=spec.source, args=spec.engine_args, api_key=r.api_key,
         threads=spec.resources.cpu_threads, memory_bytes=spec.resources.memory_bytes,
         startup_timeout_s=int(spec.startup_timeout_s), env=spec.env, gpus=r.gpus,
+        tensor_parallel=tp, pipeline_parallel=pp, dtype=spec.dtype, context_length=spec.context_length,
+        gpu_memory_bytes=r.memory_bytes if spec.resources.gpus.count else 0,
     )
 
 
