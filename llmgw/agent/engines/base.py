@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from llmgw.core import engines, errors, shards
+from llmgw.core import enginecheck, engines, errors, inventory, shards
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -30,6 +30,10 @@ class Launch:
     argv: list[str]
     #: Variables to add to (or override in) the agent's environment.
     env: dict[str, str]
+    #: Whether this process answers HTTP (health, model list). False for a worker rank of an
+    #: engine whose worker ranks serve none (``Engine.worker_ranks_serve_http``): it is judged
+    #: by staying alive, and probing it would wait out the startup timeout.
+    serves_http: bool = True
 
 
 #: (path, parser): the parser turns the body of a 200 answer into the number of
@@ -45,17 +49,29 @@ class Adapter(Protocol):
     #: The path that answers 200 once the engine serves.
     health_path: str
 
-    def validate(self, spec: shards.ShardSpec) -> None:
-        """Raise EngineError, saying what to fix, when ``spec`` cannot run on this engine."""
+    def validate(self, spec: shards.ShardSpec, *, node: enginecheck.NodeFacts | None = None,
+                 model: inventory.WeightFile | None = None) -> None:
+        """Raise EngineError, saying what to fix, when ``spec`` cannot run on this engine (on ``node``,
+        with ``model``'s weights, when those are known)."""
         ...
 
     def launch(self, spec: shards.ShardSpec, *, host: str, port: int, model_path: str | None,
-               cpu_count: int, python: str = sys.executable) -> Launch:
-        """The argv and environment that run ``spec`` listening on ``host:port``."""
+               cpu_count: int, node: enginecheck.NodeFacts = enginecheck.NodeFacts(), work_dir: str = "",
+               python: str = sys.executable) -> Launch:
+        """The argv and environment that run ``spec`` listening on ``host:port``.
+
+        ``node`` is this node's facts (GPU memory, management interface, HCAs);
+        ``work_dir`` a directory the agent made for this shard alone (its TMPDIR
+        and caches), "" when there is none.
+        """
         ...
 
     def probe(self) -> str | None:
-        """The installed engine's version, None when it is not installed here."""
+        """The installed engine's version, None when it is not installed here.
+
+        May be slow (an engine whose import takes seconds): the agent calls it
+        off its event loop, at start and every few minutes, never per heartbeat.
+        """
         ...
 
     def in_flight_probe(self) -> InFlightProbe:
