@@ -41,6 +41,8 @@ class AgentConfig:
     mgmt_interface: str = ""
     #: Engines outlive the agent unless this is set (``llmgw up`` sets it: it owns the whole system).
     stop_engines_on_exit: bool = False
+    #: (engine, python) for each Python engine installed in an interpreter of its own.
+    engine_python: tuple[tuple[str, str], ...] = ()
     prefer_nvml: bool = True
     nvidia_smi: str = "nvidia-smi"
     sysfs_root: Path = Path("/sys/class/infiniband")
@@ -93,8 +95,17 @@ def from_settings(st: AgentSettings) -> AgentConfig:
                                  failure_threshold=st.probe_failure_threshold),
         labels=tuple(sorted(st.labels.items())), fabrics=tuple((f.fabric, tuple(f.hcas)) for f in st.fabrics),
         mgmt_interface=st.mgmt_interface or "", stop_engines_on_exit=st.stop_engines_on_exit,
+        engine_python=tuple(sorted((name, str(python)) for name, python in st.engine_python.items())),
         prefer_nvml=st.discovery.prefer_nvml, nvidia_smi=st.discovery.nvidia_smi,
         sysfs_root=st.discovery.sysfs_root, sminfo=st.discovery.sminfo, saquery=st.discovery.saquery)
+    for name, python in cfg.engine_python:
+        if os.path.isfile(python) and os.access(python, os.X_OK):
+            log.info("agent: engine %s runs with %s", name, python)
+        else:
+            # Not fatal: the engine may be installed there later, and the next probe finds it.
+            log.warning("agent: engine %s is set to run with %s, which is not an executable file; %s is reported "
+                        "not installed until it is (engine_python in agent.yaml, LLMGW_AGENT_%s_PYTHON)", name,
+                        python, name, name.upper())
     log.info("agent: node id %s%s, management address %s%s, control plane %s, state in %s",
              cfg.node_id, "" if st.node_id else " (hostname)", cfg.mgmt_addr, "" if st.mgmt_addr else " (route)",
              ", ".join(cfg.servers), cfg.state_dir)

@@ -5,15 +5,23 @@ restart (an upgrade, a crash, systemd's restart) must not interrupt served
 traffic. The next agent finds them in the state directory and adopts them
 before it registers. Only ``--stop-engines-on-exit`` (which ``llmgw up`` sets,
 since it owns the whole system) makes a stopping agent take its engines along.
+
+The installed engines' versions are probed by a task of their own, off the
+event loop, at start and every ``ENGINES_REPROBE_S``: a vLLM probe imports
+vLLM in its own Python (seconds; SGLang's import takes longer), and asked in
+the heartbeat's turn it made that heartbeat late by as long. Heartbeats and
+registrations read the last answer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.metadata
 import logging
 import signal
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from llmgw.agent import discovery, engines
@@ -23,7 +31,8 @@ from llmgw.agent.discovery import deltas, fabrics, files, nvlink, sm
 from llmgw.agent.logring import LogRing, install
 from llmgw.agent.session import Commands, Session
 from llmgw.agent.supervisor import Supervisor
-from llmgw.core.inventory import Heartbeat, Inventory
+from llmgw.core import enginecheck
+from llmgw.core.inventory import Gpu, Heartbeat, Inventory
 from llmgw.core.shards import ShardSpec, ShardStatus
 
 log = logging.getLogger(__name__)
@@ -41,6 +50,65 @@ def install_log_ring() -> LogRing:
     return install(LogRing())
 
 
+Versions = tuple[tuple[str, str], ...]
+
+
+class EngineVersions:
+    """The (name, version) of each installed engine, as last probed; one probe at a time."""
+
+    def __init__(self, probe: Callable[[], list[tuple[str, str]]] = lambda: engines.available()) -> None:
+        self._probe = probe
+        self._lock = threading.Lock()
+        self._found: Versions | None = None
+
+    def latest(self) -> Versions | None:
+        """The last probe's answer; None before the first has ended."""
+        return self._found
+
+    def probe(self) -> Versions:
+        """Probe now (blocking: seconds for an engine whose import is slow)."""
+        with self._lock:
+            self._found = tuple(self._probe())
+            return self._found
+
+    def first(self) -> Versions:
+        """The last answer, or, before there is one, the first probe's (blocking: waits for one under way)."""
+        with self._lock:
+            if self._found is None:
+                self._found = tuple(self._probe())
+            return self._found
+
+    async def run(self, *, interval_s: float = deltas.ENGINES_REPROBE_S) -> None:
+        """Probe in a thread at once and every ``interval_s``, until cancelled."""
+        while True:
+            try:
+                await asyncio.to_thread(self.probe)
+            except Exception:
+                # An adapter's probe that raises must not end the probing: the
+                # next one may find the engine installed.
+                log.exception("probing the installed engines failed; trying again in %g s", interval_s)
+            await asyncio.sleep(interval_s)
+
+
+def facts_of(inv: Inventory | None, *, sampled_gpus: tuple[Gpu, ...] | None,
+             versions: Versions | None) -> enginecheck.NodeFacts | None:
+    """The last inventory's facts, with the GPUs as last sampled and the engines as last probed; None without one.
+
+    The sampled GPUs replace the registered ones only when they are the same
+    GPUs: their memory in use is now's, which is what a check of free memory
+    needs, while a GPU that fell off the bus is the next registration's news,
+    not a reason to check a launch against a partial list.
+    """
+    if inv is None:
+        return None
+    facts = enginecheck.NodeFacts.of(inv)
+    if sampled_gpus is not None and sorted(g.index for g in sampled_gpus) == sorted(g.index for g in inv.gpus):
+        facts = dataclasses.replace(facts, gpus=sampled_gpus)
+    if versions is not None:
+        facts = dataclasses.replace(facts, engines=versions)
+    return facts
+
+
 class _Discovery:
     """The probes, shared by registration and heartbeats so that neither asks a tool twice in a minute."""
 
@@ -53,29 +121,33 @@ class _Discovery:
                                              sysfs_root=cfg.sysfs_root)
         self.builder = deltas.HeartbeatBuilder()
         self.weights = deltas.Rescanner(lambda: files.scan_weights(model_dirs), interval_s=deltas.WEIGHTS_RESCAN_S)
-        self.engines = deltas.Rescanner(lambda: tuple(engines.available()),
-                                        interval_s=deltas.ENGINES_REPROBE_S)
+        self.engines = EngineVersions()
         self.has_gpus = False
-        #: The GPU indices of the last inventory; None before the first.
-        self.gpu_indices: tuple[int, ...] | None = None
+        #: The last inventory (None before the first) and the GPUs the last heartbeat sampled.
+        self._inventory: Inventory | None = None
+        self._gpus: tuple[Gpu, ...] | None = None
 
     def inventory(self) -> Inventory:
         inv = discovery.discover(
             model_dirs=self.model_dirs, nvml=self.cfg.prefer_nvml, nvidia_smi=self.cfg.nvidia_smi,
             sysfs_root=self.cfg.sysfs_root, declared_fabrics=list(self.cfg.fabrics), mgmt_addr=self.cfg.mgmt_addr,
-            fabric_checker=self.checker, sm_probe=self.sm_probe, nvlink_probe=self.nvlink_probe)
+            fabric_checker=self.checker, sm_probe=self.sm_probe, nvlink_probe=self.nvlink_probe,
+            engines=lambda: list(self.engines.first()))
         if self.cfg.mgmt_interface:
-            import dataclasses
-
             inv = dataclasses.replace(inv, mgmt_interface=self.cfg.mgmt_interface)
         self.has_gpus = bool(inv.gpus)
-        self.gpu_indices = tuple(g.index for g in inv.gpus)
+        self._inventory, self._gpus = inv, None
         return inv
+
+    def node_facts(self) -> enginecheck.NodeFacts | None:
+        """This node's facts for the checks before a launch (``facts_of``); None before the first inventory."""
+        return facts_of(self._inventory, sampled_gpus=self._gpus, versions=self.engines.latest())
 
     def heartbeat(self, shard_pids: dict[str, int]) -> Heartbeat:
         load = self.sampler.sample(shard_pids=shard_pids)
+        self._gpus = load.gpus
         return self.builder.build(
-            load, weights=self.weights.get(), engines=self.engines.get(),
+            load, weights=self.weights.get(), engines=self.engines.latest(),
             fabrics=self.checker.check(list(self.cfg.fabrics), load.hcas, loud=False),
             model_dirs=files.model_dirs(self.model_dirs),
             nvlink=self.nvlink_probe.sample() if self.has_gpus else None,
@@ -88,6 +160,8 @@ class _Discovery:
 async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Event | None = None) -> None:
     stop = stop or asyncio.Event()
     ring = ring or install_log_ring()
+    # Before anything probes or launches an engine: the registry runs each with its own Python.
+    engines.configure(dict(cfg.engine_python))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -103,7 +177,7 @@ async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Ev
     run_dir = cfg.state_dir / "shards"
     supervisor = Supervisor(run_dir=run_dir, host=cfg.mgmt_addr, on_status=on_status, grace_s=cfg.stop_grace_s,
                             adopt_timeout_s=cfg.adopt_ready_timeout_s, live=cfg.probes,
-                            node_gpus=lambda: found.gpu_indices)
+                            node=found.node_facts)
     # Before registering, so that the Register lists the engines a previous
     # agent left and the control plane does not start them a second time.
     adopted = await supervisor.recover()
@@ -131,6 +205,7 @@ async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Ev
                       commands=Commands(start=start, stop=stop_shard, drain=drain, statuses=supervisor.statuses,
                                         logs=read_logs),
                       agent_version=agent_version())
+    versions = asyncio.create_task(found.engines.run(), name="probe engine versions")
     stream = asyncio.create_task(session.run_forever())
     try:
         await stop.wait()
@@ -146,6 +221,7 @@ async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Ev
             log.info("agent stopping; its %d engines keep serving and the next agent adopts them",
                      len(supervisor.pids()))
         stream.cancel()
+        versions.cancel()
         await supervisor.close()
         found.close()
         for sig in (signal.SIGTERM, signal.SIGINT):

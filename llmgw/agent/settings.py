@@ -6,7 +6,7 @@ field, the environment variable, or the flag — because an agent that refuses
 to start on a node nobody is logged into has to say exactly what to change.
 
 Precedence is flags > environment > file > defaults, field by field, with two
-exceptions. ``discovery`` merges key by key. And the control plane addresses
+exceptions. ``discovery`` and ``engine_python`` merge key by key. And the control plane addresses
 (``server`` and ``servers``) are one setting: the highest source that names any
 replaces every lower one's, or ``--server`` pointed at a test control plane
 would still fail over to the production ones the file lists.
@@ -32,6 +32,7 @@ import pydantic
 import yaml
 from pydantic_core import PydanticCustomError
 
+from llmgw.agent import engines
 from llmgw.agent.supervisor import liveness
 from llmgw.core import units
 from llmgw.core.errors import LlmgwError
@@ -43,6 +44,10 @@ ENV_PREFIX = "LLMGW_AGENT_"
 ENV_NOT_SETTINGS = frozenset({"LLMGW_AGENT_CONFIG"})
 DEFAULT_AGENT_PORT = 8081
 _LIST_FIELDS = ("servers", "model_dirs")
+#: Settings that are mappings and merge key by key across the file, the environment and the flags.
+_MERGED_FIELDS = ("discovery", "engine_python")
+#: ``LLMGW_AGENT_VLLM_PYTHON``: one engine's interpreter, as ``engine_python[vllm]``.
+_ENGINE_PYTHON_SUFFIX = "_PYTHON"
 
 
 class SettingsError(LlmgwError):
@@ -178,6 +183,10 @@ class AgentSettings(_Strict):
     probe_timeout_s: Duration = liveness.TIMEOUT_S
     probe_failure_threshold: int = liveness.FAILURE_THRESHOLD
     stop_engines_on_exit: bool = False
+    #: The Python that has each Python engine installed ({"vllm": "/opt/vllm/bin/python"}); an engine not
+    #: named runs with the agent's own. vLLM and SGLang are usually in venvs of their own: their torch
+    #: pins clash with each other's, and with anything else on the node.
+    engine_python: dict[str, AbsPath] = {}
     discovery: DiscoverySettings = pydantic.Field(default_factory=DiscoverySettings)
 
     @pydantic.field_validator("node_id")
@@ -198,6 +207,16 @@ class AgentSettings(_Strict):
                     # keeps the label what was written.
                     raise PydanticCustomError("label", "the value of {key} must be a string: YAML read it as "
                                               "{value}; write it in quotes", {"key": key, "value": repr(value)})
+        return v
+
+    @pydantic.field_validator("engine_python")
+    @classmethod
+    def _engine_python(cls, v: dict[str, Path]) -> dict[str, Path]:
+        unknown = sorted(set(v) - set(engines.PYTHON_ENGINES))
+        if unknown:
+            raise PydanticCustomError("engine", "{names} is not an engine that runs in a Python of its own; name "
+                                      "{known}", {"names": ", ".join(unknown),
+                                                  "known": " or ".join(sorted(engines.PYTHON_ENGINES))})
         return v
 
     @pydantic.field_validator("heartbeat_interval", "reconnect_base", "adopt_ready_timeout", "probe_period_s",
@@ -306,7 +325,7 @@ def load(*, path: Path | None, env: Mapping[str, str], flags: Mapping[str, objec
                 merged.pop(key, None)
                 origins.pop((key,), None)
         for key, value in values.items():
-            if key == "discovery" and isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            if key in _MERGED_FIELDS and isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
                 merged[key] = {**merged[key], **value}
             else:
                 merged[key] = value
@@ -352,8 +371,9 @@ def _from_file(path: Path) -> tuple[dict[str, Any], dict[tuple[str, ...], _Sourc
                              f"{type(doc).__name__}"])
     src = _Source(label, names_field=False, rank=1)
     origins: dict[tuple[str, ...], _Source] = {(str(k),): src for k in doc}
-    if isinstance(doc.get("discovery"), dict):
-        origins.update({("discovery", str(k)): src for k in doc["discovery"]})
+    for key in _MERGED_FIELDS:
+        if isinstance(doc.get(key), dict):
+            origins.update({(key, str(k)): src for k in doc[key]})
     return doc, origins
 
 
@@ -373,9 +393,15 @@ def _from_env(env: Mapping[str, str]) -> tuple[tuple[dict[str, Any], dict[tuple[
             values.setdefault("discovery", {})[parts[1]] = raw
             origins[tuple(parts)] = src
             continue
-        if len(parts) != 1 or parts[0] not in fields or parts[0] == "discovery":
-            known = [ENV_PREFIX + f.upper() for f in fields if f != "discovery"]
+        engine = _python_of(name)
+        if engine is not None:
+            values.setdefault("engine_python", {})[engine] = raw.strip()
+            origins[("engine_python", engine)] = src
+            continue
+        if len(parts) != 1 or parts[0] not in fields or parts[0] in _MERGED_FIELDS:
+            known = [ENV_PREFIX + f.upper() for f in fields if f not in _MERGED_FIELDS]
             known += [f"{ENV_PREFIX}DISCOVERY__{f.upper()}" for f in DiscoverySettings.model_fields]
+            known += [f"{ENV_PREFIX}{e.upper()}{_ENGINE_PYTHON_SUFFIX}" for e in sorted(engines.PYTHON_ENGINES)]
             log.warning("%s is not an agent setting, and is ignored%s", name, _hint(name, known))
             continue
         key = parts[0]
@@ -386,6 +412,15 @@ def _from_env(env: Mapping[str, str]) -> tuple[tuple[dict[str, Any], dict[tuple[
             continue
         origins[(key,)] = src
     return (values, origins), problems
+
+
+def _python_of(name: str) -> str | None:
+    """The engine ``LLMGW_AGENT_<ENGINE>_PYTHON`` names; None for any other variable."""
+    middle = name[len(ENV_PREFIX):]
+    if not middle.endswith(_ENGINE_PYTHON_SUFFIX):
+        return None
+    engine = middle.removesuffix(_ENGINE_PYTHON_SUFFIX).lower()
+    return engine if engine in engines.PYTHON_ENGINES else None
 
 
 def _env_value(key: str, raw: str) -> object:
@@ -427,8 +462,13 @@ def _from_flags(flags: Mapping[str, object]) -> tuple[dict[str, Any], dict[tuple
             src = _Source("--server", names_field=True, rank=3)
         else:
             src = _Source("--" + key.replace("_", "-").replace(".", "-"), names_field=True, rank=3)
-        if key == "labels" and isinstance(value, list | tuple):
+        if key in ("labels", "engine_python") and isinstance(value, list | tuple):
             value = dict(str(v).partition("=")[::2] for v in value)  # repeatable --label k=v
+        if key == "engine_python" and isinstance(value, Mapping):
+            # Key by key, so that an error names the engine: --engine-python sglang=relative/python.
+            values[key] = dict(value)
+            origins.update({(key,): src, **{(key, str(k)): src for k in value}})
+            continue
         if key.startswith("discovery."):
             sub = key.split(".", 1)[1]
             values.setdefault("discovery", {})[sub] = value

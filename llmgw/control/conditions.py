@@ -19,6 +19,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from llmgw.control.placement import explain
 from llmgw.control.state import NodeView, Phase, ReplicaRecord
 from llmgw.core.specs import ModelSpec
 from llmgw.core.units import format_bytes
@@ -80,7 +81,7 @@ def _placed(r: ReplicaRecord, now: float) -> Condition:
                          f"on node {r.node_id}{gpus} as shard {r.shard_id}{estimated}{ranks}")
     if r.failures and r.next_attempt_at > now:
         return Condition("Placed", FALSE, "BackOff", r.message or "waiting before the next attempt")
-    return Condition("Placed", FALSE, "Unschedulable" if r.message else "Waiting",
+    return Condition("Placed", FALSE, explain.reason_of(r.message) if r.message else "Waiting",
                      r.message or "waiting to be placed")
 
 

@@ -12,6 +12,7 @@ error anywhere. Adding an engine is now one record here and one adapter.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -65,6 +66,17 @@ class Engine:
     #: The environment variable the engine reads its API key from; "" when it takes it only
     #: as a flag. A key on the command line is readable by every user of the node (``ps``).
     api_key_env: str = ""
+    #: The smallest attention head (elements) its CPU backend runs; 0: no limit, or it has no
+    #: CPU backend to speak of. vLLM's CPU attention needs 32 (a model with 16 loads for a
+    #: minute, then fails in its first forward pass), so a CPU replica of one is refused first.
+    cpu_head_dim_min: int = 0
+    #: CPU features one of which its CPU backend needs (``/proc/cpuinfo`` flags); (): none.
+    #: SGLang's CPU kernels need AVX-512 or AMX: on an AVX2 machine it cannot serve at all.
+    cpu_flags_any: tuple[str, ...] = ()
+    #: Whether its parser takes a unique prefix of a long flag for the flag (Python's argparse
+    #: default, kept by vLLM and SGLang): ``--serv x`` there sets ``--served-model-name``, so a
+    #: prefix of a reserved flag in engine_args is refused as the flag itself.
+    takes_abbreviations: bool = False
 
 
 _LLAMACPP = Engine(
@@ -83,6 +95,10 @@ _LLAMACPP = Engine(
     reports_prefill_progress=True,
     prefix_cache_shared=False,
     openai_shapes_needed=True,
+    multi_node=False,
+    worker_ranks_serve_http=True,
+    # llama-server's --api-key reads it when the flag is not given, and so does our xllamacpp launcher.
+    api_key_env="LLAMA_API_KEY",
 )
 
 _SIM = Engine(
@@ -101,16 +117,28 @@ _SIM = Engine(
     reports_prefill_progress=False,
     prefix_cache_shared=True,
     openai_shapes_needed=False,
+    # It takes --nnodes/--rank so that multi-node runs are tested without GPUs; a worker rank
+    # answers /health and /sim/stats (and refuses the API), so it is probed like a leader.
+    multi_node=True,
+    worker_ranks_serve_http=True,
+    api_key_env="LLMGW_SIM_API_KEY",
 )
 
-# vLLM and SGLang: what the router already reads from replicas it is pointed at. No adapter
-# runs them yet, so they are not runnable and their reserved flags are left empty until one does.
+# The flags each adapter sets (``llmgw.agent.engines.vllm`` / ``sglang``), in every spelling the
+# engine's parser takes for them: a short alias in engine_args would bind another port just as well.
 _VLLM = Engine(
     name="vllm",
-    description="vLLM's OpenAI-compatible server",
-    runnable=False,
+    description="vLLM's OpenAI-compatible server (python -m vllm.entrypoints.openai.api_server), GPU or CPU",
+    runnable=True,
     needs_source=True,
-    reserved_flags=frozenset(),
+    reserved_flags=frozenset({
+        "--model", "--served-model-name", "--host", "--port", "--uds", "--api-key",
+        "--tensor-parallel-size", "-tp", "--pipeline-parallel-size", "-pp", "--dtype",
+        "--gpu-memory-utilization", "--device-memory-utilization",
+        "--nnodes", "-n", "--node-rank", "-r", "--master-addr", "--master-port", "--headless",
+        # Picks physical GPUs past CUDA_VISIBLE_DEVICES: it could take GPUs given to another replica.
+        "--device-ids",
+    }),
     context_flags=("--max-model-len",),
     context_default=0,
     queue_metric="vllm:num_requests_waiting",
@@ -119,14 +147,24 @@ _VLLM = Engine(
     reports_prefill_progress=False,
     prefix_cache_shared=True,
     openai_shapes_needed=False,
+    multi_node=True,
+    worker_ranks_serve_http=False,
+    api_key_env="VLLM_API_KEY",
+    cpu_head_dim_min=32,
+    takes_abbreviations=True,
 )
 
 _SGLANG = Engine(
     name="sglang",
-    description="SGLang's OpenAI-compatible server",
-    runnable=False,
+    description="SGLang's OpenAI-compatible server (python -m sglang.launch_server), GPU",
+    runnable=True,
     needs_source=True,
-    reserved_flags=frozenset(),
+    reserved_flags=frozenset({
+        "--model-path", "--model", "--served-model-name", "--host", "--port", "--api-key",
+        "--tp-size", "--tensor-parallel-size", "--pp-size", "--pipeline-parallel-size",
+        "--nnodes", "--node-rank", "--dist-init-addr", "--nccl-init-addr", "--mem-fraction-static",
+        "--dtype", "--config",
+    }),
     context_flags=("--context-length",),
     context_default=0,
     queue_metric="sglang:num_queue_reqs",
@@ -135,6 +173,11 @@ _SGLANG = Engine(
     reports_prefill_progress=False,
     prefix_cache_shared=True,
     openai_shapes_needed=False,
+    multi_node=True,
+    worker_ranks_serve_http=False,
+    api_key_env="",
+    cpu_flags_any=("amx_bf16", "avx512f"),
+    takes_abbreviations=True,
 )
 
 #: Every engine llmgw knows a fact about, by name. The order is the order the router tries
@@ -169,3 +212,51 @@ def running_metrics() -> tuple[str, ...]:
 def kv_usage_metrics() -> tuple[str, ...]:
     """Every engine's KV-cache-use gauges, in the registry's order."""
     return tuple(name for e in ENGINES.values() for name in e.kv_usage_metrics)
+
+
+def reserved_in(engine: str, args: Iterable[str]) -> list[str]:
+    """The args that set a flag llmgw sets itself for ``engine`` (``--port 1`` and ``--port=1`` alike).
+
+    A long flag is compared with its underscores as dashes (vLLM's parser takes
+    ``--served_model_name`` for ``--served-model-name``), and, for an engine whose
+    parser takes abbreviations, a prefix of a reserved flag counts as that flag.
+    """
+    found = ENGINES.get(engine)
+    if found is None:
+        return []
+    return [a for a in args if _sets_reserved(_flag(a), found)]
+
+
+def _sets_reserved(flag: str, record: Engine) -> bool:
+    if flag in record.reserved_flags:
+        return True
+    return (record.takes_abbreviations and flag.startswith("--") and len(flag) > 3
+            and any(r.startswith(flag) for r in record.reserved_flags if r.startswith("--")))
+
+
+def _flag(arg: str) -> str:
+    flag = arg.split("=", 1)[0]
+    return flag.replace("_", "-") if flag.startswith("--") else flag
+
+
+def context_tokens(engine: str, args: Iterable[str]) -> int:
+    """The context ``args`` tell the engine to hold (``--ctx-size N`` or ``=N``), else its record's default.
+
+    0 means the model's own context (or an engine llmgw knows nothing of).
+    """
+    found = ENGINES.get(engine)
+    if found is None:
+        return 0
+    args = list(args)
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if _flag(flag) in found.context_flags:
+            text = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+            if text.isdigit() and int(text) > 0:
+                return int(text)
+    return found.context_default
+
+
+def version_matches(have: str, want: str) -> bool:
+    """``want`` "0.11" takes "0.11" and "0.11.2" but not "0.110"; "" takes any."""
+    return not want or have == want or have.startswith(want + ".")

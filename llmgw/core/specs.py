@@ -459,8 +459,15 @@ def _choice(value: Any, field: str, choices: tuple[str, ...]) -> str:
     return str(value)
 
 
-def parse_manifest(doc: Any) -> Model:
-    """Validates one loaded YAML/JSON document and returns the model it describes."""
+def parse_manifest(doc: Any, *, stored: bool = False) -> Model:
+    """Validates one loaded YAML/JSON document and returns the model it describes.
+
+    ``stored``: the document was accepted by an earlier version and is read back
+    from the store. Refusals added since then that only admission makes (an
+    engine that runs on one node asked for several) are skipped: a model stored
+    before an upgrade must still list and load, or listing every model would
+    fail; the engine check refuses it at placement instead, as its condition.
+    """
     if not isinstance(doc, Mapping):
         raise SpecError("", "a model file must be a mapping with apiVersion, kind, metadata and spec")
     _check_fields(doc, _TOP_FIELDS, "")
@@ -517,6 +524,8 @@ def parse_manifest(doc: Any) -> Model:
     )
     if spec.context_length:
         _context_said_once(spec)
+    if spec.resources.nnodes > 1 and not stored:
+        _spans_nodes(spec)
     return Model(name=name, spec=spec)
 
 
@@ -536,6 +545,24 @@ def _context_said_once(spec: ModelSpec) -> None:
             raise SpecError(f"spec.engine_args[{i}]", f"{arg.split('=', 1)[0]} sets the context, which "
                                                       f"spec.context_length ({spec.context_length}) already "
                                                       "sets; keep one of them")
+
+
+def _spans_nodes(spec: ModelSpec) -> None:
+    """A replica over several nodes of an engine that runs on one only is refused here, by field.
+
+    llama.cpp has no multi-node mode: its launch takes no rank, so each rank of
+    an nnodes 2 replica would be a whole server of its own, GPUs held on every
+    node for one replica the router sees once. The engine check refuses it too,
+    but only at placement and on the agent, after the file was accepted.
+    """
+    found = engines_mod.record(spec.engine)
+    if found is None or found.multi_node:
+        return
+    able = [e.name for e in engines_mod.ENGINES.values() if e.runnable and e.multi_node]
+    hint = (f", or use an engine that runs multi-node: {', '.join(able)}" if able
+            else " (no engine of this version runs one replica over several nodes)")
+    raise SpecError("spec.resources.nnodes", f"engine {spec.engine} runs a replica on one node only, not "
+                                             f"{spec.resources.nnodes}; set nnodes to 1{hint}")
 
 
 def parallelism(resources: Resources) -> tuple[int, int]:

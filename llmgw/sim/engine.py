@@ -416,7 +416,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--model", required=True, help="the served model name")
-    parser.add_argument("--api-key", default="", help="require Authorization: Bearer KEY on /v1/*")
+    # The agent passes the key by environment: a command line is readable by every user of the node.
+    parser.add_argument("--api-key", default=os.environ.get("LLMGW_SIM_API_KEY", ""),
+                        help="require Authorization: Bearer KEY on /v1/* (default $LLMGW_SIM_API_KEY)")
     parser.add_argument("--prefill-tps", type=float, default=5000.0, help="prompt tokens per second")
     parser.add_argument("--decode-tps", type=float, default=200.0, help="generated tokens per second")
     parser.add_argument("--parallel", type=int, default=8, help="requests generating at once")

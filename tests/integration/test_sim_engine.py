@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import sys
@@ -31,7 +32,8 @@ def start_sim(tmp_path: Path, name: str, *args: str) -> tuple[procs.Proc, str]:
     port = procs.free_port()
     launch = engines.get("sim").launch(spec, host="127.0.0.1", port=port, model_path=None, cpu_count=2,
                                        python=sys.executable)
-    proc = procs.Proc.start(launch.argv, log_path=tmp_path / f"{name}.log")
+    # The key is in the adapter's env (never on argv), so the env goes along.
+    proc = procs.Proc.start(launch.argv, env={**os.environ, **launch.env}, log_path=tmp_path / f"{name}.log")
     return proc, f"http://127.0.0.1:{port}"
 
 

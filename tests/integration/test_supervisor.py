@@ -183,8 +183,8 @@ class DeafSim:
 
     name, health_path = "sim", "/health"
 
-    def validate(self, spec: ShardSpec) -> None:
-        engines.get("sim").validate(spec)
+    def validate(self, spec: ShardSpec, **kw: Any) -> None:
+        engines.get("sim").validate(spec, **kw)
 
     def launch(self, spec: ShardSpec, **kw: Any) -> engines.Launch:
         inner = engines.get("sim").launch(spec, **kw)

@@ -67,6 +67,35 @@ def test_discovery_merges_key_by_key(tmp_path: Path) -> None:
     assert s.discovery.sysfs_root == Path("/fake/ib")
 
 
+def test_engine_python_merges_file_env_and_flags_key_by_key(tmp_path: Path) -> None:
+    """engine_python: the file's mapping, LLMGW_AGENT_<ENGINE>_PYTHON and --engine-python k=v, each per engine."""
+    text = "server: cp1\nengine_python:\n  vllm: /file/vllm/bin/python\n  sglang: /file/sglang/bin/python\n"
+    assert _load(tmp_path, text).engine_python == {"vllm": Path("/file/vllm/bin/python"),
+                                                   "sglang": Path("/file/sglang/bin/python")}
+    s = _load(tmp_path, text, env={"LLMGW_AGENT_VLLM_PYTHON": "/env/vllm/bin/python"})
+    assert s.engine_python == {"vllm": Path("/env/vllm/bin/python"), "sglang": Path("/file/sglang/bin/python")}
+    s = _load(tmp_path, text, env={"LLMGW_AGENT_VLLM_PYTHON": "/env/vllm/bin/python"},
+              flags={"engine_python": ["sglang=/flag/sglang/bin/python"]})
+    assert s.engine_python == {"vllm": Path("/env/vllm/bin/python"), "sglang": Path("/flag/sglang/bin/python")}
+    assert _load(tmp_path, "server: cp1\n").engine_python == {}
+
+
+def test_engine_python_errors_name_the_engine_and_the_source(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A relative python, or an engine llmgw does not run, is refused naming where it came from."""
+    problems = _problems(tmp_path, "server: cp1\nengine_python:\n  vllm: /x/python\n",
+                         env={"LLMGW_AGENT_SGLANG_PYTHON": "venv/bin/python"})
+    assert problems == ["LLMGW_AGENT_SGLANG_PYTHON: must be an absolute path, got venv/bin/python"]
+    problems = _problems(tmp_path, "server: cp1\nengine_python:\n  vlm: /x/python\n")
+    assert problems == [f"{tmp_path / 'agent.yaml'}: engine_python: vlm is not an engine that runs in a Python of "
+                        "its own; name sglang or vllm"]
+    flagged = _problems(tmp_path, "server: cp1\n", flags={"engine_python": ["vllm=python3"]})
+    assert any(p.startswith("--engine-python: ") and "absolute path" in p for p in flagged), flagged
+    with caplog.at_level(logging.WARNING, logger="llmgw.agent.settings"):
+        _load(tmp_path, "server: cp1\n", env={"LLMGW_AGENT_VLM_PYTHON": "/x/python"})
+    assert "LLMGW_AGENT_VLM_PYTHON is not an agent setting" in caplog.text
+    assert "did you mean LLMGW_AGENT_VLLM_PYTHON?" in caplog.text
+
+
 def test_env_lists_labels_and_fabrics(tmp_path: Path) -> None:
     """Lists are comma-separated, labels k=v pairs or JSON, fabrics JSON; an empty variable is not set."""
     s = _load(tmp_path, env={
@@ -218,5 +247,6 @@ def test_example_file_is_complete_and_valid(tmp_path: Path) -> None:
     doc = yaml.safe_load(uncommented)
     assert set(doc) == set(settings.AgentSettings.model_fields)
     assert set(doc["discovery"]) == set(settings.DiscoverySettings.model_fields)
+    assert set(doc["engine_python"]) == {"vllm", "sglang"}
     s = settings.load(path=_file(tmp_path, uncommented), env={}, flags={})
     assert s.servers[0] == "cp1.example.net:8081"

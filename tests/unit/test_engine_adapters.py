@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from llmgw.agent import engines, weights
-from llmgw.agent.engines import llamacpp, sim
-from llmgw.core import errors, shards
+from llmgw.agent.engines import base, llamacpp, sim
+from llmgw.core import enginecheck, errors, inventory, shards
 
 SPEC = shards.ShardSpec(shard_id="s1", replica_id="r1", model="smol", engine="llamacpp",
                         served_name="smol-135m", source="file:///models/smol.gguf")
@@ -61,12 +61,39 @@ def test_llamacpp_prefers_llama_server_on_path() -> None:
 
 
 def test_llamacpp_api_key_env_and_args_are_passed() -> None:
-    """The API key becomes --api-key, spec.env becomes env additions, and spec.args come last."""
+    """The API key goes in LLAMA_API_KEY, never argv; spec.env becomes env additions, and spec.args come last."""
     spec = dataclasses.replace(SPEC, api_key="sk-shard", args=("-c", "2048", "--parallel", "2"),
                                env=(("OMP_NUM_THREADS", "2"),))
     got = launch(llamacpp.LlamaCpp(which=no_binary), spec)
-    assert got.argv[-8:] == ["--api-key", "sk-shard", "--batch-size", "64", "-c", "2048", "--parallel", "2"]
-    assert got.env == {"OMP_NUM_THREADS": "2"}
+    assert got.argv[-6:] == ["--batch-size", "64", "-c", "2048", "--parallel", "2"]
+    assert not any("sk-shard" in a for a in got.argv) and "--api-key" not in got.argv
+    assert got.env == {"OMP_NUM_THREADS": "2", "LLAMA_API_KEY": "sk-shard"}
+
+
+def test_llamacpp_launcher_reads_the_key_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The xllamacpp launcher takes LLAMA_API_KEY as llama-server does, and the key reaches llama.cpp's params."""
+    import xllamacpp
+
+    from llmgw.agent.engines import llamacpp_launcher as launcher
+
+    monkeypatch.setenv("LLAMA_API_KEY", "sk-env")
+    params = launcher.build_params(launcher.parse_args(["--model", "m.gguf"]), xllamacpp)
+    assert list(params.api_keys) == ["sk-env"]
+
+
+def test_llamacpp_context_length_and_dtype() -> None:
+    """context_length becomes --ctx-size; a dtype is refused, since a .gguf file holds its own types."""
+    got = launch(llamacpp.LlamaCpp(which=no_binary), dataclasses.replace(SPEC, context_length=8192)).argv
+    assert got[got.index("--ctx-size") + 1] == "8192"
+    with pytest.raises(errors.EngineError, match="remove spec.dtype"):
+        llamacpp.LlamaCpp(which=no_binary).validate(dataclasses.replace(SPEC, dtype="bfloat16"))
+
+
+def test_llamacpp_refuses_a_safetensors_model() -> None:
+    """Weights metadata saying safetensors is refused by llamacpp, pointing at vllm."""
+    model = inventory.WeightFile(path="/models/llama", size_bytes=1, format="safetensors")
+    with pytest.raises(errors.EngineError, match="use engine vllm"):
+        llamacpp.LlamaCpp(which=no_binary).validate(SPEC, model=model)
 
 
 @pytest.mark.parametrize(("cpus", "threads", "expected"), [(8, 0, "4"), (1, 0, "1"), (3, 0, "1"), (8, 6, "6")])
@@ -130,11 +157,22 @@ def test_llamacpp_version_is_read_from_a_real_binary(tmp_path: Path) -> None:
 
 
 def test_sim_argv() -> None:
-    """The sim engine runs as python -m llmgw.sim.engine with the served name as its model."""
+    """The sim engine runs as python -m llmgw.sim.engine with the served name as its model, its key by env."""
     spec = dataclasses.replace(SPEC, engine="sim", source="", api_key="k1", args=("--decode-tps", "50"))
     got = launch(sim.Sim(), spec, model_path=None)
     assert got.argv == ["/venv/bin/python", "-m", "llmgw.sim.engine", "--host", "127.0.0.1",
-                        "--port", "8011", "--model", "smol-135m", "--api-key", "k1", "--decode-tps", "50"]
+                        "--port", "8011", "--model", "smol-135m", "--decode-tps", "50"]
+    assert got.env == {"LLMGW_SIM_API_KEY": "k1"}
+    assert got.serves_http
+
+
+def test_sim_reads_its_key_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sim engine's --api-key defaults to LLMGW_SIM_API_KEY, and a flag still wins."""
+    from llmgw.sim import engine as sim_engine
+
+    monkeypatch.setenv("LLMGW_SIM_API_KEY", "k-env")
+    assert sim_engine.parse_args(["--model", "m"]).api_key == "k-env"
+    assert sim_engine.parse_args(["--model", "m", "--api-key", "k-flag"]).api_key == "k-flag"
 
 
 def test_sim_refuses_reserved_flags_and_reports_a_version() -> None:
@@ -148,9 +186,27 @@ def test_registry() -> None:
     """get finds adapters by name and names the known ones for an unknown engine."""
     assert engines.get("sim").name == "sim"
     assert engines.get("llamacpp").health_path == "/health"
-    with pytest.raises(errors.EngineError, match="llamacpp, sim"):
+    with pytest.raises(errors.EngineError, match="llamacpp, sglang, sim, vllm"):
         engines.get("vllm-nope")
     assert "sim" in dict(engines.available())
+
+
+def test_configure_gives_python_engines_their_python() -> None:
+    """configure sets the python vLLM and SGLang run under; others keep the agent's; a typo is refused."""
+    spec = dataclasses.replace(SPEC, engine="vllm", source="file:///models/llama")
+    try:
+        engines.configure({"vllm": "/opt/vllm/bin/python"})
+        got = engines.get("vllm").launch(spec, host="127.0.0.1", port=8011, model_path="/models/llama",
+                                         cpu_count=2)
+        assert got.argv[:3] == ["/opt/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+        sg = engines.get("sglang").launch(dataclasses.replace(spec, engine="sglang"), host="127.0.0.1",
+                                          port=8011, model_path="/models/llama", cpu_count=2)
+        assert sg.argv[0] == sys.executable
+        with pytest.raises(errors.EngineError, match="name only vllm, sglang"):
+            engines.configure({"llama": "/x/python"})
+    finally:
+        engines.configure({})
+    assert engines.get("vllm").launch(spec, host="h", port=1, model_path="/m", cpu_count=1).argv[0] == sys.executable
 
 
 def test_resolve_empty_source_is_none() -> None:
@@ -165,10 +221,21 @@ def test_resolve_file_source(tmp_path: Path) -> None:
     assert weights.resolve_source(f"file://{model}") == str(model)
     with pytest.raises(errors.EngineError, match="does not exist"):
         weights.resolve_source(f"file://{tmp_path}/missing.gguf")
-    with pytest.raises(errors.EngineError, match="not a file|directory"):
-        weights.resolve_source(f"file://{tmp_path}")
     with pytest.raises(errors.EngineError, match="on this node"):
         weights.resolve_source("file://otherhost/m.gguf")
+
+
+def test_resolve_directory_source(tmp_path: Path) -> None:
+    """file:/// naming a model directory gives it (trailing slash or not); one without config.json is refused."""
+    model = tmp_path / "llama-dir"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"")
+    with pytest.raises(errors.EngineError, match=r"model directory .*llama-dir has no config.json .*"
+                                                 r"\*.safetensors, as saved by transformers"):
+        weights.resolve_source(f"file://{model}")
+    (model / "config.json").write_text("{}")
+    assert weights.resolve_source(f"file://{model}") == str(model)
+    assert weights.resolve_source(f"file://{model}/") == f"{model}/"
 
 
 def test_resolve_package_source() -> None:
@@ -236,3 +303,42 @@ def test_launcher_passes_prompt_cache_settings_to_llama_cpp() -> None:
     assert (default.cache_idle_slots, default.cache_ram_mib) == (True, 8192)
     with pytest.raises(SystemExit):
         launcher.parse_args(["--model", "m.gguf", "--cache-ram", "-5"])
+
+
+def _hca(name: str, link: str, gid: int = -1) -> inventory.Hca:
+    return inventory.Hca(name=name, ports=(inventory.HcaPort(port=1, state="ACTIVE", link_layer=link,
+                                                             roce_v2_gid_index=gid),))
+
+
+@pytest.mark.parametrize(("hcas", "given", "expected"), [
+    # RoCE: the given HCAs' RoCE v2 GID index; an HCA not given does not count.
+    ((_hca("mlx5_0", "Ethernet", 3), _hca("mlx5_1", "Ethernet", 5)), ("mlx5_0",),
+     {"NCCL_IB_HCA": "mlx5_0", "NCCL_IB_GID_INDEX": "3"}),
+    # InfiniBand needs no GID index.
+    ((_hca("mlx5_0", "InfiniBand"), _hca("mlx5_1", "InfiniBand")), ("mlx5_0", "mlx5_1"),
+     {"NCCL_IB_HCA": "mlx5_0,mlx5_1"}),
+    # Given HCAs that disagree: no single index is right, so NCCL is left to choose.
+    ((_hca("mlx5_0", "Ethernet", 3), _hca("mlx5_1", "Ethernet", 1)), ("mlx5_0", "mlx5_1"),
+     {"NCCL_IB_HCA": "mlx5_0,mlx5_1"}),
+    ((), (), {}),
+])
+def test_multinode_env_from_this_nodes_facts(hcas: tuple[inventory.Hca, ...], given: tuple[str, ...],
+                                            expected: dict[str, str]) -> None:
+    """A rank's NCCL/Gloo env: its node's own interface, its given HCAs, and their RoCE v2 GID index."""
+    spec = dataclasses.replace(SPEC, nnodes=2, rank=1, leader_addr="10.0.0.5", leader_port=29555, hcas=given)
+    node = enginecheck.NodeFacts(mgmt_interface="enp3s0f0", hcas=hcas)
+    assert base.multinode_env(spec, node) == {"NCCL_SOCKET_IFNAME": "enp3s0f0", "GLOO_SOCKET_IFNAME": "enp3s0f0",
+                                              **expected}
+    assert base.multinode_env(spec, enginecheck.NodeFacts(hcas=hcas)) == expected  # interface not found: unset
+    assert base.multinode_env(dataclasses.replace(spec, nnodes=1, rank=0), node) == {}
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "llamacpp", "sim"])
+def test_no_engine_puts_the_key_on_argv(engine: str, tmp_path: Path) -> None:
+    """Whatever the engine, the shard's API key appears nowhere on the command line."""
+    spec = dataclasses.replace(SPEC, engine=engine, api_key="sk-never-on-argv",
+                               source="file:///models/llama" if engine in ("vllm", "sglang") else SPEC.source)
+    adapter = engines.get(engine)
+    got = adapter.launch(spec, host="127.0.0.1", port=8011, model_path="/models/x", cpu_count=2,
+                         work_dir=str(tmp_path))
+    assert not any("sk-never-on-argv" in a for a in got.argv), got.argv

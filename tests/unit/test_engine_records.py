@@ -29,17 +29,28 @@ def _manifest(**spec: Any) -> dict[str, Any]:
                           "spec": {"engine": "sim", **spec}})
 
 
-def test_spec_validation_accepts_exactly_the_runnable_records() -> None:
-    """Spec validation accepts llamacpp and sim, the engines with adapters; vllm and sglang are refused."""
-    assert list(engines.KNOWN_ENGINES) == ["llamacpp", "sim"]
+def test_spec_validation_accepts_exactly_the_runnable_records(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spec validation accepts every engine with an adapter (all four now); one marked not runnable is refused."""
+    assert set(engines.KNOWN_ENGINES) == {"vllm", "sglang", "llamacpp", "sim"}
     assert {e.name for e in RECORDS if e.runnable} == set(engines.KNOWN_ENGINES)
     assert set(engines.KNOWN_ENGINES) == set(adapters._ADAPTERS)
     for name, record in engines.ENGINES.items():
         assert record.name == name and record.description
         assert engines.KNOWN_ENGINES.get(name, record.description) == record.description
-    for name in ("vllm", "sglang"):
-        with pytest.raises(SpecError, match="unknown engine"):
-            specs.parse_manifest(_manifest(engine=name))
+    specs.parse_manifest(_manifest(engine="vllm", source="/models/llama"))
+    monkeypatch.delitem(engines.KNOWN_ENGINES, "sglang")
+    with pytest.raises(SpecError, match="unknown engine"):
+        specs.parse_manifest(_manifest(engine="sglang", source="/models/llama"))
+
+
+@pytest.mark.parametrize(("name", "multi", "workers_http", "key_env"), [
+    ("vllm", True, False, "VLLM_API_KEY"), ("sglang", True, False, ""),
+    ("llamacpp", False, True, "LLAMA_API_KEY"), ("sim", True, True, "LLMGW_SIM_API_KEY"),
+])
+def test_multi_node_worker_http_and_key_variable(name: str, multi: bool, workers_http: bool, key_env: str) -> None:
+    """Each record says whether it spans nodes, whether worker ranks serve HTTP, and where its key goes."""
+    record = engines.ENGINES[name]
+    assert (record.multi_node, record.worker_ranks_serve_http, record.api_key_env) == (multi, workers_http, key_env)
 
 
 def test_every_field_has_a_comment_saying_what_it_means() -> None:
@@ -163,3 +174,19 @@ def test_the_router_reads_load_gauges_from_the_records(monkeypatch: pytest.Monke
     old = loadwatch.engine_load(loadwatch.parse_gauges("llmgw_sim_requests_waiting 4\n"))
     new = loadwatch.engine_load(loadwatch.parse_gauges("test_engine_queued 4\ntest_engine_running 1\n"))
     assert old.waiting == 0.0 and (new.waiting, new.running) == (4.0, 1.0)
+
+
+@pytest.mark.parametrize(("name", "fixture"), [("vllm", "vllm-0.32.0"), ("sglang", "sglang-0.5.23")])
+def test_reserved_flags_are_the_engines_own(name: str, fixture: str) -> None:
+    """Every reserved and context flag is one the engine's recorded parser has (a typo would reserve nothing),
+    and no other flag of it is a prefix of a reserved one (the abbreviation rule would refuse it wrongly)."""
+    from llmgw.testing import argcheck
+
+    parser = argcheck.load_fixture(fixture)
+    known = {o for a in parser["actions"] for o in a["option_strings"]}
+    record = engines.ENGINES[name]
+    assert record.reserved_flags <= known, sorted(record.reserved_flags - known)
+    assert set(record.context_flags) <= known
+    assert record.takes_abbreviations == parser["allow_abbrev"]
+    assert all(engines.reserved_in(name, [flag]) == [] for flag in known - record.reserved_flags), \
+        [f for f in known - record.reserved_flags if engines.reserved_in(name, [f])]

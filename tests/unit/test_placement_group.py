@@ -52,8 +52,10 @@ def test_adapters_that_are_down_do_not_count() -> None:
 
 def test_group_members_pass_the_same_filters() -> None:
     """A cordoned node or one without the engine is not a rank either."""
-    nodes = [ib_node("n1", "ib-a", "mlx5_0"), ib_node("n2", "ib-a", "mlx5_0", cordoned=True),
+    # vLLM: an engine that runs one replica over several nodes (llama.cpp does not, and is refused first).
+    nodes = [ib_node("n1", "ib-a", "mlx5_0", engines=("vllm",)),
+             ib_node("n2", "ib-a", "mlx5_0", engines=("vllm",), cordoned=True),
              ib_node("n3", "ib-a", "mlx5_0", engines=("sim",))]
-    out = fit.place_group(fit.Placer(nodes), "big", spec(engine="llamacpp", source="/m.gguf", gpus=2, nnodes=2))
+    out = fit.place_group(fit.Placer(nodes), "big", spec(engine="vllm", source="/m", gpus=2, nnodes=2))
     assert isinstance(out, fit.Refused)
-    assert out.reasons["n2"] == "is cordoned" and out.reasons["n3"].startswith("lacks engine llamacpp")
+    assert out.reasons["n2"] == "is cordoned" and out.reasons["n3"].startswith("lacks engine vllm")

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from llmgw.core import specs, units
+from llmgw.core import engines, specs, units
 from llmgw.core.errors import SpecError
 
 BASE: dict[str, Any] = {"apiVersion": "llmgw/v1", "kind": "Model", "metadata": {"name": "m1"},
@@ -193,3 +193,89 @@ def test_fingerprint_of_a_model_without_new_fields_is_unchanged() -> None:
               "resources": {"memory_bytes": 2**30, "cpu_threads": 2}, "engine_args": ["--decode-tps", "9"],
               "env": []}
     assert m.spec.fingerprint() == hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@pytest.mark.parametrize(("given", "kept"), [("auto", ""), ("float16", "float16"), ("bfloat16", "bfloat16"),
+                                             ("float32", "float32"), ("fp8", "fp8"), (None, "")])
+def test_dtype_values(given: str | None, kept: str) -> None:
+    """spec.dtype takes the words every engine takes; auto (or nothing) leaves it to the engine."""
+    assert specs.parse_manifest(doc(dtype=given)).spec.dtype == kept
+
+
+@pytest.mark.parametrize(("change", "field", "words"), [
+    ({"dtype": "bf16"}, "spec.dtype", "bfloat16"),
+    ({"dtype": 16}, "spec.dtype", "unknown value"),
+    ({"context_length": -1}, "spec.context_length", "between 0 and"),
+    ({"context_length": "8k"}, "spec.context_length", "whole number"),
+    ({"context_length": specs.MAX_CONTEXT + 1}, "spec.context_length", "between 0 and"),
+    ({"engine": "llamacpp", "source": "/m.gguf", "context_length": 8192, "engine_args": ["--ctx-size", "4096"]},
+     "spec.engine_args[0]", "keep one of them"),
+    ({"engine": "llamacpp", "source": "/m.gguf", "context_length": 8192, "engine_args": ["-t0", "-c=4096"]},
+     "spec.engine_args[1]", "spec.context_length (8192) already sets"),
+])
+def test_dtype_and_context_refusals(change: dict[str, Any], field: str, words: str) -> None:
+    """A dtype no engine takes, a context that is no token count, or a context said twice is refused by field."""
+    with pytest.raises(SpecError) as e:
+        specs.parse_manifest(doc(**change))
+    assert e.value.field == field
+    assert words in str(e.value)
+
+
+def test_context_length_is_said_once() -> None:
+    """context_length alone, or the engine's flag alone, is accepted; the flag is kept for the engine."""
+    m = specs.parse_manifest(doc(engine="llamacpp", source="/m.gguf", context_length=8192))
+    assert m.spec.context_length == 8192 and m.spec.engine_args == ()
+    flag = specs.parse_manifest(doc(engine="llamacpp", source="/m.gguf", engine_args=["--ctx-size", "4096"]))
+    assert flag.spec.context_length == 0 and flag.spec.engine_args == ("--ctx-size", "4096")
+
+
+def test_dtype_and_context_round_trip() -> None:
+    """dtype and context_length read back from the canonical manifest, which leaves them out when unset."""
+    m = specs.parse_manifest(doc(dtype="bfloat16", context_length=32768))
+    assert (m.spec.dtype, m.spec.context_length) == ("bfloat16", 32768)
+    assert specs.parse_manifest(m.to_manifest()) == m
+    plain = specs.parse_manifest(doc(dtype="auto", context_length=0)).to_manifest()["spec"]
+    assert "dtype" not in plain and "context_length" not in plain
+
+
+def test_fingerprint_unchanged_without_dtype_or_context() -> None:
+    """A file that sets neither (or sets auto / 0) hashes as one without the fields; setting either rolls."""
+    without = specs.parse_manifest(doc(resources={"memory": "1GiB"})).spec.fingerprint()
+    assert specs.parse_manifest(doc(resources={"memory": "1GiB"}, dtype="auto",
+                                    context_length=None)).spec.fingerprint() == without
+    assert specs.parse_manifest(doc(resources={"memory": "1GiB"}, context_length=0)).spec.fingerprint() == without
+    assert specs.parse_manifest(doc(resources={"memory": "1GiB"}, dtype="float16")).spec.fingerprint() != without
+    assert specs.parse_manifest(doc(resources={"memory": "1GiB"}, context_length=4096)).spec.fingerprint() != without
+
+
+@pytest.mark.parametrize(("resources", "tp_pp"), [
+    ({}, (1, 1)),
+    ({"memory": "8GiB", "cpu_threads": 4}, (1, 1)),
+    ({"gpus": 4}, (4, 1)),
+    ({"gpus": 4, "nnodes": 2}, (4, 2)),
+    ({"gpus": {"count": 4, "tensor_parallel": 8}, "nnodes": 2}, (8, 1)),
+    ({"gpus": {"pipeline_parallel": 2}, "nnodes": 2}, (1, 2)),
+    ({"gpus": {"tensor_parallel": 4, "pipeline_parallel": 2}, "nnodes": 2}, (4, 2)),
+])
+def test_parallelism_defaults(resources: dict[str, Any], tp_pp: tuple[int, int]) -> None:
+    """Without GPUs (1, 1); unstated, tensor parallel spans a node's GPUs and pipeline parallel the nodes."""
+    assert specs.parallelism(specs.parse_manifest(doc(resources=resources)).spec.resources) == tp_pp
+
+
+def test_multi_node_refused_for_an_engine_that_runs_on_one_node() -> None:
+    """nnodes above 1 for llama.cpp is refused at parse, naming the engines that do run multi-node."""
+    with pytest.raises(SpecError) as e:
+        specs.parse_manifest(doc(engine="llamacpp", source="/m.gguf", resources={"gpus": 1, "nnodes": 2}))
+    assert e.value.field == "spec.resources.nnodes"
+    able = [n for n, r in engines.ENGINES.items() if r.runnable and r.multi_node]
+    assert "runs a replica on one node only" in str(e.value) and "set nnodes to 1" in str(e.value)
+    assert able and all(name in str(e.value) for name in able)
+    assert "llamacpp" not in able
+    one = specs.parse_manifest(doc(engine="llamacpp", source="/m.gguf", resources={"gpus": 1, "nnodes": 1}))
+    assert one.spec.resources.nnodes == 1
+
+
+def test_a_stored_model_an_older_version_accepted_still_reads_back() -> None:
+    """A llama.cpp model over 2 nodes stored before the refusal existed is read back from the store, not refused."""
+    old = doc(engine="llamacpp", source="/m.gguf", resources={"gpus": 1, "nnodes": 2})
+    assert specs.parse_manifest(old, stored=True).spec.resources.nnodes == 2

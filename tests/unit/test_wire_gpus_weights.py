@@ -11,6 +11,7 @@ from llmgw.agent import engines
 from llmgw.agent.supervisor import launching
 from llmgw.api import convert
 from llmgw.api.v1 import agent_pb2 as pb
+from llmgw.core import enginecheck
 from llmgw.core import inventory as inv
 from llmgw.core.errors import EngineError
 from llmgw.core.shards import ShardSpec, ShardState, ShardStatus
@@ -20,6 +21,10 @@ SPEC = ShardSpec(shard_id="s1", replica_id="r1", model="m", engine="sim", served
 WEIGHT = inv.WeightFile("/m/smol.gguf", 98_362_432, "gguf", params=134_515_008, layers=30, heads=9, kv_heads=3,
                         head_dim=64, hidden_size=576, context_length=8192, dtype_bytes=0)
 
+
+
+def with_gpus(*indices: int) -> enginecheck.NodeFacts:
+    return enginecheck.NodeFacts(gpus=tuple(inv.Gpu(i, f"GPU-{i}", "test", 0, 0) for i in indices))
 
 def test_shard_gpus_round_trip_in_order() -> None:
     """A StartShard's gpus, and a status's spec, come back as sent (order is the CUDA numbering)."""
@@ -66,10 +71,10 @@ def test_plan_puts_the_gpus_over_the_spec_env_and_the_agents(monkeypatch: pytest
     spec = dataclasses.replace(SPEC, gpus=(2,), env=(("CUDA_DEVICE_ORDER", "FASTEST_FIRST"),
                                                      ("CUDA_VISIBLE_DEVICES", "0"), ("NCCL_DEBUG", "INFO")))
     p = launching.plan(spec, engines.get("sim"), host="127.0.0.1", model_path=None, cpu_count=2,
-                       run_dir=tmp_path, node_gpus=(0, 1, 2, 3))
+                       run_dir=tmp_path, node=with_gpus(0, 1, 2, 3))
     assert (p.env["CUDA_VISIBLE_DEVICES"], p.env["CUDA_DEVICE_ORDER"], p.env["NCCL_DEBUG"]) == (
         "2", "PCI_BUS_ID", "INFO")
     cpu = launching.plan(dataclasses.replace(spec, gpus=()), engines.get("sim"), host="127.0.0.1", model_path=None,
-                         cpu_count=2, run_dir=tmp_path, node_gpus=())
+                         cpu_count=2, run_dir=tmp_path, node=with_gpus())
     # A CPU node: the spec's values are dropped and the agent's own stand.
     assert (cpu.env["CUDA_VISIBLE_DEVICES"], cpu.env["CUDA_DEVICE_ORDER"]) == ("0,1,2,3", "FASTEST_FIRST")

@@ -11,13 +11,14 @@ from llmgw.agent import engines
 from llmgw.agent.supervisor import launching
 from llmgw.api import convert
 from llmgw.api.v1 import agent_pb2 as pb
+from llmgw.core import enginecheck, inventory
 from llmgw.core.errors import EngineError
 from llmgw.core.shards import ShardSpec, ShardState, ShardStatus
 from llmgw.sim import engine as sim_engine
 
 RANK1 = ShardSpec(shard_id="r1-1-1", replica_id="r1", model="m", engine="sim", served_name="m", port=8011,
                   gpus=(0, 1), nnodes=2, rank=1, leader_addr="10.0.0.1", leader_port=29500,
-                  hcas=("mlx5_0", "mlx5_1"))
+                  hcas=("mlx5_0", "mlx5_1"), tensor_parallel=4)
 
 
 def test_rank_fields_round_trip() -> None:
@@ -37,15 +38,17 @@ def test_a_rank_gets_its_rank_env_over_the_specs_and_the_agents(tmp_path: Path,
     """LLMGW_RANK & co. come from the rank fields; an NCCL_IB_HCA from the agent or the spec does not win."""
     monkeypatch.setenv("NCCL_IB_HCA", "mlx5_9")  # the agent's own: adapters of another fabric
     spec = dataclasses.replace(RANK1, env=(("NCCL_IB_HCA", "mlx5_7"), ("NCCL_DEBUG", "INFO")))
+    node = enginecheck.NodeFacts(gpus=tuple(inventory.Gpu(i, f"GPU-{i}", "test", 0, 0) for i in (0, 1)))
     p = launching.plan(spec, engines.get("sim"), host="127.0.0.1", model_path=None, cpu_count=2, run_dir=tmp_path,
-                       node_gpus=(0, 1))
+                       node=node)
     got = {k: p.env[k] for k in ("LLMGW_NNODES", "LLMGW_RANK", "LLMGW_LEADER_ADDR", "LLMGW_LEADER_PORT",
                                  "NCCL_IB_HCA", "NCCL_DEBUG", "CUDA_VISIBLE_DEVICES")}
     assert got == {"LLMGW_NNODES": "2", "LLMGW_RANK": "1", "LLMGW_LEADER_ADDR": "10.0.0.1",
                    "LLMGW_LEADER_PORT": "29500", "NCCL_IB_HCA": "mlx5_0,mlx5_1", "NCCL_DEBUG": "INFO",
                    "CUDA_VISIBLE_DEVICES": "0,1"}
     assert p.argv[-8:] == ["--nnodes", "2", "--rank", "1", "--leader-addr", "10.0.0.1", "--leader-port", "29500"]
-    one = launching.plan(dataclasses.replace(RANK1, nnodes=1, rank=0, leader_addr="", leader_port=0, hcas=()),
+    one = launching.plan(dataclasses.replace(RANK1, nnodes=1, rank=0, leader_addr="", leader_port=0, hcas=(),
+                                             tensor_parallel=2),
                          engines.get("sim"), host="127.0.0.1", model_path=None, cpu_count=2, run_dir=tmp_path)
     # One node: nothing is added, and the agent's own NCCL_IB_HCA is left as it is.
     assert "LLMGW_RANK" not in one.env and one.env["NCCL_IB_HCA"] == "mlx5_9" and "--rank" not in one.argv

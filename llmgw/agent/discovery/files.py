@@ -87,6 +87,40 @@ def _size(entry: os.DirEntry[str]) -> int | None:
         return None
 
 
+def _safetensors_dir(path: Path, files: Sequence[os.DirEntry[str]]) -> WeightFile | None:
+    """``path`` as one weight when its files are config.json and *.safetensors; None otherwise."""
+    if not (any(e.name == "config.json" for e in files) and any(e.name.endswith(".safetensors") for e in files)):
+        return None
+    tensors = [e.name for e in files if e.name.endswith(".safetensors")]
+    meta = weightmeta.cached(str(path), [str(path / n) for n in ("config.json", *tensors)],
+                             lambda: weightmeta.safetensors(path, tensors))
+    return WeightFile(path=str(path), size_bytes=sum(_size(e) or 0 for e in files), format="safetensors", **meta)
+
+
+def _gguf(path: str, size: int) -> WeightFile:
+    meta = weightmeta.cached(path, [path], lambda: weightmeta.gguf(path))
+    return WeightFile(path=path, size_bytes=size, format="gguf", **meta)
+
+
+def weight_at(path: str) -> WeightFile | None:
+    """The weight at ``path`` (a .gguf file, or a directory of config.json and *.safetensors); None otherwise.
+
+    For the agent's check before a launch: the numbers come from the cache the
+    scans fill (keyed by path, size and time), so a weight under a model
+    directory is not read again, and one elsewhere costs its headers only.
+    """
+    where = Path(path)
+    try:
+        if where.is_dir():
+            files = [e for e in os.scandir(where) if not e.name.startswith(".") and e.is_file()]
+            return _safetensors_dir(where, files)
+        if where.name.endswith(".gguf") and where.is_file():
+            return _gguf(str(where), where.stat().st_size)
+    except OSError:
+        pass  # unreadable or gone: no metadata, and the checks that need it are skipped
+    return None
+
+
 def _walk(path: Path, depth: int, max_depth: int, seen: set[tuple[int, int]], found: dict[str, WeightFile]) -> None:
     try:
         st = path.stat()
@@ -109,17 +143,12 @@ def _walk(path: Path, depth: int, max_depth: int, seen: set[tuple[int, int]], fo
                 files.append(e)
         except OSError:
             continue
-    if any(e.name == "config.json" for e in files) and any(e.name.endswith(".safetensors") for e in files):
-        tensors = [e.name for e in files if e.name.endswith(".safetensors")]
-        meta = weightmeta.cached(str(path), [str(path / n) for n in ("config.json", *tensors)],
-                                 lambda: weightmeta.safetensors(path, tensors))
-        found[str(path)] = WeightFile(path=str(path), size_bytes=sum(_size(e) or 0 for e in files),
-                                      format="safetensors", **meta)
+    if (weight := _safetensors_dir(path, files)) is not None:
+        found[str(path)] = weight
         return
     for e in files:
         if e.name.endswith(".gguf") and (size := _size(e)) is not None:
-            meta = weightmeta.cached(e.path, [e.path], lambda p=e.path: weightmeta.gguf(p))
-            found[e.path] = WeightFile(path=e.path, size_bytes=size, format="gguf", **meta)
+            found[e.path] = _gguf(e.path, size)
     if depth < max_depth:
         for e in subdirs:
             _walk(Path(e.path), depth + 1, max_depth, seen, found)

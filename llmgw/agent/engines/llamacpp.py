@@ -47,7 +47,7 @@ import sys
 from collections.abc import Callable
 
 from llmgw.agent.engines import base
-from llmgw.core import engines, errors, shards
+from llmgw.core import enginecheck, engines, errors, inventory, shards
 
 #: The module run with ``python -m`` when there is no llama-server binary.
 LAUNCHER_MODULE = "llmgw.agent.engines.llamacpp_launcher"
@@ -112,29 +112,40 @@ class LlamaCpp:
         #: (path, size, mtime) of the binary last asked, and its version.
         self._known: tuple[tuple[str, int, int], str] | None = None
 
-    def validate(self, spec: shards.ShardSpec) -> None:
-        base.check_common(self.name, spec)
+    def validate(self, spec: shards.ShardSpec, *, node: enginecheck.NodeFacts | None = None,
+                 model: inventory.WeightFile | None = None) -> None:
+        base.check_common(self.name, spec, node=node, model=model)
         if not spec.source:
             raise errors.EngineError(f"shard {spec.shard_id}: llamacpp needs a .gguf model; set spec.source "
                                      "(file:///path/to/model.gguf or pkg:DISTRIBUTION)")
+        if model is not None and model.format != "gguf":
+            raise errors.EngineError(f"shard {spec.shard_id}: llamacpp loads a .gguf file, and {model.path} is "
+                                     f"{model.format}; point spec.source at a .gguf or use engine vllm")
+        if spec.dtype:
+            raise errors.EngineError(f"shard {spec.shard_id}: llamacpp runs the types its .gguf file holds, so "
+                                     f"dtype {spec.dtype} cannot be applied; remove spec.dtype or use a .gguf "
+                                     "quantized to what you want")
 
     def launch(self, spec: shards.ShardSpec, *, host: str, port: int, model_path: str | None,
-               cpu_count: int, python: str = sys.executable) -> base.Launch:
+               cpu_count: int, node: enginecheck.NodeFacts = enginecheck.NodeFacts(), work_dir: str = "",
+               python: str | None = None) -> base.Launch:
+        # node and work_dir are unused: llama.cpp runs one process on one node and keeps no cache.
         self.validate(spec)
         if not model_path:
             raise errors.EngineError(f"shard {spec.shard_id}: no model file was resolved for source "
                                      f"{spec.source!r}; set spec.source to a .gguf the node has")
         server = self._which("llama-server")
-        program = [server] if server else [python, "-m", LAUNCHER_MODULE]
+        program = [server] if server else [python or sys.executable, "-m", LAUNCHER_MODULE]
         threads = spec.threads or default_threads(cpu_count)
         argv = [*program, "--model", model_path, "--host", host, "--port", str(port),
                 "--alias", spec.served_name, "--threads", str(threads), "--metrics"]
-        if spec.api_key:
-            argv += ["--api-key", spec.api_key]
+        if spec.context_length:
+            argv += ["--ctx-size", str(spec.context_length)]
         if not spec.gpus and not any(a in _BATCH_FLAGS or a.startswith("--batch-size=") for a in spec.args):
             argv += ["--batch-size", str(CPU_BATCH)]
         argv += spec.args
-        return base.Launch(argv=argv, env=base.spec_env(spec))
+        # The key by environment (llama-server and the launcher both read LLAMA_API_KEY), not argv.
+        return base.Launch(argv=argv, env={**base.spec_env(spec), **base.api_key_env(self.name, spec)})
 
     def probe(self) -> str | None:
         if server := self._which("llama-server"):

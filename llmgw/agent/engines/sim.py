@@ -7,7 +7,7 @@ import json
 import sys
 
 from llmgw.agent.engines import base
-from llmgw.core import shards
+from llmgw.core import enginecheck, inventory, shards
 
 MODULE = "llmgw.sim.engine"
 
@@ -33,16 +33,18 @@ class Sim:
     name = "sim"
     health_path = "/health"
 
-    def validate(self, spec: shards.ShardSpec) -> None:
-        base.check_common(self.name, spec)
+    def validate(self, spec: shards.ShardSpec, *, node: enginecheck.NodeFacts | None = None,
+                 model: inventory.WeightFile | None = None) -> None:
+        base.check_common(self.name, spec, node=node, model=model)
 
     def launch(self, spec: shards.ShardSpec, *, host: str, port: int, model_path: str | None,
-               cpu_count: int, python: str = sys.executable) -> base.Launch:
-        # model_path and cpu_count are unused: the sim loads nothing and spins no threads.
+               cpu_count: int, node: enginecheck.NodeFacts = enginecheck.NodeFacts(), work_dir: str = "",
+               python: str | None = None) -> base.Launch:
+        # model_path, cpu_count, node and work_dir are unused: the sim loads nothing, spins no
+        # threads, joins no collective and writes no cache.
         self.validate(spec)
-        argv = [python, "-m", MODULE, "--host", host, "--port", str(port), "--model", spec.served_name]
-        if spec.api_key:
-            argv += ["--api-key", spec.api_key]
+        argv = [python or sys.executable, "-m", MODULE, "--host", host, "--port", str(port),
+                "--model", spec.served_name]
         if spec.nnodes > 1:
             # The sim has no collective to join; it takes its rank so that a
             # worker rank refuses the API (only the leader serves it) and
@@ -50,7 +52,8 @@ class Sim:
             argv += ["--nnodes", str(spec.nnodes), "--rank", str(spec.rank), "--leader-addr", spec.leader_addr,
                      "--leader-port", str(spec.leader_port)]
         argv += spec.args
-        return base.Launch(argv=argv, env=base.spec_env(spec))
+        # The key by environment (the sim reads LLMGW_SIM_API_KEY), never argv.
+        return base.Launch(argv=argv, env={**base.spec_env(spec), **base.api_key_env(self.name, spec)})
 
     def probe(self) -> str | None:
         try:

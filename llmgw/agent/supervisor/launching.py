@@ -20,11 +20,22 @@ CUDA build of llama.cpp takes GPU 0, which placement gave to another replica.
 Neither the spec's env nor the agent's own can change that.
 
 A shard that is one rank of a multi-node replica gets its rank the same way:
-``LLMGW_NNODES``, ``LLMGW_RANK``, ``LLMGW_LEADER_ADDR``, ``LLMGW_LEADER_PORT``
-and ``NCCL_IB_HCA`` (the fabric adapters placement gave this rank) come from
-the spec's rank fields and override any the spec's env or the agent's own
-set: an NCCL_IB_HCA inherited from the agent would send a rank's traffic over
-adapters on another fabric, and the first collective would hang.
+``LLMGW_NNODES``, ``LLMGW_RANK``, ``LLMGW_LEADER_ADDR`` and ``LLMGW_LEADER_PORT``
+come from the spec's rank fields and override any the spec's env or the
+agent's own set. The collectives' variables (``NCCL_SOCKET_IFNAME``,
+``GLOO_SOCKET_IFNAME``, ``NCCL_IB_HCA``, ``NCCL_IB_GID_INDEX``) are the
+adapter's, derived from this node's facts (``base.multinode_env``), and what it
+derives wins over the spec's env and the agent's own too: a cluster-wide
+interface name in a model file, or an NCCL_IB_HCA inherited from the agent,
+would send a rank's traffic over the wrong interface or the adapters of
+another fabric, and the first collective would hang. An adapter that derives
+no NCCL_IB_HCA for a rank that was given adapters still gets the spec's.
+
+Each shard gets a private work directory, ``<run_dir>/<shard_id>.d`` (mode
+0700), for its engine's temporary files, sockets and caches: vLLM left its
+IPC sockets and compile caches in the shared /tmp and home, where the next
+replica on the node found them. The supervisor removes it once the process
+is gone; nothing else under the run dir is ever removed for it.
 """
 
 from __future__ import annotations
@@ -33,12 +44,13 @@ import asyncio
 import dataclasses
 import logging
 import os
+import shutil
 import socket
 from pathlib import Path
 from typing import BinaryIO
 
 from llmgw.agent import engines
-from llmgw.core import shards
+from llmgw.core import enginecheck, shards
 from llmgw.core.errors import EngineError, ShardIdError
 from llmgw.core.shards import RESERVED_ENV, ShardSpec
 
@@ -47,6 +59,9 @@ log = logging.getLogger(__name__)
 #: The markers set in every engine's environment.
 SHARD_ENV = "LLMGW_SHARD_ID"
 RUN_DIR_ENV = "LLMGW_RUN_DIR"
+#: The collectives' variables an adapter derives from the node's facts for a multi-node rank.
+FABRIC_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_IB_GID_INDEX")
+WORK_DIR_SUFFIX = ".d"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -59,6 +74,10 @@ class Plan:
     health_path: str
     log_path: Path
     port: int = 0
+    #: False for a worker rank that answers no HTTP: it is judged by staying alive, never probed.
+    serves_http: bool = True
+    #: The shard's private directory (``work_dir_of``); the launch makes it, the end of the process removes it.
+    work_dir: Path | None = None
 
 
 def endpoint_of(host: str, port: int) -> str:
@@ -113,31 +132,57 @@ def group_env(spec: ShardSpec) -> dict[str, str]:
     if not spec.leader_addr or not 0 < spec.leader_port < 65536:
         raise EngineError(f"shard {spec.shard_id}: rank {spec.rank} of {spec.nnodes} has no leader address and "
                           f"port ({spec.leader_addr!r}:{spec.leader_port}); the control plane must send both")
-    env = {"LLMGW_NNODES": str(spec.nnodes), "LLMGW_RANK": str(spec.rank),
-           "LLMGW_LEADER_ADDR": spec.leader_addr, "LLMGW_LEADER_PORT": str(spec.leader_port)}
-    if spec.hcas:
-        env["NCCL_IB_HCA"] = ",".join(spec.hcas)
-    return env
+    return {"LLMGW_NNODES": str(spec.nnodes), "LLMGW_RANK": str(spec.rank),
+            "LLMGW_LEADER_ADDR": spec.leader_addr, "LLMGW_LEADER_PORT": str(spec.leader_port)}
+
+
+def fabric_env(spec: ShardSpec, launch: engines.Launch) -> dict[str, str]:
+    """The collectives' variables that must win over the spec's env and the agent's: what the adapter derived.
+
+    A value the adapter passed on unchanged from the spec's env is the spec's,
+    not derived. A rank of a multi-node replica whose adapter derives no
+    NCCL_IB_HCA still gets the adapters placement gave it.
+    """
+    given = dict(spec.env)
+    derived = {k: launch.env[k] for k in FABRIC_ENV if k in launch.env and given.get(k) != launch.env[k]}
+    if spec.nnodes > 1 and spec.hcas and "NCCL_IB_HCA" not in derived:
+        derived["NCCL_IB_HCA"] = ",".join(spec.hcas)
+    overridden = sorted(k for k in derived if k in given and given[k] != derived[k])
+    if overridden:
+        log.warning("shard %s: its env sets %s, which llmgw derives from this node's facts; ignored",
+                    spec.shard_id, ", ".join(overridden))
+    return derived
 
 
 def plan(spec: ShardSpec, adapter: engines.Adapter, *, host: str, model_path: str | None,
-         cpu_count: int, run_dir: Path, node_gpus: tuple[int, ...] | None = None) -> Plan:
-    """The argv, environment and endpoint for ``spec``; EngineError when it cannot run.
+         cpu_count: int, run_dir: Path, node: enginecheck.NodeFacts | None = None) -> Plan:
+    """The argv, environment and endpoint for ``spec``, and its work dir made; EngineError when it cannot run.
 
     ``run_dir`` must be absolute: it is the marker a later agent compares.
-    ``node_gpus`` are the GPU indices this node reported (None: not known).
+    ``node`` is what discovery found on this node (None: not known yet); its
+    GPU indices are checked against the spec's.
     """
     try:
         # The shard id becomes a file name under run_dir; "../x" or "a/b" would
-        # write the log, and later the state file, somewhere else entirely.
+        # write the log, the work dir, and later the state file somewhere else entirely.
         shards.check_shard_id(spec.shard_id)
     except ShardIdError as exc:
         raise EngineError(str(exc)) from None
-    gpus = gpu_env(spec, node_gpus)
+    gpus = gpu_env(spec, tuple(g.index for g in node.gpus) if node is not None else None)
+    ranks = group_env(spec)
     port = spec.port or free_port(host)
-    launch = adapter.launch(spec, host=host, port=port, model_path=model_path, cpu_count=cpu_count)
-    if not launch.argv:
-        raise EngineError(f"engine {spec.engine!r} produced an empty command line")
+    # Made before the adapter runs (SGLang's writes its key file there) and
+    # removed again if it refuses: a refusal leaves nothing behind.
+    work_dir = work_dir_of(run_dir, spec.shard_id)
+    make_work_dir(work_dir)
+    try:
+        launch = adapter.launch(spec, host=host, port=port, model_path=model_path, cpu_count=cpu_count,
+                                node=node or enginecheck.NodeFacts(), work_dir=str(work_dir))
+        if not launch.argv:
+            raise EngineError(f"engine {spec.engine!r} produced an empty command line")
+    except BaseException:
+        remove_work_dir(work_dir)
+        raise
     # The spec's env wins over the adapter's, which wins over the agent's own:
     # a model file that sets CUDA_LAUNCH_BLOCKING means it.
     env = {**os.environ, **launch.env, **dict(spec.env)}
@@ -155,9 +200,59 @@ def plan(spec: ShardSpec, adapter: engines.Adapter, *, host: str, model_path: st
     # The markers and the GPUs go last: a spec that set LLMGW_RUN_DIR would hide
     # its engine from the next agent's sweep, and it would hold its GPUs
     # unreported; one that set CUDA_VISIBLE_DEVICES would use GPUs given to another.
-    env |= {**gpus, **group_env(spec), SHARD_ENV: spec.shard_id, RUN_DIR_ENV: str(run_dir)}
+    env |= {**fabric_env(spec, launch), **gpus, **ranks, SHARD_ENV: spec.shard_id,
+            RUN_DIR_ENV: str(run_dir)}
     return Plan(argv=list(launch.argv), env=env, endpoint=endpoint_of(host, port),
-                health_path=adapter.health_path, log_path=log_path_of(run_dir, spec.shard_id), port=port)
+                health_path=adapter.health_path, log_path=log_path_of(run_dir, spec.shard_id), port=port,
+                serves_http=launch.serves_http, work_dir=work_dir)
+
+
+def work_dir_of(run_dir: Path, shard_id: str) -> Path:
+    """``shard_id``'s private directory; ShardIdError for an id that would name one outside ``run_dir``."""
+    return run_dir / f"{shards.check_shard_id(shard_id)}{WORK_DIR_SUFFIX}"
+
+
+def make_work_dir(path: Path) -> None:
+    """Create ``path`` with mode 0700, empty; EngineError, saying what to do, when it cannot be.
+
+    One already there is a leftover of an earlier engine under the same id
+    (an agent that crashed before it could remove it): its sockets and caches
+    are not this engine's, so it is removed first. A symlink or a file there is
+    not llmgw's, and is refused rather than followed or deleted.
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_symlink() or (path.exists() and not path.is_dir()):
+            raise EngineError(f"{path} exists and is not a directory llmgw made; remove it, then start "
+                              "the shard again")
+        if path.exists():
+            log.info("removing %s, left by an earlier engine under the same shard id", path)
+            shutil.rmtree(path)
+        # 0700: the engine's IPC sockets and caches are its own, and the spec's
+        # API key can end up in them. chmod too: the umask could take more.
+        path.mkdir(mode=0o700)
+        os.chmod(path, 0o700)
+    except OSError as exc:
+        raise EngineError(f"cannot make the shard's work directory {path}: {exc.strerror or exc}; check "
+                          "the agent's run directory") from exc
+
+
+def remove_work_dir(path: Path | None) -> None:
+    """Remove a shard's work dir once its process is gone (blocking: a cache can be many files).
+
+    Only the directory ``work_dir_of`` names is ever removed, and never
+    through a symlink. A failure is logged and what is left stays: the shard
+    has ended either way, and shard ids are never reused.
+    """
+    if path is None or path.is_symlink() or not path.is_dir():
+        return
+    if not path.name.endswith(WORK_DIR_SUFFIX):
+        raise ValueError(f"{path} is not a shard's work dir")  # a caller's bug; nothing else is removed
+
+    def failed(_func: object, failed_path: str, exc_info: tuple[type[BaseException], BaseException, object]) -> None:
+        log.warning("cannot remove %s from a shard's work dir: %s", failed_path, exc_info[1])
+
+    shutil.rmtree(path, onerror=failed)
 
 
 def log_path_of(run_dir: Path, shard_id: str) -> Path:

@@ -47,6 +47,11 @@ class EngineProcess:
         return self._child.pid if self._child is not None else self._orphan.pid  # type: ignore[union-attr]
 
     @property
+    def serves_http(self) -> bool:
+        """False for a worker rank that answers no HTTP: judged by staying alive, never probed."""
+        return self.plan.serves_http
+
+    @property
     def adopted(self) -> bool:
         """Started by a previous agent: no exit code, found gone by polling."""
         return self._orphan is not None
@@ -121,6 +126,11 @@ class EngineProcess:
             self._orphan.sweep()
         else:
             ending.sweep_group(self.pid)
+
+    async def remove_work_dir(self) -> None:
+        """Remove the shard's work dir, once the process is gone (in a thread: a cache can be many files)."""
+        if self.plan.work_dir is not None:
+            await asyncio.to_thread(launching.remove_work_dir, self.plan.work_dir)
 
     def tail(self) -> tuple[str, ...]:
         """The last lines this run of the engine wrote (a bounded read of a local file, on the loop)."""

@@ -16,6 +16,9 @@ a list of decisions out, and the supervisor carries them out. Its rules:
   and port out again, and the next engine there would fail or run out of
   memory. That is a crashed agent's engine whose state file is missing or
   unreadable, and a worker left by an engine that has died.
+
+The work dir (``<shard_id>.d``) of a shard forgotten or killed goes too
+(``ended_work_dirs``): its engine is gone, and an adopted shard's stays.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from llmgw.agent.supervisor import launching, orphans, statefiles
+from llmgw.core import shards
+from llmgw.core.errors import ShardIdError
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -118,3 +123,24 @@ def decide(files: Files, found: orphans.Survey, *, run_dir: str, keep: Collectio
             reason = why_not.get(seen.shard_id, f"shard {seen.shard_id} has no state file")
         decisions.append(Kill(seen, reason))
     return decisions
+
+
+def ended_work_dirs(decisions: Sequence[Decision], *, run_dir: Path) -> list[Path]:
+    """The work dirs of the shards ``decisions`` forget or kill, none of an adopted one; each once."""
+    adopted = {d.saved.shard_id for d in decisions if isinstance(d, Adopt)}
+    ids: dict[str, None] = {}
+    for d in decisions:
+        if isinstance(d, Forget):
+            ids[d.path.name.removesuffix(statefiles.SUFFIX)] = None
+        elif isinstance(d, Kill) and d.seen.shard_id is not None:
+            ids[d.seen.shard_id] = None
+    found = []
+    for shard_id in ids:
+        if shard_id in adopted:
+            continue
+        try:
+            shards.check_shard_id(shard_id)
+        except ShardIdError:
+            continue  # a name put there by hand, or a marker set by hand: no dir of ours to remove
+        found.append(launching.work_dir_of(run_dir, shard_id))
+    return found

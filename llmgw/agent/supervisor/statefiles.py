@@ -4,7 +4,9 @@ Engines outlive the agent on purpose (the router talks to them directly, so an
 agent restart must not interrupt served traffic), and a new agent can only
 adopt what it can describe: ``<run_dir>/<shard_id>.json`` holds the whole spec,
 the pid and the process's start time (which tells the engine from a process
-that was later given the same pid), its port, endpoint, host, argv and log.
+that was later given the same pid), its port, endpoint, host, argv and log,
+and whether it serves HTTP (a worker rank does not: an agent that adopted one
+and probed it would give it up as unanswering).
 
 It is written right after the launch and removed when the shard ends, so a
 file means "this agent believes the process runs". Writes are a temporary file
@@ -57,6 +59,8 @@ class Saved:
     #: Where this run's output starts in the log (earlier runs under the id appended before it).
     log_offset: int = 0
     argv: tuple[str, ...] = ()
+    #: False for a worker rank that answers no HTTP (absent in an older agent's file: every engine did).
+    serves_http: bool = True
 
     @property
     def shard_id(self) -> str:
@@ -75,7 +79,7 @@ def _to_json(saved: Saved) -> dict[str, Any]:
     return {"version": VERSION, "shard_id": saved.shard_id, "spec": spec, "pid": saved.pid,
             "create_time": saved.create_time, "port": saved.port, "endpoint": saved.endpoint,
             "host": saved.host, "log_path": str(saved.log_path), "log_offset": saved.log_offset,
-            "argv": list(saved.argv), "written_at": time.time()}
+            "argv": list(saved.argv), "serves_http": saved.serves_http, "written_at": time.time()}
 
 
 def write(run_dir: Path, saved: Saved) -> Path:
@@ -96,6 +100,12 @@ def write(run_dir: Path, saved: Saved) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def _flag(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"serves_http is {value!r}, not true or false")
+    return value
 
 
 def read(path: Path) -> Saved:
@@ -127,7 +137,8 @@ def read(path: Path) -> Saved:
         saved = Saved(spec=spec, pid=int(raw["pid"]), create_time=float(raw["create_time"]),
                       port=int(raw["port"]), endpoint=str(raw["endpoint"]), host=str(raw["host"]),
                       log_path=Path(raw["log_path"]), log_offset=int(raw.get("log_offset", 0)),
-                      argv=tuple(str(a) for a in raw.get("argv", ())))
+                      argv=tuple(str(a) for a in raw.get("argv", ())),
+                      serves_http=_flag(raw.get("serves_http", True)))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise Unreadable(f"{path} does not describe a shard ({type(exc).__name__}: {exc})") from exc
     try:

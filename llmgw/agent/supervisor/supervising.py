@@ -18,6 +18,15 @@ FAILED always means the process is gone.
 Each shard's process, launched or adopted, is one ``process.EngineProcess``:
 the watcher, the drain and the stop ask it, never a pid or a session of their own.
 
+Before anything is launched the adapter's ``validate`` is asked with this
+node's facts and what the resolved weights say about the model (their
+metadata as discovery read it: headers and config.json, never the tensors),
+so that a tensor-parallel size that does not divide the heads, or a context
+past the model's, is FAILED with the reason now instead of minutes into
+loading. A worker rank that serves no HTTP (``Launch.serves_http`` False) is
+READY once it has stayed alive ``worker_settle_s`` and is then watched for its
+exit alone. Each shard's work dir goes once its process is gone.
+
 Engines outlive the agent: ``close`` leaves them running, each shard's state
 file (``statefiles``) describes it, and ``recover``, called by the next agent
 before it registers, adopts what still runs (``recovering`` decides,
@@ -37,6 +46,7 @@ import aiohttp
 import psutil
 
 from llmgw.agent import engines, weights
+from llmgw.agent.discovery import files as weight_files
 from llmgw.agent.discovery import host as host_facts
 from llmgw.agent.supervisor import (
     draining,
@@ -49,6 +59,7 @@ from llmgw.agent.supervisor import (
     statefiles,
     watching,
 )
+from llmgw.core import enginecheck, inventory
 from llmgw.core.errors import EngineError
 from llmgw.core.shards import ShardSpec, ShardState, ShardStatus
 
@@ -73,7 +84,9 @@ class Supervisor:
                  adapters: Registry = engines, resolve: Callable[[str], str | None] = weights.resolve_source,
                  clock: Callable[[], float] = time.monotonic, max_terminal: int = 100,
                  adopt_timeout_s: float = 60.0, live: liveness.Liveness | None = None,
-                 node_gpus: Callable[[], tuple[int, ...] | None] = lambda: None) -> None:
+                 node: Callable[[], enginecheck.NodeFacts | None] = lambda: None,
+                 model_meta: Callable[[str], inventory.WeightFile | None] = weight_files.weight_at,
+                 worker_settle_s: float = watching.WORKER_SETTLE_S) -> None:
         # Absolute, and resolved once: it is the marker in every engine's
         # environment, and the next agent must spell it the same way.
         self._run_dir, self._host = Path(run_dir).resolve(), host
@@ -81,11 +94,15 @@ class Supervisor:
         self._grace_s, self._interval_s = grace_s, health_interval_s
         self._adapters, self._resolve, self._clock = adapters, resolve, clock
         self._timing = watching.Timing(interval_s=health_interval_s, adopt_timeout_s=adopt_timeout_s,
-                                       live=live or liveness.Liveness(), clock=clock)
-        # The GPU indices discovery found (None until it has looked): a shard
-        # given none on a GPU node is hidden from them, and one naming a GPU the
-        # node lacks is refused before it loads for minutes.
-        self._node_gpus = node_gpus
+                                       live=live or liveness.Liveness(), clock=clock,
+                                       worker_settle_s=worker_settle_s)
+        # What discovery found on this node (None until it has looked): a shard
+        # given no GPU on a GPU node is hidden from them, one naming a GPU the
+        # node lacks is refused before it loads for minutes, and the adapters
+        # derive the collectives' interface and adapters from it.
+        self._node = node
+        # The weights' metadata at a resolved path (blocking: run in a thread).
+        self._model_meta = model_meta
         self._recs = records.Records(on_status, max_terminal=max_terminal)
         self._session: aiohttp.ClientSession | None = None
 
@@ -117,25 +134,29 @@ class Supervisor:
         return rec.status
 
     async def _launch(self, rec: records.Shard, spec: ShardSpec) -> ShardStatus:
+        plan: launching.Plan | None = None
         try:
             adapter = self._adapters.get(spec.engine)
-            adapter.validate(spec)
-            # Resolving may stat a network filesystem: never on the event loop.
+            node = self._node()
+            # Resolving may stat a network filesystem, and the metadata is a
+            # header read (cached by discovery's scans): never on the event loop.
             model_path = await asyncio.to_thread(self._resolve, spec.source) if spec.source else None
+            model = await asyncio.to_thread(self._model_meta, model_path) if model_path else None
+            adapter.validate(spec, node=node, model=model)
             plan = launching.plan(spec, adapter, host=self._host, model_path=model_path,
-                                  cpu_count=self._cpu_count, run_dir=self._run_dir, node_gpus=self._node_gpus())
+                                  cpu_count=self._cpu_count, run_dir=self._run_dir, node=node)
             # Asked before the spawn: an adapter that raised here after it would
             # leave a running engine that no watcher follows.
             in_flight = draining.probe_of(adapter)
             child, log_offset = await launching.spawn(plan)
         except EngineError as exc:
-            return self._recs.move(rec, S.FAILED, message=str(exc))
+            return self._failed_to_launch(rec, plan, str(exc))
         except Exception as exc:
             # A bug in an adapter must still end in FAILED: a record left in
             # STARTING with no process would never move again.
             log.exception("launching shard %s failed", spec.shard_id)
-            return self._recs.move(rec, S.FAILED, message=f"cannot start shard {spec.shard_id}: "
-                                   f"internal error {type(exc).__name__}: {exc}; see the agent's log")
+            return self._failed_to_launch(rec, plan, f"cannot start shard {spec.shard_id}: internal error "
+                                          f"{type(exc).__name__}: {exc}; see the agent's log")
         rec.plan = plan
         rec.engine = process.EngineProcess(spec, plan, http=self._http, log_offset=log_offset, child=child,
                                            in_flight_probe=in_flight, poll_s=self._interval_s)
@@ -146,6 +167,12 @@ class Supervisor:
                         message=f"launched {plan.argv[0]}; its output goes to {plan.log_path}")
         rec.monitor = asyncio.create_task(self._watch(rec), name=f"watch {spec.shard_id}")
         return rec.status
+
+    def _failed_to_launch(self, rec: records.Shard, plan: launching.Plan | None, message: str) -> ShardStatus:
+        if plan is not None:
+            # Made by the plan, and empty: no process ever ran in it.
+            launching.remove_work_dir(plan.work_dir)
+        return self._recs.move(rec, S.FAILED, message=message)
 
     def _watch(self, rec: records.Shard) -> Coroutine[Any, Any, None]:
         return watching.watch(rec, recs=self._recs, timing=self._timing, give_up=self._give_up)
@@ -158,7 +185,8 @@ class Supervisor:
             return  # already gone, and the watcher is about to say so
         saved = statefiles.Saved(spec=spec, pid=pid, create_time=create_time, port=plan.port,
                                  endpoint=plan.endpoint, host=self._host, log_path=plan.log_path,
-                                 log_offset=rec.engine.log_offset if rec.engine else 0, argv=tuple(plan.argv))
+                                 log_offset=rec.engine.log_offset if rec.engine else 0, argv=tuple(plan.argv),
+                                 serves_http=plan.serves_http)
         try:
             # A small local file: written on the event loop, as the log tail is read.
             rec.state_path = statefiles.write(self._run_dir, saved)
@@ -199,7 +227,9 @@ class Supervisor:
         if killed:
             log.warning("shard %s ignored SIGTERM for %g s and was killed", rec.status.shard_id, grace)
             said += f"; it did not exit within {grace:g} s of SIGTERM and was killed"
-        return self._recs.move(rec, S.FAILED if failure else S.STOPPED, message=said, exit_code=code)
+        ended = self._recs.move(rec, S.FAILED if failure else S.STOPPED, message=said, exit_code=code)
+        await rec.engine.remove_work_dir()
+        return ended
 
     async def drain(self, shard_id: str, *, timeout_s: float) -> ShardStatus:
         """DRAINING, then DRAINED once the engine holds no request or ``timeout_s`` has passed.
@@ -220,6 +250,11 @@ class Supervisor:
             return self._recs.move(rec, S.DRAINED, message="drained before it was ready: it had served nothing")
         if state not in (S.READY, S.STARTING, S.UNHEALTHY) or rec.draining is not None or not rec.has_process():
             return rec.status
+        assert rec.engine is not None
+        if not rec.engine.serves_http:
+            # Nothing to ask, and nothing to wait for: requests reach the replica's leader.
+            return self._recs.move(rec, S.DRAINED, message="drained at once: a worker rank holds no requests of "
+                                   "its own (its leader's drain waits for them)")
         # An adopted engine still being checked may be serving: the router kept
         # sending to it while the agent restarted. It is drained like a ready one.
         # So is an UNHEALTHY one: its drain ends at the timeout at the latest.
@@ -255,6 +290,11 @@ class Supervisor:
                                 d.seen.pid, d.reason)
             else:
                 adopted.append(self._adopt(d))
+        # The work dirs of the engines found dead or killed: theirs alone, and
+        # llmgw made them (many files, maybe: off the loop).
+        ended = recovering.ended_work_dirs(decisions, run_dir=self._run_dir)
+        if ended:
+            await asyncio.to_thread(lambda: [launching.remove_work_dir(path) for path in ended])
         return adopted
 
     def _adopt(self, d: recovering.Adopt) -> ShardStatus:
@@ -271,7 +311,8 @@ class Supervisor:
             unknown = str(exc)
         plan = launching.Plan(argv=list(saved.argv), env={}, endpoint=saved.endpoint,
                               health_path=adapter.health_path if adapter else "", log_path=saved.log_path,
-                              port=saved.port)
+                              port=saved.port, serves_http=saved.serves_http,
+                              work_dir=launching.work_dir_of(self._run_dir, spec.shard_id))
         engine = process.EngineProcess(spec, plan, http=self._http, log_offset=saved.log_offset,
                                        orphan=orphans.Orphan(d.seen), poll_s=self._interval_s,
                                        in_flight_probe=draining.probe_of(adapter) if adapter else None)

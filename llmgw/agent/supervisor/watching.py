@@ -16,6 +16,13 @@ not, and one that does not is given up on (stopped, then FAILED). Left
 STARTING, the control plane would wait out the profile's startup timeout
 (minutes) before replacing it.
 
+A worker rank that serves no HTTP (vLLM's headless ranks, SGLang's ranks
+past 0) has nothing to ask: it is READY once it has stayed alive
+``worker_settle_s`` (a bad flag or a missing library ends it within a second
+or two, and that is reported as FAILED with its output, not as READY), and is
+then watched for its exit alone. Probed like a leader, it would sit STARTING
+until the control plane's startup timeout replaced a healthy rank.
+
 Asks never block the loop and never pile up: each is one awaited request with
 its own timeout, and the next is not sent before the last has ended.
 """
@@ -36,6 +43,8 @@ log = logging.getLogger(__name__)
 S = ShardState
 #: Why an adopted engine's exit comes without a code (kept here too: tests and callers read it from watching).
 ADOPTED_EXIT = process.ADOPTED_EXIT
+#: How long a worker rank that serves no HTTP must stay alive to be READY.
+WORKER_SETTLE_S = 2.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -49,6 +58,8 @@ class Timing:
     #: How a READY engine's health is probed.
     live: liveness.Liveness = dataclasses.field(default_factory=liveness.Liveness)
     clock: Callable[[], float] = time.monotonic
+    #: How long a worker rank that serves no HTTP must stay alive to be READY.
+    worker_settle_s: float = WORKER_SETTLE_S
 
 
 async def _until_ready(rec: records.Shard, engine: process.EngineProcess, exited: asyncio.Future[Any], *,
@@ -135,6 +146,18 @@ async def _follow(rec: records.Shard, engine: process.EngineProcess, exited: asy
         recs.move(rec, verdict.state, report=verdict.report, **changes)
 
 
+async def _settle(rec: records.Shard, exited: asyncio.Future[Any], *, recs: records.Records,
+                  timing: Timing) -> bool:
+    """A worker rank: READY (True) once it has stayed alive ``worker_settle_s``; False when it exited first."""
+    await asyncio.wait({exited}, timeout=timing.worker_settle_s)
+    if exited.done() or rec.status.state is not S.STARTING:
+        return False
+    what = "adopted worker rank is alive" if rec.status.adopted else "worker rank is alive"
+    recs.move(rec, S.READY, message=f"{what} after {timing.clock() - rec.started_at:.1f} s (it serves no HTTP; "
+              "the replica's leader answers for it)", adopted=False)
+    return True
+
+
 def _when(rec: records.Shard) -> str:
     return "after it was ready" if rec.was_ready else "before it was ready"
 
@@ -150,15 +173,12 @@ async def watch(rec: records.Shard, *, recs: records.Records, timing: Timing,
     assert engine is not None
     exited = asyncio.ensure_future(engine.wait())
     try:
-        deadline = rec.started_at + timing.adopt_timeout_s if engine.adopted else None
-        ready, missing = await _until_ready(rec, engine, exited, recs=recs, timing=timing, deadline=deadline)
-        if (engine.adopted and not ready and rec.status.state is S.STARTING and not exited.done()
-                and rec.stopping is None):
-            last = f" (last: {missing})" if missing else ""
-            give_up(rec, f"adopted engine did not answer within {timing.adopt_timeout_s:g} s{last}; it was stopped")
-            return
-        if ready:
-            await _follow(rec, engine, exited, recs=recs, live=timing.live)
+        if engine.serves_http:
+            if not await _serve(rec, engine, exited, recs=recs, timing=timing, give_up=give_up):
+                return  # given up on: the stop reports how it ended
+        else:
+            # Nothing to probe: alive is all a worker rank can say; its exit is what is watched.
+            await _settle(rec, exited, recs=recs, timing=timing)
         await exited
     finally:
         exited.cancel()
@@ -169,3 +189,19 @@ async def watch(rec: records.Shard, *, recs: records.Records, timing: Timing,
     last = f": {lines[-1]}" if lines else "; it wrote no output"
     recs.move(rec, S.FAILED, message=f"{engine.describe_exit()} {_when(rec)}{last}",
               exit_code=engine.exit_code, last_output=lines)
+    await engine.remove_work_dir()
+
+
+async def _serve(rec: records.Shard, engine: process.EngineProcess, exited: asyncio.Future[Any], *,
+                 recs: records.Records, timing: Timing, give_up: Callable[[records.Shard, str], None]) -> bool:
+    """An engine that serves HTTP: READY when it answers, then its liveness; False when it was given up on."""
+    deadline = rec.started_at + timing.adopt_timeout_s if engine.adopted else None
+    ready, missing = await _until_ready(rec, engine, exited, recs=recs, timing=timing, deadline=deadline)
+    if (engine.adopted and not ready and rec.status.state is S.STARTING and not exited.done()
+            and rec.stopping is None):
+        last = f" (last: {missing})" if missing else ""
+        give_up(rec, f"adopted engine did not answer within {timing.adopt_timeout_s:g} s{last}; it was stopped")
+        return False
+    if ready:
+        await _follow(rec, engine, exited, recs=recs, live=timing.live)
+    return True

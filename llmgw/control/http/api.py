@@ -29,7 +29,7 @@ from llmgw.control.state import NodeView, Phase, ReplicaRecord
 from llmgw.control.status import summarize
 from llmgw.control.store.offloop import StoreThread
 from llmgw.control.store.store import Store, StoredModel, StoredNode
-from llmgw.core import shards, specs
+from llmgw.core import enginecheck, shards, specs
 from llmgw.core.errors import ShardIdError, SpecError
 from llmgw.core.shards import ShardState
 
@@ -139,9 +139,18 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, extra_registries
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ApiError(400, f"body is not valid JSON: {e}", code="invalid_json") from None
         try:
-            return specs.parse_manifest(doc)
+            model = specs.parse_manifest(doc)
         except SpecError as e:
             raise ApiError(422, str(e), code="invalid_spec", param=e.field) from None
+        # What the model file alone proves the engine would refuse (fp8 without a GPU, a reserved
+        # flag spelt with underscores) is refused here. Checks that need the weights' metadata or
+        # a node's facts run at placement, where the answer is the model's Placed condition
+        # (EngineRefused): the weights a node reports can change without the model file changing.
+        found = enginecheck.problems(enginecheck.Profile.of_model(model.spec))
+        if found:
+            raise ApiError(422, f"{model.spec.engine} would refuse this model on any node: {'; '.join(found)}",
+                           code="engine_refused", param="spec")
+        return model
 
     async def _get_stored(name: str) -> StoredModel:
         stored = await db.get_model(name)

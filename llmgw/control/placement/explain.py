@@ -10,6 +10,11 @@ The headline comes from the requirement the nearest node failed, and the nodes
 named are the ones that got furthest through the checks, so on a cluster of
 10,000 nodes the message names the three worth looking at, not the first three
 by name.
+
+A model its engine would refuse whatever the node (tensor_parallel 3 over 32
+attention heads) is not walked over the nodes at all: its sentence is the
+engine check's, and its reason EngineRefused, not Unschedulable, because no
+node will do until the model file (or its weights) changes.
 """
 
 from __future__ import annotations
@@ -25,19 +30,45 @@ from llmgw.core.units import format_bytes
 NAMED_IN_MESSAGE = 3
 
 
+#: Placed's reason for a replica no node can take now.
+UNSCHEDULABLE = "Unschedulable"
+#: Placed's reason for a replica its engine would refuse on any node (the engine check,
+#: ``llmgw.core.enginecheck``): no node will ever do until the model file changes.
+ENGINE_REFUSED = "EngineRefused"
+#: How such a refusal's message opens. The replica's row keeps only its message, so the
+#: reason is read back from these words (``reason_of``) on every later pass and restart.
+_ENGINE_REFUSED_OPENING = "refused before launch"
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Refused:
     #: One sentence a person can act on.
     message: str
     #: node id -> why that node cannot take the replica.
     reasons: Mapping[str, str]
+    #: The Placed condition's CamelCase reason (``reason_of`` reads it back from the message).
+    reason: str = UNSCHEDULABLE
+
+
+def engine_refusal(model: str, engine: str, problems: list[str]) -> Refused:
+    """The Refused of a model its engine would not run on any node, each problem saying what to change."""
+    return Refused(f"{_ENGINE_REFUSED_OPENING}: {engine} would fail to run {model} on any node: "
+                   + "; ".join(problems), {}, ENGINE_REFUSED)
+
+
+def reason_of(message: str) -> str:
+    """The Placed reason of a replica refused with ``message``: EngineRefused or Unschedulable."""
+    return ENGINE_REFUSED if message.startswith(_ENGINE_REFUSED_OPENING) else UNSCHEDULABLE
 
 
 def _headline(need: Need, stage: int) -> str:
     if stage == f.FABRIC:
         return f"no declared fabric has {need.nnodes} nodes that fit, each with usable adapters"
     if stage == f.GPUS:
-        return f"no node has {f.gpus_wanted(need)}"
+        why = (f" ({need.capability_for} needs compute capability {'{}.{}'.format(*need.compute_capability)} or "
+               "later: use float16, or nodes with newer GPUs)" if need.capability_for and need.compute_capability
+               else "")
+        return f"no node has {f.gpus_wanted(need)}{why}"
     if stage == f.MEMORY:
         estimated = " (estimated from its weights)" if need.memory_estimated else ""
         return f"no node has {format_bytes(need.memory_bytes)} free memory{estimated}"
@@ -46,6 +77,9 @@ def _headline(need: Need, stage: int) -> str:
     if stage in (f.POOL, f.SELECTOR):
         wanted = ([f"pool={need.pool}"] if need.pool else []) + [f"{k}={v}" for k, v in need.selector]
         return f"no node matches {', '.join(wanted)}"
+    if stage == f.CPU:
+        return (f"no node's CPU has {' or '.join(need.cpu_flags_any)}, which {need.engine} needs to run without "
+                f"a GPU: give the model GPUs, or serve it with llamacpp")
     if stage == f.VERSION:
         return f"no node has {need.engine} {need.engine_version}"
     if stage == f.ENGINE:

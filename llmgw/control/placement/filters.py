@@ -5,7 +5,7 @@ the explanation of a refusal names the nodes that got furthest, because "node05
 has 1 free GPU" helps the person reading it and "node99 is not connected" for
 the other 9,999 nodes does not.
 
-Static checks (connected, cordon, engine, labels) do not change within a pass,
+Static checks (connected, cordon, engine, CPU features, labels) do not change within a pass,
 so the placer runs them once per kind of model; the resource checks read the
 node's state as the pass has left it so far.
 """
@@ -21,7 +21,7 @@ from llmgw.control.state import NodeView
 from llmgw.core.inventory import Gpu
 from llmgw.core.units import format_bytes
 
-CONNECTED, CORDON, ENGINE, VERSION, POOL, SELECTOR, GPUS, MEMORY, THREADS, FABRIC = range(10)
+CONNECTED, CORDON, ENGINE, VERSION, CPU, POOL, SELECTOR, GPUS, MEMORY, THREADS, FABRIC = range(11)
 #: How many of a node's unusable GPUs a reason names.
 _GPUS_NAMED = 3
 
@@ -72,6 +72,11 @@ def static_reason(need: Need, node: NodeView) -> Reason | None:
         return Reason(ENGINE, f"lacks engine {need.engine} (has: {installed})")
     if need.engine_version and not any(version_matches(v, need.engine_version) for v in versions):
         return Reason(VERSION, f"lacks {need.engine} {need.engine_version} (has {', '.join(sorted(versions))})")
+    if need.cpu_flags_any:
+        # A node that does not list its CPU's flags is not refused on a guess.
+        flags = node.inventory.host.cpu_flags
+        if flags and not any(x in flags for x in need.cpu_flags_any):
+            return Reason(CPU, f"has a CPU without {' or '.join(need.cpu_flags_any)}")
     if need.pool:
         pool = node.labels.get("pool")
         if pool != need.pool:

@@ -67,6 +67,9 @@ def usable_fabrics(inv: Inventory) -> dict[str, tuple[str, ...]]:
 def place_group(placer: Placer, model: str, spec: ModelSpec, *, replica_id: str = "") -> Group | Refused:
     """Picks ``spec.resources.nnodes`` nodes on one fabric for one replica, and takes their resources."""
     need = placer.need(model, spec)
+    refused = placer.engine_refusal(model, spec)
+    if refused is not None:
+        return refused
     members, _, _ = placer.members(need)
     held = placer.replicas_of(model)
     fitting: dict[str, list[tuple[tuple[int, ...], f.NodeState, list[Gpu], tuple[str, ...]]]] = {}

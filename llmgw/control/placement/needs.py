@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from llmgw.core import engines
+from llmgw.core import enginecheck, engines
 from llmgw.core.specs import ModelSpec
 
 
@@ -33,11 +33,17 @@ class Need:
     #: True when the memory above was estimated from the weights, not stated.
     memory_estimated: bool = False
     nnodes: int = 1
+    #: The dtype the engine runs in when it raised ``compute_capability`` above what the spec
+    #: states ("bfloat16"), so that a refusal says why an older GPU does not qualify; else "".
+    capability_for: str = ""
+    #: CPU flags one of which the engine needs to run without a GPU (SGLang: AVX-512 or AMX);
+    #: () for a GPU replica, or an engine that runs on any CPU.
+    cpu_flags_any: tuple[str, ...] = ()
 
     @property
     def static_key(self) -> tuple[object, ...]:
         """What decides, without looking at free resources, whether a node can ever take it."""
-        return (self.engine, self.engine_version, self.selector, self.pool)
+        return (self.engine, self.engine_version, self.cpu_flags_any, self.selector, self.pool)
 
     @property
     def placed_memory(self) -> int:
@@ -53,6 +59,15 @@ def parse_capability(text: str) -> tuple[int, int] | None:
     return int(major), int(minor)
 
 
+def dtype_capability(dtype: str) -> tuple[int, int] | None:
+    """The compute capability a GPU needs to run ``dtype`` (bfloat16: (8, 0)); None when any GPU does.
+
+    The table is the engine check's (``llmgw.core.enginecheck``), read here so that
+    placement and the agent's check before launch never disagree on a GPU.
+    """
+    return enginecheck.DTYPE_CAPABILITY.get(dtype)
+
+
 def weights_path(source: str) -> str:
     # A safetensors directory may be written with a trailing slash on either side.
     return source[len("file://"):].rstrip("/") if source.startswith("file://") else ""
@@ -61,19 +76,11 @@ def weights_path(source: str) -> str:
 def context_tokens(engine: str, args: tuple[str, ...]) -> int:
     """The context the engine is told to hold (``--ctx-size N`` or ``--ctx-size=N``), else its default.
 
-    The flags and the default are the engine's record's (``llmgw.core.engines``); 0 asks the
-    estimate to take the model's own context.
+    The engine record's reading (``llmgw.core.engines.context_tokens``), the one the engine
+    check sizes its memory check with: placement's estimate must not size another context.
+    0 asks the estimate to take the model's own context.
     """
-    found = engines.record(engine)
-    if found is None:
-        return 0
-    for i, arg in enumerate(args):
-        flag, eq, value = arg.partition("=")
-        if flag in found.context_flags:
-            text = value if eq else (args[i + 1] if i + 1 < len(args) else "")
-            if text.isdigit() and int(text) > 0:
-                return int(text)
-    return found.context_default
+    return engines.context_tokens(engine, args)
 
 
 def need_for(model: str, spec: ModelSpec, *, estimate: int | None = None) -> Need:
@@ -90,8 +97,18 @@ def need_for(model: str, spec: ModelSpec, *, estimate: int | None = None) -> Nee
             gpu_memory, estimated = estimate, True
         elif not g.count and not memory:
             memory, estimated = estimate, True
+    # A dtype older GPUs cannot run (bfloat16 before 8.0) raises the capability a GPU must have:
+    # the GPU filter then skips them as it does for a stated capability, at no cost per node,
+    # where the engine would otherwise load for minutes and then fail on each of them.
+    capability, capability_for = parse_capability(g.compute_capability), ""
+    floor = dtype_capability(spec.dtype) if g.count else None
+    if floor is not None and (capability is None or floor > capability):
+        capability, capability_for = floor, spec.dtype
+    record = engines.record(spec.engine)
+    cpu_flags = record.cpu_flags_any if record is not None and not g.count else ()
     return Need(model=model, engine=spec.engine, engine_version=spec.engine_version,
                 selector=spec.node_selector, pool=spec.pool, policy=spec.placement, threads=res.cpu_threads,
                 memory_bytes=memory, gpu_count=g.count, gpu_memory_bytes=gpu_memory,
-                compute_capability=parse_capability(g.compute_capability),
-                weights_path=weights_path(spec.source), memory_estimated=estimated, nnodes=res.nnodes)
+                compute_capability=capability, weights_path=weights_path(spec.source),
+                memory_estimated=estimated, nnodes=res.nnodes, capability_for=capability_for,
+                cpu_flags_any=cpu_flags)

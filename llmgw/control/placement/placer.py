@@ -36,10 +36,11 @@ from collections.abc import Callable, Iterable, Iterator
 
 from llmgw.control.placement import filters as f
 from llmgw.control.placement import gpus as gpus_mod
-from llmgw.control.placement.explain import Refused, refusal
+from llmgw.control.placement.explain import Refused, engine_refusal, refusal
 from llmgw.control.placement.ledger import Ledger
-from llmgw.control.placement.needs import Need, context_tokens, need_for
+from llmgw.control.placement.needs import Need, context_tokens, need_for, weights_path
 from llmgw.control.state import NodeView
+from llmgw.core import enginecheck
 from llmgw.core import estimate as estimate_mod
 from llmgw.core.inventory import Gpu, WeightFile
 from llmgw.core.specs import ModelSpec
@@ -135,6 +136,7 @@ class Placer:
         self._estimate = estimate
         self._needs: dict[str, Need] = {}
         self._refused: dict[str, Refused] = {}
+        self._engine_checked: dict[str, Refused | None] = {}
         #: static key -> (member positions, member set, reason of each non-member)
         self._classes: dict[tuple[object, ...], tuple[list[int], set[int], dict[int, f.Reason]]] = {}
         self._weights: dict[str, list[int]] | None = None
@@ -157,20 +159,42 @@ class Placer:
     def _estimate_for(self, spec: ModelSpec) -> int | None:
         res = spec.resources
         unstated = res.gpus.memory_bytes == 0 if res.gpus.count else res.memory_bytes == 0
-        path = need_for("", spec).weights_path
-        if self._estimate is None or not unstated or not path:
+        if self._estimate is None or not unstated:
             return None
-        # The same path is taken to be the same file on every node (a shared
-        # filesystem, or one copy made everywhere): the first that says decides.
-        for idx in self.weights().get(path, ()):
+        ranks = res.gpus.count * res.nnodes
+        ctx = spec.context_length or context_tokens(spec.engine, spec.engine_args)
+        for w in self._weight_files(spec):
+            est = self._estimate(w, ctx, max(ranks, 1), ranks > 0)
+            if est:
+                return est
+        return None
+
+    def _weight_files(self, spec: ModelSpec) -> Iterator[WeightFile]:
+        """What the nodes holding ``spec``'s weights report of them, node by node.
+
+        The same path is taken to be the same file on every node (a shared
+        filesystem, or one copy made everywhere): the first that says decides.
+        """
+        path = weights_path(spec.source)
+        for idx in self.weights().get(path, ()) if path else ():
             for w in self.states[idx].view.inventory.weights:
                 if w.path.rstrip("/") == path:
-                    ranks = res.gpus.count * res.nnodes
-                    ctx = spec.context_length or context_tokens(spec.engine, spec.engine_args)
-                    est = self._estimate(w, ctx, max(ranks, 1), ranks > 0)
-                    if est:
-                        return est
-        return None
+                    yield w
+
+    def engine_refusal(self, model: str, spec: ModelSpec) -> Refused | None:
+        """Why ``spec``'s engine would fail whatever the node (once per model and pass), or None.
+
+        The checks that need a node's facts run per node as filters instead
+        (a dtype's compute capability, GPU memory: ``needs``, ``gpus``): asking
+        the engine check of each of 10,000 nodes would cost a pass seconds.
+        """
+        if model not in self._engine_checked:
+            # Metadata read from the header or config.json (heads, context) says more than a
+            # file whose metadata could not be read: that one is skipped, never guessed from.
+            weight = next((w for w in self._weight_files(spec) if w.heads or w.context_length or w.head_dim), None)
+            found = enginecheck.problems(enginecheck.Profile.of_model(spec), None, weight)
+            self._engine_checked[model] = engine_refusal(model, spec.engine, found) if found else None
+        return self._engine_checked[model]
 
     def weights(self) -> dict[str, list[int]]:
         if self._weights is None:
@@ -213,7 +237,7 @@ class Placer:
         if need.nnodes > 1:
             return Refused(f"a replica of {model} spans {need.nnodes} nodes: it is placed as a group "
                            "(place_group), not one node at a time", {})
-        refused = self._refused.get(model)
+        refused = self._refused.get(model) or self.engine_refusal(model, spec)
         if refused is not None:
             return refused
         found = self._pick(need)

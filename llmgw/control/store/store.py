@@ -162,7 +162,8 @@ class Store:
             return self._stored_model(row), created
 
     def _stored_model(self, row: ModelRow) -> StoredModel:
-        return StoredModel(specs.parse_manifest(row.manifest), row.generation, row.created_at, row.updated_at)
+        return StoredModel(specs.parse_manifest(row.manifest, stored=True), row.generation, row.created_at,
+                           row.updated_at)
 
     def get_model(self, name: str) -> StoredModel | None:
         with self._session() as s:
