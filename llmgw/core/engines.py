@@ -56,6 +56,10 @@ class Engine:
     #: Whether its successful OpenAI answers need the router's splices to conform (llama.cpp's:
     #: see ``llmgw.router.openai_shape``); the others are passed through untouched.
     openai_shapes_needed: bool
+    #: Keys its whole (not streamed) chat answers send as null where OpenAI's schema has an
+    #: object or an array, or nothing (vLLM 0.32's ``message.annotations``, ``usage.
+    #: prompt_tokens_details``, ...); the router drops them (``llmgw.router.openai_shape``).
+    openai_null_keys: tuple[str, ...] = ()
     #: Whether one replica may span nodes (one rank per node). False: a model file asking for
     #: ``nnodes`` above 1 is refused at apply, not found out at launch.
     multi_node: bool = False
@@ -147,6 +151,9 @@ _VLLM = Engine(
     reports_prefill_progress=False,
     prefix_cache_shared=True,
     openai_shapes_needed=False,
+    # Seen in vLLM 0.32's chat answers (tests/engines/test_vllm_e2e.py validates them); its chunks conform.
+    openai_null_keys=("annotations", "function_call", "prompt_tokens_details", "completion_tokens_details",
+                      "system_fingerprint"),
     multi_node=True,
     worker_ranks_serve_http=False,
     api_key_env="VLLM_API_KEY",

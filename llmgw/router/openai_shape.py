@@ -27,7 +27,8 @@ An ``{"error": ...}`` event inside a stream (llama.cpp writes one and stops when
 a task fails after its first token) is rewritten the same way (``Shaper``).
 
 **Successes from llama.cpp** (xllamacpp 2026.10, checked against
-llmgw/testing/openai/schemas.json; vLLM and the sim already conform):
+llmgw/testing/openai/schemas.json; the sim already conforms, and vLLM's chunks
+do; its whole chat answers lose the keys it sends as null, ``drop_null_keys``):
 
 * required by the schema: a chat answer's ``choices[].logprobs`` and
   ``message.refusal`` (absent), and with ``logprobs`` asked, the logprobs
@@ -182,9 +183,13 @@ class Plan:
     logprobs: bool  # the request asked for logprobs: events carry logprobs objects
     include_usage: bool  # stream_options.include_usage: usage null on every chunk, then a usage chunk
     prompt_list: bool  # completions for a list of prompts: llama.cpp starts the stream with ``data: null``
+    #: Keys of a whole chat answer to drop when null (the engine record's ``openai_null_keys``).
+    null_keys: tuple[str, ...] = ()
 
     def body(self, body: bytes) -> bytes:
         """A whole 200 answer's ``body`` in OpenAI's shape."""
+        if self.null_keys:
+            return drop_null_keys(body, self.null_keys)
         return chat_body(body) if self.chat else body
 
     def shaper(self, replica_id: str) -> Shaper:
@@ -196,7 +201,11 @@ def plan(engine: str, path: str, doc: Mapping[str, Any]) -> Plan | None:
     # Whether its successful answers need splicing is the engine's record's; the others conform.
     # The registry is read directly: this runs on every request (bench/openai_shape_cost.py).
     found = engines.ENGINES.get(engine)
-    if found is None or not found.openai_shapes_needed or path not in (CHAT_PATH, COMPLETIONS_PATH):
+    if found is None or path not in (CHAT_PATH, COMPLETIONS_PATH):
+        return None
+    if not found.openai_shapes_needed:
+        if found.openai_null_keys and path == CHAT_PATH and doc.get("stream") is not True:
+            return _null_plan(found.openai_null_keys)
         return None
     options = doc.get("stream_options")
     logprobs = doc.get("logprobs")
@@ -209,6 +218,44 @@ def plan(engine: str, path: str, doc: Mapping[str, Any]) -> Plan | None:
 def _plan(chat: bool, logprobs: bool, include_usage: bool, prompt_list: bool) -> Plan:
     # Sixteen possible plans, each built once: a frozen dataclass costs ~0.5 us to construct.
     return Plan(chat=chat, logprobs=logprobs, include_usage=include_usage, prompt_list=prompt_list)
+
+
+@functools.cache
+def _null_plan(keys: tuple[str, ...]) -> Plan:
+    return Plan(chat=True, logprobs=False, include_usage=False, prompt_list=False, null_keys=keys)
+
+
+def drop_null_keys(body: bytes, keys: tuple[str, ...]) -> bytes:
+    """A chat answer without ``keys`` where they are null: at its top, in its usage, in a choice's message.
+
+    vLLM 0.32 writes ``"annotations":null`` and ``"function_call":null`` in each
+    message, ``"prompt_tokens_details":null`` in the usage and a null
+    ``system_fingerprint`` (pydantic's ``model_dump`` of its response), where OpenAI's
+    schema has an array or an object (or leaves the key out): a client that
+    validates, or iterates ``message.annotations``, fails on them. Whole answers
+    only (a generation's one body, so the parse is nothing against it); a body
+    that holds none of them is passed on untouched.
+    """
+    if not _null_pattern(keys).search(body):
+        return body
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return body
+    if not isinstance(doc, dict):
+        return body
+    places = [doc, doc.get("usage"), *(c.get("message") for c in doc.get("choices") or () if isinstance(c, dict))]
+    for place in places:
+        if isinstance(place, dict):
+            for key in keys:
+                if key in place and place[key] is None:
+                    del place[key]
+    return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+@functools.cache
+def _null_pattern(keys: tuple[str, ...]) -> re.Pattern[bytes]:
+    return re.compile(rb'"(?:' + b"|".join(re.escape(k.encode()) for k in keys) + rb')"\s*:\s*null')
 
 
 # -- the splices --

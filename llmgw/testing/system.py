@@ -8,11 +8,12 @@ processes it started is killed by pid.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,18 @@ import psutil
 from llmgw.testing.procs import Proc, wait_for
 
 LLMGW = [sys.executable, "-m", "llmgw"]
+
+
+@contextlib.contextmanager
+def running(root: Path, **kw: Any) -> Iterator[System]:
+    """A server and one agent (node1) under ``root``, torn down whatever happens; ``kw`` as ``System`` takes."""
+    s = System(root, **kw)
+    try:
+        s.start_server()
+        s.start_agent("node1")
+        yield s
+    finally:
+        s.close()
 
 
 def sim_model(name: str, *, replicas: int = 1, args: list[str] | None = None, **spec: Any) -> dict[str, Any]:

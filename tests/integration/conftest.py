@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from llmgw.testing import system as system_mod
 from llmgw.testing.system import System
 
 
@@ -18,10 +19,5 @@ def system_args() -> dict[str, Any]:
 @pytest.fixture
 def system(tmp_path: Path, system_args: dict[str, Any]) -> Iterator[System]:
     """A running server and one agent (node1), torn down whatever happens."""
-    s = System(tmp_path, **system_args)
-    try:
-        s.start_server()
-        s.start_agent("node1")
+    with system_mod.running(tmp_path, **system_args) as s:
         yield s
-    finally:
-        s.close()

@@ -3,6 +3,7 @@ process serves HTTP, the collectives' variables that win, and what a state file 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import stat
 import sys
@@ -27,8 +28,8 @@ class Recording:
     name, health_path = "sim", "/health"
 
     def __init__(self, *, env: dict[str, str] | None = None, serves_http: bool = True,
-                 refuse: str = "") -> None:
-        self.env, self.serves_http, self.refuse = env or {}, serves_http, refuse
+                 refuse: str = "", cwd: str | None = None) -> None:
+        self.env, self.serves_http, self.refuse, self.cwd = env or {}, serves_http, refuse, cwd
         self.given: dict[str, Any] = {}
 
     def launch(self, spec: ShardSpec, **kw: Any) -> engines.Launch:
@@ -37,7 +38,8 @@ class Recording:
         self.given["dir_existed"] = Path(kw["work_dir"]).is_dir()
         if self.refuse:
             raise EngineError(self.refuse)
-        return engines.Launch(argv=[sys.executable, "-c", "pass"], env=self.env, serves_http=self.serves_http)
+        return engines.Launch(argv=[sys.executable, "-c", "import os; print(os.getcwd())"], env=self.env,
+                              serves_http=self.serves_http, cwd=self.cwd or "")
 
 
 def plan(tmp_path: Path, adapter: Recording, spec: ShardSpec = SPEC, **kw: Any) -> launching.Plan:
@@ -139,3 +141,19 @@ def test_recovery_removes_the_work_dirs_of_the_dead_and_the_killed_only(tmp_path
         recovering.Kill(_seen(14, "s1"), "cannot happen: decide keeps an adopted shard's workers"),
     ]
     assert recovering.ended_work_dirs(decisions, run_dir=tmp_path) == [tmp_path / "dead.d", tmp_path / "lost.d"]
+
+
+def test_an_engine_runs_in_its_work_dir_when_its_adapter_asks_and_nowhere_else(tmp_path: Path) -> None:
+    """Launch.cwd = the work dir: the process starts there (vLLM names its sockets from it); elsewhere is refused."""
+    p = plan(tmp_path, Recording(cwd=str(tmp_path / "s1.d")))
+    assert p.cwd == tmp_path / "s1.d"
+
+    async def run() -> None:
+        proc, _ = await launching.spawn(p)
+        await proc.wait()
+    asyncio.run(run())
+    assert p.log_path.read_text().strip() == str(tmp_path / "s1.d")
+    assert plan(tmp_path, Recording()).cwd is None  # "" asks for the agent's own
+    with pytest.raises(EngineError, match="not its work dir"):
+        plan(tmp_path, Recording(cwd="/etc"))
+    assert not (tmp_path / "s1.d").exists()  # the refusal removed the dir it made

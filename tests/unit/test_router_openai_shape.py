@@ -112,6 +112,34 @@ def test_only_llamacpp_chat_and_completions_are_planned() -> None:
                                                                                 prompt_list=False)
 
 
+# vLLM 0.32's own bytes for a whole chat answer (tests/engines/test_vllm_e2e.py saw them fail the schema).
+VLLM_CHAT = (b'{"id":"chatcmpl-9","object":"chat.completion","created":1,"model":"tiny","choices":[{"index":0,'
+             b'"message":{"role":"assistant","content":"null","refusal":null,"annotations":null,"audio":null,'
+             b'"function_call":null,"tool_calls":[],"reasoning":null},"logprobs":null,"finish_reason":"length",'
+             b'"stop_reason":null}],"service_tier":null,"system_fingerprint":null,"usage":{"prompt_tokens":5,'
+             b'"total_tokens":9,"completion_tokens":4,"prompt_tokens_details":null},"prompt_logprobs":null,'
+             b'"prompt_token_ids":null,"kv_transfer_params":null}')
+
+
+def test_a_vllm_chat_answer_loses_the_keys_it_sends_as_null_and_keeps_its_text() -> None:
+    """vLLM's whole chat answer drops null annotations/function_call/usage details and then conforms; chunks pass."""
+    assert openai_schema.errors("chat", json.loads(VLLM_CHAT))
+    plan = openai_shape.plan("vllm", "/v1/chat/completions", {"model": "tiny"})
+    assert plan is not None
+    doc = json.loads(plan.body(VLLM_CHAT))
+    openai_schema.validate("chat", doc)
+    message = doc["choices"][0]["message"]
+    assert message["content"] == "null" and "annotations" not in message and "function_call" not in message
+    assert doc["usage"] == {"prompt_tokens": 5, "total_tokens": 9, "completion_tokens": 4}
+    assert "system_fingerprint" not in doc and doc["model"] == "tiny"
+    annotated = VLLM_CHAT.replace(b'"annotations":null', b'"annotations":[]')
+    assert json.loads(plan.body(annotated))["choices"][0]["message"]["annotations"] == []
+    clean = json.dumps(doc).encode()
+    assert plan.body(clean) is clean  # nothing to drop: the bytes pass untouched
+    assert openai_shape.plan("vllm", "/v1/chat/completions", {"model": "tiny", "stream": True}) is None
+    assert openai_shape.plan("vllm", "/v1/completions", {"model": "tiny"}) is None
+
+
 # -- chat bodies and chunks --
 
 CHAT_BODY = (b'{"choices":[{"finish_reason":"length","index":0,"message":{"role":"assistant","content":"\xc3\xa9\\"'

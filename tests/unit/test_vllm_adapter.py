@@ -50,11 +50,11 @@ def test_one_node_cpu_argv_and_env() -> None:
                         "--served-model-name", "llama-8b", "--host", "127.0.0.1", "--port", "8011",
                         "--tensor-parallel-size", "1", "--pipeline-parallel-size", "1", "--enforce-eager"]
     wd = "/run/llmgw/llama-1a2b3c-1.d"
-    assert got.env == {"HF_HUB_OFFLINE": "1", "TMPDIR": wd, "VLLM_RPC_BASE_PATH": wd,
+    assert got.env == {"HF_HUB_OFFLINE": "1", "TMPDIR": wd, "VLLM_RPC_BASE_PATH": ".",
                        "VLLM_CACHE_ROOT": f"{wd}/vllm-cache", "HF_HOME": f"{wd}/hf",
                        "VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
                        "OMP_NUM_THREADS": "4", "VLLM_API_KEY": "sk-shard-secret"}
-    assert got.serves_http
+    assert got.serves_http and got.cwd == wd  # its sockets are ./<uuid> in the work dir: short wherever it is
     assert not any("sk-shard-secret" in a for a in got.argv)
 
 

@@ -37,6 +37,9 @@ class Launch:
     #: engine whose worker ranks serve none (``Engine.worker_ranks_serve_http``): it is judged
     #: by staying alive, and probing it would wait out the startup timeout.
     serves_http: bool = True
+    #: The directory it runs in; "" for the agent's own. vLLM runs in its work dir so that its
+    #: IPC sockets can be named relative to it (a socket's path is at most 107 bytes).
+    cwd: str = ""
 
 
 #: (path, parser): the parser turns the body of a 200 answer into the number of

@@ -43,8 +43,9 @@ as measured for issue 11 on the CI CPU, torch.compile adds about 45 s to a
 explicit KV cache vLLM also skips its warm-up pass.
 
 Environment: the key in ``VLLM_API_KEY`` (never argv); the shard's private work
-dir as ``TMPDIR`` and ``VLLM_RPC_BASE_PATH`` (vLLM's ZMQ sockets; two replicas
-in one /tmp left each other's sockets behind), ``VLLM_CACHE_ROOT`` and
+dir as ``TMPDIR`` and, as ``.`` with the process running in that dir,
+``VLLM_RPC_BASE_PATH`` (vLLM's ZMQ sockets; two replicas in one /tmp left each
+other's sockets behind, and an absolute path can pass a socket's 107 bytes), ``VLLM_CACHE_ROOT`` and
 ``HF_HOME`` under it (caches created on demand), and ``HF_HUB_OFFLINE=1``:
 weights come from a directory on the node, and a node without internet would
 otherwise wait on the Hub's timeouts while loading the tokenizer.
@@ -160,15 +161,20 @@ class Vllm:
             argv.append("--enforce-eager")
         argv += spec.args
         env = {"HF_HUB_OFFLINE": "1",
-               **base.work_dir_env(work_dir, (("TMPDIR", ""), ("VLLM_RPC_BASE_PATH", ""),
-                                              ("VLLM_CACHE_ROOT", "vllm-cache"), ("HF_HOME", "hf")))}
+               **base.work_dir_env(work_dir, (("TMPDIR", ""), ("VLLM_CACHE_ROOT", "vllm-cache"), ("HF_HOME", "hf")))}
+        if work_dir:
+            # Its ZMQ sockets are <VLLM_RPC_BASE_PATH>/<36-character uuid>, and a Unix socket's path
+            # is at most 107 bytes: under <run_dir>/<shard id>.d it was longer for a long model name
+            # or state dir, and vLLM crash-looped ("ipc path ... is longer than 107 characters").
+            # Relative to the work dir it runs in, the path is 39 bytes wherever the dir is.
+            env["VLLM_RPC_BASE_PATH"] = "."
         if not spec.gpus:
             env["VLLM_CPU_KVCACHE_SPACE"] = str(cpu_kvcache_gib(spec.memory_bytes))
             env |= cpu_threads_env(spec, cpu_count)
         env |= base.multinode_env(spec, node)
         env |= base.spec_env(spec)
         env |= base.api_key_env(self.name, spec)
-        return base.Launch(argv=argv, env=env, serves_http=not worker)
+        return base.Launch(argv=argv, env=env, serves_http=not worker, cwd=work_dir)
 
     def probe(self) -> str | None:
         return self._versions.get(self.python)

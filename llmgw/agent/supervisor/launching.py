@@ -78,6 +78,8 @@ class Plan:
     serves_http: bool = True
     #: The shard's private directory (``work_dir_of``); the launch makes it, the end of the process removes it.
     work_dir: Path | None = None
+    #: Where the process runs (the adapter's ``Launch.cwd``); None: the agent's own directory.
+    cwd: Path | None = None
 
 
 def endpoint_of(host: str, port: int) -> str:
@@ -180,6 +182,7 @@ def plan(spec: ShardSpec, adapter: engines.Adapter, *, host: str, model_path: st
                                 node=node or enginecheck.NodeFacts(), work_dir=str(work_dir))
         if not launch.argv:
             raise EngineError(f"engine {spec.engine!r} produced an empty command line")
+        cwd = _cwd(launch.cwd, work_dir)
     except BaseException:
         remove_work_dir(work_dir)
         raise
@@ -204,7 +207,20 @@ def plan(spec: ShardSpec, adapter: engines.Adapter, *, host: str, model_path: st
             RUN_DIR_ENV: str(run_dir)}
     return Plan(argv=list(launch.argv), env=env, endpoint=endpoint_of(host, port),
                 health_path=adapter.health_path, log_path=log_path_of(run_dir, spec.shard_id), port=port,
-                serves_http=launch.serves_http, work_dir=work_dir)
+                serves_http=launch.serves_http, work_dir=work_dir, cwd=cwd)
+
+
+def _cwd(asked: str, work_dir: Path) -> Path | None:
+    """The adapter's directory to run in: "" for the agent's, else only the shard's own work dir.
+
+    An engine runs where llmgw made a directory for it, or where the agent runs;
+    an adapter naming any other place is a bug, refused before anything starts.
+    """
+    if not asked:
+        return None
+    if Path(asked) != work_dir:
+        raise EngineError(f"the adapter asked to run the engine in {asked}, not its work dir {work_dir}")
+    return work_dir
 
 
 def work_dir_of(run_dir: Path, shard_id: str) -> Path:
@@ -284,7 +300,7 @@ async def spawn(p: Plan) -> tuple[asyncio.subprocess.Process, int]:
             proc = await asyncio.create_subprocess_exec(
                 *p.argv, stdout=log, stderr=asyncio.subprocess.STDOUT,
                 # No stdin: an engine that prompts would otherwise hang on the agent's terminal.
-                stdin=asyncio.subprocess.DEVNULL, start_new_session=True, env=p.env)
+                stdin=asyncio.subprocess.DEVNULL, start_new_session=True, env=p.env, cwd=p.cwd)
         except FileNotFoundError as exc:
             raise EngineError(f"cannot start {p.argv[0]}: it is not installed or not on PATH; "
                               "install the engine or set its path in the agent's configuration") from exc
