@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 from llmgw.api.v1 import agent_pb2 as pb
 from llmgw.core import inventory as inv
-from llmgw.core.shards import ShardSpec, ShardState, ShardStatus
+from llmgw.core.shards import FetchProgress, ShardSpec, ShardState, ShardStatus
 
 _STATE_TO_PB = {
     ShardState.STARTING: pb.SHARD_STATE_STARTING,
@@ -22,6 +22,7 @@ _STATE_TO_PB = {
     ShardState.DRAINING: pb.SHARD_STATE_DRAINING,
     ShardState.DRAINED: pb.SHARD_STATE_DRAINED,
     ShardState.UNHEALTHY: pb.SHARD_STATE_UNHEALTHY,
+    ShardState.FETCHING: pb.SHARD_STATE_FETCHING,
 }
 _STATE_FROM_PB = {v: k for k, v in _STATE_TO_PB.items()}
 
@@ -36,6 +37,8 @@ def spec_to_pb(spec: ShardSpec) -> pb.ShardSpec:
         nnodes=spec.nnodes, rank=spec.rank, leader_addr=spec.leader_addr, leader_port=spec.leader_port,
         hcas=list(spec.hcas), tensor_parallel=spec.tensor_parallel, pipeline_parallel=spec.pipeline_parallel,
         dtype=spec.dtype, context_length=spec.context_length, gpu_memory_bytes=spec.gpu_memory_bytes,
+        source_sha256=spec.source_sha256, source_file=spec.source_file, hub_endpoint=spec.hub_endpoint,
+        hub_token=spec.hub_token, mirror_url=spec.mirror_url,
     )
 
 
@@ -51,6 +54,8 @@ def spec_from_pb(msg: pb.ShardSpec) -> ShardSpec:
         # 0 from an older control plane, which passed no parallelism to any engine.
         tensor_parallel=max(msg.tensor_parallel, 1), pipeline_parallel=max(msg.pipeline_parallel, 1),
         dtype=msg.dtype, context_length=msg.context_length, gpu_memory_bytes=msg.gpu_memory_bytes,
+        source_sha256=msg.source_sha256, source_file=msg.source_file, hub_endpoint=msg.hub_endpoint,
+        hub_token=msg.hub_token, mirror_url=msg.mirror_url,
     )
 
 
@@ -62,6 +67,10 @@ def status_to_pb(st: ShardStatus) -> pb.ShardStatus:
     )
     if st.spec is not None:
         msg.spec.CopyFrom(spec_to_pb(st.spec))
+    if st.fetch is not None:
+        f = st.fetch
+        msg.fetch.CopyFrom(pb.FetchProgress(done_bytes=f.done_bytes, total_bytes=f.total_bytes, rate_bps=f.rate_bps,
+                                            eta_s=f.eta_s, state=f.state, message=f.message))
     return msg
 
 
@@ -74,6 +83,9 @@ def status_from_pb(msg: pb.ShardStatus) -> ShardStatus:
         exit_code=msg.exit_code if msg.exited else None, last_output=tuple(msg.last_output),
         endpoint=msg.endpoint, pid=msg.pid, spec=spec_from_pb(msg.spec) if msg.HasField("spec") else None,
         adopted=msg.adopted, probe_failures=msg.probe_failures,
+        fetch=FetchProgress(done_bytes=msg.fetch.done_bytes, total_bytes=msg.fetch.total_bytes,
+                            rate_bps=msg.fetch.rate_bps, eta_s=msg.fetch.eta_s, state=msg.fetch.state,
+                            message=msg.fetch.message) if msg.HasField("fetch") else None,
     )
 
 
@@ -139,16 +151,18 @@ def model_dirs_from_pb(dirs: Iterable[pb.ModelDir]) -> tuple[inv.ModelDir, ...]:
 #: The WeightFile fields that are numbers of the same name on both sides.
 _WEIGHT_NUMBERS = ("size_bytes", "params", "layers", "heads", "kv_heads", "head_dim", "hidden_size",
                    "context_length", "dtype_bytes")
+#: Every WeightFile field but path and format, the same name and type on both sides.
+_WEIGHT_FIELDS = (*_WEIGHT_NUMBERS, "fetched_by_llmgw", "source", "last_used_unix", "cache_name")
 
 
 def weights_to_pb(weights: Iterable[inv.WeightFile]) -> list[pb.WeightFile]:
-    return [pb.WeightFile(path=w.path, format=w.format, **{f: getattr(w, f) for f in _WEIGHT_NUMBERS})
+    return [pb.WeightFile(path=w.path, format=w.format, **{f: getattr(w, f) for f in _WEIGHT_FIELDS})
             for w in weights]
 
 
 def weights_from_pb(weights: Iterable[pb.WeightFile]) -> tuple[inv.WeightFile, ...]:
     # An older agent sends none of the metadata: every field reads 0, "unknown".
-    return tuple(inv.WeightFile(path=w.path, format=w.format, **{f: getattr(w, f) for f in _WEIGHT_NUMBERS})
+    return tuple(inv.WeightFile(path=w.path, format=w.format, **{f: getattr(w, f) for f in _WEIGHT_FIELDS})
                  for w in weights)
 
 

@@ -143,6 +143,14 @@ class WeightFile:
     #: Bytes per element of the declared dtype (2 for bfloat16/float16, 4 for float32);
     #: 0 for a quantized GGUF, whose size is the file's.
     dtype_bytes: int = 0
+    #: Fetched by llmgw into its weights cache: the only weights RemoveWeights may remove.
+    fetched_by_llmgw: bool = False
+    #: The source it was fetched from; "" for weights found on disk.
+    source: str = ""
+    #: When a shard last used it (unix seconds); 0: never, or not fetched by llmgw.
+    last_used_unix: int = 0
+    #: Its name in the weights cache, what RemoveWeights names; "" when not fetched by llmgw.
+    cache_name: str = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

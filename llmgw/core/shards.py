@@ -36,6 +36,8 @@ class ShardState(enum.Enum):
     #: ``kill -STOP``): no traffic goes to it; it becomes READY again if a probe passes, and the
     #: control plane replaces it once it has stayed so past a grace period.
     UNHEALTHY = "Unhealthy"
+    #: Its weights are being fetched (``ShardStatus.fetch`` says how far); no process yet.
+    FETCHING = "Fetching"
 
     @classmethod
     def terminal(cls) -> frozenset[ShardState]:
@@ -45,7 +47,8 @@ class ShardState(enum.Enum):
     @classmethod
     def live(cls) -> frozenset[ShardState]:
         """States in which a process may still exist."""
-        return frozenset({cls.STARTING, cls.READY, cls.STOPPING, cls.DRAINING, cls.DRAINED, cls.UNHEALTHY})
+        return frozenset({cls.STARTING, cls.READY, cls.STOPPING, cls.DRAINING, cls.DRAINED, cls.UNHEALTHY,
+                          cls.FETCHING})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -87,6 +90,14 @@ class ShardSpec:
     context_length: int = 0
     #: Memory placement gave the replica on each of its GPUs; 0: not stated nor estimated.
     gpu_memory_bytes: int = 0
+    #: Remote weights: the expected sha256 of an http(s)/mirror file ("" unknown), the one file of
+    #: an hf repo (a .gguf), the HF-compatible endpoint, its token (secret: never logged, never in
+    #: the REST API) and the cluster mirror's base URL.
+    source_sha256: str = ""
+    source_file: str = ""
+    hub_endpoint: str = ""
+    hub_token: str = dataclasses.field(default="", repr=False)
+    mirror_url: str = ""
 
 
 #: Variables llmgw sets itself in every engine's environment: a spec's env may
@@ -95,6 +106,22 @@ class ShardSpec:
 #: CUDA_DEVICE_ORDER makes CUDA number GPUs as NVML does (its own default puts
 #: the fastest first, so "0" could be a GPU another replica was given).
 RESERVED_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "LLMGW_SHARD_ID", "LLMGW_RUN_DIR"})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FetchProgress:
+    """A weights fetch as it goes; mirrors ``llmgw.v1.FetchProgress``."""
+
+    done_bytes: int = 0
+    #: 0: not known yet.
+    total_bytes: int = 0
+    rate_bps: float = 0.0
+    #: -1: unknown.
+    eta_s: float = -1.0
+    #: "fetching", "stalled", "verifying", "done" or "failed".
+    state: str = "fetching"
+    #: Why, for stalled and failed.
+    message: str = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -115,6 +142,8 @@ class ShardStatus:
     #: Health probes failed in a row since the last one that passed (READY/UNHEALTHY only).
     #: Routers stop sending new requests to the shard from the first failure.
     probe_failures: int = 0
+    #: How far its weights fetch is (FETCHING only).
+    fetch: FetchProgress | None = None
 
 
 #: The longest shard id accepted. The control plane names a shard

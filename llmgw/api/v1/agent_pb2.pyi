@@ -18,6 +18,7 @@ class ShardState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SHARD_STATE_DRAINING: _ClassVar[ShardState]
     SHARD_STATE_DRAINED: _ClassVar[ShardState]
     SHARD_STATE_UNHEALTHY: _ClassVar[ShardState]
+    SHARD_STATE_FETCHING: _ClassVar[ShardState]
 SHARD_STATE_UNSPECIFIED: ShardState
 SHARD_STATE_STARTING: ShardState
 SHARD_STATE_READY: ShardState
@@ -27,6 +28,7 @@ SHARD_STATE_STOPPED: ShardState
 SHARD_STATE_DRAINING: ShardState
 SHARD_STATE_DRAINED: ShardState
 SHARD_STATE_UNHEALTHY: ShardState
+SHARD_STATE_FETCHING: ShardState
 
 class AgentMessage(_message.Message):
     __slots__ = ("seq", "register", "heartbeat", "shard_status", "ack", "logs_reply")
@@ -45,7 +47,7 @@ class AgentMessage(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., shard_status: _Optional[_Union[ShardStatus, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., logs_reply: _Optional[_Union[LogsReply, _Mapping]] = ...) -> None: ...
 
 class ControlMessage(_message.Message):
-    __slots__ = ("seq", "start_shard", "stop_shard", "ack", "drain", "logs_request", "logs_cancel")
+    __slots__ = ("seq", "start_shard", "stop_shard", "ack", "drain", "logs_request", "logs_cancel", "remove_weights")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     START_SHARD_FIELD_NUMBER: _ClassVar[int]
     STOP_SHARD_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +55,7 @@ class ControlMessage(_message.Message):
     DRAIN_FIELD_NUMBER: _ClassVar[int]
     LOGS_REQUEST_FIELD_NUMBER: _ClassVar[int]
     LOGS_CANCEL_FIELD_NUMBER: _ClassVar[int]
+    REMOVE_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     seq: int
     start_shard: StartShard
     stop_shard: StopShard
@@ -60,7 +63,8 @@ class ControlMessage(_message.Message):
     drain: Drain
     logs_request: LogsRequest
     logs_cancel: LogsCancel
-    def __init__(self, seq: _Optional[int] = ..., start_shard: _Optional[_Union[StartShard, _Mapping]] = ..., stop_shard: _Optional[_Union[StopShard, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., logs_request: _Optional[_Union[LogsRequest, _Mapping]] = ..., logs_cancel: _Optional[_Union[LogsCancel, _Mapping]] = ...) -> None: ...
+    remove_weights: RemoveWeights
+    def __init__(self, seq: _Optional[int] = ..., start_shard: _Optional[_Union[StartShard, _Mapping]] = ..., stop_shard: _Optional[_Union[StopShard, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., logs_request: _Optional[_Union[LogsRequest, _Mapping]] = ..., logs_cancel: _Optional[_Union[LogsCancel, _Mapping]] = ..., remove_weights: _Optional[_Union[RemoveWeights, _Mapping]] = ...) -> None: ...
 
 class Register(_message.Message):
     __slots__ = ("node_id", "hostname", "agent_version", "inventory", "shards", "mgmt_addr", "labels", "engines", "mgmt_interface", "host", "hcas", "fabrics", "model_dirs", "weights", "nvlink", "subnet_managers")
@@ -201,7 +205,7 @@ class ModelDir(_message.Message):
     def __init__(self, path: _Optional[str] = ..., total_bytes: _Optional[int] = ..., free_bytes: _Optional[int] = ..., shared: bool = ..., fs_type: _Optional[str] = ...) -> None: ...
 
 class WeightFile(_message.Message):
-    __slots__ = ("path", "size_bytes", "format", "params", "layers", "heads", "kv_heads", "head_dim", "hidden_size", "context_length", "dtype_bytes")
+    __slots__ = ("path", "size_bytes", "format", "params", "layers", "heads", "kv_heads", "head_dim", "hidden_size", "context_length", "dtype_bytes", "fetched_by_llmgw", "source", "last_used_unix", "cache_name")
     PATH_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
@@ -213,6 +217,10 @@ class WeightFile(_message.Message):
     HIDDEN_SIZE_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
     DTYPE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FETCHED_BY_LLMGW_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    LAST_USED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    CACHE_NAME_FIELD_NUMBER: _ClassVar[int]
     path: str
     size_bytes: int
     format: str
@@ -224,7 +232,11 @@ class WeightFile(_message.Message):
     hidden_size: int
     context_length: int
     dtype_bytes: int
-    def __init__(self, path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., format: _Optional[str] = ..., params: _Optional[int] = ..., layers: _Optional[int] = ..., heads: _Optional[int] = ..., kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., hidden_size: _Optional[int] = ..., context_length: _Optional[int] = ..., dtype_bytes: _Optional[int] = ...) -> None: ...
+    fetched_by_llmgw: bool
+    source: str
+    last_used_unix: int
+    cache_name: str
+    def __init__(self, path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., format: _Optional[str] = ..., params: _Optional[int] = ..., layers: _Optional[int] = ..., heads: _Optional[int] = ..., kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., hidden_size: _Optional[int] = ..., context_length: _Optional[int] = ..., dtype_bytes: _Optional[int] = ..., fetched_by_llmgw: bool = ..., source: _Optional[str] = ..., last_used_unix: _Optional[int] = ..., cache_name: _Optional[str] = ...) -> None: ...
 
 class NvlinkFabric(_message.Message):
     __slots__ = ("state", "clique_id", "cluster_uuid", "imex_state")
@@ -363,7 +375,7 @@ class Heartbeat(_message.Message):
     def __init__(self, memory_total_bytes: _Optional[int] = ..., memory_available_bytes: _Optional[int] = ..., cpu_percent: _Optional[float] = ..., load1: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., disks: _Optional[_Iterable[_Union[Disk, _Mapping]]] = ..., load5: _Optional[float] = ..., load15: _Optional[float] = ..., shard_load: _Optional[_Iterable[_Union[ShardLoad, _Mapping]]] = ..., hcas: _Optional[_Iterable[_Union[Hca, _Mapping]]] = ..., weights_changed: bool = ..., weights: _Optional[_Iterable[_Union[WeightFile, _Mapping]]] = ..., fabrics_changed: bool = ..., fabrics: _Optional[_Iterable[_Union[Fabric, _Mapping]]] = ..., engines_changed: bool = ..., engines: _Optional[_Iterable[_Union[EngineInfo, _Mapping]]] = ..., model_dirs_changed: bool = ..., model_dirs: _Optional[_Iterable[_Union[ModelDir, _Mapping]]] = ..., nvlink: _Optional[_Union[NvlinkFabric, _Mapping]] = ..., subnet_managers_changed: bool = ..., subnet_managers: _Optional[_Iterable[_Union[SubnetManager, _Mapping]]] = ...) -> None: ...
 
 class ShardSpec(_message.Message):
-    __slots__ = ("shard_id", "replica_id", "model", "engine", "served_name", "source", "args", "port", "api_key", "threads", "memory_bytes", "startup_timeout_s", "env", "gpus", "nnodes", "rank", "leader_addr", "leader_port", "hcas", "tensor_parallel", "pipeline_parallel", "dtype", "context_length", "gpu_memory_bytes")
+    __slots__ = ("shard_id", "replica_id", "model", "engine", "served_name", "source", "args", "port", "api_key", "threads", "memory_bytes", "startup_timeout_s", "env", "gpus", "nnodes", "rank", "leader_addr", "leader_port", "hcas", "tensor_parallel", "pipeline_parallel", "dtype", "context_length", "gpu_memory_bytes", "source_sha256", "source_file", "hub_endpoint", "hub_token", "mirror_url")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -395,6 +407,11 @@ class ShardSpec(_message.Message):
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
     GPU_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_SHA256_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FILE_FIELD_NUMBER: _ClassVar[int]
+    HUB_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    HUB_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    MIRROR_URL_FIELD_NUMBER: _ClassVar[int]
     shard_id: str
     replica_id: str
     model: str
@@ -419,7 +436,12 @@ class ShardSpec(_message.Message):
     dtype: str
     context_length: int
     gpu_memory_bytes: int
-    def __init__(self, shard_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., model: _Optional[str] = ..., engine: _Optional[str] = ..., served_name: _Optional[str] = ..., source: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., port: _Optional[int] = ..., api_key: _Optional[str] = ..., threads: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., startup_timeout_s: _Optional[int] = ..., env: _Optional[_Mapping[str, str]] = ..., gpus: _Optional[_Iterable[int]] = ..., nnodes: _Optional[int] = ..., rank: _Optional[int] = ..., leader_addr: _Optional[str] = ..., leader_port: _Optional[int] = ..., hcas: _Optional[_Iterable[str]] = ..., tensor_parallel: _Optional[int] = ..., pipeline_parallel: _Optional[int] = ..., dtype: _Optional[str] = ..., context_length: _Optional[int] = ..., gpu_memory_bytes: _Optional[int] = ...) -> None: ...
+    source_sha256: str
+    source_file: str
+    hub_endpoint: str
+    hub_token: str
+    mirror_url: str
+    def __init__(self, shard_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., model: _Optional[str] = ..., engine: _Optional[str] = ..., served_name: _Optional[str] = ..., source: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., port: _Optional[int] = ..., api_key: _Optional[str] = ..., threads: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., startup_timeout_s: _Optional[int] = ..., env: _Optional[_Mapping[str, str]] = ..., gpus: _Optional[_Iterable[int]] = ..., nnodes: _Optional[int] = ..., rank: _Optional[int] = ..., leader_addr: _Optional[str] = ..., leader_port: _Optional[int] = ..., hcas: _Optional[_Iterable[str]] = ..., tensor_parallel: _Optional[int] = ..., pipeline_parallel: _Optional[int] = ..., dtype: _Optional[str] = ..., context_length: _Optional[int] = ..., gpu_memory_bytes: _Optional[int] = ..., source_sha256: _Optional[str] = ..., source_file: _Optional[str] = ..., hub_endpoint: _Optional[str] = ..., hub_token: _Optional[str] = ..., mirror_url: _Optional[str] = ...) -> None: ...
 
 class StartShard(_message.Message):
     __slots__ = ("spec",)
@@ -475,8 +497,30 @@ class StopShard(_message.Message):
     reason: str
     def __init__(self, shard_id: _Optional[str] = ..., grace_s: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
+class FetchProgress(_message.Message):
+    __slots__ = ("done_bytes", "total_bytes", "rate_bps", "eta_s", "state", "message")
+    DONE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RATE_BPS_FIELD_NUMBER: _ClassVar[int]
+    ETA_S_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    done_bytes: int
+    total_bytes: int
+    rate_bps: float
+    eta_s: float
+    state: str
+    message: str
+    def __init__(self, done_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., rate_bps: _Optional[float] = ..., eta_s: _Optional[float] = ..., state: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class RemoveWeights(_message.Message):
+    __slots__ = ("cache_name",)
+    CACHE_NAME_FIELD_NUMBER: _ClassVar[int]
+    cache_name: str
+    def __init__(self, cache_name: _Optional[str] = ...) -> None: ...
+
 class ShardStatus(_message.Message):
-    __slots__ = ("shard_id", "replica_id", "state", "message", "exited", "exit_code", "last_output", "endpoint", "pid", "spec", "adopted", "probe_failures")
+    __slots__ = ("shard_id", "replica_id", "state", "message", "exited", "exit_code", "last_output", "endpoint", "pid", "spec", "adopted", "probe_failures", "fetch")
     SHARD_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -489,6 +533,7 @@ class ShardStatus(_message.Message):
     SPEC_FIELD_NUMBER: _ClassVar[int]
     ADOPTED_FIELD_NUMBER: _ClassVar[int]
     PROBE_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    FETCH_FIELD_NUMBER: _ClassVar[int]
     shard_id: str
     replica_id: str
     state: ShardState
@@ -501,7 +546,8 @@ class ShardStatus(_message.Message):
     spec: ShardSpec
     adopted: bool
     probe_failures: int
-    def __init__(self, shard_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., state: _Optional[_Union[ShardState, str]] = ..., message: _Optional[str] = ..., exited: bool = ..., exit_code: _Optional[int] = ..., last_output: _Optional[_Iterable[str]] = ..., endpoint: _Optional[str] = ..., pid: _Optional[int] = ..., spec: _Optional[_Union[ShardSpec, _Mapping]] = ..., adopted: bool = ..., probe_failures: _Optional[int] = ...) -> None: ...
+    fetch: FetchProgress
+    def __init__(self, shard_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., state: _Optional[_Union[ShardState, str]] = ..., message: _Optional[str] = ..., exited: bool = ..., exit_code: _Optional[int] = ..., last_output: _Optional[_Iterable[str]] = ..., endpoint: _Optional[str] = ..., pid: _Optional[int] = ..., spec: _Optional[_Union[ShardSpec, _Mapping]] = ..., adopted: bool = ..., probe_failures: _Optional[int] = ..., fetch: _Optional[_Union[FetchProgress, _Mapping]] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("seq", "ok", "error")
