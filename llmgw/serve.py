@@ -20,9 +20,11 @@ import json
 import logging
 import signal
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from llmgw.control import remotemeta
 from llmgw.control.agentsvc import collector as agentsvc_collector
 from llmgw.control.agentsvc import metrics as agentsvc_metrics
 from llmgw.control.agentsvc import service as agentsvc
@@ -60,6 +62,41 @@ class ServerConfig:
     unhealthy_grace_s: float = 30.0
     #: An OTLP/HTTP collector for the router's spans ("": tracing off).
     tracing_endpoint: str = ""
+    #: Fetched weights no model asks for go from nodes with less than this percent free (``weightsgc``).
+    weights_gc_free_below_pct: float = 10.0
+    #: Where nodes fetch remote weights from, and the hub's token (``hub_settings``).
+    hub: decide.Hub = decide.Hub()
+
+
+#: The variable the hub's token is read from when no --hub-token-file is given.
+HUB_TOKEN_ENV = "LLMGW_HF_TOKEN"
+
+
+def hub_settings(*, endpoint: str, mirror_url: str, token_file: Path | None, env: Mapping[str, str]) -> decide.Hub:
+    """The hub settings from the flags, the token from its file or ``LLMGW_HF_TOKEN``; LlmgwError saying what to fix.
+
+    The token is never a flag: an argv is readable by every user of the
+    machine (``ps``, /proc) and lands in shell histories and unit files.
+    """
+    for flag, url in (("--hub-endpoint", endpoint), ("--mirror-url", mirror_url)):
+        if url and not url.startswith(("http://", "https://")):
+            raise LlmgwError(f"{flag} {url!r}: expected an http:// or https:// URL")
+    token = ""
+    if token_file is not None:
+        try:
+            token = token_file.read_text().strip()
+        except OSError as e:
+            raise LlmgwError(f"cannot read --hub-token-file {token_file}: {e.strerror or e}") from None
+        if not token:
+            raise LlmgwError(f"--hub-token-file {token_file} is empty; put the hub's token in it, or leave the "
+                             "flag out to fetch without one")
+    else:
+        token = env.get(HUB_TOKEN_ENV, "").strip()
+    hub = decide.Hub(endpoint=endpoint.rstrip("/") or decide.DEFAULT_HUB_ENDPOINT, mirror_url=mirror_url.rstrip("/"),
+                     token=token)
+    log.info("remote weights: hf:// from %s%s, mirror:// from %s", hub.endpoint,
+             " with a token" if token else " without a token", hub.mirror_url or "nowhere (no --mirror-url)")
+    return hub
 
 
 def _dispatch(router: RouterApp, api: Any) -> Any:
@@ -118,8 +155,12 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
     # streams and the router share; the reads above and Cluster's first load are before
     # anything listens, so they hold nobody up.
     db = StoreThread(store)
-    cluster = Cluster(store, cfg=decide.Config(node_grace_s=cfg.node_grace_s, unhealthy_grace_s=cfg.unhealthy_grace_s),
-                      ejections=reports.current, db=db)
+    decide_cfg = decide.Config(node_grace_s=cfg.node_grace_s, unhealthy_grace_s=cfg.unhealthy_grace_s,
+                               weights_gc_free_below_pct=cfg.weights_gc_free_below_pct, hub=cfg.hub)
+    # Remote models' metadata is read from where their nodes will fetch them (the mirror, or the hub).
+    remote_meta = remotemeta.Reader(hub_endpoint=decide_cfg.hub.endpoint, mirror_url=decide_cfg.hub.mirror_url,
+                                    token=decide_cfg.hub.token)
+    cluster = Cluster(store, cfg=decide_cfg, ejections=reports.current, db=db, remote_meta=remote_meta)
     db.watch_loop()
     http_sock = _listen(cfg.host, cfg.http_port)
     http_port = http_sock.getsockname()[1]

@@ -28,6 +28,8 @@ class AgentConfig:
     mgmt_addr: str
     state_dir: Path
     model_dirs: tuple[Path, ...] = ()
+    #: Where remote weights are fetched to (one of ``model_dirs``); None: ``<state_dir>/weights``.
+    weights_cache: Path | None = None
     heartbeat_interval_s: float = 5.0
     reconnect_base_s: float = 0.5
     reconnect_max_s: float = 30.0
@@ -89,7 +91,8 @@ def from_settings(st: AgentSettings) -> AgentConfig:
         model_dirs.append(st.weights_cache)
     cfg = AgentConfig(
         servers=addrs, node_id=found_id, mgmt_addr=found_addr, state_dir=st.state_dir or default_state_dir(),
-        model_dirs=tuple(model_dirs), heartbeat_interval_s=st.heartbeat_interval, reconnect_base_s=st.reconnect_base,
+        model_dirs=tuple(model_dirs), weights_cache=st.weights_cache, heartbeat_interval_s=st.heartbeat_interval,
+        reconnect_base_s=st.reconnect_base,
         reconnect_max_s=st.reconnect_max, stop_grace_s=st.stop_grace, adopt_ready_timeout_s=st.adopt_ready_timeout,
         probes=liveness.Liveness(period_s=st.probe_period_s, timeout_s=st.probe_timeout_s,
                                  failure_threshold=st.probe_failure_threshold),

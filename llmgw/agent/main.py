@@ -24,15 +24,15 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-from llmgw.agent import discovery, engines
+from llmgw.agent import discovery, engines, fetch
 from llmgw.agent import logs as logs_mod
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.discovery import deltas, fabrics, files, nvlink, sm
 from llmgw.agent.logring import LogRing, install
 from llmgw.agent.session import Commands, Session
-from llmgw.agent.supervisor import Supervisor
+from llmgw.agent.supervisor import Supervisor, fetching
 from llmgw.core import enginecheck
-from llmgw.core.inventory import Gpu, Heartbeat, Inventory
+from llmgw.core.inventory import Gpu, Heartbeat, Inventory, WeightFile
 from llmgw.core.shards import ShardSpec, ShardStatus
 
 log = logging.getLogger(__name__)
@@ -112,15 +112,19 @@ def facts_of(inv: Inventory | None, *, sampled_gpus: tuple[Gpu, ...] | None,
 class _Discovery:
     """The probes, shared by registration and heartbeats so that neither asks a tool twice in a minute."""
 
-    def __init__(self, cfg: AgentConfig, model_dirs: list[Path]) -> None:
+    def __init__(self, cfg: AgentConfig, model_dirs: list[Path], *,
+                 mark: Callable[[tuple[WeightFile, ...]], tuple[WeightFile, ...]] = lambda ws: ws) -> None:
         self.cfg, self.model_dirs = cfg, model_dirs
+        # Marks what the weights cache's owner fetched (source, last use, cache name).
+        self._mark = mark
         self.checker = fabrics.FabricChecker()
         self.sm_probe = sm.SubnetManagerProbe(sminfo=cfg.sminfo, saquery=cfg.saquery)
         self.nvlink_probe = nvlink.NvlinkProbe(nvidia_smi=cfg.nvidia_smi)
         self.sampler = discovery.LoadSampler(model_dirs=model_dirs, nvml=cfg.prefer_nvml, nvidia_smi=cfg.nvidia_smi,
                                              sysfs_root=cfg.sysfs_root)
         self.builder = deltas.HeartbeatBuilder()
-        self.weights = deltas.Rescanner(lambda: files.scan_weights(model_dirs), interval_s=deltas.WEIGHTS_RESCAN_S)
+        self.weights = deltas.Rescanner(lambda: mark(files.scan_weights(model_dirs)),
+                                        interval_s=deltas.WEIGHTS_RESCAN_S)
         self.engines = EngineVersions()
         self.has_gpus = False
         #: The last inventory (None before the first) and the GPUs the last heartbeat sampled.
@@ -135,6 +139,7 @@ class _Discovery:
             engines=lambda: list(self.engines.first()))
         if self.cfg.mgmt_interface:
             inv = dataclasses.replace(inv, mgmt_interface=self.cfg.mgmt_interface)
+        inv = dataclasses.replace(inv, weights=self._mark(inv.weights))
         self.has_gpus = bool(inv.gpus)
         self._inventory, self._gpus = inv, None
         return inv
@@ -167,7 +172,12 @@ async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Ev
         loop.add_signal_handler(sig, stop.set)
     cfg.state_dir.mkdir(parents=True, exist_ok=True)
     model_dirs = list(cfg.model_dirs) or [cfg.state_dir / "weights"]
-    found = _Discovery(cfg, model_dirs)
+    # Fetched weights are always looked for: placement must see what a node already holds.
+    cache_dir = cfg.weights_cache or cfg.state_dir / "weights"
+    if cache_dir not in model_dirs:
+        model_dirs.append(cache_dir)
+    fetcher = fetch.Fetcher(cache_dir)
+    found = _Discovery(cfg, model_dirs, mark=lambda ws: fetching.mark_fetched(ws, cache_dir, fetcher.held()))
     session: Session | None = None
 
     def on_status(status: ShardStatus) -> None:
@@ -177,7 +187,7 @@ async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Ev
     run_dir = cfg.state_dir / "shards"
     supervisor = Supervisor(run_dir=run_dir, host=cfg.mgmt_addr, on_status=on_status, grace_s=cfg.stop_grace_s,
                             adopt_timeout_s=cfg.adopt_ready_timeout_s, live=cfg.probes,
-                            node=found.node_facts)
+                            node=found.node_facts, fetcher=fetcher, on_weights_changed=found.weights.expire)
     # Before registering, so that the Register lists the engines a previous
     # agent left and the control plane does not start them a second time.
     adopted = await supervisor.recover()
@@ -203,7 +213,7 @@ async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Ev
     session = Session(cfg, inventory=found.inventory, heartbeat=lambda: found.heartbeat(supervisor.pids()),
                       on_register=found.builder.baseline,
                       commands=Commands(start=start, stop=stop_shard, drain=drain, statuses=supervisor.statuses,
-                                        logs=read_logs),
+                                        logs=read_logs, remove_weights=supervisor.remove_weights),
                       agent_version=agent_version())
     versions = asyncio.create_task(found.engines.run(), name="probe engine versions")
     stream = asyncio.create_task(session.run_forever())
@@ -223,6 +233,7 @@ async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Ev
         stream.cancel()
         versions.cancel()
         await supervisor.close()
+        await fetcher.close()
         found.close()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)

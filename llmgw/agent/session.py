@@ -76,8 +76,11 @@ class Commands:
     def __init__(self, *, start: Callable[[ShardSpec], Awaitable[object]],
                  stop: Callable[[str, str], Awaitable[object]], drain: Callable[[str, float], Awaitable[object]],
                  statuses: Callable[[], list[ShardStatus]],
-                 logs: Callable[[str, int, bool], AsyncIterator[list[str]]]) -> None:
+                 logs: Callable[[str, int, bool], AsyncIterator[list[str]]],
+                 remove_weights: Callable[[str], Awaitable[None]] | None = None) -> None:
         self.start, self.stop, self.drain, self.statuses, self.logs = start, stop, drain, statuses, logs
+        #: Removes fetched weights by cache name; raises LlmgwError with the refusal. None: refuses every one.
+        self.remove_weights = remove_weights
 
 
 class Session:
@@ -208,6 +211,12 @@ class Session:
             if task is not None:
                 task.cancel()
             return
+        elif kind == "remove_weights":
+            # Answered when done, with the refusal in the Ack: the control plane's
+            # garbage collection must know a removal was refused, not assume it happened.
+            name = msg.remove_weights.cache_name
+            self._spawn(self._remove_weights(msg.seq, name), f"remove weights {name}")
+            return
         elif kind == "ack":
             return
         else:
@@ -215,6 +224,22 @@ class Session:
             return
         if self._out is not None:
             self._out.put_nowait(pb.AgentMessage(seq=next(self._seq), ack=pb.Ack(seq=msg.seq, ok=True)))
+
+    async def _remove_weights(self, seq: int, name: str) -> None:
+        error = ""
+        try:
+            if self._commands.remove_weights is None:
+                raise LlmgwError(f"cannot remove {name!r}: this agent has no weights cache")
+            await self._commands.remove_weights(name)
+            log.info("removed weights %s from the weights cache, as the control plane asked", name)
+        except LlmgwError as e:
+            # The fetcher logged the refusal (a path outside the cache, weights llmgw did not fetch).
+            error = str(e)
+        except Exception as e:
+            log.exception("removing weights %s failed", name)
+            error = f"removing {name!r} failed: {type(e).__name__}: {e}; see the agent's log"
+        if self._out is not None:
+            self._out.put_nowait(pb.AgentMessage(seq=next(self._seq), ack=pb.Ack(seq=seq, ok=not error, error=error)))
 
     async def _send_logs(self, req: pb.LogsRequest) -> None:
         def reply(**kw: object) -> None:

@@ -14,6 +14,12 @@ Two kinds of source are resolved here, both without fetching anything:
   importing the package: importing runs its code in the agent, and a package
   that carries only data may not even be importable.
 
+Remote sources (``hf://``, ``http(s)://``, ``mirror://``) are fetched into the
+agent's weights cache before the launch (``llmgw.agent.fetch``, driven by the
+supervisor); ``resolve_fetched`` then checks the fetcher's result as a
+``file://`` source is checked. ``resolve_source`` alone never fetches: it
+refuses a remote source with what to do.
+
 An empty source means the engine needs no weights (the sim engine). Every
 refusal says what was wrong and what to do next.
 """
@@ -28,6 +34,21 @@ from pathlib import Path
 from llmgw.core import errors
 
 SCHEMES = ("file:///", "pkg:")
+REMOTE_SCHEMES = ("hf://", "http://", "https://", "mirror://")
+
+
+def resolve_fetched(source: str, path: str) -> str:
+    """The fetched copy of remote ``source`` at ``path``, checked as a local file or model directory is.
+
+    A fetched hf:// directory without config.json is refused as a file:// one
+    is: an engine given it fails minutes later, or fetches a config from the Hub.
+    """
+    if os.path.isdir(path):
+        return _model_dir(path, source)
+    if not os.path.isfile(path):
+        raise errors.EngineError(f"the fetched copy of {source} at {path} is gone; start the shard again to fetch "
+                                 "it anew")
+    return path
 
 
 def resolve_source(source: str) -> str | None:
@@ -38,6 +59,10 @@ def resolve_source(source: str) -> str | None:
         return _resolve_file(source)
     if source.startswith("pkg:"):
         return _resolve_package(source.removeprefix("pkg:").strip())
+    if source.startswith(REMOTE_SCHEMES):
+        raise errors.EngineError(f"source {source!r} is remote: the agent fetches it into its weights cache before "
+                                 "the launch, and this path was not given the fetched copy; what resolves without "
+                                 f"fetching is one of {', '.join(s + '...' for s in SCHEMES)}")
     raise errors.EngineError(f"source {source!r} is not supported here; use one of "
                              f"{', '.join(s + '...' for s in SCHEMES)}")
 

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from llmgw.cli import client as client_mod
+from llmgw.cli import tables
 from llmgw.core.errors import LlmgwError
 
 console = Console(soft_wrap=True, highlight=False)
@@ -93,9 +94,12 @@ def print_model(doc: dict[str, Any], now: float) -> None:
     t = Table("REPLICA", "PHASE", "NODE", "GPUS", "ENDPOINT", "SPEC", "CONDITIONS", "MESSAGE", box=None,
               pad_edge=False)
     for r in doc["replicas"]:
-        t.add_row(r["id"], r["phase"], r["node"] or "-", ",".join(str(g) for g in r["gpus"]) or "-",
+        t.add_row(r["id"], tables.phase_of(r), r["node"] or "-", ",".join(str(g) for g in r["gpus"]) or "-",
                   r["endpoint"] or "-", "current" if r["current"] else "old", _short(r["conditions"]), r["message"])
     console.print(t)
+    for r in doc["replicas"]:
+        if r.get("fetch"):
+            console.print(f"  {r['id']} fetching its weights: {tables.fetch_bar(r['fetch'])}", markup=False)
     for r in doc["replicas"]:
         # A crash loop's or a hung engine's whole sentence, with the engine's last output.
         loop = [c for c in r["conditions"] if c["type"] == "Degraded" and c["reason"] in ("CrashLoop", "Unhealthy")]

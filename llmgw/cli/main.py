@@ -18,6 +18,7 @@ from llmgw.cli import describe as describe_mod
 from llmgw.cli import keys as keys_mod
 from llmgw.cli import logs as logs_mod
 from llmgw.cli import manifests, tables
+from llmgw.cli import mirror as mirror_mod
 from llmgw.cli import sim as sim_mod
 from llmgw.core.errors import LlmgwError
 
@@ -70,6 +71,15 @@ def server(
     node_grace: float = typer.Option(30.0, help="Seconds a disconnected node keeps its replicas"),
     unhealthy_grace: float = typer.Option(30.0, help="Seconds a replica whose engine its agent calls Unhealthy "
                                           "(alive, not answering) stays so before it is replaced"),
+    weights_gc_free_below: float = typer.Option(10.0, help="Remove fetched weights no model asks for, least "
+                                                "recently used first, from a node whose weights directory has "
+                                                "less than this percent free (0: never)"),
+    hub_endpoint: str = typer.Option("https://huggingface.co", help="The Hugging Face-compatible endpoint nodes "
+                                     "fetch hf:// sources from: the hub, or the cluster's mirror"),
+    mirror_url: str = typer.Option("", help="The cluster mirror's base URL, for mirror:// sources"),
+    hub_token_file: Path = typer.Option(None, help="A file holding the hub's token, sent only to nodes fetching an "
+                                        "hf:// source (without it: the LLMGW_HF_TOKEN environment variable); a "
+                                        "token is never given on the command line"),
     tracing_endpoint: str = TracingOpt,
     log_level: str = typer.Option("info"),
 ) -> None:
@@ -81,11 +91,19 @@ def server(
         raise _fail("--node-grace cannot be negative")
     if unhealthy_grace < 0:
         raise _fail("--unhealthy-grace cannot be negative")
+    if not 0 <= weights_gc_free_below < 100:
+        raise _fail(f"--weights-gc-free-below {weights_gc_free_below:g}: a percent from 0 (never) to below 100")
     if tracing_endpoint and not tracing_endpoint.startswith(("http://", "https://")):
         raise _fail(f"--tracing-endpoint {tracing_endpoint!r}: expected http://HOST:PORT of an OTLP/HTTP collector")
-    cfg = serve.ServerConfig(host=host, http_port=http_port, agent_port=agent_port,
+    try:
+        hub = serve.hub_settings(endpoint=hub_endpoint, mirror_url=mirror_url, token_file=hub_token_file,
+                                 env=os.environ)
+    except LlmgwError as e:
+        raise _fail(str(e)) from None
+    cfg = serve.ServerConfig(hub=hub, host=host, http_port=http_port, agent_port=agent_port,
                              data_dir=data_dir or default_data_dir(), ports_file=ports_file, node_grace_s=node_grace,
-                             unhealthy_grace_s=unhealthy_grace, tracing_endpoint=tracing_endpoint or "")
+                             unhealthy_grace_s=unhealthy_grace, tracing_endpoint=tracing_endpoint or "",
+                             weights_gc_free_below_pct=weights_gc_free_below)
 
     async def serve_then_exit() -> None:
         code = 0
@@ -234,6 +252,12 @@ def get_replicas(model: str = typer.Option(None, help="Only this model's replica
     _get("/api/v1/replicas" + (f"?model={model}" if model else ""), output, url, tables.replicas)
 
 
+@get_app.command("weights")
+def get_weights(output: Output = typer.Option(Output.table, "-o", "--output"), url: str = UrlOpt) -> None:
+    """Weights on each node: size, source, last use, whether llmgw fetched it, and which models ask for it."""
+    _get("/api/v1/weights", output, url, tables.weights)
+
+
 @delete_app.command("model")
 def delete_model(name: str, url: str = UrlOpt) -> None:
     """Delete a model; its replicas are stopped."""
@@ -248,6 +272,7 @@ logs_mod.register(app)
 describe_mod.register(app)
 keys_mod.register(app)
 sim_mod.register(app)
+mirror_mod.register(app)
 
 
 def main() -> None:

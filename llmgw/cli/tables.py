@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from rich.table import Table
@@ -29,10 +30,68 @@ def models(items: list[dict[str, Any]]) -> Table:
     return t
 
 
+def _rate(bps: float) -> str:
+    return f"{bps / 1e9:.1f} GB/s" if bps >= 1e9 else f"{bps / 1e6:.0f} MB/s"
+
+
+def phase_of(r: dict[str, Any]) -> str:
+    """A replica's phase as `get replicas` shows it: ``Fetching 41% 210 MB/s`` while its weights download.
+
+    A download of unknown size says how much has come; a stalled one says so
+    in place of a rate that would read 0 (the message says why).
+    """
+    f = r.get("fetch")
+    if not f:
+        return str(r["phase"])
+    far = f"{int(100 * f['done_bytes'] / f['total_bytes'])}%" if f["total_bytes"] else format_bytes(f["done_bytes"])
+    if f["state"] == "stalled":
+        return f"Fetching {far} stalled"
+    if f["state"] == "verifying":
+        return f"Fetching {far} verifying"
+    return f"Fetching {far} {_rate(f['rate_bps'])}"
+
+
+def fetch_bar(f: dict[str, Any], *, width: int = 30) -> str:
+    """A text progress bar with the bytes, rate and time left: ``[#######.......] 41% 4.1 GiB of 10.0 GiB ...``."""
+    total, done = f["total_bytes"], f["done_bytes"]
+    if total:
+        filled = min(width, int(width * done / total))
+        head = f"[{'#' * filled}{'.' * (width - filled)}] {int(100 * done / total)}% " \
+               f"{format_bytes(done)} of {format_bytes(total)}"
+    else:
+        head = f"[{'?' * width}] {format_bytes(done)} of an unknown size"
+    if f["state"] == "stalled":
+        return f"{head}, stalled: {f['message'] or 'no bytes are arriving'}"
+    eta = f", {int(f['eta_s'])}s left" if f["eta_s"] >= 0 else ""
+    return f"{head}, {_rate(f['rate_bps'])}{eta}" + (" (verifying)" if f["state"] == "verifying" else "")
+
+
 def replicas(items: list[dict[str, Any]]) -> Table:
     # SHARD is what `llmgw logs NODE SHARD` takes.
     t = Table("REPLICA", "MODEL", "PHASE", "NODE", "SHARD", "ENDPOINT", "MESSAGE")
     for r in items:
-        t.add_row(r["id"], r["model"], r["phase"], r["node"] or "-", r["shard"] or "-", r["endpoint"] or "-",
+        t.add_row(r["id"], r["model"], phase_of(r), r["node"] or "-", r["shard"] or "-", r["endpoint"] or "-",
                   r["message"])
+    return t
+
+
+def _ago(unix: int, now: float) -> str:
+    if not unix:
+        return "never"
+    s = max(int(now - unix), 0)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= 2 * size:
+            return f"{s // size}{unit} ago"
+    return f"{s}s ago"
+
+
+def weights(items: list[dict[str, Any]], *, now: float | None = None) -> Table:
+    # NAME is the cache name RemoveWeights takes for what llmgw fetched, the path for the rest.
+    # FETCHED "no": found on disk, which llmgw never removes. MODELS "-": nothing asks for it.
+    now = time.time() if now is None else now
+    t = Table("NODE", "NAME", "SIZE", "SOURCE", "LAST USED", "FETCHED", "MODELS")
+    for w in items:
+        t.add_row(w["node"], w["cache_name"] or w["path"], format_bytes(w["size_bytes"]), w["source"] or "-",
+                  _ago(w["last_used_unix"], now) if w["fetched_by_llmgw"] else "-",
+                  "yes" if w["fetched_by_llmgw"] else "no", ", ".join(w["models"]) or "-")
     return t

@@ -22,6 +22,7 @@ Without a store thread (unit tests, ``Cluster(store)``) every call runs inline.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import secrets
@@ -31,6 +32,7 @@ from typing import Any, Concatenate, ParamSpec, Protocol
 
 from llmgw.control import conditions as cond
 from llmgw.control import events as ev
+from llmgw.control import remotemeta
 from llmgw.control.reconcile import decide
 from llmgw.control.reconcile import decisions as d
 from llmgw.control.state import NodeView, Phase, ReplicaRecord
@@ -43,6 +45,9 @@ from llmgw.core.shards import ShardSpec, ShardState, ShardStatus
 
 log = logging.getLogger(__name__)
 P = ParamSpec("P")
+#: How long a RemoveWeights its node still lists waits before it is asked again: the agent's
+#: next weights rescan shows the removal, and one lost with a dropped stream is not lost for good.
+_REMOVE_RESEND_S = 600.0
 
 
 class AgentLink(Protocol):
@@ -51,6 +56,7 @@ class AgentLink(Protocol):
     def start_shard(self, spec: ShardSpec) -> None: ...
     def stop_shard(self, shard_id: str, *, reason: str) -> None: ...
     def drain_shard(self, shard_id: str, *, timeout_s: int) -> None: ...
+    def remove_weights(self, cache_name: str) -> None: ...
     def close(self, reason: str) -> None: ...
     def request_logs(self, shard_id: str, *, lines: int, follow: bool) -> tuple[str, asyncio.Queue[Any]]: ...
     def cancel_logs(self, request_id: str) -> None: ...
@@ -100,8 +106,14 @@ class Cluster:
     def __init__(self, store: Store, *, clock: Callable[[], float] = time.time,
                  cfg: decide.Config = decide.Config(), heartbeat_timeout_s: float = 20.0,
                  interval_s: float = 1.0, ejections: Callable[[], dict[str, str]] | None = None,
-                 db: StoreThread | None = None) -> None:
+                 db: StoreThread | None = None, remote_meta: remotemeta.Reader | None = None) -> None:
         self.store, self.clock, self.cfg = store, clock, cfg
+        #: Reads remote sources' metadata before their replicas are placed (None: placed without it).
+        self.remote_meta = remote_meta
+        if remote_meta is not None:
+            remote_meta.on_read = self.kick  # an answer lets the replicas waiting for it be placed
+        #: (node, cache name) -> when RemoveWeights was sent, until the node stops listing it.
+        self._removing: dict[tuple[str, str], float] = {}
         #: Where store calls run in the server (None: inline, on the caller's thread).
         self.db = db
         #: The replicas routers have ejected now, with their sentence (``RouterEvents.current``):
@@ -190,11 +202,16 @@ class Cluster:
             return
         # A new view, not the old one changed: a pass in its thread may be reading the old one,
         # and a dict that grows under its iteration raises there.
+        before = view.shards.get(status.shard_id)
         view = self.nodes[node_id] = dataclasses.replace(
             view, shards={**view.shards, status.shard_id: status}, unhealthy_since=dict(view.unhealthy_since))
         self._stamp_unhealthy(view, status)
-        log.info("node %s shard %s %s%s", node_id, status.shard_id, status.state.value,
-                 f": {status.message}" if status.message else "")
+        # A fetch's progress comes once a second for as long as the download lasts (hours, for a
+        # big model): only its first report and its changes of state are worth a line at INFO.
+        again = before is not None and before.state is status.state is ShardState.FETCHING and \
+            (before.fetch.state if before.fetch else "") == (status.fetch.state if status.fetch else "")
+        log.log(logging.DEBUG if again else logging.INFO, "node %s shard %s %s%s", node_id, status.shard_id,
+                status.state.value, f": {status.message}" if status.message else "")
         self.kick()
 
     def _stamp_unhealthy(self, view: NodeView, status: ShardStatus, *, since: float | None = None) -> None:
@@ -254,7 +271,8 @@ class Cluster:
         self._expire_silent(now)
         self._announce_lost(now)
         models, replicas = _read_targets(self.store)
-        plan = self._plan(models, replicas, self.nodes, frozenset(self._drained), now=now, ejected=self.ejections())
+        plan = self._plan(models, replicas, self.nodes, frozenset(self._drained), now=now, ejected=self.ejections(),
+                          remote=self._remote(models), removing=self._still_removing(now))
         _write_targets(self.store, plan)
         self._apply(plan)
         return plan.again
@@ -270,16 +288,36 @@ class Cluster:
         # Measured in-process, 10,000 nodes and 100 models: deciding and deriving conditions held
         # the loop 30-120 ms a pass; in a thread the loop gets the GIL back every 5 ms (switch interval).
         plan = await asyncio.to_thread(self._plan, models, replicas, dict(self.nodes), frozenset(self._drained),
-                                       now=now, ejected=self.ejections())
+                                       now=now, ejected=self.ejections(), remote=self._remote(models),
+                                       removing=self._still_removing(now))
         await self.db.call(_write_targets, self.store, plan)
         self._apply(plan)
         return plan.again
 
+    def _remote(self, models: dict[str, specs.ModelSpec]) -> dict[str, decide.fit.RemoteWeights] | None:
+        """Remote sources' metadata read so far; reads of the ones not read yet start now (off the loop)."""
+        if self.remote_meta is None:
+            return None
+        with contextlib.suppress(RuntimeError):  # no running loop: reconcile_once in a unit test
+            self.remote_meta.want(models.values())
+        return self.remote_meta.known()
+
+    def _still_removing(self, now: float) -> frozenset[tuple[str, str]]:
+        """RemoveWeights sent that their nodes still list; asked again once ``_REMOVE_RESEND_S`` has passed."""
+        for key, sent in list(self._removing.items()):
+            view = self.nodes.get(key[0])
+            listed = view is not None and any(w.cache_name == key[1] for w in view.inventory.weights)
+            if not listed or now - sent > _REMOVE_RESEND_S:
+                del self._removing[key]
+        return frozenset(self._removing)
+
     def _plan(self, models: dict[str, specs.ModelSpec], replicas: list[ReplicaRecord],
               nodes: Mapping[str, NodeView], drained: frozenset[str], *, now: float,
-              ejected: dict[str, str]) -> _Plan:
+              ejected: dict[str, str], remote: Mapping[str, decide.fit.RemoteWeights] | None = None,
+              removing: frozenset[tuple[str, str]] = frozenset()) -> _Plan:
         """Pure over its arguments and ``self._conds`` (changed only by ``_apply``, on the loop): safe in a thread."""
-        out = decide.reconcile(models, replicas, nodes, now=now, cfg=self.cfg, ejected=ejected)
+        out = decide.reconcile(models, replicas, nodes, now=now, cfg=self.cfg, ejected=ejected, remote=remote,
+                               removing=removing)
         plan = _Plan(decisions=out, now=now)
         for dec in out:
             if isinstance(dec, d.UpdateReplica):
@@ -322,6 +360,9 @@ class Cluster:
                 self._send(dec.node_id, lambda link, dec=dec: link.drain_shard(dec.shard_id, timeout_s=dec.timeout_s))
             elif isinstance(dec, d.StopShard):
                 self._send(dec.node_id, lambda link, dec=dec: link.stop_shard(dec.shard_id, reason=dec.reason))
+            elif isinstance(dec, d.RemoveWeights):
+                self._removing[(dec.node_id, dec.cache_name)] = plan.now
+                self._send(dec.node_id, lambda link, dec=dec: link.remove_weights(dec.cache_name))
 
     # -- conditions and events ------------------------------------------------------------
     def record(self, event: ev.Event) -> None:
@@ -508,6 +549,8 @@ class Cluster:
         async with self._table_changed:
             self._closing = True
             self._table_changed.notify_all()
+        if self.remote_meta is not None:
+            await self.remote_meta.close()
 
     def connected(self, node_id: str) -> bool:
         return node_id in self._conns

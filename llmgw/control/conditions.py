@@ -2,7 +2,8 @@
 
 A phase says where a replica is in the plan; conditions say what is true of
 it, each with a CamelCase reason and one sentence a person can act on:
-``Placed``, ``WeightsPresent``, ``Ready`` and ``Degraded`` (crash loop, failing,
+``Placed``, ``WeightsPresent`` (``FetchStalled`` when a download stops making
+progress), ``Ready`` and ``Degraded`` (crash loop, failing,
 unhealthy, fewer Ready than wanted); a model also has ``Progressing`` while a roll or a
 node drain replaces its replicas. ``last_transition`` changes only when the
 status does, so "Ready False since 09:12" means the replica has not served
@@ -21,10 +22,14 @@ from typing import Any
 
 from llmgw.control.placement import explain
 from llmgw.control.state import NodeView, Phase, ReplicaRecord
+from llmgw.core import sources
+from llmgw.core.shards import ShardState
 from llmgw.core.specs import ModelSpec
 from llmgw.core.units import format_bytes
 
 TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
+#: Sources the agent fetches before launching (``llmgw.core.sources``).
+REMOTE_PREFIXES = ("hf://", "http://", "https://", "mirror://")
 #: Engine output lines a crash-loop condition carries.
 LAST_OUTPUT_LINES = 5
 #: For each condition type, the status that is bad news: a change to it is a Warning event.
@@ -85,8 +90,45 @@ def _placed(r: ReplicaRecord, now: float) -> Condition:
                      r.message or "waiting to be placed")
 
 
+def _fetched_names(source: str, spec: ModelSpec) -> set[str]:
+    """The cache names and source texts a node's fetched copy of ``source`` may be listed under."""
+    try:
+        src = sources.parse(source)
+        if spec.source_file:
+            src = sources.with_file(src, spec.source_file)
+    except sources.SourceError:
+        return {source}
+    return {source, src.text, src.cache_name()}
+
+
+def _remote_weights(r: ReplicaRecord, spec: ModelSpec, nodes: Mapping[str, NodeView]) -> Condition:
+    """Remote weights: being fetched (FetchStalled when no byte comes), held by the node, or not there yet."""
+    source = spec.source
+    node = nodes.get(r.node_id or "")
+    if node is None or r.phase not in Phase.placed():
+        return Condition("WeightsPresent", UNKNOWN, "NotPlaced", "not on a node yet")
+    st = node.shards.get(r.shard_id or "")
+    if st is not None and st.state is ShardState.FETCHING:
+        if st.fetch is not None and st.fetch.state == "stalled":
+            why = f": {st.fetch.message}" if st.fetch.message else ""
+            return Condition("WeightsPresent", FALSE, "FetchStalled",
+                             f"the fetch of {source} onto node {node.id} has stalled{why}; it is retried with "
+                             "backoff (check the node's route to the hub or mirror)")
+        return Condition("WeightsPresent", UNKNOWN, "Fetching", f"node {node.id} is fetching {source}")
+    names = _fetched_names(source, spec)
+    held = next((w for w in node.inventory.weights if w.fetched_by_llmgw and (w.source in names or
+                                                                             w.cache_name in names)), None)
+    if held is not None:
+        return Condition("WeightsPresent", TRUE, "Fetched", f"node {node.id} holds {source} (fetched by llmgw "
+                                                            f"as {held.cache_name})")
+    return Condition("WeightsPresent", UNKNOWN, "NotFetched",
+                     f"node {node.id} does not hold {source} yet; its agent fetches it before the engine starts")
+
+
 def _weights(r: ReplicaRecord, spec: ModelSpec | None, nodes: Mapping[str, NodeView]) -> Condition:
     source = spec.source if spec is not None else ""
+    if spec is not None and source.startswith(REMOTE_PREFIXES):
+        return _remote_weights(r, spec, nodes)
     if not source or source.startswith("pkg:"):
         return Condition("WeightsPresent", UNKNOWN, "NotTracked",
                          f"{'an installed package' if source else 'no source'}: weights are not tracked")

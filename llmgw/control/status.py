@@ -7,9 +7,11 @@ happening and what to look at, not only that nothing is Ready.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
-from llmgw.control.state import Phase, ReplicaRecord
+from llmgw.control.state import NodeView, Phase, ReplicaRecord
+from llmgw.core.shards import ShardState
 from llmgw.core.specs import ModelSpec
 
 
@@ -20,6 +22,19 @@ class ModelStatus:
     message: str
     ready: int
     desired: int
+
+
+def fetch_of(r: ReplicaRecord, nodes: Mapping[str, NodeView]) -> dict[str, Any] | None:
+    """How far the fetch of ``r``'s weights is, as its node last reported (a group: its leader's); None unless fetching.
+
+    Read from the node's live report, never stored: progress changes every
+    second, and the replica's record is written only when its target changes.
+    """
+    view = nodes.get(r.node_id or "")
+    st = view.shards.get(r.shard_id or "") if view is not None else None
+    if st is None or st.state is not ShardState.FETCHING or st.fetch is None:
+        return None
+    return dataclasses.asdict(st.fetch)
 
 
 def describe_replica(r: ReplicaRecord, *, now: float) -> str:

@@ -27,3 +27,7 @@ class EngineError(LlmgwError):
 
 class ShardIdError(LlmgwError):
     """A string offered as a shard id is not one; the message says what was wrong and what one looks like."""
+
+
+class FetchError(LlmgwError):
+    """Weights could not be fetched into (or removed from) a weights cache; the message says why and what next."""

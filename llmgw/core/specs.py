@@ -21,6 +21,12 @@ An engine's context and dtype are said once, in words every engine takes
       context_length: 8192            # tokens; else the engine's default (the model's own for vLLM)
       dtype: bfloat16                 # auto (the default), float16, bfloat16, float32 or fp8
 
+Weights may be remote; the agent fetches them before it launches (``llmgw.core.sources``)::
+
+      source: hf://org/repo@main      # or https://host/model.gguf, mirror://name/path
+      source_file: model-Q4_K_M.gguf  # the one file of an hf repo an engine needs (a .gguf)
+      source_sha256: 0123...cdef      # 64 hex: the expected sha256 of an http(s) or mirror file
+
 A GPU model states per replica what each node of it needs, where it may run,
 and how replicas are spread::
 
@@ -55,7 +61,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from llmgw.core import engines as engines_mod
-from llmgw.core import shards, units
+from llmgw.core import shards, sources, units
 from llmgw.core.errors import SpecError
 
 API_VERSION = "llmgw/v1"
@@ -168,6 +174,10 @@ class ModelSpec:
     dtype: str = ""
     #: Tokens of context to serve; 0: the engine's default. Passed as the engine's own flag.
     context_length: int = 0
+    #: The one file of a remote source the engine needs (an hf repo's .gguf); "": what the source names.
+    source_file: str = ""
+    #: The expected sha256 of a remote file (64 lower-case hex); "": checked by size alone.
+    source_sha256: str = ""
 
     def fingerprint(self) -> str:
         """A short hash of everything that changes the engine process (not replicas, aliases, routing or rollout)."""
@@ -185,7 +195,7 @@ class ModelSpec:
         # that uses none of them keeps its fingerprint across an upgrade:
         # otherwise upgrading the control plane would restart every engine.
         for key, unset in (("engine_version", ""), ("node_selector", ()), ("pool", ""), ("dtype", ""),
-                           ("context_length", 0)):
+                           ("context_length", 0), ("source_file", ""), ("source_sha256", "")):
             if doc[key] == unset:
                 doc.pop(key)
         if self.resources.gpus == Gpus():
@@ -227,6 +237,10 @@ class Model:
             spec["dtype"] = s.dtype
         if s.context_length:
             spec["context_length"] = s.context_length
+        if s.source_file:
+            spec["source_file"] = s.source_file
+        if s.source_sha256:
+            spec["source_sha256"] = s.source_sha256
         return {"apiVersion": API_VERSION, "kind": "Model", "metadata": {"name": self.name}, "spec": spec}
 
 
@@ -234,7 +248,7 @@ _TOP_FIELDS = ("apiVersion", "kind", "metadata", "spec")
 _META_FIELDS = ("name", "labels")
 _SPEC_FIELDS = ("engine", "served_name", "source", "replicas", "resources", "startup_timeout",
                 "engine_args", "env", "aliases", "routing", "rollout",
-                "max_concurrency_per_replica", "dtype", "context_length")
+                "max_concurrency_per_replica", "dtype", "context_length", "source_file", "source_sha256")
 _PLACEMENT_FIELDS = ("engine_version", "node_selector", "pool", "placement", "priority")
 _RESOURCE_FIELDS = ("memory", "cpu_threads", "gpus", "nnodes")
 _GPU_FIELDS = ("count", "memory", "compute_capability", "tensor_parallel", "pipeline_parallel")
@@ -303,7 +317,43 @@ def _source(value: Any, engine: str) -> str:
         return text
     if text.startswith("pkg:") and len(text) > 4:
         return text
-    raise SpecError("spec.source", f"unsupported source {text!r}; use file:///path/model.gguf or pkg:PACKAGE")
+    # Remote sources (hf://, http(s)://, mirror://) are the fetcher's to read, so one parser
+    # says what each means on both sides: what apply accepts, the agent can fetch. Its
+    # SourceError is a SpecError on spec.source, saying what to write.
+    return sources.parse(text).text
+
+
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _source_file(value: Any, source: str) -> str:
+    if value is None:
+        return ""
+    text = _string(value, "spec.source_file").strip()
+    if not text:
+        return ""
+    if not source.startswith("hf://"):
+        raise SpecError("spec.source_file", "names one file of an hf:// source; for another source name the "
+                                            "file in spec.source itself")
+    try:
+        sources.with_file(sources.parse(source), text)
+    except sources.SourceError as exc:
+        raise SpecError("spec.source_file", exc.reason) from None
+    return text
+
+
+def _source_sha256(value: Any, source: str) -> str:
+    if value is None:
+        return ""
+    text = _string(value, "spec.source_sha256").strip().lower()
+    if not text:
+        return ""
+    if not _SHA256_RE.match(text):
+        raise SpecError("spec.source_sha256", f"must be 64 hex digits (sha256sum's first word), got {text!r}")
+    if not source.startswith(("http://", "https://", "mirror://")):
+        raise SpecError("spec.source_sha256", "checks one remote file: give it with an http(s):// or mirror:// "
+                                              "source (an hf:// source is checked against the hub's own sums)")
+    return text
 
 
 def _engine_args(value: Any, engine: str) -> tuple[str, ...]:
@@ -522,6 +572,8 @@ def parse_manifest(doc: Any, *, stored: bool = False) -> Model:
         dtype=_dtype(spec_doc.get("dtype")),
         context_length=_int(_or_zero(spec_doc.get("context_length")), "spec.context_length", lo=0, hi=MAX_CONTEXT),
     )
+    spec = dataclasses.replace(spec, source_file=_source_file(spec_doc.get("source_file"), spec.source),
+                               source_sha256=_source_sha256(spec_doc.get("source_sha256"), spec.source))
     if spec.context_length:
         _context_said_once(spec)
     if spec.resources.nnodes > 1 and not stored:

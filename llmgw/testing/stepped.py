@@ -26,6 +26,9 @@ class Link:
     def drain_shard(self, shard_id: str, *, timeout_s: int) -> None:
         self.sent.append(("drain", shard_id))
 
+    def remove_weights(self, cache_name: str) -> None:
+        self.sent.append(("remove_weights", cache_name))
+
     def close(self, reason: str) -> None:
         pass
 

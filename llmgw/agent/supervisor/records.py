@@ -71,8 +71,12 @@ class Records:
     def all(self) -> list[Shard]:
         return list(self._shards.values())
 
-    def move(self, rec: Shard, state: ShardState, *, report: bool = True, **changes: object) -> ShardStatus:
+    def move(self, rec: Shard, state: ShardState, *, report: bool = True, quiet: bool = False,
+             **changes: object) -> ShardStatus:
         """Record a transition and tell ``on_status``, once; ``report=False`` records without telling.
+
+        ``quiet`` tells without an INFO line: a fetch's progress, once a second
+        for hours, would bury every other line of the agent's log.
 
         ``probe_failures`` counts only in READY and UNHEALTHY: a stopping or
         draining shard that still said "2 failed" would read as a live problem.
@@ -80,8 +84,8 @@ class Records:
         if state not in (ShardState.READY, ShardState.UNHEALTHY):
             changes.setdefault("probe_failures", 0)
         rec.status = dataclasses.replace(rec.status, state=state, **changes)  # type: ignore[arg-type]
-        log.log(logging.INFO if report else logging.DEBUG, "shard %s: %s: %s", rec.status.shard_id, state.value,
-                rec.status.message)
+        log.log(logging.INFO if report and not quiet else logging.DEBUG, "shard %s: %s: %s", rec.status.shard_id,
+                state.value, rec.status.message)
         rec.was_ready = rec.was_ready or state is ShardState.READY
         if state in ShardState.terminal():
             statefiles.remove(rec.state_path)

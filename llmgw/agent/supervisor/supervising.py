@@ -9,9 +9,13 @@ SIGTERM without its SIGKILL; callers only wait on them.
 
 A shard moves STARTING -> READY -> (FAILED | STOPPING -> STOPPED), or straight
 to FAILED when it cannot be launched; a drain puts DRAINING -> DRAINED before
-the stop. A READY engine that stops answering its health probe goes UNHEALTHY,
-and READY again if it answers (``liveness``); an UNHEALTHY one is stopped or
-drained like a ready one. The startup timeout is the control plane's to
+the stop. One whose source is remote is FETCHING first (``fetching``), with the
+fetcher's progress at most once a second, and FAILED with the fetcher's
+sentence when its weights cannot be had; a stop or a drain of a FETCHING shard
+ends its wait at once (STOPPED, nothing launched), and the download goes on for
+any other shard that shares it. A READY engine that stops answering its health
+probe goes UNHEALTHY, and READY again if it answers (``liveness``); an
+UNHEALTHY one is stopped or drained like a ready one. The startup timeout is the control plane's to
 enforce: killing a slow loader here would race its decision to replace it.
 FAILED always means the process is gone.
 
@@ -48,8 +52,10 @@ import psutil
 from llmgw.agent import engines, weights
 from llmgw.agent.discovery import files as weight_files
 from llmgw.agent.discovery import host as host_facts
+from llmgw.agent.fetch import records as fetch_records
 from llmgw.agent.supervisor import (
     draining,
+    fetching,
     launching,
     liveness,
     orphans,
@@ -60,8 +66,8 @@ from llmgw.agent.supervisor import (
     watching,
 )
 from llmgw.core import enginecheck, inventory
-from llmgw.core.errors import EngineError
-from llmgw.core.shards import ShardSpec, ShardState, ShardStatus
+from llmgw.core.errors import EngineError, FetchError, SpecError
+from llmgw.core.shards import FetchProgress, ShardSpec, ShardState, ShardStatus
 
 log = logging.getLogger(__name__)
 S = ShardState
@@ -86,7 +92,9 @@ class Supervisor:
                  adopt_timeout_s: float = 60.0, live: liveness.Liveness | None = None,
                  node: Callable[[], enginecheck.NodeFacts | None] = lambda: None,
                  model_meta: Callable[[str], inventory.WeightFile | None] = weight_files.weight_at,
-                 worker_settle_s: float = watching.WORKER_SETTLE_S) -> None:
+                 worker_settle_s: float = watching.WORKER_SETTLE_S,
+                 fetcher: fetching.Fetcher | None = None,
+                 on_weights_changed: Callable[[], None] = lambda: None) -> None:
         # Absolute, and resolved once: it is the marker in every engine's
         # environment, and the next agent must spell it the same way.
         self._run_dir, self._host = Path(run_dir).resolve(), host
@@ -105,6 +113,10 @@ class Supervisor:
         self._model_meta = model_meta
         self._recs = records.Records(on_status, max_terminal=max_terminal)
         self._session: aiohttp.ClientSession | None = None
+        # The weights cache's owner (None: this agent fetches nothing, and a remote source fails).
+        self._fetcher = fetcher
+        # Told when the cache gained or lost weights, so the inventory says so now, not at its next rescan.
+        self._on_weights_changed = on_weights_changed
 
     def status(self, shard_id: str) -> ShardStatus | None:
         rec = self._recs.get(shard_id)
@@ -122,25 +134,67 @@ class Supervisor:
         """Launch ``spec``'s engine, or report the shard already known by its id."""
         rec = self._recs.get(spec.shard_id)
         if rec is None:
-            rec = records.Shard(ShardStatus(spec.shard_id, spec.replica_id, S.STARTING, spec=spec),
-                                started_at=self._clock())
+            remote = fetching.is_remote(spec.source)
+            first = ShardStatus(spec.shard_id, spec.replica_id, S.FETCHING if remote else S.STARTING,
+                                spec=fetching.stored(spec), fetch=FetchProgress() if remote else None,
+                                message=f"fetching {spec.source}" if remote else "")
+            rec = records.Shard(first, started_at=self._clock())
             self._recs.add(rec)
+            if remote:
+                self._recs.move(rec, S.FETCHING)  # on_status hears of it before the download's first byte
             rec.starting = asyncio.create_task(self._launch(rec, spec), name=f"launch {spec.shard_id}")
-        elif rec.status.spec != spec:
+        elif rec.status.spec != fetching.stored(spec):
             log.warning("shard %s is already known; a start with a different spec was ignored "
                         "(a new attempt needs a new shard id)", spec.shard_id)
-        if rec.starting is not None and not rec.starting.done():
+        if rec.starting is not None and not rec.starting.done() and rec.status.state is not S.FETCHING:
             await asyncio.shield(rec.starting)
         return rec.status
 
+    async def _fetch(self, rec: records.Shard, spec: ShardSpec) -> str | None:
+        """The local path of ``spec``'s remote weights once fetched (None: its source is local).
+
+        FetchError or SpecError when they cannot be had. The token goes to the
+        fetcher alone; the progress goes up through ``Records.move``.
+        """
+        req = fetching.request_of(spec)
+        if req is None:
+            return None
+        if self._fetcher is None:
+            raise FetchError(f"source {spec.source} is remote and this agent has no weights cache to fetch it into; "
+                             "start the agent with its default weights_cache, or use a file on the node")
+        throttle = fetching.Throttle(self._clock)
+
+        def on_progress(p: fetch_records.Progress) -> None:
+            got = fetching.progress_of(p)
+            if rec.status.state is S.FETCHING and throttle.due(got):
+                self._recs.move(rec, S.FETCHING, fetch=got, message=fetching.describe(spec.source, got), quiet=True)
+
+        path = await self._fetcher.ensure(req, on_progress=on_progress)
+        self._on_weights_changed()
+        # At once, with no await in between: from here a stop waits for the
+        # launch instead of cancelling it, so no engine is spawned unwatched.
+        self._recs.move(rec, S.STARTING, fetch=None, message=f"fetched {spec.source} to {path}; launching")
+        return path
+
     async def _launch(self, rec: records.Shard, spec: ShardSpec) -> ShardStatus:
         plan: launching.Plan | None = None
+        try:
+            fetched = await self._fetch(rec, spec)
+        except (FetchError, SpecError) as exc:
+            return self._recs.move(rec, S.FAILED, fetch=None, message=str(exc))
+        except Exception as exc:
+            log.exception("fetching the weights of shard %s failed", spec.shard_id)
+            return self._recs.move(rec, S.FAILED, fetch=None, message=f"cannot fetch the weights of shard "
+                                   f"{spec.shard_id}: internal error {type(exc).__name__}: {exc}; see the agent's log")
         try:
             adapter = self._adapters.get(spec.engine)
             node = self._node()
             # Resolving may stat a network filesystem, and the metadata is a
             # header read (cached by discovery's scans): never on the event loop.
-            model_path = await asyncio.to_thread(self._resolve, spec.source) if spec.source else None
+            if fetched is not None:
+                model_path: str | None = await asyncio.to_thread(weights.resolve_fetched, spec.source, fetched)
+            else:
+                model_path = await asyncio.to_thread(self._resolve, spec.source) if spec.source else None
             model = await asyncio.to_thread(self._model_meta, model_path) if model_path else None
             adapter.validate(spec, node=node, model=model)
             plan = launching.plan(spec, adapter, host=self._host, model_path=model_path,
@@ -183,7 +237,7 @@ class Supervisor:
             create_time = psutil.Process(pid).create_time()
         except psutil.Error:
             return  # already gone, and the watcher is about to say so
-        saved = statefiles.Saved(spec=spec, pid=pid, create_time=create_time, port=plan.port,
+        saved = statefiles.Saved(spec=fetching.stored(spec), pid=pid, create_time=create_time, port=plan.port,
                                  endpoint=plan.endpoint, host=self._host, log_path=plan.log_path,
                                  log_offset=rec.engine.log_offset if rec.engine else 0, argv=tuple(plan.argv),
                                  serves_http=plan.serves_http)
@@ -201,6 +255,8 @@ class Supervisor:
         rec = self._recs.get(shard_id)
         if rec is None:
             return ShardStatus(shard_id, "", S.STOPPED, message=f"no shard {shard_id} on this node")
+        if rec.status.state is S.FETCHING:
+            return await self._end_fetch(rec, reason or "stop requested")
         if rec.starting is not None and not rec.starting.done():
             await asyncio.shield(rec.starting)
         if rec.status.state in S.terminal() or not rec.has_process():
@@ -242,6 +298,10 @@ class Supervisor:
         rec = self._recs.get(shard_id)
         if rec is None:
             return ShardStatus(shard_id, "", S.STOPPED, message=f"no shard {shard_id} on this node")
+        if rec.status.state is S.FETCHING:
+            # Nothing launched, so nothing in flight: waiting for the fetch to end would only
+            # start an engine that is about to be stopped.
+            return await self._end_fetch(rec, "drained while fetching its weights")
         if rec.starting is not None and not rec.starting.done():
             await asyncio.shield(rec.starting)
         state = rec.status.state
@@ -264,6 +324,29 @@ class Supervisor:
         rec.draining = asyncio.create_task(
             draining.drain(rec, recs=self._recs, timeout_s=timeout_s, clock=self._clock), name=f"drain {shard_id}")
         return await asyncio.shield(rec.draining)
+
+    async def _end_fetch(self, rec: records.Shard, reason: str) -> ShardStatus:
+        """A FETCHING shard's wait ended: STOPPED, nothing launched; the download goes on for any other shard."""
+        task = rec.starting
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        if rec.status.state is not S.FETCHING:
+            return rec.status  # the fetch failed or ended as it was being cancelled: what it said stands
+        return self._recs.move(rec, S.STOPPED, fetch=None,
+                               message=f"{reason}; stopped while fetching its weights (nothing was launched)")
+
+    def held(self) -> list[object]:
+        """What the weights cache holds (the fetcher's ``Held`` records); nothing without a fetcher."""
+        return list(self._fetcher.held()) if self._fetcher is not None else []
+
+    async def remove_weights(self, cache_name: str) -> None:
+        """Remove weights llmgw fetched; FetchError with the refusal (or the reason it cannot) otherwise."""
+        if self._fetcher is None:
+            raise FetchError(f"cannot remove {cache_name!r}: this agent has no weights cache")
+        # Deleting a model's files can take seconds on a slow disk: off the event loop.
+        await asyncio.to_thread(self._fetcher.remove, cache_name)
+        self._on_weights_changed()
 
     async def recover(self) -> list[ShardStatus]:
         """Take back the engines a previous agent left running; call once, before registering.

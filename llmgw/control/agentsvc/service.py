@@ -70,6 +70,9 @@ class _Link:
     def drain_shard(self, shard_id: str, *, timeout_s: int) -> None:
         self._put(drain=pb.Drain(shard_id=shard_id, timeout_s=timeout_s))
 
+    def remove_weights(self, cache_name: str) -> None:
+        self._put(remove_weights=pb.RemoveWeights(cache_name=cache_name))
+
     def request_logs(self, shard_id: str, *, lines: int, follow: bool) -> tuple[str, asyncio.Queue[LogBatch]]:
         request_id = uuid.uuid4().hex
         replies: asyncio.Queue[LogBatch] = asyncio.Queue(maxsize=1000)

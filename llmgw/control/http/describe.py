@@ -21,7 +21,7 @@ from llmgw.control.conditions import Condition
 from llmgw.control.events import Event
 from llmgw.control.http.errors import ApiError
 from llmgw.control.state import NodeView, Phase, ReplicaRecord
-from llmgw.control.status import summarize
+from llmgw.control.status import fetch_of, summarize
 from llmgw.control.store.offloop import StoreThread
 from llmgw.core.shards import ShardState
 
@@ -58,7 +58,7 @@ def _replica(r: ReplicaRecord, cluster: Cluster, fp: str, now: float) -> dict[st
             "endpoint": r.endpoint if r.phase is Phase.READY else "", "attempt": r.attempt,
             "failures": r.failures, "message": r.message, "last_output": list(r.last_output),
             "fingerprint": r.fingerprint, "current": r.fingerprint == fp, "age_s": round(now - r.created_at, 1),
-            "conditions": _conds(cluster.conditions_of(f"replica/{r.id}"))}
+            "conditions": _conds(cluster.conditions_of(f"replica/{r.id}")), "fetch": fetch_of(r, cluster.nodes)}
 
 
 def router(db: StoreThread, cluster: Cluster) -> APIRouter:

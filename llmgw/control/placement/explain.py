@@ -50,6 +50,17 @@ class Refused:
     reason: str = UNSCHEDULABLE
 
 
+#: Placed's reason for a remote model waiting for its metadata (size, config.json) to be read.
+READING_METADATA = "ReadingMetadata"
+_METADATA_OPENING = "waiting for the metadata of"
+
+
+def metadata_pending(source: str) -> Refused:
+    """The wait of a model whose remote source's metadata is being read (``llmgw.control.remotemeta``)."""
+    return Refused(f"{_METADATA_OPENING} {source} (its size, config.json or GGUF header) to estimate its "
+                   "memory and disk; it is placed as soon as that read answers or fails", {}, READING_METADATA)
+
+
 def engine_refusal(model: str, engine: str, problems: list[str]) -> Refused:
     """The Refused of a model its engine would not run on any node, each problem saying what to change."""
     return Refused(f"{_ENGINE_REFUSED_OPENING}: {engine} would fail to run {model} on any node: "
@@ -57,11 +68,16 @@ def engine_refusal(model: str, engine: str, problems: list[str]) -> Refused:
 
 
 def reason_of(message: str) -> str:
-    """The Placed reason of a replica refused with ``message``: EngineRefused or Unschedulable."""
+    """The Placed reason of a replica refused with ``message``: ReadingMetadata, EngineRefused or Unschedulable."""
+    if message.startswith(_METADATA_OPENING):
+        return READING_METADATA
     return ENGINE_REFUSED if message.startswith(_ENGINE_REFUSED_OPENING) else UNSCHEDULABLE
 
 
 def _headline(need: Need, stage: int) -> str:
+    if stage == f.DISK:
+        return (f"no node has {format_bytes(need.disk_bytes)} free disk for the weights: free space in a "
+                "node's weights directory, or let `llmgw get weights` show what can go")
     if stage == f.FABRIC:
         return f"no declared fabric has {need.nnodes} nodes that fit, each with usable adapters"
     if stage == f.GPUS:

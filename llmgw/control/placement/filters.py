@@ -18,10 +18,11 @@ from itertools import islice
 from llmgw.control.placement import gpus as gpus_mod
 from llmgw.control.placement.needs import Need
 from llmgw.control.state import NodeView
-from llmgw.core.inventory import Gpu
+from llmgw.core.inventory import Gpu, Inventory, ModelDir
+from llmgw.core.shards import ShardState
 from llmgw.core.units import format_bytes
 
-CONNECTED, CORDON, ENGINE, VERSION, CPU, POOL, SELECTOR, GPUS, MEMORY, THREADS, FABRIC = range(11)
+CONNECTED, CORDON, ENGINE, VERSION, CPU, POOL, SELECTOR, GPUS, MEMORY, THREADS, DISK, FABRIC = range(12)
 #: How many of a node's unusable GPUs a reason names.
 _GPUS_NAMED = 3
 
@@ -49,6 +50,8 @@ class NodeState:
     free_threads: int
     #: GPU index -> replica holding it.
     held: dict[int, str]
+    #: Disk that remote weights sent here in this pass will take in its weights directory.
+    disk_taken: int = 0
 
     @property
     def unheld_gpus(self) -> int:
@@ -148,3 +151,48 @@ def fits(need: Need, st: NodeState) -> list[Gpu] | None:
         return []
     free = gpus_mod.usable(st.view.inventory.gpus, st.held, need)
     return free if len(free) >= need.gpu_count else None
+
+
+def weights_dir(inv: Inventory) -> ModelDir | None:
+    """The model directory fetched weights land in: the one holding weights llmgw fetched, else the roomiest.
+
+    The inventory does not mark the agent's weights cache among its model
+    directories; the roomiest stands in until a fetch shows which it is, so a
+    node is refused only when no directory of it could take the weights.
+    """
+    if not inv.model_dirs:
+        return None
+    fetched = [w.path for w in inv.weights if w.fetched_by_llmgw]
+    for d in inv.model_dirs:
+        root = d.path.rstrip("/") + "/"
+        if any(p.startswith(root) for p in fetched):
+            return d
+    return max(inv.model_dirs, key=lambda d: (d.free_bytes, d.path))
+
+
+def fetching_bytes(st: NodeState) -> int:
+    """Bytes the fetches under way on the node have still to write (each source once)."""
+    left: dict[tuple[str, str], int] = {}
+    for s in st.view.shards.values():
+        if s.state is ShardState.FETCHING and s.fetch is not None and s.spec is not None:
+            left[(s.spec.source, s.spec.source_file)] = max(s.fetch.total_bytes - s.fetch.done_bytes, 0)
+    return sum(left.values())
+
+
+def disk_reason(need: Need, st: NodeState, holds: bool) -> Reason | None:
+    """Why the node's weights directory cannot take ``need``'s remote weights, or None.
+
+    ``holds``: the node has the weights, or fetches them now (their room is already
+    taken). A node that reports no model directory is not refused on a guess.
+    """
+    if not need.disk_bytes or holds:
+        return None
+    d = weights_dir(st.view.inventory)
+    if d is None:
+        return None
+    free = d.free_bytes - st.disk_taken - fetching_bytes(st)
+    if free >= need.disk_bytes:
+        return None
+    have = format_bytes(max(free, 0))
+    return Reason(DISK, f"needs {format_bytes(need.disk_bytes)} for the weights, has {have} free on {d.path}",
+                  free, f"has {have} free on {d.path}")

@@ -20,6 +20,8 @@ from __future__ import annotations
 from llmgw.control.placement.explain import Refused
 from llmgw.control.placement.group import Group, Rank, place_group
 from llmgw.control.placement.ledger import Ledger
+from llmgw.control.placement.needs import RemoteWeights
 from llmgw.control.placement.placer import Estimator, Placed, Placer, place
 
-__all__ = ["Estimator", "Group", "Ledger", "Placed", "Placer", "Rank", "Refused", "place", "place_group"]
+__all__ = ["Estimator", "Group", "Ledger", "Placed", "Placer", "Rank", "Refused", "RemoteWeights", "place",
+           "place_group"]

@@ -9,8 +9,46 @@ from __future__ import annotations
 
 import dataclasses
 
-from llmgw.core import enginecheck, engines
+from llmgw.core import enginecheck, engines, sources
+from llmgw.core.inventory import WeightFile
 from llmgw.core.specs import ModelSpec
+
+#: Sources read remotely; every other one is a local path or a package.
+REMOTE_PREFIXES = ("hf://", "http://", "https://", "mirror://")
+
+
+def is_remote(source: str) -> bool:
+    return source.startswith(REMOTE_PREFIXES)
+
+
+def fetched_source(spec: ModelSpec) -> sources.Source | None:
+    """What a node fetches for ``spec`` (its source with ``source_file`` folded in), or None for a local one.
+
+    Its text is what fetched weights report as their source and what a FETCHING shard is matched
+    by; its cache name what RemoveWeights names. None also for a source that does not parse (a
+    model stored by an older version): it is then never matched, never guessed at.
+    """
+    if not is_remote(spec.source):
+        return None
+    try:
+        src = sources.parse(spec.source)
+        return sources.with_file(src, spec.source_file) if spec.source_file else src
+    except ValueError:
+        return None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RemoteWeights:
+    """What the control plane read of a remote source's metadata (``llmgw.control.remotemeta``), by (source, file).
+
+    A pass only reads these: the reads happen off the loop, before it, so a
+    slow or unreachable hub never slows placement.
+    """
+
+    #: The weights as they will be once fetched (size = the files the engine needs); None when unreadable.
+    weight: WeightFile | None = None
+    #: Why it could not be read ("GET https://mirror/api/models/org/x/revision/main: 404"); "" when read.
+    problem: str = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -28,8 +66,11 @@ class Need:
     #: Free memory each GPU must have (0: the GPU must be nearly idle, see ``gpus``).
     gpu_memory_bytes: int = 0
     compute_capability: tuple[int, int] | None = None
-    #: The weights' path on a node ("" when the source is not a file), for "weights present".
+    #: What a node reports for "weights present": the path of a file:// source, the source text of a
+    #: remote one (fetched weights carry their source; a FETCHING shard its spec's); "" otherwise.
     weights_path: str = ""
+    #: Disk the weights take on a node that holds none of them yet (remote sources whose size was read); 0: no check.
+    disk_bytes: int = 0
     #: True when the memory above was estimated from the weights, not stated.
     memory_estimated: bool = False
     nnodes: int = 1
@@ -69,8 +110,17 @@ def dtype_capability(dtype: str) -> tuple[int, int] | None:
 
 
 def weights_path(source: str) -> str:
+    """The key nodes' weights are matched by: a file:// source's path, a remote source's text, else ""."""
+    if is_remote(source):
+        return source
     # A safetensors directory may be written with a trailing slash on either side.
     return source[len("file://"):].rstrip("/") if source.startswith("file://") else ""
+
+
+def weights_key(spec: ModelSpec) -> str:
+    """``weights_path`` of what a node holds for ``spec``: a remote source's key is what the node fetches."""
+    fetched = fetched_source(spec)
+    return fetched.text if fetched is not None else weights_path(spec.source)
 
 
 def context_tokens(engine: str, args: tuple[str, ...]) -> int:
@@ -83,7 +133,7 @@ def context_tokens(engine: str, args: tuple[str, ...]) -> int:
     return engines.context_tokens(engine, args)
 
 
-def need_for(model: str, spec: ModelSpec, *, estimate: int | None = None) -> Need:
+def need_for(model: str, spec: ModelSpec, *, estimate: int | None = None, disk_bytes: int = 0) -> Need:
     """The need of one replica of ``spec``; ``estimate`` is the memory estimated from its weights, if any.
 
     An estimate is used only where the spec states no memory: it is per GPU
@@ -109,6 +159,6 @@ def need_for(model: str, spec: ModelSpec, *, estimate: int | None = None) -> Nee
     return Need(model=model, engine=spec.engine, engine_version=spec.engine_version,
                 selector=spec.node_selector, pool=spec.pool, policy=spec.placement, threads=res.cpu_threads,
                 memory_bytes=memory, gpu_count=g.count, gpu_memory_bytes=gpu_memory,
-                compute_capability=capability, weights_path=weights_path(spec.source),
+                compute_capability=capability, weights_path=weights_key(spec),
                 memory_estimated=estimated, nnodes=res.nnodes, capability_for=capability_for,
-                cpu_flags_any=cpu_flags)
+                cpu_flags_any=cpu_flags, disk_bytes=disk_bytes)

@@ -17,6 +17,14 @@ the nodes that hold a model's file. For spread the replica count comes before
 the weights: spread exists so that one node lost does not take the model down,
 and putting every replica where the file happens to be would undo it.
 
+A remote source (hf://, http(s)://, mirror://) is matched by its text: weights
+llmgw fetched report it, and a node with a FETCHING shard of it counts as
+holding it, so a second replica joins the download already under way. Before
+any node has it, the metadata the control plane read remotely
+(``llmgw.control.remotemeta``, passed in as ``remote``; never fetched here)
+gives the memory estimate, the engine check's shape and the disk a node must
+have free in its weights directory (``filters.disk_reason``).
+
 Placing a replica changes one node, which moves in each list it is in: a
 bisect and a list insert, fast for 10,000 entries. A model refused once in a
 pass is refused for the rest of it (resources only shrink within a pass), so a
@@ -32,17 +40,18 @@ import bisect
 import dataclasses
 import itertools
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from llmgw.control.placement import filters as f
 from llmgw.control.placement import gpus as gpus_mod
-from llmgw.control.placement.explain import Refused, engine_refusal, refusal
+from llmgw.control.placement.explain import Refused, engine_refusal, metadata_pending, refusal
 from llmgw.control.placement.ledger import Ledger
-from llmgw.control.placement.needs import Need, context_tokens, need_for, weights_path
+from llmgw.control.placement.needs import Need, RemoteWeights, context_tokens, fetched_source, need_for, weights_key
 from llmgw.control.state import NodeView
-from llmgw.core import enginecheck
+from llmgw.core import enginecheck, sources
 from llmgw.core import estimate as estimate_mod
 from llmgw.core.inventory import Gpu, WeightFile
+from llmgw.core.shards import ShardState
 from llmgw.core.specs import ModelSpec
 
 #: (weights, context tokens, ranks, on a GPU) -> bytes one rank needs, or None when the metadata is not enough.
@@ -63,6 +72,8 @@ class Placed:
     #: Memory it was placed with (per GPU for a GPU replica); 0 when none was stated or estimated.
     memory_bytes: int = 0
     memory_estimated: bool = False
+    #: Why the memory could not be estimated from a remote source's metadata ("" when it was, or not asked).
+    metadata_problem: str = ""
 
 
 #: The first resource of a node that lacks the threads an order is for: below anything a need asks.
@@ -120,7 +131,11 @@ class Placer:
     """Places replicas one at a time within a pass, keeping what each placement took."""
 
     def __init__(self, nodes: Iterable[NodeView], ledger: Ledger | None = None, *,
-                 estimate: Estimator | None = estimate_memory) -> None:
+                 estimate: Estimator | None = estimate_memory,
+                 remote: Mapping[str, RemoteWeights] | None = None) -> None:
+        """``remote``: what was read of remote sources' metadata (``llmgw.control.remotemeta``), by the
+        fetched source's text. None: nothing reads it here (tests, ``place``), so a remote model is placed
+        at once; a mapping without the source: its read has not answered yet, and the model waits for it."""
         ledger = ledger if ledger is not None else Ledger()
         self.states: list[f.NodeState] = []
         for i, v in enumerate(sorted(nodes, key=lambda v: v.id)):
@@ -134,12 +149,14 @@ class Placer:
             if node_id in self._pos:
                 self._occupied.setdefault(model, {})[self._pos[node_id]] = n
         self._estimate = estimate
+        self._remote = remote
         self._needs: dict[str, Need] = {}
         self._refused: dict[str, Refused] = {}
         self._engine_checked: dict[str, Refused | None] = {}
         #: static key -> (member positions, member set, reason of each non-member)
         self._classes: dict[tuple[object, ...], tuple[list[int], set[int], dict[int, f.Reason]]] = {}
         self._weights: dict[str, list[int]] | None = None
+        self._holding: dict[str, set[int]] = {}
         self._orders: dict[tuple[object, ...], _Order] = {}
         self._in_orders: list[list[_Order]] = [[] for _ in self.states]
         #: position -> rendezvous ports given to group leaders there in this pass.
@@ -153,8 +170,24 @@ class Placer:
     def need(self, model: str, spec: ModelSpec) -> Need:
         found = self._needs.get(model)
         if found is None:
-            found = self._needs[model] = need_for(model, spec, estimate=self._estimate_for(spec))
+            remote = self._remote_of(spec)
+            disk = remote.weight.size_bytes if remote is not None and remote.weight is not None else 0
+            found = self._needs[model] = need_for(model, spec, estimate=self._estimate_for(spec), disk_bytes=disk)
         return found
+
+    def _remote_of(self, spec: ModelSpec) -> RemoteWeights | None:
+        """What was read of ``spec``'s remote source; None for a local one, or one not read (yet)."""
+        if self._remote is None:
+            return None
+        fetched = fetched_source(spec)
+        return self._remote.get(fetched.text) if fetched is not None else None
+
+    def metadata_problem(self, spec: ModelSpec) -> str:
+        """Why a remote source's metadata could not be read, when its replica's memory needed it; else ""."""
+        remote = self._remote_of(spec)
+        if remote is None or remote.weight is not None:
+            return ""
+        return f"cannot read the metadata of {spec.source}: {remote.problem}"
 
     def _estimate_for(self, spec: ModelSpec) -> int | None:
         res = spec.resources
@@ -170,16 +203,22 @@ class Placer:
         return None
 
     def _weight_files(self, spec: ModelSpec) -> Iterator[WeightFile]:
-        """What the nodes holding ``spec``'s weights report of them, node by node.
+        """What the nodes holding ``spec``'s weights report of them, node by node, then what was read remotely.
 
         The same path is taken to be the same file on every node (a shared
         filesystem, or one copy made everywhere): the first that says decides.
+        A remote source's weights fetched onto a node are matched by their
+        source; before any node has them, the metadata read from the mirror or
+        hub stands for them.
         """
-        path = weights_path(spec.source)
+        path = weights_key(spec)
         for idx in self.weights().get(path, ()) if path else ():
             for w in self.states[idx].view.inventory.weights:
-                if w.path.rstrip("/") == path:
+                if w.path.rstrip("/") == path or w.source == path:
                     yield w
+        remote = self._remote_of(spec)
+        if remote is not None and remote.weight is not None:
+            yield remote.weight
 
     def engine_refusal(self, model: str, spec: ModelSpec) -> Refused | None:
         """Why ``spec``'s engine would fail whatever the node (once per model and pass), or None.
@@ -197,12 +236,37 @@ class Placer:
         return self._engine_checked[model]
 
     def weights(self) -> dict[str, list[int]]:
+        """Weights key (``needs.weights_key``) -> positions of the nodes that hold those weights or fetch them now.
+
+        A node fetching the weights counts as holding them: a second replica sent
+        there waits for the download already under way, where any other node
+        would start one of its own.
+        """
         if self._weights is None:
             self._weights = {}
             for st in self.states:
-                for w in st.view.inventory.weights:
-                    self._weights.setdefault(w.path.rstrip("/"), []).append(st.idx)
+                keys = {w.path.rstrip("/") for w in st.view.inventory.weights}
+                keys.update(w.source for w in st.view.inventory.weights if w.source)
+                for shard in st.view.shards.values():
+                    if shard.state is ShardState.FETCHING and shard.spec is not None and shard.spec.source:
+                        keys.add(_fetched_text(shard.spec.source, shard.spec.source_file))
+                for key in keys:
+                    self._weights.setdefault(key, []).append(st.idx)
         return self._weights
+
+    def holds(self, need: Need) -> set[int]:
+        """Positions of the nodes holding (or fetching) ``need``'s weights."""
+        found = self._holding.get(need.weights_path)
+        if found is None:
+            found = self._holding[need.weights_path] = set(self.weights().get(need.weights_path, ()))
+        return found
+
+    def fits(self, need: Need, st: f.NodeState) -> list[Gpu] | None:
+        """``filters.fits``, and room on the node's weights disk for a remote source's weights."""
+        free = f.fits(need, st)
+        if free is None or not need.disk_bytes or f.disk_reason(need, st, st.idx in self.holds(need)) is None:
+            return free
+        return None
 
     def members(self, need: Need) -> tuple[list[int], set[int], dict[int, f.Reason]]:
         found = self._classes.get(need.static_key)
@@ -237,7 +301,7 @@ class Placer:
         if need.nnodes > 1:
             return Refused(f"a replica of {model} spans {need.nnodes} nodes: it is placed as a group "
                            "(place_group), not one node at a time", {})
-        refused = self._refused.get(model) or self.engine_refusal(model, spec)
+        refused = self._refused.get(model) or self.pending_metadata(spec) or self.engine_refusal(model, spec)
         if refused is not None:
             return refused
         found = self._pick(need)
@@ -245,7 +309,22 @@ class Placer:
             refused = self._refused[model] = self.explain(need)
             return refused
         st, free = found
-        return self.take(st, need, free, replica_id=replica_id)
+        placed = self.take(st, need, free, replica_id=replica_id)
+        problem = self.metadata_problem(spec)
+        return dataclasses.replace(placed, metadata_problem=problem) if problem else placed
+
+    def pending_metadata(self, spec: ModelSpec) -> Refused | None:
+        """The wait of a remote model whose metadata is being read: its disk and memory are not known yet.
+
+        The read answers within its timeout, a failure included (``remotemeta``), so this
+        never holds a replica longer than that: a failed read places it without an estimate.
+        """
+        if self._remote is None:
+            return None
+        fetched = fetched_source(spec)
+        if fetched is None or fetched.text in self._remote:
+            return None
+        return metadata_pending(spec.source)
 
     def _pick(self, need: Need) -> tuple[f.NodeState, list[Gpu]] | None:
         # The least a node must have of the list's first resource. Without a
@@ -256,7 +335,7 @@ class Placer:
             for o in self._tiers(need):
                 for idx in o.ascending(first):
                     st = self.states[idx]
-                    free = f.fits(need, st)
+                    free = self.fits(need, st)
                     if free is not None:
                         return st, free
             return None
@@ -266,15 +345,15 @@ class Placer:
                 if idx in held:
                     continue
                 st = self.states[idx]
-                free = f.fits(need, st)
+                free = self.fits(need, st)
                 if free is not None:
                     return st, free
         # Every node that fits holds one already: the fewest, then weights, then most free.
         base = self._order(need, "")
-        present = set(self.weights().get(need.weights_path, ())) if need.weights_path else set()
+        present = self.holds(need) if need.weights_path else set()
         for _, _, _, idx in sorted((n, i not in present, tuple(-x for x in base.key_of[i][:2]), i)
                                    for i, n in held.items() if i in base.key_of):
-            free = f.fits(need, self.states[idx])
+            free = self.fits(need, self.states[idx])
             if free is not None:
                 return self.states[idx], free
         return None
@@ -290,6 +369,10 @@ class Placer:
         chosen = gpus_mod.choose(free, need.gpu_count) if need.gpu_count else ()
         st.free_memory -= need.memory_bytes
         st.free_threads -= need.threads
+        if need.disk_bytes and st.idx not in self.holds(need):
+            # The next replica of this model here shares this download; another model's needs more disk.
+            st.disk_taken += need.disk_bytes
+            self.holds(need).add(st.idx)
         for i in chosen:
             st.held[i] = replica_id
         counts = self._occupied.setdefault(need.model, {})
@@ -304,6 +387,8 @@ class Placer:
         out: dict[str, f.Reason] = {}
         for st in self.states:
             why = static.get(st.idx) or f.resource_reason(need, st)
+            if why is None and need.disk_bytes:
+                why = f.disk_reason(need, st, st.idx in self.holds(need))
             if why is not None:
                 out[st.view.id] = why
         return out
@@ -313,6 +398,17 @@ class Placer:
 
 
 def place(model: str, spec: ModelSpec, nodes: Iterable[NodeView], ledger: Ledger | None = None, *,
-          estimate: Estimator | None = estimate_memory, replica_id: str = "") -> Placed | Refused:
+          estimate: Estimator | None = estimate_memory, replica_id: str = "",
+          remote: Mapping[str, RemoteWeights] | None = None) -> Placed | Refused:
     """One replica on its own (tests, one-off questions); a pass uses one Placer for all of its replicas."""
-    return Placer(nodes, ledger, estimate=estimate).place(model, spec, replica_id=replica_id)
+    return Placer(nodes, ledger, estimate=estimate, remote=remote).place(model, spec, replica_id=replica_id)
+
+
+def _fetched_text(source: str, source_file: str) -> str:
+    """The fetched source's text of a shard's spec (``needs.fetched_source`` for a ShardSpec)."""
+    if not source_file:
+        return source
+    try:
+        return sources.with_file(sources.parse(source), source_file).text
+    except ValueError:
+        return source

@@ -45,7 +45,7 @@ from collections.abc import Callable, Mapping
 from llmgw.control import events as ev
 from llmgw.control.placement import fit
 from llmgw.control.reconcile import decisions as d
-from llmgw.control.reconcile import liveness
+from llmgw.control.reconcile import liveness, weightsgc
 from llmgw.control.state import Member, NodeView, Phase, ReplicaRecord
 from llmgw.core import specs
 from llmgw.core.shards import ShardSpec, ShardState, ShardStatus
@@ -54,6 +54,22 @@ from llmgw.core.units import format_bytes
 
 #: The reason a StopShard for a shard no replica wants gives (the events log tells these apart).
 ORPHAN_REASON = "no replica wants this shard"
+
+
+#: Where hf:// sources come from when the control plane is told nothing else.
+DEFAULT_HUB_ENDPOINT = "https://huggingface.co"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Hub:
+    """Where a node fetches remote weights from, as the control plane's settings say."""
+
+    #: The HF-compatible endpoint of hf:// sources: the hub itself, or the cluster's mirror.
+    endpoint: str = DEFAULT_HUB_ENDPOINT
+    #: The cluster mirror's base URL, for mirror:// sources ("": none).
+    mirror_url: str = ""
+    #: The hub's bearer token; a secret: kept out of reprs, sent only in an hf:// shard's StartShard.
+    token: str = dataclasses.field(default="", repr=False)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -77,6 +93,11 @@ class Config:
     #: The grace when a router has also ejected the replica: two witnesses on two paths agree,
     #: and the stall is failing real requests now.
     corroborated_grace_s: float = 5.0
+    #: Fetched weights no model asks for are removed from a node whose weights directory has less
+    #: than this share free (percent; 0: never), least recently used first (``weightsgc``).
+    weights_gc_free_below_pct: float = 10.0
+    #: Where remote weights come from (``Hub``).
+    hub: Hub = Hub()
 
 
 def backoff(failures: int, cfg: Config) -> float:
@@ -86,7 +107,30 @@ def backoff(failures: int, cfg: Config) -> float:
     return min(cfg.backoff_max_s, cfg.backoff_base_s * 2 ** (failures - 1))
 
 
-def shard_spec(r: ReplicaRecord, spec: ModelSpec) -> ShardSpec:
+def remote_fields(source: str, spec: ModelSpec, hub: Hub) -> dict[str, str]:
+    """The ShardSpec fields a node needs to fetch ``source``: none for a local one (a file, a package).
+
+    The token goes to an hf:// shard alone: an http(s) or mirror source, or a
+    local one, has no use for it, and every copy is one more place it can leak from.
+    """
+    if source.startswith("hf://"):
+        return {"hub_endpoint": hub.endpoint, "hub_token": hub.token, "source_file": spec.source_file}
+    if source.startswith("mirror://"):
+        return {"mirror_url": hub.mirror_url, "source_sha256": spec.source_sha256}
+    if source.startswith(("http://", "https://")):
+        return {"source_sha256": spec.source_sha256}
+    return {}
+
+
+def fetching_message(node_id: str, st: ShardStatus, *, rank: int | None = None) -> str:
+    """What a replica whose shard fetches its weights says: no percentage, which would be written every pass."""
+    who = f"rank {rank} " if rank is not None else ""
+    stalled = st.fetch is not None and st.fetch.state == "stalled"
+    said = f": {st.fetch.message}" if stalled and st.fetch is not None and st.fetch.message else ""
+    return f"{who}fetching its weights on node {node_id}{' (stalled' + said + ')' if stalled else ''}"
+
+
+def shard_spec(r: ReplicaRecord, spec: ModelSpec, *, hub: Hub = Hub()) -> ShardSpec:
     assert r.shard_id is not None
     tp, pp = specs.parallelism(spec.resources)
     return ShardSpec(
@@ -96,12 +140,13 @@ def shard_spec(r: ReplicaRecord, spec: ModelSpec) -> ShardSpec:
         startup_timeout_s=int(spec.startup_timeout_s), env=spec.env, gpus=r.gpus,
         tensor_parallel=tp, pipeline_parallel=pp, dtype=spec.dtype, context_length=spec.context_length,
         gpu_memory_bytes=r.memory_bytes if spec.resources.gpus.count else 0,
+        **remote_fields(spec.source, spec, hub),
     )
 
 
-def member_spec(r: ReplicaRecord, spec: ModelSpec, m: Member) -> ShardSpec:
+def member_spec(r: ReplicaRecord, spec: ModelSpec, m: Member, *, hub: Hub = Hub()) -> ShardSpec:
     """The shard of one rank of a group: its GPUs and adapters, and the leader every rank meets at."""
-    return dataclasses.replace(shard_spec(r, spec), shard_id=m.shard_id, gpus=m.gpus, nnodes=len(r.members),
+    return dataclasses.replace(shard_spec(r, spec, hub=hub), shard_id=m.shard_id, gpus=m.gpus, nnodes=len(r.members),
                                rank=m.rank, leader_addr=r.leader_addr, leader_port=r.leader_port, hcas=m.hcas)
 
 
@@ -116,8 +161,11 @@ class _Pass:
 
     def __init__(self, models: Mapping[str, ModelSpec], replicas: list[ReplicaRecord],
                  nodes: Mapping[str, NodeView], now: float, cfg: Config,
-                 ejected: Mapping[str, str] | None = None) -> None:
+                 ejected: Mapping[str, str] | None = None,
+                 remote: Mapping[str, fit.RemoteWeights] | None = None) -> None:
         self.models, self.nodes, self.now, self.cfg = models, nodes, now, cfg
+        #: What was read of remote sources' metadata (None: no reader; ``llmgw.control.remotemeta``).
+        self.remote = remote
         #: Replicas some router has ejected now, with the routers' sentence (``liveness``).
         self.ejected: Mapping[str, str] = ejected or {}
         self.original = {r.id: r for r in replicas}
@@ -225,6 +273,14 @@ class _Pass:
             r.next_attempt_at = self.now
             r.message = f"its engine is gone from node {node.id}; starting a new one"
             return
+        if st is not None and st.state is ShardState.FETCHING:
+            # The startup timeout is for loading, and starts when the agent says
+            # Starting: a 400 GB download is not a hung engine, and replacing it
+            # would only start the same download on another node. A fetch that
+            # fails is reported Failed by the agent, with the fetcher's sentence.
+            r.started_at = self.now
+            r.message = fetching_message(node.id, st)
+            return
         if st is None or st.state is ShardState.STARTING:
             if st is None and spec is not None and r.sent_at < node.registered_at:
                 # Sent on a stream that has since gone, so it may never have
@@ -233,13 +289,13 @@ class _Pass:
                 # before a restart was failed for a timeout at once (seen on a
                 # second `make up`: "did not become ready within 300s").
                 r.sent_at = r.started_at = self.now
-                self.commands.append(d.StartShard(node.id, shard_spec(r, spec)))
+                self.commands.append(d.StartShard(node.id, shard_spec(r, spec, hub=self.cfg.hub)))
                 return
             if spec is not None and self.now - r.started_at > spec.startup_timeout_s:
                 self.fail(r, f"did not become ready within {spec.startup_timeout_s:.0f}s", stop_shard=True)
             elif st is None and spec is not None and self.now - r.sent_at >= self.cfg.resend_s:
                 r.sent_at = self.now
-                self.commands.append(d.StartShard(node.id, shard_spec(r, spec)))
+                self.commands.append(d.StartShard(node.id, shard_spec(r, spec, hub=self.cfg.hub)))
             elif st is not None:
                 r.message, r.endpoint = f"starting on node {node.id}", st.endpoint
             return
@@ -318,8 +374,9 @@ class _Pass:
         reason = r.message or "stopping"
         if st is None or st.state in ShardState.terminal():
             self.deleted.add(r.id)
-        elif st.state is ShardState.DRAINED or st.state is ShardState.STARTING:
-            # Idempotent on the agent, and Drained lasts only until it says Stopping.
+        elif st.state in (ShardState.DRAINED, ShardState.STARTING, ShardState.FETCHING):
+            # Idempotent on the agent, and Drained lasts only until it says Stopping;
+            # a fetching shard has nothing to drain (its download goes on if another shard shares it).
             self.commands.append(d.StopShard(node.id, shard, reason))
         elif st.state is ShardState.DRAINING:
             if self.now - r.sent_at > self.cfg.drain_timeout_s + self.cfg.resend_s:
@@ -363,6 +420,7 @@ class _Pass:
         hung: list[tuple[Member, ShardStatus]] = []
         waiting: list[str] = []
         resend: list[Member] = []
+        fetching = False
         for m in r.members:
             node, st, gone_for = self._member_view(m)
             if gone_for > self.cfg.node_grace_s:
@@ -384,6 +442,10 @@ class _Pass:
                 self.regroup(r, m, f"rank {m.rank} of its group is gone",
                              f"the engine of rank {m.rank} is gone from node {m.node_id}; starting the group again")
                 return
+            if st is not None and st.state is ShardState.FETCHING:
+                fetching = True  # the group's startup timeout waits for its slowest rank's fetch
+                waiting.append(fetching_message(m.node_id, st, rank=m.rank))
+                continue
             if st is None or st.state is ShardState.STARTING:
                 if st is None and (r.sent_at < node.registered_at or self.now - r.sent_at >= self.cfg.resend_s):
                     resend.append(m)
@@ -436,7 +498,9 @@ class _Pass:
             # restarted agent: the group stays routed meanwhile, as one node would.
             r.message = waiting[0] if waiting else serving
             return
-        if spec is not None and self.now - r.started_at > spec.startup_timeout_s:
+        if fetching:
+            r.started_at = self.now
+        elif spec is not None and self.now - r.started_at > spec.startup_timeout_s:
             self.fail(r, f"did not become ready within {spec.startup_timeout_s:.0f}s "
                          f"({len(ready)} of {len(r.members)} ranks ready)", stop_shard=True)
             return
@@ -445,7 +509,7 @@ class _Pass:
                 r.started_at = self.now  # sent on a stream that has gone: the startup clock starts again
             r.sent_at = self.now
             for m in resend:
-                self.commands.append(d.StartShard(m.node_id, member_spec(r, spec, m)))
+                self.commands.append(d.StartShard(m.node_id, member_spec(r, spec, m, hub=self.cfg.hub)))
         r.message = f"{len(ready)} of {len(r.members)} ranks ready; {waiting[0]}" if waiting else r.message
 
     def observe_group_terminating(self, r: ReplicaRecord) -> None:
@@ -615,7 +679,7 @@ class _Pass:
             # Building the placer indexes every node: three quarters of a pass over 10,000
             # nodes with nothing to place, holding the event loop heartbeats wait on.
             return
-        placer = fit.Placer(self.nodes.values(), fit.Ledger(active, self.models))
+        placer = fit.Placer(self.nodes.values(), fit.Ledger(active, self.models), remote=self.remote)
         # Rendezvous ports held by the groups already placed: a second leader on
         # the same node given the same port would meet the first group's ranks.
         position = {st.view.id: st.idx for st in placer.states}
@@ -648,8 +712,14 @@ class _Pass:
             where = f" (GPU {', '.join(map(str, result.gpus))})" if result.gpus else ""
             estimated = (f"; memory estimated from weights: {format_bytes(result.memory_bytes)}"
                          f"{' per GPU' if result.gpus else ''}" if result.memory_estimated else "")
-            r.endpoint, r.message = "", f"starting on node {result.node_id}{where}{estimated}"
-            self.commands.append(d.StartShard(result.node_id, shard_spec(r, spec)))
+            # A remote source whose metadata could not be read: placed all the same (the hub being
+            # offline must not hold a model that states its memory, or one that fits anyway), and
+            # the replica says why its memory was not estimated.
+            unknown = f"; memory not estimated: {result.metadata_problem}" if result.metadata_problem else ""
+            r.endpoint, r.message = "", f"starting on node {result.node_id}{where}{estimated}{unknown}"
+            if unknown:
+                self.note(r, ev.WARNING, "WeightsMetadataUnknown", result.metadata_problem)
+            self.commands.append(d.StartShard(result.node_id, shard_spec(r, spec, hub=self.cfg.hub)))
 
     def place_group(self, placer: fit.Placer, r: ReplicaRecord, spec: ModelSpec) -> None:
         """Places a replica that spans nodes: one StartShard per rank, each told where the leader is."""
@@ -670,7 +740,7 @@ class _Pass:
                      f"({', '.join(m.node_id for m in r.members)}); leader {leader.node_id} at "
                      f"{group.leader_addr}:{group.leader_port}")
         for m in r.members:
-            self.commands.append(d.StartShard(m.node_id, member_spec(r, spec, m)))
+            self.commands.append(d.StartShard(m.node_id, member_spec(r, spec, m, hub=self.cfg.hub)))
 
     def stop_orphans(self) -> None:
         """Stops live shards no replica wants: left by a replaced attempt, or on a node that came back."""
@@ -700,17 +770,22 @@ class _Pass:
 
 def reconcile(models: Mapping[str, ModelSpec], replicas: list[ReplicaRecord],
               nodes: Mapping[str, NodeView], *, now: float, cfg: Config = Config(),
-              ejected: Mapping[str, str] | None = None) -> list[d.Decision]:
+              ejected: Mapping[str, str] | None = None,
+              remote: Mapping[str, fit.RemoteWeights] | None = None,
+              removing: frozenset[tuple[str, str]] = frozenset()) -> list[d.Decision]:
     """Everything that should be done now to move the observed world toward the desired one.
 
     ``ejected``: the replicas some router has ejected now, each with the routers' sentence;
     evidence that shortens an Unhealthy replica's grace, never a reason on its own (``liveness``).
+    ``remote``: remote sources' metadata read so far (``llmgw.control.remotemeta``); None when
+    nothing reads it. ``removing``: (node, cache name) of RemoveWeights sent and not yet seen done.
     """
-    p = _Pass(models, replicas, nodes, now, cfg, ejected)
+    p = _Pass(models, replicas, nodes, now, cfg, ejected, remote)
     for r in p.work:
         if r.phase in Phase.placed():
             p.observe(r)
     p.scale()
     p.place_pending()
     p.stop_orphans()
-    return p.result()
+    return p.result() + weightsgc.collect(models, nodes.values(), free_below_pct=cfg.weights_gc_free_below_pct,
+                                          now=now, removing=removing)

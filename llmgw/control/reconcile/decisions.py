@@ -55,6 +55,16 @@ class DrainShard:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class RemoveWeights:
+    """Remove weights llmgw fetched from a node's weights cache (the agent refuses anything else)."""
+
+    node_id: str
+    #: The name in the cache (``WeightFile.cache_name``).
+    cache_name: str
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class RecordEvent:
     """Something seen that changes no target but a person should read (``llmgw events``, describe).
 
@@ -65,4 +75,5 @@ class RecordEvent:
     event: Event
 
 
-Decision = CreateReplica | UpdateReplica | DeleteReplica | StartShard | StopShard | DrainShard | RecordEvent
+Decision = (CreateReplica | UpdateReplica | DeleteReplica | StartShard | StopShard | DrainShard | RemoveWeights
+            | RecordEvent)

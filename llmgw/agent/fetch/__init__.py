@@ -1,0 +1,9 @@
+"""Weights fetching on the agent: ``Fetcher`` downloads remote sources into the weights cache.
+
+See ``fetching`` for the design; ``records`` holds the plain data callers pass and get back.
+"""
+
+from llmgw.agent.fetch.fetching import Fetcher, free_bytes
+from llmgw.agent.fetch.records import Held, Progress, Request
+
+__all__ = ["Fetcher", "Held", "Progress", "Request", "free_bytes"]
