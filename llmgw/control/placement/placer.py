@@ -48,7 +48,7 @@ from llmgw.control.placement.explain import Refused, engine_refusal, metadata_pe
 from llmgw.control.placement.ledger import Ledger
 from llmgw.control.placement.needs import Need, RemoteWeights, context_tokens, fetched_source, need_for, weights_key
 from llmgw.control.state import NodeView
-from llmgw.core import enginecheck, sources
+from llmgw.core import enginecheck, engines, sources
 from llmgw.core import estimate as estimate_mod
 from llmgw.core.inventory import Gpu, WeightFile
 from llmgw.core.shards import ShardState
@@ -196,10 +196,14 @@ class Placer:
             return None
         ranks = res.gpus.count * res.nnodes
         ctx = spec.context_length or context_tokens(spec.engine, spec.engine_args)
+        # A CPU replica's engine may cost more than the estimate's generic process overhead
+        # (vLLM: three processes each holding torch); a GPU one's host memory is not what is placed.
+        found = engines.record(spec.engine)
+        extra = found.cpu_process_overhead_bytes if found is not None and not ranks else 0
         for w in self._weight_files(spec):
             est = self._estimate(w, ctx, max(ranks, 1), ranks > 0)
             if est:
-                return est
+                return est + extra
         return None
 
     def _weight_files(self, spec: ModelSpec) -> Iterator[WeightFile]:
