@@ -7,7 +7,8 @@ standalone router would, so the in-process router is the same code path that
 runs alone and keeps serving when the control plane is restarted.
 
 HTTP (OpenAI API under ``/v1``, REST API under ``/api/v1``, ``/metrics``,
-``/healthz``) is one listener; the agent stream is another.
+``/healthz``, and with ``--mirror-dir`` the weights mirror under ``/mirror``) is
+one listener; the agent stream is another.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from llmgw.control.router_events import RouterEvents
 from llmgw.control.store.offloop import StoreThread
 from llmgw.control.store.store import Store
 from llmgw.core.errors import LlmgwError
+from llmgw.mirror import app as mirror_app
 from llmgw.router import auth as router_auth
 from llmgw.router import events as router_events
 from llmgw.router import metrics as router_metrics
@@ -66,13 +68,35 @@ class ServerConfig:
     weights_gc_free_below_pct: float = 10.0
     #: Where nodes fetch remote weights from, and the hub's token (``hub_settings``).
     hub: decide.Hub = decide.Hub()
+    #: The weights mirror served at ``/mirror`` on the HTTP port (None: not served here).
+    mirror: MirrorConfig | None = None
+
+
+#: Where the mounted mirror answers on the server's HTTP port.
+MIRROR_PREFIX = "/mirror"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MirrorConfig:
+    """``llmgw server --mirror-dir``: the mirror mounted in the server, so a cluster needs one flag."""
+
+    dir: Path
+    #: Pull missing files through from this HF-compatible endpoint ("": serve only what ``dir`` holds).
+    upstream: str = ""
+    #: The mirror's admin API (POST /admin/add) needs this bearer token ("": the admin API is off).
+    admin_token: str = dataclasses.field(default="", repr=False)
+    #: No --hub-endpoint was given: hf:// sources come from this mirror.
+    serves_hub: bool = True
+    #: No --mirror-url was given: mirror:// sources come from this mirror.
+    serves_files: bool = True
 
 
 #: The variable the hub's token is read from when no --hub-token-file is given.
 HUB_TOKEN_ENV = "LLMGW_HF_TOKEN"
 
 
-def hub_settings(*, endpoint: str, mirror_url: str, token_file: Path | None, env: Mapping[str, str]) -> decide.Hub:
+def hub_settings(*, endpoint: str, mirror_url: str, token_file: Path | None, env: Mapping[str, str],
+                 quiet: bool = False) -> decide.Hub:
     """The hub settings from the flags, the token from its file or ``LLMGW_HF_TOKEN``; LlmgwError saying what to fix.
 
     The token is never a flag: an argv is readable by every user of the
@@ -94,15 +118,20 @@ def hub_settings(*, endpoint: str, mirror_url: str, token_file: Path | None, env
         token = env.get(HUB_TOKEN_ENV, "").strip()
     hub = decide.Hub(endpoint=endpoint.rstrip("/") or decide.DEFAULT_HUB_ENDPOINT, mirror_url=mirror_url.rstrip("/"),
                      token=token)
-    log.info("remote weights: hf:// from %s%s, mirror:// from %s", hub.endpoint,
-             " with a token" if token else " without a token", hub.mirror_url or "nowhere (no --mirror-url)")
+    if not quiet:   # quiet: a mounted mirror may stand in for both URLs, and its own line says which
+        log.info("remote weights: hf:// from %s%s, mirror:// from %s", hub.endpoint,
+                 " with a token" if token else " without a token", hub.mirror_url or "nowhere (no --mirror-url)")
     return hub
 
 
-def _dispatch(router: RouterApp, api: Any) -> Any:
+def _dispatch(router: RouterApp, api: Any, *, mirror: Any = None) -> Any:
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+        path = scope["path"] if scope["type"] == "http" else ""
+        if path.startswith("/v1/"):
             await router(scope, receive, send)
+        elif mirror is not None and (path == MIRROR_PREFIX or path.startswith(MIRROR_PREFIX + "/")):
+            # As starlette's Mount does: the mirror's routes match the path past root_path.
+            await mirror({**scope, "root_path": scope.get("root_path", "") + MIRROR_PREFIX}, receive, send)
         else:
             await api(scope, receive, send)
 
@@ -130,6 +159,24 @@ def _loopback_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+def _own_mirror_hub(cfg: ServerConfig, http_port: int) -> decide.Hub:
+    """The hub settings with this server's ``/mirror`` for what no flag named; nodes must reach the URL.
+
+    On a wildcard address the URL names this host (its FQDN): a loopback URL would send every other
+    node's fetch to itself.
+    """
+    assert cfg.mirror is not None
+    host = socket.getfqdn() if cfg.host in ("0.0.0.0", "::", "") else cfg.host
+    own = (f"http://[{host}]:{http_port}" if ":" in host else f"http://{host}:{http_port}") + MIRROR_PREFIX
+    hub = dataclasses.replace(cfg.hub, endpoint=own if cfg.mirror.serves_hub else cfg.hub.endpoint,
+                              mirror_url=own if cfg.mirror.serves_files else cfg.hub.mirror_url)
+    log.info("weights mirror of %s at %s%s; remote weights: hf:// from %s%s, mirror:// from %s (--hub-endpoint, "
+             "--mirror-url to name another address)", cfg.mirror.dir, own,
+             f", pulling through from {cfg.mirror.upstream}" if cfg.mirror.upstream else "", hub.endpoint,
+             " with a token" if hub.token else " without a token", hub.mirror_url or "nowhere")
+    return hub
+
+
 def _warn_if_exposed(host: str) -> None:
     with contextlib.suppress(ValueError):
         if not ipaddress.ip_address(host).is_loopback:
@@ -155,15 +202,17 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
     # streams and the router share; the reads above and Cluster's first load are before
     # anything listens, so they hold nobody up.
     db = StoreThread(store)
+    # Bound before the settings are made: a mounted mirror's URL, which nodes fetch from, has its port.
+    http_sock = _listen(cfg.host, cfg.http_port)
+    http_port = http_sock.getsockname()[1]
+    hub = _own_mirror_hub(cfg, http_port) if cfg.mirror is not None else cfg.hub
     decide_cfg = decide.Config(node_grace_s=cfg.node_grace_s, unhealthy_grace_s=cfg.unhealthy_grace_s,
-                               weights_gc_free_below_pct=cfg.weights_gc_free_below_pct, hub=cfg.hub)
+                               weights_gc_free_below_pct=cfg.weights_gc_free_below_pct, hub=hub)
     # Remote models' metadata is read from where their nodes will fetch them (the mirror, or the hub).
     remote_meta = remotemeta.Reader(hub_endpoint=decide_cfg.hub.endpoint, mirror_url=decide_cfg.hub.mirror_url,
                                     token=decide_cfg.hub.token)
     cluster = Cluster(store, cfg=decide_cfg, ejections=reports.current, db=db, remote_meta=remote_meta)
     db.watch_loop()
-    http_sock = _listen(cfg.host, cfg.http_port)
-    http_port = http_sock.getsockname()[1]
     try:
         grpc_server, agent_port = await agentsvc.serve(cluster, host=cfg.host, port=cfg.agent_port)
     except OSError as e:
@@ -180,7 +229,10 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
                      router_events=reports)
     # The router's own HTTP server, as a standalone router has (router/server.py): uvicorn's
     # per-request machinery cost the router more than its own work.
-    web = router_server.Server(_dispatch(router, api))
+    # The mirror's app is mounted, so its lifespan never runs: its upstream client is closed below.
+    mirror = (mirror_app.build(cfg.mirror.dir, upstream=cfg.mirror.upstream, admin_token=cfg.mirror.admin_token)
+              if cfg.mirror is not None else None)
+    web = router_server.Server(_dispatch(router, api, mirror=mirror))
     await web.start_on(http_sock)
     reconcile_task = asyncio.create_task(cluster.run())
     lag_task = asyncio.create_task(agentsvc_metrics.watch_loop_lag())
@@ -201,6 +253,10 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
         # Open long polls (a watching router, `llmgw events -f`) get 3 s, then are cut.
         await web.shutdown(3.0)
         await router.shutdown()
+        if mirror is not None:
+            # Its pulls in flight are cancelled and the upstream session closed (aiohttp warns of an
+            # unclosed session at exit otherwise, and a pull's temporary file would stay open).
+            await mirror.state.mirror.aclose()
         await grpc_server.stop(grace=1.0)
         reconcile_task.cancel()
         lag_task.cancel()

@@ -74,9 +74,17 @@ def server(
     weights_gc_free_below: float = typer.Option(10.0, help="Remove fetched weights no model asks for, least "
                                                 "recently used first, from a node whose weights directory has "
                                                 "less than this percent free (0: never)"),
-    hub_endpoint: str = typer.Option("https://huggingface.co", help="The Hugging Face-compatible endpoint nodes "
-                                     "fetch hf:// sources from: the hub, or the cluster's mirror"),
-    mirror_url: str = typer.Option("", help="The cluster mirror's base URL, for mirror:// sources"),
+    hub_endpoint: str = typer.Option("", help="The Hugging Face-compatible endpoint nodes fetch hf:// sources "
+                                     "from: the hub, or the cluster's mirror [default: this server's /mirror with "
+                                     "--mirror-dir, else https://huggingface.co]"),
+    mirror_url: str = typer.Option("", help="The cluster mirror's base URL, for mirror:// sources [default: this "
+                                   "server's /mirror with --mirror-dir]"),
+    mirror_dir: Path = typer.Option(None, help="Serve this directory of weights as the cluster's mirror at /mirror "
+                                    "on the HTTP port (admin API token from LLMGW_MIRROR_ADMIN_TOKEN) [default: "
+                                    "no mirror here]"),
+    mirror_upstream: str = typer.Option("", help="With --mirror-dir: pull missing files through from this "
+                                        "HF-compatible endpoint, once per file for the cluster, e.g. "
+                                        "https://huggingface.co [default: off]"),
     hub_token_file: Path = typer.Option(None, help="A file holding the hub's token, sent only to nodes fetching an "
                                         "hf:// source (without it: the LLMGW_HF_TOKEN environment variable); a "
                                         "token is never given on the command line"),
@@ -97,10 +105,18 @@ def server(
         raise _fail(f"--tracing-endpoint {tracing_endpoint!r}: expected http://HOST:PORT of an OTLP/HTTP collector")
     try:
         hub = serve.hub_settings(endpoint=hub_endpoint, mirror_url=mirror_url, token_file=hub_token_file,
-                                 env=os.environ)
+                                 env=os.environ, quiet=mirror_dir is not None)
     except LlmgwError as e:
         raise _fail(str(e)) from None
-    cfg = serve.ServerConfig(hub=hub, host=host, http_port=http_port, agent_port=agent_port,
+    if mirror_upstream and mirror_dir is None:
+        raise _fail("--mirror-upstream needs --mirror-dir: the directory the mirror keeps what it pulls through")
+    if mirror_upstream and not mirror_upstream.startswith(("http://", "https://")):
+        raise _fail(f"--mirror-upstream {mirror_upstream!r}: expected http(s)://HOST[:PORT], e.g. "
+                    "https://huggingface.co")
+    mirror = None if mirror_dir is None else serve.MirrorConfig(
+        dir=mirror_dir, upstream=mirror_upstream, admin_token=os.environ.get(mirror_mod.TOKEN_ENV, "").strip(),
+        serves_hub=not hub_endpoint, serves_files=not mirror_url)
+    cfg = serve.ServerConfig(hub=hub, mirror=mirror, host=host, http_port=http_port, agent_port=agent_port,
                              data_dir=data_dir or default_data_dir(), ports_file=ports_file, node_grace_s=node_grace,
                              unhealthy_grace_s=unhealthy_grace, tracing_endpoint=tracing_endpoint or "",
                              weights_gc_free_below_pct=weights_gc_free_below)

@@ -19,9 +19,9 @@ Routes (reads need no credentials; the one route that changes content needs the 
 - ``GET /admin/stats``: upstream API calls, file fetches per file, bytes (what tests and benches assert on).
 - ``GET /healthz``.
 
-To mount it in another Starlette/FastAPI app: ``outer.mount("/mirror", app.build(dir, ...))``; the HF
-endpoint is then ``http://HOST:PORT/mirror``. The mounted app's lifespan does not run, which only means the
-upstream client is not closed at exit.
+``llmgw server --mirror-dir DIR`` serves it at ``/mirror`` (``llmgw.serve``), the HF endpoint then being
+``http://HOST:PORT/mirror``. A mounted app's lifespan does not run, so whoever mounts it closes its
+upstream client at shutdown (``app.state.mirror.aclose()``), as the server does.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -100,6 +101,14 @@ class System:
         if proc is not None:
             self.engine_pids_of(proc)
             proc.stop(timeout=15)
+
+    def kill_agent(self, node_id: str = "node1") -> None:
+        """SIGKILL the agent (no cleanup of its own, as a crash or the OOM killer leaves it); its engines live on."""
+        proc = self.agents.pop(node_id, None)
+        if proc is not None:
+            self.engine_pids_of(proc)
+            proc.signal(signal.SIGKILL)
+            proc.stop(timeout=5)   # reaps it and closes its log; nothing is left to signal
 
     def engine_pids_of(self, proc: Proc) -> None:
         try:

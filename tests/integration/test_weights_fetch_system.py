@@ -73,6 +73,11 @@ def test_http_source_is_fetched_with_progress_then_ready_and_listed(tmp_path: Pa
 
         message = wait_for(failed, timeout=60, interval=0.3, what="the wrong-sha256 replica failed")
         assert f"expected {'0' * 64}" in str(message) and "other.gguf" in str(message)
+        assert f"got {hashlib.sha256(model.read_bytes()).hexdigest()}" in str(message)
+        # Discarded: neither in the cache nor kept as a partial download (the cache name carries "other.gguf").
+        weights = tmp_path / "sys" / "node1" / "weights"
+        wait_for(lambda: not [p for p in weights.rglob("*") if "other.gguf" in p.name], timeout=10, interval=0.2,
+                 what="the corrupt download discarded")
 
 
 def test_hub_token_reaches_the_fetch_and_nothing_a_person_reads(tmp_path: Path,
