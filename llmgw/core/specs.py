@@ -375,15 +375,22 @@ def _engine_args(value: Any, engine: str) -> tuple[str, ...]:
     return tuple(args)
 
 
-def _env(value: Any) -> tuple[tuple[str, str], ...]:
+def _env(value: Any, *, stored: bool = False) -> tuple[tuple[str, str], ...]:
+    """The model's env, sorted; a variable llmgw sets or one that would run other code is refused.
+
+    ``stored``: read back from the store, where a model an older version accepted may set
+    one of the variables refused since; it reads back (the agent drops it at launch, and
+    says so), or listing every model would fail.
+    """
     env = _mapping(value, "spec.env")
     out: list[tuple[str, str]] = []
     for key, val in env.items():
         if not isinstance(key, str) or not ENV_NAME_RE.match(key):
             raise SpecError(f"spec.env.{key}", "not a valid environment variable name")
-        if key in shards.RESERVED_ENV:
+        refusal = shards.env_refusal(key)
+        if refusal is not None and (key in shards.RESERVED_ENV or not stored):
             hint = "; GPUs are given with spec.resources.gpus" if key.startswith("CUDA_") else ""
-            raise SpecError(f"spec.env.{key}", f"{key} is set by llmgw itself; remove it from env{hint}")
+            raise SpecError(f"spec.env.{key}", f"{refusal}; remove it from env{hint}")
         if isinstance(val, bool) or not isinstance(val, str | int | float):
             raise SpecError(f"spec.env.{key}", "expected a string value")
         out.append((key, str(val)))
@@ -558,7 +565,7 @@ def parse_manifest(doc: Any, *, stored: bool = False) -> Model:
         resources=_resources(spec_doc.get("resources") or {}),
         startup_timeout_s=timeout,
         engine_args=_engine_args(spec_doc.get("engine_args") or [], engine),
-        env=_env(spec_doc.get("env") or {}),
+        env=_env(spec_doc.get("env") or {}, stored=stored),
         aliases=_aliases(spec_doc.get("aliases") or [], served),
         routing=_routing(spec_doc.get("routing", "prefix_cache")),
         max_concurrency_per_replica=_int(_or_zero(spec_doc.get("max_concurrency_per_replica")),

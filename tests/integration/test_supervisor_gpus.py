@@ -65,9 +65,15 @@ def test_a_node_without_gpus_leaves_the_variable_alone_and_the_spec_cannot_set_i
     """On a CPU node nothing is added, and a spec's CUDA_VISIBLE_DEVICES (an older control plane's) is dropped."""
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     a = agents(node=lambda: facts())
-    a.run(a.sup.start(spec("a", env=(("CUDA_VISIBLE_DEVICES", "0"), ("LLMGW_SHARD_ID", "other")))))
+    monkeypatch.setenv("PYTHONSTARTUP", "/agents/own")
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    a.run(a.sup.start(spec("a", env=(("CUDA_VISIBLE_DEVICES", "0"), ("LLMGW_SHARD_ID", "other"),
+                                     ("LD_PRELOAD", "/tmp/evil.so"), ("PYTHONSTARTUP", "/tmp/evil.py")))))
     env = environ(a.wait_state("a", S.READY).pid)
     assert "CUDA_VISIBLE_DEVICES" not in env and env["LLMGW_SHARD_ID"] == "a"
+    # A loader or interpreter variable from an older control plane (or a model stored before the
+    # refusal) never reaches the engine: back to the agent's own, or unset.
+    assert "LD_PRELOAD" not in env and env["PYTHONSTARTUP"] == "/agents/own"
 
 
 def test_a_gpu_the_node_lacks_or_one_given_twice_fails_before_any_process(agents: Callable[..., Agent]) -> None:

@@ -84,6 +84,11 @@ def test_full_llamacpp_model_round_trips() -> None:
     ({"engine_args": ["--host=0.0.0.0"]}, "spec.engine_args[0]", "set by llmgw"),
     ({"engine_args": [{"a": 1}]}, "spec.engine_args[0]", "expected a string"),
     ({"env": {"1BAD": "x"}}, "spec.env.1BAD", "environment variable"),
+    ({"env": {"LD_PRELOAD": "/tmp/x.so"}}, "spec.env.LD_PRELOAD", "load or run other code"),
+    ({"env": {"PYTHONPATH": "/tmp"}}, "spec.env.PYTHONPATH", "load or run other code"),
+    ({"env": {"PATH": "/tmp:/usr/bin"}}, "spec.env.PATH", "install what the engine needs"),
+    ({"env": {"GLIBC_TUNABLES": "x"}}, "spec.env.GLIBC_TUNABLES", "load or run other code"),
+    ({"env": {"LLMGW_AGENT_SERVERS": "x"}}, "spec.env.LLMGW_AGENT_SERVERS", "load or run other code"),
     ({"served_name": "has space"}, "spec.served_name", "without spaces"),
     ({"aliases": "smol"}, "spec.aliases", "list of names"),
     ({"aliases": ["a", "a"]}, "spec.aliases[1]", "listed twice"),
@@ -334,3 +339,12 @@ def test_source_file_and_sha256_round_trip_and_fingerprint_only_when_set() -> No
     d["resources"].pop("gpus")
     d["resources"].pop("nnodes")
     assert plain.spec.fingerprint() == hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def test_engine_knobs_pass_and_a_stored_loader_variable_still_reads_back() -> None:
+    """CUDA/NCCL/VLLM/HF/OMP knobs are accepted; a model stored with LD_PRELOAD before the refusal reads back."""
+    knobs = {"CUDA_LAUNCH_BLOCKING": "1", "NCCL_DEBUG": "INFO", "VLLM_LOGGING_LEVEL": "DEBUG", "HF_HUB_OFFLINE": "1",
+             "OMP_NUM_THREADS": "4", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    assert dict(specs.parse_manifest(doc(env=knobs)).spec.env) == knobs
+    old = doc(env={"LD_PRELOAD": "/opt/x.so"})
+    assert dict(specs.parse_manifest(old, stored=True).spec.env) == {"LD_PRELOAD": "/opt/x.so"}

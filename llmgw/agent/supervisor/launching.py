@@ -52,7 +52,7 @@ from typing import BinaryIO
 from llmgw.agent import engines
 from llmgw.core import enginecheck, shards
 from llmgw.core.errors import EngineError, ShardIdError
-from llmgw.core.shards import RESERVED_ENV, ShardSpec
+from llmgw.core.shards import ShardSpec
 
 log = logging.getLogger(__name__)
 
@@ -189,12 +189,13 @@ def plan(spec: ShardSpec, adapter: engines.Adapter, *, host: str, model_path: st
     # The spec's env wins over the adapter's, which wins over the agent's own:
     # a model file that sets CUDA_LAUNCH_BLOCKING means it.
     env = {**os.environ, **launch.env, **dict(spec.env)}
-    ignored = sorted(k for k, _ in spec.env if k in RESERVED_ENV)
+    ignored = sorted(k for k, _ in spec.env if shards.env_refusal(k) is not None)
     if ignored:
-        # The control plane refuses these at apply time; one from an older
-        # control plane is overridden below, and said so.
-        log.warning("shard %s: its env sets %s, which llmgw sets itself; ignored", spec.shard_id,
-                    ", ".join(ignored))
+        # The control plane refuses these at apply time; one from an older control plane (or a
+        # model stored before the refusal) is put back to the agent's own below, and said so:
+        # the agent runs as root, and a model's LD_PRELOAD would run as root on every node.
+        log.warning("shard %s: its env sets %s, which a model may not set (llmgw's own, or a loader or "
+                    "interpreter variable); ignored", spec.shard_id, ", ".join(ignored))
         for key in ignored:  # back to the agent's own (the adapters pass the spec's env on, too)
             if key in os.environ:
                 env[key] = os.environ[key]
