@@ -22,6 +22,7 @@ import hashlib
 import http.client
 import json
 import os
+import queue
 import re
 import socket
 import ssl
@@ -96,6 +97,46 @@ class Sidecar:
         return bool(e.get("url") == job.url)
 
 
+class _Hasher:
+    """A running sha256 in its own thread, fed blocks in order.
+
+    hashlib releases the GIL on large buffers, so hashing one block here overlaps
+    receiving and writing the next in the transfer's thread. Measured with
+    ``bench/fetch_throughput.py`` (2 GiB over loopback, sha256 checked): hashed in
+    the receiving thread the fetch ran at 0.53-0.75x ``curl -o``; a 1 GiB fetch took
+    0.46 s unhashed and 1.09 s hashed there.
+    """
+
+    def __init__(self) -> None:
+        self._hash = hashlib.sha256()
+        self._blocks: queue.Queue[bytes | None] = queue.Queue(maxsize=16)
+        self._thread = threading.Thread(target=self._run, name="llmgw-fetch-sha256", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            block = self._blocks.get()
+            try:
+                if block is None:
+                    return
+                self._hash.update(block)
+            finally:
+                self._blocks.task_done()
+
+    def update(self, data: bytes | bytearray | memoryview) -> None:
+        # A copy: the transfer reads into one reusable buffer.
+        self._blocks.put(bytes(data))
+
+    def hexdigest(self) -> str:
+        """The digest of everything fed so far (waits for the thread to catch up)."""
+        self._blocks.join()
+        return self._hash.hexdigest()
+
+    def stop(self) -> None:
+        self._blocks.put(None)
+        self._thread.join()
+
+
 class Sink:
     """The partial file: appends, its size, and (when wanted) a running sha256 of what it holds."""
 
@@ -105,39 +146,50 @@ class Sink:
         self._f = open(path, "ab")  # noqa: SIM115 - held across attempts, closed by close()
         self.size = self._f.tell()
         self.want_hash = want_hash
-        self._hasher = hashlib.sha256()
+        self._hasher: _Hasher | None = None
         self._hashed = 0
+
+    def _restart_hash(self) -> _Hasher:
+        if self._hasher is not None:
+            self._hasher.stop()
+        self._hasher, self._hashed = _Hasher(), 0
+        return self._hasher
 
     def catch_up(self) -> None:
         """Hash the bytes already on disk (a resume after restart): blocking, run it in a thread."""
-        if not self.want_hash or self._hashed == self.size:
+        if not self.want_hash or (self._hasher is not None and self._hashed == self.size):
             return
         self._f.flush()
-        self._hasher, self._hashed = hashlib.sha256(), 0
+        hasher = self._restart_hash()
         with open(self.path, "rb") as f:
             while block := f.read(_BLOCK * 4):
-                self._hasher.update(block)
+                hasher.update(block)
                 self._hashed += len(block)
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         self._f.write(data)
         self.size += len(data)
         if self.want_hash and self._hashed == self.size - len(data):
-            self._hasher.update(data)
+            hasher = self._hasher or self._restart_hash()
+            hasher.update(data)
             self._hashed += len(data)
 
     def truncate(self) -> None:
         self._f.truncate(0)
         self._f.seek(0)
         self.size = 0
-        self._hasher, self._hashed = hashlib.sha256(), 0
+        if self._hasher is not None:
+            self._restart_hash()
 
     def hexdigest(self) -> str:
         self.catch_up()
-        return self._hasher.hexdigest()
+        return (self._hasher or self._restart_hash()).hexdigest()
 
     def close(self) -> None:
         self._f.close()
+        if self._hasher is not None:
+            self._hasher.stop()
+            self._hasher = None
 
 
 class _Abort:
