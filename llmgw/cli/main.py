@@ -19,6 +19,7 @@ from llmgw.cli import keys as keys_mod
 from llmgw.cli import logs as logs_mod
 from llmgw.cli import manifests, tables
 from llmgw.cli import mirror as mirror_mod
+from llmgw.cli import onboard as onboard_mod
 from llmgw.cli import sim as sim_mod
 from llmgw.core.errors import LlmgwError
 
@@ -289,6 +290,7 @@ describe_mod.register(app)
 keys_mod.register(app)
 sim_mod.register(app)
 mirror_mod.register(app)
+onboard_mod.register(app, default_data_dir=default_data_dir)
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ from sqlalchemy.orm import defer, sessionmaker
 from llmgw.control.conditions import Condition
 from llmgw.control.events import Event
 from llmgw.control.state import Member, Phase, ReplicaRecord
-from llmgw.control.store.tables import ApiKeyRow, EventRow, ModelRow, NodeRow, ReplicaRow
+from llmgw.control.store.tables import ApiKeyRow, EventRow, ModelRow, NodeRow, ReplicaRow, TokenRow, UserRow
 from llmgw.core import specs
 from llmgw.core.inventory import Inventory, inventory_from_dict
 
@@ -69,6 +69,28 @@ class StoredKey:
     priority: int = 0
     created_at: float = 0.0
     disabled: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StoredToken:
+    """A bootstrap token as stored: its id and the hash of its secret, never the secret."""
+
+    id: str
+    sha256: str
+    node_name: str  # empty: the node id the agent asks for
+    expires_at: float
+    uses_left: int
+    created_at: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StoredUser:
+    """A user as stored: an argon2 hash, never the password."""
+
+    name: str
+    role: str
+    password_hash: str
+    created_at: float
 
 
 def _key_from_row(row: ApiKeyRow) -> StoredKey:
@@ -317,6 +339,44 @@ class Store:
                 return False
             s.delete(row)
             return True
+
+    # -- bootstrap tokens and users (llmgw init, llmgw token create) --------------------
+    def add_token(self, token: StoredToken) -> None:
+        with self._session.begin() as s:
+            s.add(TokenRow(id=token.id, sha256=token.sha256, node_name=token.node_name,
+                           expires_at=token.expires_at, uses_left=token.uses_left, created_at=token.created_at))
+
+    def get_token(self, token_id: str) -> StoredToken | None:
+        with self._session() as s:
+            r = s.get(TokenRow, token_id)
+            return None if r is None else StoredToken(r.id, r.sha256, r.node_name, r.expires_at, r.uses_left,
+                                                      r.created_at)
+
+    def spend_token(self, token_id: str, *, now: float) -> bool:
+        """Takes one use of a token that is unexpired and has one left; False when it had none.
+
+        One conditional UPDATE, so two joins racing for a token's last use cannot both get it.
+        """
+        with self._session.begin() as s:
+            done = s.execute(sa.update(TokenRow).where(TokenRow.id == token_id, TokenRow.uses_left > 0,
+                                                       TokenRow.expires_at > now)
+                             .values(uses_left=TokenRow.uses_left - 1))
+            return bool(done.rowcount)
+
+    def put_user(self, user: StoredUser) -> None:
+        """Creates or replaces a user (its role and password hash)."""
+        with self._session.begin() as s:
+            row = s.get(UserRow, user.name)
+            if row is None:
+                s.add(UserRow(name=user.name, role=user.role, password_hash=user.password_hash,
+                              created_at=user.created_at))
+            else:
+                row.role, row.password_hash = user.role, user.password_hash
+
+    def get_user(self, name: str) -> StoredUser | None:
+        with self._session() as s:
+            r = s.get(UserRow, name)
+            return None if r is None else StoredUser(r.name, r.role, r.password_hash, r.created_at)
 
 
 def _conds(docs: Any) -> tuple[Condition, ...]:

@@ -120,3 +120,29 @@ class EventRow(Base):
     model: Mapped[str] = mapped_column(String(63), index=True, default="")
     node: Mapped[str] = mapped_column(String(253), index=True, default="")
     message: Mapped[str] = mapped_column(Text, default="")
+
+
+class TokenRow(Base):
+    """A bootstrap token for `llmgw agent join`, kubeadm-style ``ID.SECRET``."""
+
+    __tablename__ = "bootstrap_tokens"
+
+    #: The token's public half: it finds the row, so a check hashes one secret, not every row's.
+    id: Mapped[str] = mapped_column(String(6), primary_key=True)
+    #: sha256 hex of the secret half (16 of [a-z0-9], 82 random bits: a slow hash buys nothing); never the secret.
+    sha256: Mapped[str] = mapped_column(String(64))
+    #: The node id a join with this token gets; empty: the one the agent asks for.
+    node_name: Mapped[str] = mapped_column(String(253), default="")
+    expires_at: Mapped[float] = mapped_column(Float)
+    uses_left: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class UserRow(Base):
+    __tablename__ = "users"
+
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    role: Mapped[str] = mapped_column(String(16))
+    #: argon2id (argon2-cffi's encoded form, salt and parameters included); never the password.
+    password_hash: Mapped[str] = mapped_column(String(255))
+    created_at: Mapped[float] = mapped_column(Float)
