@@ -49,6 +49,9 @@ def parse(body: bytes) -> CompletionRequest:
         doc = _loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise errors.invalid_request(f"The request body is not valid JSON: {exc}.") from None
+    except RecursionError:  # 100,000 "[" (100 kB) was a 500 with a traceback in the log
+        raise errors.invalid_request("The request body is nested too deeply to read; "
+                                     "send a JSON object a few levels deep.") from None
     if not isinstance(doc, dict):
         raise errors.invalid_request(f"The request body must be a JSON object, not {type(doc).__name__}.")
     model = doc.get("model")

@@ -23,6 +23,10 @@ def test_parse_reads_model_and_stream() -> None:
     (b"{not json", "not valid JSON"),
     (b"\xff\xfe", "not valid JSON"),
     (b"[1, 2]", "JSON object"),
+    (b'"a string"', "JSON object"),
+    (b"42", "JSON object"),
+    (b"[" * 100_000, "nested too deeply"),  # was a RecursionError, a 500 (issue 13)
+    (b'{"model": "m", "messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
     (b'{"messages": []}', "'model'"),
     (b'{"model": 3}', "'model'"),
 ])

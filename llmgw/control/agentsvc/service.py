@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator
 from typing import NamedTuple
 
 import grpc
+from google.protobuf import message as pb_message
 
 from llmgw.api import convert
 from llmgw.api.v1 import agent_pb2 as pb
@@ -52,8 +53,10 @@ class LogBatch(NamedTuple):
 class _Link:
     """The cluster's handle on one stream."""
 
-    def __init__(self, node_id: str) -> None:
+    def __init__(self, node_id: str, *, peer: str = "") -> None:
         self.node_id = node_id
+        self.peer = peer
+        self.error = ""  # why the server ends the stream, for the peer; empty for a plain end
         self.queue: asyncio.Queue[pb.ControlMessage | None] = asyncio.Queue()
         self._seq = itertools.count(1)
         self._logs: dict[str, asyncio.Queue[LogBatch]] = {}
@@ -114,22 +117,35 @@ class _Link:
 class AgentService(agent_pb2_grpc.AgentServiceServicer):
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
+        #: The stream each node id holds now. A Register for one of these is refused: before,
+        #: it replaced the stream, so any process that named a connected node took its place
+        #: and received its StartShards (issue 13).
+        self._live: dict[str, _Link] = {}
 
     async def Connect(self, request_iterator: AsyncIterator[pb.AgentMessage],  # noqa: N802 (gRPC's name)
                       context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ControlMessage]:
         peer = context.peer()
         try:
             first = await asyncio.wait_for(anext(request_iterator), REGISTER_TIMEOUT_S)
-        except (TimeoutError, StopAsyncIteration):
+        except TimeoutError:
             log.warning("agent at %s sent no Register within %.0fs", peer, REGISTER_TIMEOUT_S)
             return
-        refusal = _check_register(first)
+        except StopAsyncIteration:
+            # gRPC ends the stream so, too, for a message over its receive limit (4 MiB).
+            log.warning("agent at %s ended its stream before a Register (or sent a message over 4 MiB)", peer)
+            return
+        except pb_message.DecodeError:
+            # Without this, gRPC logged a traceback and the peer learnt nothing.
+            reason = "the first message is not an AgentMessage (bytes protobuf cannot decode); is it an llmgw agent?"
+            log.warning("refused agent at %s: %s", peer, reason)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, reason)
+        refusal = _check_register(first) or self._check_not_connected(first.register.node_id, peer)
         if refusal:
             log.warning("refused agent at %s: %s", peer, refusal)
             yield pb.ControlMessage(seq=0, ack=pb.Ack(seq=first.seq, ok=False, error=refusal))
             return
         reg = first.register
-        link = _Link(reg.node_id)
+        link = _Link(reg.node_id, peer=peer)
         now = self.cluster.clock()
         node = StoredNode(
             id=reg.node_id, hostname=reg.hostname or reg.node_id, mgmt_addr=reg.mgmt_addr,
@@ -139,6 +155,9 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         metrics.REGISTRATIONS.inc()
         collector.note_registration()
         self.cluster.node_registered(node, [convert.status_from_pb(s) for s in reg.shards], link)
+        # Held from here to the finally below and nowhere else: an entry left behind would lock
+        # the node out for good.
+        self._live[reg.node_id] = link
         reader = asyncio.create_task(self._read(request_iterator, link))
         try:
             while True:
@@ -146,7 +165,11 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 if msg is None:
                     break
                 yield msg
+            if link.error:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, link.error)
         finally:
+            if self._live.get(reg.node_id) is link:
+                del self._live[reg.node_id]
             reader.cancel()
             link.end_logs()
             self.cluster.node_disconnected(reg.node_id, link)
@@ -157,12 +180,23 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 self._handle(msg, link)
         except grpc.aio.AioRpcError as e:
             log.info("stream of node %s ended: %s", link.node_id, e.code().name)
+        except pb_message.DecodeError:
+            link.error = "a message is not an AgentMessage (bytes protobuf cannot decode); the stream is closed"
+            log.warning("closing stream of node %s from %s: %s", link.node_id, link.peer, link.error)
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("stream of node %s failed", link.node_id)
         finally:
             link.queue.put_nowait(None)
+
+    def _check_not_connected(self, node_id: str, peer: str) -> str:
+        held = self._live.get(node_id)
+        if held is None:
+            return ""
+        return (f"node {node_id!r} is already connected from {held.peer}; this second stream from {peer} is "
+                "refused until that one ends (a restarted agent gets in once its old stream closes, within "
+                "15 s by keepalive if its host vanished); if this is another machine, give it its own --node-id")
 
     def _handle(self, msg: pb.AgentMessage, link: _Link) -> None:
         kind = msg.WhichOneof("body")

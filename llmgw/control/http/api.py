@@ -141,6 +141,9 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, extra_registries
             doc = json.loads(body)
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ApiError(400, f"body is not valid JSON: {e}", code="invalid_json") from None
+        except RecursionError:  # 100,000 "[" (100 kB) was a 500 with a traceback
+            raise ApiError(400, "body is nested too deeply to read; a model file is a few levels deep",
+                           code="invalid_json") from None
         try:
             model = specs.parse_manifest(doc)
         except SpecError as e:
