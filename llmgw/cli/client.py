@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import os
 from typing import Any
 
@@ -10,6 +11,8 @@ import httpx
 from llmgw.core.errors import LlmgwError
 
 DEFAULT_URL = "http://127.0.0.1:8080"
+#: Who runs the CLI, for the audit log; informational until authentication lands, never a credential.
+ACTOR_HEADER = "X-Llmgw-Actor"
 
 
 def unreachable(url: str) -> str:
@@ -22,10 +25,24 @@ def default_url() -> str:
     return os.environ.get("LLMGW_URL", DEFAULT_URL)
 
 
+def local_actor() -> str:
+    """The local user for the audit log; under sudo, ``sudo:<the invoking user>`` rather than root."""
+    if os.environ.get("SUDO_USER"):
+        name = f"sudo:{os.environ['SUDO_USER']}"
+    else:
+        try:
+            name = getpass.getuser()
+        except (KeyError, OSError):  # no passwd entry (a container's arbitrary uid): the audit log keeps the address
+            return ""
+    # A header value must be printable ASCII; a stray byte would fail every request, not just the audit line.
+    return "".join(ch for ch in name if ch.isascii() and ch.isprintable())
+
+
 class Client:
     def __init__(self, url: str, *, timeout: float = 30.0) -> None:
         self.url = url.rstrip("/")
-        self._http = httpx.Client(base_url=self.url, timeout=timeout, trust_env=False)
+        self._http = httpx.Client(base_url=self.url, timeout=timeout, trust_env=False,
+                                  headers={ACTOR_HEADER: local_actor()})
 
     def request(self, method: str, path: str, *, json: Any = None) -> tuple[int, Any]:
         try:

@@ -13,6 +13,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from llmgw.cli import audit as audit_mod
 from llmgw.cli import client as client_mod
 from llmgw.cli import describe as describe_mod
 from llmgw.cli import keys as keys_mod
@@ -288,6 +289,7 @@ def delete_model(name: str, url: str = UrlOpt) -> None:
 logs_mod.register(app)
 describe_mod.register(app)
 keys_mod.register(app)
+audit_mod.register(app)
 sim_mod.register(app)
 mirror_mod.register(app)
 onboard_mod.register(app, default_data_dir=default_data_dir)

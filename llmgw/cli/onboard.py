@@ -61,6 +61,7 @@ def register(app: typer.Typer, *, default_data_dir: Callable[[], Path]) -> None:
         data_dir: Path = typer.Option(None, "--data-dir", help=dir_help),
     ) -> None:
         """Make a join token and print the `llmgw agent join` command that uses it."""
+        from llmgw.cli import client as client_mod
         from llmgw.control import datadir, tokens
         from llmgw.control.store import store as store_mod
         from llmgw.core import pki
@@ -76,6 +77,10 @@ def register(app: typer.Typer, *, default_data_dir: Callable[[], Path]) -> None:
             store = store_mod.Store.open(d)
             try:
                 token_id, secret = tokens.create_token(store, ttl_s=ttl_s, uses=uses, node_name=node)
+                # Local, not through the REST API, so recorded here; the id is the token's public half.
+                store.record_audit(actor=f"{client_mod.local_actor() or 'unknown'}@local", action="token create",
+                                   object=f"token/{token_id}", outcome="ok",
+                                   detail=f"ttl {ttl}, uses {uses}" + (f", node {node}" if node else ""))
             finally:
                 store.close()
         except LlmgwError as e:

@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 
 from llmgw.control import events as ev
 from llmgw.control.cluster import Cluster, LogsError, NodeNotConnected
+from llmgw.control.http import audit as audit_http
 from llmgw.control.http import describe as describe_http
 from llmgw.control.http import keys as keys_http
 from llmgw.control.http import weights as weights_http
@@ -122,6 +123,9 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, extra_registries
     app = FastAPI(title="llmgw control plane", version="v1", docs_url="/api/docs", openapi_url="/api/openapi.json")
     install(app)
     db = store if isinstance(store, StoreThread) else StoreThread(store)
+    # Every mutating route recorded in one place (audit_http.AUDITED), never per handler.
+    app.add_middleware(audit_http.AuditMiddleware, db=db)
+    app.include_router(audit_http.router(db))
     app.include_router(keys_http.router(db, cluster))
     app.include_router(describe_http.router(db, cluster))
     app.include_router(weights_http.router(db, cluster))

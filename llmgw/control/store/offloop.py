@@ -134,6 +134,8 @@ class StoreThread:
     add_key = _awaited(Store.add_key)
     list_keys = _awaited(Store.list_keys)
     delete_key = _awaited(Store.delete_key)
+    record_audit = _awaited(Store.record_audit)
+    list_audit = _awaited(Store.list_audit)
 
     async def barrier(self) -> None:
         """Returns once every call queued before it has run (a write handed over with ``submit``)."""

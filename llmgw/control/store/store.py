@@ -24,7 +24,7 @@ from sqlalchemy.orm import defer, sessionmaker
 from llmgw.control.conditions import Condition
 from llmgw.control.events import Event
 from llmgw.control.state import Member, Phase, ReplicaRecord
-from llmgw.control.store.tables import ApiKeyRow, EventRow, ModelRow, NodeRow, ReplicaRow, TokenRow, UserRow
+from llmgw.control.store.tables import ApiKeyRow, AuditRow, EventRow, ModelRow, NodeRow, ReplicaRow, TokenRow, UserRow
 from llmgw.core import specs
 from llmgw.core.inventory import Inventory, inventory_from_dict
 
@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 MIGRATIONS = pathlib.Path(__file__).with_name("migrations")
 #: Events kept; older ones are pruned as new ones are written, so the table never grows without bound.
 EVENTS_KEPT = 10_000
+#: How an audited action ended: done (2xx), refused as asked (4xx), or broken on our side (5xx).
+AUDIT_OUTCOMES = ("ok", "refused", "failed")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -91,6 +93,19 @@ class StoredUser:
     role: str
     password_hash: str
     created_at: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """One row of the audit log; ``detail`` says why it was refused or failed, never a secret or a body."""
+
+    id: int
+    at: float
+    actor: str
+    action: str
+    object: str
+    outcome: str
+    detail: str = ""
 
 
 def _key_from_row(row: ApiKeyRow) -> StoredKey:
@@ -377,6 +392,28 @@ class Store:
         with self._session() as s:
             r = s.get(UserRow, name)
             return None if r is None else StoredUser(r.name, r.role, r.password_hash, r.created_at)
+
+
+    # -- the audit log -----------------------------------------------------------------
+    def record_audit(self, *, actor: str, action: str, object: str, outcome: str, detail: str = "",
+                     at: float | None = None) -> AuditEntry:
+        """Appends one action to the audit log; returns it with its id. Never pruned: it is the record."""
+        if outcome not in AUDIT_OUTCOMES:
+            raise ValueError(f"audit outcome {outcome!r}: expected one of {', '.join(AUDIT_OUTCOMES)}")
+        row = AuditRow(at=time.time() if at is None else at, actor=actor[:320], action=action[:32],
+                       object=object[:320], outcome=outcome, detail=detail[:2000])
+        with self._session.begin() as s:
+            s.add(row)
+            s.flush()
+            return AuditEntry(row.id, row.at, row.actor, row.action, row.object, row.outcome, row.detail)
+
+    def list_audit(self, *, since_id: int = 0, limit: int = 500) -> list[AuditEntry]:
+        """Up to ``limit`` entries after ``since_id``, oldest first (``since_id=0``: from the start)."""
+        q = (sa.select(AuditRow.id, AuditRow.at, AuditRow.actor, AuditRow.action, AuditRow.object,
+                       AuditRow.outcome, AuditRow.detail)
+             .where(AuditRow.id > since_id).order_by(AuditRow.id).limit(limit))
+        with self._session() as s:
+            return [AuditEntry(*r) for r in s.execute(q).all()]
 
 
 def _conds(docs: Any) -> tuple[Condition, ...]:

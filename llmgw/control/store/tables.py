@@ -146,3 +146,21 @@ class UserRow(Base):
     #: argon2id (argon2-cffi's encoded form, salt and parameters included); never the password.
     password_hash: Mapped[str] = mapped_column(String(255))
     created_at: Mapped[float] = mapped_column(Float)
+
+
+class AuditRow(Base):
+    """One mutating action: who, when, on what, and how it ended (``llmgw audit``)."""
+
+    __tablename__ = "audit"
+
+    #: Increasing: ``llmgw audit -f`` asks for those after the last it saw.
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[float] = mapped_column(Float, index=True)
+    #: Who: the CLI's claimed user and the peer's address until authentication lands.
+    actor: Mapped[str] = mapped_column(String(320))
+    action: Mapped[str] = mapped_column(String(32))
+    object: Mapped[str] = mapped_column(String(320))
+    #: ok, refused (4xx) or failed (5xx).
+    outcome: Mapped[str] = mapped_column(String(16))
+    #: Why it was refused or failed; never a secret or a request body.
+    detail: Mapped[str] = mapped_column(Text, default="")

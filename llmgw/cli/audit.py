@@ -1,0 +1,64 @@
+"""``llmgw audit [-f]``: the control plane's audit log as a table, oldest first; ``-f`` keeps printing new rows."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from llmgw.cli import client as client_mod
+from llmgw.core.errors import LlmgwError
+
+FOLLOW_INTERVAL_S = 1.0
+COLUMNS = ("TIME", "ACTOR", "ACTION", "OBJECT", "OUTCOME", "DETAIL")
+
+
+def row(e: dict[str, Any]) -> tuple[str, ...]:
+    """One entry as the table's cells: local time to the second, and ``-`` for an empty detail."""
+    at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(e["at"])))
+    return (at, str(e["actor"]), str(e["action"]), str(e["object"]), str(e["outcome"]), str(e["detail"]) or "-")
+
+
+def table(items: list[dict[str, Any]], *, header: bool = True) -> Table:
+    t = Table(*COLUMNS, show_header=header)
+    for e in items:
+        t.add_row(*row(e))
+    return t
+
+
+def register(app: typer.Typer) -> None:
+    """Adds ``audit`` to ``app``."""
+
+    @app.command("audit")
+    def audit(follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing new entries (every second)"),
+              lines: int = typer.Option(500, "-n", "--lines", min=1, max=10_000, help="Entries asked for per request"),
+              url: str = typer.Option(None, "--url", help="Control plane URL [env LLMGW_URL, default "
+                                                           f"{client_mod.DEFAULT_URL}]")) -> None:
+        """Who changed what and when: applies, deletes, cordons, drains, keys; done, refused or failed."""
+        console = Console(soft_wrap=True, highlight=False)
+        c = client_mod.Client(url or client_mod.default_url())
+        since, shown = 0, False
+        try:
+            while True:
+                items = c.get(f"/api/v1/audit?since={since}&limit={lines}")["items"]
+                if items:
+                    # The header once; followed rows come as headerless tables under it.
+                    console.print(table(items, header=not shown), markup=False)
+                    shown = True
+                    since = max(int(e["id"]) for e in items)
+                if len(items) == lines:  # a full page: more are waiting, ask again at once
+                    continue
+                if not follow:
+                    if not shown:
+                        print("no audit entries yet: nothing has been changed through the API", file=sys.stderr)
+                    return
+                time.sleep(FOLLOW_INTERVAL_S)
+        except (KeyboardInterrupt, BrokenPipeError):
+            return
+        except LlmgwError as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(1) from None

@@ -1,0 +1,195 @@
+"""The audit log over REST: every mutating route recorded in one place, and ``GET /api/v1/audit`` to read it.
+
+``AuditMiddleware`` wraps the whole app, so a handler cannot forget to record
+itself: each request whose method and path match ``AUDITED`` is written to the
+store's ``audit`` table with its actor, action, object and outcome (ok for 2xx,
+refused for 4xx with the error's message, failed for 5xx or an exception). A
+new mutating route that is neither in ``AUDITED`` nor in ``NOT_AUDITED`` fails
+``tests/unit/test_audit_log.py``, which enumerates the app's routes.
+
+The actor, until users and logins exist, is the peer's address and what the
+CLI says in ``X-Llmgw-Actor`` (its local user; under sudo ``sudo:<SUDO_USER>``).
+That header is informational only: anyone can send any value, so it is not a
+credential and nothing is allowed or refused by it; the address is what the
+server itself saw.
+
+What is never recorded: a request's body, and a response's (a key create's
+answer carries its secret). The object's name is read out of them and nothing
+else is kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import re
+import time
+from typing import Any
+
+from fastapi import APIRouter, Query
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from llmgw.control.store.offloop import StoreThread
+from llmgw.control.store.store import AuditEntry
+
+log = logging.getLogger(__name__)
+#: The CLI's claim of who runs it; informational until authentication lands (not a credential).
+ACTOR_HEADER = "x-llmgw-actor"
+#: Bodies read for an object's name (or a refusal's message) past this are not kept: the name is near the top.
+_KEEP_BODY = 1 << 20
+_DETAIL_MAX = 500
+_CLAIM = re.compile(r"[^A-Za-z0-9._@:+-]")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Audited:
+    """A mutating route: its method, its path, the action it is recorded as, and its object's kind."""
+
+    method: str
+    path: re.Pattern[str]
+    action: str
+    kind: str  # "model", "node", "key": the object is "{kind}/{name}"
+
+
+def _route(method: str, path: str, action: str, kind: str) -> Audited:
+    return Audited(method, re.compile(path.replace("{name}", "(?P<name>[^/]+)") + "$"), action, kind)
+
+
+AUDITED: tuple[Audited, ...] = (
+    _route("POST", "/api/v1/models", "apply", "model"),  # the name is in the body
+    _route("PUT", "/api/v1/models/{name}", "apply", "model"),
+    _route("DELETE", "/api/v1/models/{name}", "delete", "model"),
+    _route("POST", "/api/v1/nodes/{name}/cordon", "cordon", "node"),
+    _route("POST", "/api/v1/nodes/{name}/uncordon", "uncordon", "node"),
+    _route("POST", "/api/v1/nodes/{name}/drain", "drain", "node"),
+    _route("POST", "/api/v1/keys", "key create", "key"),  # the id is in the answer
+    _route("DELETE", "/api/v1/keys/{name}", "key delete", "key"),
+)
+#: Mutating routes deliberately not audited, each with why.
+NOT_AUDITED: dict[tuple[str, str], str] = {
+    ("POST", "/api/v1/router/events"): "a router's report of what it saw (ejections), many a minute; it changes "
+                                       "no desired state, and the events log keeps it",
+}
+
+
+def audited(method: str, path: str) -> Audited | None:
+    """The audited route a request is, or None."""
+    for a in AUDITED:
+        if a.method == method and a.path.match(path):
+            return a
+    return None
+
+
+def actor(claimed: str, peer: str) -> str:
+    """``claimed@peer``, or the peer alone; the claim is cut to a name's characters so it cannot forge a line."""
+    claim = _CLAIM.sub("", claimed)[:64]
+    peer = peer or "unknown"
+    return f"{claim}@{peer}" if claim else peer
+
+
+def outcome_of(status: int) -> str:
+    return "ok" if status < 400 else "refused" if status < 500 else "failed"
+
+
+def _json(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return None
+
+
+def object_of(route: Audited, path: str, request_body: bytes, response_body: bytes) -> str:
+    """``kind/name``: from the path, else the body's ``metadata.name`` (apply) or the answer's ``id`` (key create)."""
+    m = route.path.match(path)
+    name = m.group("name") if m and "name" in m.groupdict() else ""
+    if not name and route.kind == "model":
+        doc = _json(request_body)
+        meta = doc.get("metadata") if isinstance(doc, dict) else None
+        name = meta.get("name") if isinstance(meta, dict) and isinstance(meta.get("name"), str) else ""
+    if not name and route.kind == "key":
+        doc = _json(response_body)
+        name = doc.get("id") if isinstance(doc, dict) and isinstance(doc.get("id"), str) else ""
+    return f"{route.kind}/{name[:253] or '?'}"
+
+
+def refusal_of(status: int, response_body: bytes) -> str:
+    """A 4xx/5xx answer's error message (our one error shape); empty for a 2xx."""
+    if status < 400:
+        return ""
+    doc = _json(response_body)
+    err = doc.get("error") if isinstance(doc, dict) else None
+    message = err.get("message") if isinstance(err, dict) else None
+    return (message if isinstance(message, str) else f"answered {status}")[:_DETAIL_MAX]
+
+
+def entry_doc(e: AuditEntry) -> dict[str, Any]:
+    return {"id": e.id, "at": e.at, "actor": e.actor, "action": e.action, "object": e.object,
+            "outcome": e.outcome, "detail": e.detail}
+
+
+class AuditMiddleware:
+    """Records every request to an ``AUDITED`` route once, before its answer's last byte leaves.
+
+    Recorded before the answer is sent, not after: a client that reads ``/api/v1/audit`` as soon as
+    its change returned must find it there (the store thread runs calls in the order queued).
+    """
+
+    def __init__(self, app: ASGIApp, *, db: StoreThread) -> None:
+        self.app, self.db = app, db
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        route = audited(scope.get("method", ""), scope.get("path", "")) if scope["type"] == "http" else None
+        if route is None:
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
+        client = scope.get("client")
+        who = actor(headers.get(ACTOR_HEADER, ""), client[0] if client else "")
+        request_body, response_body = bytearray(), bytearray()
+        status = 0
+        recorded = False
+
+        def record(outcome: str, detail: str) -> None:
+            nonlocal recorded
+            recorded = True
+            path = scope.get("path", "")
+            self.db.submit(self.db.store.record_audit, actor=who, action=route.action,
+                           object=object_of(route, path, bytes(request_body), bytes(response_body)),
+                           outcome=outcome, detail=detail, at=time.time())
+
+        async def receive_kept() -> Message:
+            message = await receive()
+            if message["type"] == "http.request" and len(request_body) < _KEEP_BODY:
+                request_body.extend(message.get("body", b"")[: _KEEP_BODY - len(request_body)])
+            return message
+
+        async def send_recorded(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            elif message["type"] == "http.response.body" and not recorded:
+                if len(response_body) < _KEEP_BODY:
+                    response_body.extend(message.get("body", b"")[: _KEEP_BODY - len(response_body)])
+                if not message.get("more_body", False):
+                    record(outcome_of(status), refusal_of(status, bytes(response_body)))
+            await send(message)
+
+        try:
+            await self.app(scope, receive_kept, send_recorded)
+        except BaseException as e:
+            if not recorded:
+                record("failed", f"{type(e).__name__} in the server; its log has the traceback")
+            raise
+
+
+def router(db: StoreThread) -> APIRouter:
+    r = APIRouter()
+
+    @r.get("/api/v1/audit")
+    async def list_audit(since: int = Query(default=0, ge=0, description="Entries after this id"),
+                         limit: int = Query(default=500, ge=1, le=10_000)) -> dict[str, Any]:
+        """The audit log, oldest first: who changed what, when, and whether it was done, refused or failed."""
+        return {"items": [entry_doc(e) for e in await db.list_audit(since_id=since, limit=limit)]}
+
+    return r
