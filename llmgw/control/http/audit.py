@@ -187,7 +187,7 @@ def router(db: StoreThread) -> APIRouter:
     r = APIRouter()
 
     @r.get("/api/v1/audit")
-    async def list_audit(since: int = Query(default=0, ge=0, description="Entries after this id"),
+    async def list_audit(since: int = Query(default=0, ge=0, le=2**63 - 1, description="Entries after this id"),
                          limit: int = Query(default=500, ge=1, le=10_000)) -> dict[str, Any]:
         """The audit log, oldest first: who changed what, when, and whether it was done, refused or failed."""
         return {"items": [entry_doc(e) for e in await db.list_audit(since_id=since, limit=limit)]}

@@ -66,7 +66,7 @@ def router(db: StoreThread, cluster: Cluster) -> APIRouter:
 
     @api.get("/api/v1/events")
     async def list_events(object: str | None = None, model: str | None = None, node: str | None = None,
-                          since: float | None = None, after: int = Query(default=0, ge=0),
+                          since: float | None = None, after: int = Query(default=0, ge=0, le=2**63 - 1),
                           limit: int = Query(default=500, ge=1, le=10_000)) -> Response:
         """Events, oldest first; ``model``/``node`` include their replicas'; ``after`` an id, for following."""
         items = await db.list_events(obj=object, model=model, node=node, since=since, after_id=after, limit=limit)

@@ -27,14 +27,29 @@ class _Kicker(Protocol):
     def kick(self) -> None: ...
 
 
+#: The largest rate limit a key may state (the store's integers are 64-bit).
+_MAX_LIMIT = 2**63 - 1
+
+
 class KeyCreate(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid")
 
     name: str = pydantic.Field(min_length=1, max_length=63)
-    models: list[str] = pydantic.Field(default_factory=list)
-    rpm: int = pydantic.Field(default=0, ge=0)
-    tpm: int = pydantic.Field(default=0, ge=0)
+    models: list[str] = pydantic.Field(default_factory=list, max_length=1000)
+    # Bounded by what the store's integers hold: past 2**63 SQLite refused the row with a 500.
+    rpm: int = pydantic.Field(default=0, ge=0, le=_MAX_LIMIT)
+    tpm: int = pydantic.Field(default=0, ge=0, le=_MAX_LIMIT)
     priority: int = pydantic.Field(default=0, ge=-1000, le=1000)
+
+    @pydantic.field_validator("name", "models")
+    @classmethod
+    def _text(cls, value: str | list[str]) -> str | list[str]:
+        # JSON may carry lone surrogates ("\udb8b"), which no store or log can encode: found by the
+        # REST fuzz (tests/integration/test_rest_fuzz.py) as a 500.
+        for text in [value] if isinstance(value, str) else value:
+            if any(0xD800 <= ord(c) <= 0xDFFF or ord(c) < 0x20 for c in text):
+                raise ValueError("must be printable text (no control characters or lone surrogates)")
+        return value
 
 
 def new_secret() -> str:
