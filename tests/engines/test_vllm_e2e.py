@@ -209,8 +209,13 @@ def test_router_reads_the_engine_queue_from_its_metrics(served: Served) -> None:
         gauges = loadwatch.parse_gauges(r.read().decode())
     # A renamed gauge would read as 0 (idle) for ever: the names must be the engine's own.
     assert {record.queue_metric, record.running_metric} <= gauges.keys(), sorted(gauges)
-    seen, last = asyncio.run(_watch_burst(served, 4))
-    assert seen >= 1, "no scrape saw a request running during the burst"
+    # A burst of 400-token streams on this tiny model can end within a few scrapes on a quiet machine
+    # (one CI run saw none running): up to three bursts, of 8; the gauge must move in one of them.
+    for _ in range(3):
+        seen, last = asyncio.run(_watch_burst(served, 8))
+        if seen >= 1:
+            break
+    assert seen >= 1, "no scrape saw a request running during three bursts of 8 streams"
     assert last.kv_cache_usage is not None
 
 
