@@ -23,8 +23,9 @@ def test_migrations_create_the_schema(tmp_path: Path) -> None:
     with store.engine.connect() as c:
         tables = set(sa.inspect(c).get_table_names())
         rev = c.execute(sa.text("select version_num from alembic_version")).scalar()
-    assert {"models", "nodes", "replicas", "api_keys", "events", "bootstrap_tokens", "users", "audit"} <= tables
-    assert rev == "0006"
+    assert {"models", "nodes", "replicas", "api_keys", "events", "bootstrap_tokens", "users", "audit", "api_tokens",
+            "node_certs"} <= tables
+    assert rev == "0007"
     store.close()
 
 

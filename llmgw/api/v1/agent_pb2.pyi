@@ -30,24 +30,62 @@ SHARD_STATE_DRAINED: ShardState
 SHARD_STATE_UNHEALTHY: ShardState
 SHARD_STATE_FETCHING: ShardState
 
+class JoinRequest(_message.Message):
+    __slots__ = ("token", "csr_pem", "node_id")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    CSR_PEM_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    csr_pem: bytes
+    node_id: str
+    def __init__(self, token: _Optional[str] = ..., csr_pem: _Optional[bytes] = ..., node_id: _Optional[str] = ...) -> None: ...
+
+class JoinReply(_message.Message):
+    __slots__ = ("cert_pem", "ca_pem", "node_id", "agent_port")
+    CERT_PEM_FIELD_NUMBER: _ClassVar[int]
+    CA_PEM_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_PORT_FIELD_NUMBER: _ClassVar[int]
+    cert_pem: bytes
+    ca_pem: bytes
+    node_id: str
+    agent_port: int
+    def __init__(self, cert_pem: _Optional[bytes] = ..., ca_pem: _Optional[bytes] = ..., node_id: _Optional[str] = ..., agent_port: _Optional[int] = ...) -> None: ...
+
+class RenewCert(_message.Message):
+    __slots__ = ("csr_pem",)
+    CSR_PEM_FIELD_NUMBER: _ClassVar[int]
+    csr_pem: bytes
+    def __init__(self, csr_pem: _Optional[bytes] = ...) -> None: ...
+
+class CertIssued(_message.Message):
+    __slots__ = ("cert_pem", "error")
+    CERT_PEM_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    cert_pem: bytes
+    error: str
+    def __init__(self, cert_pem: _Optional[bytes] = ..., error: _Optional[str] = ...) -> None: ...
+
 class AgentMessage(_message.Message):
-    __slots__ = ("seq", "register", "heartbeat", "shard_status", "ack", "logs_reply")
+    __slots__ = ("seq", "register", "heartbeat", "shard_status", "ack", "logs_reply", "renew_cert")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     REGISTER_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     SHARD_STATUS_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     LOGS_REPLY_FIELD_NUMBER: _ClassVar[int]
+    RENEW_CERT_FIELD_NUMBER: _ClassVar[int]
     seq: int
     register: Register
     heartbeat: Heartbeat
     shard_status: ShardStatus
     ack: Ack
     logs_reply: LogsReply
-    def __init__(self, seq: _Optional[int] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., shard_status: _Optional[_Union[ShardStatus, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., logs_reply: _Optional[_Union[LogsReply, _Mapping]] = ...) -> None: ...
+    renew_cert: RenewCert
+    def __init__(self, seq: _Optional[int] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., shard_status: _Optional[_Union[ShardStatus, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., logs_reply: _Optional[_Union[LogsReply, _Mapping]] = ..., renew_cert: _Optional[_Union[RenewCert, _Mapping]] = ...) -> None: ...
 
 class ControlMessage(_message.Message):
-    __slots__ = ("seq", "start_shard", "stop_shard", "ack", "drain", "logs_request", "logs_cancel", "remove_weights")
+    __slots__ = ("seq", "start_shard", "stop_shard", "ack", "drain", "logs_request", "logs_cancel", "remove_weights", "cert_issued")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     START_SHARD_FIELD_NUMBER: _ClassVar[int]
     STOP_SHARD_FIELD_NUMBER: _ClassVar[int]
@@ -56,6 +94,7 @@ class ControlMessage(_message.Message):
     LOGS_REQUEST_FIELD_NUMBER: _ClassVar[int]
     LOGS_CANCEL_FIELD_NUMBER: _ClassVar[int]
     REMOVE_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    CERT_ISSUED_FIELD_NUMBER: _ClassVar[int]
     seq: int
     start_shard: StartShard
     stop_shard: StopShard
@@ -64,7 +103,8 @@ class ControlMessage(_message.Message):
     logs_request: LogsRequest
     logs_cancel: LogsCancel
     remove_weights: RemoveWeights
-    def __init__(self, seq: _Optional[int] = ..., start_shard: _Optional[_Union[StartShard, _Mapping]] = ..., stop_shard: _Optional[_Union[StopShard, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., logs_request: _Optional[_Union[LogsRequest, _Mapping]] = ..., logs_cancel: _Optional[_Union[LogsCancel, _Mapping]] = ..., remove_weights: _Optional[_Union[RemoveWeights, _Mapping]] = ...) -> None: ...
+    cert_issued: CertIssued
+    def __init__(self, seq: _Optional[int] = ..., start_shard: _Optional[_Union[StartShard, _Mapping]] = ..., stop_shard: _Optional[_Union[StopShard, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., logs_request: _Optional[_Union[LogsRequest, _Mapping]] = ..., logs_cancel: _Optional[_Union[LogsCancel, _Mapping]] = ..., remove_weights: _Optional[_Union[RemoveWeights, _Mapping]] = ..., cert_issued: _Optional[_Union[CertIssued, _Mapping]] = ...) -> None: ...
 
 class Register(_message.Message):
     __slots__ = ("node_id", "hostname", "agent_version", "inventory", "shards", "mgmt_addr", "labels", "engines", "mgmt_interface", "host", "hcas", "fabrics", "model_dirs", "weights", "nvlink", "subnet_managers")

@@ -39,6 +39,11 @@ class AgentServiceStub(object):
                 request_serializer=llmgw_dot_v1_dot_agent__pb2.AgentMessage.SerializeToString,
                 response_deserializer=llmgw_dot_v1_dot_agent__pb2.ControlMessage.FromString,
                 _registered_method=True)
+        self.Join = channel.unary_unary(
+                '/llmgw.v1.AgentService/Join',
+                request_serializer=llmgw_dot_v1_dot_agent__pb2.JoinRequest.SerializeToString,
+                response_deserializer=llmgw_dot_v1_dot_agent__pb2.JoinReply.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer(object):
@@ -53,6 +58,16 @@ class AgentServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Join(self, request, context):
+        """Join turns a bootstrap token and a certificate request into the node's
+        certificate (`llmgw agent join`). It is served on the join port, whose
+        TLS authenticates the server only (the joining node has no certificate
+        yet); Connect is served on the agent port, whose TLS requires one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -60,6 +75,11 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.Connect,
                     request_deserializer=llmgw_dot_v1_dot_agent__pb2.AgentMessage.FromString,
                     response_serializer=llmgw_dot_v1_dot_agent__pb2.ControlMessage.SerializeToString,
+            ),
+            'Join': grpc.unary_unary_rpc_method_handler(
+                    servicer.Join,
+                    request_deserializer=llmgw_dot_v1_dot_agent__pb2.JoinRequest.FromString,
+                    response_serializer=llmgw_dot_v1_dot_agent__pb2.JoinReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -89,6 +109,33 @@ class AgentService(object):
             '/llmgw.v1.AgentService/Connect',
             llmgw_dot_v1_dot_agent__pb2.AgentMessage.SerializeToString,
             llmgw_dot_v1_dot_agent__pb2.ControlMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Join(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmgw.v1.AgentService/Join',
+            llmgw_dot_v1_dot_agent__pb2.JoinRequest.SerializeToString,
+            llmgw_dot_v1_dot_agent__pb2.JoinReply.FromString,
             options,
             channel_credentials,
             insecure,

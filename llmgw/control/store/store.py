@@ -24,7 +24,18 @@ from sqlalchemy.orm import defer, sessionmaker
 from llmgw.control.conditions import Condition
 from llmgw.control.events import Event
 from llmgw.control.state import Member, Phase, ReplicaRecord
-from llmgw.control.store.tables import ApiKeyRow, AuditRow, EventRow, ModelRow, NodeRow, ReplicaRow, TokenRow, UserRow
+from llmgw.control.store.tables import (
+    ApiKeyRow,
+    ApiTokenRow,
+    AuditRow,
+    EventRow,
+    ModelRow,
+    NodeCertRow,
+    NodeRow,
+    ReplicaRow,
+    TokenRow,
+    UserRow,
+)
 from llmgw.core import specs
 from llmgw.core.inventory import Inventory, inventory_from_dict
 
@@ -93,6 +104,31 @@ class StoredUser:
     role: str
     password_hash: str
     created_at: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StoredApiToken:
+    """A REST credential as stored: its id and the hash of its secret, never the secret."""
+
+    id: str
+    sha256: str
+    kind: str  # user, session or router
+    subject: str  # the user's name or the router's
+    created_at: float
+    expires_at: float = 0.0  # 0: until deleted
+    last_used_at: float = 0.0
+    label: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StoredNodeCert:
+    """A node certificate the CA signed, by serial (lower-case hex)."""
+
+    serial: str
+    node_id: str
+    issued_at: float
+    not_after: float
+    revoked_at: float = 0.0  # 0: not revoked
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -393,6 +429,83 @@ class Store:
             r = s.get(UserRow, name)
             return None if r is None else StoredUser(r.name, r.role, r.password_hash, r.created_at)
 
+    def list_users(self) -> list[StoredUser]:
+        with self._session() as s:
+            return [StoredUser(r.name, r.role, r.password_hash, r.created_at)
+                    for r in s.scalars(sa.select(UserRow).order_by(UserRow.name))]
+
+    def delete_user(self, name: str) -> bool:
+        """Deletes a user and every token and session of theirs, in one transaction."""
+        with self._session.begin() as s:
+            row = s.get(UserRow, name)
+            if row is None:
+                return False
+            s.execute(sa.delete(ApiTokenRow).where(ApiTokenRow.subject == name,
+                                                   ApiTokenRow.kind.in_(("user", "session"))))
+            s.delete(row)
+            return True
+
+    # -- REST credentials (control.auth) -------------------------------------------------
+    def add_api_token(self, token: StoredApiToken) -> None:
+        with self._session.begin() as s:
+            s.add(ApiTokenRow(id=token.id, sha256=token.sha256, kind=token.kind, subject=token.subject,
+                              label=token.label, created_at=token.created_at, expires_at=token.expires_at,
+                              last_used_at=token.last_used_at))
+
+    def get_api_token(self, token_id: str) -> StoredApiToken | None:
+        with self._session() as s:
+            r = s.get(ApiTokenRow, token_id)
+            return None if r is None else _api_token(r)
+
+    def list_api_tokens(self, *, kind: str | None = None, subject: str | None = None) -> list[StoredApiToken]:
+        q = sa.select(ApiTokenRow).order_by(ApiTokenRow.created_at, ApiTokenRow.id)
+        if kind is not None:
+            q = q.where(ApiTokenRow.kind == kind)
+        if subject is not None:
+            q = q.where(ApiTokenRow.subject == subject)
+        with self._session() as s:
+            return [_api_token(r) for r in s.scalars(q)]
+
+    def delete_api_token(self, token_id: str) -> bool:
+        with self._session.begin() as s:
+            return bool(s.execute(sa.delete(ApiTokenRow).where(ApiTokenRow.id == token_id)).rowcount)
+
+    def delete_api_tokens(self, *, subject: str, kinds: Iterable[str]) -> int:
+        """Deletes a subject's tokens of these kinds (a user's sessions at logout, a router's at removal)."""
+        with self._session.begin() as s:
+            return int(s.execute(sa.delete(ApiTokenRow).where(ApiTokenRow.subject == subject,
+                                                              ApiTokenRow.kind.in_(tuple(kinds)))).rowcount)
+
+    def touch_api_token(self, token_id: str, *, at: float) -> None:
+        with self._session.begin() as s:
+            s.execute(sa.update(ApiTokenRow).where(ApiTokenRow.id == token_id).values(last_used_at=at))
+
+    # -- node certificates (agentsvc's join, renewal and revocation) ----------------------
+    def add_node_cert(self, cert: StoredNodeCert) -> None:
+        with self._session.begin() as s:
+            s.add(NodeCertRow(serial=cert.serial, node_id=cert.node_id, issued_at=cert.issued_at,
+                              not_after=cert.not_after, revoked_at=cert.revoked_at))
+
+    def get_node_cert(self, serial: str) -> StoredNodeCert | None:
+        with self._session() as s:
+            r = s.get(NodeCertRow, serial)
+            return None if r is None else StoredNodeCert(r.serial, r.node_id, r.issued_at, r.not_after,
+                                                         r.revoked_at)
+
+    def list_node_certs(self, *, node_id: str | None = None) -> list[StoredNodeCert]:
+        q = sa.select(NodeCertRow).order_by(NodeCertRow.issued_at)
+        if node_id is not None:
+            q = q.where(NodeCertRow.node_id == node_id)
+        with self._session() as s:
+            return [StoredNodeCert(r.serial, r.node_id, r.issued_at, r.not_after, r.revoked_at) for r in s.scalars(q)]
+
+    def revoke_node_certs(self, node_id: str, *, at: float) -> int:
+        """Revokes every unrevoked certificate of a node; returns how many."""
+        with self._session.begin() as s:
+            return int(s.execute(sa.update(NodeCertRow).where(NodeCertRow.node_id == node_id,
+                                                              NodeCertRow.revoked_at == 0)
+                                 .values(revoked_at=at)).rowcount)
+
 
     # -- the audit log -----------------------------------------------------------------
     def record_audit(self, *, actor: str, action: str, object: str, outcome: str, detail: str = "",
@@ -414,6 +527,10 @@ class Store:
              .where(AuditRow.id > since_id).order_by(AuditRow.id).limit(limit))
         with self._session() as s:
             return [AuditEntry(*r) for r in s.execute(q).all()]
+
+
+def _api_token(r: ApiTokenRow) -> StoredApiToken:
+    return StoredApiToken(r.id, r.sha256, r.kind, r.subject, r.created_at, r.expires_at, r.last_used_at, r.label)
 
 
 def _conds(docs: Any) -> tuple[Condition, ...]:

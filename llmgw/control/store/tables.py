@@ -164,3 +164,38 @@ class AuditRow(Base):
     outcome: Mapped[str] = mapped_column(String(16))
     #: Why it was refused or failed; never a secret or a request body.
     detail: Mapped[str] = mapped_column(Text, default="")
+
+
+class ApiTokenRow(Base):
+    """A credential for the REST API: a user's CLI token or UI session, or a router's (``control.auth``)."""
+
+    __tablename__ = "api_tokens"
+
+    #: The token's public half: it finds the row.
+    id: Mapped[str] = mapped_column(String(16), primary_key=True)
+    #: sha256 hex of the secret half (32 random characters: a slow hash buys nothing); never the secret.
+    sha256: Mapped[str] = mapped_column(String(64))
+    #: user (a CLI's API token), session (the admin UI's cookie) or router.
+    kind: Mapped[str] = mapped_column(String(16))
+    #: The user's name, or the router's.
+    subject: Mapped[str] = mapped_column(String(63), index=True)
+    #: What it is for, shown in lists ("cli on host7"); never a secret.
+    label: Mapped[str] = mapped_column(String(120), default="")
+    created_at: Mapped[float] = mapped_column(Float)
+    #: 0: until deleted.
+    expires_at: Mapped[float] = mapped_column(Float, default=0.0)
+    last_used_at: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+class NodeCertRow(Base):
+    """A node certificate the cluster CA signed: found by serial when its agent connects, refused once revoked."""
+
+    __tablename__ = "node_certs"
+
+    #: The certificate's serial number, lower-case hex.
+    serial: Mapped[str] = mapped_column(String(40), primary_key=True)
+    node_id: Mapped[str] = mapped_column(String(253), index=True)
+    issued_at: Mapped[float] = mapped_column(Float)
+    not_after: Mapped[float] = mapped_column(Float)
+    #: 0: not revoked.
+    revoked_at: Mapped[float] = mapped_column(Float, default=0.0)
