@@ -262,7 +262,8 @@ def orchestrate(ns: argparse.Namespace) -> list[dict[str, Any]]:
         procs.append(Proc.start(pinned([sys.executable, str(ROOT / "bench" / "fast_upstream.py"), "--port",
                                         str(up_port), "--model", TTFT_MODEL], 1), log_path=work / "upstream.log"))
         server = Proc.start(pinned([sys.executable, "-m", "llmgw", "server", "--http-port", str(http_port),
-                                    "--agent-port", str(agent_port), "--data-dir", str(work / "data")], 0),
+                                    "--agent-port", str(agent_port), "--data-dir", str(work / "data"),
+                                    "--insecure"], 0),  # simulated agents dial plaintext
                             env=env, log_path=work / "server.log")
         procs.append(server)
         server.wait_http(url + "/healthz", timeout=60)

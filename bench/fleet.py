@@ -106,7 +106,9 @@ class Server:
         t0 = time.monotonic()
         self.proc = Proc.start(_pinned([*LLMGW, "server", "--http-port", str(self.http_port), "--agent-port",
                                         str(self.agent_port), "--data-dir", str(self.root / "data"),
-                                        "--ports-file", str(ports), "--node-grace", str(self.node_grace_s)],
+                                        "--ports-file", str(ports), "--node-grace", str(self.node_grace_s),
+                                        # simulated agents dial plaintext: loopback development mode
+                                        "--insecure"],
                                        self.core), env=self.env, log_path=self.root / f"server-{self.starts}.log")
         wait_for(ports.exists, timeout=60, what="server ports file")
         self.proc.wait_http(f"{self.url}/healthz", timeout=60)

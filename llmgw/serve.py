@@ -21,14 +21,17 @@ import json
 import logging
 import signal
 import socket
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from llmgw.control import remotemeta
+from llmgw.control import datadir, remotemeta
 from llmgw.control.agentsvc import collector as agentsvc_collector
+from llmgw.control.agentsvc import join as agentsvc_join
 from llmgw.control.agentsvc import metrics as agentsvc_metrics
 from llmgw.control.agentsvc import service as agentsvc
+from llmgw.control.auth import Auth
 from llmgw.control.cluster import Cluster
 from llmgw.control.http.api import create_api
 from llmgw.control.reconcile import decide
@@ -70,6 +73,12 @@ class ServerConfig:
     hub: decide.Hub = decide.Hub()
     #: The weights mirror served at ``/mirror`` on the HTTP port (None: not served here).
     mirror: MirrorConfig | None = None
+    #: Loopback development only: the agent port plaintext, no join port, any node id (and REST open).
+    insecure: bool = False
+    #: Where `llmgw agent join` reaches the control plane (TLS, server-auth only; 0 picks a free port).
+    join_port: int = 8082
+    #: How long a node certificate is valid; agents renew at two thirds over their stream.
+    node_cert_validity_s: float = 365 * 86400.0
 
 
 #: Where the mounted mirror answers on the server's HTTP port.
@@ -177,11 +186,63 @@ def _own_mirror_hub(cfg: ServerConfig, http_port: int) -> decide.Hub:
     return hub
 
 
-def _warn_if_exposed(host: str) -> None:
-    with contextlib.suppress(ValueError):
-        if not ipaddress.ip_address(host).is_loopback:
-            log.warning("listening on %s: the REST API has no authentication yet in this version; "
-                        "keep it on a trusted network", host)
+#: Every REST answer of an ``--insecure`` server carries this header; the CLI warns on seeing it.
+INSECURE_HEADER = "X-Llmgw-Insecure"
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name other than localhost (or a wildcard): it may be reached from elsewhere
+
+
+def check_mode(cfg: ServerConfig) -> None:
+    """Refuses ``--insecure`` off loopback; warns loudly on it. LlmgwError says what to do instead."""
+    if not cfg.insecure:
+        return
+    if not _is_loopback(cfg.host):
+        raise LlmgwError(f"--insecure is for loopback development only: on --host {cfg.host} anyone who reaches it "
+                         "could change the cluster, read every engine's key and join as any node. Leave "
+                         "--insecure out (the REST API then needs a login and agents join with a token), or listen "
+                         "on 127.0.0.1")
+    log.warning("INSECURE: --insecure turns authentication off: the REST API answers anyone on this machine as an "
+                "administrator and the agent stream is plaintext with any node id. For loopback development only; "
+                "every REST answer says so (%s: 1)", INSECURE_HEADER)
+
+
+def _init_if_needed(cfg: ServerConfig) -> None:
+    """First start of a secure server: ``llmgw init`` done here, the password printed once to the terminal.
+
+    Printed, not logged: a log line is kept in files and journals, and the password must live only
+    on the terminal of whoever started the server (the store keeps its argon2 hash).
+    """
+    if cfg.insecure or datadir.is_initialised(cfg.data_dir):
+        return
+    wildcard = cfg.host in ("0.0.0.0", "::", "")
+    hosts = [socket.getfqdn()] if wildcard else [] if cfg.host == "localhost" else [cfg.host.strip("[]")]
+    done = datadir.init(cfg.data_dir, hosts=hosts)
+    print(f"llmgw server: initialised {done.data_dir} (cluster CA {done.ca_hash})\n"
+          f"administrator: {datadir.ADMIN}\n"
+          f"password (shown once, not stored; keep it now): {done.admin_password}\n"
+          "log in with `llmgw login`; `llmgw token create` makes a node's join command", file=sys.stderr, flush=True)
+
+
+def _agent_tls(cfg: ServerConfig) -> agentsvc_join.AgentTls | None:
+    """The agent service's CA and certificate from the data directory; None with ``--insecure``."""
+    if cfg.insecure:
+        return None
+    pki_dir = cfg.data_dir / datadir.PKI
+    try:
+        return agentsvc_join.AgentTls(ca=datadir.read_ca(cfg.data_dir),
+                                      server_cert_pem=(pki_dir / "server.crt").read_bytes(),
+                                      server_key_pem=(pki_dir / "server.key").read_bytes(),
+                                      node_cert_validity_s=cfg.node_cert_validity_s)
+    except OSError as e:
+        raise LlmgwError(f"cannot read the server's certificate in {pki_dir}: {e.strerror or e}; it is made by "
+                         "`llmgw init`") from None
 
 
 async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
@@ -189,7 +250,8 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    _warn_if_exposed(cfg.host)
+    check_mode(cfg)
+    _init_if_needed(cfg)
     store = Store.open(cfg.data_dir)
     # The router's first table says whether keys exist; the guard warns then, and again
     # whenever a later table leaves this listen without any.
@@ -214,18 +276,23 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
     cluster = Cluster(store, cfg=decide_cfg, ejections=reports.current, db=db, remote_meta=remote_meta)
     db.watch_loop()
     try:
-        grpc_server, agent_port = await agentsvc.serve(cluster, host=cfg.host, port=cfg.agent_port)
+        grpc_server, agent_port, join_port = await agentsvc.serve(
+            cluster, host=cfg.host, port=cfg.agent_port, tls=_agent_tls(cfg), join_port=cfg.join_port)
     except OSError as e:
         http_sock.close()
         raise LlmgwError(str(e)) from None
     holder = TableHolder()
     control_url = _loopback_url(cfg.host, http_port)
-    watcher = TableWatcher(control_url, holder, listen_guard=listen_guard)
+    # Who may call the REST API. The in-process router proves itself with a token minted in memory,
+    # given to its watcher and nothing else, and never stored: it dies with this process.
+    auth = Auth(db, insecure=cfg.insecure)
+    router_headers = {} if cfg.insecure else {"Authorization": f"Bearer {auth.mint_router_token('server')}"}
+    watcher = TableWatcher(control_url, holder, listen_guard=listen_guard, headers=router_headers)
     # Ejections reach the control plane through a callback: the router and the control
     # plane share only the report's JSON shape, exactly what a standalone router POSTs.
     router = RouterApp(holder, watcher=watcher, source=f"the control plane at {control_url}",
                        events=router_events.CallbackSink("server", reports.record), tracing=tracing)
-    api = create_api(db, cluster, extra_registries=(router_metrics.REGISTRY, agentsvc_metrics.REGISTRY),
+    api = create_api(db, cluster, auth=auth, extra_registries=(router_metrics.REGISTRY, agentsvc_metrics.REGISTRY),
                      router_events=reports)
     # The router's own HTTP server, as a standalone router has (router/server.py): uvicorn's
     # per-request machinery cost the router more than its own work.
@@ -238,10 +305,12 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
     lag_task = asyncio.create_task(agentsvc_metrics.watch_loop_lag())
     gc_task = asyncio.create_task(agentsvc_collector.manage())
     await router.startup()
-    log.info("llmgw server: HTTP on %s:%d (OpenAI API /v1, REST /api/v1), agents on %s:%d, data in %s",
-             cfg.host, http_port, cfg.host, agent_port, cfg.data_dir)
+    log.info("llmgw server: HTTP on %s:%d (OpenAI API /v1, REST /api/v1), agents on %s:%d (%s), %s, data in %s",
+             cfg.host, http_port, cfg.host, agent_port, "plaintext" if cfg.insecure else "mutual TLS",
+             f"joins on {cfg.host}:{join_port}" if join_port else "no join port", cfg.data_dir)
     if cfg.ports_file:
-        cfg.ports_file.write_text(json.dumps({"http_port": http_port, "agent_port": agent_port}))
+        cfg.ports_file.write_text(json.dumps({"http_port": http_port, "agent_port": agent_port,
+                                              "join_port": join_port}))
     try:
         done, _ = await asyncio.wait([asyncio.create_task(stop.wait()), reconcile_task],
                                      return_when=asyncio.FIRST_COMPLETED)

@@ -9,11 +9,13 @@ from the route to the control plane.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import logging
 import os
 import socket
 from pathlib import Path
 
+from llmgw.agent import nodepki
 from llmgw.agent.settings import DEFAULT_AGENT_PORT, AgentSettings
 from llmgw.agent.supervisor import liveness
 from llmgw.core.errors import LlmgwError
@@ -50,6 +52,8 @@ class AgentConfig:
     sysfs_root: Path = Path("/sys/class/infiniband")
     sminfo: str = "sminfo"
     saquery: str = "saquery"
+    #: This node's certificates for mutual TLS (``nodepki``); None: plaintext, ``--insecure``.
+    tls: nodepki.NodePki | None = None
 
 
 def default_state_dir() -> Path:
@@ -78,13 +82,51 @@ def addr_toward(server: str) -> str:
         return "127.0.0.1"
 
 
+def _is_loopback(addr: str) -> bool:
+    host = addr.rpartition(":")[0].strip("[]")
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def identity(st: AgentSettings) -> tuple[nodepki.NodePki | None, str]:
+    """(certificates, node id): the joined node's, or none with ``insecure``; LlmgwError when neither holds.
+
+    With certificates the node id is their common name: the control plane refuses a Register naming another,
+    so a --node-id that differs is refused here, where it is still obvious which setting to fix.
+    """
+    state_dir = st.state_dir or default_state_dir()
+    joined = nodepki.of(state_dir)
+    if st.insecure:
+        far = [a for a in st.servers if not _is_loopback(a)]
+        if far:
+            raise LlmgwError(f"--insecure is for loopback development only, and {', '.join(far)} is not loopback: "
+                             "join this node with `llmgw agent join` (print the command with `llmgw token create` "
+                             "on the control plane) and run it without --insecure")
+        log.warning("INSECURE: plaintext to the control plane, no certificate; anyone on this machine can "
+                    "impersonate this node or the control plane. For loopback development only%s",
+                    f" (the certificates in {joined.dir} are not used)" if joined else "")
+        return None, st.node_id or socket.gethostname()
+    if joined is None:
+        raise LlmgwError(f"this node has not joined a cluster (no {state_dir / nodepki.PKI}): run `llmgw agent join "
+                         "--server HOST:JOINPORT --token T --ca-hash sha256:...` (`llmgw token create` on the "
+                         "control plane prints it), or give --insecure for loopback development")
+    cn = joined.node_id()
+    if st.node_id and st.node_id != cn:
+        raise LlmgwError(f"this node joined as {cn!r} (the common name of {joined.cert}), and the settings name node "
+                         f"{st.node_id!r}: the control plane would refuse it; drop the node id setting (or set it "
+                         f"to {cn}), or to be {st.node_id!r}, move {joined.dir} aside and join again")
+    return joined, cn
+
+
 def from_settings(st: AgentSettings) -> AgentConfig:
     """The agent's configuration: the settings as given, and every default found."""
     # Already HOST:PORT, validated and without duplicates (settings does it, once, for every source).
     addrs = tuple(st.servers)
     if not addrs:
         raise LlmgwError("no control plane address: set server in agent.yaml, LLMGW_AGENT_SERVER or --server")
-    found_id = st.node_id or socket.gethostname()
+    tls, found_id = identity(st)
     found_addr = st.mgmt_addr or addr_toward(addrs[0])
     model_dirs = list(st.model_dirs)
     if st.weights_cache is not None and st.weights_cache not in model_dirs:
@@ -100,7 +142,7 @@ def from_settings(st: AgentSettings) -> AgentConfig:
         mgmt_interface=st.mgmt_interface or "", stop_engines_on_exit=st.stop_engines_on_exit,
         engine_python=tuple(sorted((name, str(python)) for name, python in st.engine_python.items())),
         prefer_nvml=st.discovery.prefer_nvml, nvidia_smi=st.discovery.nvidia_smi,
-        sysfs_root=st.discovery.sysfs_root, sminfo=st.discovery.sminfo, saquery=st.discovery.saquery)
+        sysfs_root=st.discovery.sysfs_root, sminfo=st.discovery.sminfo, saquery=st.discovery.saquery, tls=tls)
     for name, python in cfg.engine_python:
         if os.path.isfile(python) and os.access(python, os.X_OK):
             log.info("agent: engine %s runs with %s", name, python)
@@ -110,6 +152,7 @@ def from_settings(st: AgentSettings) -> AgentConfig:
                         "not installed until it is (engine_python in agent.yaml, LLMGW_AGENT_%s_PYTHON)", name,
                         python, name, name.upper())
     log.info("agent: node id %s%s, management address %s%s, control plane %s, state in %s",
-             cfg.node_id, "" if st.node_id else " (hostname)", cfg.mgmt_addr, "" if st.mgmt_addr else " (route)",
+             cfg.node_id, " (its certificate)" if tls else "" if st.node_id else " (hostname)", cfg.mgmt_addr,
+             "" if st.mgmt_addr else " (route)",
              ", ".join(cfg.servers), cfg.state_dir)
     return cfg

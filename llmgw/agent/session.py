@@ -7,6 +7,11 @@ only after a whole round failed (the next address has not been hammered, and a
 fleet reconnecting in lockstep knocks a restarted control plane over again).
 
 Protobuf stops here: commands become core types before the supervisor sees them.
+
+With certificates (``cfg.tls``) each connection reads them afresh and dials with mutual TLS. The
+certificate is renewed over the stream, never by reconnecting: at each heartbeat, once it is in the
+last third of its life, one RenewCert goes out (a CSR made with the node's own key), and the answer
+replaces ``node.crt`` for the next connection; the stream that asked goes on.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from llmgw.agent.config import AgentConfig
 from llmgw.api import convert
 from llmgw.api.v1 import agent_pb2 as pb
 from llmgw.api.v1 import agent_pb2_grpc
+from llmgw.core import pki
 from llmgw.core.errors import LlmgwError
 from llmgw.core.inventory import Heartbeat, Inventory
 from llmgw.core.shards import ShardSpec, ShardStatus
@@ -94,6 +100,8 @@ class Session:
         self._tasks: set[asyncio.Task[object]] = set()
         self._log_tasks: dict[str, asyncio.Task[None]] = {}
         self.connected = asyncio.Event()
+        #: A RenewCert is out and not yet answered (one at a time; a new stream may ask again).
+        self._renewing = False
 
     def report(self, status: ShardStatus) -> None:
         """Sends a shard's status now if connected; otherwise the next Register carries it."""
@@ -118,16 +126,27 @@ class Session:
                     break
                 except Refused as e:
                     log.warning("control plane %s refused this agent: %s", addr, e)
-                except (grpc.aio.AioRpcError, OSError, TimeoutError) as e:
+                # LlmgwError: this node's certificates could not be read (the message says what to do).
+                except (grpc.aio.AioRpcError, OSError, TimeoutError, LlmgwError) as e:
                     detail = e.details() if isinstance(e, grpc.aio.AioRpcError) else str(e)
                     log.warning("control plane %s: %s", addr, detail or type(e).__name__)
+                    if self.cfg.tls is not None and (expired := self.cfg.tls.expiry_problem()):
+                        log.error("%s", expired)
             else:
                 # Jitter, so a fleet does not reconnect in lockstep.
                 await asyncio.sleep(delay / 2 + random.random() * delay / 2)
                 delay = min(delay * 2, self.cfg.reconnect_max_s)
 
+    def _channel(self, addr: str) -> grpc.aio.Channel:
+        if self.cfg.tls is None:
+            return grpc.aio.insecure_channel(addr, options=CHANNEL_OPTIONS)
+        ca, cert, key = self.cfg.tls.credentials()
+        # root_certificates is the cluster CA alone: None would have gRPC trust the system's store.
+        creds = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+        return grpc.aio.secure_channel(addr, creds, options=CHANNEL_OPTIONS)
+
     async def _run_once(self, addr: str) -> None:
-        async with grpc.aio.insecure_channel(addr, options=CHANNEL_OPTIONS) as channel:
+        async with self._channel(addr) as channel:
             await _connect(channel)
             call = agent_pb2_grpc.AgentServiceStub(channel).Connect()
             out: asyncio.Queue[pb.AgentMessage] = asyncio.Queue()
@@ -142,6 +161,7 @@ class Session:
                 raise Refused(first.ack.error or "no reason given")
             log.info("registered with %s as %s (%d shards)", addr, self.cfg.node_id, len(reg.register.shards))
             self._out = out
+            self._renewing = False  # an answer the last stream never got must not block renewal for good
             self.connected.set()
             writer = asyncio.create_task(self._write(call, out))
             beat = asyncio.create_task(self._heartbeats(out))
@@ -187,6 +207,38 @@ class Session:
             await asyncio.sleep(self.cfg.heartbeat_interval_s)
             hb = await asyncio.to_thread(self._heartbeat)
             out.put_nowait(pb.AgentMessage(seq=next(self._seq), heartbeat=convert.heartbeat_to_pb(hb)))
+            self._maybe_renew(out)
+
+    def _maybe_renew(self, out: asyncio.Queue[pb.AgentMessage]) -> None:
+        tls = self.cfg.tls
+        if tls is None or self._renewing:
+            return
+        try:
+            if not tls.renew_due():
+                return
+            csr = pki.create_csr(self.cfg.node_id, tls.private_key())
+        except LlmgwError as e:
+            log.warning("cannot renew this node's certificate: %s", e)
+            return
+        self._renewing = True
+        log.info("this node's certificate is in the last third of its life; asking the control plane for a new one")
+        out.put_nowait(pb.AgentMessage(seq=next(self._seq), renew_cert=pb.RenewCert(csr_pem=csr)))
+
+    def _renewed(self, issued: pb.CertIssued) -> None:
+        self._renewing = False
+        if issued.error or self.cfg.tls is None:
+            log.warning("the control plane did not renew this node's certificate: %s; asking again at the next "
+                        "heartbeat", issued.error or "it sent no certificate")
+            return
+        try:
+            if pki.common_name(issued.cert_pem) != self.cfg.node_id:
+                raise LlmgwError(f"it names node {pki.common_name(issued.cert_pem)!r}, not {self.cfg.node_id!r}")
+            self.cfg.tls.replace_cert(issued.cert_pem)
+        except (LlmgwError, OSError) as e:
+            log.warning("the renewed certificate was not stored: %s; the old one stays", e)
+            return
+        log.info("renewed this node's certificate (valid until %s); the next connection uses it",
+                 pki.load_cert(issued.cert_pem).not_valid_after_utc.isoformat())
 
     def _handle(self, msg: pb.ControlMessage) -> None:
         kind = msg.WhichOneof("body")
@@ -218,6 +270,9 @@ class Session:
             self._spawn(self._remove_weights(msg.seq, name), f"remove weights {name}")
             return
         elif kind == "ack":
+            return
+        elif kind == "cert_issued":
+            self._renewed(msg.cert_issued)
             return
         else:
             log.warning("ignoring a command this agent does not know (%s); is the control plane newer?", kind)

@@ -32,7 +32,7 @@ import pydantic
 import yaml
 from pydantic_core import PydanticCustomError
 
-from llmgw.agent import engines
+from llmgw.agent import engines, nodepki
 from llmgw.agent.supervisor import liveness
 from llmgw.core import units
 from llmgw.core.errors import LlmgwError
@@ -183,6 +183,8 @@ class AgentSettings(_Strict):
     probe_timeout_s: Duration = liveness.TIMEOUT_S
     probe_failure_threshold: int = liveness.FAILURE_THRESHOLD
     stop_engines_on_exit: bool = False
+    #: Loopback development only: plaintext to the control plane, no certificate (``llmgw server --insecure``).
+    insecure: bool = False
     #: The Python that has each Python engine installed ({"vllm": "/opt/vllm/bin/python"}); an engine not
     #: named runs with the agent's own. vLLM and SGLang are usually in venvs of their own: their torch
     #: pins clash with each other's, and with anything else on the node.
@@ -341,6 +343,12 @@ def load(*, path: Path | None, env: Mapping[str, str], flags: Mapping[str, objec
     if problems:
         raise SettingsError(problems)
     assert settings is not None
+    if not settings.servers and settings.state_dir is not None:
+        # A node that joined knows where its agent port is (`llmgw agent join` wrote it); any source naming
+        # servers wins over that.
+        joined = nodepki.of(settings.state_dir)
+        if joined is not None and (found := [_address(s) for s in joined.servers()]):
+            settings.servers, settings.server = found, found[0]
     if not settings.servers:
         raise SettingsError([f"no control plane address: set server in {file_label}, {ENV_PREFIX}SERVER or --server"])
     return settings

@@ -33,7 +33,9 @@ def logs(node: str, shard: str | None, lines: int, follow: bool, url: str) -> in
     # No read timeout when following: a quiet engine writes nothing for hours.
     timeout = httpx.Timeout(CONNECT_TIMEOUT_S, read=None if follow else READ_TIMEOUT_S)
     try:
-        with httpx.Client(base_url=base, timeout=timeout, trust_env=False) as http:
+        token = client_mod.token_for(base)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        with httpx.Client(base_url=base, timeout=timeout, trust_env=False, headers=headers) as http:
             with http.stream("GET", f"/api/v1/nodes/{quote(node, safe='')}/logs", params=params) as resp:
                 if resp.status_code >= 300:
                     resp.read()

@@ -13,15 +13,19 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from llmgw.cli import agentcmd, manifests, tables
 from llmgw.cli import audit as audit_mod
 from llmgw.cli import client as client_mod
 from llmgw.cli import describe as describe_mod
 from llmgw.cli import keys as keys_mod
+from llmgw.cli import login as login_mod
 from llmgw.cli import logs as logs_mod
-from llmgw.cli import manifests, tables
 from llmgw.cli import mirror as mirror_mod
+from llmgw.cli import nodes as nodes_mod
 from llmgw.cli import onboard as onboard_mod
 from llmgw.cli import sim as sim_mod
+from llmgw.cli import users as users_mod
+from llmgw.core import units
 from llmgw.core.errors import LlmgwError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
@@ -67,9 +71,18 @@ class Output(enum.StrEnum):
 def server(
     host: str = typer.Option("127.0.0.1", help="Address to listen on (0.0.0.0 for every interface)"),
     http_port: int = typer.Option(8080, min=0, max=65535, help="OpenAI API, REST API and /metrics"),
-    agent_port: int = typer.Option(8081, min=0, max=65535, help="The agents' gRPC stream"),
-    data_dir: Path = typer.Option(None, help="Database directory [default $XDG_DATA_HOME/llmgw]"),
+    agent_port: int = typer.Option(8081, min=0, max=65535, help="The agents' gRPC stream (mutual TLS)"),
+    join_port: int = typer.Option(8082, min=0, max=65535, help="Where `llmgw agent join` reaches this server "
+                                  "with a token (TLS; not with --insecure)"),
+    data_dir: Path = typer.Option(None, help="Database and cluster CA directory, initialised on first start "
+                                  "[default $XDG_DATA_HOME/llmgw]"),
     ports_file: Path = typer.Option(None, help="Write the bound ports here as JSON once listening"),
+    insecure: bool = typer.Option(False, "--insecure", help="Loopback development only: no authentication on the "
+                                  "REST API, a plaintext agent stream, no join port (refused with a --host that "
+                                  "is not loopback)"),
+    node_cert_validity: str = typer.Option("8760h", help="How long a node's certificate is valid (a year), e.g. "
+                                           "720h, 30s; "
+                                           "agents renew it at two thirds, over their stream"),
     node_grace: float = typer.Option(30.0, help="Seconds a disconnected node keeps its replicas"),
     unhealthy_grace: float = typer.Option(30.0, help="Seconds a replica whose engine its agent calls Unhealthy "
                                           "(alive, not answering) stays so before it is replaced"),
@@ -106,6 +119,12 @@ def server(
     if tracing_endpoint and not tracing_endpoint.startswith(("http://", "https://")):
         raise _fail(f"--tracing-endpoint {tracing_endpoint!r}: expected http://HOST:PORT of an OTLP/HTTP collector")
     try:
+        cert_validity_s = units.parse_duration(node_cert_validity)
+    except ValueError as e:
+        raise _fail(f"--node-cert-validity: {e}") from None
+    if cert_validity_s <= 0:
+        raise _fail("--node-cert-validity must be longer than 0s")
+    try:
         hub = serve.hub_settings(endpoint=hub_endpoint, mirror_url=mirror_url, token_file=hub_token_file,
                                  env=os.environ, quiet=mirror_dir is not None)
     except LlmgwError as e:
@@ -121,7 +140,8 @@ def server(
     cfg = serve.ServerConfig(hub=hub, mirror=mirror, host=host, http_port=http_port, agent_port=agent_port,
                              data_dir=data_dir or default_data_dir(), ports_file=ports_file, node_grace_s=node_grace,
                              unhealthy_grace_s=unhealthy_grace, tracing_endpoint=tracing_endpoint or "",
-                             weights_gc_free_below_pct=weights_gc_free_below)
+                             weights_gc_free_below_pct=weights_gc_free_below, insecure=insecure,
+                             join_port=join_port, node_cert_validity_s=cert_validity_s)
 
     async def serve_then_exit() -> None:
         code = 0
@@ -146,54 +166,13 @@ def server(
 
 
 @app.command()
-def agent(
-    config: Path = typer.Option(None, "--config", "-c", help="YAML settings file (see examples/agent.yaml) "
-                                                              "[env LLMGW_AGENT_CONFIG]"),
-    server: list[str] = typer.Option([], "--server", help="Control plane agent address HOST:PORT (repeatable; "
-                                                           "replaces the file's)"),
-    node_id: str = typer.Option(None, help="Node id [default: the hostname]"),
-    mgmt_addr: str = typer.Option(None, help="Address engines listen on [default: this machine's on the route "
-                                             "to the control plane]"),
-    state_dir: Path = typer.Option(None, help="Engine logs and state [default /var/lib/llmgw/agent as root, "
-                                              "else $XDG_STATE_HOME/llmgw/agent]"),
-    model_dir: list[Path] = typer.Option([], "--model-dir", help="Where model weights live (repeatable)"),
-    heartbeat_interval: float = typer.Option(None, help="Seconds between heartbeats [5]"),
-    stop_grace: float = typer.Option(None, help="Seconds an engine gets between SIGTERM and SIGKILL [10]"),
-    stop_engines_on_exit: bool = typer.Option(False, "--stop-engines-on-exit",
-                                              help="Stop engines when the agent stops (default: they outlive it "
-                                                   "and the next agent adopts them)"),
-    engine_python: list[str] = typer.Option([], "--engine-python", help="ENGINE=PYTHON: the Python that has a "
-                                            "Python engine installed, e.g. vllm=/opt/vllm/bin/python (repeatable) "
-                                            "[env LLMGW_AGENT_VLLM_PYTHON, ...; default: the agent's own]"),
-    log_level: str = typer.Option("info"),
-) -> None:
-    """Run the node agent on this machine."""
-    from llmgw.agent import config as agent_config
-    from llmgw.agent import main as agent_main
-    from llmgw.agent import settings as agent_settings
-
-    _logging(log_level)  # first: basicConfig does nothing once the root logger has a handler (the ring)
-    ring = agent_main.install_log_ring()
-    path = config or (Path(os.environ["LLMGW_AGENT_CONFIG"]) if os.environ.get("LLMGW_AGENT_CONFIG") else None)
-    flags = {"servers": server, "node_id": node_id, "mgmt_addr": mgmt_addr,
-             "state_dir": state_dir.resolve() if state_dir else None,
-             "model_dirs": [p.resolve() for p in model_dir], "heartbeat_interval": heartbeat_interval,
-             "stop_grace": stop_grace, "stop_engines_on_exit": True if stop_engines_on_exit else None,
-             "engine_python": engine_python}
-    try:
-        st = agent_settings.load(path=path, env=os.environ, flags=flags)
-        cfg = agent_config.from_settings(st)
-        asyncio.run(agent_main.run(cfg, ring=ring))
-    except LlmgwError as e:
-        raise _fail(str(e)) from None
-
-
-@app.command()
 def router(
     control: str = typer.Option(..., "--control", help="The control plane's URL, e.g. http://cp1:8080"),
     host: str = typer.Option("127.0.0.1", help="Address to listen on (0.0.0.0 for every interface)"),
     port: int = typer.Option(8080, min=0, max=65535, help="The OpenAI API (/v1) and /metrics"),
     router_id: str = typer.Option("", help="This router's name in the ejections it reports [default: hostname]"),
+    token_file: Path = typer.Option(None, help="A file holding this router's credential (`llmgw router-token "
+                                    "create NAME`) [default: env LLMGW_ROUTER_TOKEN]"),
     tracing_endpoint: str = TracingOpt,
     log_level: str = typer.Option("warning"),
 ) -> None:
@@ -202,7 +181,8 @@ def router(
 
     raise typer.Exit(standalone.main(["--control", control, "--host", host, "--port", str(port),
                                       "--log-level", log_level, "--router-id", router_id,
-                                      "--tracing-endpoint", tracing_endpoint or ""]))
+                                      "--tracing-endpoint", tracing_endpoint or "",
+                                      *(["--token-file", str(token_file)] if token_file else [])]))
 
 
 @app.command()
@@ -293,6 +273,10 @@ audit_mod.register(app)
 sim_mod.register(app)
 mirror_mod.register(app)
 onboard_mod.register(app, default_data_dir=default_data_dir)
+agentcmd.register(app, setup_logging=_logging, fail=_fail)
+nodes_mod.register(app)
+login_mod.register(app)
+users_mod.register(app)
 
 
 def main() -> None:

@@ -15,8 +15,9 @@ import typer
 from llmgw.core import units
 from llmgw.core.errors import LlmgwError
 
-#: The agents' gRPC port `llmgw server` listens on unless told otherwise.
-AGENT_PORT = 8081
+#: The join port `llmgw server` listens on unless told otherwise (TLS that authenticates the server only;
+#: the agent port, 8081, needs the certificate the join gives).
+JOIN_PORT = 8082
 
 
 def _fail(message: str) -> typer.Exit:
@@ -56,8 +57,8 @@ def register(app: typer.Typer, *, default_data_dir: Callable[[], Path]) -> None:
         ttl: str = typer.Option("1h", "--ttl", help="How long the token is valid, e.g. 30m, 1h, 24h"),
         uses: int = typer.Option(1, "--uses", min=1, help="How many nodes may join with it"),
         node: str = typer.Option("", "--node", help="The node id a node joining with it gets [default: its own]"),
-        server: str = typer.Option("", "--server", help="HOST:PORT nodes reach the agent port at [default: the "
-                                                        f"first --host given to init, port {AGENT_PORT}]"),
+        server: str = typer.Option("", "--server", help="HOST:PORT nodes reach the join port at [default: the "
+                                                        f"first --host given to init, port {JOIN_PORT}]"),
         data_dir: Path = typer.Option(None, "--data-dir", help=dir_help),
     ) -> None:
         """Make a join token and print the `llmgw agent join` command that uses it."""
@@ -73,7 +74,7 @@ def register(app: typer.Typer, *, default_data_dir: Callable[[], Path]) -> None:
             raise _fail(f"--ttl: {e}") from None
         try:
             digest = pki.ca_hash(datadir.read_ca(d).cert_pem)
-            address = server or f"{_bracket(datadir.server_names(d)[0])}:{AGENT_PORT}"
+            address = server or f"{_bracket(datadir.server_names(d)[0])}:{JOIN_PORT}"
             store = store_mod.Store.open(d)
             try:
                 token_id, secret = tokens.create_token(store, ttl_s=ttl_s, uses=uses, node_name=node)

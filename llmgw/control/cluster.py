@@ -555,6 +555,24 @@ class Cluster:
     def connected(self, node_id: str) -> bool:
         return node_id in self._conns
 
+    async def revoke_node(self, node_id: str) -> int:
+        """Revokes every certificate of ``node_id`` and closes its stream now; returns how many were revoked.
+
+        The row first, then the close: the agent's next Connect (it redials at once) meets the revocation
+        in the store and is refused there, so nothing is left for a timer to cut off.
+        """
+        at = self.clock()
+        count = (await self.db.call(self.store.revoke_node_certs, node_id, at=at) if self.db is not None
+                 else self.store.revoke_node_certs(node_id, at=at))
+        conn = self._conns.get(node_id)
+        if conn is not None:
+            conn.link.close(f"its certificate was revoked ({count} revoked)")
+        self.record(ev.Event(at, ev.WARNING, "NodeRevoked", f"node/{node_id}",
+                             f"{count} certificate(s) revoked; the node is refused until it joins again",
+                             node=node_id))
+        self.flush_events()
+        return count
+
     async def logs(self, node_id: str, shard_id: str, *, lines: int, follow: bool) -> AsyncIterator[list[str]]:
         """Lines of a node's agent log or of one of its shards, read over the node's stream."""
         conn = self._conns.get(node_id)

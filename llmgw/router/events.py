@@ -155,6 +155,11 @@ class HttpSink(Sink):
                                       headers=self._headers) as resp:
             if resp.status >= 500:
                 raise _Refused(f"HTTP {resp.status}")
+            if resp.status in (401, 403):
+                # Kept and retried, not dropped: the credential is what is wrong, not the events.
+                raise _Refused(f"HTTP {resp.status}: the control plane refused this router's credential; give it "
+                               "one with `llmgw router-token create NAME` and `--token-file FILE` "
+                               "(or LLMGW_ROUTER_TOKEN)")
             if resp.status >= 400:
                 # A control plane that does not know the endpoint (older) or refuses the
                 # batch: retrying the same bytes cannot help, so they are dropped, said once.

@@ -33,14 +33,35 @@ from llmgw.router import table as table_mod
 log = logging.getLogger("llmgw.router")
 
 
+#: The router's credential for the control plane when no --token-file is given.
+TOKEN_ENV = "LLMGW_ROUTER_TOKEN"
+
+
+def read_token(token_file: Path | None, env: dict[str, str]) -> str:
+    """The router's token from ``--token-file``, else ``LLMGW_ROUTER_TOKEN``, else ""; ValueError saying what is wrong.
+
+    Never a flag's value: an argv is readable by every user of the machine (``ps``, /proc).
+    """
+    if token_file is None:
+        return env.get(TOKEN_ENV, "").strip()
+    try:
+        token = token_file.read_text().strip()
+    except OSError as exc:
+        raise ValueError(f"cannot read --token-file {token_file}: {exc.strerror or exc}") from None
+    if not token:
+        raise ValueError(f"--token-file {token_file} is empty; put the token of `llmgw router-token create NAME` in it")
+    return token
+
+
 def build(*, table_file: Path | None = None, control_url: str | None = None, max_body_bytes: int = 32 << 20,
           keepalive_s: float = 15.0, host: str = "127.0.0.1", router_id: str = "",
           tracing_endpoint: str = "", admission_queue: int = 100, admission_wait_s: float = 30.0,
-          ) -> app_mod.RouterApp:
+          token: str = "") -> app_mod.RouterApp:
     """A RouterApp over a static table or one followed from a control plane, serving its own /metrics.
 
-    Following a control plane, it reports ejections there as ``router_id``. ``host`` is
-    the listen address: keyless tables there get a warning unless it is loopback.
+    Following a control plane, it reports ejections there as ``router_id``, and proves itself to it
+    with ``token`` (a router credential). ``host`` is the listen address: keyless tables there get a
+    warning unless it is loopback.
     """
     holder = table_mod.TableHolder()
     watcher: watch.TableWatcher | None = None
@@ -51,8 +72,9 @@ def build(*, table_file: Path | None = None, control_url: str | None = None, max
         guard.check(holder.current.auth)
         source = str(table_file)
     elif control_url is not None:
-        watcher = watch.TableWatcher(control_url, holder, listen_guard=guard)
-        sink = events.HttpSink(router_id or socket.gethostname(), control_url)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        watcher = watch.TableWatcher(control_url, holder, listen_guard=guard, headers=headers)
+        sink = events.HttpSink(router_id or socket.gethostname(), control_url, headers=headers)
         source = f"the control plane at {control_url}"
     else:
         raise ValueError("give a table file or a control-plane URL")
@@ -70,6 +92,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--table-file", type=Path, help="a static endpoints document (JSON)")
     source.add_argument("--control", help="the control plane's base URL, e.g. http://127.0.0.1:8080")
+    parser.add_argument("--token-file", type=Path, default=None,
+                        help="a file holding this router's credential for the control plane (`llmgw router-token "
+                             f"create NAME`) [default: the {TOKEN_ENV} environment variable]")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--log-level", default="info")
@@ -107,10 +132,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        token = read_token(args.token_file, dict(os.environ)) if args.control else ""
+    except ValueError as exc:
+        print(f"llmgw router: {exc}", file=sys.stderr)
+        return 2
+    if args.control and not token:
+        log.warning("no router credential (--token-file or %s): a secure control plane will refuse this router "
+                    "its routes; `llmgw router-token create NAME` makes one", TOKEN_ENV)
+    try:
         router = build(table_file=args.table_file, control_url=args.control, max_body_bytes=args.max_body_bytes,
                        keepalive_s=args.keepalive, host=args.host, router_id=args.router_id,
                        tracing_endpoint=args.tracing_endpoint, admission_queue=args.admission_queue,
-                       admission_wait_s=args.admission_wait)
+                       admission_wait_s=args.admission_wait, token=token)
     except (OSError, ValueError, table_mod.TableError) as exc:
         print(f"llmgw router: cannot load the route table: {exc}", file=sys.stderr)
         return 2

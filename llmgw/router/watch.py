@@ -11,6 +11,11 @@ a table, the watcher keeps the last table and retries with capped, jittered
 backoff: engines are reached directly, so the router keeps serving while the
 control plane restarts (and a fleet of routers does not retry in lock step). One
 line is logged when an outage starts and one when it ends, not one per retry.
+
+A secure control plane serves the table only to routers with their own credential
+(``headers`` carries ``Authorization: Bearer``); a 401 or 403 is logged saying how
+to give the router one, and retried like an outage (a token made later is read on
+the router's next start).
 """
 
 from __future__ import annotations
@@ -113,6 +118,11 @@ class TableWatcher:
         async with self._session.get(self._url, params=params, headers=self._headers, timeout=timeout) as resp:
             if resp.status != 200:
                 text = (await resp.text(errors="replace"))[:200]
+                if resp.status in (401, 403):
+                    given = "a router token" if "authorization" in {k.lower() for k in self._headers} else "no token"
+                    raise _PollFailed(f"the control plane refused {given} (HTTP {resp.status}: {text}); make one with "
+                                      "`llmgw router-token create NAME` and start the router with `--token-file "
+                                      "FILE` (or LLMGW_ROUTER_TOKEN)")
                 raise _PollFailed(f"HTTP {resp.status}: {text}")
             return await resp.json(content_type=None)
 

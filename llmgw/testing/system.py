@@ -4,6 +4,11 @@ Everything is started on free ports with its own data and state directories,
 and everything is stopped at the end, engines included, even when the test
 failed: the agent stops its engines on SIGTERM, and whatever is left of the
 processes it started is killed by pid.
+
+Secure by default, as a user runs it: the data directory is initialised (cluster CA, admin
+password), the harness logs in as admin and sends that token on every REST call, and each agent
+joins with a one-use token over the join port and then holds a mutual-TLS stream.
+``secure=False`` runs the server and agents with ``--insecure`` (loopback development mode).
 """
 
 from __future__ import annotations
@@ -46,40 +51,98 @@ def sim_model(name: str, *, replicas: int = 1, args: list[str] | None = None, **
 
 class System:
     def __init__(self, root: Path, *, node_grace_s: float = 30.0, server_args: Sequence[str] = (),
-                 agent_env: Mapping[str, str] | None = None) -> None:
+                 agent_env: Mapping[str, str] | None = None, secure: bool = True) -> None:
         """``server_args`` are added to `llmgw server`'s; ``agent_env`` to each agent's environment."""
         self.root = root
         self.data_dir = root / "data"
         self.node_grace_s = node_grace_s
         self.server_args = tuple(server_args)
         self.agent_env = dict(agent_env or {})
+        self.secure = secure
         self.server: Proc | None = None
         self.agents: dict[str, Proc] = {}
         self._engine_pids: set[int] = set()
-        self.http_port = self.agent_port = 0
+        self.http_port = self.agent_port = self.join_port = 0
+        #: Secure mode: the first administrator's password (from init), the CA's hash, and the admin's API token.
+        self.admin_password = ""
+        self.ca_hash = ""
+        self.token = ""
 
     # -- processes ------------------------------------------------------------------
     def start_server(self) -> None:
         ports = self.root / "ports.json"
         ports.unlink(missing_ok=True)
+        if self.secure:
+            self._init()
+        mode = ["--join-port", str(self.join_port)] if self.secure else ["--insecure"]
         self.server = Proc.start([*LLMGW, "server", "--http-port", str(self.http_port), "--agent-port",
-                                  str(self.agent_port), "--data-dir", str(self.data_dir), "--ports-file",
+                                  str(self.agent_port), *mode, "--data-dir", str(self.data_dir), "--ports-file",
                                   str(ports), "--node-grace", str(self.node_grace_s), *self.server_args],
                                  log_path=self.root / "server.log")
         got = wait_for(lambda: ports.exists() and ports.read_text(), timeout=30, what="server ports file")
         doc = json.loads(str(got))
         self.http_port, self.agent_port = doc["http_port"], doc["agent_port"]
+        self.join_port = int(doc.get("join_port") or 0)
         self.server.wait_http(f"{self.url}/healthz", timeout=30)
+        if self.secure and not self.token:
+            resp = self.request("POST", "/api/v1/login", json={"username": "admin", "password": self.admin_password})
+            assert resp.status_code == 200, f"login as admin: {resp.status_code} {resp.text}"
+            self.token = str(resp.json()["token"])
+
+    def _init(self) -> None:
+        """``llmgw init`` of the data directory, once (in-process: it is a few file writes and one argon2 hash)."""
+        from llmgw.control import datadir
+        from llmgw.core import pki
+
+        if datadir.is_initialised(self.data_dir):
+            return
+        done = datadir.init(self.data_dir, hosts=[])
+        self.admin_password = done.admin_password
+        self.ca_hash = pki.ca_hash(datadir.read_ca(self.data_dir).cert_pem)
+
+    def join_token(self, *, node: str = "", uses: int = 1, ttl_s: float = 600.0) -> str:
+        """A bootstrap token, as `llmgw token create` makes one (straight into the store, which the server shares)."""
+        from llmgw.control import tokens
+        from llmgw.control.store import store as store_mod
+
+        store = store_mod.Store.open(self.data_dir)
+        try:
+            token_id, secret = tokens.create_token(store, ttl_s=ttl_s, uses=uses, node_name=node)
+        finally:
+            store.close()
+        return f"{token_id}.{secret}"
+
+    def join_args(self, node_id: str, *, token: str = "") -> list[str]:
+        """``llmgw agent join``'s flags for ``node_id`` with a fresh one-use token (or ``token``)."""
+        return ["--server", f"127.0.0.1:{self.join_port}", "--token", token or self.join_token(),
+                "--ca-hash", self.ca_hash]
+
+    def cli_env(self) -> dict[str, str]:
+        """The environment for a `llmgw` CLI process talking to this system: the admin's token in LLMGW_TOKEN."""
+        env = dict(os.environ)
+        if self.token:
+            env["LLMGW_TOKEN"] = self.token
+        return env
 
     def stop_server(self) -> None:
         if self.server is not None:
             self.server.stop(timeout=10)
             self.server = None
 
+    def agent_command(self, node_id: str, *, state_dir: Path | None = None) -> list[str]:
+        """The argv that starts (secure: first joins) agent ``node_id``; append the agent's other flags."""
+        state = state_dir or self.root / node_id
+        if not self.secure:
+            how = ["agent", "--insecure", "--server", f"127.0.0.1:{self.agent_port}"]
+        elif (state / "pki").exists():  # joined before: its certificate, and the agent port (it may be new)
+            how = ["agent", "--server", f"127.0.0.1:{self.agent_port}"]
+        else:
+            how = ["agent", "join", *self.join_args(node_id)]
+        return [*LLMGW, *how, "--node-id", node_id, "--state-dir", str(state)]
+
     def start_agent(self, node_id: str = "node1") -> Proc:
-        proc = Proc.start([*LLMGW, "agent", "--server", f"127.0.0.1:{self.agent_port}", "--node-id", node_id,
-                           "--state-dir", str(self.root / node_id), "--heartbeat-interval", "1",
-                           "--stop-grace", "3"], log_path=self.root / f"agent-{node_id}.log",
+        proc = Proc.start([*self.agent_command(node_id), "--heartbeat-interval", "1", "--stop-grace", "3"],
+                          log_path=self.root / f"agent-{node_id}.log",
                           env={**os.environ, **self.agent_env} if self.agent_env else None)
         self.agents[node_id] = proc
         wait_for(lambda: any(n["id"] == node_id and n["connected"] for n in self.get("/api/v1/nodes")["items"]),
@@ -144,6 +207,9 @@ class System:
         return f"http://127.0.0.1:{self.http_port}"
 
     def request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        """A REST call as the admin (its token sent unless ``headers`` says otherwise)."""
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        kw["headers"] = {**headers, **kw.get("headers", {})}
         with httpx.Client(base_url=self.url, timeout=30, trust_env=False) as c:
             return c.request(method, path, **kw)
 

@@ -110,7 +110,10 @@ def served(vllm_system: System, tiny_hf_model: Path) -> Served:
 
     wait_for(ready, timeout=READY_TIMEOUT_S, interval=0.5, what=f"{MODEL} Ready")
     system.wait_router(MODEL, 1, timeout=30)
-    (route,) = [m for m in table.RouteTable.from_doc(system.get("/api/v1/endpoints")).models if m.name == MODEL]
+    # The endpoints document is served to router credentials only.
+    router = system.request("POST", "/api/v1/routers", json={"name": "vllm-test"}).json()["token"]
+    doc = system.request("GET", "/api/v1/endpoints", headers={"Authorization": f"Bearer {router}"}).json()
+    (route,) = [m for m in table.RouteTable.from_doc(doc).models if m.name == MODEL]
     (endpoint,) = route.endpoints
     (replica,) = system.replicas(MODEL)
     shard_id = replica["shard"]

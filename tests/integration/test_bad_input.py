@@ -14,7 +14,7 @@ import json
 import queue
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,8 @@ import httpx
 import pytest
 import yaml
 
+from llmgw.agent import join as agent_join
+from llmgw.agent import nodepki
 from llmgw.api.v1 import agent_pb2 as pb
 from llmgw.testing import system as system_mod
 from llmgw.testing.procs import wait_for
@@ -54,9 +56,13 @@ def _server_log(s: System) -> str:
 class _RawStream:
     """An agent stream that sends whatever bytes it is given, as a hostile or broken peer would."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, node: nodepki.NodePki) -> None:
+        # Mutual TLS with a joined node's certificate: what a node that went bad (or was taken over) can
+        # send, the worst a peer gets to; a stranger without one does not get past the handshake.
+        ca, cert, key = node.credentials()
         # No send limit here: the point is what the server does with a message over its own.
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", -1)])
+        self.channel = grpc.secure_channel(f"127.0.0.1:{port}", grpc.ssl_channel_credentials(ca, key, cert),
+                                           options=[("grpc.max_send_message_length", -1)])
         self._out: queue.Queue[bytes | None] = queue.Queue()
         connect = self.channel.stream_stream(CONNECT, request_serializer=lambda b: b,
                                              response_deserializer=lambda b: b)
@@ -85,12 +91,25 @@ class _RawStream:
 
 
 @pytest.fixture
-def raw(cluster: System) -> Iterator[_RawStream]:
-    stream = _RawStream(cluster.agent_port)
+def raws(cluster: System, tmp_path: Path) -> Iterator[Callable[[str], _RawStream]]:
+    """Opens raw streams as node ids of the test's choosing: each joined for real (node1: its own certificate)."""
+    opened: list[_RawStream] = []
+
+    def open_as(node_id: str) -> _RawStream:
+        if node_id == "node1":
+            node = nodepki.of(cluster.root / "node1")
+            assert node is not None
+        else:
+            node = agent_join.join(server=f"127.0.0.1:{cluster.join_port}", token=cluster.join_token(),
+                                   ca_hash=cluster.ca_hash, node_id=node_id, state_dir=tmp_path / node_id).pki
+        opened.append(_RawStream(cluster.agent_port, node))
+        return opened[-1]
+
     try:
-        yield stream
+        yield open_as
     finally:
-        stream.close()
+        for stream in opened:
+            stream.close()
 
 
 def _node(s: System, node_id: str) -> dict[str, Any] | None:
@@ -129,9 +148,11 @@ def test_engine_args_with_shell_metacharacters_reach_the_engine_as_literal_argv(
 
 
 @pytest.mark.parametrize("first", [True, False], ids=["instead-of-register", "after-register"])
-def test_bytes_that_are_no_message_end_only_that_stream(cluster: System, raw: _RawStream, first: bool) -> None:
+def test_bytes_that_are_no_message_end_only_that_stream(cluster: System, raws: Callable[[str], _RawStream],
+                                                        first: bool) -> None:
     """Bytes that are not an AgentMessage end that stream with a logged reason; the server and node1 go on."""
     node_id = f"bad-garbage-{uuid.uuid4().hex[:6]}"
+    raw = raws(node_id)
     if not first:
         assert raw.register(node_id).ack.ok
         wait_for(lambda: (_node(cluster, node_id) or {}).get("connected"), timeout=10, what=f"{node_id} connected")
@@ -149,10 +170,11 @@ def test_bytes_that_are_no_message_end_only_that_stream(cluster: System, raw: _R
 
 
 @pytest.mark.parametrize("first", [True, False], ids=["instead-of-register", "after-register"])
-def test_a_message_over_the_receive_limit_ends_only_that_stream(cluster: System, raw: _RawStream,
+def test_a_message_over_the_receive_limit_ends_only_that_stream(cluster: System, raws: Callable[[str], _RawStream],
                                                                 first: bool) -> None:
     """A 5 MiB message (the server takes 4) is refused with RESOURCE_EXHAUSTED; the server and node1 go on."""
     node_id = f"bad-big-{uuid.uuid4().hex[:6]}"
+    raw = raws(node_id)
     if not first:
         assert raw.register(node_id).ack.ok
     big = pb.AgentMessage(seq=2, register=pb.Register(node_id=node_id, hostname="x" * (5 << 20)))
@@ -169,8 +191,11 @@ def test_a_message_over_the_receive_limit_ends_only_that_stream(cluster: System,
     _unharmed(cluster)
 
 
-def test_a_register_for_a_connected_node_is_refused_not_a_takeover(cluster: System, raw: _RawStream) -> None:
-    """A second stream claiming node1 is refused with a reason naming the node and both peers; node1 keeps its own."""
+def test_a_register_for_a_connected_node_is_refused_not_a_takeover(cluster: System,
+                                                                   raws: Callable[[str], _RawStream]) -> None:
+    """A second stream with node1's own certificate (its key copied off the node) is refused with a reason naming
+    the node and both peers; node1 keeps its stream."""
+    raw = raws("node1")
     reply = raw.register("node1")
     assert not reply.ack.ok, reply
     assert "node1" in reply.ack.error and "already connected" in reply.ack.error, reply.ack.error
@@ -236,7 +261,7 @@ def test_llmgw_apply_of_bad_model_files_names_the_field_and_stores_nothing(clust
         path = tmp_path / f"{i}.yaml"
         path.write_text(yaml.safe_dump(_with(spec, name), width=1 << 30))
         out = subprocess.run([*LLMGW, "apply", "-f", str(path), "--url", cluster.url], capture_output=True,
-                             text=True, timeout=60)
+                             text=True, timeout=60, env=cluster.cli_env())
         said = " ".join((out.stdout + out.stderr).split())
         assert out.returncode == 1 and says in said and "Traceback" not in said, (case, said[-800:])
     stored = json.dumps(cluster.get("/api/v1/models"))

@@ -6,7 +6,6 @@ them (and, as ever, reloads no engine); a drain under load fails no request.
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from llmgw.testing.system import LLMGW, System, sim_model
 def _cli(system: System, *args: str) -> subprocess.CompletedProcess[str]:
     # Wide: Rich wraps a table to 80 columns without a terminal, and a wrapped cell splits the words checked.
     return subprocess.run([*LLMGW, *args, "--url", system.url], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "COLUMNS": "300"})
+                          env={**system.cli_env(), "COLUMNS": "300"})
 
 
 def _node(system: System, node_id: str) -> dict[str, object]:
@@ -112,7 +111,8 @@ def test_events_follow_prints_new_events_as_they_come(system: System) -> None:
     from llmgw.testing.procs import Proc
 
     log = Path(str(system.root)) / "events.log"
-    with Proc.start([*LLMGW, "events", "-f", "--node", "node1", "--url", system.url], log_path=log):
+    with Proc.start([*LLMGW, "events", "-f", "--node", "node1", "--url", system.url], log_path=log,
+                    env=system.cli_env()):
         wait_for(lambda: "NodeRegistered" in log.read_text(), timeout=30, interval=0.2, what="old events")
         assert "NodeCordoned" not in log.read_text()
         assert _cli(system, "cordon", "node1").returncode == 0

@@ -26,6 +26,7 @@ import pytest
 import uvicorn
 from aiohttp import web
 
+from llmgw.control.auth import Auth
 from llmgw.control.cluster import Cluster
 from llmgw.control.http.api import create_api
 from llmgw.control.router_events import RouterEvents
@@ -53,7 +54,7 @@ class ControlPlane:
         self.cluster = Cluster(self.store)
         self.frozen = time.time()
         self.events = RouterEvents(clock=lambda: self.frozen)
-        app = create_api(self.store, self.cluster, router_events=self.events)
+        app = create_api(self.store, self.cluster, auth=Auth.insecure(), router_events=self.events)
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
                                                     lifespan="off"))
         self.thread = threading.Thread(target=self._run, daemon=True)

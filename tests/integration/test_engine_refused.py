@@ -10,7 +10,6 @@ placement checks a vLLM model's tensor_parallel against.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -100,7 +99,7 @@ def test_tensor_parallel_that_does_not_divide_the_heads_is_refused_and_never_sta
         good = wait_for(lambda: placed(s, "good"), timeout=30, interval=0.2, what="good tried")
         assert isinstance(good, dict) and good["reason"] == "Unschedulable" and "lacks engine vllm" in good["message"]
 
-        env = {**os.environ, "COLUMNS": "300"}
+        env = {**s.cli_env(), "COLUMNS": "300"}
         shown = subprocess.run([*LLMGW, "describe", "model", "bad", "--url", s.url], capture_output=True,
                                text=True, timeout=60, env=env)
         assert shown.returncode == 0 and "EngineRefused" in shown.stdout and "does not divide 32" in shown.stdout

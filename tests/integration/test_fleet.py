@@ -28,7 +28,7 @@ def _metrics(system: System) -> dict[str, float]:
 
 def test_fleet_registers_takes_replicas_and_stops(tmp_path: Path) -> None:
     """20 simulated nodes register over gRPC, 10 replicas are placed across them and Ready, SIGTERM ends it."""
-    system = System(tmp_path)
+    system = System(tmp_path, secure=False)  # the simulated fleet dials plaintext: --insecure, loopback
     fleet = None
     stats_file = tmp_path / "fleet-stats.json"
     try:
@@ -65,7 +65,7 @@ def test_fleet_registers_takes_replicas_and_stops(tmp_path: Path) -> None:
 
 def test_fleet_survives_a_control_plane_restart_without_commands(tmp_path: Path) -> None:
     """After a server restart every simulated node re-registers with its shards and no Start or Stop is sent."""
-    system = System(tmp_path)
+    system = System(tmp_path, secure=False)  # the simulated fleet dials plaintext: --insecure, loopback
     fleet = None
     stats_file = tmp_path / "fleet-stats.json"
     try:

@@ -50,7 +50,7 @@ def system_args() -> dict[str, Any]:
 def _cli(system: System, *args: str) -> str:
     # Wide columns: rich would otherwise fold the message column of a table into many short lines.
     out = subprocess.run([*LLMGW, *args, "--url", system.url], capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "COLUMNS": "400"})
+                         env={**system.cli_env(), "COLUMNS": "400"})
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -154,6 +154,12 @@ def test_a_stopped_engine_is_found_replaced_and_killed_with_no_failed_request(sy
 def test_an_engine_that_answers_again_before_its_grace_is_kept_and_routed(system: System) -> None:
     """SIGSTOP then SIGCONT within the grace: Unhealthy, then Ready again (Recovered); nothing replaced or failed."""
     before, victim, pid = _two_replicas_and_a_victim(system, "blip")
+    # The endpoints document is served to router credentials only.
+    router = system.request("POST", "/api/v1/routers", json={"name": "hung-test"}).json()["token"]
+
+    def routes() -> dict:
+        return dict(system.request("GET", "/api/v1/endpoints", headers={"Authorization": f"Bearer {router}"}).json())
+
     with Load(system.url, "blip", clients=4, timeout_s=60) as load:
         load.wait_ok(20)
         os.kill(pid, signal.SIGSTOP)
@@ -165,7 +171,7 @@ def test_an_engine_that_answers_again_before_its_grace_is_kept_and_routed(system
         wait_for(lambda: {r["id"]: r["phase"] for r in system.replicas("blip")}.get(victim) == "Ready",
                  timeout=20, interval=0.05, what=f"replica {victim} Ready again")
         # Back in the router's table: both replicas answer again.
-        wait_for(lambda: len(system.get("/api/v1/endpoints")["models"][0]["endpoints"]) == 2, timeout=10,
+        wait_for(lambda: len(routes()["models"][0]["endpoints"]) == 2, timeout=10,
                  what="two endpoints")
         load.wait_ok(20)
     assert load.before_bytes == [] and load.after_bytes == [], (load.before_bytes, load.after_bytes)

@@ -65,7 +65,7 @@ def test_token_create_prints_a_join_command_with_the_ca_hash(tmp_path: Path) -> 
     r = _run(tmp_path, "token", "create", "--data-dir", str(d), "--ttl", "30m", "--uses", "2", "--node", "gpu7")
     assert r.returncode == 0, r.stderr
     ca_hash = pki.ca_hash((d / "pki" / "ca.crt").read_bytes())
-    m = re.fullmatch(r"llmgw agent join --server cp1\.example:8081 --token ([a-z0-9]{6})\.([a-z0-9]{16}) "
+    m = re.fullmatch(r"llmgw agent join --server cp1\.example:8082 --token ([a-z0-9]{6})\.([a-z0-9]{16}) "
                      rf"--ca-hash {ca_hash}\n", r.stdout)
     assert m, r.stdout
     bad = _run(tmp_path, "token", "create", "--data-dir", str(d), "--ttl", "soon")

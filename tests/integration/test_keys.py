@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 
 from llmgw.testing.procs import wait_for
@@ -12,18 +11,32 @@ from llmgw.testing.system import LLMGW, System, sim_model
 
 
 def _cli(system: System, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "LLMGW_URL": system.url, "COLUMNS": "200"}
+    env = {**system.cli_env(), "LLMGW_URL": system.url, "COLUMNS": "200"}
     return subprocess.run([*LLMGW, *args], env=env, capture_output=True, text=True, timeout=30)
 
 
-def _auth(system: System) -> dict:
-    return system.get("/api/v1/endpoints")["auth"]
+def _router_token(system: System) -> str:
+    """A router credential: the endpoints document is served to routers only."""
+    made = system.request("POST", "/api/v1/routers", json={"name": "keys-test"})
+    assert made.status_code == 201, made.text
+    return str(made.json()["token"])
+
+
+def _endpoints(system: System, token: str) -> dict:
+    r = system.request("GET", "/api/v1/endpoints", headers={"Authorization": f"Bearer {token}"})
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def _auth(system: System, token: str) -> dict:
+    return _endpoints(system, token)["auth"]
 
 
 def test_keys_over_rest_and_cli_reach_the_endpoints_doc(system: System) -> None:
     """Keys made by REST and by the CLI are listed without secrets, and published as hashes with required."""
-    assert _auth(system) == {"required": False, "keys": []}  # a fresh cluster needs no key
-    version0 = system.get("/api/v1/endpoints")["version"]
+    router = _router_token(system)
+    assert _auth(system, router) == {"required": False, "keys": []}  # a fresh cluster needs no key
+    version0 = _endpoints(system, router)["version"]
 
     r = system.request("POST", "/api/v1/keys", json={"name": "alice", "models": ["sim-a"], "rpm": 60,
                                                      "tpm": 1000, "priority": 5})
@@ -47,7 +60,7 @@ def test_keys_over_rest_and_cli_reach_the_endpoints_doc(system: System) -> None:
     assert table.returncode == 0 and "alice" in table.stdout and batch_id in table.stdout, table.stderr
 
     def published() -> dict | None:
-        doc = system.get("/api/v1/endpoints")
+        doc = _endpoints(system, router)
         return doc if len(doc["auth"]["keys"]) == 2 else None
 
     doc = wait_for(published, timeout=10, what="both keys in the endpoints doc")
@@ -61,7 +74,8 @@ def test_keys_over_rest_and_cli_reach_the_endpoints_doc(system: System) -> None:
     assert system.request("DELETE", f"/api/v1/keys/{made['id']}").json() == {"deleted": made["id"]}
     gone = _cli(system, "key", "delete", batch_id)
     assert gone.returncode == 0 and f"key/{batch_id} deleted" in gone.stdout, gone.stderr
-    wait_for(lambda: _auth(system) == {"required": False, "keys": []}, timeout=10, what="keys gone from the doc")
+    wait_for(lambda: _auth(system, router) == {"required": False, "keys": []}, timeout=10,
+             what="keys gone from the doc")
     assert system.get("/api/v1/keys")["items"] == []
 
 

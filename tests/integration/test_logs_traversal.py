@@ -50,12 +50,18 @@ def node1(system: System) -> Iterator[tuple[System, Path]]:
     yield system, _plant_secrets(system.root, "node1")
 
 
+def _auth(system: System) -> dict[str, str]:
+    # httpx itself, not System.request: the raw query (`..`, `%2e%2e%2f`) must reach the server unnormalised.
+    return {"Authorization": f"Bearer {system.token}"}
+
+
 def test_rest_logs_route_refuses_a_traversal_with_400(node1: tuple[System, Path]) -> None:
     """`GET /api/v1/nodes/N/logs?shard=<traversal>` is a 400 that says what a shard id looks like, for each case."""
     system, secret = node1
     wrong = {}
     for case, query in [*RAW_TRAVERSALS.items(), ("absolute path to a real .log", str(secret.with_suffix("")))]:
-        r = httpx.get(f"{system.url}/api/v1/nodes/node1/logs?shard={query}", timeout=30, trust_env=False)
+        r = httpx.get(f"{system.url}/api/v1/nodes/node1/logs?shard={query}", timeout=30, trust_env=False,
+                      headers=_auth(system))
         err = r.json().get("error") or {} if r.headers.get("content-type", "").startswith("application/json") else {}
         if not (r.status_code == 400 and SECRET not in r.text and err.get("code") == "invalid_shard_id"
                 and err.get("param") == "shard" and "is not valid" in err.get("message", "")
@@ -71,12 +77,12 @@ def test_rest_logs_route_refuses_an_unknown_shard_naming_those_here(node1: tuple
     system.wait_model("talky")
     shard = system.replicas("talky")[0]["shard"]
     r = httpx.get(f"{system.url}/api/v1/nodes/node1/logs", params={"shard": "nosuch-abc123-1"}, timeout=30,
-                  trust_env=False)
+                  trust_env=False, headers=_auth(system))
     assert r.status_code == 404, r.text
     message = r.json()["error"]["message"]
     assert message.startswith(f"no shard nosuch-abc123-1 on node node1; shards here: {shard}."), message
     ok = httpx.get(f"{system.url}/api/v1/nodes/node1/logs", params={"shard": shard, "lines": 5}, timeout=30,
-                   trust_env=False)
+                   trust_env=False, headers=_auth(system))
     assert ok.status_code == 200 and '"lines"' in ok.text, ok.text[:300]
 
 
@@ -121,8 +127,9 @@ def test_the_agent_itself_answers_a_traversal_with_an_error(tmp_path: Path) -> N
     agent = None
     try:
         assert ready.wait(10)
-        agent = Proc.start([*LLMGW, "agent", "--server", f"127.0.0.1:{port}", "--node-id", "n1", "--state-dir",
-                            str(tmp_path / "n1"), "--heartbeat-interval", "1"], log_path=tmp_path / "agent.log")
+        agent = Proc.start([*LLMGW, "agent", "--insecure", "--server", f"127.0.0.1:{port}",
+                            "--node-id", "n1", "--state-dir", str(tmp_path / "n1"), "--heartbeat-interval", "1"],
+                           log_path=tmp_path / "agent.log")
         wait_for(asker.done.is_set, timeout=30, what="a reply to every logs request")
     finally:
         if agent is not None:

@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 from llmgw.testing.procs import Proc, wait_for
-from llmgw.testing.system import LLMGW, System, sim_model
+from llmgw.testing.system import System, sim_model
 
 pytestmark = pytest.mark.slow
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -45,8 +45,7 @@ def start_agent(s: System, node_id: str, smi: Path, *, fabric: str | None) -> Pr
            "LLMGW_AGENT_DISCOVERY__NVIDIA_SMI": str(smi), "LLMGW_AGENT_DISCOVERY__SYSFS_ROOT": str(SYSFS)}
     if fabric:
         env["LLMGW_AGENT_FABRICS"] = f'[{{"fabric": "{fabric}", "hcas": ["mlx5_0", "mlx5_1"]}}]'
-    proc = Proc.start([*LLMGW, "agent", "--server", f"127.0.0.1:{s.agent_port}", "--node-id", node_id,
-                       "--state-dir", str(s.root / node_id), "--heartbeat-interval", "1", "--stop-grace", "3"],
+    proc = Proc.start([*s.agent_command(node_id), "--heartbeat-interval", "1", "--stop-grace", "3"],
                       env=env, log_path=s.root / f"agent-{node_id}.log")
     s.agents[node_id] = proc  # System.close stops it and whatever engines it left
     wait_for(lambda: any(n["id"] == node_id and n["connected"] for n in s.get("/api/v1/nodes")["items"]),

@@ -117,7 +117,7 @@ def test_get_weights_lists_each_nodes_weights_and_the_models_that_ask(tmp_path: 
                          "format": "gguf", "source": "", "last_used_unix": 0, "fetched_by_llmgw": False,
                          "models": ["m"]}]
         out = subprocess.run([sys.executable, "-m", "llmgw", "get", "weights", "--url", s.url], capture_output=True,
-                             text=True, timeout=60, env={**os.environ, "COLUMNS": "300"})
+                             text=True, timeout=60, env={**s.cli_env(), "COLUMNS": "300"})
         assert out.returncode == 0, out.stderr
         def cells(line: str) -> list[str]:
             return [w for w in line.split() if w not in ("┃", "│")]

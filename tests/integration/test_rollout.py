@@ -79,11 +79,11 @@ def test_rolling_update_of_four_replicas_under_load_fails_no_request(system: Sys
     reasons = [e["reason"] for e in described["events"]]
     assert "Updated" in reasons and "RollingUpdate" in reasons and "UpToDate" in reasons
     out = subprocess.run([*LLMGW, "describe", "model", "roll", "--url", system.url], capture_output=True, text=True,
-                         timeout=60)
+                         timeout=60, env=system.cli_env())
     assert out.returncode == 0, out.stderr
     assert "4 desired, 4 Ready, 4 on the current spec" in out.stdout and "Progressing" in out.stdout
     ev = subprocess.run([*LLMGW, "events", "--model", "roll", "--url", system.url], capture_output=True,
-                        text=True, timeout=60)
+                        text=True, timeout=60, env=system.cli_env())
     assert ev.returncode == 0 and ev.stdout.count("replaced by a replica with the model's new spec") == 4
 
 

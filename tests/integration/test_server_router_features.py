@@ -37,7 +37,10 @@ def test_server_router_has_the_limit_and_traces_to_the_engine(traced: tuple[Syst
     system.apply(sim_model("t", max_concurrency_per_replica=3))
     system.wait_model("t")
     system.wait_router("t", 1)
-    (model,) = [m for m in system.get("/api/v1/endpoints")["models"] if m["name"] == "t"]
+    # The endpoints document is served to router credentials only.
+    router = system.request("POST", "/api/v1/routers", json={"name": "features-test"}).json()["token"]
+    doc = system.request("GET", "/api/v1/endpoints", headers={"Authorization": f"Bearer {router}"}).json()
+    (model,) = [m for m in doc["models"] if m["name"] == "t"]
     assert model["limits"] == {"concurrency_per_replica": 3}
     assert model["engine"] == "sim"  # what the router may add for an engine (return_progress: llamacpp's)
 

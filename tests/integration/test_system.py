@@ -90,7 +90,7 @@ def test_bad_model_file_is_refused_with_field(system: System, tmp_path: os.PathL
         f.write("apiVersion: llmgw/v1\nkind: Model\nmetadata: {name: ok}\nspec: {engine: sim}\n---\n"
                 "apiVersion: llmgw/v1\nkind: Model\nmetadata: {name: bad}\nspec: {engine: sim, replicas: -2}\n")
     out = subprocess.run([*LLMGW, "apply", "-f", path, "--url", system.url], capture_output=True, text=True,
-                         timeout=60)
+                         timeout=60, env=system.cli_env())
     assert out.returncode == 1
     assert "bad.yaml (document 2): spec.replicas: must be between 0 and 1000, got -2" in out.stderr
     assert system.get("/api/v1/models")["items"] == []  # the valid first document was not applied either
@@ -103,24 +103,25 @@ def test_cli_apply_get_delete(system: System, tmp_path: os.PathLike[str]) -> Non
         json.dump(sim_model("cli-m"), f)  # JSON is YAML too
     run = [*LLMGW]
     out = subprocess.run([*run, "apply", "-f", path, "--url", system.url], capture_output=True, text=True,
-                         timeout=60)
+                         timeout=60, env=system.cli_env())
     assert out.returncode == 0 and "model/cli-m created" in out.stdout
     system.wait_model("cli-m")
     got = subprocess.run([*run, "get", "replicas", "-o", "json", "--url", system.url], capture_output=True,
-                         text=True, timeout=60)
+                         text=True, timeout=60, env=system.cli_env())
     assert [r["phase"] for r in json.loads(got.stdout)] == ["Ready"]
-    nodes = subprocess.run([*run, "get", "nodes", "--url", system.url], capture_output=True, text=True, timeout=60)
+    nodes = subprocess.run([*run, "get", "nodes", "--url", system.url], capture_output=True, text=True, timeout=60,
+                           env=system.cli_env())
     assert "node1" in nodes.stdout
     pids = system.engine_pids()
     assert len(pids) == 1
     gone = subprocess.run([*run, "delete", "model", "cli-m", "--url", system.url], capture_output=True, text=True,
-                          timeout=60)
+                          timeout=60, env=system.cli_env())
     assert gone.returncode == 0
     wait_for(lambda: not system.replicas("cli-m"), timeout=20, what="replicas removed")
     wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
                              for p in pids), timeout=10, what="engine stopped")
     again = subprocess.run([*run, "delete", "model", "cli-m", "--url", system.url], capture_output=True,
-                           text=True, timeout=60)
+                           text=True, timeout=60, env=system.cli_env())
     assert again.returncode == 1 and "does not exist" in again.stderr
 
 
@@ -234,8 +235,11 @@ def test_standalone_router_keeps_serving_while_the_control_plane_is_down(system:
     system.apply(sim_model("alone"))
     system.wait_model("alone")
     port = free_port()
+    # A secure control plane serves its table only to a router with a credential of its own.
+    made = system.request("POST", "/api/v1/routers", json={"name": "alone"})
+    env = {**os.environ, "LLMGW_ROUTER_TOKEN": made.json()["token"]} if made.status_code == 201 else None
     router = Proc.start([*LLMGW, "router", "--control", system.url, "--port", str(port)],
-                        log_path=Path(str(system.root)) / "router.log")
+                        log_path=Path(str(system.root)) / "router.log", env=env)
     try:
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
         body = {"model": "alone", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}

@@ -213,8 +213,9 @@ def test_remove_weights_through_the_stream_removes_only_what_llmgw_fetched(tmp_p
     agent = None
     try:
         assert ready.wait(10)
-        agent = procs.Proc.start([*LLMGW, "agent", "--server", f"127.0.0.1:{port}", "--node-id", "n1", "--state-dir",
-                                  str(state), "--heartbeat-interval", "1"], log_path=tmp_path / "agent.log")
+        agent = procs.Proc.start([*LLMGW, "agent", "--insecure", "--server", f"127.0.0.1:{port}",
+                                  "--node-id", "n1", "--state-dir", str(state), "--heartbeat-interval", "1"],
+                           log_path=tmp_path / "agent.log")
         procs.wait_for(remover.done.is_set, timeout=30, what="an Ack for every RemoveWeights")
     finally:
         if agent is not None:

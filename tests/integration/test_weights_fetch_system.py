@@ -9,7 +9,6 @@ internet. The sim engine loads nothing, but a sim model with a source still has 
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import subprocess
 import sys
@@ -28,7 +27,7 @@ TOKEN = "hf_systemtest_token_4f1c9a"
 
 def get_replicas(s: System) -> str:
     out = subprocess.run([sys.executable, "-m", "llmgw", "get", "replicas", "--url", s.url], capture_output=True,
-                         text=True, timeout=30, env={**os.environ, "COLUMNS": "250"}, check=True)
+                         text=True, timeout=30, env={**s.cli_env(), "COLUMNS": "250"}, check=True)
     return out.stdout
 
 
@@ -50,7 +49,7 @@ def test_http_source_is_fetched_with_progress_then_ready_and_listed(tmp_path: Pa
                         what="Fetching NN% in `llmgw get replicas`")
         assert seen is not None
         describe = subprocess.run([sys.executable, "-m", "llmgw", "describe", "model", "fetched", "--url", s.url],
-                                  capture_output=True, text=True, timeout=30, env={**os.environ, "COLUMNS": "250"},
+                                  capture_output=True, text=True, timeout=30, env={**s.cli_env(), "COLUMNS": "250"},
                                   check=True).stdout
         assert re.search(r"fetching its weights: \[[#.]+\] \d+%", describe) or "Ready" in describe
         s.wait_model("fetched", timeout=60)

@@ -12,6 +12,10 @@ from llmgw.agent.supervisor import liveness
 BASE_ENV = {"XDG_STATE_HOME": "/xdg/state", "HOME": "/home/u", "LLMGW_AGENT_SERVER": "cp1"}
 
 
+#: An agent that has not joined runs only --insecure against loopback (``config.identity``).
+_UNJOINED = {"mgmt_addr": "127.0.0.1", "insecure": True, "servers": ["127.0.0.1:8081"]}
+
+
 def _load(tmp_path: Path, text: str = "", **env: str) -> settings.AgentSettings:
     path = tmp_path / "agent.yaml"
     path.write_text(text)
@@ -28,7 +32,7 @@ def test_defaults_are_the_measured_ones_and_reach_the_supervisor_config(tmp_path
     """Unset, the three settings are liveness's defaults (2 s, 2 s, 3), and the agent config carries them whole."""
     s = _load(tmp_path)
     assert (s.probe_period_s, s.probe_timeout_s, s.probe_failure_threshold) == (2.0, 2.0, 3)
-    cfg = config.from_settings(s.model_copy(update={"mgmt_addr": "127.0.0.1"}))
+    cfg = config.from_settings(s.model_copy(update=_UNJOINED))
     assert cfg.probes == liveness.Liveness(period_s=2.0, timeout_s=2.0, failure_threshold=3)
 
 
@@ -43,7 +47,7 @@ def test_environment_names_are_the_ones_other_parts_set_and_win_over_the_file(tm
     s = _load(tmp_path, "probe_period_s: 9\nprobe_failure_threshold: 9\n", LLMGW_AGENT_PROBE_PERIOD_S="0.2",
               LLMGW_AGENT_PROBE_TIMEOUT_S="300ms", LLMGW_AGENT_PROBE_FAILURE_THRESHOLD="2")
     assert (s.probe_period_s, s.probe_timeout_s, s.probe_failure_threshold) == (0.2, 0.3, 2)
-    cfg = config.from_settings(s.model_copy(update={"mgmt_addr": "127.0.0.1"}))
+    cfg = config.from_settings(s.model_copy(update=_UNJOINED))
     assert cfg.probes == liveness.Liveness(period_s=0.2, timeout_s=0.3, failure_threshold=2)
 
 

@@ -15,6 +15,7 @@ from rich.console import Console
 
 from llmgw.cli import audit as audit_cli
 from llmgw.cli import client as client_mod
+from llmgw.control.auth import Auth
 from llmgw.control.cluster import Cluster
 from llmgw.control.http import audit as audit_http
 from llmgw.control.http.api import create_api
@@ -57,7 +58,7 @@ def test_store_refuses_an_unknown_outcome(tmp_path: Path) -> None:
 def test_every_mutating_route_is_audited_or_says_why_not(tmp_path: Path) -> None:
     """Each POST/PUT/PATCH/DELETE route of the REST app matches an audited route or is listed with a reason."""
     store = Store.open(tmp_path)
-    app = create_api(store, Cluster(store))
+    app = create_api(store, Cluster(store), auth=Auth.insecure())
     try:
         routes = [(m, r.path) for r in app.routes if isinstance(r, APIRoute) for m in r.methods & MUTATING]
         assert routes, "no mutating routes found: the enumeration is broken"

@@ -5,6 +5,15 @@ handed to the cluster; commands from the cluster are converted on the way out.
 Each stream has an outgoing queue, so a command never waits on the network
 while the reconcile loop runs. Heartbeats are counted and timed here
 (``metrics``); ``bench/fleet.py`` reads those with 10,000 simulated agents.
+
+Identity (issue 13): with TLS (the default) one server listens on two ports. The agent port asks
+every peer for a certificate signed by the cluster CA (``require_client_auth``: without it gRPC does
+not even request one) and takes its common name as the node id: a Register naming another node, or
+a certificate revoked or unknown to the store, is refused. The join port authenticates only the
+server and serves ``Join``, which turns a bootstrap token and a CSR into the node's certificate
+(``join``). Both ports send the server's certificate with the CA's after it, from which a joining
+agent takes the CA and checks it against the hash in its join command before it sends anything.
+``--insecure`` (``tls`` None): one plaintext port, any node id, no Join, as before issue 13.
 """
 
 from __future__ import annotations
@@ -16,7 +25,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import NamedTuple
 
 import grpc
@@ -26,8 +35,10 @@ from llmgw.api import convert
 from llmgw.api.v1 import agent_pb2 as pb
 from llmgw.api.v1 import agent_pb2_grpc
 from llmgw.control.agentsvc import collector, metrics
+from llmgw.control.agentsvc import join as join_mod
 from llmgw.control.cluster import Cluster
 from llmgw.control.store.store import StoredNode
+from llmgw.core import pki
 from llmgw.core.shards import ShardSpec
 
 log = logging.getLogger(__name__)
@@ -60,6 +71,8 @@ class _Link:
         self.queue: asyncio.Queue[pb.ControlMessage | None] = asyncio.Queue()
         self._seq = itertools.count(1)
         self._logs: dict[str, asyncio.Queue[LogBatch]] = {}
+        #: A RenewCert being signed: a second one while it is is not signed twice.
+        self.renewing = False
 
     def _put(self, **body: object) -> None:
         self.queue.put_nowait(pb.ControlMessage(seq=next(self._seq), **body))
@@ -106,6 +119,9 @@ class _Link:
                 replies.put_nowait(LogBatch((), f"node {self.node_id} disconnected", True))
         self._logs.clear()
 
+    def cert_issued(self, *, cert_pem: bytes = b"", error: str = "") -> None:
+        self._put(cert_issued=pb.CertIssued(cert_pem=cert_pem, error=error))
+
     def ack(self, seq: int, *, ok: bool, error: str = "") -> None:
         self._put(ack=pb.Ack(seq=seq, ok=ok, error=error))
 
@@ -115,12 +131,17 @@ class _Link:
 
 
 class AgentService(agent_pb2_grpc.AgentServiceServicer):
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, *, issuer: join_mod.Issuer | None = None, agent_port: int = 0) -> None:
         self.cluster = cluster
+        #: Signs and checks node certificates; None: ``--insecure``, no identity checked.
+        self.issuer = issuer
+        #: Named in the join port's refusal of a stream (set once the port is bound).
+        self.agent_port = agent_port
         #: The stream each node id holds now. A Register for one of these is refused: before,
         #: it replaced the stream, so any process that named a connected node took its place
         #: and received its StartShards (issue 13).
         self._live: dict[str, _Link] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def Connect(self, request_iterator: AsyncIterator[pb.AgentMessage],  # noqa: N802 (gRPC's name)
                       context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ControlMessage]:
@@ -139,7 +160,8 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             reason = "the first message is not an AgentMessage (bytes protobuf cannot decode); is it an llmgw agent?"
             log.warning("refused agent at %s: %s", peer, reason)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, reason)
-        refusal = _check_register(first) or self._check_not_connected(first.register.node_id, peer)
+        refusal = _check_register(first) or await self._check_identity(first.register.node_id, context) \
+            or self._check_not_connected(first.register.node_id, peer)
         if refusal:
             log.warning("refused agent at %s: %s", peer, refusal)
             yield pb.ControlMessage(seq=0, ack=pb.Ack(seq=first.seq, ok=False, error=refusal))
@@ -190,6 +212,61 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         finally:
             link.queue.put_nowait(None)
 
+    async def _check_identity(self, node_id: str, context: grpc.aio.ServicerContext) -> str:
+        """Why the peer may not be ``node_id`` (no certificate, another node's, revoked); empty when it may."""
+        if self.issuer is None:
+            return ""
+        presented = context.auth_context().get("x509_pem_cert") or []
+        if not presented:
+            # Only the join port lets a peer in without a certificate (the agent port's handshake refuses it).
+            return (f"this is the join port, which serves only Join; the agent stream is on port {self.agent_port}: "
+                    f"run the agent with the server HOST:{self.agent_port} (`llmgw agent join` writes it to "
+                    "pki/join.json)")
+        cert_pem = presented[0]
+        try:
+            cn = pki.common_name(cert_pem)
+        except pki.PkiError as e:  # gRPC checked the chain; a certificate it took yet we cannot read is odd
+            return f"the client certificate cannot be read: {e}"
+        if cn != node_id:
+            return (f"this certificate is node {cn!r}'s, and Register names node {node_id!r}: an agent registers "
+                    f"as the node its certificate names; run it with --node-id {cn} (or without --node-id), or "
+                    f"join {node_id!r} with a token of its own")
+        return await self.issuer.check_presented(cert_pem, node_id)
+
+    async def Join(self, request: pb.JoinRequest,  # noqa: N802 (gRPC's name)
+                   context: grpc.aio.ServicerContext) -> pb.JoinReply:
+        peer = context.peer()
+        if self.issuer is None:
+            reason = ("this control plane runs with --insecure: nodes do not join, they connect in plaintext with "
+                      "`llmgw agent --insecure --server HOST:PORT`")
+            log.warning("refused a join from %s: %s", peer, reason)
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, reason)
+        try:
+            node_id, cert_pem = await self.issuer.join(token=request.token, csr_pem=request.csr_pem,
+                                                       asked_id=request.node_id, peer=peer)
+        except join_mod.JoinRefused as e:
+            log.warning("refused a join from %s (asking to be node %r): %s", peer, request.node_id[:80], e)
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
+        log.info("node %s joined from %s", node_id, peer)
+        return pb.JoinReply(cert_pem=cert_pem, ca_pem=self.issuer.tls.ca.cert_pem, node_id=node_id,
+                            agent_port=self.agent_port)
+
+    async def _renew(self, csr_pem: bytes, link: _Link) -> None:
+        assert self.issuer is not None
+        try:
+            cert_pem = await self.issuer.renew(link.node_id, csr_pem)
+        except pki.PkiError as e:
+            log.warning("refused to renew the certificate of node %s: %s", link.node_id, e)
+            link.cert_issued(error=str(e))
+        except Exception as e:
+            log.exception("renewing the certificate of node %s failed", link.node_id)
+            link.cert_issued(error=f"renewing failed on the control plane ({type(e).__name__}); see its log")
+        else:
+            log.info("renewed the certificate of node %s: serial %s", link.node_id, join_mod.serial_of(cert_pem))
+            link.cert_issued(cert_pem=cert_pem)
+        finally:
+            link.renewing = False
+
     def _check_not_connected(self, node_id: str, peer: str) -> str:
         held = self._live.get(node_id)
         if held is None:
@@ -221,6 +298,14 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 log.warning("node %s refused command %d: %s", link.node_id, msg.ack.seq, msg.ack.error)
         elif kind == "register":
             log.warning("node %s sent a second Register on one stream; ignored", link.node_id)
+        elif kind == "renew_cert":
+            if self.issuer is None:
+                link.cert_issued(error="this control plane runs with --insecure and issues no certificates")
+            elif not link.renewing:
+                link.renewing = True
+                task = asyncio.create_task(self._renew(msg.renew_cert.csr_pem, link))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
         # Unknown kinds come from a newer agent; ignoring them keeps it working.
 
 
@@ -243,16 +328,41 @@ def _check_register(msg: pb.AgentMessage) -> str:
     return ""
 
 
-async def serve(cluster: Cluster, *, host: str, port: int) -> tuple[grpc.aio.Server, int]:
-    """Starts the gRPC server; returns it and the port it bound (``port`` 0 picks a free one)."""
+async def serve(cluster: Cluster, *, host: str, port: int, tls: join_mod.AgentTls | None = None,
+                join_port: int = 0) -> tuple[grpc.aio.Server, int, int]:
+    """Starts the gRPC server; returns it, the agent port and the join port (0 without TLS).
+
+    ``port``/``join_port`` 0 pick free ones. Without ``tls`` (``--insecure``) there is one plaintext port.
+    """
     server = grpc.aio.server(options=SERVER_OPTIONS)
-    agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentService(cluster), server)
+    issuer = join_mod.Issuer(tls, cluster.db) if tls is not None and cluster.db is not None else None
+    if tls is not None and issuer is None:
+        raise OSError("the agent service with TLS needs the cluster's store thread (Cluster(db=...))")
+    service = AgentService(cluster, issuer=issuer)
+    agent_pb2_grpc.add_AgentServiceServicer_to_server(service, server)
+    bound_join = 0
+    if tls is None:
+        bound = _bind(lambda: server.add_insecure_port(f"{host}:{port}"), host, port, "--agent-port")
+    else:
+        pair = [(tls.server_key_pem, tls.chain_pem)]
+        # require_client_auth=True: gRPC asks for and verifies a client certificate against the CA; with False
+        # it does not even ask, so a stream could never be tied to a node.
+        mutual = grpc.ssl_server_credentials(pair, root_certificates=tls.ca.cert_pem, require_client_auth=True)
+        bound = _bind(lambda: server.add_secure_port(f"{host}:{port}", mutual), host, port, "--agent-port")
+        server_only = grpc.ssl_server_credentials(pair)
+        bound_join = _bind(lambda: server.add_secure_port(f"{host}:{join_port}", server_only), host, join_port,
+                           "--join-port")
+    service.agent_port = bound
+    await server.start()
+    return server, bound, bound_join
+
+
+def _bind(add: Callable[[], int], host: str, port: int, flag: str) -> int:
     try:
-        bound = server.add_insecure_port(f"{host}:{port}")
+        bound = add()
     except RuntimeError:  # grpcio >= 1.6x raises where older versions returned 0
         bound = 0
     if bound == 0:
         raise OSError(f"cannot listen for agents on {host}:{port}: the port is in use or the address "
-                      "is not this machine's; pass --agent-port")
-    await server.start()
-    return server, bound
+                      f"is not this machine's; pass {flag}")
+    return bound

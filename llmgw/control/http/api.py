@@ -20,10 +20,14 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from llmgw.control import events as ev
+from llmgw.control.auth import Auth
+from llmgw.control.auth import middleware as auth_mw
 from llmgw.control.cluster import Cluster, LogsError, NodeNotConnected
 from llmgw.control.http import audit as audit_http
 from llmgw.control.http import describe as describe_http
 from llmgw.control.http import keys as keys_http
+from llmgw.control.http import nodecerts as nodecerts_http
+from llmgw.control.http import users as users_http
 from llmgw.control.http import weights as weights_http
 from llmgw.control.http.errors import ApiError, install
 from llmgw.control.router_events import BadReport, RouterEvents
@@ -111,13 +115,15 @@ class _StatementsOnLoop(Collector):
                                   value=self.db.statements_on_loop)
 
 
-def create_api(store: Store | StoreThread, cluster: Cluster, *, extra_registries: tuple[Any, ...] = (),
+def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extra_registries: tuple[Any, ...] = (),
                router_events: RouterEvents | None = None) -> FastAPI:
     """The REST app; ``extra_registries`` (the in-process router's) are served on the same /metrics.
 
     Every store call is awaited on the store's thread (``store.offloop``), never made on the
     event loop; a plain ``Store`` is given one. ``router_events`` holds what routers report
     (the in-process router's callback writes to the same one); a fresh one when not given.
+    ``auth`` decides who may call what (``Auth.insecure()``: everyone, everything); it is a required
+    keyword so that no caller gets an open API by leaving it out.
     """
     reports = router_events if router_events is not None else RouterEvents()
     app = FastAPI(title="llmgw control plane", version="v1", docs_url="/api/docs", openapi_url="/api/openapi.json")
@@ -125,8 +131,13 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, extra_registries
     db = store if isinstance(store, StoreThread) else StoreThread(store)
     # Every mutating route recorded in one place (audit_http.AUDITED), never per handler.
     app.add_middleware(audit_http.AuditMiddleware, db=db)
+    # Added last, so outermost: nothing inside runs for a request without a credential, and the
+    # audit log reads the principal it put in the scope.
+    app.add_middleware(auth_mw.AuthMiddleware, auth=auth)
+    app.include_router(users_http.router(db, auth))
     app.include_router(audit_http.router(db))
     app.include_router(keys_http.router(db, cluster))
+    app.include_router(nodecerts_http.router(db, cluster))
     app.include_router(describe_http.router(db, cluster))
     app.include_router(weights_http.router(db, cluster))
     registry = prometheus_client.CollectorRegistry()

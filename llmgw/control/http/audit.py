@@ -7,11 +7,14 @@ refused for 4xx with the error's message, failed for 5xx or an exception). A
 new mutating route that is neither in ``AUDITED`` nor in ``NOT_AUDITED`` fails
 ``tests/unit/test_audit_log.py``, which enumerates the app's routes.
 
-The actor, until users and logins exist, is the peer's address and what the
-CLI says in ``X-Llmgw-Actor`` (its local user; under sudo ``sudo:<SUDO_USER>``).
-That header is informational only: anyone can send any value, so it is not a
-credential and nothing is allowed or refused by it; the address is what the
-server itself saw.
+The actor is the principal the auth middleware proved (``user:admin``,
+``router:r1``, ``insecure``), followed by what the CLI says in ``X-Llmgw-Actor``
+(its local user; under sudo ``sudo:<SUDO_USER>``) and the peer's address:
+``user:admin (sudo:alice@127.0.0.1)``. That header is informational only: anyone
+can send any value, so nothing is allowed or refused by it; the principal is what
+was proved and the address is what the server itself saw. A login proves its
+user only if it succeeds: a refused one's actor is the claim and the address,
+its object the username it tried.
 
 What is never recorded: a request's body, and a response's (a key create's
 answer carries its secret). The object's name is read out of them and nothing
@@ -30,11 +33,12 @@ from typing import Any
 from fastapi import APIRouter, Query
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from llmgw.control.auth.middleware import PRINCIPAL
 from llmgw.control.store.offloop import StoreThread
 from llmgw.control.store.store import AuditEntry
 
 log = logging.getLogger(__name__)
-#: The CLI's claim of who runs it; informational until authentication lands (not a credential).
+#: The CLI's claim of who runs it (its local user); informational, never a credential.
 ACTOR_HEADER = "x-llmgw-actor"
 #: Bodies read for an object's name (or a refusal's message) past this are not kept: the name is near the top.
 _KEEP_BODY = 1 << 20
@@ -63,8 +67,16 @@ AUDITED: tuple[Audited, ...] = (
     _route("POST", "/api/v1/nodes/{name}/cordon", "cordon", "node"),
     _route("POST", "/api/v1/nodes/{name}/uncordon", "uncordon", "node"),
     _route("POST", "/api/v1/nodes/{name}/drain", "drain", "node"),
+    _route("POST", "/api/v1/nodes/{name}/revoke", "revoke", "node"),
     _route("POST", "/api/v1/keys", "key create", "key"),  # the id is in the answer
     _route("DELETE", "/api/v1/keys/{name}", "key delete", "key"),
+    _route("POST", "/api/v1/users", "user create", "user"),  # the name is in the body
+    _route("PUT", "/api/v1/users/{name}", "user change", "user"),
+    _route("DELETE", "/api/v1/users/{name}", "user delete", "user"),
+    _route("POST", "/api/v1/routers", "router create", "router"),
+    _route("DELETE", "/api/v1/routers/{name}", "router delete", "router"),
+    _route("POST", "/api/v1/login", "login", "user"),  # failures above all: a brute force shows here
+    _route("POST", "/api/v1/logout", "logout", "user"),
 )
 #: Mutating routes deliberately not audited, each with why.
 NOT_AUDITED: dict[tuple[str, str], str] = {
@@ -81,11 +93,15 @@ def audited(method: str, path: str) -> Audited | None:
     return None
 
 
-def actor(claimed: str, peer: str) -> str:
-    """``claimed@peer``, or the peer alone; the claim is cut to a name's characters so it cannot forge a line."""
+def actor(claimed: str, peer: str, *, principal: str = "") -> str:
+    """``principal (claimed@peer)``, without a principal ``claimed@peer``, without a claim the peer alone.
+
+    The claim is cut to a name's characters so it cannot forge a line.
+    """
     claim = _CLAIM.sub("", claimed)[:64]
     peer = peer or "unknown"
-    return f"{claim}@{peer}" if claim else peer
+    where = f"{claim}@{peer}" if claim else peer
+    return f"{principal} ({where})" if principal else where
 
 
 def outcome_of(status: int) -> str:
@@ -100,13 +116,21 @@ def _json(body: bytes) -> Any:
 
 
 def object_of(route: Audited, path: str, request_body: bytes, response_body: bytes) -> str:
-    """``kind/name``: from the path, else the body's ``metadata.name`` (apply) or the answer's ``id`` (key create)."""
+    """``kind/name``: from the path, else the body's ``metadata.name`` (apply), ``name`` (user, router) or
+    ``username`` (login), or the answer's ``id`` (key create); nothing else of a body is read."""
     m = route.path.match(path)
     name = m.group("name") if m and "name" in m.groupdict() else ""
     if not name and route.kind == "model":
         doc = _json(request_body)
         meta = doc.get("metadata") if isinstance(doc, dict) else None
         name = meta.get("name") if isinstance(meta, dict) and isinstance(meta.get("name"), str) else ""
+    if not name and route.kind in ("user", "router"):
+        doc = _json(request_body)
+        for field in ("name", "username"):
+            value = doc.get(field) if isinstance(doc, dict) else None
+            if isinstance(value, str) and value:
+                name = value
+                break
     if not name and route.kind == "key":
         doc = _json(response_body)
         name = doc.get("id") if isinstance(doc, dict) and isinstance(doc.get("id"), str) else ""
@@ -145,7 +169,6 @@ class AuditMiddleware:
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
         client = scope.get("client")
-        who = actor(headers.get(ACTOR_HEADER, ""), client[0] if client else "")
         request_body, response_body = bytearray(), bytearray()
         status = 0
         recorded = False
@@ -154,8 +177,15 @@ class AuditMiddleware:
             nonlocal recorded
             recorded = True
             path = scope.get("path", "")
-            self.db.submit(self.db.store.record_audit, actor=who, action=route.action,
-                           object=object_of(route, path, bytes(request_body), bytes(response_body)),
+            # Read when the answer is sent, not on arrival: the auth middleware (outside this one) put it
+            # there before, and a login that succeeded names the user it proved.
+            proved = scope.get(PRINCIPAL)
+            who = actor(headers.get(ACTOR_HEADER, ""), client[0] if client else "",
+                        principal=proved.actor if proved is not None else "")
+            obj = object_of(route, path, bytes(request_body), bytes(response_body))
+            if obj.endswith("/?") and proved is not None:  # a logout: the user who logged out
+                obj = f"{route.kind}/{proved.name}"
+            self.db.submit(self.db.store.record_audit, actor=who, action=route.action, object=obj,
                            outcome=outcome, detail=detail, at=time.time())
 
         async def receive_kept() -> Message:
