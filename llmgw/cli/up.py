@@ -5,6 +5,12 @@ commands a cluster runs, so what works here works there), applies a model,
 waits until it answers a real completion, and prints where everything is.
 SIGINT or SIGTERM stops the agent first (it stops its engines), then the
 server, and kills whatever is left of its own children, so nothing outlives it.
+
+Secure as a cluster is, on one machine, in one command: the first ``up`` initialises the data
+directory (cluster CA, the ``admin`` user, whose password it prints once), the local agent joins with
+a one-use token ``up`` makes itself (passed in its environment, never on argv), and the CLI of the user
+who ran ``up`` is logged in (an admin token in its credentials file, 0600), so ``llmgw get models``
+works at once, as kind and minikube leave a working kubeconfig. Later runs reuse all three.
 """
 
 from __future__ import annotations
@@ -13,7 +19,9 @@ import contextlib
 import importlib.metadata
 import importlib.util
 import json
+import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -24,6 +32,7 @@ from typing import IO, Any
 import httpx
 from rich.console import Console
 
+from llmgw.cli import client as client_mod
 from llmgw.cli import manifests, portuse
 from llmgw.cli.defaults import DEFAULT_MODEL
 from llmgw.core import specs
@@ -55,15 +64,62 @@ def _which(name: str) -> str | None:
     return shutil.which(name)
 
 
+def _initialise(data_dir: Path, console: Console) -> str:
+    """``llmgw init`` on a first run (the password printed once, here); returns the cluster CA's hash."""
+    from llmgw.control import datadir
+    from llmgw.core import pki
+
+    if not datadir.is_initialised(data_dir):
+        done = datadir.init(data_dir, hosts=[])
+        console.print(f"initialised {done.data_dir}: cluster CA {done.ca_hash}\n"
+                      f"  administrator: admin\n  password (shown once, not stored; keep it now): "
+                      f"{done.admin_password}", highlight=False)
+    return pki.ca_hash(datadir.read_ca(data_dir).cert_pem)
+
+
+def _local_credentials(data_dir: Path, *, join: bool, saved: str) -> tuple[str, str]:
+    """A one-use join token for the local agent (when ``join``), and an admin API token for this user's CLI
+    (``saved``, the one an earlier ``up`` left in the credentials file, while the store still knows it).
+
+    Made straight in the store, as `llmgw token create` makes a join token: whoever can read the data
+    directory holds the CA's key and could sign anything, so this gives nothing that was not already theirs.
+    """
+    from llmgw.control import tokens
+    from llmgw.control.auth import credentials
+    from llmgw.control.auth import tokens as api_tokens
+    from llmgw.control.store import store as store_mod
+
+    store = store_mod.Store.open(data_dir)
+    now = time.time()
+    try:
+        join_token = ""
+        if join:
+            token_id, secret = tokens.create_token(store, ttl_s=600, uses=1)
+            join_token = f"{token_id}.{secret}"
+            store.record_audit(actor=f"{client_mod.local_actor() or 'unknown'}@local", action="token create",
+                               object=f"token/{token_id}", outcome="ok", detail="llmgw up: the local agent's join")
+        known = store.get_api_token(api_tokens.token_id(saved) or "") if saved else None
+        if (known is not None and known.sha256 == api_tokens.digest(saved) and known.kind == "user"
+                and (not known.expires_at or known.expires_at > now + 86400)):
+            return join_token, saved
+        api_id, api_token = api_tokens.new_token()
+        store.add_api_token(store_mod.StoredApiToken(
+            id=api_id, sha256=api_tokens.digest(api_token), kind="user", subject="admin", created_at=now,
+            expires_at=now + credentials.USER_TOKEN_S, label=f"llmgw up on {socket.gethostname()}"[:120]))
+    finally:
+        store.close()
+    return join_token, api_token
+
+
 class _Child:
-    def __init__(self, name: str, argv: list[str], log_path: Path) -> None:
+    def __init__(self, name: str, argv: list[str], log_path: Path, *, env: dict[str, str] | None = None) -> None:
         self.name, self.log_path = name, log_path
         self._log: IO[bytes] = log_path.open("ab")
         # Its own session, so Ctrl-C in the terminal reaches only `up`, which
         # then stops the children in order (agent first, so engines stop
         # cleanly) instead of everything at once.
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True)
+                                     start_new_session=True, env=env)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -133,6 +189,7 @@ def run(*, http_port: int, agent_port: int, data_dir: Path, model_file: Path | N
     for port, flag in ((http_port, "--http-port"), (agent_port, "--agent-port")):
         if port and portuse.in_use(port):
             raise LlmgwError(portuse.refusal(port, flag))
+    ca_hash = _initialise(data_dir, console)
     logs = data_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     ports_file = data_dir / "ports.json"
@@ -142,18 +199,27 @@ def run(*, http_port: int, agent_port: int, data_dir: Path, model_file: Path | N
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())
     server = _Child("server", [*py, "server", "--http-port", str(http_port), "--agent-port", str(agent_port),
-                               "--data-dir", str(data_dir), "--ports-file", str(ports_file)], logs / "server.log")
+                               # The join port only this machine's agent uses: any free one.
+                               "--join-port", "0", "--data-dir", str(data_dir), "--ports-file", str(ports_file)],
+                    logs / "server.log")
     children = [server]
     try:
         ports = _wait_ports(server, ports_file, 30)
         base = f"http://127.0.0.1:{ports['http_port']}"
-        agent = _Child("agent", [*py, "agent", "--server", f"127.0.0.1:{ports['agent_port']}",
-                                 "--state-dir", str(data_dir / "agent"), "--stop-grace", str(AGENT_STOP_GRACE_S),
+        state = data_dir / "agent"
+        joined = (state / "pki").exists()
+        join_token, api_token = _local_credentials(data_dir, join=not joined, saved=client_mod.saved_token(base))
+        saved = client_mod.save_token(base, api_token, user="admin")
+        # Joined on an earlier run: its certificate is in state/pki, and it dials the agent port.
+        how = (["agent", "--server", f"127.0.0.1:{ports['agent_port']}"] if joined
+               else ["agent", "join", "--server", f"127.0.0.1:{ports['join_port']}", "--ca-hash", ca_hash])
+        agent = _Child("agent", [*py, *how, "--state-dir", str(state), "--stop-grace", str(AGENT_STOP_GRACE_S),
                                  # up owns the whole system: its engines end with it.
                                  "--stop-engines-on-exit"],
-                       logs / "agent.log")
+                       logs / "agent.log", env={**os.environ, "LLMGW_JOIN_TOKEN": join_token} if join_token else None)
         children.insert(0, agent)
-        with httpx.Client(base_url=base, timeout=30, trust_env=False) as http:
+        with httpx.Client(base_url=base, timeout=30, trust_env=False,
+                          headers={"Authorization": f"Bearer {api_token}"}) as http:
             resp = http.post("/api/v1/models", json=model.to_manifest())
             if resp.status_code >= 400:
                 raise LlmgwError(f"the model was refused: {resp.json()['error']['message']}")
@@ -166,6 +232,7 @@ def run(*, http_port: int, agent_port: int, data_dir: Path, model_file: Path | N
             f"that request's first token took {ttft * 1000:.0f} ms)\n"
             f"  OpenAI base URL: {base}/v1\n  model:           {model.spec.served_name}\n"
             f"  REST API:        {base}/api/v1   (docs: {base}/api/docs)\n"
+            f"  CLI:             logged in as admin ({saved}); try `llmgw get models`\n"
             f"  logs:            {logs}\n  stop:            Ctrl-C\n", highlight=False)
         while not stopping.wait(0.5):
             for child in children:

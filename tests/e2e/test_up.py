@@ -6,10 +6,12 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
 
+import httpx
 import openai
 import psutil
 import pytest
@@ -22,9 +24,20 @@ from llmgw.testing.tiny_gguf import write_tiny_llama_gguf
 pytestmark = pytest.mark.slow
 
 
+def _env(tmp_path: Path) -> dict[str, str]:
+    """This test's own config directory (where `up` logs the CLI in), and no token from outside."""
+    env = {k: v for k, v in os.environ.items() if k not in ("LLMGW_TOKEN", "LLMGW_URL")}
+    return {**env, "XDG_CONFIG_HOME": str(tmp_path / "config")}
+
+
 def _up(model: Path, data: Path, log: Path, *, http_port: int = 0, agent_port: int = 0) -> Proc:
     return Proc.start([sys.executable, "-m", "llmgw", "up", "--model", str(model), "--http-port", str(http_port),
-                       "--agent-port", str(agent_port), "--data-dir", str(data), "--wait", "90"], log_path=log)
+                       "--agent-port", str(agent_port), "--data-dir", str(data), "--wait", "90"], log_path=log,
+                      env=_env(data.parent))
+
+
+def _files_containing(root: Path, secret: str) -> list[str]:
+    return [str(p) for p in root.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
 
 
 def test_up_serves_llamacpp_and_sigterm_stops_everything(tmp_path: Path) -> None:
@@ -51,6 +64,19 @@ def test_up_serves_llamacpp_and_sigterm_stops_everything(tmp_path: Path) -> None
         http_port = int(found.group(1))
         agent_port = json.loads((tmp_path / "data" / "ports.json").read_text())["agent_port"]
         assert f"REST API:        http://127.0.0.1:{http_port}/api/v1" in out and "Ctrl-C" in out
+        # Secure on one machine: initialised (the password printed once, and in no file under the data
+        # directory, logs included), the agent joined over mutual TLS, and this user's CLI logged in.
+        password = re.search(r"password \(shown once, not stored; keep it now\): (\S+)", out)
+        assert password, out
+        creds = tmp_path / "config" / "llmgw" / "credentials.json"
+        assert creds.stat().st_mode & 0o777 == 0o600
+        assert (tmp_path / "data" / "agent" / "pki" / "node.key").stat().st_mode & 0o777 == 0o600
+        got = subprocess.run([sys.executable, "-m", "llmgw", "get", "models", "--url", f"http://127.0.0.1:{http_port}"],
+                             capture_output=True, text=True, timeout=60, env={**_env(tmp_path), "COLUMNS": "200"})
+        assert got.returncode == 0 and "tiny" in got.stdout and "insecure" not in got.stderr, got.stderr
+        anonymous = httpx.get(f"http://127.0.0.1:{http_port}/api/v1/models", timeout=10)
+        assert anonymous.status_code == 401
+        assert _files_containing(tmp_path / "data", password.group(1)) == []
         family = {p.pid for p in psutil.Process(up.pid).children(recursive=True)}
         assert len(family) >= 3  # server, agent, engine
         c = openai.OpenAI(base_url=f"http://127.0.0.1:{http_port}/v1", api_key="x", max_retries=0, timeout=60)
@@ -77,12 +103,15 @@ def test_up_serves_llamacpp_and_sigterm_stops_everything(tmp_path: Path) -> None
         left = [p for p in family if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
         assert left == [], f"processes left behind: {left}"
 
+        creds_before = creds.read_text()
         # Stop, then start again at once on the same ports: the clients' kept-alive connections
         # the server closed sit in TIME_WAIT on the HTTP port, which must not count as "in use".
         again = _up(model, tmp_path / "data", tmp_path / "up2.log", http_port=http_port, agent_port=agent_port)
         wait_for(lambda: "llmgw is up" in again.log_tail(200) or again.poll() is not None, timeout=120,
                  interval=0.2, what="the second llmgw up")
         assert again.poll() is None and f"http://127.0.0.1:{http_port}/v1" in again.log_tail(200), again.log_tail(40)
+        assert "password" not in again.log_tail(200)  # initialised once; the agent's certificate reused, no join
+        assert creds.read_text() == creds_before
         family |= {p.pid for p in psutil.Process(again.pid).children(recursive=True)}
         again.signal(signal.SIGTERM)
         assert again.popen.wait(timeout=15) == 0, again.log_tail(40)
