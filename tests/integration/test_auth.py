@@ -142,6 +142,12 @@ def test_a_viewer_reads_but_gets_403_on_every_mutating_route(server: Server) -> 
         assert err["code"] == "forbidden" and err["message"].startswith("user vera has role viewer; "), err
     r = server.call("POST", "/api/v1/models", token=viewer, json={})
     assert r.json()["error"]["message"].startswith("user vera has role viewer; POST /api/v1/models needs operator")
+    # Each refused change is in the audit log with who tried it; the anonymous 401s above are not.
+    rows = server.admin("GET", "/api/v1/audit?limit=10000")["items"]
+    tried = [e for e in rows if e["actor"].startswith("user:vera") and e["outcome"] == "refused"]
+    assert any(e["action"] == "apply" and "needs operator" in e["detail"] for e in tried), rows[-5:]
+    assert not any(e["outcome"] == "refused" and not e["actor"].startswith(("user:", "router:")) and
+                   e["action"] != "login" for e in rows), rows
     for path in ("/api/v1/users", "/api/v1/audit", "/api/v1/routers"):
         assert server.call("GET", path, token=viewer).status_code == 403, path
     _, operator = server.user("otto", "operator")

@@ -102,6 +102,8 @@ class AuthMiddleware:
                           "or its user or router was deleted): log in again with `llmgw login` or set LLMGW_TOKEN "
                           "to a valid token", scope, receive, send)
             return
+        # Known from here, refused or not: the audit log (outside this middleware) names who tried.
+        scope[PRINCIPAL] = p
         if from_cookie and method not in ("GET", "HEAD") and not same_origin(headers):
             origin = headers.get("origin", "")
             await _refuse(403, "forbidden", f"a change made with the session cookie must come from this server's "
@@ -113,7 +115,6 @@ class AuthMiddleware:
             log.info("%s refused %s %s (needs %s)", p.actor, method, shown, need.describe())
             await _refuse(403, "forbidden", forbidden_message(p, need, method, shown), scope, receive, send)
             return
-        scope[PRINCIPAL] = p
         await self.app(scope, receive, send)
 
 

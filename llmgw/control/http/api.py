@@ -129,11 +129,12 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extr
     app = FastAPI(title="llmgw control plane", version="v1", docs_url="/api/docs", openapi_url="/api/openapi.json")
     install(app)
     db = store if isinstance(store, StoreThread) else StoreThread(store)
-    # Every mutating route recorded in one place (audit_http.AUDITED), never per handler.
-    app.add_middleware(audit_http.AuditMiddleware, db=db)
-    # Added last, so outermost: nothing inside runs for a request without a credential, and the
-    # audit log reads the principal it put in the scope.
+    # Nothing inside the auth middleware runs for a request without the credential it needs; it puts
+    # the principal it proved in the scope, refused or not.
     app.add_middleware(auth_mw.AuthMiddleware, auth=auth)
+    # Every mutating route recorded in one place (audit_http.AUDITED), never per handler. Added last,
+    # so outermost: a change a user's role refuses (403) is recorded with who tried it.
+    app.add_middleware(audit_http.AuditMiddleware, db=db)
     app.include_router(users_http.router(db, auth))
     app.include_router(audit_http.router(db))
     app.include_router(keys_http.router(db, cluster))

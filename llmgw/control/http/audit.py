@@ -180,6 +180,10 @@ class AuditMiddleware:
             # Read when the answer is sent, not on arrival: the auth middleware (outside this one) put it
             # there before, and a login that succeeded names the user it proved.
             proved = scope.get(PRINCIPAL)
+            if proved is None and status == 401 and route.action != "login":
+                # No credential, so no actor: the auth middleware logs it. Recorded, a flood of anonymous
+                # requests would fill a table that is never pruned. (A failed login is recorded.)
+                return
             who = actor(headers.get(ACTOR_HEADER, ""), client[0] if client else "",
                         principal=proved.actor if proved is not None else "")
             obj = object_of(route, path, bytes(request_body), bytes(response_body))
