@@ -11,6 +11,7 @@ from collections.abc import Iterable
 
 from llmgw.api.v1 import agent_pb2 as pb
 from llmgw.core import inventory as inv
+from llmgw.core import provision as prov
 from llmgw.core.shards import FetchProgress, ShardSpec, ShardState, ShardStatus
 
 _STATE_TO_PB = {
@@ -187,6 +188,43 @@ def _engines_to_pb(engines: Iterable[tuple[str, str]]) -> list[pb.EngineInfo]:
     return [pb.EngineInfo(name=n, version=v) for n, v in engines]
 
 
+# -- engine installs (issue 14) ---------------------------------------------------------------
+_INSTALL_TO_PB = {prov.InstallState.Installing: pb.INSTALLING, prov.InstallState.Ready: pb.INSTALL_READY,
+                  prov.InstallState.Failed: pb.INSTALL_FAILED, prov.InstallState.Unsupported: pb.INSTALL_UNSUPPORTED}
+_INSTALL_FROM_PB = {v: k for k, v in _INSTALL_TO_PB.items()}
+
+
+def installs_to_pb(installs: Iterable[prov.EngineInstall]) -> list[pb.EngineInstall]:
+    return [pb.EngineInstall(engine=i.engine, version=i.version, variant=i.variant, state=_INSTALL_TO_PB[i.state],
+                             message=i.message, bytes_done=i.bytes_done, bytes_total=i.bytes_total,
+                             last_output=list(i.last_output), path=i.path, checked_unix=i.checked_unix,
+                             retry_unix=i.retry_unix, missing_os_packages=list(i.missing_os_packages),
+                             os_install_command=i.os_install_command) for i in installs]
+
+
+def installs_from_pb(msgs: Iterable[pb.EngineInstall]) -> tuple[prov.EngineInstall, ...]:
+    # An unknown state (from a newer agent) reads as Failed: not runnable, and shown.
+    return tuple(prov.EngineInstall(engine=m.engine, version=m.version, variant=m.variant,
+                                    state=_INSTALL_FROM_PB.get(m.state, prov.InstallState.Failed),
+                                    message=m.message, bytes_done=m.bytes_done, bytes_total=m.bytes_total,
+                                    last_output=tuple(m.last_output), path=m.path, checked_unix=m.checked_unix,
+                                    retry_unix=m.retry_unix, missing_os_packages=tuple(m.missing_os_packages),
+                                    os_install_command=m.os_install_command) for m in msgs)
+
+
+def provision_to_pb(p: prov.Provision) -> pb.Provision:
+    return pb.Provision(wants=[pb.EngineWant(engine=w.engine, version=w.version) for w in p.wants],
+                        index_url=p.index_url, find_links=p.find_links,
+                        remove=[pb.EngineWant(engine=w.engine, version=w.version) for w in p.remove],
+                        os_packages=p.os_packages)
+
+
+def provision_from_pb(m: pb.Provision) -> prov.Provision:
+    return prov.Provision(wants=tuple(prov.EngineWant(w.engine, w.version) for w in m.wants), index_url=m.index_url,
+                          find_links=m.find_links, remove=tuple(prov.EngineWant(w.engine, w.version) for w in m.remove),
+                          os_packages=m.os_packages)
+
+
 # -- registration and heartbeats ------------------------------------------------------------
 def register_fields(i: inv.Inventory) -> dict[str, object]:
     """The keyword arguments of ``pb.Register`` that carry an inventory."""
@@ -202,6 +240,7 @@ def register_fields(i: inv.Inventory) -> dict[str, object]:
         "hcas": hcas_to_pb(i.hcas), "fabrics": fabrics_to_pb(i.fabrics), "model_dirs": model_dirs_to_pb(i.model_dirs),
         "weights": weights_to_pb(i.weights), "nvlink": _nvlink_to_pb(i.nvlink),
         "subnet_managers": sms_to_pb(i.subnet_managers),
+        "installs": installs_to_pb(i.installs),
     }
 
 
@@ -216,7 +255,7 @@ def inventory_from_register(reg: pb.Register) -> inv.Inventory:
         hcas=hcas_from_pb(reg.hcas), fabrics=fabrics_from_pb(reg.fabrics),
         model_dirs=model_dirs_from_pb(reg.model_dirs), weights=weights_from_pb(reg.weights),
         nvlink=_nvlink_from_pb(reg.nvlink), subnet_managers=sms_from_pb(reg.subnet_managers),
-        mgmt_interface=reg.mgmt_interface,
+        mgmt_interface=reg.mgmt_interface, installs=installs_from_pb(reg.installs),
     )
 
 
@@ -244,6 +283,9 @@ def heartbeat_to_pb(hb: inv.Heartbeat) -> pb.Heartbeat:
     if hb.subnet_managers is not None:
         msg.subnet_managers_changed = True
         msg.subnet_managers.extend(sms_to_pb(hb.subnet_managers))
+    if hb.installs is not None:
+        msg.installs_changed = True
+        msg.installs.extend(installs_to_pb(hb.installs))
     return msg
 
 
@@ -259,4 +301,5 @@ def heartbeat_from_pb(msg: pb.Heartbeat) -> inv.Heartbeat:
         model_dirs=model_dirs_from_pb(msg.model_dirs) if msg.model_dirs_changed else None,
         nvlink=_nvlink_from_pb(msg.nvlink) if msg.HasField("nvlink") else None,
         subnet_managers=sms_from_pb(msg.subnet_managers) if msg.subnet_managers_changed else None,
+        installs=installs_from_pb(msg.installs) if msg.installs_changed else None,
     )

@@ -187,7 +187,7 @@ class Cluster:
             changes["gpus"] = hb.gpus
         if hb.disks:
             changes["disks"] = hb.disks
-        for name in ("weights", "fabrics", "engines", "model_dirs", "nvlink", "subnet_managers"):
+        for name in ("weights", "fabrics", "engines", "model_dirs", "nvlink", "subnet_managers", "installs"):
             value = getattr(hb, name)
             if value is not None:  # None: unchanged since the last message
                 changes[name] = value

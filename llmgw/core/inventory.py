@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from llmgw.core.provision import EngineInstall, InstallState
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Disk:
@@ -181,6 +183,8 @@ class Inventory:
     nvlink: NvlinkFabric = NvlinkFabric()
     subnet_managers: tuple[SubnetManager, ...] = ()
     mgmt_interface: str = ""
+    #: Engines llmgw installed here (or is installing), each with its state (``core.provision``).
+    installs: tuple[EngineInstall, ...] = ()
 
     def engine_names(self) -> frozenset[str]:
         return frozenset(name for name, _ in self.engines)
@@ -213,6 +217,7 @@ class Heartbeat:
     model_dirs: tuple[ModelDir, ...] | None = None
     nvlink: NvlinkFabric | None = None
     subnet_managers: tuple[SubnetManager, ...] | None = None
+    installs: tuple[EngineInstall, ...] | None = None
 
 
 def _tuple(items: object, build: type) -> tuple:  # type: ignore[type-arg]
@@ -239,4 +244,8 @@ def inventory_from_dict(doc: dict) -> Inventory:  # type: ignore[type-arg]
         nvlink=NvlinkFabric(**(doc.get("nvlink") or {})),
         subnet_managers=_tuple(doc.get("subnet_managers"), SubnetManager),
         mgmt_interface=doc.get("mgmt_interface", ""),
+        installs=tuple(EngineInstall(**{**x, "state": InstallState(x["state"]),
+                                        "last_output": tuple(x.get("last_output", ())),
+                                        "missing_os_packages": tuple(x.get("missing_os_packages", ()))})
+                       for x in doc.get("installs", ())),
     )

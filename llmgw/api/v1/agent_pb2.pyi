@@ -19,6 +19,14 @@ class ShardState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SHARD_STATE_DRAINED: _ClassVar[ShardState]
     SHARD_STATE_UNHEALTHY: _ClassVar[ShardState]
     SHARD_STATE_FETCHING: _ClassVar[ShardState]
+
+class InstallState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    INSTALL_STATE_UNSPECIFIED: _ClassVar[InstallState]
+    INSTALLING: _ClassVar[InstallState]
+    INSTALL_READY: _ClassVar[InstallState]
+    INSTALL_FAILED: _ClassVar[InstallState]
+    INSTALL_UNSUPPORTED: _ClassVar[InstallState]
 SHARD_STATE_UNSPECIFIED: ShardState
 SHARD_STATE_STARTING: ShardState
 SHARD_STATE_READY: ShardState
@@ -29,6 +37,11 @@ SHARD_STATE_DRAINING: ShardState
 SHARD_STATE_DRAINED: ShardState
 SHARD_STATE_UNHEALTHY: ShardState
 SHARD_STATE_FETCHING: ShardState
+INSTALL_STATE_UNSPECIFIED: InstallState
+INSTALLING: InstallState
+INSTALL_READY: InstallState
+INSTALL_FAILED: InstallState
+INSTALL_UNSUPPORTED: InstallState
 
 class JoinRequest(_message.Message):
     __slots__ = ("token", "csr_pem", "node_id")
@@ -67,7 +80,7 @@ class CertIssued(_message.Message):
     def __init__(self, cert_pem: _Optional[bytes] = ..., error: _Optional[str] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
-    __slots__ = ("seq", "register", "heartbeat", "shard_status", "ack", "logs_reply", "renew_cert")
+    __slots__ = ("seq", "register", "heartbeat", "shard_status", "ack", "logs_reply", "renew_cert", "fabric_result")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     REGISTER_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
@@ -75,6 +88,7 @@ class AgentMessage(_message.Message):
     ACK_FIELD_NUMBER: _ClassVar[int]
     LOGS_REPLY_FIELD_NUMBER: _ClassVar[int]
     RENEW_CERT_FIELD_NUMBER: _ClassVar[int]
+    FABRIC_RESULT_FIELD_NUMBER: _ClassVar[int]
     seq: int
     register: Register
     heartbeat: Heartbeat
@@ -82,10 +96,11 @@ class AgentMessage(_message.Message):
     ack: Ack
     logs_reply: LogsReply
     renew_cert: RenewCert
-    def __init__(self, seq: _Optional[int] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., shard_status: _Optional[_Union[ShardStatus, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., logs_reply: _Optional[_Union[LogsReply, _Mapping]] = ..., renew_cert: _Optional[_Union[RenewCert, _Mapping]] = ...) -> None: ...
+    fabric_result: FabricTestResult
+    def __init__(self, seq: _Optional[int] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., shard_status: _Optional[_Union[ShardStatus, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., logs_reply: _Optional[_Union[LogsReply, _Mapping]] = ..., renew_cert: _Optional[_Union[RenewCert, _Mapping]] = ..., fabric_result: _Optional[_Union[FabricTestResult, _Mapping]] = ...) -> None: ...
 
 class ControlMessage(_message.Message):
-    __slots__ = ("seq", "start_shard", "stop_shard", "ack", "drain", "logs_request", "logs_cancel", "remove_weights", "cert_issued")
+    __slots__ = ("seq", "start_shard", "stop_shard", "ack", "drain", "logs_request", "logs_cancel", "remove_weights", "cert_issued", "provision", "fabric_test")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     START_SHARD_FIELD_NUMBER: _ClassVar[int]
     STOP_SHARD_FIELD_NUMBER: _ClassVar[int]
@@ -95,6 +110,8 @@ class ControlMessage(_message.Message):
     LOGS_CANCEL_FIELD_NUMBER: _ClassVar[int]
     REMOVE_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     CERT_ISSUED_FIELD_NUMBER: _ClassVar[int]
+    PROVISION_FIELD_NUMBER: _ClassVar[int]
+    FABRIC_TEST_FIELD_NUMBER: _ClassVar[int]
     seq: int
     start_shard: StartShard
     stop_shard: StopShard
@@ -104,10 +121,12 @@ class ControlMessage(_message.Message):
     logs_cancel: LogsCancel
     remove_weights: RemoveWeights
     cert_issued: CertIssued
-    def __init__(self, seq: _Optional[int] = ..., start_shard: _Optional[_Union[StartShard, _Mapping]] = ..., stop_shard: _Optional[_Union[StopShard, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., logs_request: _Optional[_Union[LogsRequest, _Mapping]] = ..., logs_cancel: _Optional[_Union[LogsCancel, _Mapping]] = ..., remove_weights: _Optional[_Union[RemoveWeights, _Mapping]] = ..., cert_issued: _Optional[_Union[CertIssued, _Mapping]] = ...) -> None: ...
+    provision: Provision
+    fabric_test: FabricTestRequest
+    def __init__(self, seq: _Optional[int] = ..., start_shard: _Optional[_Union[StartShard, _Mapping]] = ..., stop_shard: _Optional[_Union[StopShard, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., logs_request: _Optional[_Union[LogsRequest, _Mapping]] = ..., logs_cancel: _Optional[_Union[LogsCancel, _Mapping]] = ..., remove_weights: _Optional[_Union[RemoveWeights, _Mapping]] = ..., cert_issued: _Optional[_Union[CertIssued, _Mapping]] = ..., provision: _Optional[_Union[Provision, _Mapping]] = ..., fabric_test: _Optional[_Union[FabricTestRequest, _Mapping]] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("node_id", "hostname", "agent_version", "inventory", "shards", "mgmt_addr", "labels", "engines", "mgmt_interface", "host", "hcas", "fabrics", "model_dirs", "weights", "nvlink", "subnet_managers")
+    __slots__ = ("node_id", "hostname", "agent_version", "inventory", "shards", "mgmt_addr", "labels", "engines", "mgmt_interface", "host", "hcas", "fabrics", "model_dirs", "weights", "nvlink", "installs", "subnet_managers")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -130,6 +149,7 @@ class Register(_message.Message):
     MODEL_DIRS_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     NVLINK_FIELD_NUMBER: _ClassVar[int]
+    INSTALLS_FIELD_NUMBER: _ClassVar[int]
     SUBNET_MANAGERS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     hostname: str
@@ -146,8 +166,9 @@ class Register(_message.Message):
     model_dirs: _containers.RepeatedCompositeFieldContainer[ModelDir]
     weights: _containers.RepeatedCompositeFieldContainer[WeightFile]
     nvlink: NvlinkFabric
+    installs: _containers.RepeatedCompositeFieldContainer[EngineInstall]
     subnet_managers: _containers.RepeatedCompositeFieldContainer[SubnetManager]
-    def __init__(self, node_id: _Optional[str] = ..., hostname: _Optional[str] = ..., agent_version: _Optional[str] = ..., inventory: _Optional[_Union[Inventory, _Mapping]] = ..., shards: _Optional[_Iterable[_Union[ShardStatus, _Mapping]]] = ..., mgmt_addr: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., engines: _Optional[_Iterable[_Union[EngineInfo, _Mapping]]] = ..., mgmt_interface: _Optional[str] = ..., host: _Optional[_Union[HostFacts, _Mapping]] = ..., hcas: _Optional[_Iterable[_Union[Hca, _Mapping]]] = ..., fabrics: _Optional[_Iterable[_Union[Fabric, _Mapping]]] = ..., model_dirs: _Optional[_Iterable[_Union[ModelDir, _Mapping]]] = ..., weights: _Optional[_Iterable[_Union[WeightFile, _Mapping]]] = ..., nvlink: _Optional[_Union[NvlinkFabric, _Mapping]] = ..., subnet_managers: _Optional[_Iterable[_Union[SubnetManager, _Mapping]]] = ...) -> None: ...
+    def __init__(self, node_id: _Optional[str] = ..., hostname: _Optional[str] = ..., agent_version: _Optional[str] = ..., inventory: _Optional[_Union[Inventory, _Mapping]] = ..., shards: _Optional[_Iterable[_Union[ShardStatus, _Mapping]]] = ..., mgmt_addr: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., engines: _Optional[_Iterable[_Union[EngineInfo, _Mapping]]] = ..., mgmt_interface: _Optional[str] = ..., host: _Optional[_Union[HostFacts, _Mapping]] = ..., hcas: _Optional[_Iterable[_Union[Hca, _Mapping]]] = ..., fabrics: _Optional[_Iterable[_Union[Fabric, _Mapping]]] = ..., model_dirs: _Optional[_Iterable[_Union[ModelDir, _Mapping]]] = ..., weights: _Optional[_Iterable[_Union[WeightFile, _Mapping]]] = ..., nvlink: _Optional[_Union[NvlinkFabric, _Mapping]] = ..., installs: _Optional[_Iterable[_Union[EngineInstall, _Mapping]]] = ..., subnet_managers: _Optional[_Iterable[_Union[SubnetManager, _Mapping]]] = ...) -> None: ...
 
 class HostFacts(_message.Message):
     __slots__ = ("os_id", "os_version", "os_codename", "arch", "kernel", "cpu_flags", "nvidia_driver")
@@ -369,7 +390,7 @@ class EngineInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("memory_total_bytes", "memory_available_bytes", "cpu_percent", "load1", "gpus", "disks", "load5", "load15", "shard_load", "hcas", "weights_changed", "weights", "fabrics_changed", "fabrics", "engines_changed", "engines", "model_dirs_changed", "model_dirs", "nvlink", "subnet_managers_changed", "subnet_managers")
+    __slots__ = ("memory_total_bytes", "memory_available_bytes", "cpu_percent", "load1", "gpus", "disks", "load5", "load15", "shard_load", "hcas", "weights_changed", "weights", "fabrics_changed", "fabrics", "engines_changed", "engines", "model_dirs_changed", "model_dirs", "nvlink", "subnet_managers_changed", "subnet_managers", "installs_changed", "installs")
     MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     MEMORY_AVAILABLE_BYTES_FIELD_NUMBER: _ClassVar[int]
     CPU_PERCENT_FIELD_NUMBER: _ClassVar[int]
@@ -391,6 +412,8 @@ class Heartbeat(_message.Message):
     NVLINK_FIELD_NUMBER: _ClassVar[int]
     SUBNET_MANAGERS_CHANGED_FIELD_NUMBER: _ClassVar[int]
     SUBNET_MANAGERS_FIELD_NUMBER: _ClassVar[int]
+    INSTALLS_CHANGED_FIELD_NUMBER: _ClassVar[int]
+    INSTALLS_FIELD_NUMBER: _ClassVar[int]
     memory_total_bytes: int
     memory_available_bytes: int
     cpu_percent: float
@@ -412,7 +435,9 @@ class Heartbeat(_message.Message):
     nvlink: NvlinkFabric
     subnet_managers_changed: bool
     subnet_managers: _containers.RepeatedCompositeFieldContainer[SubnetManager]
-    def __init__(self, memory_total_bytes: _Optional[int] = ..., memory_available_bytes: _Optional[int] = ..., cpu_percent: _Optional[float] = ..., load1: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., disks: _Optional[_Iterable[_Union[Disk, _Mapping]]] = ..., load5: _Optional[float] = ..., load15: _Optional[float] = ..., shard_load: _Optional[_Iterable[_Union[ShardLoad, _Mapping]]] = ..., hcas: _Optional[_Iterable[_Union[Hca, _Mapping]]] = ..., weights_changed: bool = ..., weights: _Optional[_Iterable[_Union[WeightFile, _Mapping]]] = ..., fabrics_changed: bool = ..., fabrics: _Optional[_Iterable[_Union[Fabric, _Mapping]]] = ..., engines_changed: bool = ..., engines: _Optional[_Iterable[_Union[EngineInfo, _Mapping]]] = ..., model_dirs_changed: bool = ..., model_dirs: _Optional[_Iterable[_Union[ModelDir, _Mapping]]] = ..., nvlink: _Optional[_Union[NvlinkFabric, _Mapping]] = ..., subnet_managers_changed: bool = ..., subnet_managers: _Optional[_Iterable[_Union[SubnetManager, _Mapping]]] = ...) -> None: ...
+    installs_changed: bool
+    installs: _containers.RepeatedCompositeFieldContainer[EngineInstall]
+    def __init__(self, memory_total_bytes: _Optional[int] = ..., memory_available_bytes: _Optional[int] = ..., cpu_percent: _Optional[float] = ..., load1: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., disks: _Optional[_Iterable[_Union[Disk, _Mapping]]] = ..., load5: _Optional[float] = ..., load15: _Optional[float] = ..., shard_load: _Optional[_Iterable[_Union[ShardLoad, _Mapping]]] = ..., hcas: _Optional[_Iterable[_Union[Hca, _Mapping]]] = ..., weights_changed: bool = ..., weights: _Optional[_Iterable[_Union[WeightFile, _Mapping]]] = ..., fabrics_changed: bool = ..., fabrics: _Optional[_Iterable[_Union[Fabric, _Mapping]]] = ..., engines_changed: bool = ..., engines: _Optional[_Iterable[_Union[EngineInfo, _Mapping]]] = ..., model_dirs_changed: bool = ..., model_dirs: _Optional[_Iterable[_Union[ModelDir, _Mapping]]] = ..., nvlink: _Optional[_Union[NvlinkFabric, _Mapping]] = ..., subnet_managers_changed: bool = ..., subnet_managers: _Optional[_Iterable[_Union[SubnetManager, _Mapping]]] = ..., installs_changed: bool = ..., installs: _Optional[_Iterable[_Union[EngineInstall, _Mapping]]] = ...) -> None: ...
 
 class ShardSpec(_message.Message):
     __slots__ = ("shard_id", "replica_id", "model", "engine", "served_name", "source", "args", "port", "api_key", "threads", "memory_bytes", "startup_timeout_s", "env", "gpus", "nnodes", "rank", "leader_addr", "leader_port", "hcas", "tensor_parallel", "pipeline_parallel", "dtype", "context_length", "gpu_memory_bytes", "source_sha256", "source_file", "hub_endpoint", "hub_token", "mirror_url")
@@ -598,3 +623,95 @@ class Ack(_message.Message):
     ok: bool
     error: str
     def __init__(self, seq: _Optional[int] = ..., ok: bool = ..., error: _Optional[str] = ...) -> None: ...
+
+class EngineWant(_message.Message):
+    __slots__ = ("engine", "version")
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    engine: str
+    version: str
+    def __init__(self, engine: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+
+class Provision(_message.Message):
+    __slots__ = ("wants", "index_url", "find_links", "remove", "os_packages")
+    WANTS_FIELD_NUMBER: _ClassVar[int]
+    INDEX_URL_FIELD_NUMBER: _ClassVar[int]
+    FIND_LINKS_FIELD_NUMBER: _ClassVar[int]
+    REMOVE_FIELD_NUMBER: _ClassVar[int]
+    OS_PACKAGES_FIELD_NUMBER: _ClassVar[int]
+    wants: _containers.RepeatedCompositeFieldContainer[EngineWant]
+    index_url: str
+    find_links: bool
+    remove: _containers.RepeatedCompositeFieldContainer[EngineWant]
+    os_packages: bool
+    def __init__(self, wants: _Optional[_Iterable[_Union[EngineWant, _Mapping]]] = ..., index_url: _Optional[str] = ..., find_links: bool = ..., remove: _Optional[_Iterable[_Union[EngineWant, _Mapping]]] = ..., os_packages: bool = ...) -> None: ...
+
+class EngineInstall(_message.Message):
+    __slots__ = ("engine", "version", "variant", "state", "message", "bytes_done", "bytes_total", "last_output", "path", "checked_unix", "retry_unix", "missing_os_packages", "os_install_command")
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    VARIANT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_DONE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    LAST_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    CHECKED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    RETRY_UNIX_FIELD_NUMBER: _ClassVar[int]
+    MISSING_OS_PACKAGES_FIELD_NUMBER: _ClassVar[int]
+    OS_INSTALL_COMMAND_FIELD_NUMBER: _ClassVar[int]
+    engine: str
+    version: str
+    variant: str
+    state: InstallState
+    message: str
+    bytes_done: int
+    bytes_total: int
+    last_output: _containers.RepeatedScalarFieldContainer[str]
+    path: str
+    checked_unix: float
+    retry_unix: float
+    missing_os_packages: _containers.RepeatedScalarFieldContainer[str]
+    os_install_command: str
+    def __init__(self, engine: _Optional[str] = ..., version: _Optional[str] = ..., variant: _Optional[str] = ..., state: _Optional[_Union[InstallState, str]] = ..., message: _Optional[str] = ..., bytes_done: _Optional[int] = ..., bytes_total: _Optional[int] = ..., last_output: _Optional[_Iterable[str]] = ..., path: _Optional[str] = ..., checked_unix: _Optional[float] = ..., retry_unix: _Optional[float] = ..., missing_os_packages: _Optional[_Iterable[str]] = ..., os_install_command: _Optional[str] = ...) -> None: ...
+
+class FabricTestRequest(_message.Message):
+    __slots__ = ("test_id", "role", "hca", "hca_port", "tcp_port", "peer_addr", "size_bytes", "duration_s", "gid_index")
+    TEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    HCA_FIELD_NUMBER: _ClassVar[int]
+    HCA_PORT_FIELD_NUMBER: _ClassVar[int]
+    TCP_PORT_FIELD_NUMBER: _ClassVar[int]
+    PEER_ADDR_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    GID_INDEX_FIELD_NUMBER: _ClassVar[int]
+    test_id: str
+    role: str
+    hca: str
+    hca_port: int
+    tcp_port: int
+    peer_addr: str
+    size_bytes: int
+    duration_s: int
+    gid_index: int
+    def __init__(self, test_id: _Optional[str] = ..., role: _Optional[str] = ..., hca: _Optional[str] = ..., hca_port: _Optional[int] = ..., tcp_port: _Optional[int] = ..., peer_addr: _Optional[str] = ..., size_bytes: _Optional[int] = ..., duration_s: _Optional[int] = ..., gid_index: _Optional[int] = ...) -> None: ...
+
+class FabricTestResult(_message.Message):
+    __slots__ = ("test_id", "role", "ok", "error", "gbps", "port_rate_gbps", "output")
+    TEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    GBPS_FIELD_NUMBER: _ClassVar[int]
+    PORT_RATE_GBPS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    test_id: str
+    role: str
+    ok: bool
+    error: str
+    gbps: float
+    port_rate_gbps: float
+    output: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, test_id: _Optional[str] = ..., role: _Optional[str] = ..., ok: bool = ..., error: _Optional[str] = ..., gbps: _Optional[float] = ..., port_rate_gbps: _Optional[float] = ..., output: _Optional[_Iterable[str]] = ...) -> None: ...
