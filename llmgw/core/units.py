@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 _SIZE_UNITS = {
@@ -10,8 +11,8 @@ _SIZE_UNITS = {
     "ki": 2**10, "kib": 2**10, "mi": 2**20, "mib": 2**20, "gi": 2**30, "gib": 2**30, "ti": 2**40, "tib": 2**40,
 }
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
-_DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
-_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+_DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 
 
 def parse_bytes(value: object) -> int:
@@ -25,7 +26,11 @@ def parse_bytes(value: object) -> int:
     if isinstance(value, str):
         m = _SIZE_RE.match(value)
         if m and m.group(2).lower() in _SIZE_UNITS:
-            return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+            size = float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()]
+            # 400 nines read as float are inf, and int(inf) raised OverflowError: a 500 where a 400 belongs.
+            if not math.isfinite(size):
+                raise ValueError(f"a size past any disk: {value[:40]!r}…; give one such as 512MiB")
+            return int(size)
     raise ValueError(f"expected a size such as 512MiB or 4GiB, got {value!r}")
 
 
@@ -41,7 +46,10 @@ def parse_duration(value: object) -> float:
         text = value.strip()
         parts = _DURATION_RE.findall(text)
         if parts and "".join(n + u for n, u in parts) == text:
-            return sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
+            seconds = sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
+            if not math.isfinite(seconds):
+                raise ValueError(f"a duration past any clock: {value[:40]!r}…; give one such as 90s or 5m")
+            return seconds
     raise ValueError(f"expected a duration such as 90s or 5m, got {value!r}")
 
 

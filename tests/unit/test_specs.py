@@ -138,6 +138,15 @@ def test_parse_bytes(text: object, value: int) -> None:
     assert units.parse_bytes(text) == value
 
 
+def test_sizes_and_durations_past_a_float_are_refused_not_overflowed() -> None:
+    """400 nines are a ValueError naming what to give (they were an OverflowError, a 500 at the REST API)."""
+    with pytest.raises(ValueError, match="past any disk"):
+        units.parse_bytes("9" * 400)
+    with pytest.raises(ValueError, match="past any clock"):
+        units.parse_duration("9" * 400 + "s")
+    assert units.parse_duration("365d") == 365 * 86400
+
+
 @pytest.mark.parametrize("bad", ["-1", "1XB", "", None, True, -5])
 def test_parse_bytes_refuses(bad: object) -> None:
     """Nonsense sizes raise ValueError naming the accepted forms."""
