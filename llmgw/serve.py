@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from llmgw.control import datadir, remotemeta
+from llmgw.control import datadir, engines, remotemeta
 from llmgw.control.agentsvc import collector as agentsvc_collector
 from llmgw.control.agentsvc import join as agentsvc_join
 from llmgw.control.agentsvc import metrics as agentsvc_metrics
@@ -79,6 +79,14 @@ class ServerConfig:
     join_port: int = 8082
     #: How long a node certificate is valid; agents renew at two thirds over their stream.
     node_cert_validity_s: float = 365 * 86400.0
+    #: The engine package index (``--engine-index``): None keeps the stored setting; given, it is stored and wins.
+    engine_index: str | None = None
+    #: With ``engine_index``: it is a wheelhouse page (pip --find-links), not a simple index.
+    engine_find_links: bool = False
+    #: Whether models' engine_version may trigger installs: None keeps the stored setting (default yes).
+    model_installs: bool | None = None
+    #: Whether root agents install the OS packages engines (and perftest) need; None: the stored setting (off).
+    engine_os_packages: bool | None = None
 
 
 #: Where the mounted mirror answers on the server's HTTP port.
@@ -274,6 +282,10 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
     remote_meta = remotemeta.Reader(hub_endpoint=decide_cfg.hub.endpoint, mirror_url=decide_cfg.hub.mirror_url,
                                     token=decide_cfg.hub.token)
     cluster = Cluster(store, cfg=decide_cfg, ejections=reports.current, db=db, remote_meta=remote_meta)
+    # Before anything listens, so the first Provision a node gets carries the index the flags name.
+    engines.apply_server_flags(store, cluster, index_url=cfg.engine_index,
+                               find_links=cfg.engine_find_links if cfg.engine_index is not None else None,
+                               models_trigger_installs=cfg.model_installs, os_packages=cfg.engine_os_packages)
     db.watch_loop()
     try:
         grpc_server, agent_port, join_port = await agentsvc.serve(

@@ -47,6 +47,11 @@ class AgentConfig:
     stop_engines_on_exit: bool = False
     #: (engine, python) for each Python engine installed in an interpreter of its own.
     engine_python: tuple[tuple[str, str], ...] = ()
+    #: Where engines are installed (``llmgw.agent.provision``); None: ``<state_dir>/engines``.
+    engines_dir: Path | None = None
+    engine_recheck_s: float = 600.0
+    #: Whether the agent's own python's engines are reported (settings.own_python_engines).
+    own_python_engines: bool = True
     prefer_nvml: bool = True
     nvidia_smi: str = "nvidia-smi"
     sysfs_root: Path = Path("/sys/class/infiniband")
@@ -141,6 +146,7 @@ def from_settings(st: AgentSettings) -> AgentConfig:
         labels=tuple(sorted(st.labels.items())), fabrics=tuple((f.fabric, tuple(f.hcas)) for f in st.fabrics),
         mgmt_interface=st.mgmt_interface or "", stop_engines_on_exit=st.stop_engines_on_exit,
         engine_python=tuple(sorted((name, str(python)) for name, python in st.engine_python.items())),
+        engines_dir=st.engines_dir, engine_recheck_s=st.engine_recheck_s, own_python_engines=st.own_python_engines,
         prefer_nvml=st.discovery.prefer_nvml, nvidia_smi=st.discovery.nvidia_smi,
         sysfs_root=st.discovery.sysfs_root, sminfo=st.discovery.sminfo, saquery=st.discovery.saquery, tls=tls)
     for name, python in cfg.engine_python:

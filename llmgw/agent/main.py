@@ -24,15 +24,17 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-from llmgw.agent import discovery, engines, fetch
+from llmgw.agent import discovery, engines, fabric, fetch, provision
 from llmgw.agent import logs as logs_mod
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.discovery import deltas, fabrics, files, nvlink, sm
 from llmgw.agent.logring import LogRing, install
+from llmgw.agent.provision import ospkg
 from llmgw.agent.session import Commands, Session
 from llmgw.agent.supervisor import Supervisor, fetching
 from llmgw.core import enginecheck
 from llmgw.core.inventory import Gpu, Heartbeat, Inventory, WeightFile
+from llmgw.core.provision import Provision
 from llmgw.core.shards import ShardSpec, ShardStatus
 
 log = logging.getLogger(__name__)
@@ -126,6 +128,8 @@ class _Discovery:
         self.weights = deltas.Rescanner(lambda: mark(files.scan_weights(model_dirs)),
                                         interval_s=deltas.WEIGHTS_RESCAN_S)
         self.engines = EngineVersions()
+        #: The engine installer (``provision``), set by ``run``: its installs go on Register and heartbeats.
+        self.installer: provision.Installer | None = None
         self.has_gpus = False
         #: The last inventory (None before the first) and the GPUs the last heartbeat sampled.
         self._inventory: Inventory | None = None
@@ -140,6 +144,8 @@ class _Discovery:
         if self.cfg.mgmt_interface:
             inv = dataclasses.replace(inv, mgmt_interface=self.cfg.mgmt_interface)
         inv = dataclasses.replace(inv, weights=self._mark(inv.weights))
+        if self.installer is not None:
+            inv = dataclasses.replace(inv, installs=self.installer.installs())
         self.has_gpus = bool(inv.gpus)
         self._inventory, self._gpus = inv, None
         return inv
@@ -151,22 +157,44 @@ class _Discovery:
     def heartbeat(self, shard_pids: dict[str, int]) -> Heartbeat:
         load = self.sampler.sample(shard_pids=shard_pids)
         self._gpus = load.gpus
-        return self.builder.build(
+        hb = self.builder.build(
             load, weights=self.weights.get(), engines=self.engines.latest(),
             fabrics=self.checker.check(list(self.cfg.fabrics), load.hcas, loud=False),
             model_dirs=files.model_dirs(self.model_dirs),
             nvlink=self.nvlink_probe.sample() if self.has_gpus else None,
             subnet_managers=self.sm_probe.sample(load.hcas), shard_load=load.shard_load)
+        # The installs only when one changed (a state, a step, progress): None is "unchanged".
+        installs = self.installer.take_changed() if self.installer is not None else None
+        return dataclasses.replace(hb, installs=installs) if installs is not None else hb
+
+    def registered(self, inv: Inventory) -> None:
+        """A Register went out with ``inv``: heartbeats carry only what changes after it."""
+        self.builder.baseline(inv)
+        if self.installer is not None:
+            self.installer.sent_all()
 
     def close(self) -> None:
         self.sampler.close()
+
+
+def running_from(path: Path, pids: dict[str, int]) -> list[str]:
+    """The shards whose process runs a program under ``path`` (an install's directory), by /proc."""
+    found = []
+    for shard_id, pid in pids.items():
+        try:
+            program = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0", 1)[0].decode(errors="replace")
+        except OSError:
+            continue
+        if program == str(path) or program.startswith(str(path).rstrip("/") + "/"):
+            found.append(shard_id)
+    return sorted(found)
 
 
 async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Event | None = None) -> None:
     stop = stop or asyncio.Event()
     ring = ring or install_log_ring()
     # Before anything probes or launches an engine: the registry runs each with its own Python.
-    engines.configure(dict(cfg.engine_python))
+    engines.configure(dict(cfg.engine_python), own_python=cfg.own_python_engines)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -188,6 +216,21 @@ async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Ev
     supervisor = Supervisor(run_dir=run_dir, host=cfg.mgmt_addr, on_status=on_status, grace_s=cfg.stop_grace_s,
                             adopt_timeout_s=cfg.adopt_ready_timeout_s, live=cfg.probes,
                             node=found.node_facts, fetcher=fetcher, on_weights_changed=found.weights.expire)
+    installer = provision.Installer(
+        cfg.engines_dir or cfg.state_dir / "engines", profile=lambda: ospkg.profile(nvidia_smi=cfg.nvidia_smi),
+        recheck_s=cfg.engine_recheck_s, in_use=lambda path: running_from(path, supervisor.pids()),
+        on_change=lambda: loop.call_soon_threadsafe(installs_changed))
+    found.installer = installer
+    reprobes: set[asyncio.Task[object]] = set()
+
+    def installs_changed() -> None:
+        # Launches use a Ready install's python from now on; the engines reported follow at the next heartbeat.
+        engines.set_installed(tuple(engines.Installed(r.want.engine, r.want.version, str(r.python), r.variant.module)
+                                    for r in installer.ready()))
+        task = asyncio.create_task(asyncio.to_thread(found.engines.probe), name="probe engine versions")
+        reprobes.add(task)
+        task.add_done_callback(reprobes.discard)
+
     # Before registering, so that the Register lists the engines a previous
     # agent left and the control plane does not start them a second time.
     adopted = await supervisor.recover()
@@ -210,12 +253,21 @@ async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Ev
     def read_logs(shard_id: str, lines: int, follow: bool) -> AsyncIterator[list[str]]:
         return logs_mod.read(shard_id=shard_id, lines=lines, follow=follow, ring=ring, shard_log=shard_logs.find)
 
+    fabric_runner = fabric.Runner(node_id=cfg.node_id, sysfs_root=cfg.sysfs_root)
+
+    def provisioned(p: Provision) -> None:
+        # One policy for OS packages: the cluster's (server --engine-os-packages), for engines and for perftest.
+        fabric_runner.install = p.os_packages
+        installer.apply(p)
+
     session = Session(cfg, inventory=found.inventory, heartbeat=lambda: found.heartbeat(supervisor.pids()),
-                      on_register=found.builder.baseline,
+                      on_register=found.registered,
                       commands=Commands(start=start, stop=stop_shard, drain=drain, statuses=supervisor.statuses,
-                                        logs=read_logs, remove_weights=supervisor.remove_weights),
+                                        logs=read_logs, remove_weights=supervisor.remove_weights,
+                                        provision=provisioned, fabric_test=fabric_runner.run),
                       agent_version=agent_version())
     versions = asyncio.create_task(found.engines.run(), name="probe engine versions")
+    installing = asyncio.create_task(installer.run(), name="engine installer")
     stream = asyncio.create_task(session.run_forever())
     try:
         await stop.wait()
@@ -232,6 +284,7 @@ async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Ev
                      len(supervisor.pids()))
         stream.cancel()
         versions.cancel()
+        installing.cancel()
         await supervisor.close()
         await fetcher.close()
         found.close()

@@ -29,7 +29,9 @@ from llmgw.agent.config import AgentConfig
 from llmgw.api import convert
 from llmgw.api.v1 import agent_pb2 as pb
 from llmgw.api.v1 import agent_pb2_grpc
+from llmgw.core import fabrictest as ft
 from llmgw.core import pki
+from llmgw.core import provision as prov
 from llmgw.core.errors import LlmgwError
 from llmgw.core.inventory import Heartbeat, Inventory
 from llmgw.core.shards import ShardSpec, ShardStatus
@@ -83,10 +85,16 @@ class Commands:
                  stop: Callable[[str, str], Awaitable[object]], drain: Callable[[str, float], Awaitable[object]],
                  statuses: Callable[[], list[ShardStatus]],
                  logs: Callable[[str, int, bool], AsyncIterator[list[str]]],
-                 remove_weights: Callable[[str], Awaitable[None]] | None = None) -> None:
+                 remove_weights: Callable[[str], Awaitable[None]] | None = None,
+                 fabric_test: Callable[[ft.FabricTestRequest], Awaitable[ft.FabricTestResult]] | None = None,
+                 provision: Callable[[prov.Provision], None] | None = None) -> None:
         self.start, self.stop, self.drain, self.statuses, self.logs = start, stop, drain, statuses, logs
+        #: Takes the engines the control plane wants here (the installer's ``apply``); None: ignored, said once.
+        self.provision = provision
         #: Removes fetched weights by cache name; raises LlmgwError with the refusal. None: refuses every one.
         self.remove_weights = remove_weights
+        #: Runs this node's side of a fabric bandwidth test; None: every test is answered with a refusal.
+        self.fabric_test = fabric_test
 
 
 class Session:
@@ -274,6 +282,19 @@ class Session:
         elif kind == "cert_issued":
             self._renewed(msg.cert_issued)
             return
+        elif kind == "provision":
+            # The whole set of wanted engines, applied at once (the installer works in the background and
+            # reports on heartbeats); no Ack: the control plane resends it on every Register.
+            if self._commands.provision is None:
+                log.warning("the control plane asks for engine installs, and this agent has no installer")
+            else:
+                self._commands.provision(convert.provision_from_pb(msg.provision))
+            return
+        elif kind == "fabric_test":
+            # Answered by a FabricTestResult when the tool is done (seconds to minutes), not by an Ack.
+            req = convert.fabric_test_from_pb(msg.fabric_test)
+            self._spawn(self._fabric_test(req), f"fabric test {req.test_id}")
+            return
         else:
             log.warning("ignoring a command this agent does not know (%s); is the control plane newer?", kind)
             return
@@ -295,6 +316,15 @@ class Session:
             error = f"removing {name!r} failed: {type(e).__name__}: {e}; see the agent's log"
         if self._out is not None:
             self._out.put_nowait(pb.AgentMessage(seq=next(self._seq), ack=pb.Ack(seq=seq, ok=not error, error=error)))
+
+    async def _fabric_test(self, req: ft.FabricTestRequest) -> None:
+        if self._commands.fabric_test is None:
+            result = ft.FabricTestResult(req.test_id, req.role, False, error="this agent runs no fabric tests")
+        else:
+            result = await self._commands.fabric_test(req)
+        if self._out is not None:
+            self._out.put_nowait(pb.AgentMessage(seq=next(self._seq),
+                                                 fabric_result=convert.fabric_result_to_pb(result)))
 
     async def _send_logs(self, req: pb.LogsRequest) -> None:
         def reply(**kw: object) -> None:

@@ -189,6 +189,15 @@ class AgentSettings(_Strict):
     #: named runs with the agent's own. vLLM and SGLang are usually in venvs of their own: their torch
     #: pins clash with each other's, and with anything else on the node.
     engine_python: dict[str, AbsPath] = {}
+    #: Where llmgw installs the engines the control plane asks for (``llmgw.agent.provision``): one venv per
+    #: engine, version and variant. None: ``<state_dir>/engines``.
+    engines_dir: AbsPath | None = None
+    #: How often each Ready install is probed again (a library removed by an unrelated upgrade is found then).
+    engine_recheck_s: Duration = 600.0
+    #: Whether the engines the agent's own python has (xllamacpp, a vLLM beside llmgw) are reported as
+    #: runnable. On by default so that ``make up`` and a pip-installed llmgw keep working; off, a node reports
+    #: only what llmgw installed and saw run, the engines engine_python names, and the built-in sim.
+    own_python_engines: bool = True
     discovery: DiscoverySettings = pydantic.Field(default_factory=DiscoverySettings)
 
     @pydantic.field_validator("node_id")
@@ -222,7 +231,7 @@ class AgentSettings(_Strict):
         return v
 
     @pydantic.field_validator("heartbeat_interval", "reconnect_base", "adopt_ready_timeout", "probe_period_s",
-                              "probe_timeout_s")
+                              "probe_timeout_s", "engine_recheck_s")
     @classmethod
     def _positive(cls, v: float) -> float:
         if v <= 0:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from llmgw.api.v1 import agent_pb2 as pb
+from llmgw.core import fabrictest as ft
 from llmgw.core import inventory as inv
 from llmgw.core import provision as prov
 from llmgw.core.shards import FetchProgress, ShardSpec, ShardState, ShardStatus
@@ -39,7 +40,7 @@ def spec_to_pb(spec: ShardSpec) -> pb.ShardSpec:
         hcas=list(spec.hcas), tensor_parallel=spec.tensor_parallel, pipeline_parallel=spec.pipeline_parallel,
         dtype=spec.dtype, context_length=spec.context_length, gpu_memory_bytes=spec.gpu_memory_bytes,
         source_sha256=spec.source_sha256, source_file=spec.source_file, hub_endpoint=spec.hub_endpoint,
-        hub_token=spec.hub_token, mirror_url=spec.mirror_url,
+        hub_token=spec.hub_token, mirror_url=spec.mirror_url, engine_version=spec.engine_version,
     )
 
 
@@ -56,7 +57,7 @@ def spec_from_pb(msg: pb.ShardSpec) -> ShardSpec:
         tensor_parallel=max(msg.tensor_parallel, 1), pipeline_parallel=max(msg.pipeline_parallel, 1),
         dtype=msg.dtype, context_length=msg.context_length, gpu_memory_bytes=msg.gpu_memory_bytes,
         source_sha256=msg.source_sha256, source_file=msg.source_file, hub_endpoint=msg.hub_endpoint,
-        hub_token=msg.hub_token, mirror_url=msg.mirror_url,
+        hub_token=msg.hub_token, mirror_url=msg.mirror_url, engine_version=msg.engine_version,
     )
 
 
@@ -303,3 +304,25 @@ def heartbeat_from_pb(msg: pb.Heartbeat) -> inv.Heartbeat:
         subnet_managers=sms_from_pb(msg.subnet_managers) if msg.subnet_managers_changed else None,
         installs=installs_from_pb(msg.installs) if msg.installs_changed else None,
     )
+
+
+def fabric_test_to_pb(r: ft.FabricTestRequest) -> pb.FabricTestRequest:
+    return pb.FabricTestRequest(test_id=r.test_id, role=r.role, hca=r.hca, hca_port=r.hca_port, tcp_port=r.tcp_port,
+                                peer_addr=r.peer_addr, size_bytes=r.size_bytes, duration_s=r.duration_s,
+                                gid_index=r.gid_index)
+
+
+def fabric_test_from_pb(m: pb.FabricTestRequest) -> ft.FabricTestRequest:
+    return ft.FabricTestRequest(test_id=m.test_id, role=m.role, hca=m.hca, hca_port=m.hca_port,
+                                tcp_port=m.tcp_port or ft.DEFAULT_TCP_PORT, peer_addr=m.peer_addr,
+                                size_bytes=m.size_bytes or 65536, duration_s=m.duration_s or 5, gid_index=m.gid_index)
+
+
+def fabric_result_to_pb(r: ft.FabricTestResult) -> pb.FabricTestResult:
+    return pb.FabricTestResult(test_id=r.test_id, role=r.role, ok=r.ok, error=r.error, gbps=r.gbps,
+                               port_rate_gbps=r.port_rate_gbps, output=list(r.output))
+
+
+def fabric_result_from_pb(m: pb.FabricTestResult) -> ft.FabricTestResult:
+    return ft.FabricTestResult(test_id=m.test_id, role=m.role, ok=m.ok, error=m.error, gbps=m.gbps,
+                               port_rate_gbps=m.port_rate_gbps, output=tuple(m.output))

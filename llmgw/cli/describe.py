@@ -109,12 +109,37 @@ def print_model(doc: dict[str, Any], now: float) -> None:
     console.print(_events_table(doc["events"], now) if doc["events"] else "  none")
 
 
+def print_installs(installs: list[dict[str, Any]], now: float) -> None:
+    """The node's Engines section: each install's state and variant, its message, and what it lacks to run."""
+    console.print("\nEngines (installed by llmgw):", markup=False)
+    if not installs:
+        console.print("  none", markup=False)
+        return
+    t = Table("ENGINE", "VERSION", "VARIANT", "STATE", "MESSAGE", box=None, pad_edge=False)
+    for i in installs:
+        retry = f" (tried again in {max(0, round(i['retry_unix'] - now))}s)" \
+            if i["state"] == "Failed" and i.get("retry_unix") else ""
+        t.add_row(i["engine"], i["version"], i["variant"] or "-", tables.install_state(i),
+                  (i["message"] or "-") + retry)
+    console.print(t)
+    for i in installs:
+        if i["missing_os_packages"]:
+            run = f"; run as root: {i['os_install_command']}" if i["os_install_command"] else ""
+            console.print(f"  {i['engine']} {i['version']} lacks OS packages {', '.join(i['missing_os_packages'])}"
+                          f"{run}", markup=False)
+        if i["state"] == "Failed" and i["last_output"]:
+            console.print(f"  {i['engine']} {i['version']} failed; its last output:", markup=False)
+            for line in i["last_output"][-10:]:
+                console.print(f"    {line}", markup=False)
+
+
 def print_node(doc: dict[str, Any], now: float) -> None:
     for k, v in (("Name", doc["id"]), ("Status", doc["status"]), ("Address", doc["mgmt_addr"] or "-"),
                  ("Agent", doc["agent_version"] or "-"), ("Last seen", f"{ago(doc['last_seen'], now)} ago"),
                  ("CPUs", str(doc["cpu_count"])), ("GPUs", ", ".join(g["name"] for g in doc["gpus"]) or "none"),
                  ("Engines", ", ".join(f"{e['name']} {e['version']}" for e in doc["engines"]) or "none")):
         console.print(f"{k + ':':<12} {v}", markup=False)
+    print_installs(doc.get("installs", []), now)
     console.print("\nReplicas:", markup=False)
     t = Table("REPLICA", "MODEL", "PHASE", "SHARD", "GPUS", "MESSAGE", box=None, pad_edge=False)
     for r in doc["replicas"]:

@@ -17,6 +17,8 @@ from llmgw.cli import agentcmd, manifests, tables
 from llmgw.cli import audit as audit_mod
 from llmgw.cli import client as client_mod
 from llmgw.cli import describe as describe_mod
+from llmgw.cli import engines as engines_mod
+from llmgw.cli import fabric as fabric_mod
 from llmgw.cli import keys as keys_mod
 from llmgw.cli import login as login_mod
 from llmgw.cli import logs as logs_mod
@@ -80,7 +82,7 @@ def server(
     insecure: bool = typer.Option(False, "--insecure", help="Loopback development only: no authentication on the "
                                   "REST API, a plaintext agent stream, no join port (refused with a --host that "
                                   "is not loopback)"),
-    node_cert_validity: str = typer.Option("8760h", help="How long a node's certificate is valid (a year), e.g. "
+    node_cert_validity: str = typer.Option("365d", help="How long a node's certificate is valid, e.g. "
                                            "720h, 30s; "
                                            "agents renew it at two thirds, over their stream"),
     node_grace: float = typer.Option(30.0, help="Seconds a disconnected node keeps its replicas"),
@@ -103,6 +105,20 @@ def server(
     hub_token_file: Path = typer.Option(None, help="A file holding the hub's token, sent only to nodes fetching an "
                                         "hf:// source (without it: the LLMGW_HF_TOKEN environment variable); a "
                                         "token is never given on the command line"),
+    engine_index: str = typer.Option(None, help="The package index nodes install engines from: a pip simple index "
+                                     "URL, or with --engine-find-links a wheelhouse page (the llmgw mirror's); "
+                                     "never the public index unless named here [given: stored, and wins over the "
+                                     "stored value; default: the stored value, else none]"),
+    engine_find_links: bool = typer.Option(False, "--engine-find-links", help="With --engine-index: it is a page "
+                                           "of wheel links (pip --find-links), not a simple index"),
+    model_installs: bool = typer.Option(None, "--model-installs/--no-model-installs", help="Whether a model's "
+                                        "engine_version makes a node that lacks it install it [given: stored, and "
+                                        "wins; default: the stored value, else yes]"),
+    engine_os_packages: bool = typer.Option(None, "--engine-os-packages/--no-engine-os-packages",
+                                            help="Whether agents running as root install the OS packages an "
+                                            "engine (or perftest) needs with apt-get/dnf; otherwise they report "
+                                            "them with the command [given: stored, and wins; default: the stored "
+                                            "value, else no]"),
     tracing_endpoint: str = TracingOpt,
     log_level: str = typer.Option("info"),
 ) -> None:
@@ -129,6 +145,10 @@ def server(
                                  env=os.environ, quiet=mirror_dir is not None)
     except LlmgwError as e:
         raise _fail(str(e)) from None
+    if engine_find_links and engine_index is None:
+        raise _fail("--engine-find-links says what --engine-index is: give --engine-index URL with it")
+    if engine_index is not None and engine_index and not engine_index.startswith(("http://", "https://", "file:")):
+        raise _fail(f"--engine-index {engine_index!r}: expected an http(s):// URL of a pip index or wheelhouse page")
     if mirror_upstream and mirror_dir is None:
         raise _fail("--mirror-upstream needs --mirror-dir: the directory the mirror keeps what it pulls through")
     if mirror_upstream and not mirror_upstream.startswith(("http://", "https://")):
@@ -141,7 +161,9 @@ def server(
                              data_dir=data_dir or default_data_dir(), ports_file=ports_file, node_grace_s=node_grace,
                              unhealthy_grace_s=unhealthy_grace, tracing_endpoint=tracing_endpoint or "",
                              weights_gc_free_below_pct=weights_gc_free_below, insecure=insecure,
-                             join_port=join_port, node_cert_validity_s=cert_validity_s)
+                             join_port=join_port, node_cert_validity_s=cert_validity_s,
+                             engine_index=engine_index, engine_find_links=engine_find_links,
+                             model_installs=model_installs, engine_os_packages=engine_os_packages)
 
     async def serve_then_exit() -> None:
         code = 0
@@ -231,10 +253,24 @@ def _get(path: str, output: Output, url: str | None, render: object) -> None:
         console.print(render(items))  # type: ignore[operator]
 
 
+class NodesOutput(enum.StrEnum):
+    table = "table"
+    json = "json"
+    wide = "wide"  # with each node's pool and engine installs
+
+
 @get_app.command("nodes")
-def get_nodes(output: Output = typer.Option(Output.table, "-o", "--output"), url: str = UrlOpt) -> None:
-    """Nodes that registered, connected or not."""
-    _get("/api/v1/nodes", output, url, tables.nodes)
+def get_nodes(output: NodesOutput = typer.Option(NodesOutput.table, "-o", "--output"), url: str = UrlOpt) -> None:
+    """Nodes that registered, connected or not (-o wide: with their pools and engine installs)."""
+    if output is not NodesOutput.wide:
+        _get("/api/v1/nodes", Output(output.value), url, tables.nodes)
+        return
+    try:
+        client = _client(url)
+        items, installs = client.get("/api/v1/nodes")["items"], client.get("/api/v1/engines")
+    except LlmgwError as e:
+        raise _fail(str(e)) from None
+    console.print(tables.nodes_wide(items, installs))
 
 
 @get_app.command("models")
@@ -268,6 +304,7 @@ def delete_model(name: str, url: str = UrlOpt) -> None:
 
 logs_mod.register(app)
 describe_mod.register(app)
+engines_mod.register(app)
 keys_mod.register(app)
 audit_mod.register(app)
 sim_mod.register(app)
@@ -275,6 +312,7 @@ mirror_mod.register(app)
 onboard_mod.register(app, default_data_dir=default_data_dir)
 agentcmd.register(app, setup_logging=_logging, fail=_fail)
 nodes_mod.register(app)
+fabric_mod.register(app)
 login_mod.register(app)
 users_mod.register(app)
 

@@ -21,6 +21,34 @@ def nodes(items: list[dict[str, Any]]) -> Table:
     return t
 
 
+def install_state(i: dict[str, Any]) -> str:
+    """"Ready", "Installing 40%" (from its bytes, when it said them), "Failed"."""
+    if i["state"] == "Installing" and i.get("bytes_total"):
+        return f"Installing {100 * i['bytes_done'] // i['bytes_total']}%"
+    return str(i["state"])
+
+
+def install_cell(installs: list[dict[str, Any]]) -> str:
+    """One node's installs for ``get nodes -o wide``: "vllm 0.32.0 cpu Ready, sim 0.1 py Installing 40%"."""
+    return ", ".join(" ".join(x for x in (i["engine"], i["version"], i["variant"], install_state(i)) if x)
+                     for i in installs) or "-"
+
+
+def nodes_wide(items: list[dict[str, Any]], engines_doc: dict[str, Any]) -> Table:
+    """``get nodes -o wide``: the table, with each node's pool and engine installs (``/api/v1/engines``)."""
+    by_node = {n["node"]: n for n in engines_doc.get("nodes", [])}
+    t = Table("NODE", "STATUS", "ADDRESS", "POOL", "CPUS", "MEMORY FREE/TOTAL", "GPUS", "ENGINES", "INSTALLS",
+              "SHARDS")
+    for n in items:
+        status = n.get("status") or ("Ready" if n["connected"] else "NotReady")
+        mine = by_node.get(n["id"], {})
+        t.add_row(n["id"], status, n["mgmt_addr"], mine.get("pool") or "-", str(n["cpu_count"]),
+                  f"{format_bytes(n['memory_available_bytes'])} / {format_bytes(n['memory_total_bytes'])}",
+                  str(len(n["gpus"])), ", ".join(f"{e['name']} {e['version']}" for e in n["engines"]) or "-",
+                  install_cell(mine.get("installs", [])), str(n["shards"]))
+    return t
+
+
 def models(items: list[dict[str, Any]]) -> Table:
     t = Table("MODEL", "ENGINE", "SERVED AS", "READY", "STATE", "MESSAGE")
     for m in items:

@@ -35,12 +35,14 @@ from llmgw.control import events as ev
 from llmgw.control import remotemeta
 from llmgw.control.reconcile import decide
 from llmgw.control.reconcile import decisions as d
+from llmgw.control.reconcile import engines as provisioning
 from llmgw.control.state import NodeView, Phase, ReplicaRecord
 from llmgw.control.status import summarize
 from llmgw.control.store.offloop import StoreThread
 from llmgw.control.store.store import Store, StoredNode
-from llmgw.core import specs
+from llmgw.core import fabrictest, specs
 from llmgw.core.inventory import Heartbeat
+from llmgw.core.provision import Provision
 from llmgw.core.shards import ShardSpec, ShardState, ShardStatus
 
 log = logging.getLogger(__name__)
@@ -57,9 +59,12 @@ class AgentLink(Protocol):
     def stop_shard(self, shard_id: str, *, reason: str) -> None: ...
     def drain_shard(self, shard_id: str, *, timeout_s: int) -> None: ...
     def remove_weights(self, cache_name: str) -> None: ...
+    def provision(self, provision: Provision) -> None: ...
     def close(self, reason: str) -> None: ...
     def request_logs(self, shard_id: str, *, lines: int, follow: bool) -> tuple[str, asyncio.Queue[Any]]: ...
     def cancel_logs(self, request_id: str) -> None: ...
+    def fabric_test(self, req: fabrictest.FabricTestRequest) -> asyncio.Future[fabrictest.FabricTestResult]: ...
+    def forget_fabric_test(self, test_id: str) -> None: ...
 
 
 @dataclasses.dataclass(slots=True)
@@ -88,6 +93,10 @@ class _Plan:
     conds_gone: list[str] = dataclasses.field(default_factory=list)
     #: Draining nodes that no replica is on any more.
     drained: list[str] = dataclasses.field(default_factory=list)
+    #: Each connected node's engines as wanted now (``reconcile.engines``); sent where they changed.
+    provisions: dict[str, Provision] = dataclasses.field(default_factory=dict)
+    #: The wants and settings they were worked out from: stale once either is rebound (see ``_apply``).
+    provisioned_from: tuple[object, object] = (None, None)
 
 
 def _read_targets(store: Store) -> tuple[dict[str, specs.ModelSpec], list[ReplicaRecord]]:
@@ -136,6 +145,11 @@ class Cluster:
         self._drained: set[str] = set()
         #: Conditions as last written, by "replica/ID" and "model/NAME" (loaded: transition times survive a restart).
         self._conds: dict[str, tuple[cond.Condition, ...]] = {}
+        #: Operators' engine wants and the cluster's engine settings (``control.engines`` rebinds them on a change).
+        self.engine_wants: tuple[provisioning.ScopedWant, ...] = tuple(store.list_engine_wants())
+        self.engine_settings = provisioning.EngineSettings.from_map(store.settings())
+        #: The Provision last sent on each node's current stream: sent again only when it changes.
+        self._provisioned: dict[str, Provision] = {}
         replica_conds, model_conds = store.conditions()
         self._conds.update({f"replica/{k}": v for k, v in replica_conds.items()})
         self._conds.update({f"model/{k}": v for k, v in model_conds.items()})
@@ -152,6 +166,7 @@ class Cluster:
         if old is not None and old.link is not link:
             old.link.close("replaced by a newer stream from the same node")
         self._conns[node.id] = _Conn(link, self.clock())
+        self._provisioned.pop(node.id, None)  # a new stream: the next pass sends it its Provision
         # Cordon and drain are the operator's, not the agent's: a registration keeps them.
         prev = self.nodes.get(node.id)
         self.nodes[node.id] = NodeView(node.id, node.inventory, connected=True, mgmt_addr=node.mgmt_addr,
@@ -195,6 +210,10 @@ class Cluster:
         # replaced (see the module docstring). A new view per beat would cost every heartbeat ~10 us more.
         view.inventory = dataclasses.replace(inv, **changes)  # type: ignore[arg-type]
         view.shard_load = {s.shard_id: s for s in hb.shard_load}
+        if hb.installs is not None and hb.installs != inv.installs:
+            for e in provisioning.install_events(node_id, inv.installs, hb.installs, now=self.clock()):
+                self.record(e)
+            self.kick()  # an install Ready (or Failed) changes what placement can do, and says so
 
     def shard_reported(self, node_id: str, status: ShardStatus) -> None:
         view = self.nodes.get(node_id)
@@ -333,6 +352,9 @@ class Cluster:
                     phase=Phase.PENDING, api_key=f"sk-{secrets.token_urlsafe(24)}", created_at=now))
                 plan.again = True
         self._derive(plan, models, replicas, nodes, drained, now)
+        wants, settings = self.engine_wants, self.engine_settings
+        plan.provisioned_from = (wants, settings)
+        plan.provisions = provisioning.provisions((n for n in nodes.values() if n.connected), wants, models, settings)
         return plan
 
     def _apply(self, plan: _Plan) -> None:
@@ -363,6 +385,16 @@ class Cluster:
             elif isinstance(dec, d.RemoveWeights):
                 self._removing[(dec.node_id, dec.cache_name)] = plan.now
                 self._send(dec.node_id, lambda link, dec=dec: link.remove_weights(dec.cache_name))
+        # Worked out before a want changed: sending them could undo an `engine remove` made while the pass
+        # ran (its removal sent, then the old want again); the change kicked a pass that sends the new ones.
+        stale = plan.provisioned_from != (self.engine_wants, self.engine_settings)
+        for node_id, prov in ({} if stale else plan.provisions).items():
+            last, view = self._provisioned.get(node_id), self.nodes.get(node_id)
+            if last is None and not prov.wants and (view is None or not view.inventory.installs):
+                continue  # nothing wanted, nothing installed: an empty Provision would say nothing new
+            if node_id in self._conns and last != prov:
+                self._provisioned[node_id] = prov
+                self._send(node_id, lambda link, prov=prov: link.provision(prov))
 
     # -- conditions and events ------------------------------------------------------------
     def record(self, event: ev.Event) -> None:
@@ -554,6 +586,24 @@ class Cluster:
 
     def connected(self, node_id: str) -> bool:
         return node_id in self._conns
+
+    def link(self, node_id: str) -> AgentLink | None:
+        """The stream to a connected node, for a request that awaits its answer (a fabric test); None if not."""
+        conn = self._conns.get(node_id)
+        return conn.link if conn is not None else None
+
+    def provisioned(self, node_id: str) -> Provision | None:
+        """The Provision last sent to a connected node (None: none yet on its current stream)."""
+        return self._provisioned.get(node_id)
+
+    def send_engine_removal(self, node_id: str, remove: Provision) -> bool:
+        """Sends a one-off Provision carrying ``remove`` to a connected node; False when it is not connected."""
+        if node_id not in self._conns:
+            return False
+        # Its wants are the node's whole set as of now: the next pass sends nothing new unless they change.
+        self._provisioned[node_id] = dataclasses.replace(remove, remove=())
+        self._send(node_id, lambda link: link.provision(remove))
+        return True
 
     async def revoke_node(self, node_id: str) -> int:
         """Revokes every certificate of ``node_id`` and closes its stream now; returns how many were revoked.

@@ -98,6 +98,8 @@ class ShardSpec:
     hub_endpoint: str = ""
     hub_token: str = dataclasses.field(default="", repr=False)
     mirror_url: str = ""
+    #: The model's ``engine_version`` ("" any): which of a node's installs of the engine runs it.
+    engine_version: str = ""
 
 
 #: Variables llmgw sets itself in every engine's environment: a spec's env may

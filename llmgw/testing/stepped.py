@@ -15,7 +15,8 @@ class Link:
     """An agent's link that keeps each start, stop and drain sent to it as ``(verb, shard_id)``, in order."""
 
     def __init__(self) -> None:
-        self.sent: list[tuple[str, str]] = []
+        #: ``(verb, shard_id)``; a Provision as ``("provision", Provision)``.
+        self.sent: list[tuple[str, Any]] = []
 
     def start_shard(self, spec: Any) -> None:
         self.sent.append(("start", spec.shard_id))
@@ -28,6 +29,9 @@ class Link:
 
     def remove_weights(self, cache_name: str) -> None:
         self.sent.append(("remove_weights", cache_name))
+
+    def provision(self, provision: Any) -> None:
+        self.sent.append(("provision", provision))
 
     def close(self, reason: str) -> None:
         pass

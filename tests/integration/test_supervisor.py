@@ -196,7 +196,7 @@ class DeafSim:
 
 def test_leader_that_ignores_sigterm_is_killed_after_the_grace(harness: Callable[..., Harness]) -> None:
     """SIGTERM reaches the whole group (the sim exits), the deaf leader gets SIGKILL after the grace."""
-    h = harness(adapters=SimpleNamespace(get=lambda name: DeafSim()))
+    h = harness(adapters=SimpleNamespace(get=lambda name, version="": DeafSim()))
     h.run(h.sup.start(spec("a")))
     h.wait_state("a", S.READY)
     assert len(children()) == 2

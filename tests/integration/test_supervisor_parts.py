@@ -107,7 +107,7 @@ def test_refusals_are_failed_statuses_that_say_what_to_fix(tmp_path: Path) -> No
 
 def test_an_adapter_bug_is_a_failed_status_not_an_exception(tmp_path: Path) -> None:
     """start() never raises: an adapter that blows up gives FAILED naming the error."""
-    def broken(name: str) -> object:
+    def broken(name: str, version: str = "") -> object:
         raise KeyError("boom")
 
     async def body(sup: Supervisor) -> None:

@@ -78,7 +78,7 @@ class SimWithFabric:
 
 
 def registry(adapter: object) -> SimpleNamespace:
-    return SimpleNamespace(get=lambda name: adapter)
+    return SimpleNamespace(get=lambda name, version="": adapter)
 
 
 @pytest.fixture

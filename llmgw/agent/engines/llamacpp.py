@@ -94,6 +94,11 @@ def run_version(path: str) -> str:
     return done.stdout + done.stderr
 
 
+def launcher_file() -> str:
+    """The launcher as a file, for an install's python that has no llmgw to run it as a module."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "llamacpp_launcher.py")
+
+
 def default_threads(cpu_count: int) -> int:
     """Half the CPUs, at least one."""
     return max(1, cpu_count // 2)
@@ -106,9 +111,14 @@ class LlamaCpp:
     health_path = "/health"
 
     def __init__(self, *, which: Callable[[str], str | None] = shutil.which,
-                 version_of: Callable[[str], str] = run_version) -> None:
+                 version_of: Callable[[str], str] = run_version, python: str | None = None,
+                 version: str | None = None) -> None:
         # Injected so tests choose between llama-server and the launcher without touching PATH.
         self._which, self._version_of = which, version_of
+        # An install of xllamacpp (llmgw.agent.provision): its python runs the launcher by file path (the
+        # launcher imports only xllamacpp and the standard library), and a llama-server on PATH is not used:
+        # a node runs what llmgw installed and saw run, not whatever binary happens to be there.
+        self._python, self._version = python, version
         #: (path, size, mtime) of the binary last asked, and its version.
         self._known: tuple[tuple[str, int, int], str] | None = None
 
@@ -134,8 +144,11 @@ class LlamaCpp:
         if not model_path:
             raise errors.EngineError(f"shard {spec.shard_id}: no model file was resolved for source "
                                      f"{spec.source!r}; set spec.source to a .gguf the node has")
-        server = self._which("llama-server")
-        program = [server] if server else [python or sys.executable, "-m", LAUNCHER_MODULE]
+        server = None if self._python else self._which("llama-server")
+        if self._python:
+            program = [python or self._python, launcher_file()]
+        else:
+            program = [server] if server else [python or sys.executable, "-m", LAUNCHER_MODULE]
         threads = spec.threads or default_threads(cpu_count)
         argv = [*program, "--model", model_path, "--host", host, "--port", str(port),
                 "--alias", spec.served_name, "--threads", str(threads), "--metrics"]
@@ -148,6 +161,8 @@ class LlamaCpp:
         return base.Launch(argv=argv, env={**base.spec_env(spec), **base.api_key_env(self.name, spec)})
 
     def probe(self) -> str | None:
+        if self._version is not None:
+            return self._version
         if server := self._which("llama-server"):
             return self._server_version(server)
         try:

@@ -28,10 +28,14 @@ def parse_sim_stats(body: bytes) -> int | None:
 
 
 class Sim:
-    """Adapter for llmgw's simulated engine."""
+    """Adapter for llmgw's simulated engine: built in (the agent's python), or an install of its wheel."""
 
     name = "sim"
     health_path = "/health"
+
+    def __init__(self, *, python: str | None = None, module: str = MODULE, version: str | None = None) -> None:
+        # An install (llmgw.agent.provision) runs its own python and module, at the version it installed.
+        self._python, self._module, self._version = python, module, version
 
     def validate(self, spec: shards.ShardSpec, *, node: enginecheck.NodeFacts | None = None,
                  model: inventory.WeightFile | None = None) -> None:
@@ -43,7 +47,7 @@ class Sim:
         # model_path, cpu_count, node and work_dir are unused: the sim loads nothing, spins no
         # threads, joins no collective and writes no cache.
         self.validate(spec)
-        argv = [python or sys.executable, "-m", MODULE, "--host", host, "--port", str(port),
+        argv = [python or self._python or sys.executable, "-m", self._module, "--host", host, "--port", str(port),
                 "--model", spec.served_name]
         if spec.nnodes > 1:
             # The sim has no collective to join; it takes its rank so that a
@@ -56,6 +60,8 @@ class Sim:
         return base.Launch(argv=argv, env={**base.spec_env(spec), **base.api_key_env(self.name, spec)})
 
     def probe(self) -> str | None:
+        if self._version is not None:
+            return self._version
         try:
             return importlib.metadata.version("llmgw")
         except importlib.metadata.PackageNotFoundError:

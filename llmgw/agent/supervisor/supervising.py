@@ -79,7 +79,7 @@ KILL_WAIT_S = 10.0
 class Registry(Protocol):
     """Where adapters come from: ``llmgw.agent.engines`` itself, or a test's own."""
 
-    def get(self, name: str) -> engines.Adapter: ...
+    def get(self, name: str, version: str = "") -> engines.Adapter: ...
 
 
 class Supervisor:
@@ -187,7 +187,7 @@ class Supervisor:
             return self._recs.move(rec, S.FAILED, fetch=None, message=f"cannot fetch the weights of shard "
                                    f"{spec.shard_id}: internal error {type(exc).__name__}: {exc}; see the agent's log")
         try:
-            adapter = self._adapters.get(spec.engine)
+            adapter = self._adapters.get(spec.engine, spec.engine_version)
             node = self._node()
             # Resolving may stat a network filesystem, and the metadata is a
             # header read (cached by discovery's scans): never on the event loop.
@@ -389,7 +389,7 @@ class Supervisor:
         adapter: engines.Adapter | None = None
         unknown = ""
         try:
-            adapter = self._adapters.get(spec.engine)
+            adapter = self._adapters.get(spec.engine, spec.engine_version)
         except EngineError as exc:
             unknown = str(exc)
         plan = launching.Plan(argv=list(saved.argv), env={}, endpoint=saved.endpoint,

@@ -38,7 +38,9 @@ from llmgw.control.agentsvc import collector, metrics
 from llmgw.control.agentsvc import join as join_mod
 from llmgw.control.cluster import Cluster
 from llmgw.control.store.store import StoredNode
+from llmgw.core import fabrictest as ft
 from llmgw.core import pki
+from llmgw.core.provision import Provision
 from llmgw.core.shards import ShardSpec
 
 log = logging.getLogger(__name__)
@@ -73,6 +75,8 @@ class _Link:
         self._logs: dict[str, asyncio.Queue[LogBatch]] = {}
         #: A RenewCert being signed: a second one while it is is not signed twice.
         self.renewing = False
+        #: Fabric test sides sent and not yet answered, by test id (a node runs one side of a test).
+        self._fabric: dict[str, asyncio.Future[ft.FabricTestResult]] = {}
 
     def _put(self, **body: object) -> None:
         self.queue.put_nowait(pb.ControlMessage(seq=next(self._seq), **body))
@@ -88,6 +92,9 @@ class _Link:
 
     def remove_weights(self, cache_name: str) -> None:
         self._put(remove_weights=pb.RemoveWeights(cache_name=cache_name))
+
+    def provision(self, provision: Provision) -> None:
+        self._put(provision=convert.provision_to_pb(provision))
 
     def request_logs(self, shard_id: str, *, lines: int, follow: bool) -> tuple[str, asyncio.Queue[LogBatch]]:
         request_id = uuid.uuid4().hex
@@ -118,6 +125,30 @@ class _Link:
             with contextlib.suppress(asyncio.QueueFull):
                 replies.put_nowait(LogBatch((), f"node {self.node_id} disconnected", True))
         self._logs.clear()
+
+    def fabric_test(self, req: ft.FabricTestRequest) -> asyncio.Future[ft.FabricTestResult]:
+        """Sends one side of a fabric test; the future gets the agent's FabricTestResult."""
+        fut: asyncio.Future[ft.FabricTestResult] = asyncio.get_running_loop().create_future()
+        self._fabric[req.test_id] = fut
+        self._put(fabric_test=convert.fabric_test_to_pb(req))
+        return fut
+
+    def forget_fabric_test(self, test_id: str) -> None:
+        """Stops waiting for a test's answer (the caller gave up); a late one is then dropped."""
+        self._fabric.pop(test_id, None)
+
+    def fabric_result(self, msg: pb.FabricTestResult) -> None:
+        fut = self._fabric.pop(msg.test_id, None)
+        if fut is not None and not fut.done():
+            fut.set_result(convert.fabric_result_from_pb(msg))
+
+    def end_fabric_tests(self) -> None:
+        """Answers every test side still waiting: the stream that would have carried its result is gone."""
+        for test_id, fut in self._fabric.items():
+            if not fut.done():
+                fut.set_result(ft.FabricTestResult(test_id, "", False, error=f"node {self.node_id} disconnected "
+                                                   "during the test; its agent was reconnecting or stopped"))
+        self._fabric.clear()
 
     def cert_issued(self, *, cert_pem: bytes = b"", error: str = "") -> None:
         self._put(cert_issued=pb.CertIssued(cert_pem=cert_pem, error=error))
@@ -194,6 +225,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 del self._live[reg.node_id]
             reader.cancel()
             link.end_logs()
+            link.end_fabric_tests()
             self.cluster.node_disconnected(reg.node_id, link)
 
     async def _read(self, request_iterator: AsyncIterator[pb.AgentMessage], link: _Link) -> None:
@@ -291,6 +323,8 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             _observe_heartbeat(time.perf_counter() - t0)
         elif kind == "shard_status":
             self.cluster.shard_reported(link.node_id, convert.status_from_pb(msg.shard_status))
+        elif kind == "fabric_result":
+            link.fabric_result(msg.fabric_result)
         elif kind == "logs_reply":
             link.logs_reply(msg.logs_reply)
         elif kind == "ack":

@@ -25,6 +25,8 @@ from llmgw.control.auth import middleware as auth_mw
 from llmgw.control.cluster import Cluster, LogsError, NodeNotConnected
 from llmgw.control.http import audit as audit_http
 from llmgw.control.http import describe as describe_http
+from llmgw.control.http import engines as engines_http
+from llmgw.control.http import fabric as fabric_http
 from llmgw.control.http import keys as keys_http
 from llmgw.control.http import nodecerts as nodecerts_http
 from llmgw.control.http import users as users_http
@@ -141,6 +143,8 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extr
     app.include_router(nodecerts_http.router(db, cluster))
     app.include_router(describe_http.router(db, cluster))
     app.include_router(weights_http.router(db, cluster))
+    app.include_router(fabric_http.router(cluster))
+    app.include_router(engines_http.router(db, cluster))
     registry = prometheus_client.CollectorRegistry()
     nodes_gauge = prometheus_client.Gauge("llmgw_nodes_connected", "Connected agents", registry=registry)
     replicas_gauge = prometheus_client.Gauge("llmgw_replicas", "Replicas by phase", ["phase"], registry=registry)

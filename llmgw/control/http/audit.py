@@ -68,6 +68,7 @@ AUDITED: tuple[Audited, ...] = (
     _route("POST", "/api/v1/nodes/{name}/uncordon", "uncordon", "node"),
     _route("POST", "/api/v1/nodes/{name}/drain", "drain", "node"),
     _route("POST", "/api/v1/nodes/{name}/revoke", "revoke", "node"),
+    _route("POST", "/api/v1/fabric/tests", "fabric test", "fabric"),  # runs a tool on two nodes
     _route("POST", "/api/v1/keys", "key create", "key"),  # the id is in the answer
     _route("DELETE", "/api/v1/keys/{name}", "key delete", "key"),
     _route("POST", "/api/v1/users", "user create", "user"),  # the name is in the body
@@ -77,6 +78,10 @@ AUDITED: tuple[Audited, ...] = (
     _route("DELETE", "/api/v1/routers/{name}", "router delete", "router"),
     _route("POST", "/api/v1/login", "login", "user"),  # failures above all: a brute force shows here
     _route("POST", "/api/v1/logout", "logout", "user"),
+    # The object, "engine/vllm 0.32.0 on node05" (or "on pool gpu"), is read from the body.
+    _route("POST", "/api/v1/engines", "engine want", "engine"),
+    _route("DELETE", "/api/v1/engines", "engine unwant", "engine"),
+    _route("POST", "/api/v1/engines/remove", "engine remove", "engine"),
 )
 #: Mutating routes deliberately not audited, each with why.
 NOT_AUDITED: dict[tuple[str, str], str] = {
@@ -131,6 +136,13 @@ def object_of(route: Audited, path: str, request_body: bytes, response_body: byt
             if isinstance(value, str) and value:
                 name = value
                 break
+    if not name and route.kind == "engine":
+        doc = _json(request_body)
+        fields = ("engine", "version", "node", "pool")
+        if isinstance(doc, dict) and all(isinstance(doc.get(k, ""), str) for k in fields):
+            where = doc.get("node") or (f"pool {doc['pool']}" if doc.get("pool") else "")
+            name = f"{doc.get('engine', '')} {doc.get('version', '')}" + (f" on {where}" if where else "")
+            name = name.strip()
     if not name and route.kind == "key":
         doc = _json(response_body)
         name = doc.get("id") if isinstance(doc, dict) and isinstance(doc.get("id"), str) else ""

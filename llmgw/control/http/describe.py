@@ -16,6 +16,7 @@ from typing import Any
 
 from fastapi import APIRouter, Query, Response
 
+from llmgw.control import engines
 from llmgw.control.cluster import Cluster
 from llmgw.control.conditions import Condition
 from llmgw.control.events import Event
@@ -117,6 +118,8 @@ def router(db: StoreThread, cluster: Cluster) -> APIRouter:
             "gpus": [{"index": g.index, "name": g.name, "memory_total_bytes": g.memory_total_bytes,
                       "memory_used_bytes": g.memory_used_bytes} for g in inv.gpus],
             "engines": [{"name": e, "version": v} for e, v in inv.engines],
+            # What llmgw installed here and each install's state (issue 14); the engines above are what runs.
+            "installs": [engines.install_doc(i) for i in inv.installs],
             "replicas": [{**_replica(r, cluster, models.get(r.model, ""), now), "model": r.model} for r in mine],
             "shards": [{"id": s.shard_id, "replica": s.replica_id, "state": s.state.value, "message": s.message}
                        for s in (view.shards.values() if view else ()) if s.state in ShardState.live()],

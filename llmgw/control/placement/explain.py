@@ -96,6 +96,9 @@ def _headline(need: Need, stage: int) -> str:
     if stage == f.CPU:
         return (f"no node's CPU has {' or '.join(need.cpu_flags_any)}, which {need.engine} needs to run without "
                 f"a GPU: give the model GPUs, or serve it with llamacpp")
+    if stage == f.INSTALLING:
+        what = " ".join(x for x in (need.engine, need.engine_version) if x)
+        return f"no node has {what} installed yet"
     if stage == f.VERSION:
         return f"no node has {need.engine} {need.engine_version}"
     if stage == f.ENGINE:
@@ -111,7 +114,10 @@ def refusal(need: Need, reasons: Mapping[str, f.Reason], *, what: str = "a repli
     top = nearest[0][1].stage
     parts = [_headline(need, top)]
     for node_id, r in nearest[:NAMED_IN_MESSAGE]:
-        parts.append(f"{node_id} {r.short if r.stage == top and r.short else r.text}")
+        if r.stage == f.INSTALLING:  # an install's sentence names its node itself
+            parts.append(r.text)
+        else:
+            parts.append(f"{node_id} {r.short if r.stage == top and r.short else r.text}")
     if len(nearest) > NAMED_IN_MESSAGE:
         parts.append(f"and {len(nearest) - NAMED_IN_MESSAGE} more nodes cannot either")
     return Refused(f"no node can run {what} of {need.model}: " + "; ".join(parts),

@@ -18,11 +18,15 @@ from itertools import islice
 from llmgw.control.placement import gpus as gpus_mod
 from llmgw.control.placement.needs import Need
 from llmgw.control.state import NodeView
+from llmgw.core import engines
 from llmgw.core.inventory import Gpu, Inventory, ModelDir
+from llmgw.core.provision import EngineInstall, InstallState
 from llmgw.core.shards import ShardState
 from llmgw.core.units import format_bytes
 
-CONNECTED, CORDON, ENGINE, VERSION, CPU, POOL, SELECTOR, GPUS, MEMORY, THREADS, DISK, FABRIC = range(12)
+#: INSTALLING: the node would do but for an engine llmgw is installing there (or failed to, or cannot):
+#: nearer than any node that lacks the engine outright, so its install's sentence leads the message.
+CONNECTED, CORDON, ENGINE, VERSION, CPU, POOL, SELECTOR, INSTALLING, GPUS, MEMORY, THREADS, DISK, FABRIC = range(13)
 #: How many of a node's unusable GPUs a reason names.
 _GPUS_NAMED = 3
 
@@ -58,9 +62,16 @@ class NodeState:
         return len(self.view.inventory.gpus) - sum(1 for g in self.view.inventory.gpus if g.index in self.held)
 
 
-def version_matches(have: str, want: str) -> bool:
-    """``want`` "0.11" takes "0.11" and "0.11.2" but not "0.110"."""
-    return not want or have == want or have.startswith(want + ".")
+version_matches = engines.version_matches
+
+
+def _install_of(need: Need, node: NodeView) -> EngineInstall | None:
+    """The node's install of the engine ``need`` wants that is not Ready (installing, failed, unsupported), if any."""
+    for i in node.inventory.installs:
+        if i.engine == need.engine and i.state is not InstallState.Ready \
+                and (not need.engine_version or version_matches(i.version, need.engine_version)):
+            return i
+    return None
 
 
 def static_reason(need: Need, node: NodeView) -> Reason | None:
@@ -69,12 +80,27 @@ def static_reason(need: Need, node: NodeView) -> Reason | None:
         return Reason(CONNECTED, "is not connected")
     if node.cordoned:
         return Reason(CORDON, "is cordoned")
+    missing = _engine_reason(need, node)
+    rest = _label_reason(need, node)
+    if missing is not None:
+        install = _install_of(need, node) if rest is None else None
+        # The install's own words ("Installing vllm 0.32.0 on node05: downloading 1.2/3.4 GB"): without
+        # them a replica waiting for an install read "lacks engine vllm" for the minutes it took.
+        return Reason(INSTALLING, install.sentence(node.id)) if install is not None else missing
+    return rest
+
+
+def _engine_reason(need: Need, node: NodeView) -> Reason | None:
     versions = [v for name, v in node.inventory.engines if name == need.engine]
     if not versions:
         installed = ", ".join(sorted(node.inventory.engine_names())) or "none"
         return Reason(ENGINE, f"lacks engine {need.engine} (has: {installed})")
     if need.engine_version and not any(version_matches(v, need.engine_version) for v in versions):
         return Reason(VERSION, f"lacks {need.engine} {need.engine_version} (has {', '.join(sorted(versions))})")
+    return None
+
+
+def _label_reason(need: Need, node: NodeView) -> Reason | None:
     if need.cpu_flags_any:
         # A node that does not list its CPU's flags is not refused on a guess.
         flags = node.inventory.host.cpu_flags

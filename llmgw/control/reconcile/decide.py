@@ -139,7 +139,7 @@ def shard_spec(r: ReplicaRecord, spec: ModelSpec, *, hub: Hub = Hub()) -> ShardS
         threads=spec.resources.cpu_threads, memory_bytes=spec.resources.memory_bytes,
         startup_timeout_s=int(spec.startup_timeout_s), env=spec.env, gpus=r.gpus,
         tensor_parallel=tp, pipeline_parallel=pp, dtype=spec.dtype, context_length=spec.context_length,
-        gpu_memory_bytes=r.memory_bytes if spec.resources.gpus.count else 0,
+        gpu_memory_bytes=r.memory_bytes if spec.resources.gpus.count else 0, engine_version=spec.engine_version,
         **remote_fields(spec.source, spec, hub),
     )
 

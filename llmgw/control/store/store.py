@@ -23,16 +23,19 @@ from sqlalchemy.orm import defer, sessionmaker
 
 from llmgw.control.conditions import Condition
 from llmgw.control.events import Event
+from llmgw.control.reconcile.engines import ScopedWant
 from llmgw.control.state import Member, Phase, ReplicaRecord
 from llmgw.control.store.tables import (
     ApiKeyRow,
     ApiTokenRow,
     AuditRow,
+    EngineWantRow,
     EventRow,
     ModelRow,
     NodeCertRow,
     NodeRow,
     ReplicaRow,
+    SettingRow,
     TokenRow,
     UserRow,
 )
@@ -506,6 +509,36 @@ class Store:
                                                               NodeCertRow.revoked_at == 0)
                                  .values(revoked_at=at)).rowcount)
 
+
+    # -- engine wants and cluster settings (issue 14) -------------------------------------
+    def list_engine_wants(self) -> list[ScopedWant]:
+        q = sa.select(EngineWantRow).order_by(EngineWantRow.scope, EngineWantRow.engine, EngineWantRow.version)
+        with self._session() as s:
+            return [ScopedWant(r.scope, r.engine, r.version, r.created_at) for r in s.scalars(q)]
+
+    def add_engine_want(self, want: ScopedWant) -> bool:
+        """Stores a want; False when it was already there (nothing changes then)."""
+        with self._session.begin() as s:
+            if s.get(EngineWantRow, (want.scope, want.engine, want.version)) is not None:
+                return False
+            s.add(EngineWantRow(scope=want.scope, engine=want.engine, version=want.version,
+                                created_at=want.created_at))
+            return True
+
+    def delete_engine_want(self, scope: str, engine: str, version: str) -> bool:
+        with self._session.begin() as s:
+            return bool(s.execute(sa.delete(EngineWantRow).where(
+                EngineWantRow.scope == scope, EngineWantRow.engine == engine,
+                EngineWantRow.version == version)).rowcount)
+
+    def settings(self) -> dict[str, str]:
+        with self._session() as s:
+            return {r.key: r.value for r in s.scalars(sa.select(SettingRow))}
+
+    def put_settings(self, values: dict[str, str]) -> None:
+        with self._session.begin() as s:
+            for key, value in values.items():
+                s.merge(SettingRow(key=key, value=value))
 
     # -- the audit log -----------------------------------------------------------------
     def record_audit(self, *, actor: str, action: str, object: str, outcome: str, detail: str = "",

@@ -199,3 +199,24 @@ class NodeCertRow(Base):
     not_after: Mapped[float] = mapped_column(Float)
     #: 0: not revoked.
     revoked_at: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+class EngineWantRow(Base):
+    """An engine version an operator wants installed on a node or on every node of a pool (issue 14)."""
+
+    __tablename__ = "engine_wants"
+
+    #: "node:<id>" or "pool:<name>".
+    scope: Mapped[str] = mapped_column(String(320), primary_key=True)
+    engine: Mapped[str] = mapped_column(String(64), primary_key=True)
+    version: Mapped[str] = mapped_column(String(64), primary_key=True)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class SettingRow(Base):
+    """One cluster setting by key (engine_index_url, models_trigger_installs, ...): a value as text."""
+
+    __tablename__ = "settings"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text, default="")
