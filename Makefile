@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: up test test-engines lint bench clean-venv
+.PHONY: up test test-engines lint bench clean-venv postgres
 
 $(PY):
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "llmgw needs Python 3.11 or newer; set PYTHON=python3.11")'
@@ -34,7 +34,9 @@ lint: $(VENV)/.test-deps
 	$(VENV)/bin/lint-imports --no-cache
 
 # tests/engines need .venv-vllm (3.5 GB): `make test-engines` runs them, not this.
-test: lint
+# The store's PostgreSQL tests start a server of their own (llmgw/testing/postgres.py): Debian's
+# `postgresql` comes from apt when its binaries are missing and apt can be used (CI starts clean).
+test: lint postgres
 	$(PY) -m llmgw.api.codegen --check
 	$(VENV)/bin/pytest -q -p no:cacheprovider --ignore=tests/engines $(PYTEST_ARGS)
 
@@ -59,6 +61,12 @@ $(VLLM_STAMP):
 test-engines: $(VENV)/.test-deps $(VLLM_STAMP)
 	LLMGW_TEST_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python \
 		$(VENV)/bin/pytest -q -p no:cacheprovider -m engines tests/engines $(PYTEST_ARGS)
+
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || \
+		{ command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && apt-get update -q && \
+		  DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; } || \
+		echo "postgresql not installed: tests/integration/test_store_postgres.py will fail; install Debian's postgresql package"
 
 bench: $(VENV)/.test-deps
 	$(PY) bench/router_overhead.py

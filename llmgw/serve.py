@@ -36,6 +36,7 @@ from llmgw.control.cluster import Cluster
 from llmgw.control.http.api import create_api
 from llmgw.control.reconcile import decide
 from llmgw.control.router_events import RouterEvents
+from llmgw.control.store import store as store_mod
 from llmgw.control.store.offloop import StoreThread
 from llmgw.control.store.store import Store
 from llmgw.core.errors import LlmgwError
@@ -87,6 +88,9 @@ class ServerConfig:
     model_installs: bool | None = None
     #: Whether root agents install the OS packages engines (and perftest) need; None: the stored setting (off).
     engine_os_packages: bool | None = None
+    #: The store's SQLAlchemy URL, e.g. ``postgresql+psycopg://USER@HOST:PORT/DB`` (``--database``);
+    #: "" keeps SQLite in the data directory.
+    database: str = ""
 
 
 #: Where the mounted mirror answers on the server's HTTP port.
@@ -231,7 +235,10 @@ def _init_if_needed(cfg: ServerConfig) -> None:
         return
     wildcard = cfg.host in ("0.0.0.0", "::", "")
     hosts = [socket.getfqdn()] if wildcard else [] if cfg.host == "localhost" else [cfg.host.strip("[]")]
-    done = datadir.init(cfg.data_dir, hosts=hosts)
+    try:
+        done = datadir.init(cfg.data_dir, hosts=hosts, database=cfg.database)
+    except (store_mod.StoreUrlRefused, store_mod.StoreUnreachable) as e:
+        raise LlmgwError(f"--database: {e}") from None
     print(f"llmgw server: initialised {done.data_dir} (cluster CA {done.ca_hash})\n"
           f"administrator: {datadir.ADMIN}\n"
           f"password (shown once, not stored; keep it now): {done.admin_password}\n"
@@ -260,7 +267,10 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
         loop.add_signal_handler(sig, stop.set)
     check_mode(cfg)
     _init_if_needed(cfg)
-    store = Store.open(cfg.data_dir)
+    try:
+        store = Store.open_url(cfg.database) if cfg.database else Store.open(cfg.data_dir)
+    except (store_mod.StoreUrlRefused, store_mod.StoreUnreachable) as e:
+        raise LlmgwError(f"--database: {e}") from None
     # The router's first table says whether keys exist; the guard warns then, and again
     # whenever a later table leaves this listen without any.
     listen_guard = router_auth.ListenGuard(cfg.host)

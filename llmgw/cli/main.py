@@ -79,6 +79,9 @@ def server(
     data_dir: Path = typer.Option(None, help="Database and cluster CA directory, initialised on first start "
                                   "[default $XDG_DATA_HOME/llmgw]"),
     ports_file: Path = typer.Option(None, help="Write the bound ports here as JSON once listening"),
+    database: str = typer.Option("", "--database", envvar="LLMGW_DATABASE", help="The store's database URL, "
+                                 "e.g. postgresql+psycopg://USER[:PASSWORD]@HOST:PORT/DB (migrated at start, "
+                                 "once under a lock) [default: SQLite in the data directory]"),
     insecure: bool = typer.Option(False, "--insecure", help="Loopback development only: no authentication on the "
                                   "REST API, a plaintext agent stream, no join port (refused with a --host that "
                                   "is not loopback)"),
@@ -163,7 +166,8 @@ def server(
                              weights_gc_free_below_pct=weights_gc_free_below, insecure=insecure,
                              join_port=join_port, node_cert_validity_s=cert_validity_s,
                              engine_index=engine_index, engine_find_links=engine_find_links,
-                             model_installs=model_installs, engine_os_packages=engine_os_packages)
+                             model_installs=model_installs, engine_os_packages=engine_os_packages,
+                             database=database)
 
     async def serve_then_exit() -> None:
         code = 0

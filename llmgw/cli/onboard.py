@@ -28,6 +28,8 @@ def _fail(message: str) -> typer.Exit:
 def register(app: typer.Typer, *, default_data_dir: Callable[[], Path]) -> None:
     """Adds ``init`` and ``token create`` to ``app``."""
     dir_help = "The control plane's data directory [default $XDG_DATA_HOME/llmgw]"
+    db_help = ("The store's database URL when the server runs with --database (PostgreSQL) [env LLMGW_DATABASE; "
+               "default: SQLite in the data directory]")
 
     @app.command("init")
     def init(
@@ -35,12 +37,13 @@ def register(app: typer.Typer, *, default_data_dir: Callable[[], Path]) -> None:
         host: list[str] = typer.Option([], "--host", help="A name or address nodes reach this server by, put in "
                                                           "its certificate (repeatable; localhost, 127.0.0.1 "
                                                           "and ::1 are always in)"),
+        database: str = typer.Option("", "--database", envvar="LLMGW_DATABASE", help=db_help),
     ) -> None:
         """Make the cluster CA, the server's certificate and the first administrator, once."""
         from llmgw.control import datadir  # here: every other command would pay for cryptography and argon2
 
         try:
-            done = datadir.init(data_dir or default_data_dir(), hosts=host)
+            done = datadir.init(data_dir or default_data_dir(), hosts=host, database=database)
         except LlmgwError as e:
             raise _fail(str(e)) from None
         typer.echo(f"initialised {done.data_dir}")
@@ -60,11 +63,11 @@ def register(app: typer.Typer, *, default_data_dir: Callable[[], Path]) -> None:
         server: str = typer.Option("", "--server", help="HOST:PORT nodes reach the join port at [default: the "
                                                         f"first --host given to init, port {JOIN_PORT}]"),
         data_dir: Path = typer.Option(None, "--data-dir", help=dir_help),
+        database: str = typer.Option("", "--database", envvar="LLMGW_DATABASE", help=db_help),
     ) -> None:
         """Make a join token and print the `llmgw agent join` command that uses it."""
         from llmgw.cli import client as client_mod
         from llmgw.control import datadir, tokens
-        from llmgw.control.store import store as store_mod
         from llmgw.core import pki
 
         d = data_dir or default_data_dir()
@@ -75,7 +78,7 @@ def register(app: typer.Typer, *, default_data_dir: Callable[[], Path]) -> None:
         try:
             digest = pki.ca_hash(datadir.read_ca(d).cert_pem)
             address = server or f"{_bracket(datadir.server_names(d)[0])}:{JOIN_PORT}"
-            store = store_mod.Store.open(d)
+            store = datadir.open_store(d, database)
             try:
                 token_id, secret = tokens.create_token(store, ttl_s=ttl_s, uses=uses, node_name=node)
                 # Local, not through the REST API, so recorded here; the id is the token's public half.

@@ -70,8 +70,17 @@ def owner_only_dir(path: pathlib.Path) -> None:
     os.chmod(path, 0o700)
 
 
-def init(data_dir: pathlib.Path, *, hosts: list[str]) -> Initialised:
-    """Makes the CA, the server's certificate and the ``admin`` user; refuses a directory already initialised."""
+def open_store(data_dir: pathlib.Path, database: str = "") -> store_mod.Store:
+    """The control plane's store: ``database`` (``--database``, a PostgreSQL URL) when given, else SQLite here."""
+    return store_mod.Store.open_url(database) if database else store_mod.Store.open(data_dir)
+
+
+def init(data_dir: pathlib.Path, *, hosts: list[str], database: str = "") -> Initialised:
+    """Makes the CA, the server's certificate and the ``admin`` user; refuses a directory already initialised.
+
+    The CA and certificates are files in ``data_dir``; the user goes to the store, which is ``database``
+    when given (a server on PostgreSQL reads its users there, not from a SQLite file beside the CA).
+    """
     data_dir = data_dir.resolve()
     if is_initialised(data_dir):
         raise LlmgwError(f"already initialised at {data_dir}; nothing was changed. To start over, stop the server "
@@ -79,7 +88,7 @@ def init(data_dir: pathlib.Path, *, hosts: list[str]) -> Initialised:
                          "join again)")
     owner_only_dir(data_dir)
     db = data_dir / DB
-    if not db.exists():
+    if not database and not db.exists():
         # An empty file is an empty SQLite database; made 0600 first, SQLite keeps the mode (and gives
         # its -wal and -shm files the same), so the users' hashes are not world-readable.
         write_private(db, b"")
@@ -92,7 +101,7 @@ def init(data_dir: pathlib.Path, *, hosts: list[str]) -> Initialised:
         write_private(tmp / "ca.key", ca.key_pem)
         write_public(tmp / "server.crt", server.cert_pem)
         write_private(tmp / "server.key", server.key_pem)
-        store = store_mod.Store.open(data_dir)
+        store = open_store(data_dir, database)
         try:
             store.put_user(store_mod.StoredUser(ADMIN, "admin", argon2.PasswordHasher().hash(password), time.time()))
         finally:

@@ -40,6 +40,7 @@ from llmgw.control.store.tables import (
     UserRow,
 )
 from llmgw.core import specs
+from llmgw.core.errors import LlmgwError
 from llmgw.core.inventory import Inventory, inventory_from_dict
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,33 @@ MIGRATIONS = pathlib.Path(__file__).with_name("migrations")
 EVENTS_KEPT = 10_000
 #: How an audited action ended: done (2xx), refused as asked (4xx), or broken on our side (5xx).
 AUDIT_OUTCOMES = ("ok", "refused", "failed")
+#: The PostgreSQL advisory lock held while migrating (any fixed 64-bit number; this one spells "llmgwmig").
+MIGRATION_LOCK_KEY = 0x6C6C6D67776D6967
+#: The URL schemes the store opens: SQLite (the embedded default) and PostgreSQL through psycopg 3.
+URL_SCHEMES = ("sqlite", "postgresql+psycopg")
+
+
+class StoreUrlRefused(LlmgwError, ValueError):
+    """A database URL the store does not open; the message says which kinds it does."""
+
+
+class StoreUnreachable(LlmgwError, RuntimeError):
+    """The database did not answer at open; the message names it (password hidden) and what to check."""
+
+
+def sqlite_url(data_dir: pathlib.Path) -> str:
+    """The embedded default: ``llmgw.db`` in the data directory."""
+    return f"sqlite:///{data_dir / 'llmgw.db'}"
+
+
+def check_url(url: str) -> None:
+    """Raises StoreUrlRefused unless ``url`` is one the store opens."""
+    scheme = url.split("://", 1)[0] if "://" in url else ""
+    if scheme not in URL_SCHEMES:
+        # Say the shape, never the URL itself: it may carry a password.
+        raise StoreUrlRefused(f"database URL scheme {scheme or '(none)'!r} is not supported: use "
+                              "postgresql+psycopg://USER[:PASSWORD]@HOST:PORT/DB for PostgreSQL, or leave "
+                              "--database out for SQLite in the data directory")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -184,11 +212,17 @@ def _member_from_doc(doc: dict[str, Any]) -> Member:
                   gpus=tuple(int(g) for g in doc.get("gpus", ())), hcas=tuple(str(h) for h in doc.get("hcas", ())))
 
 
+def _text(s: str) -> str:
+    """Text as every database stores it: PostgreSQL refuses a NUL in a text column ("text fields cannot
+    contain NUL"), which an engine's output in a replica's message or an event can carry; SQLite took it."""
+    return s.replace("\x00", "\ufffd")
+
+
 def _fill_replica_row(row: ReplicaRow, r: ReplicaRecord, now: float) -> None:
     row.model, row.fingerprint, row.phase, row.api_key = r.model, r.fingerprint, r.phase.value, r.api_key
     row.node_id, row.shard_id, row.attempt, row.failures = r.node_id, r.shard_id, r.attempt, r.failures
     row.next_attempt_at, row.started_at, row.sent_at = r.next_attempt_at, r.started_at, r.sent_at
-    row.ready_at, row.endpoint, row.message = r.ready_at, r.endpoint, r.message
+    row.ready_at, row.endpoint, row.message = r.ready_at, _text(r.endpoint), _text(r.message)
     row.last_output, row.updated_at = list(r.last_output), now
     row.gpus, row.memory_bytes, row.memory_estimated = list(r.gpus), r.memory_bytes, r.memory_estimated
     row.members = [_member_to_doc(m) for m in r.members]
@@ -198,9 +232,12 @@ def _fill_replica_row(row: ReplicaRow, r: ReplicaRecord, now: float) -> None:
 class Store:
     def __init__(self, url: str) -> None:
         self.url = url
-        self.engine = sa.create_engine(url, connect_args={"check_same_thread": False}
-                                       if url.startswith("sqlite") else {})
-        if url.startswith("sqlite"):
+        sqlite = url.startswith("sqlite")
+        # pool_pre_ping: a PostgreSQL that restarted leaves dead connections in the pool; without it the
+        # first statement after the restart fails instead of reconnecting.
+        self.engine = sa.create_engine(url, connect_args={"check_same_thread": False} if sqlite else {},
+                                       pool_pre_ping=not sqlite)
+        if sqlite:
             event.listen(self.engine, "connect", _sqlite_pragmas)
         self._session = sessionmaker(self.engine, expire_on_commit=False)
 
@@ -208,14 +245,41 @@ class Store:
     def open(cls, data_dir: pathlib.Path) -> Store:
         """Opens (creating and migrating as needed) the SQLite database in ``data_dir``."""
         data_dir.mkdir(parents=True, exist_ok=True)
-        store = cls(f"sqlite:///{data_dir / 'llmgw.db'}")
-        store.migrate()
+        return cls.open_url(sqlite_url(data_dir))
+
+    @classmethod
+    def open_url(cls, url: str) -> Store:
+        """Opens (migrating as needed) the database at a SQLAlchemy URL: ``sqlite:///…`` or
+        ``postgresql+psycopg://…``. Raises StoreUrlRefused for any other kind."""
+        check_url(url)
+        store = cls(url)
+        try:
+            store.migrate()
+        except sa.exc.OperationalError as e:
+            store.close()
+            where = sa.engine.make_url(url).render_as_string(hide_password=True)
+            cause = str(e.orig or e).strip().splitlines()[0]
+            raise StoreUnreachable(f"cannot reach the database {where}: {cause}; check that the server runs "
+                                   "there and accepts this user, or fix --database") from None
+        except BaseException:
+            store.close()
+            raise
         return store
 
     def migrate(self) -> None:
+        """Upgrades the schema to the newest revision, once even when several servers start together.
+
+        On PostgreSQL a transaction-scoped advisory lock is held around the upgrade: without it two
+        servers starting at once against an empty database both see no ``alembic_version`` and both
+        run CREATE TABLE, and the second fails with "relation already exists". The second waits on the
+        lock, then finds the head revision and does nothing; the lock goes with the transaction, even on
+        an error. SQLite is unchanged: one server per data directory.
+        """
         cfg = AlembicConfig()
         cfg.set_main_option("script_location", str(MIGRATIONS))
         with self.engine.begin() as conn:
+            if conn.dialect.name == "postgresql":
+                conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
             cfg.attributes["connection"] = conn
             alembic_command.upgrade(cfg, "head")
 
@@ -291,7 +355,8 @@ class Store:
             if row is None:
                 row = NodeRow(id=node.id, first_seen=node.first_seen)
                 s.add(row)
-            row.hostname, row.mgmt_addr, row.agent_version = node.hostname, node.mgmt_addr, node.agent_version
+            row.hostname, row.mgmt_addr = _text(node.hostname), _text(node.mgmt_addr)
+            row.agent_version = _text(node.agent_version)
             row.inventory, row.labels = inventory_to_doc(node.inventory), dict(node.labels)
             row.last_seen = node.last_seen
 
@@ -342,7 +407,7 @@ class Store:
     def add_events(self, events: Iterable[Event], *, keep: int = EVENTS_KEPT) -> list[Event]:
         """Appends events (returned with their ids) and drops all but the newest ``keep``."""
         rows = [EventRow(time=e.time, kind=e.kind, reason=e.reason[:64], object=e.object[:320],
-                         model=e.model[:63], node=e.node[:253], message=e.message) for e in events]
+                         model=e.model[:63], node=e.node[:253], message=_text(e.message)) for e in events]
         if not rows:
             return []
         with self._session.begin() as s:
@@ -547,7 +612,7 @@ class Store:
         if outcome not in AUDIT_OUTCOMES:
             raise ValueError(f"audit outcome {outcome!r}: expected one of {', '.join(AUDIT_OUTCOMES)}")
         row = AuditRow(at=time.time() if at is None else at, actor=actor[:320], action=action[:32],
-                       object=object[:320], outcome=outcome, detail=detail[:2000])
+                       object=object[:320], outcome=outcome, detail=_text(detail[:2000]))
         with self._session.begin() as s:
             s.add(row)
             s.flush()
