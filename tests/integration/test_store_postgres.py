@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,7 +32,7 @@ from llmgw.testing.procs import Proc, free_port
 LLMGW = [sys.executable, "-m", "llmgw"]
 MODEL = specs.parse_manifest({"apiVersion": "llmgw/v1", "kind": "Model", "metadata": {"name": "m"},
                               "spec": {"engine": "sim", "replicas": 2}})
-HEAD = "0008"
+HEAD = "0009"
 _db_names = itertools.count(1)
 
 
@@ -294,3 +295,49 @@ def test_a_secure_server_on_postgres_keeps_its_users_there(pg: Postgres, tmp_pat
         assert reader.get_user("admin") is not None and reader.get_token(token_id) is not None
     finally:
         reader.close()
+
+
+# -- the leader lease (the foundation of issue 15's leader election) ---------------------------------------
+
+
+def test_the_lease_is_taken_renewed_by_its_holder_and_taken_over_with_a_new_term(opened: Callable[[], Store]) -> None:
+    """One holder at a time; only the holder renews (same term); once expired another takes it with term + 1,
+    and the old holder can neither renew nor release it (its term is fenced off)."""
+    a, b = opened(), opened()
+    first = a.take_lease("cp-a", now=100.0, lease_s=10.0, address="cp-a:8080")
+    assert first is not None and (first.holder, first.term, first.expires_at) == ("cp-a", 1, 110.0)
+    assert b.take_lease("cp-b", now=105.0, lease_s=10.0) is None  # held, unexpired
+    renewed = a.take_lease("cp-a", now=108.0, lease_s=10.0, address="cp-a:8080")
+    assert renewed is not None and (renewed.term, renewed.expires_at) == (1, 118.0)
+    assert b.take_lease("cp-b", now=117.9, lease_s=10.0) is None
+    taken = b.take_lease("cp-b", now=118.0, lease_s=10.0, address="cp-b:8080")
+    assert taken is not None and (taken.holder, taken.term, taken.address) == ("cp-b", 2, "cp-b:8080")
+    assert a.take_lease("cp-a", now=119.0, lease_s=10.0) is None  # the paused old leader wakes: refused
+    assert not a.release_lease("cp-a", term=1, now=119.0)
+    assert b.release_lease("cp-b", term=2, now=120.0)  # a clean stop hands it over at once
+    again = a.take_lease("cp-a", now=120.0, lease_s=10.0)
+    assert again is not None and again.term == 3
+
+
+@pytest.mark.parametrize("expired", [False, True], ids=["empty", "expired"])
+def test_servers_racing_for_the_lease_leave_exactly_one_holder(opened: Callable[[], Store], expired: bool) -> None:
+    """Six servers taking the lease at once (none yet, or an expired one) leave one holder and one new term."""
+    stores = [opened() for _ in range(6)]
+    if expired:
+        assert stores[0].take_lease("old", now=0.0, lease_s=1.0) is not None
+    gate = threading.Barrier(len(stores))
+    won: list[object] = [None] * len(stores)
+
+    def take(i: int) -> None:
+        gate.wait()
+        won[i] = stores[i].take_lease(f"cp-{i}", now=50.0, lease_s=10.0)
+
+    threads = [threading.Thread(target=take, args=(i,)) for i in range(len(stores))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    winners = [w for w in won if w is not None]
+    assert len(winners) == 1, won
+    lease = stores[0].get_lease()
+    assert lease is not None and lease.holder == winners[0].holder and lease.term == (2 if expired else 1)  # type: ignore[attr-defined]

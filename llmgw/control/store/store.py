@@ -31,6 +31,7 @@ from llmgw.control.store.tables import (
     AuditRow,
     EngineWantRow,
     EventRow,
+    LeaseRow,
     ModelRow,
     NodeCertRow,
     NodeRow,
@@ -160,6 +161,17 @@ class StoredNodeCert:
     issued_at: float
     not_after: float
     revoked_at: float = 0.0  # 0: not revoked
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Lease:
+    """The leader lease as stored: who holds it, its term (the fencing token), until when, and where it serves."""
+
+    holder: str
+    term: int
+    expires_at: float
+    renewed_at: float
+    address: str = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -604,6 +616,56 @@ class Store:
         with self._session.begin() as s:
             for key, value in values.items():
                 s.merge(SettingRow(key=key, value=value))
+
+    # -- the leader lease (issue 15) -----------------------------------------------------
+    # Every change is one conditional statement, so two servers racing cannot both win on SQLite or on
+    # PostgreSQL, without SELECT ... FOR UPDATE (which SQLite lacks): the WHERE clause is the check.
+    def get_lease(self, name: str = "leader") -> Lease | None:
+        with self._session() as s:
+            r = s.get(LeaseRow, name)
+            return None if r is None else Lease(r.holder, r.term, r.expires_at, r.renewed_at, r.address)
+
+    def take_lease(self, holder: str, *, now: float, lease_s: float, address: str = "",
+                   name: str = "leader") -> Lease | None:
+        """Takes the lease when nobody holds it or it expired (term + 1), or renews it for its holder (same
+        term); None when another holds it unexpired. The caller's ``now`` is its own clock: holders must
+        agree to within a small part of ``lease_s`` (what the lease's timing assumes).
+        """
+        with self._session.begin() as s:
+            renewed = s.execute(sa.update(LeaseRow).where(LeaseRow.name == name, LeaseRow.holder == holder,
+                                                          LeaseRow.expires_at > now)
+                                .values(expires_at=now + lease_s, renewed_at=now, address=address)).rowcount
+        if not renewed:
+            current = self.get_lease(name)
+            if current is None:
+                try:
+                    with self._session.begin() as s:
+                        s.add(LeaseRow(name=name, holder=holder, term=1, expires_at=now + lease_s, renewed_at=now,
+                                       address=address))
+                except sa.exc.IntegrityError:  # another server made the row first: it holds the lease
+                    return None
+            elif current.expires_at > now:
+                return None
+            else:
+                with self._session.begin() as s:
+                    # The term seen is part of the condition: of two servers taking one expired lease, the
+                    # second finds the term moved on and takes nothing.
+                    took = s.execute(sa.update(LeaseRow).where(LeaseRow.name == name,
+                                                               LeaseRow.term == current.term,
+                                                               LeaseRow.expires_at <= now)
+                                     .values(holder=holder, term=current.term + 1, expires_at=now + lease_s,
+                                             renewed_at=now, address=address)).rowcount
+                if not took:
+                    return None
+        lease = self.get_lease(name)
+        return lease if lease is not None and lease.holder == holder else None
+
+    def release_lease(self, holder: str, *, term: int, now: float, name: str = "leader") -> bool:
+        """Ends the holder's lease at once (a clean stop), so a standby takes over without waiting it out."""
+        with self._session.begin() as s:
+            return bool(s.execute(sa.update(LeaseRow).where(LeaseRow.name == name, LeaseRow.holder == holder,
+                                                            LeaseRow.term == term)
+                                  .values(expires_at=now)).rowcount)
 
     # -- the audit log -----------------------------------------------------------------
     def record_audit(self, *, actor: str, action: str, object: str, outcome: str, detail: str = "",

@@ -220,3 +220,19 @@ class SettingRow(Base):
 
     key: Mapped[str] = mapped_column(String(64), primary_key=True)
     value: Mapped[str] = mapped_column(Text, default="")
+
+
+class LeaseRow(Base):
+    """The control plane's leader lease: one row, taken and renewed only by conditional UPDATEs (``Store``)."""
+
+    __tablename__ = "leases"
+
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(253))
+    #: The fencing token: +1 at every change of holder, never reused; a deposed leader's writes carry an old one.
+    term: Mapped[int] = mapped_column(Integer)
+    #: Wall-clock seconds, the database's rows compared with each server's clock (see ``Store.take_lease``).
+    expires_at: Mapped[float] = mapped_column(Float)
+    renewed_at: Mapped[float] = mapped_column(Float)
+    #: Where the holder serves (HOST:HTTP_PORT and the agent port): what a standby tells agents and routers.
+    address: Mapped[str] = mapped_column(String(320), default="")
