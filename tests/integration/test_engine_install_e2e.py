@@ -5,7 +5,6 @@ cluster's own wheelhouse (served over HTTP on 127.0.0.1), and the replica starts
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -13,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from llmgw.testing import system as system_mod
 from llmgw.testing import wheelhouse
-from llmgw.testing.procs import Proc, free_port, wait_for
+from llmgw.testing.procs import wait_for
 from llmgw.testing.system import LLMGW, System, sim_model
 
 pytestmark = pytest.mark.timeout(400)
@@ -24,24 +24,16 @@ VERSION = "0.3.1"  # the sim engine's wheel, built by the test; the agent's buil
 @pytest.fixture(scope="module")
 def index_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     wh = wheelhouse.fill(tmp_path_factory.mktemp("wheelhouse"), sim_versions=(VERSION,), xllamacpp=False)
-    port = free_port()
-    with Proc.start([sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "--directory", str(wh), str(port)],
-                    log_path=wh.parent / "http.log") as server:
-        server.wait_http(f"http://127.0.0.1:{port}/", timeout=20)
-        yield f"http://127.0.0.1:{port}/"
+    with wheelhouse.serve(wh, log_path=wh.parent / "http.log") as url:
+        yield url
 
 
 @pytest.fixture
 def cluster(tmp_path: Path, index_url: str) -> Iterator[System]:
-    s = System(tmp_path, server_args=["--engine-index", index_url, "--engine-find-links"],
-               agent_env={"LLMGW_AGENT_ENGINES_DIR": str(tmp_path / "engines"),
-                          "LLMGW_AGENT_OWN_PYTHON_ENGINES": "false"})
-    try:
-        s.start_server()
-        s.start_agent("node1")
+    with system_mod.running(tmp_path, server_args=["--engine-index", index_url, "--engine-find-links"],
+                            agent_env={"LLMGW_AGENT_ENGINES_DIR": str(tmp_path / "engines"),
+                                       "LLMGW_AGENT_OWN_PYTHON_ENGINES": "false"}) as s:
         yield s
-    finally:
-        s.close()
 
 
 def test_a_model_pinning_a_version_gets_it_installed_and_its_replica_runs_from_it(cluster: System) -> None:

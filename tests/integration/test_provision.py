@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import queue
-import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -43,11 +42,8 @@ S = prov.InstallState
 def index_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The wheelhouse, a flat --find-links page served by a real HTTP server on loopback."""
     wh = wheelhouse.fill(tmp_path_factory.mktemp("wheelhouse"))
-    port = free_port()
-    with Proc.start([sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "--directory", str(wh), str(port)],
-                    log_path=wh.parent / "http.log") as server:
-        server.wait_http(f"http://127.0.0.1:{port}/", timeout=20)
-        yield f"http://127.0.0.1:{port}/"
+    with wheelhouse.serve(wh, log_path=wh.parent / "http.log") as url:
+        yield url
 
 
 class Control(agent_pb2_grpc.AgentServiceServicer):
