@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import importlib.metadata
 import ipaddress
 import json
 import logging
@@ -27,12 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from llmgw.control import datadir, engines, remotemeta
+from llmgw.control import leader as leader_mod
 from llmgw.control.agentsvc import collector as agentsvc_collector
 from llmgw.control.agentsvc import join as agentsvc_join
 from llmgw.control.agentsvc import metrics as agentsvc_metrics
 from llmgw.control.agentsvc import service as agentsvc
 from llmgw.control.auth import Auth
 from llmgw.control.cluster import Cluster
+from llmgw.control.http import forward as forward_http
 from llmgw.control.http.api import create_api
 from llmgw.control.reconcile import decide
 from llmgw.control.router_events import RouterEvents
@@ -91,6 +94,10 @@ class ServerConfig:
     #: The store's SQLAlchemy URL, e.g. ``postgresql+psycopg://USER@HOST:PORT/DB`` (``--database``);
     #: "" keeps SQLite in the data directory.
     database: str = ""
+    #: The host agents and other control planes reach this one by ("": --host, or the FQDN on a wildcard).
+    advertise: str = ""
+    #: The leader lease's timings (several servers on one database; one alone takes it at once).
+    lease: leader_mod.Timing = leader_mod.Timing()
 
 
 #: Where the mounted mirror answers on the server's HTTP port.
@@ -143,6 +150,26 @@ def hub_settings(*, endpoint: str, mirror_url: str, token_file: Path | None, env
         log.info("remote weights: hf:// from %s%s, mirror:// from %s", hub.endpoint,
                  " with a token" if token else " without a token", hub.mirror_url or "nowhere (no --mirror-url)")
     return hub
+
+
+def lease_timing(*, lease: float, renew: float) -> leader_mod.Timing:
+    """The lease's timings from ``--lease`` and ``--lease-renew``: the leader stops acting a quarter of the
+    lease before it could expire anywhere. LlmgwError when a renewal could not come twice in that time."""
+    timing = leader_mod.Timing(lease_s=lease, renew_s=renew, margin_s=lease / 4)
+    timing.check()
+    return timing
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("llmgw")
+    except importlib.metadata.PackageNotFoundError:
+        return "dev"
+
+
+def _advertised(cfg: ServerConfig) -> str:
+    host = cfg.advertise or (socket.getfqdn() if cfg.host in ("0.0.0.0", "::", "") else cfg.host)
+    return f"[{host.strip('[]')}]" if ":" in host else host
 
 
 def _dispatch(router: RouterApp, api: Any, *, mirror: Any = None) -> Any:
@@ -291,11 +318,9 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
     # Remote models' metadata is read from where their nodes will fetch them (the mirror, or the hub).
     remote_meta = remotemeta.Reader(hub_endpoint=decide_cfg.hub.endpoint, mirror_url=decide_cfg.hub.mirror_url,
                                     token=decide_cfg.hub.token)
-    cluster = Cluster(store, cfg=decide_cfg, ejections=reports.current, db=db, remote_meta=remote_meta)
-    # Before anything listens, so the first Provision a node gets carries the index the flags name.
-    engines.apply_server_flags(store, cluster, index_url=cfg.engine_index,
-                               find_links=cfg.engine_find_links if cfg.engine_index is not None else None,
-                               models_trigger_installs=cfg.model_installs, os_packages=cfg.engine_os_packages)
+    # A standby until the lease is taken (at once when no other server holds it): only the leader
+    # accepts agents, reconciles and writes (``control.leader``).
+    cluster = Cluster(store, cfg=decide_cfg, ejections=reports.current, db=db, remote_meta=remote_meta, standby=True)
     db.watch_loop()
     try:
         grpc_server, agent_port, join_port = await agentsvc.serve(
@@ -303,6 +328,30 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
     except OSError as e:
         http_sock.close()
         raise LlmgwError(str(e)) from None
+    advertised = _advertised(cfg)
+    me = leader_mod.Me(id=leader_mod.instance_id(cfg.data_dir), http_url=f"http://{advertised}:{http_port}",
+                       agent_addr=f"{advertised}:{agent_port}", version=_version())
+
+    async def elected(term: int) -> None:
+        # Before the takeover reads the store, so the first Provision a node gets carries the index the
+        # flags name.
+        await db.call(engines.apply_server_flags, store, cluster, index_url=cfg.engine_index,
+                      find_links=cfg.engine_find_links if cfg.engine_index is not None else None,
+                      models_trigger_installs=cfg.model_installs, os_packages=cfg.engine_os_packages)
+        await cluster.take_over(term)
+
+    async def deposed(reason: str) -> None:
+        cluster.step_down(reason)
+
+    leadership = leader_mod.Leadership(store, me, timing=cfg.lease, on_elected=elected, on_deposed=deposed)
+    cluster.may_act = leadership.valid
+    cluster.on_fenced = leadership.kick
+
+    def hint() -> tuple[str, tuple[str, ...]]:
+        found = leadership.leader()
+        return (found.agent_addr if found is not None else "", leadership.peers())
+
+    cluster.hint = hint
     holder = TableHolder()
     control_url = _loopback_url(cfg.host, http_port)
     # Who may call the REST API. The in-process router proves itself with a token minted in memory,
@@ -315,34 +364,46 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
     router = RouterApp(holder, watcher=watcher, source=f"the control plane at {control_url}",
                        events=router_events.CallbackSink("server", reports.record), tracing=tracing)
     api = create_api(db, cluster, auth=auth, extra_registries=(router_metrics.REGISTRY, agentsvc_metrics.REGISTRY),
-                     router_events=reports)
+                     router_events=reports, leadership=leadership)
+    # A standby answers routers' tables, /healthz, /metrics and the control planes' list itself, and
+    # forwards the rest of the REST API to the leader (which has the agents: node liveness, logs).
+    front = forward_http.standby(api, leadership)
     # The router's own HTTP server, as a standalone router has (router/server.py): uvicorn's
     # per-request machinery cost the router more than its own work.
     # The mirror's app is mounted, so its lifespan never runs: its upstream client is closed below.
     mirror = (mirror_app.build(cfg.mirror.dir, upstream=cfg.mirror.upstream, admin_token=cfg.mirror.admin_token)
               if cfg.mirror is not None else None)
-    web = router_server.Server(_dispatch(router, api, mirror=mirror))
+    web = router_server.Server(_dispatch(router, front, mirror=mirror))
+    lease_task = asyncio.create_task(leadership.run())
+    # The first lease round before the first request: a server alone leads at once, and a client that
+    # called it as soon as it listened got a standby's 503 before.
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(leadership.settled.wait(), cfg.lease.lease_s)
     await web.start_on(http_sock)
     reconcile_task = asyncio.create_task(cluster.run())
     lag_task = asyncio.create_task(agentsvc_metrics.watch_loop_lag())
     gc_task = asyncio.create_task(agentsvc_collector.manage())
     await router.startup()
-    log.info("llmgw server: HTTP on %s:%d (OpenAI API /v1, REST /api/v1), agents on %s:%d (%s), %s, data in %s",
-             cfg.host, http_port, cfg.host, agent_port, "plaintext" if cfg.insecure else "mutual TLS",
-             f"joins on {cfg.host}:{join_port}" if join_port else "no join port", cfg.data_dir)
+    log.info("llmgw server %s: HTTP on %s:%d (OpenAI API /v1, REST /api/v1), agents on %s:%d (%s), %s, data in %s; "
+             "advertised as %s and %s", me.id, cfg.host, http_port, cfg.host, agent_port,
+             "plaintext" if cfg.insecure else "mutual TLS",
+             f"joins on {cfg.host}:{join_port}" if join_port else "no join port", cfg.data_dir, me.http_url,
+             me.agent_addr)
     if cfg.ports_file:
         cfg.ports_file.write_text(json.dumps({"http_port": http_port, "agent_port": agent_port,
                                               "join_port": join_port}))
     try:
-        done, _ = await asyncio.wait([asyncio.create_task(stop.wait()), reconcile_task],
+        done, _ = await asyncio.wait([asyncio.create_task(stop.wait()), reconcile_task, lease_task],
                                      return_when=asyncio.FIRST_COMPLETED)
-        if reconcile_task in done and reconcile_task.exception():
-            raise reconcile_task.exception()  # type: ignore[misc]
+        for task in (reconcile_task, lease_task):
+            if task in done and task.exception():
+                raise task.exception()  # type: ignore[misc]
     finally:
         log.info("llmgw server stopping")
         await cluster.close()
         # Open long polls (a watching router, `llmgw events -f`) get 3 s, then are cut.
         await web.shutdown(3.0)
+        await front.close()
         await router.shutdown()
         if mirror is not None:
             # Its pulls in flight are cancelled and the upstream session closed (aiohttp warns of an
@@ -350,11 +411,15 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
             await mirror.state.mirror.aclose()
         await grpc_server.stop(grace=1.0)
         reconcile_task.cancel()
+        leadership.stop()
+        lease_task.cancel()
         lag_task.cancel()
         gc_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await reconcile_task
         await asyncio.to_thread(db.close)  # the writes still queued (the agents' disconnects) first
+        # Then the lease, given up at once: a standby leads without waiting it out.
+        await leadership.release()
         store.close()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)

@@ -12,6 +12,13 @@ With certificates (``cfg.tls``) each connection reads them afresh and dials with
 certificate is renewed over the stream, never by reconnecting: at each heartbeat, once it is in the
 last third of its life, one RenewCert goes out (a CSR made with the node's own key), and the answer
 replaces ``node.crt`` for the next connection; the stream that asked goes on.
+
+With several control planes (one leader, standbys), a standby refuses Register and names the leader: the
+agent dials that address next, at once, whatever its place in the rotation. The accepted Register lists
+every live control plane; the agent adds those it did not know to its rotation and keeps them in
+``STATE_DIR/controlplanes.json``, so a restarted agent whose configured address is the one that died still
+finds the others. Each leader's commands carry its term (the lease's fencing token): a command from a term
+older than the newest seen comes from a deposed leader that woke from a pause, and is refused.
 """
 
 from __future__ import annotations
@@ -19,12 +26,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import logging
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from pathlib import Path
 
 import grpc
 
+from llmgw.agent import privfile
 from llmgw.agent.config import AgentConfig
 from llmgw.api import convert
 from llmgw.api.v1 import agent_pb2 as pb
@@ -41,6 +51,10 @@ log = logging.getLogger(__name__)
 CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
+    # grpc >= 1.5x waits this long for a ping's answer, whatever keepalive_timeout says (default 60 s):
+    # without it a control plane frozen by SIGSTOP (or a VM paused) held the stream 70 s, measured, so
+    # the agent came to the standby after its node's grace had run out and its engines were replaced.
+    ("grpc.http2.ping_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
     # Reconnecting is this module's job, with its own backoff and address
     # rotation; gRPC's own reconnect backoff would hide a dead address.
@@ -49,6 +63,72 @@ CHANNEL_OPTIONS = [
 ]
 REGISTER_TIMEOUT_S = 10.0
 CONNECT_TIMEOUT_S = 5.0
+#: Where the control planes named by the last accepted Register are kept, in the state directory.
+CONTROLPLANES_FILE = "controlplanes.json"
+#: At most this many learned addresses are kept: a control plane that lists thousands is wrong, not big.
+MAX_LEARNED = 64
+MAX_ADDR_LEN = 300
+#: Between rounds while a standby answers (a failover under way), instead of the growing backoff.
+STANDBY_RETRY_S = 1.0
+#: The commands a deposed leader must not get carried out; they carry the sender's term.
+FENCED = frozenset({"start_shard", "stop_shard", "drain", "remove_weights", "provision", "fabric_test",
+                    "logs_request"})
+
+
+def control_addr(raw: object) -> str | None:
+    """``raw`` when it is a HOST:PORT a control plane can be dialled at (port 1-65535), else None.
+
+    Addresses come from another process (a Register's answer, a file on disk): one with a space or no
+    port would be dialled forever and fail each time, and a huge one would be logged on every round.
+    """
+    if not isinstance(raw, str) or not raw or len(raw) > MAX_ADDR_LEN or any(c.isspace() for c in raw):
+        return None
+    host, sep, port = raw.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    if host.startswith("["):
+        if not host.endswith("]") or len(host) < 3:
+            return None
+    elif ":" in host or "[" in host or "]" in host or "/" in host:
+        return None  # an IPv6 address must be bracketed, and a URL is not an address
+    return raw
+
+
+def _valid(addrs: Iterable[object], source: str) -> list[str]:
+    """The valid, distinct addresses of ``addrs`` in order; each invalid one dropped with a warning."""
+    kept: list[str] = []
+    for raw in addrs:
+        addr = control_addr(raw)
+        if addr is None:
+            log.warning("ignoring control plane address %.80r from %s: it is not HOST:PORT with a port 1-65535 "
+                        "(and no whitespace, at most %d characters)", raw, source, MAX_ADDR_LEN)
+        elif addr not in kept:
+            kept.append(addr)
+    return kept
+
+
+def read_controlplanes(state_dir: Path) -> list[str]:
+    """The control plane addresses a previous run stored; [] (with one warning) when the file is unusable."""
+    path = state_dir / CONTROLPLANES_FILE
+    try:
+        doc = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return []  # the usual first start: no control plane has listed its peers yet
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        log.warning("ignoring %s: it cannot be read as JSON (%s); it is rewritten at the next registration",
+                    path, e)
+        return []
+    listed = doc.get("controlplanes") if isinstance(doc, dict) else None
+    if not isinstance(listed, list):
+        log.warning("ignoring %s: it holds no list under \"controlplanes\"; it is rewritten at the next "
+                    "registration", path)
+        return []
+    return _valid(listed, str(path))[:MAX_LEARNED]
+
+
+def write_controlplanes(state_dir: Path, addrs: Iterable[str]) -> None:
+    """Stores ``addrs`` atomically with mode 0600; OSError when the disk refuses."""
+    privfile.write_atomic(state_dir / CONTROLPLANES_FILE, json.dumps({"controlplanes": list(addrs)}, indent=1).encode())
 
 
 async def _connect(channel: grpc.aio.Channel) -> None:
@@ -75,7 +155,13 @@ async def _connect(channel: grpc.aio.Channel) -> None:
 
 
 class Refused(Exception):
-    """The control plane answered Register with a refusal."""
+    """The control plane answered Register with a refusal; ``leader``: the address it names instead ("" none)."""
+
+    def __init__(self, reason: str, *, leader: str = "", standby: bool = False) -> None:
+        super().__init__(reason)
+        self.leader = leader
+        #: A standby of a live cluster answered (it named a leader or listed the control planes).
+        self.standby = standby
 
 
 class Commands:
@@ -110,6 +196,24 @@ class Session:
         self.connected = asyncio.Event()
         #: A RenewCert is out and not yet answered (one at a time; a new stream may ask again).
         self._renewing = False
+        #: Set by a round in which a standby answered: the next round comes soon, without the backoff.
+        self._standby_answered = False
+        #: The newest leader term seen (Register's answer, every command); kept across streams, so a
+        #: deposed leader's command is refused whichever connection it arrives on. 0: none seen yet.
+        self.term = 0
+        self._stale_logged: set[int] = set()
+        #: Control planes learned from Registers' answers (and the last run's file), after ``cfg.servers``.
+        known = read_controlplanes(cfg.state_dir)
+        self._learned = [a for a in known if a not in cfg.servers]
+        #: What the file holds now: the same list from the next Register is not written again.
+        self._stored = tuple(known)
+        if self._learned:
+            log.info("control planes known from the last run: %s", ", ".join(self._learned))
+
+    @property
+    def servers(self) -> tuple[str, ...]:
+        """The rotation: the configured addresses, then those the control planes named."""
+        return self.cfg.servers + tuple(self._learned)
 
     def report(self, status: ShardStatus) -> None:
         """Sends a shard's status now if connected; otherwise the next Register carries it."""
@@ -127,23 +231,58 @@ class Session:
     async def run_forever(self) -> None:
         delay = self.cfg.reconnect_base_s
         while True:
-            for addr in self.cfg.servers:
-                try:
-                    await self._run_once(addr)
-                    delay = self.cfg.reconnect_base_s  # a clean close: reconnect at once
-                    break
-                except Refused as e:
-                    log.warning("control plane %s refused this agent: %s", addr, e)
-                # LlmgwError: this node's certificates could not be read (the message says what to do).
-                except (grpc.aio.AioRpcError, OSError, TimeoutError, LlmgwError) as e:
-                    detail = e.details() if isinstance(e, grpc.aio.AioRpcError) else str(e)
-                    log.warning("control plane %s: %s", addr, detail or type(e).__name__)
-                    if self.cfg.tls is not None and (expired := self.cfg.tls.expiry_problem()):
-                        log.error("%s", expired)
-            else:
-                # Jitter, so a fleet does not reconnect in lockstep.
-                await asyncio.sleep(delay / 2 + random.random() * delay / 2)
-                delay = min(delay * 2, self.cfg.reconnect_max_s)
+            self._standby_answered = False
+            if await self._round():
+                delay = self.cfg.reconnect_base_s  # a clean close: reconnect at once
+                continue
+            if self._standby_answered:
+                # A failover is under way: a standby answers and takes the lease within the lease's length.
+                # A backoff grown while the dead leader's lease ran out (4-8 s by then) would keep this
+                # node away that much longer after the standby leads; a short steady retry finds it at once.
+                await asyncio.sleep(STANDBY_RETRY_S / 2 + random.random() * STANDBY_RETRY_S / 2)
+                continue
+            # Jitter, so a fleet does not reconnect in lockstep.
+            await asyncio.sleep(delay / 2 + random.random() * delay / 2)
+            delay = min(delay * 2, self.cfg.reconnect_max_s)
+
+    async def _round(self) -> bool:
+        """Tries each address once (a named leader first); True when a stream closed cleanly."""
+        queue = list(self.servers)
+        # Leaders dialled on a standby's word this round. One that refuses too is not followed further:
+        # two standbys naming each other (each with a stale idea of the leader) would otherwise ping-pong
+        # without the backoff, hammering both.
+        followed: set[str] = set()
+        tried: set[str] = set()
+        while queue:
+            addr = queue.pop(0)
+            tried.add(addr)
+            try:
+                await self._run_once(addr)
+                return True
+            except Refused as e:
+                log.warning("control plane %s refused this agent: %s", addr, e)
+                self._standby_answered |= e.standby
+                leader = e.leader
+                if not leader or leader == addr or addr in followed or leader in followed:
+                    continue
+                if control_addr(leader) is None:
+                    log.warning("control plane %s names %.80r as the leader, which is not HOST:PORT; going on "
+                                "with the next address", addr, leader)
+                    continue
+                followed.add(leader)
+                queue = [leader] + [a for a in queue if a != leader]
+                log.info("control plane %s is a standby and names %s as the leader; dialling it now", addr, leader)
+            # LlmgwError: this node's certificates could not be read (the message says what to do).
+            except (grpc.aio.AioRpcError, OSError, TimeoutError, LlmgwError) as e:
+                detail = e.details() if isinstance(e, grpc.aio.AioRpcError) else str(e)
+                log.warning("control plane %s: %s", addr, detail or type(e).__name__)
+                if self.cfg.tls is not None and (expired := self.cfg.tls.expiry_problem()):
+                    log.error("%s", expired)
+            finally:
+                # Those the stream just named come in this round: an agent configured with the leader
+                # alone, which died, must not wait out a backoff before trying the standbys it learned.
+                queue += [a for a in self.servers if a not in tried and a not in queue]
+        return False
 
     def _channel(self, addr: str) -> grpc.aio.Channel:
         if self.cfg.tls is None:
@@ -165,8 +304,13 @@ class Session:
             first = await asyncio.wait_for(self._handshake(call, reg), REGISTER_TIMEOUT_S)
             if first is grpc.aio.EOF:
                 raise Refused("the stream closed before Register was answered")
+            self._see_term(max(first.term, first.ack.term))
             if first.WhichOneof("body") != "ack" or not first.ack.ok:
-                raise Refused(first.ack.error or "no reason given")
+                if first.ack.controlplanes:
+                    self._learn(first.ack.controlplanes, addr)  # a standby's list: the cluster's other members
+                raise Refused(first.ack.error or "no reason given", leader=first.ack.leader,
+                              standby=bool(first.ack.leader or first.ack.controlplanes))
+            self._learn(first.ack.controlplanes, addr)
             log.info("registered with %s as %s (%d shards)", addr, self.cfg.node_id, len(reg.register.shards))
             self._out = out
             self._renewing = False  # an answer the last stream never got must not block renewal for good
@@ -189,6 +333,44 @@ class Session:
                     task.cancel()
                 self._log_tasks.clear()
                 call.cancel()
+
+    def _see_term(self, term: int) -> None:
+        if term > self.term:
+            if self.term:
+                log.info("a control plane leads under term %d now (was %d)", term, self.term)
+            self.term = term
+
+    def _stale(self, msg: pb.ControlMessage, kind: str) -> bool:
+        """Whether ``msg`` comes from a deposed leader (refused, answered, logged once per term)."""
+        if not msg.term or msg.term >= self.term:
+            return False  # 0: a control plane too old to send its term; acting on it is all it knows
+        error = (f"refused {kind}: its term {msg.term} is older than term {self.term}, the newest this agent has "
+                 f"seen (a newer control plane leads; this one was deposed and should step down); ignored")
+        if msg.term not in self._stale_logged:
+            self._stale_logged.add(msg.term)
+            log.warning("%s (said once for term %d)", error, msg.term)
+        if self._out is not None:
+            self._out.put_nowait(pb.AgentMessage(seq=next(self._seq), ack=pb.Ack(seq=msg.seq, ok=False, error=error)))
+        return True
+
+    def _learn(self, listed: Iterable[str], addr: str) -> None:
+        """Adds the control planes an accepted Register lists to the rotation, and stores them for the next run."""
+        addrs = _valid(listed, f"control plane {addr}")[:MAX_LEARNED]
+        if not addrs:
+            return  # an older control plane, which lists none: what we know stays
+        new = [a for a in addrs if a not in self.cfg.servers and a not in self._learned]
+        if new:
+            self._learned = (self._learned + new)[-MAX_LEARNED:]
+            log.info("control plane %s lists control planes this agent did not know: %s; added to its rotation",
+                     addr, ", ".join(new))
+        if tuple(addrs) == self._stored:
+            return
+        try:
+            write_controlplanes(self.cfg.state_dir, addrs)
+            self._stored = tuple(addrs)
+        except OSError as e:
+            log.warning("cannot store the control planes' addresses in %s (%s); a restarted agent knows only "
+                        "its configured servers", self.cfg.state_dir / CONTROLPLANES_FILE, e.strerror or e)
 
     async def _handshake(self, call: grpc.aio.StreamStreamCall, reg: pb.AgentMessage) -> object:
         await call.write(reg)
@@ -250,14 +432,24 @@ class Session:
 
     def _handle(self, msg: pb.ControlMessage) -> None:
         kind = msg.WhichOneof("body")
+        if kind in FENCED and self._stale(msg, kind):
+            return
+        self._see_term(msg.term)
         if kind == "start_shard":
             spec = convert.spec_from_pb(msg.start_shard.spec)
+            log.info("command from the control plane (term %d): start shard %s", msg.term, spec.shard_id)
             self._spawn(self._commands.start(spec), f"start {spec.shard_id}")
         elif kind == "stop_shard":
             stop = msg.stop_shard
+            log.info("command from the control plane (term %d): stop shard %s (%s)", msg.term, stop.shard_id,
+                     stop.reason)
             self._spawn(self._commands.stop(stop.shard_id, stop.reason), f"stop {stop.shard_id}")
+        elif kind == "controlplanes":
+            self._learn(msg.controlplanes.addrs, "the leader")
+            return
         elif kind == "drain":
             drain = msg.drain
+            log.info("command from the control plane (term %d): drain shard %s", msg.term, drain.shard_id)
             self._spawn(self._commands.drain(drain.shard_id, float(drain.timeout_s or 30)), f"drain {drain.shard_id}")
         elif kind == "logs_request":
             req = msg.logs_request

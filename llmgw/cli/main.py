@@ -16,6 +16,7 @@ from rich.console import Console
 from llmgw.cli import agentcmd, manifests, tables
 from llmgw.cli import audit as audit_mod
 from llmgw.cli import client as client_mod
+from llmgw.cli import controlplanes as controlplanes_mod
 from llmgw.cli import describe as describe_mod
 from llmgw.cli import engines as engines_mod
 from llmgw.cli import fabric as fabric_mod
@@ -82,6 +83,14 @@ def server(
     database: str = typer.Option("", "--database", envvar="LLMGW_DATABASE", help="The store's database URL, "
                                  "e.g. postgresql+psycopg://USER[:PASSWORD]@HOST:PORT/DB (migrated at start, "
                                  "once under a lock) [default: SQLite in the data directory]"),
+    advertise_address: str = typer.Option("", help="The host other machines reach this server by: agents are "
+                                          "sent to HOST:AGENT_PORT and a standby forwards the REST API to "
+                                          "http://HOST:HTTP_PORT when this one leads [default: --host, or this "
+                                          "machine's FQDN when --host is a wildcard]"),
+    lease: str = typer.Option("6s", help="How long the leader's lease lasts past its last renewal: a dead leader "
+                              "is replaced within about this long (several servers on one --database)"),
+    lease_renew: str = typer.Option("1s", help="How often the leader renews its lease and a standby tries to "
+                                    "take it"),
     insecure: bool = typer.Option(False, "--insecure", help="Loopback development only: no authentication on the "
                                   "REST API, a plaintext agent stream, no join port (refused with a --host that "
                                   "is not loopback)"),
@@ -144,6 +153,10 @@ def server(
     if cert_validity_s <= 0:
         raise _fail("--node-cert-validity must be longer than 0s")
     try:
+        lease_timing = serve.lease_timing(lease=units.parse_duration(lease), renew=units.parse_duration(lease_renew))
+    except (ValueError, LlmgwError) as e:
+        raise _fail(f"--lease/--lease-renew: {e}") from None
+    try:
         hub = serve.hub_settings(endpoint=hub_endpoint, mirror_url=mirror_url, token_file=hub_token_file,
                                  env=os.environ, quiet=mirror_dir is not None)
     except LlmgwError as e:
@@ -167,7 +180,7 @@ def server(
                              join_port=join_port, node_cert_validity_s=cert_validity_s,
                              engine_index=engine_index, engine_find_links=engine_find_links,
                              model_installs=model_installs, engine_os_packages=engine_os_packages,
-                             database=database)
+                             database=database, advertise=advertise_address, lease=lease_timing)
 
     async def serve_then_exit() -> None:
         code = 0
@@ -193,7 +206,9 @@ def server(
 
 @app.command()
 def router(
-    control: str = typer.Option(..., "--control", help="The control plane's URL, e.g. http://cp1:8080"),
+    control: str = typer.Option(..., "--control", help="The control plane's URL, e.g. http://cp1:8080, "
+                                 "or several, comma-separated (a leader and its standbys): the next is followed "
+                                 "when one fails"),
     host: str = typer.Option("127.0.0.1", help="Address to listen on (0.0.0.0 for every interface)"),
     port: int = typer.Option(8080, min=0, max=65535, help="The OpenAI API (/v1) and /metrics"),
     router_id: str = typer.Option("", help="This router's name in the ejections it reports [default: hostname]"),
@@ -316,6 +331,7 @@ mirror_mod.register(app)
 onboard_mod.register(app, default_data_dir=default_data_dir)
 agentcmd.register(app, setup_logging=_logging, fail=_fail)
 nodes_mod.register(app)
+controlplanes_mod.register(get_app)
 fabric_mod.register(app)
 login_mod.register(app)
 users_mod.register(app)

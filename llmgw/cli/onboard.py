@@ -38,16 +38,22 @@ def register(app: typer.Typer, *, default_data_dir: Callable[[], Path]) -> None:
                                                           "its certificate (repeatable; localhost, 127.0.0.1 "
                                                           "and ::1 are always in)"),
         database: str = typer.Option("", "--database", envvar="LLMGW_DATABASE", help=db_help),
+        ca_from: Path = typer.Option(None, "--ca-from", help="Another control plane of this cluster: a directory "
+                                     "holding the first one's ca.crt and ca.key (copied from its data directory's "
+                                     "pki/), so agents trust both; the database's users are kept"),
     ) -> None:
         """Make the cluster CA, the server's certificate and the first administrator, once."""
         from llmgw.control import datadir  # here: every other command would pay for cryptography and argon2
 
         try:
-            done = datadir.init(data_dir or default_data_dir(), hosts=host, database=database)
+            done = datadir.init(data_dir or default_data_dir(), hosts=host, database=database, ca_from=ca_from)
         except LlmgwError as e:
             raise _fail(str(e)) from None
         typer.echo(f"initialised {done.data_dir}")
         typer.echo(f"cluster CA: {done.ca_hash}")
+        if not done.admin_password:
+            typer.echo("another control plane of the cluster in this database: its users are kept")
+            return
         typer.echo("administrator: admin")
         # The one place the password exists outside memory: this terminal. Not logged, not stored.
         typer.echo(f"password (shown once, not stored; keep it now): {done.admin_password}")

@@ -16,7 +16,10 @@ sim_app = typer.Typer(no_args_is_help=True, help="Simulators for trying llmgw at
 
 @sim_app.command("fleet")
 def fleet(
-    server: str = typer.Option("127.0.0.1:8081", "--server", help="The control plane's agent address HOST:PORT"),
+    server: str = typer.Option("127.0.0.1:8081", "--server",
+                               help="The control plane's agent address HOST:PORT, or several comma-separated (a "
+                                    "leader and its standbys: nodes start at the first, follow a standby's "
+                                    "refusal to the leader it names, and move on when one fails)"),
     nodes: int = typer.Option(100, "--nodes", min=1, max=100_000, help="How many simulated nodes"),
     mix: str = typer.Option("h100:0.3,l40s:0.3,cpu:0.4", "--mix", help="Node kinds and weights"),
     heartbeat: float = typer.Option(5.0, "--heartbeat", min=0.1, help="Seconds between each node's heartbeats"),
@@ -33,6 +36,7 @@ def fleet(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         parsed = fleet_mod.parse_mix(mix)
+        servers = fleet_mod.parse_servers(server)
     except ValueError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None
@@ -44,7 +48,7 @@ def fleet(
             loop.add_signal_handler(sig, stop.set)
         stats = fleet_mod.Stats()
         agents = fleet_mod.build_fleet(nodes, parsed, heartbeat_s=heartbeat, stats=stats, seed=seed)
-        await fleet_mod.run(server, agents, stop=stop, stats_file=stats_file,
+        await fleet_mod.run(servers, agents, stop=stop, stats_file=stats_file,
                             streams_per_channel=streams_per_channel)
 
     async def main_then_exit() -> None:

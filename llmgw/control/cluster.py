@@ -38,8 +38,9 @@ from llmgw.control.reconcile import decisions as d
 from llmgw.control.reconcile import engines as provisioning
 from llmgw.control.state import NodeView, Phase, ReplicaRecord
 from llmgw.control.status import summarize
+from llmgw.control.store import store as store_mod
 from llmgw.control.store.offloop import StoreThread
-from llmgw.control.store.store import Store, StoredNode
+from llmgw.control.store.store import Fenced, Store, StoredNode
 from llmgw.core import fabrictest, specs
 from llmgw.core.inventory import Heartbeat
 from llmgw.core.provision import Provision
@@ -60,6 +61,7 @@ class AgentLink(Protocol):
     def drain_shard(self, shard_id: str, *, timeout_s: int) -> None: ...
     def remove_weights(self, cache_name: str) -> None: ...
     def provision(self, provision: Provision) -> None: ...
+    def controlplanes(self, addrs: tuple[str, ...]) -> None: ...
     def close(self, reason: str) -> None: ...
     def request_logs(self, shard_id: str, *, lines: int, follow: bool) -> tuple[str, asyncio.Queue[Any]]: ...
     def cancel_logs(self, request_id: str) -> None: ...
@@ -103,6 +105,22 @@ def _read_targets(store: Store) -> tuple[dict[str, specs.ModelSpec], list[Replic
     return {m.model.name: m.model.spec for m in store.list_models()}, store.list_replicas()
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Loaded:
+    """What a control plane reads from the store when it starts leading."""
+
+    nodes: list[StoredNode]
+    replica_conds: dict[str, tuple[cond.Condition, ...]]
+    model_conds: dict[str, tuple[cond.Condition, ...]]
+    wants: tuple[provisioning.ScopedWant, ...]
+    settings: dict[str, str]
+
+
+def _load(store: Store) -> _Loaded:
+    replica_conds, model_conds = store.conditions()
+    return _Loaded(store.list_nodes(), replica_conds, model_conds, tuple(store.list_engine_wants()), store.settings())
+
+
 def _write_targets(store: Store, plan: _Plan) -> None:
     """The pass's targets, then its conditions (whose rows must exist by then)."""
     if plan.upserts or plan.deletes:
@@ -115,7 +133,8 @@ class Cluster:
     def __init__(self, store: Store, *, clock: Callable[[], float] = time.time,
                  cfg: decide.Config = decide.Config(), heartbeat_timeout_s: float = 20.0,
                  interval_s: float = 1.0, ejections: Callable[[], dict[str, str]] | None = None,
-                 db: StoreThread | None = None, remote_meta: remotemeta.Reader | None = None) -> None:
+                 db: StoreThread | None = None, remote_meta: remotemeta.Reader | None = None,
+                 standby: bool = False) -> None:
         self.store, self.clock, self.cfg = store, clock, cfg
         #: Reads remote sources' metadata before their replicas are placed (None: placed without it).
         self.remote_meta = remote_meta
@@ -129,6 +148,20 @@ class Cluster:
         #: evidence for an Unhealthy replica's grace, never a reason alone (``reconcile.liveness``).
         self.ejections = ejections or dict
         self.heartbeat_timeout_s, self.interval_s = heartbeat_timeout_s, interval_s
+        #: Whether this control plane leads (``llmgw.control.leader``): only a leader accepts agents, reconciles,
+        #: writes and sends commands; a standby only publishes the router's table from the store. Without
+        #: election (unit tests, ``Cluster(store)``) it leads from the start.
+        self.leading = not standby
+        #: The term it leads at (0: no election); every command carries it, agents refuse older ones.
+        self.term = 0
+        #: Whether the lease is still fresh enough to act on (``Leadership.valid``); checked before commands go out.
+        self.may_act: Callable[[], bool] = lambda: True
+        #: Called when the store refused a write as fenced (``Leadership.kick``: check the lease now).
+        self.on_fenced: Callable[[], None] = lambda: None
+        #: For a standby's refusal of an agent: (the leader's agent address or "", every control plane's).
+        self.hint: Callable[[], tuple[str, tuple[str, ...]]] = lambda: ("", ())
+        #: The control planes' addresses as last sent to the connected agents (``_announce_peers``).
+        self._peers: tuple[str, ...] = ()
         self.started_at = clock()
         self.nodes: dict[str, NodeView] = {}
         self._conns: dict[str, _Conn] = {}
@@ -146,19 +179,56 @@ class Cluster:
         #: Conditions as last written, by "replica/ID" and "model/NAME" (loaded: transition times survive a restart).
         self._conds: dict[str, tuple[cond.Condition, ...]] = {}
         #: Operators' engine wants and the cluster's engine settings (``control.engines`` rebinds them on a change).
-        self.engine_wants: tuple[provisioning.ScopedWant, ...] = tuple(store.list_engine_wants())
-        self.engine_settings = provisioning.EngineSettings.from_map(store.settings())
+        self.engine_wants: tuple[provisioning.ScopedWant, ...] = ()
+        self.engine_settings = provisioning.EngineSettings.from_map({})
         #: The Provision last sent on each node's current stream: sent again only when it changes.
         self._provisioned: dict[str, Provision] = {}
-        replica_conds, model_conds = store.conditions()
-        self._conds.update({f"replica/{k}": v for k, v in replica_conds.items()})
-        self._conds.update({f"model/{k}": v for k, v in model_conds.items()})
-        for stored in store.list_nodes():
-            # Known but not heard from since this start: disconnected since
-            # now, so its replicas get the full grace period to be reported.
+        if not standby:
+            self._take(_load(store))
+
+    def _take(self, loaded: _Loaded) -> None:
+        """Starts from the store's picture, as at a start: every node known but not heard from yet."""
+        self.started_at = self.clock()
+        self.nodes, self._conds, self._provisioned = {}, {}, {}
+        self._lost, self._drained, self._last_event, self._removing = set(), set(), {}, {}
+        self.engine_wants = loaded.wants
+        self.engine_settings = provisioning.EngineSettings.from_map(loaded.settings)
+        self._conds.update({f"replica/{k}": v for k, v in loaded.replica_conds.items()})
+        self._conds.update({f"model/{k}": v for k, v in loaded.model_conds.items()})
+        for stored in loaded.nodes:
+            # Known but not heard from since this start (or this takeover): disconnected since now, so
+            # its replicas get the full grace period to be reported. This is what makes a failover cost
+            # no engine restart: nothing is decided about a node's shards until it registered or its
+            # grace passed, and its Register lists the shards it still runs.
             self.nodes[stored.id] = NodeView(stored.id, stored.inventory, connected=False,
                                              disconnected_since=self.started_at, mgmt_addr=stored.mgmt_addr,
                                              cordoned=stored.cordoned, draining=stored.draining)
+
+    # -- leading and standing by (issue 15) -----------------------------------------------
+    async def take_over(self, term: int) -> None:
+        """Starts leading at ``term``: reads the store's picture afresh (it moved on while this one stood by)."""
+        loaded = _load(self.store) if self.db is None else await self.db.call(_load, self.store)
+        self._take(loaded)
+        self.term, self.leading = term, True
+        self._events = []
+        log.info("leading at term %d: %d nodes known, each has %.0fs to register before its replicas are "
+                 "replaced", term, len(self.nodes), self.cfg.node_grace_s)
+        self.record(ev.Event(self.clock(), ev.NORMAL, "LeaderElected", "controlplane/leader",
+                             f"this control plane leads at term {term}; {len(self.nodes)} nodes have "
+                             f"{self.cfg.node_grace_s:.0f}s to register"))
+        self.kick()
+
+    def step_down(self, reason: str) -> None:
+        """Stops leading at once: every agent stream is closed (each agent redials and is sent to the
+        leader), nothing more is written or sent, and the in-memory picture is dropped."""
+        self.leading = False
+        self._events = []
+        for conn in list(self._conns.values()):
+            conn.link.close(f"this control plane no longer leads ({reason})")
+        self._conns.clear()
+        self.nodes = {}
+        self._provisioned = {}
+        self.kick()
 
     # -- what agents report --------------------------------------------------------
     def node_registered(self, node: StoredNode, shards: list[ShardStatus], link: AgentLink) -> None:
@@ -243,8 +313,10 @@ class Cluster:
     def node_disconnected(self, node_id: str, link: AgentLink) -> None:
         conn = self._conns.get(node_id)
         if conn is None or conn.link is not link:
-            return  # an older stream ending after a newer one registered
+            return  # an older stream ending after a newer one registered (or closed by a step-down)
         del self._conns[node_id]
+        if not self.leading:
+            return
         view = self.nodes.get(node_id)
         if view is not None:
             view = self.nodes[node_id] = dataclasses.replace(view, connected=False,
@@ -266,12 +338,29 @@ class Cluster:
             # Cleared before the pass reads anything, so a kick during the pass (an apply
             # while it was in its thread) gets another pass at once instead of the next tick.
             self._wake.clear()
+            again = False
+            if self.leading:
+                try:
+                    again = await self.reconcile_pass()
+                except Fenced as e:
+                    # A deposed leader's pass: nothing it decided was written or sent. Say so once a pass,
+                    # without a traceback, and have the lease looked at now.
+                    log.warning("reconcile pass refused by the store: %s", e)
+                    self.on_fenced()
+                except Exception as e:
+                    if why := store_mod.unreachable(e):
+                        log.warning("reconcile pass: the database did not answer (%s); trying again", why)
+                    else:
+                        log.exception("reconcile pass failed; trying again")
             try:
-                again = await self.reconcile_pass()
-            except Exception:
-                log.exception("reconcile pass failed; trying again")
-                again = False
-            await self._publish_table()
+                await self._publish_table()
+            except Exception as e:
+                # Routers keep the last table; before, this ended the loop and with it the server, on a
+                # database restart (seen with PostgreSQL stopped for one second).
+                if not (why := store_mod.unreachable(e)):
+                    raise
+                log.warning("the router's table was not refreshed: the database did not answer (%s)", why)
+            self._announce_peers()
             # Give the event loop at least as long as the pass took before the next one:
             # passes kicked back to back by a thousand re-registering agents held the
             # loop so the registrations themselves crawled (~18 a second, seen with the
@@ -375,6 +464,11 @@ class Cluster:
                                      "every replica has moved off; it stays cordoned until `llmgw uncordon`",
                                      node=node_id))
         self.flush_events()
+        if not (self.leading and self.may_act()):
+            # The lease may have lapsed while the pass ran: its targets were written under the fence, but
+            # commands go out only while this control plane still knows it leads.
+            log.warning("not sending the pass's commands: this control plane's lease is not fresh")
+            return
         for dec in plan.decisions:  # only after the targets are written
             if isinstance(dec, d.StartShard):
                 self._send(dec.node_id, lambda link, dec=dec: link.start_shard(dec.spec))
@@ -396,11 +490,22 @@ class Cluster:
                 self._provisioned[node_id] = prov
                 self._send(node_id, lambda link, prov=prov: link.provision(prov))
 
+    def _announce_peers(self) -> None:
+        """Tells every connected agent the control planes' addresses when they changed (a standby started
+        after the agents registered): an agent that knew only the leader would otherwise never find the
+        standby when the leader dies, and its engines would be replaced after its grace."""
+        peers = self.hint()[1]
+        if not self.leading or peers == self._peers:
+            return
+        self._peers = peers
+        for conn in self._conns.values():
+            conn.link.controlplanes(peers)
+
     # -- conditions and events ------------------------------------------------------------
     def record(self, event: ev.Event) -> None:
         """Queues an event for the next write, unless it repeats the object's last one."""
         key = (event.reason, event.message)
-        if self._last_event.get(event.object) == key:
+        if not self.leading or self._last_event.get(event.object) == key:
             return
         self._last_event[event.object] = key
         self._events.append(event)

@@ -75,11 +75,30 @@ def open_store(data_dir: pathlib.Path, database: str = "") -> store_mod.Store:
     return store_mod.Store.open_url(database) if database else store_mod.Store.open(data_dir)
 
 
-def init(data_dir: pathlib.Path, *, hosts: list[str], database: str = "") -> Initialised:
+def _read_ca_from(ca_from: pathlib.Path) -> pki.Issued:
+    """The cluster CA another control plane made: ``ca.crt`` and ``ca.key`` in ``ca_from`` (its ``pki/``)."""
+    try:
+        ca = pki.Issued((ca_from / "ca.crt").read_bytes(), (ca_from / "ca.key").read_bytes())
+        pki.server_cert(ca, [])  # proves the key signs for the certificate before anything is written
+    except OSError as e:
+        raise LlmgwError(f"--ca-from {ca_from}: cannot read ca.crt and ca.key there ({e.strerror or e}); copy "
+                         "them from the first control plane's data directory (its pki/), keeping ca.key 0600") from None
+    except (ValueError, pki.PkiError) as e:
+        raise LlmgwError(f"--ca-from {ca_from}: ca.crt and ca.key are not a CA certificate and its key ({e})") from None
+    return ca
+
+
+def init(data_dir: pathlib.Path, *, hosts: list[str], database: str = "",
+         ca_from: pathlib.Path | None = None) -> Initialised:
     """Makes the CA, the server's certificate and the ``admin`` user; refuses a directory already initialised.
 
     The CA and certificates are files in ``data_dir``; the user goes to the store, which is ``database``
     when given (a server on PostgreSQL reads its users there, not from a SQLite file beside the CA).
+
+    Another control plane of a cluster (``ca_from``: the first one's CA, copied over) gets its own server
+    certificate from the same CA, so agents trust every control plane alike; the database already has its
+    users, which are kept (``admin_password`` is then empty). Without ``ca_from``, a database that already
+    has users is refused: a second CA would split the cluster in two that cannot reach each other's agents.
     """
     data_dir = data_dir.resolve()
     if is_initialised(data_dir):
@@ -92,7 +111,7 @@ def init(data_dir: pathlib.Path, *, hosts: list[str], database: str = "") -> Ini
         # An empty file is an empty SQLite database; made 0600 first, SQLite keeps the mode (and gives
         # its -wal and -shm files the same), so the users' hashes are not world-readable.
         write_private(db, b"")
-    ca = pki.create_ca()
+    ca = _read_ca_from(ca_from) if ca_from is not None else pki.create_ca()
     server = pki.server_cert(ca, hosts)
     password = secrets.token_urlsafe(18)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=".pki-", dir=data_dir))  # 0700, as mkdtemp makes them
@@ -103,7 +122,16 @@ def init(data_dir: pathlib.Path, *, hosts: list[str], database: str = "") -> Ini
         write_private(tmp / "server.key", server.key_pem)
         store = open_store(data_dir, database)
         try:
-            store.put_user(store_mod.StoredUser(ADMIN, "admin", argon2.PasswordHasher().hash(password), time.time()))
+            if store.list_users():
+                if ca_from is None:
+                    raise LlmgwError("this database already belongs to a cluster (it has users). A second control "
+                                     "plane must share the cluster's CA: copy ca.crt and ca.key from the first one's "
+                                     "data directory (pki/) to this machine and run `llmgw init --data-dir "
+                                     f"{data_dir} --database URL --ca-from THAT_DIR`")
+                password = ""  # the cluster's users stay as they are
+            else:
+                store.put_user(store_mod.StoredUser(ADMIN, "admin", argon2.PasswordHasher().hash(password),
+                                                    time.time()))
         finally:
             store.close()
         os.rename(tmp, data_dir / PKI)

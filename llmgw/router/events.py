@@ -85,12 +85,17 @@ class CallbackSink(Sink):
 
 
 class HttpSink(Sink):
-    """A standalone router's: POSTs batches of events to the control plane from one background task."""
+    """A standalone router's: POSTs batches of events to the control plane from one background task.
 
-    def __init__(self, router_id: str, control_url: str, *, max_backlog: int = 1000, backoff_max_s: float = 10.0,
-                 headers: Mapping[str, str] | None = None, **kw: Any) -> None:
+    ``control_url`` is a base URL, or a callable giving the one to use now: with several control
+    planes, the table watcher's ``current_url``, so reports go to one that answers rather than keep
+    retrying, for as long as it is down, the one the router was started with.
+    """
+
+    def __init__(self, router_id: str, control_url: str | Callable[[], str], *, max_backlog: int = 1000,
+                 backoff_max_s: float = 10.0, headers: Mapping[str, str] | None = None, **kw: Any) -> None:
         super().__init__(router_id, **kw)
-        self.url = control_url.rstrip("/") + EVENTS_PATH
+        self._control_url = control_url
         self._backlog: collections.deque[Event] = collections.deque(maxlen=max_backlog)
         self._wake = asyncio.Event()
         self._backoff_max_s = backoff_max_s
@@ -99,6 +104,12 @@ class HttpSink(Sink):
         self._session: aiohttp.ClientSession | None = None
         #: Events the control plane acknowledged, for tests and the log.
         self.sent = 0
+
+    @property
+    def url(self) -> str:
+        """Where the next batch goes: read before each attempt, so a retry follows the watcher's switch."""
+        base = self._control_url if isinstance(self._control_url, str) else self._control_url()
+        return base.rstrip("/") + EVENTS_PATH
 
     def deliver(self, event: Event) -> None:
         if len(self._backlog) == self._backlog.maxlen:
@@ -121,7 +132,7 @@ class HttpSink(Sink):
                 await task
             if self._backlog:
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(self._send_batch(), 1.0)
+                    await asyncio.wait_for(self._send_batch(self.url), 1.0)
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -133,25 +144,26 @@ class HttpSink(Sink):
             await self._wake.wait()
             self._wake.clear()
             while self._backlog:
+                url = self.url  # the one tried, for the log: the watcher may switch while this one is awaited
                 try:
-                    await self._send_batch()
+                    await self._send_batch(url)
                 except (aiohttp.ClientError, TimeoutError, _Refused) as exc:
                     if not failing:
                         failing = True
                         log.warning("cannot report %d router events to %s: %s; retrying", len(self._backlog),
-                                    self.url, str(exc) or type(exc).__name__)
+                                    url, str(exc) or type(exc).__name__)
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, self._backoff_max_s)
                     continue
                 if failing:
                     failing = False
-                    log.info("router events reach %s again", self.url)
+                    log.info("router events reach %s again", url)
                 backoff = 0.2
 
-    async def _send_batch(self) -> None:
+    async def _send_batch(self, url: str) -> None:
         assert self._session is not None
         batch = list(self._backlog)
-        async with self._session.post(self.url, json={"router": self.router_id, "events": batch},
+        async with self._session.post(url, json={"router": self.router_id, "events": batch},
                                       headers=self._headers) as resp:
             if resp.status >= 500:
                 raise _Refused(f"HTTP {resp.status}")

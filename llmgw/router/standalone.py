@@ -2,12 +2,13 @@
 
 Either from a static table (``--table-file``, an endpoints document as the
 control plane serves it; for tests and benchmarks) or following a control
-plane (``--control URL``). The server is the router's own (``server``: asyncio
-and httptools, on uvloop when it is installed) rather than uvicorn, whose
-per-request machinery cost more than the proxying at capacity; the app's pools
-open before it listens and close after it stopped. No access log: a log line per
-request costs more than the proxying does. Alone, the router serves its own
-``GET /metrics``.
+plane (``--control URL[,URL...]``: with several, the leader and its standbys,
+it follows one and moves to the next when that one stops answering). The server
+is the router's own (``server``: asyncio and httptools, on uvloop when it is
+installed) rather than uvicorn, whose per-request machinery cost more than the
+proxying at capacity; the app's pools open before it listens and close after it
+stopped. No access log: a log line per request costs more than the proxying
+does. Alone, the router serves its own ``GET /metrics``.
 
 SIGTERM or SIGINT stops listening at once, lets open requests (streams) finish
 for ``--graceful-shutdown`` seconds, then cuts them.
@@ -23,6 +24,7 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from llmgw.router import app as app_mod
@@ -53,15 +55,15 @@ def read_token(token_file: Path | None, env: dict[str, str]) -> str:
     return token
 
 
-def build(*, table_file: Path | None = None, control_url: str | None = None, max_body_bytes: int = 32 << 20,
-          keepalive_s: float = 15.0, host: str = "127.0.0.1", router_id: str = "",
+def build(*, table_file: Path | None = None, control_urls: str | Sequence[str] | None = None,
+          max_body_bytes: int = 32 << 20, keepalive_s: float = 15.0, host: str = "127.0.0.1", router_id: str = "",
           tracing_endpoint: str = "", admission_queue: int = 100, admission_wait_s: float = 30.0,
           token: str = "") -> app_mod.RouterApp:
     """A RouterApp over a static table or one followed from a control plane, serving its own /metrics.
 
-    Following a control plane, it reports ejections there as ``router_id``, and proves itself to it
-    with ``token`` (a router credential). ``host`` is the listen address: keyless tables there get a
-    warning unless it is loopback.
+    Following a control plane (one URL, or several tried in turn), it reports ejections to the one it
+    follows as ``router_id``, and proves itself to it with ``token`` (a router credential). ``host`` is
+    the listen address: keyless tables there get a warning unless it is loopback.
     """
     holder = table_mod.TableHolder()
     watcher: watch.TableWatcher | None = None
@@ -71,11 +73,16 @@ def build(*, table_file: Path | None = None, control_url: str | None = None, max
         holder.swap(table_mod.RouteTable.from_doc(json.loads(table_file.read_text())))
         guard.check(holder.current.auth)
         source = str(table_file)
-    elif control_url is not None:
+    elif control_urls:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        watcher = watch.TableWatcher(control_url, holder, listen_guard=guard, headers=headers)
-        sink = events.HttpSink(router_id or socket.gethostname(), control_url, headers=headers)
-        source = f"the control plane at {control_url}"
+        following = watch.TableWatcher(control_urls, holder, listen_guard=guard, headers=headers)
+        watcher = following
+        # Reports go where the table comes from: a control plane that answers now, not the
+        # first one given, which may be the one that is down.
+        sink = events.HttpSink(router_id or socket.gethostname(), lambda: following.current_url, headers=headers)
+        urls = [control_urls] if isinstance(control_urls, str) else list(control_urls)
+        source = (f"the control plane at {urls[0]}" if len(urls) == 1
+                  else f"the control planes at {', '.join(urls)}")
     else:
         raise ValueError("give a table file or a control-plane URL")
     traced = tracing.Tracing(tracing_endpoint) if tracing_endpoint else None
@@ -91,7 +98,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                      allow_abbrev=False)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--table-file", type=Path, help="a static endpoints document (JSON)")
-    source.add_argument("--control", help="the control plane's base URL, e.g. http://127.0.0.1:8080")
+    source.add_argument("--control", type=_control_urls, metavar="URL[,URL...]",
+                        help="the control plane's base URL, e.g. http://127.0.0.1:8080; several, comma-separated "
+                             "(a leader and its standbys): the router follows one, and the next when it stops "
+                             "answering")
     parser.add_argument("--token-file", type=Path, default=None,
                         help="a file holding this router's credential for the control plane (`llmgw router-token "
                              f"create NAME`) [default: the {TOKEN_ENV} environment variable]")
@@ -118,6 +128,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _control_urls(value: str) -> tuple[str, ...]:
+    """``URL[,URL...]``: a malformed one is a usage error naming it, not an outage logged on every poll."""
+    try:
+        return watch.parse_control_urls(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _tracing_endpoint(value: str) -> str:
     """The flag as given, once it reads as a collector URL: a bad one is a usage error, not a table error."""
     if value:
@@ -140,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("no router credential (--token-file or %s): a secure control plane will refuse this router "
                     "its routes; `llmgw router-token create NAME` makes one", TOKEN_ENV)
     try:
-        router = build(table_file=args.table_file, control_url=args.control, max_body_bytes=args.max_body_bytes,
+        router = build(table_file=args.table_file, control_urls=args.control, max_body_bytes=args.max_body_bytes,
                        keepalive_s=args.keepalive, host=args.host, router_id=args.router_id,
                        tracing_endpoint=args.tracing_endpoint, admission_queue=args.admission_queue,
                        admission_wait_s=args.admission_wait, token=token)
@@ -155,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         run = uvloop.run
     try:
         return run(serve(router, host=args.host, port=args.port, max_body_bytes=args.max_body_bytes,
-                         grace_s=args.graceful_shutdown, source=str(args.table_file or args.control)))
+                         grace_s=args.graceful_shutdown,
+                         source=str(args.table_file) if args.table_file else ",".join(args.control)))
     except KeyboardInterrupt:
         return 0
 

@@ -12,6 +12,14 @@ backoff: engines are reached directly, so the router keeps serving while the
 control plane restarts (and a fleet of routers does not retry in lock step). One
 line is logged when an outage starts and one when it ends, not one per retry.
 
+Several control planes (``control_urls``, one leader and its standbys, each serving
+the same table from the database) are followed one at a time. A failed poll moves
+the watcher to the next URL for the very next poll, so losing the one it follows costs
+one round trip, not a backoff; the backoff starts only once every URL of a round has
+failed. Each switch forgets the version: versions are counted per control plane, and
+the new one's "v1" says nothing about the old one's, so asking it ``after=1`` could
+hold the poll for a whole timeout with a stale table in place.
+
 A secure control plane serves the table only to routers with their own credential
 (``headers`` carries ``Authorization: Bearer``); a 401 or 403 is logged saying how
 to give the router one, and retried like an outage (a token made later is read on
@@ -25,7 +33,8 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Mapping
+import urllib.parse
+from collections.abc import Mapping, Sequence
 
 import aiohttp
 
@@ -39,13 +48,50 @@ class _PollFailed(Exception):
     pass
 
 
-class TableWatcher:
-    """Long-polls ``control_url`` and swaps each new table into ``holder``."""
+def parse_control_urls(value: str) -> tuple[str, ...]:
+    """``URL[,URL...]`` as given to ``--control``: each an http(s) base URL; ValueError naming the bad one.
 
-    def __init__(self, control_url: str, holder: TableHolder, *, session: aiohttp.ClientSession | None = None,
+    Duplicates are kept once, in the order given (trailing slashes do not make a URL new).
+    """
+    urls: list[str] = []
+    for item in value.split(","):
+        url = item.strip().rstrip("/")
+        _check_control_url(url, given=value)
+        if url not in urls:
+            urls.append(url)
+    return tuple(urls)
+
+
+def _check_control_url(url: str, *, given: str) -> None:
+    hint = "give each control plane's base URL, comma-separated, e.g. http://cp1:8080,http://cp2:8080"
+    if not url:
+        raise ValueError(f"an empty URL in {given!r}; {hint}")
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port  # ValueError on a port that is not a number in 0-65535
+    except ValueError:
+        port = -1
+    if (parts.scheme not in ("http", "https") or not parts.hostname or port in (-1, 0) or parts.query
+            or parts.fragment or any(c.isspace() for c in url) or len(url) > 2000):
+        # A URL that only looks right (ftp://, a missing host, cp1:8080 without a scheme) would
+        # otherwise fail every poll later, logged as an outage rather than refused at the start.
+        raise ValueError(f"{url!r} is not an http(s) URL of a control plane; {hint}")
+
+
+class TableWatcher:
+    """Long-polls one of ``control_urls`` and swaps each new table into ``holder``."""
+
+    def __init__(self, control_urls: str | Sequence[str], holder: TableHolder, *,
+                 session: aiohttp.ClientSession | None = None,
                  poll_timeout_s: float = 30.0, backoff_min_s: float = 0.2, backoff_max_s: float = 5.0,
                  headers: Mapping[str, str] | None = None, listen_guard: ListenGuard | None = None) -> None:
-        self._url = control_url.rstrip("/") + "/api/v1/endpoints"
+        # One string is one URL, as before several were followed (never split on commas here:
+        # parse_control_urls is for what a person typed).
+        urls = [control_urls] if isinstance(control_urls, str) else list(control_urls)
+        if not urls:
+            raise ValueError("no control-plane URL to follow; give at least one")
+        self._urls = tuple(dict.fromkeys(u.rstrip("/") for u in urls))
+        self._following = _Following(len(self._urls))
         self._holder = holder
         self._session = session
         self._own_session = session is None
@@ -82,26 +128,50 @@ class TableWatcher:
             await asyncio.wait_for(self._loaded.wait(), timeout)
         return self._loaded.is_set()
 
+    @property
+    def current_url(self) -> str:
+        """The base URL of the control plane followed now (the next poll goes there)."""
+        return self._urls[self._following.index]
+
     async def _run(self) -> None:
         backoff = self._backoff_min_s
         outage_since: float | None = None
+        told = False  # the outage has been logged as one (not merely as a switch): its end is logged too
         while True:
+            asked = self.current_url
             try:
-                table = RouteTable.from_doc(await self._poll())
+                table = RouteTable.from_doc(await self._poll(asked))
             except (aiohttp.ClientError, TimeoutError, ValueError, TableError, _PollFailed) as exc:
+                reason = str(exc) or type(exc).__name__
+                # Versions are per control plane: the next one's v1 is not this one's, and
+                # asking it after=1 would hold the poll a whole timeout with a stale table.
+                self._after = -1
+                round_failed = self._following.failed()
                 if outage_since is None:
                     outage_since = time.monotonic()
-                    current = self._holder.current
-                    keeping = (f"serving the last table (v{current.version})" if current.loaded
-                               else "no table yet, answering 503 until one arrives")
-                    log.warning("cannot read routes from %s: %s; %s, retrying", self._url,
-                                exc or type(exc).__name__, keeping)
-                await asyncio.sleep(backoff * random.uniform(0.8, 1.2))
-                backoff = min(backoff * 2, self._backoff_max_s)
+                    if len(self._urls) > 1:
+                        log.warning("control plane %s did not answer (%s); following %s", asked, reason,
+                                    self.current_url)
+                    else:
+                        log.warning("cannot read routes from %s: %s; %s, retrying", self._endpoints(asked),
+                                    reason, self._keeping())
+                        told = True
+                elif round_failed and not told:
+                    log.warning("no control plane answers (%s; last: %s); %s, retrying", ", ".join(self._urls),
+                                reason, self._keeping())
+                    told = True
+                else:
+                    log.debug("control plane %s did not answer (%s); following %s", asked, reason,
+                              self.current_url)
+                if round_failed:
+                    await asyncio.sleep(backoff * random.uniform(0.8, 1.2))
+                    backoff = min(backoff * 2, self._backoff_max_s)
                 continue
-            if outage_since is not None:
-                log.info("routes readable again from %s after %.1fs", self._url, time.monotonic() - outage_since)
-                outage_since = None
+            self._following.answered()
+            if outage_since is not None and told:
+                log.info("routes readable again from %s after %.1fs", self._endpoints(asked),
+                         time.monotonic() - outage_since)
+            outage_since, told = None, False
             backoff = self._backoff_min_s
             unchanged = table.version == self._after
             self._after = table.version
@@ -111,11 +181,21 @@ class TableWatcher:
                 # support) would otherwise be asked again in a tight loop.
                 await asyncio.sleep(self._backoff_min_s)
 
-    async def _poll(self) -> object:
+    def _keeping(self) -> str:
+        current = self._holder.current
+        return (f"serving the last table (v{current.version})" if current.loaded
+                else "no table yet, answering 503 until one arrives")
+
+    @staticmethod
+    def _endpoints(base_url: str) -> str:
+        return base_url + "/api/v1/endpoints"
+
+    async def _poll(self, base_url: str) -> object:
         assert self._session is not None
         params = {"after": str(self._after), "timeout": f"{self._poll_timeout_s:g}"}
         timeout = aiohttp.ClientTimeout(total=self._poll_timeout_s + 10.0)
-        async with self._session.get(self._url, params=params, headers=self._headers, timeout=timeout) as resp:
+        async with self._session.get(self._endpoints(base_url), params=params, headers=self._headers,
+                                     timeout=timeout) as resp:
             if resp.status != 200:
                 text = (await resp.text(errors="replace"))[:200]
                 if resp.status in (401, 403):
@@ -136,3 +216,24 @@ class TableWatcher:
         if self._guard is not None:
             self._guard.check(table.auth)
         self._loaded.set()
+
+
+class _Following:
+    """Which of ``count`` control planes the watcher asks, and when a whole round of them has failed.
+
+    Plain state, no I/O: the watcher asks ``index``, then reports ``answered()`` or ``failed()``.
+    """
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.index = 0
+        self._failed_in_a_row = 0
+
+    def failed(self) -> bool:
+        """Move to the next control plane; True when every one has now failed in a row (time to back off)."""
+        self._failed_in_a_row += 1
+        self.index = (self.index + 1) % self.count
+        return self._failed_in_a_row % self.count == 0
+
+    def answered(self) -> None:
+        self._failed_in_a_row = 0

@@ -19,6 +19,14 @@ nodes on one core it is the control plane that is measured:
   ``i/n`` of it, on an absolute schedule, so the control plane sees a steady
   rate and no drift bunches them up. How late each beat went out is counted
   (``Stats.late``): when the simulator itself cannot keep up, that shows it.
+* Several control planes (``--server A,B``): the channels to each are made
+  once for the fleet (a ``Route``) and a node holds only the index of the
+  server it dials, so a node costs the same whatever their number. A Register
+  refused naming the leader (``Ack.leader``, a standby's answer) is followed
+  at once when the leader is one of the given servers; any other refusal, an
+  error or a closed stream moves the node to the next server after the usual
+  short sleep. Commands keep being counted (``Stats.starts``...), so a failover
+  bench can show none arrived after it.
 """
 
 from __future__ import annotations
@@ -97,6 +105,8 @@ class Stats:
     drains: int = 0
     heartbeats: int = 0
     errors: int = 0
+    #: Registers refused naming the leader and followed there at once (a standby's answer).
+    redirects: int = 0
     #: Heartbeats by how late they went out against their schedule (LATE_BUCKETS, then one above).
     late: list[int] = dataclasses.field(default_factory=lambda: [0] * (len(LATE_BUCKETS) + 1))
 
@@ -110,7 +120,43 @@ def _heartbeat_tail(inv: Inventory) -> bytes:
         gpus=convert.gpus_to_pb(inv.gpus))).SerializeToString()
 
 
+def parse_servers(text: str) -> tuple[str, ...]:
+    """``"HOST:PORT,HOST:PORT"`` -> the addresses, in order, deduplicated; each must have a port 1-65535."""
+    out: list[str] = []
+    for part in text.split(","):
+        addr = part.strip()
+        host, sep, port = addr.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536 or any(c.isspace() for c in addr):
+            raise ValueError(f"--server {addr!r} is not HOST:PORT (a port 1-65535); give one or more, comma-separated")
+        if addr not in out:
+            out.append(addr)
+    return tuple(out)
+
+
+class Route:
+    """Where a fleet dials: each control plane's address and a few channels to it, shared by every node.
+
+    A node holds only the index of the server it dials and its own slot (which channel of that server it
+    uses), so a second control plane costs the fleet a few channels, not anything per node.
+    """
+
+    def __init__(self, servers: tuple[str, ...], channels: list[list[grpc.aio.Channel]]) -> None:
+        self.servers = servers
+        self.index = {addr: i for i, addr in enumerate(servers)}
+        # One multicallable per channel (bytes as they are on the way out), not one per node.
+        self.connects = [[ch.stream_stream(CONNECT_METHOD, request_serializer=None,
+                                           response_deserializer=pb.ControlMessage.FromString) for ch in chs]
+                         for chs in channels]
+
+    def connect(self, server: int, slot: int) -> Any:
+        chans = self.connects[server]
+        return chans[slot % len(chans)]
+
+
 class FakeAgent:
+    #: Seconds slept (plus up to as much again, at random) before dialling the next server after a failure.
+    retry_s = 0.5
+
     def __init__(self, node_id: str, inventory: Inventory, *, heartbeat_s: float, stats: Stats,
                  phase: float = 0.0, heartbeat_tail: bytes | None = None) -> None:
         self.node_id, self.inventory, self.heartbeat_s, self.stats = node_id, inventory, heartbeat_s, stats
@@ -130,26 +176,43 @@ class FakeAgent:
         self.shards[spec.shard_id] = st
         return st
 
-    async def run(self, channel: grpc.aio.Channel, stop: asyncio.Event) -> None:
-        connect = channel.stream_stream(CONNECT_METHOD, request_serializer=None,  # bytes as they are
-                                        response_deserializer=pb.ControlMessage.FromString)
+    async def run(self, route: Route, stop: asyncio.Event, *, slot: int = 0, server: int = 0) -> None:
+        """Keeps a session with one of ``route``'s servers, starting with ``server``, until ``stop``."""
+        at, followed = server % len(route.servers), False
         while not stop.is_set():
+            leader = ""
             try:
-                await self._session(connect, stop)
+                leader = await self._session(route.connect(at, slot), stop)
             except grpc.aio.AioRpcError as e:
                 self.stats.errors += 1
                 log.debug("%s: %s", self.node_id, e.code().name)
-            await asyncio.sleep(0.5 + random.random())
+            to = route.index.get(leader, -1) if leader else -1
+            if to >= 0:
+                at = to
+                # The leader dialled at once, unless this refusal came from the leader just followed: two
+                # standbys naming each other (stale views mid-takeover) must not spin without a pause.
+                if not followed:
+                    followed = True
+                    self.stats.redirects += 1
+                    continue
+            else:
+                at = (at + 1) % len(route.servers)
+            followed = False
+            await asyncio.sleep(self.retry_s * (1 + random.random()))
 
-    async def _session(self, connect: Any, stop: asyncio.Event) -> None:
+    async def _session(self, connect: Any, stop: asyncio.Event) -> str:
+        """One stream, until it ends; the leader's address when the Register was refused naming one, else ""."""
         call = connect()
         await call.write(self._msg(register=pb.Register(
             node_id=self.node_id, hostname=self.node_id, agent_version="fleet-sim", mgmt_addr="127.0.0.1",
             shards=[convert.status_to_pb(s) for s in self.shards.values()],
             **convert.register_fields(self.inventory))))  # type: ignore[arg-type]
         first = await call.read()
-        if first is grpc.aio.EOF or not first.ack.ok:
-            return
+        if first is grpc.aio.EOF:
+            return ""
+        if not first.ack.ok:
+            call.cancel()
+            return str(first.ack.leader)
         self.stats.registered += 1
         self.stats.sessions += 1
         beat = asyncio.create_task(self._beat(call))
@@ -157,12 +220,13 @@ class FakeAgent:
             while not stop.is_set():
                 msg = await call.read()
                 if msg is grpc.aio.EOF:
-                    return
+                    return ""
                 await self._handle(call, msg)
         finally:
             beat.cancel()
             self.stats.registered -= 1
             call.cancel()
+        return ""
 
     async def _beat(self, call: grpc.aio.StreamStreamCall) -> None:
         loop = asyncio.get_running_loop()
@@ -235,13 +299,17 @@ def _write_atomic(path: Path, doc: dict[str, Any]) -> None:
     os.replace(tmp, path)  # a reader never sees half a file
 
 
-async def run(server: str, agents: list[FakeAgent], *, stop: asyncio.Event, report_s: float = 5.0,
-              stats_file: Path | None = None, stats_every_s: float = 0.5,
+async def run(servers: str | tuple[str, ...], agents: list[FakeAgent], *, stop: asyncio.Event,
+              report_s: float = 5.0, stats_file: Path | None = None, stats_every_s: float = 0.5,
               streams_per_channel: int = STREAMS_PER_CHANNEL) -> None:
+    """Runs ``agents`` against ``servers`` (one address, or several: node ``i`` starts at the first) until ``stop``."""
+    addrs = (servers,) if isinstance(servers, str) else tuple(servers)
     n_channels = max(1, -(-len(agents) // streams_per_channel))
     # The real agent's channel options: a restarted control plane is redialled within a second.
-    channels = [grpc.aio.insecure_channel(server, options=session.CHANNEL_OPTIONS) for _ in range(n_channels)]
-    tasks = [asyncio.create_task(a.run(channels[i % len(channels)], stop)) for i, a in enumerate(agents)]
+    channels = [[grpc.aio.insecure_channel(addr, options=session.CHANNEL_OPTIONS) for _ in range(n_channels)]
+                for addr in addrs]
+    route = Route(addrs, channels)
+    tasks = [asyncio.create_task(a.run(route, stop, slot=i)) for i, a in enumerate(agents)]
     stats = agents[0].stats if agents else Stats()
     t0 = time.monotonic()
     next_report = t0 + report_s
@@ -264,5 +332,6 @@ async def run(server: str, agents: list[FakeAgent], *, stop: asyncio.Event, repo
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        for ch in channels:
-            await ch.close()
+        for chs in channels:
+            for ch in chs:
+                await ch.close()

@@ -107,7 +107,14 @@ class Postgres:
         subprocess.run([*self._as, str(bins / "initdb"), "-D", str(data), "-A", "trust", "-U", self._user,
                         "-E", "UTF8", "--no-sync"], check=True, capture_output=True)
         self.port = procs.free_port()
-        log = open(self.dir / "postgres.log", "wb")  # noqa: SIM115 - handed to the server for its life
+        self._launch(bins)
+        subprocess.run([*self._as, str(bins / "createdb"), "-h", "127.0.0.1", "-p", str(self.port),
+                        "-U", self._user, DB], check=True, capture_output=True)
+
+    def _launch(self, bins: Path) -> None:
+        assert self.dir is not None
+        data = self.dir / "data"
+        log = open(self.dir / "postgres.log", "ab")  # noqa: SIM115 - handed to the server for its life
         if os.geteuid() == 0:
             os.chown(self.dir / "postgres.log", pwd.getpwnam(SYSTEM_USER).pw_uid, -1)
         # -k: the Unix socket in our directory, not /var/run/postgresql (which may not exist or be writable).
@@ -119,8 +126,13 @@ class Postgres:
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         self._wait_ready(bins)
-        subprocess.run([*self._as, str(bins / "createdb"), "-h", "127.0.0.1", "-p", str(self.port),
-                        "-U", self._user, DB], check=True, capture_output=True)
+
+    def restart(self, *, down_s: float = 0.0) -> None:
+        """Stops the server (fast shutdown: every connection is cut) and starts it again on the same data
+        and port after ``down_s`` seconds, as an operator's restart or a crash-and-recover does."""
+        self._shutdown()
+        time.sleep(down_s)
+        self._launch(bindir())
 
     def _wait_ready(self, bins: Path, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
@@ -143,6 +155,12 @@ class Postgres:
 
     def stop(self) -> None:
         """Stops the server by its pid (fast shutdown, then SIGKILL to its group) and removes its directory."""
+        self._shutdown()
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = None
+
+    def _shutdown(self) -> None:
         proc, self._proc = self._proc, None
         if proc is not None and proc.poll() is None:
             # Under runuser our child is runuser, not postgres: signal the postmaster by the pid it wrote
@@ -163,6 +181,3 @@ class Postgres:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        if self.dir is not None:
-            shutil.rmtree(self.dir, ignore_errors=True)
-            self.dir = None

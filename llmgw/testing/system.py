@@ -51,9 +51,17 @@ def sim_model(name: str, *, replicas: int = 1, args: list[str] | None = None, **
 
 class System:
     def __init__(self, root: Path, *, node_grace_s: float = 30.0, server_args: Sequence[str] = (),
-                 agent_env: Mapping[str, str] | None = None, secure: bool = True) -> None:
-        """``server_args`` are added to `llmgw server`'s; ``agent_env`` to each agent's environment."""
+                 agent_env: Mapping[str, str] | None = None, secure: bool = True, database: str = "",
+                 ca_from: Path | None = None) -> None:
+        """``server_args`` are added to `llmgw server`'s; ``agent_env`` to each agent's environment.
+
+        ``database``: the store's URL (PostgreSQL), given to init and to the server (in LLMGW_DATABASE, as a
+        URL with a password must be). ``ca_from``: another control plane of the same cluster, initialised with
+        the first one's CA (its ``pki/`` directory); set ``token`` from the first before starting it.
+        """
         self.root = root
+        self.database = database
+        self.ca_from = ca_from
         self.data_dir = root / "data"
         self.node_grace_s = node_grace_s
         self.server_args = tuple(server_args)
@@ -78,7 +86,8 @@ class System:
         self.server = Proc.start([*LLMGW, "server", "--http-port", str(self.http_port), "--agent-port",
                                   str(self.agent_port), *mode, "--data-dir", str(self.data_dir), "--ports-file",
                                   str(ports), "--node-grace", str(self.node_grace_s), *self.server_args],
-                                 log_path=self.root / "server.log")
+                                 log_path=self.root / "server.log",
+                                 env={**os.environ, "LLMGW_DATABASE": self.database} if self.database else None)
         got = wait_for(lambda: ports.exists() and ports.read_text(), timeout=30, what="server ports file")
         doc = json.loads(str(got))
         self.http_port, self.agent_port = doc["http_port"], doc["agent_port"]
@@ -96,16 +105,15 @@ class System:
 
         if datadir.is_initialised(self.data_dir):
             return
-        done = datadir.init(self.data_dir, hosts=[])
-        self.admin_password = done.admin_password
+        done = datadir.init(self.data_dir, hosts=[], database=self.database, ca_from=self.ca_from)
+        self.admin_password = done.admin_password or self.admin_password
         self.ca_hash = pki.ca_hash(datadir.read_ca(self.data_dir).cert_pem)
 
     def join_token(self, *, node: str = "", uses: int = 1, ttl_s: float = 600.0) -> str:
         """A bootstrap token, as `llmgw token create` makes one (straight into the store, which the server shares)."""
-        from llmgw.control import tokens
-        from llmgw.control.store import store as store_mod
+        from llmgw.control import datadir, tokens
 
-        store = store_mod.Store.open(self.data_dir)
+        store = datadir.open_store(self.data_dir, self.database)
         try:
             token_id, secret = tokens.create_token(store, ttl_s=ttl_s, uses=uses, node_name=node)
         finally:

@@ -32,7 +32,7 @@ from llmgw.testing.procs import Proc, free_port
 LLMGW = [sys.executable, "-m", "llmgw"]
 MODEL = specs.parse_manifest({"apiVersion": "llmgw/v1", "kind": "Model", "metadata": {"name": "m"},
                               "spec": {"engine": "sim", "replicas": 2}})
-HEAD = "0009"
+HEAD = "0010"
 _db_names = itertools.count(1)
 
 
@@ -307,12 +307,14 @@ def test_the_lease_is_taken_renewed_by_its_holder_and_taken_over_with_a_new_term
     first = a.take_lease("cp-a", now=100.0, lease_s=10.0, address="cp-a:8080")
     assert first is not None and (first.holder, first.term, first.expires_at) == ("cp-a", 1, 110.0)
     assert b.take_lease("cp-b", now=105.0, lease_s=10.0) is None  # held, unexpired
-    renewed = a.take_lease("cp-a", now=108.0, lease_s=10.0, address="cp-a:8080")
+    renewed = a.take_lease("cp-a", now=108.0, lease_s=10.0, address="cp-a:8080", term=1)
     assert renewed is not None and (renewed.term, renewed.expires_at) == (1, 118.0)
+    assert b.take_lease("cp-b", now=109.0, lease_s=10.0, term=1) is None  # renewing what it does not hold
     assert b.take_lease("cp-b", now=117.9, lease_s=10.0) is None
     taken = b.take_lease("cp-b", now=118.0, lease_s=10.0, address="cp-b:8080")
     assert taken is not None and (taken.holder, taken.term, taken.address) == ("cp-b", 2, "cp-b:8080")
-    assert a.take_lease("cp-a", now=119.0, lease_s=10.0) is None  # the paused old leader wakes: refused
+    assert a.take_lease("cp-a", now=119.0, lease_s=10.0, term=1) is None  # the paused old leader wakes: refused
+    assert a.take_lease("cp-a", now=119.0, lease_s=10.0) is None  # nor can it take it back while b holds it
     assert not a.release_lease("cp-a", term=1, now=119.0)
     assert b.release_lease("cp-b", term=2, now=120.0)  # a clean stop hands it over at once
     again = a.take_lease("cp-a", now=120.0, lease_s=10.0)
@@ -341,3 +343,66 @@ def test_servers_racing_for_the_lease_leave_exactly_one_holder(opened: Callable[
     assert len(winners) == 1, won
     lease = stores[0].get_lease()
     assert lease is not None and lease.holder == winners[0].holder and lease.term == (2 if expired else 1)  # type: ignore[attr-defined]
+
+
+def test_a_restarted_holder_takes_its_own_lease_back_at_once_with_a_new_term(opened: Callable[[], Store]) -> None:
+    """The same instance id after a restart does not wait out its own lease, and its new term fences the old."""
+    a = opened()
+    first = a.take_lease("cp-a", now=100.0, lease_s=10.0)
+    assert first is not None and first.term == 1
+    again = opened().take_lease("cp-a", now=101.0, lease_s=10.0)
+    assert again is not None and (again.holder, again.term) == ("cp-a", 2)
+    assert a.take_lease("cp-a", now=102.0, lease_s=10.0, term=1) is None
+
+
+def test_writes_are_fenced_by_the_lease_term(opened: Callable[[], Store]) -> None:
+    """A leader writes at its term; once another took the lease its writes raise Fenced and change nothing;
+    a standby writes nothing; an unfenced store (no election) writes as before."""
+    a, b = opened(), opened()
+    lease = a.take_lease("cp-a", now=a.db_now(), lease_s=0.5)
+    assert lease is not None
+    a.fence = ("cp-a", lease.term)
+    a.put_settings({"k": "from-a"})
+    b.fence = store_mod.STANDBY
+    with pytest.raises(store_mod.Fenced, match="standby"):
+        b.put_settings({"k": "from-b"})
+    time.sleep(0.6)
+    taken = b.take_lease("cp-b", now=b.db_now(), lease_s=10.0)
+    assert taken is not None and taken.term == lease.term + 1
+    b.fence = ("cp-b", taken.term)
+    with pytest.raises(store_mod.Fenced, match=f"held by cp-b at term {taken.term}"):
+        a.put_model(MODEL)
+    assert a.get_model("m") is None and a.settings() == {"k": "from-a"}
+    b.put_settings({"k": "from-b"})
+    a.fence = None
+    a.put_settings({"j": "unfenced"})
+    assert b.settings() == {"k": "from-b", "j": "unfenced"}
+
+
+def test_a_takeover_waits_for_the_old_leaders_write_in_flight(pg: Postgres) -> None:
+    """On PostgreSQL the fence holds the lease row (FOR SHARE) for the write's transaction: a takeover made
+    meanwhile waits until that write committed, so no write of the old term lands after the new term began."""
+    url = pg.create_database(f"t{next(_db_names)}")
+    a, b = Store.open_url(url), Store.open_url(url)
+    try:
+        lease = a.take_lease("cp-a", now=a.db_now(), lease_s=0.2)
+        assert lease is not None
+        a.fence = ("cp-a", lease.term)
+        time.sleep(0.3)  # expired: b may take it
+        order: list[str] = []
+        inside = threading.Event()
+        with a._tx() as s:  # the old leader's write, in flight
+            s.add(store_mod.SettingRow(key="late", value="old term"))
+            inside.set()
+            taker = threading.Thread(target=lambda: order.append(
+                f"taken {b.take_lease('cp-b', now=b.db_now(), lease_s=10.0) is not None}"))
+            taker.start()
+            time.sleep(0.5)
+            order.append("write committed")
+        taker.join(10)
+        assert order == ["write committed", "taken True"]
+        with pytest.raises(store_mod.Fenced):
+            a.put_settings({"after": "old term"})
+    finally:
+        a.close()
+        b.close()

@@ -1,16 +1,20 @@
-"""The fleet simulator's pure parts, the agent service's wait histogram and GC freezing, heartbeat expiry."""
+"""The fleet simulator (its pure parts, and following a standby's refusal to the leader against real gRPC servers),
+the agent service's wait histogram and GC freezing, heartbeat expiry."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from prometheus_client.core import HistogramMetricFamily
 
 from llmgw.api.v1 import agent_pb2 as pb
+from llmgw.api.v1 import agent_pb2_grpc
 from llmgw.control.agentsvc import collector, metrics
 from llmgw.control.cluster import Cluster
 from llmgw.control.store.store import Store, StoredNode
@@ -166,3 +170,133 @@ def test_only_the_silent_node_is_expired(tmp_path: Path) -> None:
         assert links["beating"].closed == [] and c.connected("beating")
     finally:
         store.close()
+
+
+# Far longer than any test waits: a node that slept before following a refusal would hang the test here.
+SLEEP_S = 600.0
+GUARD_S = 30.0
+
+
+class _Control(agent_pb2_grpc.AgentServiceServicer):
+    """A control plane: accepts and sends ``commands`` (a leader), or refuses naming ``leader`` (a standby)."""
+
+    def __init__(self, *, ok: bool, leader: str = "") -> None:
+        self.ok, self.leader = ok, leader
+        self.registers: list[str] = []
+        self.registered = asyncio.Event()
+        self.commands: list[pb.ControlMessage] = []
+        #: Set when the node answered a command (a shard status).
+        self.answered = asyncio.Event()
+
+    async def Connect(self, request_iterator, context):  # type: ignore[no-untyped-def]  # noqa: N802
+        first = await anext(request_iterator)
+        self.registers.append(first.register.node_id)
+        self.registered.set()
+        yield pb.ControlMessage(ack=pb.Ack(seq=first.seq, ok=self.ok, leader=self.leader,
+                                           error="" if self.ok else "this control plane is a standby"))
+        if not self.ok:
+            return
+        for msg in self.commands:
+            yield msg
+        async for msg in request_iterator:
+            if msg.WhichOneof("body") == "shard_status":
+                self.answered.set()
+
+
+async def _serve(stack: contextlib.AsyncExitStack, servicer: _Control) -> str:
+    server = grpc.aio.server()
+    agent_pb2_grpc.add_AgentServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    stack.push_async_callback(server.stop, 0)
+    return f"127.0.0.1:{port}"
+
+
+async def _fleet(stack: contextlib.AsyncExitStack, servers: tuple[str, ...], *, retry_s: float) -> fleet.Stats:
+    """One simulated node against ``servers`` until the test ends (``retry_s``: its sleep before the next)."""
+    stats = fleet.Stats()
+    agents = fleet.build_fleet(1, fleet.parse_mix("cpu:1"), heartbeat_s=SLEEP_S, stats=stats)
+    agents[0].retry_s = retry_s
+    stop = asyncio.Event()
+    task = asyncio.create_task(fleet.run(servers, agents, stop=stop, report_s=SLEEP_S))
+
+    async def end() -> None:
+        stop.set()
+        await asyncio.wait_for(task, GUARD_S)
+
+    stack.push_async_callback(end)
+    return stats
+
+
+def test_a_refusal_naming_a_given_leader_is_followed_at_once() -> None:
+    """A standby (the first server) refuses naming the third: the node registers there without its retry sleep,
+    skipping the second, and the commands it then receives are counted."""
+
+    async def main() -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            leader, other = _Control(ok=True), _Control(ok=True)
+            leader.commands.append(pb.ControlMessage(seq=1, start_shard=pb.StartShard(spec=pb.ShardSpec(
+                shard_id="m-0", replica_id="m-0", model="m", engine="sim"))))
+            other_addr, leader_addr = await _serve(stack, other), await _serve(stack, leader)
+            standby = _Control(ok=False, leader=leader_addr)
+            stats = await _fleet(stack, (await _serve(stack, standby), other_addr, leader_addr), retry_s=SLEEP_S)
+            await asyncio.wait_for(leader.registered.wait(), GUARD_S)
+            await asyncio.wait_for(leader.answered.wait(), GUARD_S)
+            assert standby.registers == ["sim-00000"] and leader.registers == ["sim-00000"]
+            assert other.registers == [] and stats.redirects == 1 and stats.registered == 1
+            assert stats.starts == 1
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("named", ["", "unknown"])
+def test_a_refusal_without_a_given_leader_moves_to_the_next_server(named: str) -> None:
+    """A refusal naming no leader, or one not among the given servers, sends the node to the next server in the
+    list (after its sleep), not to the named address."""
+
+    async def main() -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            second, third = _Control(ok=True), _Control(ok=True)
+            second_addr, third_addr = await _serve(stack, second), await _serve(stack, third)
+            standby = _Control(ok=False, leader="127.0.0.1:1" if named else "")
+            stats = await _fleet(stack, (await _serve(stack, standby), second_addr, third_addr), retry_s=0.01)
+            await asyncio.wait_for(second.registered.wait(), GUARD_S)
+            assert third.registers == [] and stats.redirects == 0
+
+    asyncio.run(main())
+
+
+def test_two_standbys_naming_each_other_do_not_spin() -> None:
+    """A followed leader that refuses naming the first again is not followed at once a second time: the node
+    sleeps before it dials again, so two stale standbys cannot make it spin."""
+
+    async def main() -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            b = _Control(ok=False)
+            b_addr = await _serve(stack, b)
+            a = _Control(ok=False, leader=b_addr)
+            a_addr = await _serve(stack, a)
+            b.leader = a_addr
+            stats = await _fleet(stack, (a_addr, b_addr), retry_s=SLEEP_S)
+            await asyncio.wait_for(b.registered.wait(), GUARD_S)
+            for _ in range(50):  # many turns of the loop: a node that did not sleep would dial A again
+                await asyncio.sleep(0.01)
+            assert a.registers == ["sim-00000"] and b.registers == ["sim-00000"] and stats.redirects == 1
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(("text", "error"), [
+    ("127.0.0.1", "not HOST:PORT"),
+    ("127.0.0.1:0", "not HOST:PORT"),
+    ("127.0.0.1:8081,:9", "':9' is not HOST:PORT"),
+])
+def test_bad_server_list_says_what_is_wrong(text: str, error: str) -> None:
+    """Each malformed --server list is refused naming the bad address."""
+    with pytest.raises(ValueError, match=error):
+        fleet.parse_servers(text)
+
+
+def test_server_list_keeps_order_and_drops_repeats() -> None:
+    """``A,B,A`` is A then B."""
+    assert fleet.parse_servers("127.0.0.1:2, 127.0.0.1:1,127.0.0.1:2") == ("127.0.0.1:2", "127.0.0.1:1")

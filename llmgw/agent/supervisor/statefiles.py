@@ -22,11 +22,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
 
+from llmgw.agent import privfile
 from llmgw.core import shards
 from llmgw.core.errors import ShardIdError
 from llmgw.core.shards import ShardSpec
@@ -85,20 +85,8 @@ def _to_json(saved: Saved) -> dict[str, Any]:
 def write(run_dir: Path, saved: Saved) -> Path:
     """Write ``saved`` atomically with mode 0600; OSError when the disk refuses."""
     path = path_of(run_dir, saved.shard_id)
-    tmp = path.with_name(f"{_TMP_PREFIX}{path.name}.{os.getpid()}.tmp")
-    data = json.dumps(_to_json(saved), indent=1).encode()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    tmp.unlink(missing_ok=True)  # left by a write that was interrupted in this same process
-    # O_EXCL with the mode given at creation: a file created and then chmod'ed
-    # would be readable by everyone for the moment in between.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    # The temporary name starts with _TMP_PREFIX ("."), which ``scan`` skips and cleans.
+    privfile.write_atomic(path, json.dumps(_to_json(saved), indent=1).encode())
     return path
 
 

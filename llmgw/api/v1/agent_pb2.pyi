@@ -100,8 +100,9 @@ class AgentMessage(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., shard_status: _Optional[_Union[ShardStatus, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., logs_reply: _Optional[_Union[LogsReply, _Mapping]] = ..., renew_cert: _Optional[_Union[RenewCert, _Mapping]] = ..., fabric_result: _Optional[_Union[FabricTestResult, _Mapping]] = ...) -> None: ...
 
 class ControlMessage(_message.Message):
-    __slots__ = ("seq", "start_shard", "stop_shard", "ack", "drain", "logs_request", "logs_cancel", "remove_weights", "cert_issued", "provision", "fabric_test")
+    __slots__ = ("seq", "term", "start_shard", "stop_shard", "ack", "drain", "logs_request", "logs_cancel", "remove_weights", "cert_issued", "provision", "fabric_test", "controlplanes")
     SEQ_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
     START_SHARD_FIELD_NUMBER: _ClassVar[int]
     STOP_SHARD_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
@@ -112,7 +113,9 @@ class ControlMessage(_message.Message):
     CERT_ISSUED_FIELD_NUMBER: _ClassVar[int]
     PROVISION_FIELD_NUMBER: _ClassVar[int]
     FABRIC_TEST_FIELD_NUMBER: _ClassVar[int]
+    CONTROLPLANES_FIELD_NUMBER: _ClassVar[int]
     seq: int
+    term: int
     start_shard: StartShard
     stop_shard: StopShard
     ack: Ack
@@ -123,7 +126,14 @@ class ControlMessage(_message.Message):
     cert_issued: CertIssued
     provision: Provision
     fabric_test: FabricTestRequest
-    def __init__(self, seq: _Optional[int] = ..., start_shard: _Optional[_Union[StartShard, _Mapping]] = ..., stop_shard: _Optional[_Union[StopShard, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., logs_request: _Optional[_Union[LogsRequest, _Mapping]] = ..., logs_cancel: _Optional[_Union[LogsCancel, _Mapping]] = ..., remove_weights: _Optional[_Union[RemoveWeights, _Mapping]] = ..., cert_issued: _Optional[_Union[CertIssued, _Mapping]] = ..., provision: _Optional[_Union[Provision, _Mapping]] = ..., fabric_test: _Optional[_Union[FabricTestRequest, _Mapping]] = ...) -> None: ...
+    controlplanes: ControlPlanes
+    def __init__(self, seq: _Optional[int] = ..., term: _Optional[int] = ..., start_shard: _Optional[_Union[StartShard, _Mapping]] = ..., stop_shard: _Optional[_Union[StopShard, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., logs_request: _Optional[_Union[LogsRequest, _Mapping]] = ..., logs_cancel: _Optional[_Union[LogsCancel, _Mapping]] = ..., remove_weights: _Optional[_Union[RemoveWeights, _Mapping]] = ..., cert_issued: _Optional[_Union[CertIssued, _Mapping]] = ..., provision: _Optional[_Union[Provision, _Mapping]] = ..., fabric_test: _Optional[_Union[FabricTestRequest, _Mapping]] = ..., controlplanes: _Optional[_Union[ControlPlanes, _Mapping]] = ...) -> None: ...
+
+class ControlPlanes(_message.Message):
+    __slots__ = ("addrs",)
+    ADDRS_FIELD_NUMBER: _ClassVar[int]
+    addrs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, addrs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Register(_message.Message):
     __slots__ = ("node_id", "hostname", "agent_version", "inventory", "shards", "mgmt_addr", "labels", "engines", "mgmt_interface", "host", "hcas", "fabrics", "model_dirs", "weights", "nvlink", "installs", "subnet_managers")
@@ -617,14 +627,20 @@ class ShardStatus(_message.Message):
     def __init__(self, shard_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., state: _Optional[_Union[ShardState, str]] = ..., message: _Optional[str] = ..., exited: bool = ..., exit_code: _Optional[int] = ..., last_output: _Optional[_Iterable[str]] = ..., endpoint: _Optional[str] = ..., pid: _Optional[int] = ..., spec: _Optional[_Union[ShardSpec, _Mapping]] = ..., adopted: bool = ..., probe_failures: _Optional[int] = ..., fetch: _Optional[_Union[FetchProgress, _Mapping]] = ...) -> None: ...
 
 class Ack(_message.Message):
-    __slots__ = ("seq", "ok", "error")
+    __slots__ = ("seq", "ok", "error", "leader", "term", "controlplanes")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     OK_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    CONTROLPLANES_FIELD_NUMBER: _ClassVar[int]
     seq: int
     ok: bool
     error: str
-    def __init__(self, seq: _Optional[int] = ..., ok: bool = ..., error: _Optional[str] = ...) -> None: ...
+    leader: str
+    term: int
+    controlplanes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, seq: _Optional[int] = ..., ok: bool = ..., error: _Optional[str] = ..., leader: _Optional[str] = ..., term: _Optional[int] = ..., controlplanes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class EngineWant(_message.Message):
     __slots__ = ("engine", "version")

@@ -61,6 +61,8 @@ MESSAGES = prom.Counter("llmgw_agent_messages_total", "Messages received from ag
                         registry=REGISTRY)
 REGISTRATIONS = prom.Counter("llmgw_agent_registrations_total", "Agent streams accepted (a Register acked)",
                              registry=REGISTRY)
+STANDBY_REFUSALS = prom.Counter("llmgw_agent_standby_refusals_total", "Registers a standby refused, naming the "
+                                 "leader", registry=REGISTRY)
 GC_SECONDS = prom.Histogram(
     "llmgw_gc_pause_seconds", "Garbage collections by generation: every thread stops for each",
     ["generation"], buckets=BUCKETS, registry=REGISTRY)

@@ -51,6 +51,9 @@ REGISTER_TIMEOUT_S = 10.0
 SERVER_OPTIONS = [
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
+    # Without it grpc >= 1.5x waits 60 s for a ping's answer whatever keepalive_timeout says (measured:
+    # a frozen peer was found dead after 70 s, not 15).
+    ("grpc.http2.ping_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
     ("grpc.http2.max_pings_without_data", 0),
@@ -66,9 +69,11 @@ class LogBatch(NamedTuple):
 class _Link:
     """The cluster's handle on one stream."""
 
-    def __init__(self, node_id: str, *, peer: str = "") -> None:
+    def __init__(self, node_id: str, *, peer: str = "", term: int = 0) -> None:
         self.node_id = node_id
         self.peer = peer
+        #: The leader's term this stream was accepted at: every command carries it (agents refuse older ones).
+        self.term = term
         self.error = ""  # why the server ends the stream, for the peer; empty for a plain end
         self.queue: asyncio.Queue[pb.ControlMessage | None] = asyncio.Queue()
         self._seq = itertools.count(1)
@@ -79,7 +84,7 @@ class _Link:
         self._fabric: dict[str, asyncio.Future[ft.FabricTestResult]] = {}
 
     def _put(self, **body: object) -> None:
-        self.queue.put_nowait(pb.ControlMessage(seq=next(self._seq), **body))
+        self.queue.put_nowait(pb.ControlMessage(seq=next(self._seq), term=self.term, **body))
 
     def start_shard(self, spec: ShardSpec) -> None:
         self._put(start_shard=pb.StartShard(spec=convert.spec_to_pb(spec)))
@@ -150,11 +155,14 @@ class _Link:
                                                    "during the test; its agent was reconnecting or stopped"))
         self._fabric.clear()
 
+    def controlplanes(self, addrs: tuple[str, ...]) -> None:
+        self._put(controlplanes=pb.ControlPlanes(addrs=addrs))
+
     def cert_issued(self, *, cert_pem: bytes = b"", error: str = "") -> None:
         self._put(cert_issued=pb.CertIssued(cert_pem=cert_pem, error=error))
 
-    def ack(self, seq: int, *, ok: bool, error: str = "") -> None:
-        self._put(ack=pb.Ack(seq=seq, ok=ok, error=error))
+    def ack(self, seq: int, *, ok: bool, error: str = "", controlplanes: tuple[str, ...] = ()) -> None:
+        self._put(ack=pb.Ack(seq=seq, ok=ok, error=error, term=self.term, controlplanes=controlplanes))
 
     def close(self, reason: str) -> None:
         log.info("closing stream of node %s: %s", self.node_id, reason)
@@ -191,20 +199,31 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             reason = "the first message is not an AgentMessage (bytes protobuf cannot decode); is it an llmgw agent?"
             log.warning("refused agent at %s: %s", peer, reason)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, reason)
+        standby = self._standby_refusal(first)
+        if standby is not None:
+            # Before the identity is checked: a standby tells any agent where the leader is (the address
+            # is no secret: every agent of the cluster is given every control plane's).
+            # DEBUG: in a failover every agent of the fleet asks again each second until the lease moves.
+            log.debug("sent agent at %s to the leader: %s", peer, standby.error)
+            metrics.STANDBY_REFUSALS.inc()
+            yield pb.ControlMessage(seq=0, ack=standby)
+            return
         refusal = _check_register(first) or await self._check_identity(first.register.node_id, context) \
             or self._check_not_connected(first.register.node_id, peer)
+        if not refusal and not self.cluster.leading:  # deposed while the identity was checked
+            refusal = "this control plane stopped leading while the agent registered; dial again"
         if refusal:
             log.warning("refused agent at %s: %s", peer, refusal)
             yield pb.ControlMessage(seq=0, ack=pb.Ack(seq=first.seq, ok=False, error=refusal))
             return
         reg = first.register
-        link = _Link(reg.node_id, peer=peer)
+        link = _Link(reg.node_id, peer=peer, term=self.cluster.term)
         now = self.cluster.clock()
         node = StoredNode(
             id=reg.node_id, hostname=reg.hostname or reg.node_id, mgmt_addr=reg.mgmt_addr,
             agent_version=reg.agent_version, inventory=convert.inventory_from_register(reg),
             labels=dict(reg.labels), first_seen=now, last_seen=now)
-        link.ack(first.seq, ok=True)
+        link.ack(first.seq, ok=True, controlplanes=self.cluster.hint()[1])
         metrics.REGISTRATIONS.inc()
         collector.note_registration()
         self.cluster.node_registered(node, [convert.status_from_pb(s) for s in reg.shards], link)
@@ -244,6 +263,18 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         finally:
             link.queue.put_nowait(None)
 
+    def _standby_refusal(self, first: pb.AgentMessage) -> pb.Ack | None:
+        """The answer of a standby to a Register: where the leader is, or that none is known yet."""
+        if self.cluster.leading:
+            return None
+        leader, peers = self.cluster.hint()
+        if leader:
+            error = f"this control plane is a standby; the leader is at {leader}: dial it"
+        else:
+            error = ("this control plane is a standby and no leader holds the lease now (a failover is under way); "
+                     "try again in a few seconds")
+        return pb.Ack(seq=first.seq, ok=False, error=error, leader=leader, controlplanes=peers)
+
     async def _check_identity(self, node_id: str, context: grpc.aio.ServicerContext) -> str:
         """Why the peer may not be ``node_id`` (no certificate, another node's, revoked); empty when it may."""
         if self.issuer is None:
@@ -273,6 +304,13 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                       "`llmgw agent --insecure --server HOST:PORT`")
             log.warning("refused a join from %s: %s", peer, reason)
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, reason)
+        if not self.cluster.leading:
+            leader = self.cluster.hint()[0]
+            reason = ("this control plane is a standby and issues no certificates: run the join command against "
+                      f"the leader{f' (its agents dial {leader}; same host, its join port)' if leader else ''}; "
+                      "`llmgw get controlplanes` lists them")
+            log.warning("refused a join from %s: %s", peer, reason)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, reason)
         try:
             node_id, cert_pem = await self.issuer.join(token=request.token, csr_pem=request.csr_pem,
                                                        asked_id=request.node_id, peer=peer)

@@ -84,6 +84,8 @@ def required(method: str, path: str) -> Need | None:
             return Need(router=True)
         if _under(path, "/api/v1/audit"):
             return Need(OPERATOR)
+        if path == "/api/v1/controlplanes":  # who leads and where (`llmgw get controlplanes`): every user role
+            return Need(VIEWER)
         return Need(VIEWER)
     if method == "POST" and path == "/api/v1/router/events":
         return Need(router=True)

@@ -27,6 +27,7 @@ from llmgw.control.http import audit as audit_http
 from llmgw.control.http import describe as describe_http
 from llmgw.control.http import engines as engines_http
 from llmgw.control.http import fabric as fabric_http
+from llmgw.control.http import forward as forward_http
 from llmgw.control.http import keys as keys_http
 from llmgw.control.http import nodecerts as nodecerts_http
 from llmgw.control.http import users as users_http
@@ -118,14 +119,15 @@ class _StatementsOnLoop(Collector):
 
 
 def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extra_registries: tuple[Any, ...] = (),
-               router_events: RouterEvents | None = None) -> FastAPI:
+               router_events: RouterEvents | None = None, leadership: forward_http.View | None = None) -> FastAPI:
     """The REST app; ``extra_registries`` (the in-process router's) are served on the same /metrics.
 
     Every store call is awaited on the store's thread (``store.offloop``), never made on the
     event loop; a plain ``Store`` is given one. ``router_events`` holds what routers report
     (the in-process router's callback writes to the same one); a fresh one when not given.
     ``auth`` decides who may call what (``Auth.insecure()``: everyone, everything); it is a required
-    keyword so that no caller gets an open API by leaving it out.
+    keyword so that no caller gets an open API by leaving it out. ``leadership`` (``leader.Leadership``)
+    is what ``/api/v1/controlplanes`` lists; None (a single server): an empty list.
     """
     reports = router_events if router_events is not None else RouterEvents()
     app = FastAPI(title="llmgw control plane", version="v1", docs_url="/api/docs", openapi_url="/api/openapi.json")
@@ -314,6 +316,13 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extr
     async def endpoints(after: int | None = None,
                         timeout: float = Query(default=25.0, ge=0, le=LONG_POLL_MAX_S)) -> dict[str, Any]:
         return await cluster.wait_table(after=after, timeout=timeout)
+
+    @app.get("/api/v1/controlplanes")
+    async def controlplanes() -> dict[str, Any]:
+        """Every control plane as last read from the database: role, term, lease age, addresses, version."""
+        if leadership is None:
+            return {"controlplanes": [], "self": ""}
+        return {"controlplanes": [dataclasses.asdict(i) for i in leadership.describe()], "self": leadership.me.id}
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -8,18 +8,19 @@ give ``llmgw.core``/``llmgw.control.state`` objects, never rows.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import pathlib
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import sqlalchemy as sa
 from alembic import command as alembic_command
 from alembic.config import Config as AlembicConfig
 from sqlalchemy import event
-from sqlalchemy.orm import defer, sessionmaker
+from sqlalchemy.orm import Session, defer, sessionmaker
 
 from llmgw.control.conditions import Condition
 from llmgw.control.events import Event
@@ -29,6 +30,7 @@ from llmgw.control.store.tables import (
     ApiKeyRow,
     ApiTokenRow,
     AuditRow,
+    ControlPlaneRow,
     EngineWantRow,
     EventRow,
     LeaseRow,
@@ -62,6 +64,21 @@ class StoreUrlRefused(LlmgwError, ValueError):
 
 class StoreUnreachable(LlmgwError, RuntimeError):
     """The database did not answer at open; the message names it (password hidden) and what to check."""
+
+
+class Fenced(LlmgwError, RuntimeError):
+    """A write refused because this control plane does not hold the lease at its term (see ``Store.fence``)."""
+
+
+#: ``Store.fence`` of a standby: it holds no term, so it writes nothing of the cluster's state.
+STANDBY = ("", 0)
+
+
+def unreachable(e: BaseException) -> str:
+    """The first line of why, when ``e`` says the database did not answer (down, restarting, cut off); "" else."""
+    if isinstance(e, (sa.exc.OperationalError, sa.exc.InterfaceError)):
+        return (str(e.orig or e).strip().splitlines() or [type(e).__name__])[0]
+    return ""
 
 
 def sqlite_url(data_dir: pathlib.Path) -> str:
@@ -175,6 +192,18 @@ class Lease:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class StoredControlPlane:
+    """A control plane instance as it last wrote itself; its role comes from the lease."""
+
+    id: str
+    http_url: str
+    agent_addr: str
+    version: str
+    started_at: float
+    last_seen: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class AuditEntry:
     """One row of the audit log; ``detail`` says why it was refused or failed, never a secret or a body."""
 
@@ -252,6 +281,43 @@ class Store:
         if sqlite:
             event.listen(self.engine, "connect", _sqlite_pragmas)
         self._session = sessionmaker(self.engine, expire_on_commit=False)
+        #: (holder, term) every write must find in the lease row, in its own transaction; ``STANDBY``: no
+        #: write at all; None: unchecked (one server without election: the CLI, ``llmgw init``, unit tests).
+        self.fence: tuple[str, int] | None = None
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[Session]:
+        """A write transaction, fenced: the lease row is read (FOR SHARE on PostgreSQL) before anything is
+        written, and a term other than ``fence``'s rolls the whole transaction back with Fenced.
+
+        The row lock is what makes it a fence and not a check: a standby's takeover (an UPDATE of that row)
+        waits for the writes that read it to commit, and every write after the takeover sees the new term.
+        So a leader that was paused past its lease (SIGSTOP, a VM migration, a long GC) and wakes up can
+        finish no write, whatever its own clock says.
+        """
+        fence = self.fence
+        with self._session.begin() as s:
+            if fence is not None:
+                self._check_fence(s, fence)
+            yield s
+
+    def _check_fence(self, s: Session, fence: tuple[str, int]) -> None:
+        holder, term = fence
+        if term == 0:
+            raise Fenced("this control plane is a standby and writes nothing; the leader does")
+        row = s.execute(sa.select(LeaseRow.holder, LeaseRow.term).where(LeaseRow.name == "leader")
+                        .with_for_update(read=True)).first()
+        if row is None or (row.holder, row.term) != (holder, term):
+            now_held = f"held by {row.holder} at term {row.term}" if row is not None else "held by nobody"
+            raise Fenced(f"this control plane led at term {term} and the lease is now {now_held}: it was deposed "
+                         "(paused or cut off past its lease) and writes nothing more")
+
+    def db_now(self) -> float:
+        """The database server's clock, in seconds since the epoch: the one clock every lease time is on."""
+        with self.engine.connect() as conn:
+            if conn.dialect.name == "postgresql":
+                return float(conn.execute(sa.text("SELECT extract(epoch FROM clock_timestamp())")).scalar_one())
+            return float(conn.execute(sa.text("SELECT (julianday('now') - 2440587.5) * 86400.0")).scalar_one())
 
     @classmethod
     def open(cls, data_dir: pathlib.Path) -> Store:
@@ -302,7 +368,7 @@ class Store:
     def put_model(self, model: specs.Model, *, now: float | None = None) -> tuple[StoredModel, bool]:
         """Creates or replaces a model; returns it and whether it was new."""
         now = time.time() if now is None else now
-        with self._session.begin() as s:
+        with self._tx() as s:
             row = s.get(ModelRow, model.name)
             created = row is None
             if row is None:
@@ -328,7 +394,7 @@ class Store:
             return [self._stored_model(r) for r in s.scalars(q)]
 
     def delete_model(self, name: str) -> bool:
-        with self._session.begin() as s:
+        with self._tx() as s:
             row = s.get(ModelRow, name)
             if row is None:
                 return False
@@ -348,7 +414,7 @@ class Store:
                        now: float | None = None) -> None:
         """Writes replica targets in one transaction."""
         now = time.time() if now is None else now
-        with self._session.begin() as s:
+        with self._tx() as s:
             for r in upserts:
                 row = s.get(ReplicaRow, r.id)
                 if row is None:
@@ -362,7 +428,7 @@ class Store:
 
     # -- nodes -------------------------------------------------------------------
     def upsert_node(self, node: StoredNode) -> None:
-        with self._session.begin() as s:
+        with self._tx() as s:
             row = s.get(NodeRow, node.id)
             if row is None:
                 row = NodeRow(id=node.id, first_seen=node.first_seen)
@@ -373,7 +439,7 @@ class Store:
             row.last_seen = node.last_seen
 
     def touch_nodes(self, last_seen: dict[str, float]) -> None:
-        with self._session.begin() as s:
+        with self._tx() as s:
             for node_id, ts in last_seen.items():
                 row = s.get(NodeRow, node_id)
                 if row is not None:
@@ -387,7 +453,7 @@ class Store:
 
     def set_node_scheduling(self, node_id: str, *, cordoned: bool, draining: bool) -> bool:
         """Marks a node cordoned and/or draining; False when no such node registered."""
-        with self._session.begin() as s:
+        with self._tx() as s:
             row = s.get(NodeRow, node_id)
             if row is None:
                 return False
@@ -405,7 +471,7 @@ class Store:
     def set_conditions(self, *, replicas: dict[str, tuple[Condition, ...]] | None = None,
                        models: dict[str, tuple[Condition, ...]] | None = None) -> None:
         """Writes conditions of existing replicas and models (a row deleted meanwhile is skipped)."""
-        with self._session.begin() as s:
+        with self._tx() as s:
             for rid, conds in (replicas or {}).items():
                 row = s.get(ReplicaRow, rid)
                 if row is not None:
@@ -422,7 +488,7 @@ class Store:
                          model=e.model[:63], node=e.node[:253], message=_text(e.message)) for e in events]
         if not rows:
             return []
-        with self._session.begin() as s:
+        with self._tx() as s:
             s.add_all(rows)
             s.flush()
             newest = rows[-1].id
@@ -453,7 +519,7 @@ class Store:
 
     # -- API keys ----------------------------------------------------------------
     def add_key(self, key: StoredKey) -> StoredKey:
-        with self._session.begin() as s:
+        with self._tx() as s:
             s.add(ApiKeyRow(id=key.id, name=key.name, sha256=key.sha256, models=list(key.models), rpm=key.rpm,
                             tpm=key.tpm, priority=key.priority, created_at=key.created_at, disabled=key.disabled))
         return key
@@ -464,7 +530,7 @@ class Store:
             return [_key_from_row(r) for r in rows]
 
     def delete_key(self, key_id: str) -> bool:
-        with self._session.begin() as s:
+        with self._tx() as s:
             row = s.get(ApiKeyRow, key_id)
             if row is None:
                 return False
@@ -473,7 +539,7 @@ class Store:
 
     # -- bootstrap tokens and users (llmgw init, llmgw token create) --------------------
     def add_token(self, token: StoredToken) -> None:
-        with self._session.begin() as s:
+        with self._tx() as s:
             s.add(TokenRow(id=token.id, sha256=token.sha256, node_name=token.node_name,
                            expires_at=token.expires_at, uses_left=token.uses_left, created_at=token.created_at))
 
@@ -488,7 +554,7 @@ class Store:
 
         One conditional UPDATE, so two joins racing for a token's last use cannot both get it.
         """
-        with self._session.begin() as s:
+        with self._tx() as s:
             done = s.execute(sa.update(TokenRow).where(TokenRow.id == token_id, TokenRow.uses_left > 0,
                                                        TokenRow.expires_at > now)
                              .values(uses_left=TokenRow.uses_left - 1))
@@ -496,7 +562,7 @@ class Store:
 
     def put_user(self, user: StoredUser) -> None:
         """Creates or replaces a user (its role and password hash)."""
-        with self._session.begin() as s:
+        with self._tx() as s:
             row = s.get(UserRow, user.name)
             if row is None:
                 s.add(UserRow(name=user.name, role=user.role, password_hash=user.password_hash,
@@ -516,7 +582,7 @@ class Store:
 
     def delete_user(self, name: str) -> bool:
         """Deletes a user and every token and session of theirs, in one transaction."""
-        with self._session.begin() as s:
+        with self._tx() as s:
             row = s.get(UserRow, name)
             if row is None:
                 return False
@@ -527,7 +593,7 @@ class Store:
 
     # -- REST credentials (control.auth) -------------------------------------------------
     def add_api_token(self, token: StoredApiToken) -> None:
-        with self._session.begin() as s:
+        with self._tx() as s:
             s.add(ApiTokenRow(id=token.id, sha256=token.sha256, kind=token.kind, subject=token.subject,
                               label=token.label, created_at=token.created_at, expires_at=token.expires_at,
                               last_used_at=token.last_used_at))
@@ -547,22 +613,23 @@ class Store:
             return [_api_token(r) for r in s.scalars(q)]
 
     def delete_api_token(self, token_id: str) -> bool:
-        with self._session.begin() as s:
+        with self._tx() as s:
             return bool(s.execute(sa.delete(ApiTokenRow).where(ApiTokenRow.id == token_id)).rowcount)
 
     def delete_api_tokens(self, *, subject: str, kinds: Iterable[str]) -> int:
         """Deletes a subject's tokens of these kinds (a user's sessions at logout, a router's at removal)."""
-        with self._session.begin() as s:
+        with self._tx() as s:
             return int(s.execute(sa.delete(ApiTokenRow).where(ApiTokenRow.subject == subject,
                                                               ApiTokenRow.kind.in_(tuple(kinds)))).rowcount)
 
     def touch_api_token(self, token_id: str, *, at: float) -> None:
+        # Unfenced: a usage stamp that a standby authenticating a router's poll may make too.
         with self._session.begin() as s:
             s.execute(sa.update(ApiTokenRow).where(ApiTokenRow.id == token_id).values(last_used_at=at))
 
     # -- node certificates (agentsvc's join, renewal and revocation) ----------------------
     def add_node_cert(self, cert: StoredNodeCert) -> None:
-        with self._session.begin() as s:
+        with self._tx() as s:
             s.add(NodeCertRow(serial=cert.serial, node_id=cert.node_id, issued_at=cert.issued_at,
                               not_after=cert.not_after, revoked_at=cert.revoked_at))
 
@@ -581,7 +648,7 @@ class Store:
 
     def revoke_node_certs(self, node_id: str, *, at: float) -> int:
         """Revokes every unrevoked certificate of a node; returns how many."""
-        with self._session.begin() as s:
+        with self._tx() as s:
             return int(s.execute(sa.update(NodeCertRow).where(NodeCertRow.node_id == node_id,
                                                               NodeCertRow.revoked_at == 0)
                                  .values(revoked_at=at)).rowcount)
@@ -595,7 +662,7 @@ class Store:
 
     def add_engine_want(self, want: ScopedWant) -> bool:
         """Stores a want; False when it was already there (nothing changes then)."""
-        with self._session.begin() as s:
+        with self._tx() as s:
             if s.get(EngineWantRow, (want.scope, want.engine, want.version)) is not None:
                 return False
             s.add(EngineWantRow(scope=want.scope, engine=want.engine, version=want.version,
@@ -603,7 +670,7 @@ class Store:
             return True
 
     def delete_engine_want(self, scope: str, engine: str, version: str) -> bool:
-        with self._session.begin() as s:
+        with self._tx() as s:
             return bool(s.execute(sa.delete(EngineWantRow).where(
                 EngineWantRow.scope == scope, EngineWantRow.engine == engine,
                 EngineWantRow.version == version)).rowcount)
@@ -613,50 +680,54 @@ class Store:
             return {r.key: r.value for r in s.scalars(sa.select(SettingRow))}
 
     def put_settings(self, values: dict[str, str]) -> None:
-        with self._session.begin() as s:
+        with self._tx() as s:
             for key, value in values.items():
                 s.merge(SettingRow(key=key, value=value))
 
     # -- the leader lease (issue 15) -----------------------------------------------------
     # Every change is one conditional statement, so two servers racing cannot both win on SQLite or on
-    # PostgreSQL, without SELECT ... FOR UPDATE (which SQLite lacks): the WHERE clause is the check.
+    # PostgreSQL, without SELECT ... FOR UPDATE (which SQLite lacks): the WHERE clause is the check. None
+    # of these is fenced: they are how the fence moves.
     def get_lease(self, name: str = "leader") -> Lease | None:
         with self._session() as s:
             r = s.get(LeaseRow, name)
             return None if r is None else Lease(r.holder, r.term, r.expires_at, r.renewed_at, r.address)
 
-    def take_lease(self, holder: str, *, now: float, lease_s: float, address: str = "",
+    def take_lease(self, holder: str, *, now: float, lease_s: float, address: str = "", term: int = 0,
                    name: str = "leader") -> Lease | None:
-        """Takes the lease when nobody holds it or it expired (term + 1), or renews it for its holder (same
-        term); None when another holds it unexpired. The caller's ``now`` is its own clock: holders must
-        agree to within a small part of ``lease_s`` (what the lease's timing assumes).
+        """Renews the lease (``term`` given: only if ``holder`` still holds it at that term) or takes it
+        (``term`` 0: when nobody holds it, it expired, or ``holder`` itself held it before a restart; the term
+        goes up by one, so every taking is a new fencing token). None when refused.
+
+        ``now`` is the database's clock (``db_now``) for every server, so expiry never compares two
+        machines' clocks.
         """
-        with self._session.begin() as s:
-            renewed = s.execute(sa.update(LeaseRow).where(LeaseRow.name == name, LeaseRow.holder == holder,
-                                                          LeaseRow.expires_at > now)
-                                .values(expires_at=now + lease_s, renewed_at=now, address=address)).rowcount
-        if not renewed:
-            current = self.get_lease(name)
-            if current is None:
-                try:
-                    with self._session.begin() as s:
-                        s.add(LeaseRow(name=name, holder=holder, term=1, expires_at=now + lease_s, renewed_at=now,
-                                       address=address))
-                except sa.exc.IntegrityError:  # another server made the row first: it holds the lease
-                    return None
-            elif current.expires_at > now:
-                return None
-            else:
+        if term:
+            with self._session.begin() as s:
+                renewed = s.execute(sa.update(LeaseRow).where(LeaseRow.name == name, LeaseRow.holder == holder,
+                                                              LeaseRow.term == term)
+                                    .values(expires_at=now + lease_s, renewed_at=now, address=address)).rowcount
+            return self.get_lease(name) if renewed else None
+        current = self.get_lease(name)
+        if current is None:
+            try:
                 with self._session.begin() as s:
-                    # The term seen is part of the condition: of two servers taking one expired lease, the
-                    # second finds the term moved on and takes nothing.
-                    took = s.execute(sa.update(LeaseRow).where(LeaseRow.name == name,
-                                                               LeaseRow.term == current.term,
-                                                               LeaseRow.expires_at <= now)
-                                     .values(holder=holder, term=current.term + 1, expires_at=now + lease_s,
-                                             renewed_at=now, address=address)).rowcount
-                if not took:
-                    return None
+                    s.add(LeaseRow(name=name, holder=holder, term=1, expires_at=now + lease_s, renewed_at=now,
+                                   address=address))
+            except sa.exc.IntegrityError:  # another server made the row first: it holds the lease
+                return None
+        elif current.expires_at > now and current.holder != holder:
+            return None
+        else:
+            with self._session.begin() as s:
+                # The term seen is part of the condition: of two servers taking one expired lease, the
+                # second finds the term moved on and takes nothing.
+                took = s.execute(sa.update(LeaseRow).where(LeaseRow.name == name, LeaseRow.term == current.term,
+                                                           LeaseRow.holder == current.holder)
+                                 .values(holder=holder, term=current.term + 1, expires_at=now + lease_s,
+                                         renewed_at=now, address=address)).rowcount
+            if not took:
+                return None
         lease = self.get_lease(name)
         return lease if lease is not None and lease.holder == holder else None
 
@@ -667,6 +738,28 @@ class Store:
                                                             LeaseRow.term == term)
                                   .values(expires_at=now)).rowcount)
 
+    # -- control plane instances (llmgw get controlplanes) ---------------------------------
+    def beat_controlplane(self, cp: StoredControlPlane) -> None:
+        """Creates or refreshes an instance's row (unfenced: a standby says it is alive too)."""
+        with self._session.begin() as s:
+            row = s.get(ControlPlaneRow, cp.id)
+            if row is None:
+                row = ControlPlaneRow(id=cp.id, started_at=cp.started_at)
+                s.add(row)
+            row.http_url, row.agent_addr = cp.http_url[:320], cp.agent_addr[:320]
+            row.version, row.started_at, row.last_seen = cp.version[:64], cp.started_at, cp.last_seen
+
+    def list_controlplanes(self) -> list[StoredControlPlane]:
+        with self._session() as s:
+            return [StoredControlPlane(r.id, r.http_url, r.agent_addr, r.version, r.started_at, r.last_seen)
+                    for r in s.scalars(sa.select(ControlPlaneRow).order_by(ControlPlaneRow.id))]
+
+    def forget_controlplanes(self, *, unseen_since: float) -> int:
+        """Drops instances silent since before ``unseen_since`` (stopped for good); returns how many."""
+        with self._session.begin() as s:
+            return int(s.execute(sa.delete(ControlPlaneRow).where(ControlPlaneRow.last_seen < unseen_since))
+                       .rowcount)
+
     # -- the audit log -----------------------------------------------------------------
     def record_audit(self, *, actor: str, action: str, object: str, outcome: str, detail: str = "",
                      at: float | None = None) -> AuditEntry:
@@ -675,7 +768,7 @@ class Store:
             raise ValueError(f"audit outcome {outcome!r}: expected one of {', '.join(AUDIT_OUTCOMES)}")
         row = AuditRow(at=time.time() if at is None else at, actor=actor[:320], action=action[:32],
                        object=object[:320], outcome=outcome, detail=_text(detail[:2000]))
-        with self._session.begin() as s:
+        with self._tx() as s:
             s.add(row)
             s.flush()
             return AuditEntry(row.id, row.at, row.actor, row.action, row.object, row.outcome, row.detail)

@@ -236,3 +236,20 @@ class LeaseRow(Base):
     renewed_at: Mapped[float] = mapped_column(Float)
     #: Where the holder serves (HOST:HTTP_PORT and the agent port): what a standby tells agents and routers.
     address: Mapped[str] = mapped_column(String(320), default="")
+
+
+class ControlPlaneRow(Base):
+    """One control plane instance (``llmgw server``), written by itself every lease renewal period."""
+
+    __tablename__ = "controlplanes"
+
+    #: The instance id: the lease's holder when it leads (kept in its data directory across restarts).
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    #: Where its REST API answers (http://HOST:PORT): where a standby forwards the API to when it leads.
+    http_url: Mapped[str] = mapped_column(String(320), default="")
+    #: Where agents reach it (HOST:PORT): what a standby's refusal sends agents to when it leads.
+    agent_addr: Mapped[str] = mapped_column(String(320), default="")
+    version: Mapped[str] = mapped_column(String(64), default="")
+    #: Database-clock seconds (``Store.db_now``), like the lease's.
+    started_at: Mapped[float] = mapped_column(Float)
+    last_seen: Mapped[float] = mapped_column(Float)
