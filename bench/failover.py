@@ -10,9 +10,9 @@ ended by its pid, even on failure.
 **Real agents** (``--runs`` times with the default lease, ``--lease 6s --lease-renew 1s``, and as many with the fast
 one, ``--lease 2s --lease-renew 0.25s``): control planes A and B (``llmgw.testing.system.System``: mutual TLS, B
 initialised with A's CA), A started first so it leads; two real agents joined through A, running sim engines for a
-sim model of 2 replicas; chat requests one after another through B's in-process router (the openai client,
-``max_retries=0``, streamed and not, alternately). Then ``kill -9`` of A, and from that moment, polling B every
-``--poll`` seconds (0.05):
+sim model of 2 replicas; completions back to back through B's in-process router from two clients, one
+streaming (``llmgw.testing.load.Load``: a stream counts only when it ends with ``[DONE]``). Then ``kill -9``
+of A, and from that moment, polling B every ``--poll`` seconds (0.05):
 
 * **leader**: B's ``GET /api/v1/controlplanes`` names B as the leader.
 * **agents**: both nodes connected on B's ``GET /api/v1/nodes`` (forwarded to the leader on a standby, so this
@@ -53,7 +53,7 @@ from typing import Any
 
 import httpx
 
-from llmgw.testing.load import ChatLoad
+from llmgw.testing.load import Load
 from llmgw.testing.postgres import Postgres
 from llmgw.testing.procs import Proc, wait_for
 from llmgw.testing.system import LLMGW, System, sim_model
@@ -130,7 +130,7 @@ def agents_run(pg: Postgres, work: Path, *, settings: str, lease: tuple[str, ...
         router_token = str(made.json()["token"])
         engines = a.engine_pids("node1") | a.engine_pids("node2")
         replicas = sorted(r["id"] for r in a.replicas("m"))
-        with httpx.Client(base_url=b.url, timeout=5, trust_env=False) as c, ChatLoad(b.url, "m") as load:
+        with httpx.Client(base_url=b.url, timeout=5, trust_env=False) as c, Load(b.url, "m", clients=2) as load:
             time.sleep(1.0)
             assert a.server is not None
             t_kill = time.monotonic()
@@ -161,8 +161,8 @@ def agents_run(pg: Postgres, work: Path, *, settings: str, lease: tuple[str, ...
         row.update({
             "t_leader_s": _round(t_leader), "t_agents_s": _round(t_agents), "t_ready_s": _round(t_ready),
             "min_ready": min_ready, "polls": polls, "ok": load.ok,
-            "failed": len(load.failed), "load_s": round(t_end - t_kill + 1.0, 1),
-            "failures": [f"{f[0] - t_kill:+.2f}s {f[1]}" for f in load.failed][:10],
+            "failed": len(load.failures), "load_s": round(t_end - t_kill + 1.0, 1),
+            "failures": load.failures[:10],
             "engines_unchanged": a.engine_pids("node1") | a.engine_pids("node2") == engines,
             "replicas_unchanged": sorted(r["id"] for r in b.replicas("m")) == replicas
             and all(r["phase"] == "Ready" for r in b.replicas("m")),

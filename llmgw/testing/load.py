@@ -1,47 +1,95 @@
-"""Steady chat load through a router, for failover tests and benches: requests one after another."""
+"""Steady client load through the router for tests: completions back to back, every failure kept.
+
+Half the clients stream, half do not; a stream counts as served only when it
+ends with ``[DONE]`` and carries no error event, so an engine stopped under a
+stream is a failure here even though its status line was 200. Each failure is
+also kept by whether any byte of an answer had come: a router can re-send a
+request that had none, never one whose stream had begun.
+"""
 
 from __future__ import annotations
 
-import itertools
+import json
 import threading
 import time
-from typing import Any
 
-import openai
+import httpx
+
+from llmgw.testing.procs import wait_for
 
 
-class ChatLoad:
-    """Chat requests one after another through a router (the openai client, no retries), streamed and not in
-    turn; every failure is kept with its time (``time.monotonic``). A context manager: runs while inside."""
+class Load:
+    """Clients sending completions through the router back to back until stopped; every failure kept."""
 
-    def __init__(self, url: str, model: str) -> None:
-        self.client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=20)
-        self.model, self.ok = model, 0
-        self.failed: list[tuple[float, str]] = []
+    def __init__(self, url: str, model: str, *, clients: int = 4, timeout_s: float = 30) -> None:
+        """``timeout_s`` is each client's: a patient client (60 s) waits out a hung engine's re-send."""
+        self.url, self.model = url, model
+        self.ok = 0  # requests served, both kinds
+        self.streamed = 0  # of those, streams
+        self.failures: list[str] = []  # every failure, "stream: ..." or "whole: ..."
+        self.before_bytes: list[str] = []  # failed with no byte of an answer received
+        self.after_bytes: list[str] = []  # a stream cut after bytes had come
+        self.slowest_s = 0.0  # the longest a request that was served took
+        self._timeout_s = timeout_s
+        self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._threads = [threading.Thread(target=self._run, args=(i % 2 == 0,), daemon=True) for i in range(clients)]
 
-    def _run(self) -> None:
-        for i in itertools.count():
-            if self._stop.is_set():
-                return
-            try:
-                msgs: Any = [{"role": "user", "content": f"hi {i}"}]
-                if i % 2:
-                    chunks = list(self.client.chat.completions.create(model=self.model, messages=msgs, max_tokens=8,
-                                                                      stream=True))
-                    assert chunks, "no chunk"
-                else:
-                    out = self.client.chat.completions.create(model=self.model, messages=msgs, max_tokens=8)
-                    assert out.choices[0].message.content, "no content"
-                self.ok += 1
-            except Exception as e:  # noqa: BLE001 (every failure is a finding)
-                self.failed.append((time.monotonic(), f"{type(e).__name__}: {e}"[:300]))
-
-    def __enter__(self) -> ChatLoad:
-        self._thread.start()
+    def __enter__(self) -> Load:
+        for t in self._threads:
+            t.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join(30)
+        for t in self._threads:
+            t.join(timeout=self._timeout_s + 10)
+
+    def _count(self, stream: bool, failure: str | None, *, got_bytes: bool, took_s: float = 0.0) -> None:
+        with self._lock:
+            if failure is None:
+                self.ok += 1
+                self.streamed += stream
+                self.slowest_s = max(self.slowest_s, took_s)
+                return
+            failure = f"{'stream' if stream else 'whole'}: {failure}"
+            self.failures.append(failure)
+            (self.after_bytes if got_bytes else self.before_bytes).append(failure)
+
+    def _run(self, stream: bool) -> None:
+        body = {"model": self.model, "prompt": "x", "max_tokens": 8, "stream": stream}
+        with httpx.Client(timeout=self._timeout_s, trust_env=False) as c:
+            while not self._stop.is_set():
+                got = b""
+                started = time.monotonic()
+                try:
+                    # Read raw for both kinds, so a failure knows whether any byte had come.
+                    with c.stream("POST", f"{self.url}/v1/completions", json=body) as r:
+                        for chunk in r.iter_raw():
+                            got += chunk
+                    text = got.decode("utf-8", "replace")
+                    if r.status_code != 200:
+                        failure: str | None = f"HTTP {r.status_code}: {text[:200]}"
+                    elif stream:
+                        lines = [x for x in text.splitlines() if x]
+                        done = bool(lines) and lines[-1] == "data: [DONE]" and not any('"error"' in x for x in lines)
+                        failure = None if done else f"stream cut: {lines[-2:]}"
+                    else:
+                        failure = None if _has_text(text) else f"no text: {text[:200]}"
+                    # A status that is not 200 is an answer of no use: counted as no byte served.
+                    self._count(stream, failure, got_bytes=r.status_code == 200 and bool(got),
+                                took_s=time.monotonic() - started)
+                except httpx.HTTPError as e:
+                    self._count(stream, repr(e), got_bytes=bool(got))
+
+    def wait_ok(self, n: int, *, timeout: float = 30) -> None:
+        start = self.ok
+        wait_for(lambda: self.ok >= start + n, timeout=timeout, what=f"{n} more requests served")
+
+
+def _has_text(body: str) -> bool:
+    """A completion whose first choice has some text; a body that is not one (cut JSON, an error) has none."""
+    try:
+        return bool(json.loads(body)["choices"][0]["text"])
+    except (ValueError, KeyError, IndexError, TypeError):
+        return False

@@ -21,7 +21,7 @@ import openai
 import pytest
 import sqlalchemy as sa
 
-from llmgw.testing.load import ChatLoad
+from llmgw.testing.load import Load
 from llmgw.testing.postgres import Postgres
 from llmgw.testing.procs import Proc, free_port, wait_for
 from llmgw.testing.system import LLMGW, System, sim_model
@@ -132,7 +132,7 @@ def test_killing_the_leader_under_load_fails_no_request_and_restarts_no_engine(p
     assert len(engines) >= 2
     before = {n: len(commands_received(a, n)) for n in ("node1", "node2")}
     assert sum(before.values()) >= 2  # each replica's StartShard was logged: the count below means something
-    with ChatLoad(b.url, "m") as load:
+    with Load(b.url, "m", clients=2) as load:
         time.sleep(1.0)
         assert a.server is not None
         a.server.signal(signal.SIGKILL)
@@ -143,7 +143,7 @@ def test_killing_the_leader_under_load_fails_no_request_and_restarts_no_engine(p
         wait_for(lambda: connected(b, "node1", "node2"), timeout=30, what="both agents registered with B")
         b.wait_model("m", timeout=30)
         time.sleep(1.0)
-    assert load.failed == [] and load.ok > 10, (load.ok, load.failed[:5])
+    assert load.failures == [] and load.ok > 10, (load.ok, load.failures[:5])
     assert a.engine_pids("node1") | a.engine_pids("node2") == engines
     after = {n: commands_received(a, n)[before[n]:] for n in ("node1", "node2")}
     assert after == {"node1": [], "node2": []}, after
