@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: up test test-engines lint bench clean-venv postgres
+.PHONY: up test test-engines lint bench clean-venv postgres chromium
 
 $(PY):
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "llmgw needs Python 3.11 or newer; set PYTHON=python3.11")'
@@ -36,7 +36,9 @@ lint: $(VENV)/.test-deps
 # tests/engines need .venv-vllm (3.5 GB): `make test-engines` runs them, not this.
 # The store's PostgreSQL tests start a server of their own (llmgw/testing/postgres.py): Debian's
 # `postgresql` comes from apt when its binaries are missing and apt can be used (CI starts clean).
-test: lint postgres
+# The UI's browser tests drive Debian's `chromium` (llmgw/testing/browser.py), never a browser Playwright
+# downloads (nothing outside the package registries is reachable): apt installs it the same way.
+test: lint postgres chromium
 	$(PY) -m llmgw.api.codegen --check
 	$(VENV)/bin/pytest -q -p no:cacheprovider --ignore=tests/engines $(PYTEST_ARGS)
 
@@ -67,6 +69,12 @@ postgres:
 		{ command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && apt-get update -q && \
 		  DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; } || \
 		echo "postgresql not installed: tests/integration/test_store_postgres.py will fail; install Debian's postgresql package"
+
+chromium:
+	@test -x /usr/bin/chromium || \
+		{ command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && apt-get update -q && \
+		  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; } || \
+		echo "chromium not installed: tests/e2e/test_ui_browser.py will fail; install Debian's chromium package"
 
 bench: $(VENV)/.test-deps
 	$(PY) bench/router_overhead.py

@@ -42,6 +42,7 @@ from llmgw.control.router_events import RouterEvents
 from llmgw.control.store import store as store_mod
 from llmgw.control.store.offloop import StoreThread
 from llmgw.control.store.store import Store
+from llmgw.control.ui import app as ui_app
 from llmgw.core.errors import LlmgwError
 from llmgw.mirror import app as mirror_app
 from llmgw.router import auth as router_auth
@@ -102,6 +103,8 @@ class ServerConfig:
 
 #: Where the mounted mirror answers on the server's HTTP port.
 MIRROR_PREFIX = "/mirror"
+#: Where the admin web UI answers (``llmgw.control.ui``).
+UI_PREFIX = "/ui"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -173,10 +176,20 @@ def _advertised(cfg: ServerConfig) -> str:
 
 
 def _dispatch(router: RouterApp, api: Any, *, mirror: Any = None) -> Any:
+    # The admin UI reads everything through ``api`` in-process, with the browser's own credential.
+    ui = ui_app.create_ui(api)
+
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         path = scope["path"] if scope["type"] == "http" else ""
         if path.startswith("/v1/"):
             await router(scope, receive, send)
+        elif path == UI_PREFIX or path.startswith(UI_PREFIX + "/"):
+            await ui({**scope, "root_path": scope.get("root_path", "") + UI_PREFIX}, receive, send)
+        elif path == "/" and any(k == b"accept" and b"text/html" in v for k, v in scope.get("headers", ())):
+            # A browser opening the server's address lands on the UI; API clients keep what they had.
+            await send({"type": "http.response.start", "status": 303, "headers": [(b"location", UI_PREFIX.encode()
+                                                                                   + b"/"), (b"content-length", b"0")]})
+            await send({"type": "http.response.body", "body": b""})
         elif mirror is not None and (path == MIRROR_PREFIX or path.startswith(MIRROR_PREFIX + "/")):
             # As starlette's Mount does: the mirror's routes match the path past root_path.
             await mirror({**scope, "root_path": scope.get("root_path", "") + MIRROR_PREFIX}, receive, send)

@@ -317,6 +317,14 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extr
                         timeout: float = Query(default=25.0, ge=0, le=LONG_POLL_MAX_S)) -> dict[str, Any]:
         return await cluster.wait_table(after=after, timeout=timeout)
 
+    @app.get("/api/v1/whoami")
+    async def whoami(request: Request) -> dict[str, Any]:
+        """The caller as the API sees it: its name, role and kind (the UI's header; what a viewer may do)."""
+        who = request.scope.get(auth_mw.PRINCIPAL)
+        if who is None:  # the auth middleware always sets one; a bare app in a unit test may not
+            return {"name": "", "role": "", "kind": ""}
+        return {"name": who.name, "role": who.role, "kind": who.kind}
+
     @app.get("/api/v1/controlplanes")
     async def controlplanes() -> dict[str, Any]:
         """Every control plane as last read from the database: role, term, lease age, addresses, version."""

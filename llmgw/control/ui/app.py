@@ -1,0 +1,219 @@
+"""The admin web UI: server-rendered pages over the REST API, with htmx for the live parts.
+
+One source of truth: every page gets its data by calling the REST app in-process with the
+browser's own credential (its ``cookie``, and its ``origin`` and ``host`` so the API's cross-site
+check sees what the browser sent). No server-side admin token: a viewer's page shows exactly what a
+viewer's API call shows, and an API refusal is what the page shows, in the API's words.
+
+Mounted by ``llmgw.serve`` at ``/ui``; links are built from the mount's ``root_path``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jinja2
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from llmgw.control.auth import credentials
+
+_HERE = Path(__file__).parent
+#: Node rows a page: a cluster of 1,000 nodes is ten pages, never a truncated table.
+NODES_PER_PAGE = 100
+#: Events the overview shows (the newest first), out of the last hour's.
+EVENTS_SHOWN = 30
+
+_env = jinja2.Environment(loader=jinja2.FileSystemLoader(_HERE / "templates"), autoescape=True)
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _pct(used: float, total: float) -> int:
+    return 0 if total <= 0 else max(0, min(100, round(100 * used / total)))
+
+
+_env.filters["bytes"] = _bytes
+_env.globals["pct"] = _pct
+_env.filters["clock"] = lambda t: time.strftime("%H:%M:%S", time.localtime(t))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ApiAnswer:
+    """One in-process API call's outcome: the JSON on success, or the API's error message in words."""
+
+    status: int
+    doc: dict[str, Any]
+    error: str = ""
+
+
+def _message(resp: httpx.Response) -> str:
+    try:
+        err = resp.json().get("error", {})
+        msg = err.get("message") if isinstance(err, dict) else None
+    except ValueError:
+        msg = None
+    return str(msg) if msg else f"the API answered {resp.status_code} {resp.reason_phrase} without saying why"
+
+
+#: A login form is two short fields; a bigger body is refused before it is parsed.
+MAX_FORM = 16 * 1024
+
+
+async def _form(request: Request) -> dict[str, str]:
+    """An urlencoded form's fields, first value each (parsed here: starlette's parser needs python-multipart)."""
+    body = await request.body()
+    if len(body) > MAX_FORM:
+        return {}
+    return {k: v[0] for k, v in urllib.parse.parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True).items()}
+
+
+class Ui:
+    """The pages; owns the in-process client to the REST app."""
+
+    def __init__(self, api: ASGIApp) -> None:
+        self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=api), base_url="http://ui.internal",
+                                        timeout=30)
+
+    async def call(self, request: Request, method: str, path: str, **kw: Any) -> tuple[ApiAnswer, httpx.Response]:
+        # The browser's own credential and origin, nothing of ours: the API decides as for the browser.
+        headers = {k: v for k in ("cookie", "origin", "host") if (v := request.headers.get(k))}
+        resp = await self.client.request(method, path, headers=headers, **kw)
+        if resp.is_success:
+            return ApiAnswer(resp.status_code, resp.json()), resp
+        return ApiAnswer(resp.status_code, {}, _message(resp)), resp
+
+    async def who(self, request: Request) -> tuple[str, str]:
+        """The caller's name and role as the API says (``/api/v1/whoami``); empty when it does not answer."""
+        answer, _ = await self.call(request, "GET", "/api/v1/whoami")
+        return str(answer.doc.get("name", "")), str(answer.doc.get("role", ""))
+
+    def page(self, request: Request, template: str, status_code: int = 200, *, who: tuple[str, str] = ("", ""),
+             **ctx: Any) -> HTMLResponse:
+        html = _env.get_template(template).render(base=request.scope.get("root_path", ""), user=who[0], role=who[1],
+                                                  **ctx)
+        return HTMLResponse(html, status_code=status_code, headers={"cache-control": "no-store"})
+
+    def to_login(self, request: Request) -> Response:
+        base = request.scope.get("root_path", "")
+        if request.headers.get("hx-request"):
+            # htmx follows a 303 inside the fragment; HX-Redirect makes the whole page go to the login.
+            return Response(status_code=204, headers={"HX-Redirect": f"{base}/login"})
+        return RedirectResponse(f"{base}/login", status_code=303)
+
+    # -- login ----------------------------------------------------------------------------
+    async def login_form(self, request: Request) -> Response:
+        return self.page(request, "login.html", title="Log in", error="", username="")
+
+    async def login(self, request: Request) -> Response:
+        form = await _form(request)
+        username, password = form.get("username", ""), form.get("password", "")
+        answer, resp = await self.call(request, "POST", "/api/v1/login",
+                                       json={"username": username, "password": password, "session": True})
+        if answer.error:
+            return self.page(request, "login.html", status_code=answer.status, title="Log in",
+                             error=answer.error, username=username)
+        out = RedirectResponse(f"{request.scope.get('root_path', '')}/", status_code=303)
+        for value in resp.headers.get_list("set-cookie"):
+            out.headers.append("set-cookie", value)
+        return out
+
+    async def logout(self, request: Request) -> Response:
+        _, resp = await self.call(request, "POST", "/api/v1/logout")
+        out = RedirectResponse(f"{request.scope.get('root_path', '')}/login", status_code=303)
+        for value in resp.headers.get_list("set-cookie"):
+            out.headers.append("set-cookie", value)
+        # Cleared whatever the API said: a session already ended must still leave the browser logged out.
+        out.delete_cookie(credentials.SESSION_COOKIE, path="/", httponly=True, secure=True, samesite="strict")
+        return out
+
+    # -- overview and its fragments ---------------------------------------------------------------
+    async def _nodes(self, request: Request) -> ApiAnswer | dict[str, Any]:
+        answer, _ = await self.call(request, "GET", "/api/v1/nodes")
+        if answer.error:
+            return answer
+        items = list(answer.doc.get("items", []))
+        pages = max(1, -(-len(items) // NODES_PER_PAGE))
+        try:
+            page = min(pages, max(1, int(request.query_params.get("page", "1"))))
+        except ValueError:
+            page = 1
+        rows = items[(page - 1) * NODES_PER_PAGE:page * NODES_PER_PAGE]
+        return {"nodes": rows, "page": page, "pages": pages, "total": len(items)}
+
+    async def _models(self, request: Request) -> ApiAnswer | dict[str, Any]:
+        answer, _ = await self.call(request, "GET", "/api/v1/models")
+        return answer if answer.error else {"models": answer.doc.get("items", [])}
+
+    async def _events(self, request: Request) -> ApiAnswer | dict[str, Any]:
+        answer, _ = await self.call(request, "GET", "/api/v1/events",
+                                    params={"since": time.time() - 3600, "limit": EVENTS_SHOWN})
+        if answer.error:
+            return answer
+        return {"events": list(reversed(answer.doc.get("items", [])[-EVENTS_SHOWN:]))}
+
+    async def overview(self, request: Request) -> Response:
+        if not request.cookies.get(credentials.SESSION_COOKIE):
+            return self.to_login(request)
+        parts = {"nodes": await self._nodes(request), "models": await self._models(request),
+                 "events": await self._events(request)}
+        if any(isinstance(p, ApiAnswer) and p.status == 401 for p in parts.values()):
+            return self.to_login(request)
+        ctx = {k: (p if isinstance(p, dict) else {"error": p.error}) for k, p in parts.items()}
+        return self.page(request, "overview.html", title="Overview", who=await self.who(request), **ctx)
+
+    async def fragment(self, request: Request) -> Response:
+        which = request.path_params["which"]
+        get = {"nodes": self._nodes, "models": self._models, "events": self._events}.get(which)
+        if get is None:
+            return HTMLResponse(f"<p class=error>no fragment {which[:40]!r}; there are nodes, models and events</p>",
+                                status_code=404)
+        if not request.cookies.get(credentials.SESSION_COOKIE):
+            return self.to_login(request)
+        part = await get(request)
+        if isinstance(part, ApiAnswer) and part.status == 401:
+            return self.to_login(request)
+        ctx = part if isinstance(part, dict) else {"error": part.error}
+        return self.page(request, f"_{which}.html", **{which: ctx})
+
+
+class _Bare:
+    """``/ui`` without its slash goes to ``/ui/`` (the routes below the mount begin at ``/``)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        root = scope.get("root_path", "")
+        if scope["type"] == "http" and scope.get("path", "") in (root, root.rstrip("/")):
+            await RedirectResponse(f"{root}/", status_code=303)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def create_ui(api: ASGIApp) -> ASGIApp:
+    """The UI's ASGI app over the REST app ``api`` (what ``create_api`` returns); mount it at ``/ui``."""
+    ui = Ui(api)
+    return _Bare(Starlette(routes=[
+        Route("/", ui.overview, methods=["GET"]),
+        Route("/login", ui.login_form, methods=["GET"]),
+        Route("/login", ui.login, methods=["POST"]),
+        Route("/logout", ui.logout, methods=["POST"]),
+        Route("/fragments/{which}", ui.fragment, methods=["GET"]),
+        Mount("/static", app=StaticFiles(directory=_HERE / "static"), name="static"),
+    ]))

@@ -1,0 +1,215 @@
+"""The admin web UI against a real server, agent and sim engine: login, overview, fragments, logout.
+
+Driven with httpx, the browser's part played by hand: the session cookie is ``Secure``, which a cookie
+jar never sends over plain http, so each request carries it in its ``Cookie`` header as a browser on
+loopback (a secure context) would.
+"""
+
+from __future__ import annotations
+
+import html.parser
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from llmgw.testing import system as system_mod
+from llmgw.testing.system import System, sim_model
+
+MODEL = "sim-ui"
+VOID = {"meta", "link", "input", "br", "img", "hr", "source", "wbr", "col", "area", "base", "embed", "track"}
+
+
+class Node:
+    def __init__(self, tag: str, attrs: dict[str, str]) -> None:
+        self.tag, self.attrs, self.children, self.parts = tag, attrs, list[Node](), list[str]()
+
+    @property
+    def text(self) -> str:
+        return " ".join("".join(self.parts).split())
+
+    def find(self, pred: Any) -> Node | None:
+        return next(iter(self.find_all(pred)), None)
+
+    def find_all(self, pred: Any) -> list[Node]:
+        found = [self] if pred(self) else []
+        for c in self.children:
+            found += c.find_all(pred)
+        return found
+
+    def by_id(self, id_: str) -> Node | None:
+        return self.find(lambda n: n.attrs.get("id") == id_)
+
+
+class Tree(html.parser.HTMLParser):
+    """The page as a tree; each element's text includes its descendants'."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.root = Node("", {})
+        self.stack = [self.root]
+        self.feed(text)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        node = Node(tag, {k: v or "" for k, v in attrs})
+        self.stack[-1].children.append(node)
+        if tag not in VOID:
+            self.stack.append(node)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in VOID:
+            return
+        while len(self.stack) > 1 and self.stack.pop().tag != tag:
+            pass
+
+    def handle_data(self, data: str) -> None:
+        for n in self.stack:
+            n.parts.append(data)
+
+
+def page(resp: httpx.Response) -> Node:
+    assert "text/html" in resp.headers["content-type"], resp.headers
+    return Tree(resp.text).root
+
+
+def row(doc: Node, attr: str, value: str) -> Node:
+    found = doc.find(lambda n: n.tag == "tr" and n.attrs.get(attr) == value)
+    assert found is not None, f"no tr[{attr}={value!r}]"
+    return found
+
+
+def cell(tr: Node, cls: str) -> str:
+    found = tr.find(lambda n: cls in n.attrs.get("class", "").split())
+    assert found is not None, f"no .{cls} cell"
+    return found.text
+
+
+@pytest.fixture(scope="module")
+def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
+    """One server, agent and Ready sim model for the module (a server start is seconds; the tests only read)."""
+    with system_mod.running(tmp_path_factory.mktemp("ui")) as s:
+        s.apply(sim_model(MODEL))
+        s.wait_model(MODEL)
+        yield s
+
+
+class Browser:
+    """httpx as a browser: no redirects followed, the session cookie kept by hand, Origin sent on POST."""
+
+    def __init__(self, system: System) -> None:
+        self.url = system.url
+        self.client = httpx.Client(base_url=system.url, timeout=30, trust_env=False, follow_redirects=False)
+        self.cookies: dict[str, str] = {}
+
+    def request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        headers = {"accept": "text/html", **kw.pop("headers", {})}
+        if method == "POST":
+            headers["origin"] = self.url
+        if self.cookies:
+            headers["cookie"] = "; ".join(f"{k}={v}" for k, v in self.cookies.items())
+        resp = self.client.request(method, path, headers=headers, **kw)
+        for c in resp.headers.get_list("set-cookie"):
+            name, _, rest = c.partition("=")
+            value = rest.split(";", 1)[0].strip('"')
+            if value and "max-age=0" not in c.lower():
+                self.cookies[name] = value
+            else:
+                self.cookies.pop(name, None)
+        return resp
+
+    def login(self, username: str, password: str) -> httpx.Response:
+        return self.request("POST", "/ui/login", data={"username": username, "password": password})
+
+
+@pytest.fixture
+def browser(system: System) -> Iterator[Browser]:
+    b = Browser(system)
+    try:
+        yield b
+    finally:
+        b.client.close()
+
+
+def test_anonymous_reaches_only_login_and_static(browser: Browser) -> None:
+    """Without a session the overview and fragments send to the login; the login page and static files answer."""
+    for path in ("/ui/", "/ui", "/ui/fragments/nodes"):
+        resp = browser.request("GET", path)
+        assert resp.status_code == 303, (path, resp.status_code)
+        assert resp.headers["location"] in ("/ui/login", "/ui/"), (path, resp.headers["location"])
+    assert browser.request("GET", "/ui/").headers["location"] == "/ui/login"
+    login = browser.request("GET", "/ui/login")
+    assert login.status_code == 200 and page(login).by_id("login-form") is not None
+    assert "llmgw · Log in" in login.text
+    js = browser.request("GET", "/ui/static/htmx.min.js")
+    assert js.status_code == 200 and "htmx" in js.text[:2000]
+
+
+def test_root_sends_browsers_to_the_ui_only(browser: Browser) -> None:
+    """`/` redirects a browser (Accept: text/html) to /ui/; an API client's `/` is not redirected."""
+    resp = browser.request("GET", "/")
+    assert resp.status_code == 303 and resp.headers["location"] == "/ui/"
+    plain = browser.client.get("/", headers={"accept": "application/json"})
+    assert plain.status_code != 303
+
+
+def test_bad_password_shows_the_apis_message(system: System, browser: Browser) -> None:
+    """A refused login re-renders the form with the API's own message in #login-error, and no session."""
+    api = httpx.post(f"{system.url}/api/v1/login", json={"username": "admin", "password": "wrong-1"},
+                     trust_env=False, timeout=30)
+    message = api.json()["error"]["message"]
+    resp = browser.login("admin", "wrong-2")
+    error = page(resp).by_id("login-error")
+    assert resp.status_code == 401 and error is not None and error.text == " ".join(message.split())
+    assert "llmgw_session" not in browser.cookies
+
+
+def test_admin_logs_in_and_sees_the_cluster(system: System, browser: Browser) -> None:
+    """After login the overview lists node1 Ready and the model Ready 1/1; the fragments carry the same rows."""
+    resp = browser.login("admin", system.admin_password)
+    assert resp.status_code == 303 and resp.headers["location"] == "/ui/"
+    assert "llmgw_session" in browser.cookies
+    overview = browser.request("GET", "/ui/")
+    assert overview.status_code == 200 and "llmgw · Overview" in overview.text
+    doc = page(overview)
+    user = doc.by_id("user")
+    assert user is not None and user.text == "admin (admin)"
+    assert doc.by_id("logout") is not None
+    for part in ("nodes", "models", "events"):
+        div = doc.by_id(part)
+        assert div is not None and div.attrs["hx-get"].startswith(f"/ui/fragments/{part}")
+        assert div.attrs["hx-trigger"] == "every 2s"
+    assert cell(row(doc, "data-node", "node1"), "state") == "Ready"
+    model = row(doc, "data-model", MODEL)
+    assert cell(model, "ready") == "1/1" and cell(model, "state") == "Ready"
+    nodes = page(browser.request("GET", "/ui/fragments/nodes"))
+    assert cell(row(nodes, "data-node", "node1"), "state") == "Ready"
+    models = page(browser.request("GET", "/ui/fragments/models"))
+    assert cell(row(models, "data-model", MODEL), "ready") == "1/1"
+    events = browser.request("GET", "/ui/fragments/events")
+    assert events.status_code == 200 and f"model/{MODEL}" in events.text
+    assert not doc.find_all(lambda n: "data-mutating" in n.attrs)
+
+
+def test_viewer_sees_their_role(system: System, browser: Browser) -> None:
+    """A viewer created over the REST API logs in and sees their name and role, and the same cluster."""
+    made = system.request("POST", "/api/v1/users", json={"name": "vera", "role": "viewer"})
+    assert made.status_code == 201, made.text
+    assert browser.login("vera", made.json()["password"]).status_code == 303
+    doc = page(browser.request("GET", "/ui/"))
+    user = doc.by_id("user")
+    assert user is not None and user.text == "vera (viewer)"
+    assert cell(row(doc, "data-model", MODEL), "ready") == "1/1"
+    assert not doc.find_all(lambda n: "data-mutating" in n.attrs)
+
+
+def test_logout_ends_the_session(system: System, browser: Browser) -> None:
+    """Logout clears the cookie and ends the session at the API: the old cookie no longer opens the overview."""
+    assert browser.login("admin", system.admin_password).status_code == 303
+    old = dict(browser.cookies)
+    resp = browser.request("POST", "/ui/logout")
+    assert resp.status_code == 303 and resp.headers["location"] == "/ui/login"
+    assert "llmgw_session" not in browser.cookies
+    browser.cookies = old
+    again = browser.request("GET", "/ui/")
+    assert again.status_code == 303 and again.headers["location"] == "/ui/login"
