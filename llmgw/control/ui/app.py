@@ -75,7 +75,7 @@ def _message(resp: httpx.Response) -> str:
 MAX_FORM = 16 * 1024
 
 
-async def _form(request: Request) -> dict[str, str]:
+async def read_form(request: Request) -> dict[str, str]:
     """An urlencoded form's fields, first value each (parsed here: starlette's parser needs python-multipart)."""
     body = await request.body()
     if len(body) > MAX_FORM:
@@ -121,7 +121,7 @@ class Ui:
         return self.page(request, "login.html", title="Log in", error="", username="")
 
     async def login(self, request: Request) -> Response:
-        form = await _form(request)
+        form = await read_form(request)
         username, password = form.get("username", ""), form.get("password", "")
         answer, resp = await self.call(request, "POST", "/api/v1/login",
                                        json={"username": username, "password": password, "session": True})
@@ -209,11 +209,15 @@ class _Bare:
 def create_ui(api: ASGIApp) -> ASGIApp:
     """The UI's ASGI app over the REST app ``api`` (what ``create_api`` returns); mount it at ``/ui``."""
     ui = Ui(api)
+    # Imported here: the page modules import this one (for Ui), so a top-level import would be a cycle.
+    from llmgw.control.ui import keys_page, models_page
     return _Bare(Starlette(routes=[
         Route("/", ui.overview, methods=["GET"]),
         Route("/login", ui.login_form, methods=["GET"]),
         Route("/login", ui.login, methods=["POST"]),
         Route("/logout", ui.logout, methods=["POST"]),
         Route("/fragments/{which}", ui.fragment, methods=["GET"]),
+        *keys_page.routes(ui),
+        *models_page.routes(ui),
         Mount("/static", app=StaticFiles(directory=_HERE / "static"), name="static"),
     ]))

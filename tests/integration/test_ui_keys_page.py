@@ -1,0 +1,208 @@
+"""The Keys page against a real server, agent and sim engine: create (secret once), use, delete, viewer.
+
+Driven with httpx as in test_ui_pages.py: the session cookie is ``Secure``, which a cookie jar never
+sends over plain http, so each request carries it in its ``Cookie`` header as a browser on loopback would.
+"""
+
+from __future__ import annotations
+
+import html.parser
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from llmgw.testing import system as system_mod
+from llmgw.testing.procs import wait_for
+from llmgw.testing.system import System, sim_model
+
+MODEL = "sim-keys"
+VOID = {"meta", "link", "input", "br", "img", "hr", "source", "wbr", "col", "area", "base", "embed", "track"}
+
+
+class Node:
+    def __init__(self, tag: str, attrs: dict[str, str]) -> None:
+        self.tag, self.attrs, self.children, self.parts = tag, attrs, list[Node](), list[str]()
+
+    @property
+    def text(self) -> str:
+        return " ".join("".join(self.parts).split())
+
+    def find_all(self, pred: Any) -> list[Node]:
+        found = [self] if pred(self) else []
+        for c in self.children:
+            found += c.find_all(pred)
+        return found
+
+    def by_id(self, id_: str) -> Node | None:
+        return next(iter(self.find_all(lambda n: n.attrs.get("id") == id_)), None)
+
+
+class Tree(html.parser.HTMLParser):
+    """The page as a tree; each element's text includes its descendants'."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.root = Node("", {})
+        self.stack = [self.root]
+        self.feed(text)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        node = Node(tag, {k: v or "" for k, v in attrs})
+        self.stack[-1].children.append(node)
+        if tag not in VOID:
+            self.stack.append(node)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in VOID:
+            return
+        while len(self.stack) > 1 and self.stack.pop().tag != tag:
+            pass
+
+    def handle_data(self, data: str) -> None:
+        for n in self.stack:
+            n.parts.append(data)
+
+
+def page(resp: httpx.Response) -> Node:
+    assert "text/html" in resp.headers["content-type"], resp.headers
+    return Tree(resp.text).root
+
+
+def key_rows(doc: Node) -> dict[str, Node]:
+    return {n.attrs["data-key"]: n for n in doc.find_all(lambda n: n.tag == "tr" and "data-key" in n.attrs)}
+
+
+def mutating(doc: Node) -> list[Node]:
+    return doc.find_all(lambda n: "data-mutating" in n.attrs)
+
+
+@pytest.fixture(scope="module")
+def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
+    """One server, agent and Ready sim model, and one standing key: with none, the OpenAI API takes no key."""
+    with system_mod.running(tmp_path_factory.mktemp("ui-keys")) as s:
+        s.apply(sim_model(MODEL))
+        s.wait_model(MODEL)
+        made = s.request("POST", "/api/v1/keys", json={"name": "standing"})
+        assert made.status_code == 201, made.text
+        yield s
+
+
+class Browser:
+    """httpx as a browser: no redirects followed, the session cookie kept by hand, Origin sent on POST."""
+
+    def __init__(self, system: System) -> None:
+        self.url = system.url
+        self.client = httpx.Client(base_url=system.url, timeout=30, trust_env=False, follow_redirects=False)
+        self.cookies: dict[str, str] = {}
+
+    def request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        headers = {"accept": "text/html", **kw.pop("headers", {})}
+        if method == "POST":
+            headers["origin"] = self.url
+        if self.cookies:
+            headers["cookie"] = "; ".join(f"{k}={v}" for k, v in self.cookies.items())
+        resp = self.client.request(method, path, headers=headers, **kw)
+        for c in resp.headers.get_list("set-cookie"):
+            name, _, rest = c.partition("=")
+            value = rest.split(";", 1)[0].strip('"')
+            if value and "max-age=0" not in c.lower():
+                self.cookies[name] = value
+            else:
+                self.cookies.pop(name, None)
+        return resp
+
+    def login(self, username: str, password: str) -> None:
+        resp = self.request("POST", "/ui/login", data={"username": username, "password": password})
+        assert resp.status_code == 303, resp.text
+
+
+@pytest.fixture
+def browser(system: System) -> Iterator[Browser]:
+    b = Browser(system)
+    try:
+        yield b
+    finally:
+        b.client.close()
+
+
+def chat(system: System, secret: str) -> str:
+    client = openai.OpenAI(base_url=system.url + "/v1", api_key=secret, max_retries=0, timeout=30)
+    try:
+        out = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+        return out.choices[0].message.content or ""
+    finally:
+        client.close()
+
+
+def test_key_created_used_and_deleted_through_the_page(system: System, browser: Browser) -> None:
+    """A key made on the page shows its secret once, opens /v1 to the openai client, and once deleted there, 401s."""
+    browser.login("admin", system.admin_password)
+    made = browser.request("POST", "/ui/keys", data={"name": "from-ui", "models": f" {MODEL} , ", "rpm": "60",
+                                                     "tpm": ""})
+    assert made.status_code == 201, made.text
+    doc = page(made)
+    secret_el = doc.by_id("new-key-secret")
+    new_key = doc.by_id("new-key")
+    assert new_key is not None and secret_el is not None and new_key.by_id("copy-key") is not None
+    secret = secret_el.text
+    assert secret.startswith("llmgw-")
+    listed = system.get("/api/v1/keys")["items"]
+    (key,) = [k for k in listed if k["name"] == "from-ui"]
+    assert key["models"] == [MODEL] and key["rpm"] == 60 and key["tpm"] == 0
+    row = key_rows(doc)[key["id"]]
+    assert MODEL in row.text and "60" in row.text
+    again = browser.request("GET", "/ui/keys")
+    assert again.status_code == 200 and secret not in again.text and page(again).by_id("new-key") is None
+    assert key["id"] in key_rows(page(again))
+    # The router learns of the key with its next table from the control plane.
+    wait_for(lambda: _answers(system, secret), timeout=10, interval=0.2, what="the new key is accepted")
+
+    gone = browser.request("POST", f"/ui/keys/{key['id']}/delete")
+    assert gone.status_code == 303 and gone.headers["location"] == "/ui/keys"
+    assert key["id"] not in key_rows(page(browser.request("GET", "/ui/keys")))
+    wait_for(lambda: _refused(system, secret), timeout=10, interval=0.2, what="the deleted key is refused")
+
+
+def _answers(system: System, secret: str) -> bool:
+    try:
+        chat(system, secret)
+    except openai.AuthenticationError:
+        return False
+    return True
+
+
+def _refused(system: System, secret: str) -> bool:
+    try:
+        chat(system, secret)
+    except openai.AuthenticationError:
+        return True
+    return False
+
+
+def test_refusal_is_shown_in_words(system: System, browser: Browser) -> None:
+    """Deleting a key that does not exist shows the API's own message on the page, not a status code."""
+    browser.login("admin", system.admin_password)
+    resp = browser.request("POST", "/ui/keys/key-nope/delete")
+    error = page(resp).by_id("keys-error")
+    assert resp.status_code == 404 and error is not None and "'key-nope' does not exist" in error.text
+
+
+def test_viewer_sees_keys_without_controls_and_is_refused(system: System, browser: Browser) -> None:
+    """A viewer sees the key list with no [data-mutating] control; a create it posts anyway gets the 403 sentence."""
+    made = system.request("POST", "/api/v1/users", json={"name": "vik", "role": "viewer"})
+    assert made.status_code == 201, made.text
+    browser.login("vik", made.json()["password"])
+    resp = browser.request("GET", "/ui/keys")
+    doc = page(resp)
+    assert resp.status_code == 200 and "llmgw · Keys" in resp.text
+    assert any(r.text.startswith("key-") and "standing" in r.text for r in key_rows(doc).values())
+    assert not mutating(doc)
+    before = len(system.get("/api/v1/keys")["items"])
+    refused = browser.request("POST", "/ui/keys", data={"name": "sneaky", "models": "", "rpm": "0", "tpm": "0"})
+    error = page(refused).by_id("keys-error")
+    assert refused.status_code == 403 and error is not None
+    assert "user vik has role viewer" in error.text and "llmgw user set-role vik" in error.text
+    assert len(system.get("/api/v1/keys")["items"]) == before
