@@ -6,71 +6,17 @@ sends over plain http, so each request carries it in its ``Cookie`` header as a 
 
 from __future__ import annotations
 
-import html.parser
 from collections.abc import Iterator
-from typing import Any
 
-import httpx
 import openai
 import pytest
 
 from llmgw.testing import system as system_mod
 from llmgw.testing.procs import wait_for
 from llmgw.testing.system import System, sim_model
+from llmgw.testing.uiclient import Browser, Node, page
 
 MODEL = "sim-keys"
-VOID = {"meta", "link", "input", "br", "img", "hr", "source", "wbr", "col", "area", "base", "embed", "track"}
-
-
-class Node:
-    def __init__(self, tag: str, attrs: dict[str, str]) -> None:
-        self.tag, self.attrs, self.children, self.parts = tag, attrs, list[Node](), list[str]()
-
-    @property
-    def text(self) -> str:
-        return " ".join("".join(self.parts).split())
-
-    def find_all(self, pred: Any) -> list[Node]:
-        found = [self] if pred(self) else []
-        for c in self.children:
-            found += c.find_all(pred)
-        return found
-
-    def by_id(self, id_: str) -> Node | None:
-        return next(iter(self.find_all(lambda n: n.attrs.get("id") == id_)), None)
-
-
-class Tree(html.parser.HTMLParser):
-    """The page as a tree; each element's text includes its descendants'."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__()
-        self.root = Node("", {})
-        self.stack = [self.root]
-        self.feed(text)
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        node = Node(tag, {k: v or "" for k, v in attrs})
-        self.stack[-1].children.append(node)
-        if tag not in VOID:
-            self.stack.append(node)
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag in VOID:
-            return
-        while len(self.stack) > 1 and self.stack.pop().tag != tag:
-            pass
-
-    def handle_data(self, data: str) -> None:
-        for n in self.stack:
-            n.parts.append(data)
-
-
-def page(resp: httpx.Response) -> Node:
-    assert "text/html" in resp.headers["content-type"], resp.headers
-    return Tree(resp.text).root
-
-
 def key_rows(doc: Node) -> dict[str, Node]:
     return {n.attrs["data-key"]: n for n in doc.find_all(lambda n: n.tag == "tr" and "data-key" in n.attrs)}
 
@@ -90,38 +36,9 @@ def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
         yield s
 
 
-class Browser:
-    """httpx as a browser: no redirects followed, the session cookie kept by hand, Origin sent on POST."""
-
-    def __init__(self, system: System) -> None:
-        self.url = system.url
-        self.client = httpx.Client(base_url=system.url, timeout=30, trust_env=False, follow_redirects=False)
-        self.cookies: dict[str, str] = {}
-
-    def request(self, method: str, path: str, **kw: Any) -> httpx.Response:
-        headers = {"accept": "text/html", **kw.pop("headers", {})}
-        if method == "POST":
-            headers["origin"] = self.url
-        if self.cookies:
-            headers["cookie"] = "; ".join(f"{k}={v}" for k, v in self.cookies.items())
-        resp = self.client.request(method, path, headers=headers, **kw)
-        for c in resp.headers.get_list("set-cookie"):
-            name, _, rest = c.partition("=")
-            value = rest.split(";", 1)[0].strip('"')
-            if value and "max-age=0" not in c.lower():
-                self.cookies[name] = value
-            else:
-                self.cookies.pop(name, None)
-        return resp
-
-    def login(self, username: str, password: str) -> None:
-        resp = self.request("POST", "/ui/login", data={"username": username, "password": password})
-        assert resp.status_code == 303, resp.text
-
-
 @pytest.fixture
 def browser(system: System) -> Iterator[Browser]:
-    b = Browser(system)
+    b = Browser(system.url)
     try:
         yield b
     finally:
@@ -139,7 +56,7 @@ def chat(system: System, secret: str) -> str:
 
 def test_key_created_used_and_deleted_through_the_page(system: System, browser: Browser) -> None:
     """A key made on the page shows its secret once, opens /v1 to the openai client, and once deleted there, 401s."""
-    browser.login("admin", system.admin_password)
+    browser.log_in("admin", system.admin_password)
     made = browser.request("POST", "/ui/keys", data={"name": "from-ui", "models": f" {MODEL} , ", "rpm": "60",
                                                      "tpm": ""})
     assert made.status_code == 201, made.text
@@ -184,7 +101,7 @@ def _refused(system: System, secret: str) -> bool:
 
 def test_refusal_is_shown_in_words(system: System, browser: Browser) -> None:
     """Deleting a key that does not exist shows the API's own message on the page, not a status code."""
-    browser.login("admin", system.admin_password)
+    browser.log_in("admin", system.admin_password)
     resp = browser.request("POST", "/ui/keys/key-nope/delete")
     error = page(resp).by_id("keys-error")
     assert resp.status_code == 404 and error is not None and "'key-nope' does not exist" in error.text
@@ -194,7 +111,7 @@ def test_viewer_sees_keys_without_controls_and_is_refused(system: System, browse
     """A viewer sees the key list with no [data-mutating] control; a create it posts anyway gets the 403 sentence."""
     made = system.request("POST", "/api/v1/users", json={"name": "vik", "role": "viewer"})
     assert made.status_code == 201, made.text
-    browser.login("vik", made.json()["password"])
+    browser.log_in("vik", made.json()["password"])
     resp = browser.request("GET", "/ui/keys")
     doc = page(resp)
     assert resp.status_code == 200 and "llmgw · Keys" in resp.text

@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from llmgw.testing import system as system_mod
 from llmgw.testing.system import System, sim_model
@@ -105,8 +106,10 @@ def admin(system: System) -> Iterator[Browser]:
 
 
 @pytest.fixture
-def viewer(system: System) -> Iterator[Browser]:
-    made = system.request("POST", "/api/v1/users", json={"name": "vic", "role": "viewer"})
+def viewer(system: System, request: pytest.FixtureRequest) -> Iterator[Browser]:
+    # One system serves the module, so each test's viewer is a user of its own (a second "vic" is a 409).
+    name = "vic-" + request.node.name.removeprefix("test_")[:20].replace("_", "-")
+    made = system.request("POST", "/api/v1/users", json={"name": name, "role": "viewer"})
     assert made.status_code in (200, 201), made.text
     b = Browser(system, made.json()["name"], made.json()["password"])
     try:
@@ -126,7 +129,8 @@ def test_page_shows_spec_replicas_and_events(admin: Browser) -> None:
     assert list(p.phases.values()) == ["Ready"], p.phases
     assert "node1" in p.text["replicas"]
     assert "Created" in p.text["model-events"]
-    assert p.mutating == 3  # the − form, the + form, the delete <details>
+    assert p.mutating == 5  # the − form, the + form, the edit <details> and its Apply button, the delete <details>
+    assert "name: sim-mp" in p.text["spec-editor"] and "engine: sim" in p.text["spec-editor"]
     live = Page(admin.request("GET", f"/ui/models/{MODEL}/live"))
     assert list(live.phases.values()) == ["Ready"] and "engine: sim" in live.text["spec"]
     assert f"/ui/models/{MODEL}" in Page(admin.request("GET", "/ui/")).links
@@ -169,3 +173,76 @@ def test_delete_removes_the_model(system: System, admin: Browser) -> None:
     assert system.request("GET", "/api/v1/models/sim-gone").status_code == 404
     resp = admin.request("GET", "/ui/models/sim-gone")
     assert resp.status_code == 404 and "does not exist" in resp.text
+
+
+def _text(p: Page, id_: str) -> str:
+    return " ".join(p.text.get(id_, "").split())
+
+
+def test_models_list_links_each_model_and_offers_apply_to_an_operator(admin: Browser, viewer: Browser) -> None:
+    """/ui/models lists the model linked to its page with an "Apply a model" link; a viewer's list has no link to
+    the editor (no [data-mutating]), and a viewer who posts to it anyway sees the API's 403 sentence."""
+    p = Page(admin.request("GET", "/ui/models"))
+    assert f"/ui/models/{MODEL}" in p.links and "/ui/apply" in p.links and p.mutating == 1
+    v = Page(viewer.request("GET", "/ui/models"))
+    assert f"/ui/models/{MODEL}" in v.links and "/ui/apply" not in v.links and v.mutating == 0
+    posted = viewer.request("POST", "/ui/apply", data={"op": "apply", "spec": yaml.safe_dump(sim_model("sim-vic"))})
+    assert posted.status_code == 403 and len(_text(Page(posted), "editor-error").split()) >= 3
+    assert "403" not in _text(Page(posted), "editor-error") and Page(posted).mutating == 0
+
+
+def test_bad_yaml_and_an_invalid_field_are_shown_in_words_keeping_the_text(system: System, admin: Browser) -> None:
+    """YAML that does not parse and a manifest the API refuses each re-render the editor with #editor-error in
+    words (the API's own message for the invalid field) and the user's text still in #spec-editor."""
+    bad = "apiVersion: llmgw/v1\nkind: Model\nmetadata: {name: broken\n"
+    resp = admin.request("POST", "/ui/apply", data={"spec": bad, "op": "apply"})
+    assert resp.status_code == 400
+    p = Page(resp)
+    assert "not valid YAML" in _text(p, "editor-error") and "line" in _text(p, "editor-error")
+    assert p.text["spec-editor"] == bad
+
+    invalid = yaml.safe_dump(sim_model("sim-bad", replicas="many"), sort_keys=False)
+    api = system.request("POST", "/api/v1/models", json=sim_model("sim-bad", replicas="many"))
+    assert api.status_code == 422, api.text
+    resp = admin.request("POST", "/ui/apply", data={"spec": invalid, "op": "apply"})
+    assert resp.status_code == 422
+    p = Page(resp)
+    assert _text(p, "editor-error") == " ".join(api.json()["error"]["message"].split()) and "replicas" in _text(
+        p, "editor-error")
+    assert p.text["spec-editor"] == invalid
+    assert system.request("GET", "/api/v1/models/sim-bad").status_code == 404
+
+
+def test_diff_shows_the_changed_line_without_applying(system: System, admin: Browser) -> None:
+    """Diff of the current model with replicas 3 shows "-  replicas: 1" and "+  replicas: 3" in #diff, and
+    the model still wants 1."""
+    text = yaml.safe_dump(sim_model(MODEL, replicas=3), sort_keys=False)
+    resp = admin.request("POST", "/ui/apply", data={"spec": text, "op": "diff"})
+    assert resp.status_code == 200, resp.text
+    diff = Page(resp).text["diff"]
+    assert "\n-  replicas: 1\n" in diff and "\n+  replicas: 3\n" in diff, diff
+    assert Page(resp).text["spec-editor"] == text
+    assert system.get(f"/api/v1/models/{MODEL}")["spec"]["replicas"] == 1
+
+
+def test_apply_creates_the_model_which_becomes_ready_and_its_replica_log_has_lines(system: System,
+                                                                                   admin: Browser) -> None:
+    """Apply from the editor creates the model (303 to its page), it turns Ready through the REST API, and the
+    replica's Logs link opens a page whose #replica-log (and its 2 s fragment) holds the engine's lines."""
+    text = yaml.safe_dump(sim_model("sim-ed"), sort_keys=False)
+    resp = admin.request("POST", "/ui/apply", data={"spec": text, "op": "apply"})
+    assert resp.status_code == 303 and resp.headers["location"] == "/ui/models/sim-ed", resp.text
+    try:
+        system.wait_model("sim-ed")
+        p = Page(admin.request("GET", "/ui/models/sim-ed"))
+        assert list(p.phases.values()) == ["Ready"], p.phases
+        logs = [link for link in p.links if "/replicas/" in link and link.endswith("/logs")]
+        assert len(logs) == 1, p.links
+        page = Page(admin.request("GET", logs[0]))
+        assert page.text["replica-log"].strip(), page.text
+        tail = Page(admin.request("GET", logs[0] + "/tail"))
+        assert len(tail.text["replica-log"].strip().splitlines()) >= 1
+        missing = admin.request("GET", "/ui/models/sim-ed/replicas/nope/logs")
+        assert missing.status_code == 404 and "no replica nope" in _text(Page(missing), "log-error")
+    finally:
+        system.request("DELETE", "/api/v1/models/sim-ed")

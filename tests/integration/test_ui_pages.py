@@ -7,72 +7,16 @@ loopback (a secure context) would.
 
 from __future__ import annotations
 
-import html.parser
 from collections.abc import Iterator
-from typing import Any
 
 import httpx
 import pytest
 
 from llmgw.testing import system as system_mod
 from llmgw.testing.system import System, sim_model
+from llmgw.testing.uiclient import Browser, Node, page
 
 MODEL = "sim-ui"
-VOID = {"meta", "link", "input", "br", "img", "hr", "source", "wbr", "col", "area", "base", "embed", "track"}
-
-
-class Node:
-    def __init__(self, tag: str, attrs: dict[str, str]) -> None:
-        self.tag, self.attrs, self.children, self.parts = tag, attrs, list[Node](), list[str]()
-
-    @property
-    def text(self) -> str:
-        return " ".join("".join(self.parts).split())
-
-    def find(self, pred: Any) -> Node | None:
-        return next(iter(self.find_all(pred)), None)
-
-    def find_all(self, pred: Any) -> list[Node]:
-        found = [self] if pred(self) else []
-        for c in self.children:
-            found += c.find_all(pred)
-        return found
-
-    def by_id(self, id_: str) -> Node | None:
-        return self.find(lambda n: n.attrs.get("id") == id_)
-
-
-class Tree(html.parser.HTMLParser):
-    """The page as a tree; each element's text includes its descendants'."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__()
-        self.root = Node("", {})
-        self.stack = [self.root]
-        self.feed(text)
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        node = Node(tag, {k: v or "" for k, v in attrs})
-        self.stack[-1].children.append(node)
-        if tag not in VOID:
-            self.stack.append(node)
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag in VOID:
-            return
-        while len(self.stack) > 1 and self.stack.pop().tag != tag:
-            pass
-
-    def handle_data(self, data: str) -> None:
-        for n in self.stack:
-            n.parts.append(data)
-
-
-def page(resp: httpx.Response) -> Node:
-    assert "text/html" in resp.headers["content-type"], resp.headers
-    return Tree(resp.text).root
-
-
 def row(doc: Node, attr: str, value: str) -> Node:
     found = doc.find(lambda n: n.tag == "tr" and n.attrs.get(attr) == value)
     assert found is not None, f"no tr[{attr}={value!r}]"
@@ -94,37 +38,9 @@ def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
         yield s
 
 
-class Browser:
-    """httpx as a browser: no redirects followed, the session cookie kept by hand, Origin sent on POST."""
-
-    def __init__(self, system: System) -> None:
-        self.url = system.url
-        self.client = httpx.Client(base_url=system.url, timeout=30, trust_env=False, follow_redirects=False)
-        self.cookies: dict[str, str] = {}
-
-    def request(self, method: str, path: str, **kw: Any) -> httpx.Response:
-        headers = {"accept": "text/html", **kw.pop("headers", {})}
-        if method == "POST":
-            headers["origin"] = self.url
-        if self.cookies:
-            headers["cookie"] = "; ".join(f"{k}={v}" for k, v in self.cookies.items())
-        resp = self.client.request(method, path, headers=headers, **kw)
-        for c in resp.headers.get_list("set-cookie"):
-            name, _, rest = c.partition("=")
-            value = rest.split(";", 1)[0].strip('"')
-            if value and "max-age=0" not in c.lower():
-                self.cookies[name] = value
-            else:
-                self.cookies.pop(name, None)
-        return resp
-
-    def login(self, username: str, password: str) -> httpx.Response:
-        return self.request("POST", "/ui/login", data={"username": username, "password": password})
-
-
 @pytest.fixture
 def browser(system: System) -> Iterator[Browser]:
-    b = Browser(system)
+    b = Browser(system.url)
     try:
         yield b
     finally:

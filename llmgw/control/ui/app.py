@@ -210,7 +210,7 @@ def create_ui(api: ASGIApp) -> ASGIApp:
     """The UI's ASGI app over the REST app ``api`` (what ``create_api`` returns); mount it at ``/ui``."""
     ui = Ui(api)
     # Imported here: the page modules import this one (for Ui), so a top-level import would be a cycle.
-    from llmgw.control.ui import keys_page, models_page
+    from llmgw.control.ui import audit_page, keys_page, models_page, nodes_page, playground_page, users_page
     return _Bare(Starlette(routes=[
         Route("/", ui.overview, methods=["GET"]),
         Route("/login", ui.login_form, methods=["GET"]),
@@ -219,5 +219,9 @@ def create_ui(api: ASGIApp) -> ASGIApp:
         Route("/fragments/{which}", ui.fragment, methods=["GET"]),
         *keys_page.routes(ui),
         *models_page.routes(ui),
+        *nodes_page.routes(ui),
+        *playground_page.routes(ui),
+        *audit_page.routes(ui),
+        *users_page.routes(ui),
         Mount("/static", app=StaticFiles(directory=_HERE / "static"), name="static"),
     ]))

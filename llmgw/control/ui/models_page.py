@@ -9,6 +9,8 @@ API's 403 sentence on the page.
 
 from __future__ import annotations
 
+import difflib
+import json
 import urllib.parse
 from typing import Any
 
@@ -31,11 +33,19 @@ async def _describe(ui: app_mod.Ui, request: Request, name: str) -> app_mod.ApiA
     return answer
 
 
+def _manifest_yaml(name: str, spec: dict[str, Any]) -> str:
+    """The model as ``llmgw apply`` reads it: what the editor starts from and the diff compares against."""
+    manifest = {"apiVersion": specs.API_VERSION, "kind": "Model", "metadata": {"name": name}, "spec": spec}
+    return yaml.safe_dump(manifest, sort_keys=False)
+
+
 def _ctx(answer: app_mod.ApiAnswer) -> dict[str, Any]:
     if answer.error:
         return {"error": answer.error}
     doc = answer.doc
     return {"doc": doc, "spec_yaml": yaml.safe_dump(doc.get("spec", {}), sort_keys=False),
+            "manifest_yaml": _manifest_yaml(str(doc.get("name") or doc.get("metadata", {}).get("name", "")),
+                                            doc.get("spec", {})),
             "events": list(reversed(doc.get("events", [])))}
 
 
@@ -104,6 +114,153 @@ async def delete(ui: app_mod.Ui, request: Request) -> Response:
         return await _render(ui, request, name, error=answer.error, status_code=answer.status)
     return RedirectResponse(f"{request.scope.get('root_path', '')}/", status_code=303)
 
+# -- the list, the spec editor and replica logs ------------------------------------------------------
+#: Lines a replica's log page shows (the newest), re-read every 2 s.
+LOG_LINES = 200
+
+
+async def models_list(ui: app_mod.Ui, request: Request) -> Response:
+    if not request.cookies.get(credentials.SESSION_COOKIE):
+        return ui.to_login(request)
+    answer, _ = await ui.call(request, "GET", "/api/v1/models")
+    if answer.status == 401:
+        return ui.to_login(request)
+    who = await ui.who(request)
+    models = {"error": answer.error} if answer.error else {"models": answer.doc.get("items", [])}
+    return ui.page(request, "models.html", status_code=answer.status if answer.error else 200, title="Models",
+                   who=who, models=models, can_mutate=who[1] not in ("", "viewer"))
+
+
+def _parse(text: str) -> tuple[dict[str, Any] | None, str]:
+    """The editor's text as one manifest, or why not, worded as ``llmgw apply`` words a YAML error."""
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e)
+        return None, f"the spec{where}: not valid YAML: {problem}"
+    if len(docs) != 1 or not isinstance(docs[0], dict):
+        # One model a form: a list or several documents would apply some and refuse others half-way.
+        return None, (f"the spec holds {len(docs)} YAML documents; the editor applies exactly one model "
+                      "(use `llmgw apply -f` for a file of several)" if len(docs) != 1 else
+                      "the spec is not a mapping; a model file starts with apiVersion, kind, metadata and spec")
+    return docs[0], ""
+
+
+def _name_of(doc: dict[str, Any]) -> str:
+    meta = doc.get("metadata")
+    return str(meta.get("name", "")) if isinstance(meta, dict) else ""
+
+
+async def _editor(ui: app_mod.Ui, request: Request, *, text: str, error: str = "", diff: str = "",
+                  diffed: bool = False, status_code: int = 200) -> Response:
+    who = await ui.who(request)
+    return ui.page(request, "apply.html", status_code=status_code, title="Apply a model", who=who,
+                   text=text, error=error, diff=diff, diffed=diffed, can_mutate=who[1] not in ("", "viewer"))
+
+
+_EXAMPLE = _manifest_yaml("my-model", {"engine": "sim", "served_name": "my-model", "replicas": 1})
+
+
+async def apply_form(ui: app_mod.Ui, request: Request) -> Response:
+    if not request.cookies.get(credentials.SESSION_COOKIE):
+        return ui.to_login(request)
+    return await _editor(ui, request, text=_EXAMPLE)
+
+
+async def apply(ui: app_mod.Ui, request: Request) -> Response:
+    """Applies the editor's manifest (``POST /api/v1/models``, as ``llmgw apply``), or diffs it with ``op=diff``."""
+    if not request.cookies.get(credentials.SESSION_COOKIE):
+        return ui.to_login(request)
+    form = await app_mod.read_form(request)
+    text = form.get("spec", "")
+    if not text.strip():
+        return await _editor(ui, request, text=text, status_code=400,
+                             error="the spec is empty (or over 16 KiB); paste a model's YAML manifest")
+    doc, why = _parse(text)
+    if doc is None:
+        return await _editor(ui, request, text=text, error=why, status_code=400)
+    if form.get("op") == "diff":
+        name = _name_of(doc)
+        current = ""
+        if name:
+            answer = await _describe(ui, request, name)
+            if answer.status == 401:
+                return ui.to_login(request)
+            if answer.error and answer.status != 404:
+                return await _editor(ui, request, text=text, error=answer.error, status_code=answer.status)
+            current = "" if answer.error else _manifest_yaml(name, answer.doc.get("spec", {}))
+        mine = yaml.safe_dump(doc, sort_keys=False)
+        diff = "".join(difflib.unified_diff(current.splitlines(keepends=True), mine.splitlines(keepends=True),
+                                            fromfile=f"current/{name}" if current else "/dev/null",
+                                            tofile=f"submitted/{name}"))
+        return await _editor(ui, request, text=text, diff=diff or "No change: the model is already this.",
+                             diffed=True)
+    answer, _ = await ui.call(request, "POST", "/api/v1/models", json=doc)
+    if answer.status == 401:
+        return ui.to_login(request)
+    if answer.error:
+        return await _editor(ui, request, text=text, error=answer.error, status_code=answer.status)
+    name = _name_of(doc)
+    return RedirectResponse(f"{request.scope.get('root_path', '')}/models/{urllib.parse.quote(name, safe='')}",
+                            status_code=303)
+
+
+async def _replica_log(ui: app_mod.Ui, request: Request) -> dict[str, Any]:
+    """The replica's shard's last lines from ``GET /api/v1/nodes/{node}/logs?shard=`` (what ``llmgw logs`` reads)."""
+    name, rid = request.path_params["name"], request.path_params["rid"]
+    answer = await _describe(ui, request, name)
+    if answer.error:
+        return {"status": answer.status, "error": answer.error}
+    replica = next((r for r in answer.doc.get("replicas", []) if str(r.get("id")) == rid), None)
+    if replica is None:
+        return {"status": 404, "error": f"model {name} has no replica {rid}; its page lists the replicas it has"}
+    if not replica.get("node") or not replica.get("shard"):
+        return {"status": 200, "replica": replica,
+                "error": f"replica {rid} is not placed on a node yet, so it has no log; phase {replica.get('phase')}"}
+    headers = {k: v for k in ("cookie", "origin", "host") if (v := request.headers.get(k))}
+    resp = await ui.client.get(f"/api/v1/nodes/{urllib.parse.quote(replica['node'], safe='')}/logs",
+                               params={"shard": replica["shard"], "lines": str(LOG_LINES)}, headers=headers)
+    if not resp.is_success:
+        return {"status": resp.status_code, "replica": replica, "error": app_mod._message(resp)}
+    lines: list[str] = []
+    for raw in resp.text.splitlines():
+        if not raw.strip():
+            continue
+        try:
+            batch: Any = json.loads(raw)
+        except ValueError:
+            batch = None
+        if not isinstance(batch, dict):
+            return {"status": 502, "replica": replica, "error": f"the API sent a log line that is not a JSON object: "
+                                                                f"{raw[:200]!r}"}
+        if batch.get("error"):
+            return {"status": 502, "replica": replica, "error": str(batch["error"])}
+        lines.extend(str(x) for x in (batch.get("lines") or []))
+    return {"status": 200, "replica": replica, "lines": lines[-LOG_LINES:]}
+
+
+async def replica_log_page(ui: app_mod.Ui, request: Request) -> Response:
+    if not request.cookies.get(credentials.SESSION_COOKIE):
+        return ui.to_login(request)
+    log = await _replica_log(ui, request)
+    if log["status"] == 401:
+        return ui.to_login(request)
+    name, rid = request.path_params["name"], request.path_params["rid"]
+    return ui.page(request, "replica_log.html", status_code=log["status"], title=f"Log of {name} replica {rid}",
+                   who=await ui.who(request), name=name, rid=rid, log=log)
+
+
+async def replica_log_tail(ui: app_mod.Ui, request: Request) -> Response:
+    """The ``<pre>``'s content, for htmx every 2 s."""
+    if not request.cookies.get(credentials.SESSION_COOKIE):
+        return ui.to_login(request)
+    log = await _replica_log(ui, request)
+    if log["status"] == 401:
+        return ui.to_login(request)
+    return ui.page(request, "_replica_log.html", log=log)
+
 
 def routes(ui: app_mod.Ui) -> list[Route]:
     """The model page's routes, below the UI's mount."""
@@ -114,6 +271,11 @@ def routes(ui: app_mod.Ui) -> list[Route]:
         return endpoint
 
     return [
+        Route("/models", bind(models_list), methods=["GET"]),
+        Route("/apply", bind(apply_form), methods=["GET"]),
+        Route("/apply", bind(apply), methods=["POST"]),
+        Route("/models/{name}/replicas/{rid}/logs", bind(replica_log_page), methods=["GET"]),
+        Route("/models/{name}/replicas/{rid}/logs/tail", bind(replica_log_tail), methods=["GET"]),
         Route("/models/{name}", bind(model_page), methods=["GET"]),
         Route("/models/{name}/live", bind(model_live), methods=["GET"]),
         Route("/models/{name}/scale", bind(scale), methods=["POST"]),

@@ -1,0 +1,53 @@
+"""The Playground (``/ui/playground``): chat with a Ready model through the server's own OpenAI endpoint.
+
+The page lists the Ready models from the REST API (``/api/v1/models``, with the browser's credential);
+the chat itself is sent by the browser (``static/playground.js``) to ``/v1/chat/completions`` on the same
+origin, streamed, exactly as any OpenAI client's request would be, so what the playground shows (tokens,
+TTFT, tokens/s, refusals) is what a client meets, and the ``curl`` and Python snippets it shows are the
+request it sent. No key is ever filled in by the server: when the cluster requires keys the user pastes one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from llmgw.control.auth import credentials
+from llmgw.control.ui import app as app_mod
+
+#: The UI's mount below the server's root; the OpenAI API lives at the root (``/v1``), not below it.
+UI_MOUNT = "/ui"
+
+
+def ready_models(items: list[dict[str, Any]]) -> list[str]:
+    """Names of the models that can answer now: state Ready, or at least one replica Ready (a rollout)."""
+    names = []
+    for m in items:
+        status = m.get("status") or {}
+        if status.get("state") == "Ready" or int(status.get("ready_replicas") or 0) > 0:
+            names.append(str((m.get("metadata") or {}).get("name", "")))
+    return sorted(n for n in names if n)
+
+
+async def playground(ui: app_mod.Ui, request: Request) -> Response:
+    if not request.cookies.get(credentials.SESSION_COOKIE):
+        return ui.to_login(request)
+    answer, _ = await ui.call(request, "GET", "/api/v1/models")
+    if answer.status == 401:
+        return ui.to_login(request)
+    base = request.scope.get("root_path", "")
+    api_root = base[:-len(UI_MOUNT)] if base.endswith(UI_MOUNT) else ""
+    return ui.page(request, "playground.html", title="Playground", who=await ui.who(request),
+                   models=ready_models(list(answer.doc.get("items", []))), list_error=answer.error,
+                   api_root=api_root)
+
+
+def routes(ui: app_mod.Ui) -> list[Route]:
+    """The page's routes below the UI's mount, bound to ``ui``."""
+    async def get(request: Request) -> Response:
+        return await playground(ui, request)
+
+    return [Route("/playground", get, methods=["GET"])]
