@@ -81,7 +81,8 @@ def _node_doc(n: StoredNode, view: NodeView | None, *, connected: bool, has_repl
         "connected": connected, "last_seen": n.last_seen, "cpu_count": inv.cpu_count,
         "memory_total_bytes": inv.memory_total_bytes, "memory_available_bytes": inv.memory_available_bytes,
         "gpus": [{"index": g.index, "name": g.name, "memory_total_bytes": g.memory_total_bytes,
-                  "memory_used_bytes": g.memory_used_bytes} for g in inv.gpus],
+                  "memory_used_bytes": g.memory_used_bytes, "nvlink_peers": list(g.nvlink_peers)}
+                 for g in inv.gpus],
         "engines": [{"name": e, "version": v} for e, v in inv.engines],
         "shards": sum(1 for s in (view.shards.values() if view else ()) if s.state in ShardState.live()),
         "shard_states": [{"id": s.shard_id, "replica": s.replica_id, "state": s.state.value, "pid": s.pid,
@@ -101,9 +102,12 @@ def _node_doc(n: StoredNode, view: NodeView | None, *, connected: bool, has_repl
 
 
 def _nodes_body(stored: list[StoredNode], views: dict[str, NodeView], connected: set[str],
-                occupied: set[str | None]) -> bytes:
+                occupied: set[str | None], *, offset: int = 0, limit: int = 0) -> bytes:
+    """The nodes (by id) from ``offset``, ``limit`` of them (0: all), and how many there are in all."""
+    page = stored[offset:offset + limit] if limit else stored[offset:]
     return json.dumps({"items": [_node_doc(n, views.get(n.id), connected=n.id in connected,
-                                           has_replicas=n.id in occupied) for n in stored]}).encode()
+                                           has_replicas=n.id in occupied) for n in page],
+                       "total": len(stored)}).encode()
 
 
 class _StatementsOnLoop(Collector):
@@ -265,7 +269,9 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extr
         return {"applied": applied}
 
     @app.get("/api/v1/nodes")
-    async def list_nodes() -> Response:
+    async def list_nodes(offset: int = Query(default=0, ge=0), limit: int = Query(default=0, ge=0, le=10_000)
+                         ) -> Response:
+        """Every node (``limit`` 0), or a page of them by id; ``total`` counts them all."""
         replicas, stored = await db.list_replicas(), await db.list_nodes()
         # A multi-node replica occupies every rank's node, not only its leader's.
         occupied = {n for r in replicas for n in (r.node_id, *(m.node_id for m in r.members))}
@@ -273,7 +279,9 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extr
         # their JSON are built in a thread, as a pass reads its snapshot (see cluster's docstring):
         # built here they held every agent stream and routed request for the whole build.
         views, connected = dict(cluster.nodes), {n.id for n in stored if cluster.connected(n.id)}
-        body = await asyncio.to_thread(_nodes_body, stored, views, connected, occupied)
+        # Only the page's documents are built: the UI's page of 100 of 1,000 nodes cost the whole
+        # list's 1.7 MB of JSON every 2 s before (bench/ui_overview.py).
+        body = await asyncio.to_thread(_nodes_body, stored, views, connected, occupied, offset=offset, limit=limit)
         return Response(body, media_type="application/json")
 
     @app.get("/api/v1/nodes/{node_id}/logs")

@@ -144,17 +144,23 @@ class Ui:
 
     # -- overview and its fragments ---------------------------------------------------------------
     async def _nodes(self, request: Request) -> ApiAnswer | dict[str, Any]:
-        answer, _ = await self.call(request, "GET", "/api/v1/nodes")
-        if answer.error:
-            return answer
-        items = list(answer.doc.get("items", []))
-        pages = max(1, -(-len(items) // NODES_PER_PAGE))
         try:
-            page = min(pages, max(1, int(request.query_params.get("page", "1"))))
+            page = max(1, int(request.query_params.get("page", "1")))
         except ValueError:
             page = 1
-        rows = items[(page - 1) * NODES_PER_PAGE:page * NODES_PER_PAGE]
-        return {"nodes": rows, "page": page, "pages": pages, "total": len(items)}
+        return await self._nodes_at(request, page)
+
+    async def _nodes_at(self, request: Request, page: int) -> ApiAnswer | dict[str, Any]:
+        # One page from the API, not the whole list cut here: with 1,000 nodes the list is 1.7 MB of JSON.
+        answer, _ = await self.call(request, "GET", "/api/v1/nodes",
+                                    params={"offset": (page - 1) * NODES_PER_PAGE, "limit": NODES_PER_PAGE})
+        if answer.error:
+            return answer
+        total = int(answer.doc.get("total", 0))
+        pages = max(1, -(-total // NODES_PER_PAGE))
+        if page > pages:  # past the end (nodes went away, or a made-up number): the last page instead
+            return await self._nodes_at(request, pages)
+        return {"nodes": list(answer.doc.get("items", [])), "page": page, "pages": pages, "total": total}
 
     async def _models(self, request: Request) -> ApiAnswer | dict[str, Any]:
         answer, _ = await self.call(request, "GET", "/api/v1/models")
