@@ -6,7 +6,7 @@
 Starts its own ``llmgw server --insecure`` and ``llmgw sim fleet`` as bench/fleet.py does (the
 simulated agents dial plaintext, so the server must be insecure), applies sim models for
 ``--replicas`` replicas in all (1000 a model, the spec's limit), waits for all Ready, then times
-``GET /ui/``, the three fragments and a last node page, ``--requests`` times each, one at a time.
+``GET /ui/``, the four fragments and a last node page, ``--requests`` times each, one at a time.
 
 The UI under ``--insecure``: ``POST /api/v1/login`` answers 400 ("nothing needs a login"), so the
 UI's login form cannot give a browser a session; every API call is let through as the insecure
@@ -93,9 +93,10 @@ def main() -> None:
             wait_for(lambda: ready() >= ns.replicas, timeout=600, interval=1, what=f"{ns.replicas} replicas Ready")
             last = -(-ns.nodes // ui_app.NODES_PER_PAGE)
             paths = ["/ui/", "/ui/fragments/nodes", "/ui/fragments/models", "/ui/fragments/events",
-                     f"/ui/fragments/nodes?page={last}",
+                     "/ui/fragments/traffic", f"/ui/fragments/nodes?page={last}",
                      # what the pages are made of, straight from the API: the part of the time that is not the UI's
-                     "/api/v1/nodes", "/api/v1/models"]
+                     f"/api/v1/nodes?offset={(last - 1) * ui_app.NODES_PER_PAGE}&limit={ui_app.NODES_PER_PAGE}",
+                     "/api/v1/models", "/api/v1/nodes"]
             measure(c, "/ui/", 3)  # warm: templates compiled, first-call caches filled
             rows = [measure(c, path, ns.requests) for path in paths]
             for static in ("/ui/static/htmx.min.js", "/ui/static/ui.css"):

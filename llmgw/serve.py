@@ -20,6 +20,7 @@ import importlib.metadata
 import ipaddress
 import json
 import logging
+import re
 import signal
 import socket
 import sys
@@ -27,7 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from llmgw.control import datadir, engines, remotemeta
+from llmgw.control import autoscaler, datadir, engines, keyuse, remotemeta
 from llmgw.control import leader as leader_mod
 from llmgw.control.agentsvc import collector as agentsvc_collector
 from llmgw.control.agentsvc import join as agentsvc_join
@@ -49,6 +50,7 @@ from llmgw.router import auth as router_auth
 from llmgw.router import events as router_events
 from llmgw.router import metrics as router_metrics
 from llmgw.router import server as router_server
+from llmgw.router import signals as router_signals
 from llmgw.router import tracing as router_tracing
 from llmgw.router.app import RouterApp
 from llmgw.router.table import TableHolder
@@ -251,6 +253,40 @@ def _is_loopback(host: str) -> bool:
         return False  # a name other than localhost (or a wildcard): it may be reached from elsewhere
 
 
+#: One label of a host name (RFC 1123; the underscore some internal DNS zones use is let through).
+_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
+
+
+def check_advertise(host: str) -> None:
+    """Refuses an ``--advertise-address`` no other machine could use, with a sentence saying what to give instead.
+
+    Checked at start: the address is only used when an agent is sent to it or a standby forwards to it, and
+    without the check ``http://h`` given here became the forward address ``http://[http://h]:8080`` (its colon
+    taken for an IPv6 address's), found only when a standby first failed to reach it.
+    """
+    if not host:
+        return
+    said = f"--advertise-address {host!r}"
+    want = "give the host name or IP address other machines reach this server by, e.g. ctl.example.com or 10.0.0.5"
+    if "://" in host:
+        raise LlmgwError(f"{said}: a URL; {want} (no scheme: the ports come from --http-port and --agent-port)")
+    try:
+        ip = ipaddress.ip_address(host[1:-1] if host.startswith("[") and host.endswith("]") else host)
+    except ValueError:
+        ip = None
+    if ip is not None:
+        if ip.is_unspecified:
+            raise LlmgwError(f"{said}: a wildcard is where a server listens, not an address anyone can reach; {want}")
+        return
+    if ":" in host:
+        raise LlmgwError(f"{said}: not a host (a port is not part of it: the ports come from --http-port and "
+                         f"--agent-port); {want}")
+    name = host[:-1] if host.endswith(".") else host
+    if len(name) > 253 or not all(_LABEL.fullmatch(label) for label in name.split(".")):
+        raise LlmgwError(f"{said}: not a host name (letters, digits and hyphens, in dot-separated labels of at "
+                         f"most 63); {want}")
+
+
 def check_mode(cfg: ServerConfig) -> None:
     """Refuses ``--insecure`` off loopback; warns loudly on it. LlmgwError says what to do instead."""
     if not cfg.insecure:
@@ -306,6 +342,7 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     check_mode(cfg)
+    check_advertise(cfg.advertise)
     _init_if_needed(cfg)
     try:
         store = Store.open_url(cfg.database) if cfg.database else Store.open(cfg.data_dir)
@@ -333,7 +370,14 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
                                     token=decide_cfg.hub.token)
     # A standby until the lease is taken (at once when no other server holds it): only the leader
     # accepts agents, reconciles and writes (``control.leader``).
-    cluster = Cluster(store, cfg=decide_cfg, ejections=reports.current, db=db, remote_meta=remote_meta, standby=True)
+    # What routers report of each model's load, the autoscaler's input (issue 17): the in-process router's
+    # reports arrive through a callback, a standalone router's through POST /api/v1/router/signals.
+    load_signals = autoscaler.RouterSignals()
+    cluster = Cluster(store, cfg=decide_cfg, ejections=reports.current, db=db, remote_meta=remote_meta, standby=True,
+                      signals=load_signals)
+    # Keys' "last used", as routers report it, written by the leader every few seconds per key at most.
+    key_uses = keyuse.Writer(db, leading=lambda: cluster.leading)
+    reports.on_key_used = key_uses.note
     db.watch_loop()
     try:
         grpc_server, agent_port, join_port = await agentsvc.serve(
@@ -375,7 +419,8 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
     # Ejections reach the control plane through a callback: the router and the control
     # plane share only the report's JSON shape, exactly what a standalone router POSTs.
     router = RouterApp(holder, watcher=watcher, source=f"the control plane at {control_url}",
-                       events=router_events.CallbackSink("server", reports.record), tracing=tracing)
+                       events=router_events.CallbackSink("server", reports.record), tracing=tracing,
+                       signals=router_signals.Reporter("server", deliver=load_signals.record))
     api = create_api(db, cluster, auth=auth, extra_registries=(router_metrics.REGISTRY, agentsvc_metrics.REGISTRY),
                      router_events=reports, leadership=leadership)
     # A standby answers routers' tables, /healthz, /metrics and the control planes' list itself, and
@@ -430,6 +475,7 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
         gc_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await reconcile_task
+        key_uses.close()  # the last uses the router flushed at its shutdown, queued before the store closes
         await asyncio.to_thread(db.close)  # the writes still queued (the agents' disconnects) first
         # Then the lease, given up at once: a standby leads without waiting it out.
         await leadership.release()

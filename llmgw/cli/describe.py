@@ -86,6 +86,19 @@ def print_model(doc: dict[str, Any], now: float) -> None:
         ("Generation", f"{doc['generation']} (updated {ago(doc['updated_at'], now)} ago)"),
         ("State", f"{st['state']}: {st['message']}"),
     ]
+    auto = doc.get("autoscale")
+    if auto:
+        sig = auto.get("signals")
+        if sig is None:
+            load = "no router reports (the count holds)"
+        else:
+            ttft = "-" if sig["ttft_p90_ms"] is None else f"{sig['ttft_p90_ms']:.0f} ms"
+            load = (f"{sig['arrived_per_s']:.1f} req/s, {sig['waiting']:g} waiting, {sig['in_flight']:g} in flight, "
+                    f"TTFT p90 {ttft}, {sig['tokens_per_s']:.0f} tokens/s from {len(auto['routers'])} router(s)")
+        last = (f"{auto['last_reason']} ({ago(auto['last_change_at'], now)} ago)" if auto["last_reason"]
+                else "no change yet")
+        lines[3:3] = [("Autoscale", f"{auto['replicas']} in force (min {auto['min_replicas']}, max "
+                                    f"{auto['max_replicas']}); last: {last}"), ("Load", load)]
     for k, v in lines:
         console.print(f"{k + ':':<12} {v}", markup=False)
     console.print("\nConditions:", markup=False)

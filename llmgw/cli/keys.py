@@ -1,4 +1,4 @@
-"""``llmgw key create|list|delete``: API keys for the router's clients, over ``/api/v1/keys``.
+"""``llmgw key create|list|disable|enable|delete``: API keys for the router's clients, over ``/api/v1/keys``.
 
 The secret is printed once, by ``create``, on a line of its own so a script can
 take it with ``| tail -1``; the control plane keeps only its hash, so a lost key
@@ -8,6 +8,7 @@ is replaced (delete it, create another), never shown again.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import typer
@@ -15,17 +16,20 @@ from rich.console import Console
 from rich.table import Table
 
 from llmgw.cli import client as client_mod
+from llmgw.core import units
 from llmgw.core.errors import LlmgwError
 
 console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True, highlight=False)
 
 
-def table(items: list[dict[str, Any]]) -> Table:
-    t = Table("ID", "NAME", "MODELS", "RPM", "TPM", "PRIORITY", "DISABLED")
+def table(items: list[dict[str, Any]], *, now: float | None = None) -> Table:
+    now = time.time() if now is None else now
+    t = Table("ID", "NAME", "MODELS", "RPM", "TPM", "PRIORITY", "DISABLED", "LAST USED")
     for k in items:
         t.add_row(k["id"], k["name"], ", ".join(k["models"]) or "all", str(k["rpm"] or "unlimited"),
-                  str(k["tpm"] or "unlimited"), str(k["priority"]), "yes" if k.get("disabled") else "no")
+                  str(k["tpm"] or "unlimited"), str(k["priority"]), "yes" if k.get("disabled") else "no",
+                  units.format_ago(float(k.get("last_used_at") or 0), now=now))
     return t
 
 
@@ -39,9 +43,11 @@ def _fail(message: str) -> typer.Exit:
 
 
 def register(app: typer.Typer) -> None:
-    """Adds ``key create|list|delete`` to ``app``."""
+    """Adds ``key create|list|disable|enable|delete`` to ``app``."""
     key_app = typer.Typer(no_args_is_help=True, help="API keys for the OpenAI API (required once one exists).")
     app.add_typer(key_app, name="key")
+    # `llmgw keys list` reads as naturally as `llmgw key list`; both work, one is listed in --help.
+    app.add_typer(key_app, name="keys", hidden=True)
     url_opt = typer.Option(None, "--url", help=f"Control plane URL [env LLMGW_URL, default {client_mod.DEFAULT_URL}]")
 
     @key_app.command("create")
@@ -85,3 +91,22 @@ def register(app: typer.Typer) -> None:
         except LlmgwError as e:
             raise _fail(str(e)) from None
         console.print(f"key/{key_id} deleted")
+
+    def switch(key_id: str, action: str, url: str | None) -> None:
+        try:
+            _client(url).request("POST", f"/api/v1/keys/{key_id}/{action}")
+        except LlmgwError as e:
+            raise _fail(str(e)) from None
+        console.print(f"key/{key_id} {action}d")
+
+    @key_app.command("disable")
+    def disable(key_id: str = typer.Argument(..., help="The key's id, as `llmgw key list` shows it"),
+                url: str = url_opt) -> None:
+        """Disable a key: the router refuses it within a second or so; `llmgw key enable` takes it back."""
+        switch(key_id, "disable", url)
+
+    @key_app.command("enable")
+    def enable(key_id: str = typer.Argument(..., help="The key's id, as `llmgw key list` shows it"),
+               url: str = url_opt) -> None:
+        """Enable a disabled key again (its secret is unchanged)."""
+        switch(key_id, "enable", url)

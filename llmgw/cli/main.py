@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from urllib.parse import quote
 
 import typer
 from rich.console import Console
@@ -309,6 +310,20 @@ def get_replicas(model: str = typer.Option(None, help="Only this model's replica
 def get_weights(output: Output = typer.Option(Output.table, "-o", "--output"), url: str = UrlOpt) -> None:
     """Weights on each node: size, source, last use, whether llmgw fetched it, and which models ask for it."""
     _get("/api/v1/weights", output, url, tables.weights)
+
+
+@app.command()
+def scale(
+    name: str = typer.Argument(..., help="The model"),
+    replicas: int = typer.Option(..., "--replicas", min=0, help="The replica count to run"),
+    url: str = UrlOpt,
+) -> None:
+    """Set a model's replica count by hand (refused for an autoscaled model: its spec.autoscale sets it)."""
+    try:
+        _client(url).request("POST", f"/api/v1/models/{quote(name, safe='')}/scale", json={"replicas": replicas})
+    except LlmgwError as e:
+        raise _fail(str(e)) from None
+    console.print(f"model/{name} scaled to {replicas} replicas")
 
 
 @delete_app.command("model")

@@ -30,9 +30,9 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Concatenate, ParamSpec, Protocol
 
+from llmgw.control import autoscaler, remotemeta
 from llmgw.control import conditions as cond
 from llmgw.control import events as ev
-from llmgw.control import remotemeta
 from llmgw.control.reconcile import decide
 from llmgw.control.reconcile import decisions as d
 from llmgw.control.reconcile import engines as provisioning
@@ -40,8 +40,8 @@ from llmgw.control.state import NodeView, Phase, ReplicaRecord
 from llmgw.control.status import summarize
 from llmgw.control.store import store as store_mod
 from llmgw.control.store.offloop import StoreThread
-from llmgw.control.store.store import Fenced, Store, StoredNode
-from llmgw.core import fabrictest, specs
+from llmgw.control.store.store import Fenced, Store, StoredAutoscale, StoredNode
+from llmgw.core import autoscale, fabrictest, specs
 from llmgw.core.inventory import Heartbeat
 from llmgw.core.provision import Provision
 from llmgw.core.shards import ShardSpec, ShardState, ShardStatus
@@ -99,6 +99,11 @@ class _Plan:
     provisions: dict[str, Provision] = dataclasses.field(default_factory=dict)
     #: The wants and settings they were worked out from: stale once either is rebound (see ``_apply``).
     provisioned_from: tuple[object, object] = (None, None)
+    #: Autoscaler states that changed (written before the replicas), and those of models no longer autoscaled.
+    autoscale: list[StoredAutoscale] = dataclasses.field(default_factory=list)
+    autoscale_gone: list[str] = dataclasses.field(default_factory=list)
+    #: Each autoscaled model's ``Autoscaling`` condition, added to its model conditions.
+    autoscaling: dict[str, cond.Condition] = dataclasses.field(default_factory=dict)
 
 
 def _read_targets(store: Store) -> tuple[dict[str, specs.ModelSpec], list[ReplicaRecord]]:
@@ -114,15 +119,50 @@ class _Loaded:
     model_conds: dict[str, tuple[cond.Condition, ...]]
     wants: tuple[provisioning.ScopedWant, ...]
     settings: dict[str, str]
+    autoscale: dict[str, StoredAutoscale] = dataclasses.field(default_factory=dict)
 
 
 def _load(store: Store) -> _Loaded:
     replica_conds, model_conds = store.conditions()
-    return _Loaded(store.list_nodes(), replica_conds, model_conds, tuple(store.list_engine_wants()), store.settings())
+    return _Loaded(store.list_nodes(), replica_conds, model_conds, tuple(store.list_engine_wants()), store.settings(),
+                   store.autoscale_states())
+
+
+def in_force(models: Mapping[str, specs.ModelSpec],
+             states: Mapping[str, StoredAutoscale]) -> dict[str, specs.ModelSpec]:
+    """The models with each autoscaled one's ``replicas`` set to the autoscaler's count in force.
+
+    Before its first stored state an autoscaled model runs ``min_replicas`` (what ``parse_manifest`` put in
+    ``replicas``). Everything that counts replicas (reconcile, status, conditions, the router's table) reads
+    these, never the bare spec: the spec's ``replicas`` is only the floor.
+    """
+    out = dict(models)
+    for name, spec in models.items():
+        st = states.get(name)
+        if spec.autoscale is not None and st is not None and st.replicas != spec.replicas:
+            out[name] = dataclasses.replace(spec, replicas=st.replicas)
+    return out
+
+
+def _state(a: StoredAutoscale) -> autoscale.State:
+    return autoscale.State(replicas=a.replicas, above_since=a.above_since, below_since=a.below_since,
+                           idle_since=a.idle_since, last_scale_up_at=a.last_scale_up_at,
+                           last_change_at=a.last_change_at)
+
+
+def _stored(name: str, st: autoscale.State, reason: str) -> StoredAutoscale:
+    return StoredAutoscale(name, st.replicas, st.above_since, st.below_since, st.idle_since, st.last_scale_up_at,
+                           st.last_change_at, reason)
 
 
 def _write_targets(store: Store, plan: _Plan) -> None:
-    """The pass's targets, then its conditions (whose rows must exist by then)."""
+    """The pass's autoscaler states and targets, then its conditions (whose rows must exist by then).
+
+    The count in force is written before the replicas it asks for: a leader that fails over between the two
+    leaves a count whose replicas the next leader creates, never replicas that no stored count explains.
+    """
+    if plan.autoscale or plan.autoscale_gone:
+        store.write_autoscale(upserts=plan.autoscale, deletes=plan.autoscale_gone)
     if plan.upserts or plan.deletes:
         store.write_replicas(upserts=plan.upserts, deletes=plan.deletes, now=plan.now)
     if plan.changed_replicas or plan.changed_models:
@@ -134,8 +174,14 @@ class Cluster:
                  cfg: decide.Config = decide.Config(), heartbeat_timeout_s: float = 20.0,
                  interval_s: float = 1.0, ejections: Callable[[], dict[str, str]] | None = None,
                  db: StoreThread | None = None, remote_meta: remotemeta.Reader | None = None,
-                 standby: bool = False) -> None:
+                 standby: bool = False, signals: autoscaler.RouterSignals | None = None) -> None:
         self.store, self.clock, self.cfg = store, clock, cfg
+        #: What routers report of each model's load (issue 17): the autoscaler's input. A report that holds
+        #: a request for a model at zero kicks a pass at once, so its replica starts without waiting a tick.
+        self.signals = signals if signals is not None else autoscaler.RouterSignals(clock=clock)
+        self.signals.on_wake = self._woken
+        #: Each autoscaled model's autoscaler state as last written (loaded when this control plane leads).
+        self._autoscale: dict[str, StoredAutoscale] = {}
         #: Reads remote sources' metadata before their replicas are placed (None: placed without it).
         self.remote_meta = remote_meta
         if remote_meta is not None:
@@ -193,6 +239,7 @@ class Cluster:
         self._lost, self._drained, self._last_event, self._removing = set(), set(), {}, {}
         self.engine_wants = loaded.wants
         self.engine_settings = provisioning.EngineSettings.from_map(loaded.settings)
+        self._autoscale = dict(loaded.autoscale)
         self._conds.update({f"replica/{k}": v for k, v in loaded.replica_conds.items()})
         self._conds.update({f"model/{k}": v for k, v in loaded.model_conds.items()})
         for stored in loaded.nodes:
@@ -379,8 +426,9 @@ class Cluster:
         self._expire_silent(now)
         self._announce_lost(now)
         models, replicas = _read_targets(self.store)
+        signals, load = self._observed_load(models, now)
         plan = self._plan(models, replicas, self.nodes, frozenset(self._drained), now=now, ejected=self.ejections(),
-                          remote=self._remote(models), removing=self._still_removing(now))
+                          remote=self._remote(models), removing=self._still_removing(now), signals=signals, load=load)
         _write_targets(self.store, plan)
         self._apply(plan)
         return plan.again
@@ -393,11 +441,13 @@ class Cluster:
         self._expire_silent(now)
         self._announce_lost(now)
         models, replicas = await self.db.call(_read_targets, self.store)
+        # Read on the loop, where reports are recorded: RouterSignals is not for two threads at once.
+        signals, load = self._observed_load(models, now)
         # Measured in-process, 10,000 nodes and 100 models: deciding and deriving conditions held
         # the loop 30-120 ms a pass; in a thread the loop gets the GIL back every 5 ms (switch interval).
         plan = await asyncio.to_thread(self._plan, models, replicas, dict(self.nodes), frozenset(self._drained),
                                        now=now, ejected=self.ejections(), remote=self._remote(models),
-                                       removing=self._still_removing(now))
+                                       removing=self._still_removing(now), signals=signals, load=load)
         await self.db.call(_write_targets, self.store, plan)
         self._apply(plan)
         return plan.again
@@ -419,14 +469,76 @@ class Cluster:
                 del self._removing[key]
         return frozenset(self._removing)
 
+    # -- autoscaling (issue 17) --------------------------------------------------------------
+    def _woken(self, model: str) -> None:
+        """A router holds a request for ``model`` (at zero): a pass now, so its replica starts without a tick's wait."""
+        self.kick()
+
+    def _observed_load(self, models: Mapping[str, specs.ModelSpec], now: float
+                       ) -> tuple[dict[str, autoscale.Signals | None], dict[str, float]]:
+        """The routers' merged signals of each autoscaled model, and the in-flight count of every replica."""
+        return ({name: self.signals.signals(name, now) for name, spec in models.items() if spec.autoscale is not None},
+                self.signals.load())
+
+    def _autoscale_pass(self, plan: _Plan, models: dict[str, specs.ModelSpec], replicas: list[ReplicaRecord],
+                        signals: Mapping[str, autoscale.Signals | None], now: float) -> dict[str, specs.ModelSpec]:
+        """Decides each autoscaled model's count (into ``plan``); returns the models with their counts in force.
+
+        Pure over its arguments and ``self._autoscale`` (changed only by ``_apply``, on the loop).
+        """
+        by_model: dict[str, list[ReplicaRecord]] = {}
+        for r in replicas:
+            by_model.setdefault(r.model, []).append(r)
+        states: dict[str, StoredAutoscale] = {}
+        for name, spec in models.items():
+            auto = spec.autoscale
+            if auto is None:
+                continue
+            mine, fp = by_model.get(name, []), spec.fingerprint()
+            prev = self._autoscale.get(name)
+            if prev is not None:
+                start = _state(prev)
+            else:
+                # A model that just became autoscaled keeps the replicas it runs, within the bounds: starting
+                # at min_replicas would drain replicas serving load before a single report was read.
+                running = sum(1 for r in mine if r.phase is not Phase.TERMINATING and r.fingerprint == fp)
+                start = (autoscale.State(replicas=min(max(running, auto.min_replicas), max(auto.max_replicas, 1)))
+                         if running else autoscale.initial(auto))
+            # A replica of an old fingerprint means a rollout is in flight: its surge and drain move the load
+            # per replica, and a count decided on that would fight the roll.
+            rolling = any(r.fingerprint != fp for r in mine)
+            # A replica of this model refused a node (not one waiting out a failure's backoff): asking for
+            # more would only queue more that cannot be placed, a pass after pass loop.
+            unplaceable = next((r.message for r in mine if r.phase is Phase.PENDING and r.message
+                                and not r.failures and r.fingerprint == fp), "")
+            out = autoscale.decide(auto, signals.get(name), start, now=now, rolling=rolling, unplaceable=unplaceable)
+            stored = _stored(name, out.state, out.reason or (prev.last_reason if prev is not None else ""))
+            states[name] = stored
+            if stored != prev:
+                plan.autoscale.append(stored)
+            if out.reason:
+                plan.events.append(ev.Event(now, ev.NORMAL, "Autoscaled", f"model/{name}", out.reason, model=name))
+            plan.autoscaling[name] = cond.autoscaling(spec, replicas=out.state.replicas, limited=out.limited,
+                                                      unplaceable=bool(unplaceable) and out.limited == unplaceable)
+        plan.autoscale_gone = [name for name in self._autoscale if name not in states]
+        return in_force(models, states)
+
+    def autoscaled(self, name: str) -> StoredAutoscale | None:
+        """A model's autoscaler state as this leader last wrote it (None: not autoscaled, or not leading)."""
+        return self._autoscale.get(name)
+
     def _plan(self, models: dict[str, specs.ModelSpec], replicas: list[ReplicaRecord],
               nodes: Mapping[str, NodeView], drained: frozenset[str], *, now: float,
               ejected: dict[str, str], remote: Mapping[str, decide.fit.RemoteWeights] | None = None,
-              removing: frozenset[tuple[str, str]] = frozenset()) -> _Plan:
-        """Pure over its arguments and ``self._conds`` (changed only by ``_apply``, on the loop): safe in a thread."""
-        out = decide.reconcile(models, replicas, nodes, now=now, cfg=self.cfg, ejected=ejected, remote=remote,
-                               removing=removing)
-        plan = _Plan(decisions=out, now=now)
+              removing: frozenset[tuple[str, str]] = frozenset(),
+              signals: Mapping[str, autoscale.Signals | None] | None = None,
+              load: Mapping[str, float] | None = None) -> _Plan:
+        """Pure over its arguments, ``self._conds`` and ``self._autoscale`` (changed only by ``_apply``, on the
+        loop): safe in a thread."""
+        plan = _Plan(decisions=[], now=now)
+        models = self._autoscale_pass(plan, models, replicas, signals or {}, now)
+        out = plan.decisions = decide.reconcile(models, replicas, nodes, now=now, cfg=self.cfg, ejected=ejected,
+                                                remote=remote, removing=removing, load=load)
         for dec in out:
             if isinstance(dec, d.UpdateReplica):
                 plan.upserts.append(dec.record)
@@ -448,6 +560,9 @@ class Cluster:
 
     def _apply(self, plan: _Plan) -> None:
         """On the loop, once the targets are written: events, conditions as held, then commands to agents."""
+        self._autoscale.update({a.model: a for a in plan.autoscale})
+        for name in plan.autoscale_gone:
+            self._autoscale.pop(name, None)
         for e in plan.events:
             self.record(e)
         for rid in plan.deletes:
@@ -558,7 +673,8 @@ class Cluster:
         for name, spec in models.items():
             key = f"model/{name}"
             prev = self._conds.get(key, ())
-            new = cond.carry_times(cond.model_conditions(spec, by_model.get(name, []), replica_conds, nodes),
+            extra = (plan.autoscaling[name],) if name in plan.autoscaling else ()
+            new = cond.carry_times(cond.model_conditions(spec, by_model.get(name, []), replica_conds, nodes) + extra,
                                    prev, now=now)
             if new != prev:
                 plan.events.extend(ev.condition_events(key, name, new, prev, now=now))
@@ -636,10 +752,17 @@ class Cluster:
         for r in self.store.list_replicas():
             by_model.setdefault(r.model, []).append(r)
         models = []
+        states = self.store.autoscale_states()
         for stored in self.store.list_models():
             m = stored.model
             mine = by_model.get(m.name, [])
-            st = summarize(m.spec, mine, now=now)
+            spec = in_force({m.name: m.spec}, states)[m.name]
+            st = summarize(spec, mine, now=now)
+            auto = m.spec.autoscale
+            # Read by the router (``table.ModelRoute.autoscale``): a model at zero with this is held, not refused.
+            extra = {} if auto is None else {"autoscale": {"min_replicas": auto.min_replicas,
+                                                           "max_replicas": auto.max_replicas,
+                                                           "cold_start_timeout_s": auto.cold_start_timeout_s}}
             models.append({
                 "name": m.name, "served_name": m.spec.served_name, "aliases": list(m.spec.aliases),
                 "routing": m.spec.routing, "engine": m.spec.engine,
@@ -654,11 +777,15 @@ class Cluster:
                 # drained must keep its requests: they finish.
                 "unhealthy": [{"replica_id": r.id, "reason": r.message} for r in mine
                               if r.phase is Phase.UNHEALTHY],
+                **extra,
             })
+        stored_keys = self.store.list_keys()
         keys = [{"id": k.id, "sha256": k.sha256, "models": list(k.models), "rpm": k.rpm, "tpm": k.tpm,
-                 "priority": k.priority} for k in self.store.list_keys() if not k.disabled]
-        # Required only once a key exists, so a fresh `make up` keeps answering without one.
-        return {"models": models, "auth": {"required": bool(keys), "keys": keys}}
+                 "priority": k.priority} for k in stored_keys if not k.disabled]
+        # Required only once a key exists, so a fresh `make up` keeps answering without one. A disabled
+        # key counts: with every key disabled everyone is refused, where following the enabled keys
+        # opened the API to anyone the moment the last one was disabled.
+        return {"models": models, "auth": {"required": bool(stored_keys), "keys": keys}}
 
     async def _publish_table(self) -> None:
         # Built where the store is read: it is store rows and a summary of each model, nothing of the loop's.

@@ -20,6 +20,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from llmgw.control import status
 from llmgw.control.placement import explain
 from llmgw.control.state import NodeView, Phase, ReplicaRecord
 from llmgw.core import sources
@@ -33,7 +34,8 @@ REMOTE_PREFIXES = ("hf://", "http://", "https://", "mirror://")
 #: Engine output lines a crash-loop condition carries.
 LAST_OUTPUT_LINES = 5
 #: For each condition type, the status that is bad news: a change to it is a Warning event.
-BAD_STATUS = {"Placed": FALSE, "WeightsPresent": FALSE, "Ready": FALSE, "Degraded": TRUE, "Progressing": ""}
+BAD_STATUS = {"Placed": FALSE, "WeightsPresent": FALSE, "Ready": FALSE, "Degraded": TRUE, "Progressing": "",
+              "Autoscaling": FALSE}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -219,7 +221,9 @@ def model_conditions(spec: ModelSpec, replicas: Iterable[ReplicaRecord],
                               first.message if first else "no replica is on a node")
 
     head = f"{ready} of {desired} replicas Ready"
-    if desired == 0:
+    if desired == 0 and spec.autoscale is not None:
+        ready_c = Condition("Ready", TRUE, "Cold", status.cold_message(spec))
+    elif desired == 0:
         ready_c = Condition("Ready", TRUE, "ScaledToZero", "replicas is 0; set spec.replicas to serve it")
     elif ready >= desired:
         ready_c = Condition("Ready", TRUE, "ReplicasReady", head)
@@ -260,3 +264,22 @@ def model_conditions(spec: ModelSpec, replicas: Iterable[ReplicaRecord],
     else:
         prog = Condition("Progressing", FALSE, "UpToDate", "every replica runs the current spec")
     return (placed_c, weights_c, ready_c, degraded_c, prog)
+
+
+def autoscaling(spec: ModelSpec, *, replicas: int, limited: str, unplaceable: bool) -> Condition:
+    """An autoscaled model's ``Autoscaling`` condition: False when the load asks for more than it may have.
+
+    ``limited`` is the autoscaler's sentence (``core.autoscale.Decision.limited``); ``unplaceable`` says it
+    came from a replica that waits for a node (NoCapacity) rather than from ``max_replicas`` (AtMaxReplicas).
+    """
+    auto = spec.autoscale
+    assert auto is not None
+    count = f"{replicas} replica{'' if replicas == 1 else 's'}"
+    if limited and unplaceable:
+        return Condition("Autoscaling", FALSE, "NoCapacity", f"held at {count}: a replica waits for a node "
+                         f"({limited}); add a node or free one, or lower spec.autoscale.max_replicas")
+    if limited:
+        return Condition("Autoscaling", FALSE, "AtMaxReplicas",
+                         f"held at {count}, {limited}; raise spec.autoscale.max_replicas to follow it")
+    return Condition("Autoscaling", TRUE, "WithinBounds",
+                     f"{count}, between min {auto.min_replicas} and max {auto.max_replicas}")

@@ -1,4 +1,4 @@
-"""What routers report about replicas: ejections and recoveries, shown on the replica and counted.
+"""What routers report: ejections and recoveries of replicas, shown on the replica and counted; keys used.
 
 A router takes a replica out of rotation when real requests to it keep failing
 (``llmgw.router.health``), often before the control plane's own health check
@@ -12,6 +12,10 @@ is shown until its router reports the replica answering again, or until its
 backoff has passed (the router then tries it again; one more failure is a new
 report), whichever comes first. Several routers may eject the same replica; each
 is shown.
+
+A ``key_used`` event (the newest time a router let a key in) is handed to ``on_key_used(key_id, at)``,
+which the server wires to ``control.keyuse`` (the key's ``last_used_at`` in the store); without one it
+is accepted and dropped.
 
 Counted in ``/metrics`` as ``llmgw_router_reported_ejections_total{router, model}``
 (a different name from the router's own ``llmgw_router_ejections_total``, which the
@@ -54,8 +58,12 @@ class RouterEvents:
     """The current ejections per replica, from every router's reports."""
 
     def __init__(self, *, clock: Callable[[], float] = time.time,
-                 registry: prometheus_client.CollectorRegistry | None = None) -> None:
+                 registry: prometheus_client.CollectorRegistry | None = None,
+                 on_key_used: Callable[[str, float], None] | None = None) -> None:
         self._clock = clock
+        #: Where ``key_used`` events go (``keyuse.Writer.note``); settable after construction, as the
+        #: server makes this before the cluster its writer asks whether it leads.
+        self.on_key_used = on_key_used
         self._by_replica: dict[str, dict[str, Ejection]] = {}  # replica -> router -> its ejection
         self.registry = registry or prometheus_client.CollectorRegistry()
         self._ejections = prometheus_client.Counter(
@@ -80,7 +88,10 @@ class RouterEvents:
         parsed = [_event(f"events[{i}]", e) for i, e in enumerate(events)]  # all checked before any applies
         now = self._clock()
         for kind, model, replica, raw in parsed:
-            if kind == "ejected":
+            if kind == "key_used":
+                if self.on_key_used is not None:
+                    self.on_key_used(raw["key"], float(raw.get("at") or now))
+            elif kind == "ejected":
                 for_s = float(raw.get("for_s") or 0.0)
                 self._by_replica.setdefault(replica, {})[router] = Ejection(
                     router=router, model=model, replica=replica, reason=str(raw.get("reason") or "")[:300],
@@ -126,9 +137,9 @@ def _event(where: str, raw: Any) -> tuple[str, str, str, Mapping[str, Any]]:
     if not isinstance(raw, Mapping):
         raise BadReport(f"{where}: expected an object")
     kind = raw.get("type")
-    if kind not in ("ejected", "recovered"):
-        raise BadReport(f"{where}.type: expected 'ejected' or 'recovered', got {kind!r}")
-    for key in ("model", "replica"):
+    if kind not in ("ejected", "recovered", "key_used"):
+        raise BadReport(f"{where}.type: expected 'ejected', 'recovered' or 'key_used', got {kind!r}")
+    for key in ("key",) if kind == "key_used" else ("model", "replica"):
         if not isinstance(raw.get(key), str) or not raw[key]:
             raise BadReport(f"{where}.{key}: expected a non-empty string")
     for key in ("for_s", "at"):
@@ -138,4 +149,4 @@ def _event(where: str, raw: Any) -> tuple[str, str, str, Mapping[str, Any]]:
     failures = raw.get("failures")
     if failures is not None and (isinstance(failures, bool) or not isinstance(failures, int) or failures < 0):
         raise BadReport(f"{where}.failures: expected a whole number, got {failures!r}")
-    return kind, raw["model"], raw["replica"], raw
+    return kind, raw.get("model", ""), raw.get("replica", ""), raw

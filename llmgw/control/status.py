@@ -17,7 +17,7 @@ from llmgw.core.specs import ModelSpec
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ModelStatus:
-    #: Ready, Degraded, Starting, Pending, Failed or ScaledToZero.
+    #: Ready, Degraded, Starting, Pending, Failed, ScaledToZero, or Cold (autoscaled, at zero).
     state: str
     message: str
     ready: int
@@ -45,10 +45,21 @@ def describe_replica(r: ReplicaRecord, *, now: float) -> str:
     return f"replica {r.id} {r.phase.value}: {r.message}" if r.message else f"replica {r.id} {r.phase.value}"
 
 
+def cold_message(spec: ModelSpec) -> str:
+    """What an autoscaled model at zero says (the router's 503 past its cold-start timeout carries it)."""
+    auto = spec.autoscale
+    assert auto is not None
+    return (f"no replica: scaled to zero after {auto.scale_to_zero_after_s:g}s idle; the next request starts one "
+            f"(cold start, up to {auto.cold_start_timeout_s:g}s)")
+
+
 def summarize(spec: ModelSpec, replicas: Iterable[ReplicaRecord], *, now: float) -> ModelStatus:
+    """The model's state; ``spec.replicas`` is the count in force (the autoscaler's, for an autoscaled model)."""
     mine = [r for r in replicas if r.phase is not Phase.TERMINATING]
     ready = sum(1 for r in mine if r.phase is Phase.READY)
     desired = spec.replicas
+    if desired == 0 and spec.autoscale is not None:
+        return ModelStatus("Cold", cold_message(spec), ready, desired)
     if desired == 0:
         return ModelStatus("ScaledToZero", "replicas is 0; set spec.replicas to serve it", ready, desired)
     head = f"{ready} of {desired} replicas Ready"

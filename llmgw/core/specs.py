@@ -40,6 +40,19 @@ and how replicas are spread::
       placement: spread               # or binpack
       priority: 10                    # higher is placed first when nodes are short
 
+The replica count may be left to the autoscaler (``llmgw.core.autoscale``); then
+``replicas`` is not given (a manual count beside it is refused)::
+
+      autoscale:
+        min_replicas: 0               # 0: scale to zero when idle (default 1)
+        max_replicas: 4               # required
+        queue_per_replica: 2          # targets, at least one: also ttft_p90_ms,
+        ttft_p90_ms: 500              # inflight_per_replica, tokens_per_s_per_replica
+        scale_up_after: 15s           # windows: 15s, 120s, 300s and 60s by default
+        scale_down_after: 2m
+        scale_to_zero_after: 5m
+        cold_start_timeout: 60s       # how long a router holds a request for a model at zero
+
 ``gpus.count`` is the GPUs on each node, and defaults to
 tensor_parallel * pipeline_parallel / nnodes. ``gpus.memory`` is what each GPU
 must have free; when it (or, for a CPU model, ``memory``) is not given it is
@@ -56,10 +69,12 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
 
+from llmgw.core import autoscale as autoscale_mod
 from llmgw.core import engines as engines_mod
 from llmgw.core import shards, sources, units
 from llmgw.core.errors import SpecError
@@ -178,11 +193,15 @@ class ModelSpec:
     source_file: str = ""
     #: The expected sha256 of a remote file (64 lower-case hex); "": checked by size alone.
     source_sha256: str = ""
+    #: Bounds, targets and windows of the autoscaler; None: ``replicas`` is set by hand. With it,
+    #: ``replicas`` is min_replicas, only a floor: the count in force is the autoscaler's.
+    autoscale: autoscale_mod.Autoscale | None = None
 
     def fingerprint(self) -> str:
         """A short hash of everything that changes the engine process (not replicas, aliases, routing or rollout)."""
         doc = dataclasses.asdict(self)
-        for key in ("replicas", "aliases", "routing", "rollout", "max_concurrency_per_replica"):
+        # autoscale only moves the count: changing a target or a window must never restart an engine.
+        for key in ("replicas", "aliases", "routing", "rollout", "max_concurrency_per_replica", "autoscale"):
             doc.pop(key)
         # placement and priority only order future decisions: rolling every
         # replica because a tie-break changed would restart engines for nothing.
@@ -241,6 +260,10 @@ class Model:
             spec["source_file"] = s.source_file
         if s.source_sha256:
             spec["source_sha256"] = s.source_sha256
+        if s.autoscale is not None:
+            # replicas is the autoscaler's to set: written back, it would be refused as a manual count.
+            del spec["replicas"]
+            spec["autoscale"] = _autoscale_doc(s.autoscale)
         return {"apiVersion": API_VERSION, "kind": "Model", "metadata": {"name": self.name}, "spec": spec}
 
 
@@ -248,7 +271,8 @@ _TOP_FIELDS = ("apiVersion", "kind", "metadata", "spec")
 _META_FIELDS = ("name", "labels")
 _SPEC_FIELDS = ("engine", "served_name", "source", "replicas", "resources", "startup_timeout",
                 "engine_args", "env", "aliases", "routing", "rollout",
-                "max_concurrency_per_replica", "dtype", "context_length", "source_file", "source_sha256")
+                "max_concurrency_per_replica", "dtype", "context_length", "source_file", "source_sha256",
+                "autoscale")
 _PLACEMENT_FIELDS = ("engine_version", "node_selector", "pool", "placement", "priority")
 _RESOURCE_FIELDS = ("memory", "cpu_threads", "gpus", "nnodes")
 _GPU_FIELDS = ("count", "memory", "compute_capability", "tensor_parallel", "pipeline_parallel")
@@ -581,6 +605,13 @@ def parse_manifest(doc: Any, *, stored: bool = False) -> Model:
     )
     spec = dataclasses.replace(spec, source_file=_source_file(spec_doc.get("source_file"), spec.source),
                                source_sha256=_source_sha256(spec_doc.get("source_sha256"), spec.source))
+    if spec_doc.get("autoscale") is not None:
+        if spec_doc.get("replicas") is not None:
+            raise SpecError("spec.replicas", "autoscale sets the replica count (between min_replicas and "
+                                             "max_replicas); remove spec.replicas, or remove spec.autoscale to "
+                                             "set it by hand")
+        auto = _autoscale(spec_doc["autoscale"])
+        spec = dataclasses.replace(spec, autoscale=auto, replicas=auto.min_replicas)
     if spec.context_length:
         _context_said_once(spec)
     if spec.resources.nnodes > 1 and not stored:
@@ -677,3 +708,60 @@ def _rollout(value: Any) -> Rollout:
     _check_fields(doc, _ROLLOUT_FIELDS, "spec.rollout")
     return Rollout(max_surge=_rollout_count(doc.get("max_surge", 1), "spec.rollout.max_surge"),
                    max_unavailable=_rollout_count(doc.get("max_unavailable", 0), "spec.rollout.max_unavailable"))
+
+
+_AUTOSCALE_TARGETS = ("queue_per_replica", "ttft_p90_ms", "inflight_per_replica", "tokens_per_s_per_replica")
+#: Field in the file -> (attribute, the least it may be in seconds).
+_AUTOSCALE_WINDOWS = {"scale_up_after": ("scale_up_after_s", 0.0), "scale_down_after": ("scale_down_after_s", 0.0),
+                      "scale_to_zero_after": ("scale_to_zero_after_s", 0.0),
+                      "cold_start_timeout": ("cold_start_timeout_s", 1.0)}
+_AUTOSCALE_FIELDS = ("min_replicas", "max_replicas", *_AUTOSCALE_TARGETS, *_AUTOSCALE_WINDOWS)
+#: A target past any real load: a typo of a few zeros, refused rather than never scaling.
+_MAX_TARGET = 1e9
+
+
+def _autoscale(value: Any) -> autoscale_mod.Autoscale:
+    """``spec.autoscale``: bounds, at least one target, windows; every refusal names its field."""
+    doc = _mapping(value, "spec.autoscale")
+    _check_fields(doc, _AUTOSCALE_FIELDS, "spec.autoscale")
+    lo = _int(1 if doc.get("min_replicas") is None else doc["min_replicas"], "spec.autoscale.min_replicas",
+              lo=0, hi=MAX_REPLICAS)
+    if doc.get("max_replicas") is None:
+        raise SpecError("spec.autoscale.max_replicas", "required: the most replicas the autoscaler may run")
+    hi = _int(doc["max_replicas"], "spec.autoscale.max_replicas", lo=1, hi=MAX_REPLICAS)
+    if hi < lo:
+        raise SpecError("spec.autoscale.max_replicas", f"{hi} is below min_replicas ({lo}); raise max_replicas "
+                                                       "or lower min_replicas")
+    fields: dict[str, Any] = {}
+    for key in _AUTOSCALE_TARGETS:
+        if doc.get(key) is None:
+            continue
+        field, got = f"spec.autoscale.{key}", doc[key]
+        if isinstance(got, bool) or not isinstance(got, int | float) or not 0 < got <= _MAX_TARGET:
+            raise SpecError(field, f"expected a number above 0 (at most {_MAX_TARGET:g}), got {got!r}")
+        fields[key] = float(got)
+    if not fields:
+        raise SpecError("spec.autoscale", f"needs at least one target: {', '.join(_AUTOSCALE_TARGETS)} "
+                                          "(such as queue_per_replica: 2)")
+    for key, (attr, least) in _AUTOSCALE_WINDOWS.items():
+        if doc.get(key) is None:
+            continue
+        try:
+            seconds = units.parse_duration(doc[key])
+        except ValueError as e:
+            raise SpecError(f"spec.autoscale.{key}", str(e)) from None
+        if not math.isfinite(seconds) or seconds < least:
+            raise SpecError(f"spec.autoscale.{key}", f"must be at least {least:g}s, got {doc[key]!r}")
+        fields[attr] = seconds
+    return autoscale_mod.Autoscale(min_replicas=lo, max_replicas=hi, **fields)
+
+
+def _autoscale_doc(a: autoscale_mod.Autoscale) -> dict[str, Any]:
+    """The canonical ``autoscale`` mapping: targets only when set, every window in seconds."""
+    doc: dict[str, Any] = {"min_replicas": a.min_replicas, "max_replicas": a.max_replicas}
+    for key in _AUTOSCALE_TARGETS:
+        if getattr(a, key):
+            doc[key] = getattr(a, key)
+    for key, (attr, _) in _AUTOSCALE_WINDOWS.items():
+        doc[key] = getattr(a, attr)
+    return doc

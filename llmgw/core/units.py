@@ -61,3 +61,14 @@ def format_bytes(n: int) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     raise AssertionError("unreachable")
+
+
+def format_ago(at: float, *, now: float) -> str:
+    """How long before ``now`` ``at`` was, for "last used": ``never`` (0), ``12s ago``, ``2m ago``, ``3h ago``."""
+    if not at:
+        return "never"
+    s = max(0, int(now - at))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{s // size}{unit} ago"
+    return f"{s}s ago"

@@ -15,7 +15,17 @@ then cancels the relay, which closes the upstream connection: without it the
 engine would keep generating for a client that left, holding a slot that queued
 requests are waiting for. A stream whose engine is slow to answer gets SSE
 keep-alive comments (``relay``; ``_open_keeping_alive`` says when the 200 may go
-out before the engine's). Each request's timings go to ``metrics`` on a ``Trace``.
+out before the engine's). Each request's timings go to ``metrics`` on a ``Trace``,
+and with a ``signals`` reporter its arrival, first token and output tokens go to
+the autoscaler's counts too (a few integer operations: ``signals``).
+
+A model scaled to zero (autoscaled, no endpoint) stays listed, marked cold, and
+its requests are held rather than refused (``_hold``): the reporter tells the
+control plane at once, a stream gets its 200 and keep-alive comments, and each
+new table wakes the held requests to look again; once the model has an endpoint
+they are served as usual, past its cold-start timeout they get a 503 with
+Retry-After. They wait before admission, not in it: a held request occupies no
+slot, and admission's wait (and its 429) starts only once there is a replica.
 
 The app owns its HTTP client pools: ``startup()`` and ``shutdown()``, or ASGI
 lifespan when it runs alone. A ``watcher`` passed in is started and stopped with it.
@@ -31,6 +41,7 @@ Under any other ASGI server the watching task stays.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -51,6 +62,7 @@ from llmgw.router import (
     upstream,
 )
 from llmgw.router import events as router_events
+from llmgw.router import signals as router_signals
 from llmgw.router import tracing as router_tracing
 from llmgw.router.client import Response
 from llmgw.router.table import Endpoint, ModelRoute, RouteTable, TableHolder
@@ -67,6 +79,9 @@ Opened = tuple[Endpoint, Response]
 CANCELS = "llmgw.cancel_on_disconnect"
 #: Routings that choose by the request's content; only these need its affinity key.
 KEYED_ROUTINGS = frozenset({"prefix_cache", "session_affinity"})
+#: Retry-After of the 503 past a cold-start timeout: the replica that missed it is most often
+#: seconds from Ready (its weights loading), and the retry is held again for a whole timeout.
+COLD_RETRY_AFTER_S = 5
 
 
 class Lifecycle(Protocol):
@@ -81,7 +96,8 @@ class RouterApp:
                  source: str = "the control plane", connect_timeout_s: float = 5.0,
                  max_endpoints: int = 3, max_body_bytes: int = 32 << 20, keepalive_s: float = 15.0,
                  serve_metrics: bool = False, admission_queue: int = 100, admission_wait_s: float = 30.0,
-                 events: router_events.Sink | None = None, tracing: router_tracing.Tracing | None = None) -> None:
+                 events: router_events.Sink | None = None, tracing: router_tracing.Tracing | None = None,
+                 signals: router_signals.Reporter | None = None) -> None:
         self.holder = holder
         self._watcher = watcher
         self._source = source  # named in the 503 answered before the first table arrives
@@ -97,11 +113,28 @@ class RouterApp:
         self._limiter = ratelimit.RateLimiter()
         self._admission = admission.Admission(max_queue=admission_queue, max_wait_s=admission_wait_s)
         self._limits_seen: object = None
+        # The autoscaler's signals (None: not reported); it reads per-replica in flight and the queue itself.
+        self._signals = signals
+        if signals is not None:
+            signals.attach(holder, in_flight=self._forwarder.loads.in_flight, queued=self._admission.queued)
+        # Requests held for a model at zero, each waiting on one of these for the next table.
+        self._cold_waiters: list[asyncio.Future[None]] = []
+        holder.listen(self._wake_held)
+        # A new table's limits apply as it arrives: applied by the next request only, a replica that
+        # turned Ready admitted nobody waiting until someone else came (and then a burst at once).
+        holder.listen(self._apply_limits)
+
+    def _apply_limits(self, table: RouteTable) -> None:
+        if table.limits is not self._limits_seen:
+            self._admission.set_limits(table.limits)
+            self._limits_seen = table.limits
 
     async def startup(self) -> None:
         await self._forwarder.start()
         if self._events is not None:
             await self._events.start()
+        if self._signals is not None:
+            await self._signals.start()
         if self._watcher is not None:
             await self._watcher.start()
 
@@ -111,6 +144,8 @@ class RouterApp:
         await self._forwarder.close()
         if self._events is not None:
             await self._events.stop()
+        if self._signals is not None:
+            await self._signals.stop()
         if self._tracing is not None:
             await self._tracing.shutdown()
 
@@ -163,7 +198,9 @@ class RouterApp:
         if key.models not in cache:
             # Each id once, owned by the model a lookup of it finds: a name two models claim
             # would otherwise be listed twice, once for a model that never gets its traffic.
+            # A model at zero is listed, and routable: its first request is held while a replica starts.
             data = [{"id": name, "object": "model", "created": model.created, "owned_by": "llmgw"}
+                    | ({"llmgw": {"state": "cold"}} if model.cold else {})
                     for model in table.auth.visible(key, table.models) for name in model.public_names()
                     if table.lookup(name) is model]
             cache[key.models] = json.dumps({"object": "list", "data": data}).encode()
@@ -179,6 +216,8 @@ class RouterApp:
         key = table.auth.identify(header)
         if isinstance(key, errors.ApiError):
             raise key  # before the lookup, so a 404 lists no models to a stranger
+        if key.id and self._events is not None:
+            self._events.key_used(key.id)  # the keys page's "last used"; a dict update, reported every few seconds
         route = table.lookup(req.model)
         if route is None:
             raise errors.model_not_found(req.model, [n for m in table.auth.visible(key, table.models)
@@ -190,11 +229,19 @@ class RouterApp:
         throttled = self._limiter.admit(key)
         if throttled is not None:
             raise throttled
-        if table.limits is not self._limits_seen:
-            self._admission.set_limits(table.limits)
-            self._limits_seen = table.limits
         if key.tpm:
             send = self._counting(send, key.id)
+        counts = self._signals.arrived(route.name, arrived) if self._signals is not None else None
+        started = held = False
+        if not route.endpoints and route.autoscale is not None:
+            # A model at zero: held here, not refused, until a replica is Ready (or its cold-start timeout).
+            waited = await self._hold(route, req, key, arrived, send, counts)
+            if waited is None:
+                return  # answered already: the timeout's 503, or the model went away
+            route, started = waited
+            held = True
+            table = self.holder.current
+        self._apply_limits(table)
         # Hashing the prompt's blocks is for the routings that use them; round-robin skips it.
         affinity = (prefix.request_key(req.doc, session_header=_header(scope, b"x-llmgw-session"))
                     if route.routing in KEYED_ROUTINGS else pick.NO_KEY)
@@ -204,8 +251,17 @@ class RouterApp:
         async with self._admission.slot(route.name, priority=key.priority):
             if spans is not None:
                 spans.admitted(route.name)
+            if self.holder.current is not table:
+                # It waited in the queue while the table changed: the slot it got may be one a new
+                # replica brought (the limit is per endpoint), which the route it read on arrival
+                # lacks. Picking among the old endpoints then found them all full, and it got a 429
+                # (seen in bench/autoscale.py, every request admitted as a scale-up's replicas came).
+                fresh = self.holder.current.lookup(req.model)
+                if fresh is not None and fresh.name == route.name:
+                    route = fresh
             await self._serve(route, req, path, arrived, receive, send, affinity,
-                              cancels=CANCELS in scope.get("extensions", ()))
+                              cancels=CANCELS in scope.get("extensions", ()), counts=counts, started=started,
+                              held=held)
 
     def _counting(self, send: asgi.Send, key_id: str) -> asgi.Send:
         """``send``, also counting the tokens of the answer's usage for the key's tokens-per-minute.
@@ -236,8 +292,15 @@ class RouterApp:
 
     async def _serve(self, route: ModelRoute, req: request.CompletionRequest, path: str, arrived: float,
                      receive: asgi.Receive, send: asgi.Send, affinity: pick.RequestKey, *,
-                     cancels: bool = False) -> None:
+                     cancels: bool = False, counts: router_signals.ModelCounts | None = None, started: bool = False,
+                     held: bool = False) -> None:
+        """Forward to one of the route's endpoints; ``started``: a held stream's 200 went out already."""
         trace = metrics.Trace(route.name, arrived)
+        trace.signals = counts
+        if held:
+            trace.held = True
+            if started:
+                trace.status = 200
         if not route.endpoints:
             # Answered here, not raised: _http would count it again, under model="".
             refusal = errors.no_ready_endpoint(req.model, route.state, route.message)
@@ -259,7 +322,7 @@ class RouterApp:
             # where it waits and closes the upstream connection: no watcher needed.
             try:
                 await self._forward(route, path, body, send, trace, stream=req.stream, affinity=affinity,
-                                    progress=progress, shape=shape)
+                                    progress=progress, shape=shape, started=started)
             except asyncio.CancelledError:
                 log.info("client left during a %s request for %r; upstream request cancelled", path, req.model)
                 raise
@@ -268,7 +331,8 @@ class RouterApp:
                 trace.finish(time.perf_counter())
             return
         forward = asyncio.ensure_future(self._forward(route, path, body, send, trace, stream=req.stream,
-                                                      affinity=affinity, progress=progress, shape=shape))
+                                                      affinity=affinity, progress=progress, shape=shape,
+                                                      started=started))
         watch = asyncio.ensure_future(asgi.wait_disconnect(receive))
         try:
             await asyncio.wait((forward, watch), return_when=asyncio.FIRST_COMPLETED)
@@ -288,12 +352,12 @@ class RouterApp:
 
     async def _forward(self, route: ModelRoute, path: str, body: bytes, send: asgi.Send, trace: metrics.Trace,
                        *, stream: bool, affinity: pick.RequestKey, progress: bool = False,
-                       shape: openai_shape.Plan | None = None) -> None:
+                       shape: openai_shape.Plan | None = None, started: bool = False) -> None:
         trace.sent_upstream(time.perf_counter())
-        started = False
         opened: Opened | errors.ApiError
         if stream and self._keepalive_s > 0:
-            started, opened = await self._open_keeping_alive(route, path, body, send, trace, affinity, progress)
+            started, opened = await self._open_keeping_alive(route, path, body, send, trace, affinity, progress,
+                                                             started=started)
         else:
             try:
                 opened = await self._forwarder.open(route, path, body, key=affinity, stream=stream,
@@ -325,7 +389,7 @@ class RouterApp:
 
     async def _open_keeping_alive(self, route: ModelRoute, path: str, body: bytes, send: asgi.Send,
                                   trace: metrics.Trace, affinity: pick.RequestKey, progress: bool = False,
-                                  ) -> tuple[bool, Opened | errors.ApiError]:
+                                  *, started: bool = False) -> tuple[bool, Opened | errors.ApiError]:
         """Open the upstream response; if that takes longer than ``keepalive_s``, start the stream.
 
         Returns whether the 200 went out, and the response or the refusal. The trade:
@@ -339,15 +403,16 @@ class RouterApp:
         """
         # No task per request for the common case, an engine that answers within
         # keepalive_s: a timer that, only when it fires, starts the task that sends the
-        # 200 and the keep-alives while this one goes on waiting for the engine.
-        started = False
+        # 200 and the keep-alives while this one goes on waiting for the engine. ``started``: the
+        # 200 went out already (a request held for a model at zero), only the keep-alives go on.
         sender: asyncio.Future[None] | None = None
 
         async def keep_alive() -> None:
             nonlocal started
-            started = True  # before the send: a send cancelled mid-way has still written
-            trace.status = 200
-            await send(relay.stream_start(overhead_s=trace.before_upstream()))
+            if not started:
+                started = True  # before the send: a send cancelled mid-way has still written
+                trace.status = 200
+                await send(relay.stream_start(overhead_s=trace.before_upstream()))
             while True:
                 await relay.keepalive(send)
                 await asyncio.sleep(self._keepalive_s)
@@ -378,6 +443,88 @@ class RouterApp:
             raise
         return started, opened
 
+    async def _hold(self, route: ModelRoute, req: request.CompletionRequest, key: auth.KeyInfo, arrived: float,
+                    send: asgi.Send, counts: router_signals.ModelCounts | None) -> tuple[ModelRoute, bool] | None:
+        """Hold a request for a model at zero until a table gives it an endpoint.
+
+        Returns the model's route then, and whether a stream's 200 went out; None when the
+        request was answered here: past the model's cold-start timeout a 503 with Retry-After
+        and the model's state (a stream whose 200 went out gets it as its last event).
+
+        The reporter is told at once (the wake: the control plane starts a replica now, not at
+        its next pass), and the request counts as waiting for the autoscaler. A stream gets its
+        200 and a keep-alive comment every ``keepalive_s``, as while it waits for a first token:
+        a proxy in front would otherwise cut a connection idle through a cold start. No task:
+        each wait is on a future the next table resolves (``_wake_held``), or its timeout.
+        """
+        assert route.autoscale is not None
+        timeout_s = route.autoscale.cold_start_timeout_s
+        deadline = arrived + timeout_s
+        beats = req.stream and self._keepalive_s > 0
+        next_beat = arrived + self._keepalive_s
+        started = False
+        loop = asyncio.get_running_loop()
+        if counts is not None and self._signals is not None:
+            self._signals.held(counts)
+        if not self._cold_waiters:  # once per cold start, not once per request of a burst
+            log.info("model %r has no replica (%s); holding its requests up to %gs for one to start", route.name,
+                     route.state or "scaled to zero", timeout_s)
+        refusal: errors.ApiError | None = None
+        try:
+            while (now := time.perf_counter()) < deadline:
+                woken: asyncio.Future[None] = loop.create_future()
+                self._cold_waiters.append(woken)
+                try:
+                    await asyncio.wait((woken,), timeout=(min(deadline, next_beat) if beats else deadline) - now)
+                finally:
+                    if not woken.done():
+                        woken.cancel()
+                        with contextlib.suppress(ValueError):
+                            self._cold_waiters.remove(woken)
+                current = self.holder.current.lookup(req.model)
+                if current is None or current.name != route.name:
+                    # Deleted while its request waited: what a request arriving now would be told.
+                    table = self.holder.current
+                    refusal = errors.model_not_found(req.model, [n for m in table.auth.visible(key, table.models)
+                                                                 for n in m.public_names()])
+                    break
+                route = current
+                if route.endpoints:
+                    return route, started
+                if route.autoscale is None:  # no longer autoscaled: nothing will start a replica for it
+                    refusal = errors.no_ready_endpoint(req.model, route.state, route.message)
+                    break
+                timeout_s = route.autoscale.cold_start_timeout_s  # a new table may have changed it
+                deadline = arrived + timeout_s
+                if beats and time.perf_counter() >= next_beat:
+                    if not started:
+                        started = True  # before the send: a send cancelled mid-way has still written
+                        await send(relay.stream_start(overhead_s=time.perf_counter() - arrived))
+                    await relay.keepalive(send)
+                    next_beat = time.perf_counter() + self._keepalive_s
+            if refusal is None:
+                refusal = errors.ColdStartTimeout(req.model, route.state, route.message, waited_s=timeout_s,
+                                                  retry_after_s=COLD_RETRY_AFTER_S)
+        finally:
+            if counts is not None and self._signals is not None:
+                self._signals.released(counts)
+        log.warning("%s", refusal.message)
+        metrics.count_request(route.name, "", refusal.status)
+        if started:
+            await relay.error_event(send, refusal.body())
+        else:
+            extra = refusal.headers() if isinstance(refusal, errors.ColdStartTimeout) else None
+            await asgi.send_bytes(send, refusal.status, refusal.body(), extra=extra)
+        return None
+
+    def _wake_held(self, table: RouteTable) -> None:
+        """A new table: every held request looks again (called inside ``TableHolder.swap``, maybe off the loop)."""
+        if not self._cold_waiters:
+            return
+        waiters, self._cold_waiters = self._cold_waiters, []
+        for woken in waiters:
+            woken.get_loop().call_soon_threadsafe(_resolve, woken)
+
     async def _lifespan(self, receive: asgi.Receive, send: asgi.Send) -> None:
         while True:
             message = await receive()
@@ -392,6 +539,11 @@ class RouterApp:
                 await self.shutdown()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+def _resolve(woken: asyncio.Future[None]) -> None:
+    if not woken.done():  # its wait may have timed out meanwhile
+        woken.set_result(None)
 
 
 def _authorization(scope: asgi.Scope) -> bytes | None:

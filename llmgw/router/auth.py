@@ -70,9 +70,10 @@ class Authenticator:
                 id=str(raw.get("id", "")),
                 models=frozenset(m for m in models if isinstance(m, str)) if isinstance(models, list) else frozenset(),
                 rpm=_int(raw.get("rpm")), tpm=_int(raw.get("tpm")), priority=_priority(raw.get("priority")))
-        # A doc saying "required" with no usable key would lock everyone out with no key
-        # able to get in; `required` follows the keys, as the control plane means it to.
-        return cls(required=bool(doc.get("required")) and bool(by_hash), by_hash=by_hash)
+        # `required` as the control plane says it, even with no usable key: it says so while any key
+        # exists, and with every key disabled that is everyone refused, which is what disabling means.
+        # Following the usable keys instead opened the API to anyone the moment the last one was disabled.
+        return cls(required=bool(doc.get("required")), by_hash=by_hash)
 
     def identify(self, authorization: bytes | None) -> KeyInfo | errors.ApiError:
         """The caller behind an ``Authorization`` header, scope not yet checked."""

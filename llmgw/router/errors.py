@@ -90,3 +90,18 @@ def body_too_large(limit: int) -> ApiError:
                          "smaller body, or raise the limit with the router's --max-body-bytes "
                          "(max_body_bytes of RouterApp).", type="invalid_request_error",
                     code="request_too_large")
+
+
+class ColdStartTimeout(ApiError):
+    """503: a model at zero had no replica Ready within its cold-start timeout; Retry-After says when to retry."""
+
+    def __init__(self, name: str, state: str, message: str, *, waited_s: float, retry_after_s: int) -> None:
+        why = f"{state}: {message}" if message else (state or "no replica yet")
+        super().__init__(503, f"The model {name!r} has no ready replica, and none became ready within its "
+                              f"cold-start timeout of {waited_s:g}s ({why}). Retry in {retry_after_s}s, or see "
+                              f"`llmgw describe model {name}` for why it is not ready.",
+                         type="service_unavailable", code="model_cold")
+        self.retry_after_s = retry_after_s
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        return [(b"retry-after", str(self.retry_after_s).encode())]

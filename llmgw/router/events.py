@@ -1,4 +1,4 @@
-"""Telling the control plane what this router saw: replicas ejected, and replicas answering again.
+"""Telling the control plane what this router saw: replicas ejected, replicas answering again, keys used.
 
 The control plane marks a replica Ready from its own health checks; the router
 sees what real requests meet between two checks (``health``). Without a report,
@@ -11,6 +11,10 @@ takes (``{"router": id, "events": [event, ...]}``)::
     {"type": "ejected", "model": "m", "replica": "m-1a2b3c", "for_s": 2.0,
      "failures": 3, "reason": "Cannot connect to host ...", "at": 1764583200.0}
     {"type": "recovered", "model": "m", "replica": "m-1a2b3c", "at": ...}
+    {"type": "key_used", "key": "key-1a2b3c", "at": 1764583200.0}
+
+``key_used`` carries the newest time the key was let in here, at most once every few seconds per key
+(``keyuse``): the control plane keeps it as the key's "last used".
 
 The router and the control plane never import each other: inside ``llmgw
 server`` the events go to a callback ``serve`` wires to the control plane's
@@ -35,6 +39,8 @@ from typing import Any
 
 import aiohttp
 
+from llmgw.router import keyuse
+
 log = logging.getLogger(__name__)
 
 Event = dict[str, Any]
@@ -44,10 +50,12 @@ EVENTS_PATH = "/api/v1/router/events"
 class Sink:
     """Collects the events; subclasses deliver them. Alone, it only keeps which replicas it ejected."""
 
-    def __init__(self, router_id: str, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, router_id: str, *, clock: Callable[[], float] = time.time,
+                 key_use_every_s: float = keyuse.EVERY_S) -> None:
         self.router_id = router_id
         self._clock = clock
         self._ejected: set[str] = set()
+        self._key_uses = keyuse.KeyUse(self._report_key_use, every_s=key_use_every_s, clock=clock)
 
     def ejected(self, model: str, replica_id: str, *, for_s: float, failures: int, reason: str) -> None:
         self._ejected.add(replica_id)
@@ -60,6 +68,13 @@ class Sink:
         self._ejected.discard(replica_id)
         self.deliver({"type": "recovered", "model": model, "replica": replica_id, "at": self._clock()})
 
+    def key_used(self, key_id: str) -> None:
+        """A request with the key ``key_id`` was let in; reported as ``key_used`` at most every few seconds."""
+        self._key_uses.used(key_id)
+
+    def _report_key_use(self, key_id: str, at: float) -> None:
+        self.deliver({"type": "key_used", "key": key_id, "at": at})
+
     def deliver(self, event: Event) -> None:
         """Hand one event on; must not block or raise."""
 
@@ -67,7 +82,7 @@ class Sink:
         pass
 
     async def stop(self) -> None:
-        pass
+        self._key_uses.flush()
 
 
 class CallbackSink(Sink):
@@ -125,6 +140,7 @@ class HttpSink(Sink):
 
     async def stop(self) -> None:
         """One last try to send what is pending (at most a second), then stop."""
+        self._key_uses.flush()  # into the backlog, so the last uses go with the last batch
         task, self._task = self._task, None
         if task is not None:
             task.cancel()

@@ -35,9 +35,13 @@ from __future__ import annotations
 import bisect
 import dataclasses
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import prometheus_client as prom
 from prometheus_client import metrics_core
+
+if TYPE_CHECKING:  # signals imports the table, which imports admission, which imports this module
+    from llmgw.router.signals import ModelCounts
 
 REGISTRY = prom.CollectorRegistry()
 
@@ -49,6 +53,9 @@ ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0
 DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
                     1800.0)
 #: The router's own time: tenths of a millisecond when healthy.
+#: A cold start: an engine process loading weights, from a second (a small model cached on the node)
+#: to minutes (a large one fetched first); the goal for a small model is under 3 s.
+COLD_START_BUCKETS = (0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 OVERHEAD_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 RETRIES = prom.Counter("llmgw_router_retries_total", "Requests retried on another endpoint before any byte was sent",
@@ -57,6 +64,10 @@ PREFILL_WAITS = prom.Counter("llmgw_router_prefill_waits_total",
                              "Requests held until another request sharing their prompt prefix on the same "
                              "replica had its first token, so the engine reuses that prefix",
                              ["model", "replica"], registry=REGISTRY)
+COLD_START = prom.Histogram("llmgw_router_cold_start_seconds",
+                          "Requests held for a model at zero: arrival at the router to the first token sent "
+                          "to the client (a whole answer: to the answer)", ["model"], buckets=COLD_START_BUCKETS,
+                          registry=REGISTRY)
 EJECTIONS = prom.Counter("llmgw_router_ejections_total", "Endpoints taken out of rotation after consecutive failures",
                          ["model", "replica"], registry=REGISTRY)
 
@@ -223,7 +234,8 @@ class Trace:
     Times are ``time.perf_counter()`` readings taken by the app and the relay.
     """
 
-    __slots__ = ("model", "series", "arrived", "upstream_at", "own", "status", "replica")
+    __slots__ = ("model", "series", "arrived", "upstream_at", "own", "status", "replica", "signals", "tokens",
+                 "held")
 
     def __init__(self, model: str, arrived: float) -> None:
         self.model = model
@@ -233,6 +245,9 @@ class Trace:
         self.own = 0.0  # the router's time after the first upstream byte, added by the relay
         self.status = 499  # until a response starts: what nginx counts when the client left first
         self.replica = ""
+        self.signals: ModelCounts | None = None  # the model's counters for the autoscaler, when reported
+        self.tokens = 0  # output tokens of the answer (the relay's count), for ``signals``
+        self.held = False  # held for a model at zero: its first token ends a cold start
 
     def sent_upstream(self, now: float) -> None:
         self.upstream_at = now
@@ -244,10 +259,21 @@ class Trace:
     def first_chunk(self, received: float, sent: float) -> None:
         self.series.ttft.observe(sent - self.arrived)
         self.own += sent - received
+        if self.signals is not None:
+            self.signals.first_token(sent - self.arrived)
+        if self.held:
+            self.cold_started(sent)
+
+    def cold_started(self, sent: float) -> None:
+        """The first token (or whole answer) of a request held for a model at zero went out at ``sent``."""
+        self.held = False
+        COLD_START.labels(model=self.model).observe(sent - self.arrived)
 
     def finish(self, now: float) -> None:
         count_request(self.model, self.replica, self.status)
         self.series.duration.observe(now - self.arrived)
+        if self.signals is not None:
+            self.signals.tokens_out += self.tokens
         if self.upstream_at:
             OVERHEAD.observe(self.before_upstream() + self.own)
 

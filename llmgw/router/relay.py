@@ -18,7 +18,11 @@ every SSE parser, OpenAI's included.
 
 Each relay records its timings on the request's ``metrics.Trace``: TTFT at the
 first engine chunk sent (keep-alives are not tokens), the gap between chunks,
-and the router's own time from an upstream byte to the client.
+and the router's own time from an upstream byte to the client. It also counts
+the answer's output tokens for the autoscaler (``signals``): the usage the
+engine wrote when the last bytes carry it, else one per SSE event (``data:``,
+the ``[DONE]`` left out), a C-level count over bytes already in hand and no
+parse: a stream's chunks are never decoded here.
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ log = logging.getLogger(__name__)
 SSE = b"text/event-stream"
 KEEPALIVE = b": keep-alive\n\n"
 _END: asgi.Message = {"type": "http.response.body", "body": b"", "more_body": False}
+_DATA = b"data:"
+_DONE = b"[DONE]"
+_COMPLETION_TOKENS = b'"completion_tokens"'
 
 
 def _ms(seconds: float) -> bytes:
@@ -95,11 +102,15 @@ async def stream(endpoint: Endpoint, response: client.Response, send: asgi.Send,
         await send(stream_start(overhead_s=trace.before_upstream(), endpoint=endpoint, status=response.status))
         trace.status = response.status
     content = response.content
+    events = 0
+    tail = b""
     try:
         first = await _first_chunk(content, send, keepalive_s)
         # From here the engine is generating: wait on it with the idle timeout, not the first-byte one.
         upstream.body_started(response)
         if first:
+            tail = first
+            events = first.count(_DATA)
             # client.Response says when the body has ended with what was just read: the
             # stream's end then goes out in the same write as its last bytes, not after.
             ended = getattr(content, "ended", None)
@@ -114,6 +125,8 @@ async def stream(endpoint: Endpoint, response: client.Response, send: asgi.Send,
                 return
             itl = trace.series.itl
             async for chunk in content.iter_any():
+                tail = chunk
+                events += chunk.count(_DATA)
                 final = ended is not None and ended()
                 if shaper is not None:
                     chunk = shaper.feed(chunk) + (shaper.end() if final else b"")
@@ -132,6 +145,9 @@ async def stream(endpoint: Endpoint, response: client.Response, send: asgi.Send,
         error = errors.failed_mid_stream(endpoint.replica_id, str(exc) or type(exc).__name__)
         await error_event(send, error.body())
         return
+    finally:
+        if trace.signals is not None:
+            trace.tokens = _stream_tokens(events, tail)
     rest = shaper.end() if shaper is not None else b""
     if rest:
         await send({"type": "http.response.body", "body": rest, "more_body": True})
@@ -162,7 +178,35 @@ async def whole(route: ModelRoute, endpoint: Endpoint, response: client.Response
     await asgi.send_bytes(send, response.status, body, content_type=content_type,
                           extra=[(b"x-llmgw-upstream", endpoint.replica_id.encode()),
                                  (b"x-llmgw-overhead-ms", _ms(overhead))])
-    trace.own += time.perf_counter() - received
+    sent = time.perf_counter()
+    trace.own += sent - received
+    if trace.signals is not None and response.status == 200:
+        trace.tokens = completion_tokens(body) or 0
+    if trace.held:
+        trace.cold_started(sent)
+
+
+def completion_tokens(data: bytes) -> int | None:
+    """The ``usage.completion_tokens`` an answer's bytes carry, found without parsing them; None when absent."""
+    at = data.rfind(_COMPLETION_TOKENS)
+    if at < 0:
+        return None
+    at = data.find(b":", at + len(_COMPLETION_TOKENS))
+    if at < 0:
+        return None
+    digits = data[at + 1:at + 24].lstrip()
+    end = 0
+    while end < len(digits) and 48 <= digits[end] <= 57:
+        end += 1
+    return int(digits[:end]) if end else None
+
+
+def _stream_tokens(events: int, tail: bytes) -> int:
+    # The usage of a stream asked with include_usage, when its last bytes carry it; else the events.
+    used = completion_tokens(tail) if _COMPLETION_TOKENS in tail else None
+    if used is not None:
+        return used
+    return max(0, events - (_DONE in tail))
 
 
 async def as_event(endpoint: Endpoint, response: client.Response, send: asgi.Send,

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from llmgw.router import app as app_mod
-from llmgw.router import auth, events, tracing, watch
+from llmgw.router import auth, events, signals, tracing, watch
 from llmgw.router import server as server_mod
 from llmgw.router import table as table_mod
 
@@ -58,16 +58,19 @@ def read_token(token_file: Path | None, env: dict[str, str]) -> str:
 def build(*, table_file: Path | None = None, control_urls: str | Sequence[str] | None = None,
           max_body_bytes: int = 32 << 20, keepalive_s: float = 15.0, host: str = "127.0.0.1", router_id: str = "",
           tracing_endpoint: str = "", admission_queue: int = 100, admission_wait_s: float = 30.0,
-          token: str = "") -> app_mod.RouterApp:
+          token: str = "", signals_interval_s: float = 2.0) -> app_mod.RouterApp:
     """A RouterApp over a static table or one followed from a control plane, serving its own /metrics.
 
-    Following a control plane (one URL, or several tried in turn), it reports ejections to the one it
-    follows as ``router_id``, and proves itself to it with ``token`` (a router credential). ``host`` is
+    Following a control plane (one URL, or several tried in turn), it reports ejections and the
+    autoscaler's load signals to the one it follows as ``router_id``, and proves itself to it with
+    ``token`` (a router credential), every ``signals_interval_s`` and at once when it holds a request
+    for a model at zero. ``host`` is
     the listen address: keyless tables there get a warning unless it is loopback.
     """
     holder = table_mod.TableHolder()
     watcher: watch.TableWatcher | None = None
     sink: events.Sink | None = None
+    reporter: signals.Reporter | None = None
     guard = auth.ListenGuard(host)
     if table_file is not None:
         holder.swap(table_mod.RouteTable.from_doc(json.loads(table_file.read_text())))
@@ -80,6 +83,8 @@ def build(*, table_file: Path | None = None, control_urls: str | Sequence[str] |
         # Reports go where the table comes from: a control plane that answers now, not the
         # first one given, which may be the one that is down.
         sink = events.HttpSink(router_id or socket.gethostname(), lambda: following.current_url, headers=headers)
+        reporter = signals.Reporter(router_id or socket.gethostname(), control_url=lambda: following.current_url,
+                                    headers=headers, interval_s=signals_interval_s)
         urls = [control_urls] if isinstance(control_urls, str) else list(control_urls)
         source = (f"the control plane at {urls[0]}" if len(urls) == 1
                   else f"the control planes at {', '.join(urls)}")
@@ -88,7 +93,7 @@ def build(*, table_file: Path | None = None, control_urls: str | Sequence[str] |
     traced = tracing.Tracing(tracing_endpoint) if tracing_endpoint else None
     # serve_metrics: alone, nothing else serves the router's metrics; its own app does.
     return app_mod.RouterApp(holder, watcher=watcher, source=source, max_body_bytes=max_body_bytes,
-                             keepalive_s=keepalive_s, serve_metrics=True, events=sink, tracing=traced,
+                             keepalive_s=keepalive_s, serve_metrics=True, events=sink, tracing=traced, signals=reporter,
                              admission_queue=admission_queue, admission_wait_s=admission_wait_s)
 
 
@@ -115,7 +120,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--graceful-shutdown", type=float, default=30.0, metavar="SECONDS",
                         help="how long open streams may finish after SIGTERM before they are cut")
     parser.add_argument("--router-id", default="",
-                        help="this router's name in the ejections it reports to the control plane "
+                        help="this router's name in the ejections and load it reports to the control plane "
                              "[default: the hostname]")
     parser.add_argument("--tracing-endpoint", default=os.environ.get("LLMGW_TRACING_ENDPOINT", ""), metavar="URL",
                         type=_tracing_endpoint,
@@ -125,7 +130,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="requests that may wait per model when it is at its concurrency limit")
     parser.add_argument("--admission-wait", type=float, default=30.0, metavar="SECONDS",
                         help="how long one may wait for a slot before a 429 with Retry-After")
+    parser.add_argument("--signals-interval", type=_positive_seconds, default=2.0, metavar="SECONDS",
+                        help="how often the load the autoscaler scales on is reported to the control plane (a "
+                             "request held for a model at zero is reported at once)")
     return parser.parse_args(argv)
+
+
+def _positive_seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {value!r}")
+    return seconds
 
 
 def _control_urls(value: str) -> tuple[str, ...]:
@@ -161,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         router = build(table_file=args.table_file, control_urls=args.control, max_body_bytes=args.max_body_bytes,
                        keepalive_s=args.keepalive, host=args.host, router_id=args.router_id,
                        tracing_endpoint=args.tracing_endpoint, admission_queue=args.admission_queue,
-                       admission_wait_s=args.admission_wait, token=token)
+                       admission_wait_s=args.admission_wait, token=token,
+                       signals_interval_s=args.signals_interval)
     except (OSError, ValueError, table_mod.TableError) as exc:
         print(f"llmgw router: cannot load the route table: {exc}", file=sys.stderr)
         return 2

@@ -52,6 +52,20 @@ class Unhealthy:
     reason: str = ""
 
 
+#: ``spec.autoscale.cold_start_timeout``'s default, used when the document's is missing or malformed.
+DEFAULT_COLD_START_TIMEOUT_S = 60.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RouteAutoscale:
+    """What the router needs of a model's ``spec.autoscale``: its bounds, and how long to hold at zero."""
+
+    min_replicas: int
+    max_replicas: int
+    #: How long a request for the model at zero is held for a replica to start, before a 503.
+    cold_start_timeout_s: float = DEFAULT_COLD_START_TIMEOUT_S
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class ModelRoute:
     """A model as the router sees it: its names, its ready endpoints, and why there are none."""
@@ -73,6 +87,14 @@ class ModelRoute:
     #: Unlike a replica drained or scaled away (simply absent), the requests still waiting there
     #: for a first byte are given up and sent to another endpoint (``hung``).
     unhealthy: tuple[Unhealthy, ...] = ()
+    #: Set when the control plane scales the model (it may be at zero): a request that finds no
+    #: endpoint is then held for a replica to start (``app``), not refused. None: not autoscaled.
+    autoscale: RouteAutoscale | None = None
+
+    @property
+    def cold(self) -> bool:
+        """Autoscaled and without an endpoint: the next request waits for a replica to start."""
+        return self.autoscale is not None and not self.endpoints
 
     def public_names(self) -> tuple[str, ...]:
         """The ids ``/v1/models`` lists for this model: served name first, then aliases."""
@@ -244,7 +266,33 @@ def _model(where: str, raw: Any) -> ModelRoute:
         replica_limit=_replica_limit(where, raw),
         engine=_str(where, raw, "engine", default=""),
         unhealthy=unhealthy,
+        autoscale=_autoscale(where, raw),
     )
+
+
+def _autoscale(where: str, raw: Mapping[str, Any]) -> RouteAutoscale | None:
+    # Tolerant, like the limits: a control plane from before autoscaling sends none, and a malformed
+    # one must not make the router refuse the whole table (and keep serving an old one). A bad timeout
+    # is warned about and the default used: holding a request beats a 503 the model was meant to avoid.
+    value = raw.get("autoscale")
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        log.warning("%s.autoscale: expected an object, got %r; the model is routed as not autoscaled", where, value)
+        return None
+    bounds = []
+    for key in ("min_replicas", "max_replicas"):
+        n = value.get(key, 0)
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            log.warning("%s.autoscale.%s: expected a whole number >= 0, got %r; read as 0", where, key, n)
+            n = 0
+        bounds.append(n)
+    timeout = value.get("cold_start_timeout_s", DEFAULT_COLD_START_TIMEOUT_S)
+    if not isinstance(timeout, int | float) or isinstance(timeout, bool) or not 0 < timeout < float("inf"):
+        log.warning("%s.autoscale.cold_start_timeout_s: expected seconds > 0, got %r; holding requests %gs",
+                    where, timeout, DEFAULT_COLD_START_TIMEOUT_S)
+        timeout = DEFAULT_COLD_START_TIMEOUT_S
+    return RouteAutoscale(min_replicas=bounds[0], max_replicas=bounds[1], cold_start_timeout_s=float(timeout))
 
 
 def _unhealthy(where: str, raw: Mapping[str, Any]) -> tuple[Unhealthy, ...]:

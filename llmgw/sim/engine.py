@@ -3,8 +3,9 @@
 It stands in for a real engine wherever what matters is the HTTP behaviour and
 the timing, not the text: router and agent tests, local runs, benchmarks of
 the proxy. It speaks the same surface llama.cpp does (/health, /v1/models,
-chat and text completions with SSE, /metrics), and every body it sends
-validates against OpenAI's published schemas.
+chat and text completions with SSE, embeddings, /metrics), and every body it
+sends validates against OpenAI's published schemas. An embedding is a
+deterministic unit vector of the input's hash (``EMBEDDING_DIM`` values).
 
 The latency model, per request:
 
@@ -36,11 +37,14 @@ non-streaming request whose client closed after 0.2 s still held its slot
 from __future__ import annotations
 
 import argparse
+import array
 import asyncio
+import base64
 import collections
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import json
 import os
 import signal
@@ -59,6 +63,43 @@ GROUP_ENV = ("LLMGW_NNODES", "LLMGW_RANK", "LLMGW_LEADER_ADDR", "LLMGW_LEADER_PO
 
 #: Compact JSON: the separators json.dumps adds by default are a tenth of a small chunk.
 _dumps = functools.partial(json.dumps, separators=(",", ":"))
+#: Dimensions of a sim embedding: small, since what is tested is the wire, not the meaning.
+EMBEDDING_DIM = 64
+#: Inputs one embeddings request may carry (OpenAI's limit).
+MAX_EMBEDDING_INPUTS = 2048
+
+
+def embedding(text: str, *, dim: int = EMBEDDING_DIM) -> list[float]:
+    """A deterministic unit vector for ``text``: the same text gives the same vector, in any process."""
+    raw = b"".join(hashlib.sha256(f"{i}:{text}".encode()).digest() for i in range(-(-dim // 32)))
+    values = [(b - 127.5) / 127.5 for b in raw[:dim]]
+    norm = sum(v * v for v in values) ** 0.5 or 1.0
+    return [round(v / norm, 6) for v in values]
+
+
+async def _json_body(request: web.Request) -> dict[str, Any] | web.Response:
+    """The request's JSON object, or the 400 that says why it is not one."""
+    try:
+        body = json.loads(await request.read())
+    except (ValueError, UnicodeDecodeError) as e:
+        return error(400, f"request body is not valid JSON: {e}", type_="invalid_request_error")
+    if not isinstance(body, dict):
+        return error(400, "request body must be a JSON object", type_="invalid_request_error")
+    return body
+
+
+def embedding_inputs(value: Any) -> list[str] | None:
+    """An embeddings request's ``input`` as texts (token ids as their decimal text), None when it is not one."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and value and len(value) <= MAX_EMBEDDING_INPUTS:
+        if all(isinstance(v, str) for v in value):
+            return list(value)
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return [" ".join(map(str, value))]
+        if all(isinstance(v, list) and v and all(isinstance(t, int) for t in v) for v in value):
+            return [" ".join(map(str, v)) for v in value]
+    return None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -207,6 +248,7 @@ class SimEngine:
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/embeddings", self.embeddings)
         return app
 
     def loading(self) -> bool:
@@ -281,14 +323,42 @@ class SimEngine:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._complete(request, chat=False)
 
+    async def embeddings(self, request: web.Request) -> web.Response:
+        """A deterministic vector per input (``embedding``), as floats or, as the openai client asks by
+        default, base64 of little-endian float32s; no latency model: an embedding is one prefill."""
+        body = await _json_body(request)
+        if isinstance(body, web.Response):
+            return body
+        if body.get("model") != self.config.model:
+            return error(404, f"The model {body.get('model')!r} does not exist; this engine serves "
+                              f"{self.config.model!r}", type_="invalid_request_error", code="model_not_found",
+                         param="model")
+        texts = embedding_inputs(body.get("input"))
+        if texts is None:
+            return error(400, "input must be a string, a list of strings or of token ids, not empty and at most "
+                              f"{MAX_EMBEDDING_INPUTS} of them", type_="invalid_request_error", param="input")
+        fmt = body.get("encoding_format", "float")
+        if fmt not in ("float", "base64"):
+            return error(400, f"encoding_format must be 'float' or 'base64', not {fmt!r}",
+                         type_="invalid_request_error", param="encoding_format")
+        data = []
+        for i, text in enumerate(texts):
+            vec: list[float] | str = embedding(text)
+            if fmt == "base64":
+                packed = array.array("f", vec)
+                if sys.byteorder != "little":
+                    packed.byteswap()
+                vec = base64.b64encode(packed.tobytes()).decode()
+            data.append({"object": "embedding", "index": i, "embedding": vec})
+        tokens = sum(max(1, len(t) // 4) for t in texts)
+        return web.json_response({"object": "list", "data": data, "model": self.config.model,
+                                  "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}, dumps=_dumps)
+
     async def _parse(self, request: web.Request, *, chat: bool) -> tuple[Json, int, int] | web.Response:
         """The body, prompt tokens and tokens to generate, or the error to answer with."""
-        try:
-            body = json.loads(await request.read())
-        except (ValueError, UnicodeDecodeError) as e:
-            return error(400, f"request body is not valid JSON: {e}", type_="invalid_request_error")
-        if not isinstance(body, dict):
-            return error(400, "request body must be a JSON object", type_="invalid_request_error")
+        body = await _json_body(request)
+        if isinstance(body, web.Response):
+            return body
         model = body.get("model")
         if model is None:
             return error(400, "model is required", type_="invalid_request_error", param="model")

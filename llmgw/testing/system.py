@@ -43,9 +43,15 @@ def running(root: Path, **kw: Any) -> Iterator[System]:
         s.close()
 
 
-def sim_model(name: str, *, replicas: int = 1, args: list[str] | None = None, **spec: Any) -> dict[str, Any]:
+def sim_model(name: str, *, replicas: int = 1, args: list[str] | None = None,
+              autoscale: Mapping[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
+    """A sim model's manifest; with ``autoscale`` (the ``spec.autoscale`` mapping) ``replicas`` is left out.
+
+    A manifest with both is refused (autoscale sets the count), so an autoscaled model never carries one.
+    """
+    count: dict[str, Any] = {"autoscale": dict(autoscale)} if autoscale is not None else {"replicas": replicas}
     return {"apiVersion": "llmgw/v1", "kind": "Model", "metadata": {"name": name},
-            "spec": {"engine": "sim", "served_name": name, "replicas": replicas,
+            "spec": {"engine": "sim", "served_name": name, **count,
                      "engine_args": args or ["--decode-tps", "400"], **spec}}
 
 

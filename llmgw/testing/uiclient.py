@@ -21,6 +21,11 @@ class Node:
     def text(self) -> str:
         return " ".join("".join(self.parts).split())
 
+    @property
+    def raw(self) -> str:
+        """The text as it came, whitespace kept (a ``<pre>``'s lines, a ``<textarea>``'s YAML)."""
+        return "".join(self.parts)
+
     def find(self, pred: Any) -> Node | None:
         return next(iter(self.find_all(pred)), None)
 
@@ -32,6 +37,20 @@ class Node:
 
     def by_id(self, id_: str) -> Node | None:
         return self.find(lambda n: n.attrs.get("id") == id_)
+
+    def get(self, id_: str) -> Node:
+        """``by_id``, asserting the element is there."""
+        found = self.by_id(id_)
+        assert found is not None, f"no #{id_}"
+        return found
+
+    def links(self) -> list[str]:
+        """Every ``<a href>`` below (and at) this element, in page order."""
+        return [n.attrs.get("href", "") for n in self.find_all(lambda n: n.tag == "a")]
+
+    def mutating(self) -> int:
+        """How many elements carry ``data-mutating`` (controls a viewer must never be offered)."""
+        return len(self.find_all(lambda n: "data-mutating" in n.attrs))
 
 
 class Tree(html.parser.HTMLParser):
@@ -89,6 +108,10 @@ class Browser:
             else:
                 self.cookies.pop(name, None)
         return resp
+
+    def cookie_header(self) -> dict[str, str]:
+        """The headers a browser's own script would send to the API: the session cookie and this origin."""
+        return {"origin": self.url, "cookie": "; ".join(f"{k}={v}" for k, v in self.cookies.items())}
 
     def login(self, username: str, password: str) -> httpx.Response:
         """Posts the login form; the answer as it came (a 303 to the overview when it worked)."""

@@ -8,7 +8,6 @@ per test, at 1280 px and at a phone's 390 px.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 
 import pytest
 import yaml
@@ -24,37 +23,16 @@ pytestmark = pytest.mark.slow
 LIVE_S = 45.0
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[system.System]:
-    with system.running(tmp_path_factory.mktemp("uiapply")) as s:
-        yield s
-
-
-@pytest.fixture
-def chrome(request: pytest.FixtureRequest) -> Iterator[browser.Browser]:
-    failed_before = request.session.testsfailed
-    with browser.chromium(request.node.name) as b:
-        yield b
-        # pytest resumes this generator normally after a failed test, so the failure pictures are taken here.
-        if request.session.testsfailed > failed_before:
-            b.screenshot_open_pages()
-
-
-def _logged_in(page: sync_api.Page, cluster: system.System) -> None:
-    page.goto("/ui/login")
-    form = page.locator("#login-form")
-    form.locator("[name=username]").fill("admin")
-    form.locator("[name=password]").fill(cluster.admin_password)
-    form.get_by_role("button").first.click()
-    page.wait_for_url("**/ui/")
+def _logged_in(page: sync_api.Page, ui_system: system.System) -> None:
+    browser.log_in(page, username="admin", password=ui_system.admin_password)
 
 
 def test_apply_from_the_editor_then_the_replica_turns_ready_live_and_its_log_has_lines(
-        cluster: system.System, chrome: browser.Browser) -> None:
+        ui_system: system.System, chrome: browser.Browser) -> None:
     """Admin opens /ui/apply, types a sim model's YAML, applies: the model page shows its replica row turn Ready
     with no reload, and the replica's Logs link shows the engine's lines in #replica-log."""
-    page = chrome.page(base_url=cluster.url)
-    _logged_in(page, cluster)
+    page = chrome.page(base_url=ui_system.url)
+    _logged_in(page, ui_system)
     page.goto("/ui/apply")
     expect(page).to_have_title("llmgw · Apply a model")
     editor = page.locator("#spec-editor")
@@ -70,8 +48,8 @@ def test_apply_from_the_editor_then_the_replica_turns_ready_live_and_its_log_has
     expect(row.locator(".phase")).to_have_text("Ready", timeout=LIVE_S * 1000)
     assert page.evaluate("window.__llmgwNoReload === true"), "the model page was reloaded to show the replica"
     chrome.screenshot(page, "model")
-    phone = chrome.page(base_url=cluster.url, viewport=browser.PHONE)
-    _logged_in(phone, cluster)      # a context of its own, so a session of its own
+    phone = chrome.page(base_url=ui_system.url, viewport=browser.PHONE)
+    _logged_in(phone, ui_system)      # a context of its own, so a session of its own
     phone.goto("/ui/models/sim-typed")
     expect(phone.locator("tr[data-replica] .phase").first).to_have_text("Ready", timeout=LIVE_S * 1000)
     chrome.screenshot(phone, "model")
@@ -84,10 +62,10 @@ def test_apply_from_the_editor_then_the_replica_turns_ready_live_and_its_log_has
 
 
 def test_a_manifest_the_api_refuses_is_shown_in_words_and_the_text_is_kept(
-        cluster: system.System, chrome: browser.Browser) -> None:
+        ui_system: system.System, chrome: browser.Browser) -> None:
     """Applying replicas: many shows #editor-error as the API's sentence and the editor still holds the text."""
-    page = chrome.page(base_url=cluster.url)
-    _logged_in(page, cluster)
+    page = chrome.page(base_url=ui_system.url)
+    _logged_in(page, ui_system)
     page.goto("/ui/apply")
     text = yaml.safe_dump(system.sim_model("sim-bad", replicas="many"), sort_keys=False)
     page.locator("#spec-editor").fill(text)

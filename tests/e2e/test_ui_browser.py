@@ -9,7 +9,6 @@ at a phone's 390 px.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -26,48 +25,21 @@ pytestmark = pytest.mark.slow
 LIVE_S = 45.0
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[system.System]:
-    with system.running(tmp_path_factory.mktemp("ui")) as s:
-        yield s
-
-
-@pytest.fixture
-def chrome(request: pytest.FixtureRequest) -> Iterator[browser.Browser]:
-    failed_before = request.session.testsfailed
-    with browser.chromium(request.node.name) as b:
-        yield b
-        # pytest resumes this generator normally after a failed test (the call's report is counted first),
-        # so the failure pictures are taken here rather than by chromium()'s own except clause.
-        if request.session.testsfailed > failed_before:
-            b.screenshot_open_pages()
-
-
-def _login(page: sync_api.Page, *, username: str, password: str) -> None:
-    """Fill and submit the login form as a person does (typing, then the form's own button)."""
-    page.goto("/ui/login")
-    form = page.locator("#login-form")
-    form.locator("[name=username]").fill(username)
-    form.locator("[name=password]").fill(password)
-    form.get_by_role("button").first.click()
-
-
-def _logged_in(page: sync_api.Page, cluster: system.System) -> None:
-    _login(page, username="admin", password=cluster.admin_password)
-    page.wait_for_url("**/ui/")
+def _logged_in(page: sync_api.Page, ui_system: system.System) -> None:
+    browser.log_in(page, username="admin", password=ui_system.admin_password)
 
 
 def test_login_then_overview_shows_node_and_a_new_model_turning_ready_live(
-        cluster: system.System, chrome: browser.Browser) -> None:
+        ui_system: system.System, chrome: browser.Browser) -> None:
     """Admin logs in through the form and lands on the overview: node1 Ready, the user's name and role shown,
     and a model applied through the REST API appears and turns Ready 1/1 with no reload of the page."""
-    page = chrome.page(base_url=cluster.url)
+    page = chrome.page(base_url=ui_system.url)
     page.goto("/ui/login")
     expect(page.locator("#login-form")).to_be_visible()
     expect(page).to_have_title(re.compile(r"^llmgw · "))
     chrome.screenshot(page, "login")
 
-    _logged_in(page, cluster)
+    _logged_in(page, ui_system)
     expect(page).to_have_title("llmgw · Overview")
     expect(page.locator("#user")).to_contain_text("admin")
     expect(page.locator('tr[data-node="node1"] .state')).to_have_text("Ready", timeout=LIVE_S * 1000)
@@ -75,7 +47,7 @@ def test_login_then_overview_shows_node_and_a_new_model_turning_ready_live(
     # A marker on the page's own window: a reload or a navigation would start a fresh window without it,
     # so finding it afterwards proves the new row came by the fragments' refresh, not by loading the page.
     page.evaluate("window.__llmgwNoReload = true")
-    cluster.apply(system.sim_model("chat-ui"))
+    ui_system.apply(system.sim_model("chat-ui"))
     row = page.locator('tr[data-model="chat-ui"]')
     expect(row.locator(".ready")).to_have_text("1/1", timeout=LIVE_S * 1000)
     expect(row.locator(".state")).to_contain_text("Ready")
@@ -84,16 +56,16 @@ def test_login_then_overview_shows_node_and_a_new_model_turning_ready_live(
     chrome.screenshot(page, "overview")
 
 
-def test_login_and_overview_fit_a_phone_width_screen(cluster: system.System, chrome: browser.Browser) -> None:
+def test_login_and_overview_fit_a_phone_width_screen(ui_system: system.System, chrome: browser.Browser) -> None:
     """At 390 px the login form and the overview are usable: nothing makes the page scroll sideways, and
     node1's row is there."""
-    page = chrome.page(base_url=cluster.url, viewport=browser.PHONE)
+    page = chrome.page(base_url=ui_system.url, viewport=browser.PHONE)
     page.goto("/ui/login")
     expect(page.locator("#login-form")).to_be_visible()
     chrome.screenshot(page, "login")
     assert page.evaluate("document.documentElement.scrollWidth") <= browser.PHONE.width
 
-    _logged_in(page, cluster)
+    _logged_in(page, ui_system)
     expect(page.locator('tr[data-node="node1"] .state')).to_have_text("Ready", timeout=LIVE_S * 1000)
     expect(page.locator("#logout")).to_be_visible()
     chrome.screenshot(page, "overview")
@@ -102,14 +74,14 @@ def test_login_and_overview_fit_a_phone_width_screen(cluster: system.System, chr
 
 
 def test_a_wrong_password_is_refused_in_words_and_the_overview_stays_closed(
-        cluster: system.System, chrome: browser.Browser) -> None:
+        ui_system: system.System, chrome: browser.Browser) -> None:
     """Anonymous /ui/ goes to the login page; a wrong password shows #login-error as a sentence (no bare
     status code), sets no session, and the overview is still refused."""
-    page = chrome.page(base_url=cluster.url)
+    page = chrome.page(base_url=ui_system.url)
     page.goto("/ui/")
     assert page.url.endswith("/ui/login"), page.url
 
-    _login(page, username="admin", password="not-the-password")
+    browser.log_in(page, username="admin", password="not-the-password", lands=False)
     error = page.locator("#login-error")
     expect(error).to_be_visible()
     words = error.inner_text().strip()
@@ -121,13 +93,13 @@ def test_a_wrong_password_is_refused_in_words_and_the_overview_stays_closed(
     assert page.url.endswith("/ui/login"), page.url
 
 
-def test_the_browser_helper_drives_chromium_against_the_server(cluster: system.System,
+def test_the_browser_helper_drives_chromium_against_the_server(ui_system: system.System,
                                                                 chrome: browser.Browser) -> None:
     """The infrastructure itself: headless Chromium loads the server's own /api/docs page (no UI needed)
     and saves a screenshot per named step at each viewport."""
     for viewport in (browser.DESKTOP, browser.PHONE):
-        page = chrome.page(base_url=cluster.url, viewport=viewport)
-        page.set_extra_http_headers({"Authorization": f"Bearer {cluster.token}"})   # the docs need a credential
+        page = chrome.page(base_url=ui_system.url, viewport=viewport)
+        page.set_extra_http_headers({"Authorization": f"Bearer {ui_system.token}"})   # the docs need a credential
         # Its Swagger UI scripts come from a CDN, which a closed network never answers: the document is enough.
         page.goto("/api/docs", wait_until="domcontentloaded")
         expect(page).to_have_title("llmgw control plane - Swagger UI")

@@ -8,7 +8,6 @@ at a phone's 390 px.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 
 import pytest
 from playwright import sync_api
@@ -27,33 +26,18 @@ MAX_TOKENS = 40
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[system.System]:
-    with system.running(tmp_path_factory.mktemp("ui-playground")) as s:
-        s.apply(system.sim_model(MODEL, args=["--decode-tps", "20"]))
-        s.wait_model(MODEL, timeout=LIVE_S)
-        s.wait_router(MODEL, 1, timeout=LIVE_S)
-        # A model still starting (its engine waits 10 minutes before it listens): never offered in the list.
-        s.apply(system.sim_model(WARMING, args=["--startup-delay", "600"]))
-        yield s
-
-
-@pytest.fixture
-def chrome(request: pytest.FixtureRequest) -> Iterator[browser.Browser]:
-    failed_before = request.session.testsfailed
-    with browser.chromium(request.node.name) as b:
-        yield b
-        # pytest resumes this generator normally after a failed test, so the failure pictures are taken here.
-        if request.session.testsfailed > failed_before:
-            b.screenshot_open_pages()
+def cluster(ui_system: system.System) -> system.System:
+    """The module's system with a paced chat model Ready and one that never finishes starting."""
+    ui_system.apply(system.sim_model(MODEL, args=["--decode-tps", "20"]))
+    ui_system.wait_model(MODEL, timeout=LIVE_S)
+    ui_system.wait_router(MODEL, 1, timeout=LIVE_S)
+    # A model still starting (its engine waits 10 minutes before it listens): never offered in the list.
+    ui_system.apply(system.sim_model(WARMING, args=["--startup-delay", "600"]))
+    return ui_system
 
 
 def _open_playground(page: sync_api.Page, cluster: system.System) -> None:
-    page.goto("/ui/login")
-    form = page.locator("#login-form")
-    form.locator("[name=username]").fill("admin")
-    form.locator("[name=password]").fill(cluster.admin_password)
-    form.get_by_role("button").first.click()
-    page.wait_for_url("**/ui/")
+    browser.log_in(page, username="admin", password=cluster.admin_password)
     page.get_by_role("link", name="Playground").click()
     page.wait_for_url("**/ui/playground")
     expect(page).to_have_title("llmgw · Playground")

@@ -1,10 +1,15 @@
-"""API keys end to end in the control plane: REST and CLI create, list and delete; the router's doc carries hashes."""
+"""API keys end to end in the control plane: REST and CLI create, list, disable, enable and delete; the router's
+doc carries hashes; a key's last use comes back from the router."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
+import time
+
+import openai
 
 from llmgw.testing.procs import wait_for
 from llmgw.testing.system import LLMGW, System, sim_model
@@ -134,3 +139,67 @@ def test_router_enforces_keys_scope_and_limits(system: System) -> None:
         system.request("DELETE", f"/api/v1/keys/{key['id']}")
     wait_for(lambda: system.request("POST", "/v1/chat/completions", json=chat).status_code == 200,
              timeout=10, what="router open again without keys")
+
+
+def _openai_chat(system: System, secret: str, model: str) -> str:
+    client = openai.OpenAI(base_url=system.url + "/v1", api_key=secret, max_retries=0, timeout=30)
+    try:
+        out = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+        return out.choices[0].message.content or ""
+    finally:
+        client.close()
+
+
+def _refused(system: System, secret: str, model: str) -> openai.AuthenticationError | None:
+    try:
+        _openai_chat(system, secret, model)
+    except openai.AuthenticationError as e:
+        return e
+    return None
+
+
+def test_disabled_key_is_refused_by_the_router_until_enabled_and_its_last_use_is_kept(system: System) -> None:
+    """Disable (REST and CLI) turns the openai client's calls into 401 once the table republishes; enable opens
+    them again with the same secret; ``last_used_at`` is 0 until the first call, then the call's time, shown
+    by the CLI as "never" and then "… ago"; an unknown key cannot be disabled (404, exit 1)."""
+    system.apply(sim_model("sim-d"))
+    system.wait_model("sim-d")
+    system.wait_router("sim-d", 1)
+    made = system.request("POST", "/api/v1/keys", json={"name": "dis"}).json()
+    secret, key_id = made["key"], made["id"]
+    assert made["disabled"] is False and made["last_used_at"] == 0
+    listed = _cli(system, "key", "list")
+    assert listed.returncode == 0 and "never" in listed.stdout, listed.stderr
+
+    before = time.time()
+    wait_for(lambda: _refused(system, secret, "sim-d") is None, timeout=10, what="the new key accepted")
+    after = time.time()
+
+    def used() -> float | None:
+        (key,) = [k for k in system.get("/api/v1/keys")["items"] if k["id"] == key_id]
+        return float(key["last_used_at"]) or None
+
+    at = wait_for(used, timeout=10, what="the key's last use recorded")
+    assert before - 1 <= at <= after + 1
+    listed = _cli(system, "keys", "list")
+    assert listed.returncode == 0 and re.search(r"\d+s ago", listed.stdout), listed.stdout
+
+    disabled = system.request("POST", f"/api/v1/keys/{key_id}/disable")
+    assert disabled.status_code == 200 and disabled.json()["disabled"] is True, disabled.text
+    refusal = wait_for(lambda: _refused(system, secret, "sim-d"), timeout=10, what="the disabled key refused")
+    assert refusal.status_code == 401 and "not valid" in str(refusal.message)
+    assert [k["disabled"] for k in system.get("/api/v1/keys")["items"] if k["id"] == key_id] == [True]
+
+    enabled = _cli(system, "key", "enable", key_id)
+    assert enabled.returncode == 0 and f"key/{key_id} enabled" in enabled.stdout, enabled.stderr
+    wait_for(lambda: _refused(system, secret, "sim-d") is None, timeout=10, what="the enabled key accepted")
+    again = _cli(system, "keys", "disable", key_id)
+    assert again.returncode == 0 and f"key/{key_id} disabled" in again.stdout, again.stderr
+    wait_for(lambda: _refused(system, secret, "sim-d"), timeout=10, what="the key disabled by the CLI refused")
+
+    nf = system.request("POST", "/api/v1/keys/key-000000/disable")
+    assert nf.status_code == 404 and nf.json()["error"]["code"] == "key_not_found"
+    cli = _cli(system, "key", "enable", "key-000000")
+    assert cli.returncode == 1 and "does not exist" in cli.stderr
+    audit = [(e["action"], e["object"]) for e in system.get("/api/v1/audit")["items"]]
+    assert ("key disable", f"key/{key_id}") in audit and ("key enable", f"key/{key_id}") in audit

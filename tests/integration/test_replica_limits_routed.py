@@ -7,14 +7,17 @@ model's admission queue, is served as soon as one frees, and past the wait gets
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from llmgw.router.app import RouterApp
+from llmgw.router.table import RouteTable, TableHolder
 from llmgw.testing.procs import wait_for
 from llmgw.testing.routed import Procs, started
 
@@ -104,3 +107,51 @@ def test_a_burst_never_puts_more_than_the_limit_on_a_replica(procs: Limited) -> 
     stats = [httpx.get(s + "/sim/stats", timeout=5).json() for s in sims]
     assert [s["peak_inside"] for s in stats] == [1, 1]
     assert sum(s["completed"] for s in stats) == 20
+
+
+def test_a_request_admitted_by_a_new_replica_is_sent_to_it_not_refused(procs: Limited) -> None:
+    """A request waits while the only replica is full; a table adding a second replica admits it at once, to that one.
+
+    The slot it is given is the new replica's (the model's limit is per endpoint): picked among
+    the endpoints of the table it arrived with, it found them all full and got a 429 (seen in
+    bench/autoscale.py as a scale-up's replicas turned Ready). And the new limit applies when the
+    table arrives, not when the next request does.
+    """
+    sims = [procs.sim(), procs.sim()]
+
+    def table(n: int) -> RouteTable:
+        return RouteTable.from_doc({"version": n, "models": [
+            {"name": "m", "state": "Ready", "routing": "round_robin", "limits": {"concurrency_per_replica": 1},
+             "endpoints": [{"replica_id": f"m-{i}", "url": u} for i, u in enumerate(sims[:n])]}]})
+
+    async def scenario() -> tuple[int, str, str]:
+        holder = TableHolder(table(1))
+        app = RouterApp(holder, admission_wait_s=30.0)
+        await app.startup()
+        try:
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://router", timeout=30) as client:
+                first = asyncio.ensure_future(client.post("/v1/completions", json={**SHORT, "max_tokens": 40}))
+                await _until(lambda: app._admission.in_flight("m") == 1)
+                second = asyncio.ensure_future(client.post("/v1/completions", json=SHORT))
+                await _until(lambda: app._admission.queued("m") == 1)
+                holder.swap(table(2))  # the scale-up's replica is Ready: the limit goes from 1 to 2
+                answer = await second
+                # Admitted when the table came, not when the first request ended: it did not wait on.
+                assert not first.done()
+                done = await first
+                return answer.status_code, answer.headers.get("x-llmgw-upstream", answer.text), \
+                    done.headers.get("x-llmgw-upstream", "")
+        finally:
+            await app.shutdown()
+
+    async def _until(ready: Callable[[], bool]) -> None:
+        for _ in range(3000):
+            if ready():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("the router never reached the state the test waits for")
+
+    status, upstream, first_upstream = asyncio.run(scenario())
+    assert first_upstream == "m-0"
+    assert (status, upstream) == (200, "m-1")

@@ -17,6 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 import sqlalchemy as sa
+from alembic import command as alembic_command
+from alembic.config import Config as AlembicConfig
 
 from llmgw.control.conditions import Condition
 from llmgw.control.events import Event
@@ -32,7 +34,7 @@ from llmgw.testing.procs import Proc, free_port
 LLMGW = [sys.executable, "-m", "llmgw"]
 MODEL = specs.parse_manifest({"apiVersion": "llmgw/v1", "kind": "Model", "metadata": {"name": "m"},
                               "spec": {"engine": "sim", "replicas": 2}})
-HEAD = "0010"
+HEAD = "0012"
 _db_names = itertools.count(1)
 
 
@@ -170,6 +172,41 @@ def test_credentials_keys_users_and_tokens(opened: Callable[[], Store]) -> None:
     assert store.revoke_node_certs("n1", at=5.0) == 2 and store.revoke_node_certs("n1", at=6.0) == 0
     assert [c.revoked_at for c in store.list_node_certs(node_id="n1")] == [5.0, 5.0]
     assert store.get_node_cert("0c").revoked_at == 0.0  # type: ignore[union-attr]
+
+
+def test_keys_last_use_and_disable(opened: Callable[[], Store]) -> None:
+    """A key's last use only moves forward and survives a restart; disable and enable answer the key."""
+    store = opened()
+    store.add_key(store_mod.StoredKey("k1", "team", "ab" * 32, created_at=1.0))
+    assert store.list_keys()[0].last_used_at == 0.0
+    store.touch_keys({"k1": 1764583200.5, "gone": 5.0})
+    store.touch_keys({"k1": 10.0})
+    assert store.set_key_disabled("k1", True) == store_mod.StoredKey("k1", "team", "ab" * 32, created_at=1.0,
+                                                                     disabled=True, last_used_at=1764583200.5)
+    (key,) = opened().list_keys()
+    assert key.disabled and key.last_used_at == 1764583200.5
+    assert store.set_key_disabled("gone", False) is None
+
+
+def test_a_key_made_before_0011_reads_as_never_used(url: str) -> None:
+    """Migration 0011 adds last_used_at to existing keys as 0 (never used)."""
+    engine = sa.create_engine(url)
+    try:
+        cfg = AlembicConfig()
+        cfg.set_main_option("script_location", str(store_mod.MIGRATIONS))
+        with engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            alembic_command.upgrade(cfg, "0010")
+            conn.execute(sa.text("INSERT INTO api_keys (id, name, sha256, models, rpm, tpm, priority, created_at, "
+                                 "disabled) VALUES ('k0', 'old', :h, '[]', 0, 0, 0, 1.0, false)"), {"h": "cd" * 32})
+    finally:
+        engine.dispose()
+    store = Store.open_url(url)
+    try:
+        (key,) = store.list_keys()
+        assert key.id == "k0" and key.last_used_at == 0.0 and not key.disabled
+    finally:
+        store.close()
 
 
 def test_audit_engine_wants_and_settings(opened: Callable[[], Store]) -> None:

@@ -43,15 +43,6 @@ def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
         yield s
 
 
-@pytest.fixture
-def browser(system: System) -> Iterator[Browser]:
-    b = Browser(system.url)
-    try:
-        yield b
-    finally:
-        b.client.close()
-
-
 def test_audit_page_lists_the_admins_login_newest_first(system: System, browser: Browser) -> None:
     """The audit page shows the admin's UI login as the API's log has it, rows in descending id order."""
     browser.log_in("admin", system.admin_password)

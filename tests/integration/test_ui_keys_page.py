@@ -1,4 +1,5 @@
-"""The Keys page against a real server, agent and sim engine: create (secret once), use, delete, viewer.
+"""The Keys page against a real server, agent and sim engine: create (secret once), use, disable, enable, delete,
+last used, viewer.
 
 Driven with httpx as in test_ui_pages.py: the session cookie is ``Secure``, which a cookie jar never
 sends over plain http, so each request carries it in its ``Cookie`` header as a browser on loopback would.
@@ -17,6 +18,8 @@ from llmgw.testing.system import System, sim_model
 from llmgw.testing.uiclient import Browser, Node, page
 
 MODEL = "sim-keys"
+
+
 def key_rows(doc: Node) -> dict[str, Node]:
     return {n.attrs["data-key"]: n for n in doc.find_all(lambda n: n.tag == "tr" and "data-key" in n.attrs)}
 
@@ -34,15 +37,6 @@ def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
         made = s.request("POST", "/api/v1/keys", json={"name": "standing"})
         assert made.status_code == 201, made.text
         yield s
-
-
-@pytest.fixture
-def browser(system: System) -> Iterator[Browser]:
-    b = Browser(system.url)
-    try:
-        yield b
-    finally:
-        b.client.close()
 
 
 def chat(system: System, secret: str) -> str:
@@ -108,7 +102,8 @@ def test_refusal_is_shown_in_words(system: System, browser: Browser) -> None:
 
 
 def test_viewer_sees_keys_without_controls_and_is_refused(system: System, browser: Browser) -> None:
-    """A viewer sees the key list with no [data-mutating] control; a create it posts anyway gets the 403 sentence."""
+    """A viewer sees the key list with no [data-mutating] control; a create or disable it posts anyway gets the 403
+    sentence and changes nothing."""
     made = system.request("POST", "/api/v1/users", json={"name": "vik", "role": "viewer"})
     assert made.status_code == 201, made.text
     browser.log_in("vik", made.json()["password"])
@@ -123,3 +118,50 @@ def test_viewer_sees_keys_without_controls_and_is_refused(system: System, browse
     assert refused.status_code == 403 and error is not None
     assert "user vik has role viewer" in error.text and "llmgw user set-role vik" in error.text
     assert len(system.get("/api/v1/keys")["items"]) == before
+    standing = next(k for k in system.get("/api/v1/keys")["items"] if k["name"] == "standing")
+    switched = browser.request("POST", f"/ui/keys/{standing['id']}/disable")
+    error = page(switched).by_id("keys-error")
+    assert switched.status_code == 403 and error is not None and "user vik has role viewer" in error.text
+    assert next(k for k in system.get("/api/v1/keys")["items"] if k["id"] == standing["id"])["disabled"] is False
+
+
+def test_key_disabled_and_enabled_through_the_page_with_its_last_use(system: System, browser: Browser) -> None:
+    """Disable and enable post to the API and come back to the list, which shows the state, the one button that
+    applies and "last used" (never, then seconds ago); an unknown key's refusal is the API's sentence."""
+    browser.log_in("admin", system.admin_password)
+    made = browser.request("POST", "/ui/keys", data={"name": "switch", "models": "", "rpm": "", "tpm": "",
+                                                     "priority": "7"})
+    assert made.status_code == 201, made.text
+    secret = page(made).by_id("new-key-secret").text  # type: ignore[union-attr]
+    (key,) = [k for k in system.get("/api/v1/keys")["items"] if k["name"] == "switch"]
+    assert key["priority"] == 7
+    row = key_rows(page(browser.request("GET", "/ui/keys")))[key["id"]]
+    assert row.find(lambda n: "last-used" in n.attrs.get("class", "")).text == "never"  # type: ignore[union-attr]
+    wait_for(lambda: _answers(system, secret), timeout=10, interval=0.2, what="the new key is accepted")
+
+    def last_used() -> str | None:
+        row = key_rows(page(browser.request("GET", "/ui/keys")))[key["id"]]
+        text = row.find(lambda n: "last-used" in n.attrs.get("class", "")).text  # type: ignore[union-attr]
+        return text if text.endswith("s ago") else None
+
+    wait_for(last_used, timeout=10, interval=0.3, what="the key's last use on the page")
+
+    off = browser.request("POST", f"/ui/keys/{key['id']}/disable")
+    assert off.status_code == 303 and off.headers["location"] == "/ui/keys"
+    row = key_rows(page(browser.request("GET", "/ui/keys")))[key["id"]]
+    buttons = [b.text for b in row.find_all(lambda n: n.tag == "button")]
+    assert "data-disabled" in row.attrs and "disabled" in row.text and buttons == ["Enable", "Delete"]
+    wait_for(lambda: _refused(system, secret), timeout=10, interval=0.2, what="the disabled key is refused")
+
+    on = browser.request("POST", f"/ui/keys/{key['id']}/enable")
+    assert on.status_code == 303
+    row = key_rows(page(browser.request("GET", "/ui/keys")))[key["id"]]
+    assert [b.text for b in row.find_all(lambda n: n.tag == "button")] == ["Disable", "Delete"]
+    wait_for(lambda: _answers(system, secret), timeout=10, interval=0.2, what="the enabled key is accepted")
+
+    missing = browser.request("POST", "/ui/keys/key-nope/disable")
+    error = page(missing).by_id("keys-error")
+    assert missing.status_code == 404 and error is not None and "'key-nope' does not exist" in error.text
+    bad = browser.request("POST", "/ui/keys", data={"name": "p", "priority": "high"})
+    error = page(bad).by_id("keys-error")
+    assert bad.status_code == 422 and error is not None and "priority must be a whole number" in error.text

@@ -1,65 +1,39 @@
 """The UI's model page against a real server, agent and sim engine: spec, replicas, events, scale, delete.
 
-Driven with httpx, the browser's part played by hand (as in test_ui_pages): the session cookie is
-``Secure``, so each request carries it in its ``Cookie`` header, and POSTs carry the browser's Origin.
+Driven with ``llmgw.testing.uiclient`` (httpx as a browser, the page parsed into a tree), as test_ui_pages is.
 """
 
 from __future__ import annotations
 
-import html.parser
+import hashlib
 from collections.abc import Iterator
-from typing import Any
+from pathlib import Path
 
-import httpx
 import pytest
 import yaml
 
 from llmgw.testing import system as system_mod
+from llmgw.testing.flakyhttp import FlakyHttp
+from llmgw.testing.procs import wait_for
 from llmgw.testing.system import System, sim_model
+from llmgw.testing.tiny_gguf import write_tiny_llama_gguf
+from llmgw.testing.uiclient import Browser, Node, page
 
 MODEL = "sim-mp"
+MIB = 2**20
 
 
-class Page(html.parser.HTMLParser):
-    """What the tests read of a page: each id'd element's text, the data-mutating count, replica rows' phases."""
+def phases(doc: Node) -> dict[str, str]:
+    """Each replica row's (``tr[data-replica]``) phase cell, by replica id."""
+    rows = doc.find_all(lambda n: n.tag == "tr" and "data-replica" in n.attrs)
+    return {tr.attrs["data-replica"]: "".join(c.text for c in tr.find_all(lambda n: n.tag == "td" and "phase" in
+                                                                       n.attrs.get("class", "").split()))
+            for tr in rows}
 
-    def __init__(self, resp: httpx.Response) -> None:
-        super().__init__()
-        assert "text/html" in resp.headers["content-type"], resp.headers
-        self.text: dict[str, str] = {}
-        self.mutating = 0
-        self.phases: dict[str, str] = {}
-        self.links: list[str] = []
-        self._open: list[tuple[str, str]] = []  # (tag, id) of open elements that have an id
-        self._replica = ""
-        self._in_phase = False
-        self.feed(resp.text)
 
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        a = {k: v or "" for k, v in attrs}
-        self.mutating += "data-mutating" in a
-        if tag == "a":
-            self.links.append(a.get("href", ""))
-        if "id" in a:
-            self._open.append((tag, a["id"]))
-            self.text.setdefault(a["id"], "")
-        if tag == "tr" and "data-replica" in a:
-            self._replica = a["data-replica"]
-        self._in_phase = tag == "td" and "phase" in a.get("class", "").split() and bool(self._replica)
-
-    def handle_endtag(self, tag: str) -> None:
-        if self._open and self._open[-1][0] == tag:
-            self._open.pop()
-        if tag == "td":
-            self._in_phase = False
-        if tag == "tr":
-            self._replica = ""
-
-    def handle_data(self, data: str) -> None:
-        for _, id_ in self._open:
-            self.text[id_] += data
-        if self._in_phase:
-            self.phases[self._replica] = self.phases.get(self._replica, "") + data.strip()
+def words(doc: Node, id_: str) -> str:
+    found = doc.by_id(id_)
+    return found.text if found is not None else ""
 
 
 @pytest.fixture(scope="module")
@@ -71,38 +45,19 @@ def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
         yield s
 
 
-class Browser:
-    """httpx as a browser: no redirects followed, the session cookie kept by hand, Origin sent on POST."""
-
-    def __init__(self, system: System, username: str, password: str) -> None:
-        self.url = system.url
-        self.client = httpx.Client(base_url=system.url, timeout=30, trust_env=False, follow_redirects=False)
-        self.cookies: dict[str, str] = {}
-        resp = self.request("POST", "/ui/login", data={"username": username, "password": password})
-        assert resp.status_code == 303 and self.cookies, resp.text
-
-    def request(self, method: str, path: str, **kw: Any) -> httpx.Response:
-        headers = {"accept": "text/html", **kw.pop("headers", {})}
-        if method != "GET":
-            headers["origin"] = self.url
-        if self.cookies:
-            headers["cookie"] = "; ".join(f"{k}={v}" for k, v in self.cookies.items())
-        resp = self.client.request(method, path, headers=headers, **kw)
-        for c in resp.headers.get_list("set-cookie"):
-            name, _, rest = c.partition("=")
-            value = rest.split(";", 1)[0].strip('"')
-            if value and "max-age=0" not in c.lower():
-                self.cookies[name] = value
-        return resp
+def logged_in(system: System, username: str, password: str) -> Browser:
+    b = Browser(system.url)
+    b.log_in(username, password)
+    return b
 
 
 @pytest.fixture
 def admin(system: System) -> Iterator[Browser]:
-    b = Browser(system, "admin", system.admin_password)
+    b = logged_in(system, "admin", system.admin_password)
     try:
         yield b
     finally:
-        b.client.close()
+        b.close()
 
 
 @pytest.fixture
@@ -111,11 +66,11 @@ def viewer(system: System, request: pytest.FixtureRequest) -> Iterator[Browser]:
     name = "vic-" + request.node.name.removeprefix("test_")[:20].replace("_", "-")
     made = system.request("POST", "/api/v1/users", json={"name": name, "role": "viewer"})
     assert made.status_code in (200, 201), made.text
-    b = Browser(system, made.json()["name"], made.json()["password"])
+    b = logged_in(system, made.json()["name"], made.json()["password"])
     try:
         yield b
     finally:
-        b.client.close()
+        b.close()
 
 
 def test_page_shows_spec_replicas_and_events(admin: Browser) -> None:
@@ -124,16 +79,16 @@ def test_page_shows_spec_replicas_and_events(admin: Browser) -> None:
     resp = admin.request("GET", f"/ui/models/{MODEL}")
     assert resp.status_code == 200, resp.text
     assert f"<title>llmgw · Model {MODEL}</title>" in resp.text
-    p = Page(resp)
-    assert "engine: sim" in p.text["spec"] and "replicas: 1" in p.text["spec"], p.text["spec"]
-    assert list(p.phases.values()) == ["Ready"], p.phases
-    assert "node1" in p.text["replicas"]
-    assert "Created" in p.text["model-events"]
-    assert p.mutating == 5  # the − form, the + form, the edit <details> and its Apply button, the delete <details>
-    assert "name: sim-mp" in p.text["spec-editor"] and "engine: sim" in p.text["spec-editor"]
-    live = Page(admin.request("GET", f"/ui/models/{MODEL}/live"))
-    assert list(live.phases.values()) == ["Ready"] and "engine: sim" in live.text["spec"]
-    assert f"/ui/models/{MODEL}" in Page(admin.request("GET", "/ui/")).links
+    p = page(resp)
+    assert "engine: sim" in p.get("spec").raw and "replicas: 1" in p.get("spec").raw, p.get("spec").raw
+    assert list(phases(p).values()) == ["Ready"], phases(p)
+    assert "node1" in p.get("replicas").raw
+    assert "Created" in p.get("model-events").raw
+    assert p.mutating() == 5  # the − form, the + form, the edit <details> and its Apply button, the delete <details>
+    assert "name: sim-mp" in p.get("spec-editor").raw and "engine: sim" in p.get("spec-editor").raw
+    live = page(admin.request("GET", f"/ui/models/{MODEL}/live"))
+    assert list(phases(live).values()) == ["Ready"] and "engine: sim" in live.get("spec").raw
+    assert f"/ui/models/{MODEL}" in page(admin.request("GET", "/ui/")).links()
 
 
 def test_admin_scales_up_and_down(system: System, admin: Browser) -> None:
@@ -141,7 +96,7 @@ def test_admin_scales_up_and_down(system: System, admin: Browser) -> None:
     resp = admin.request("POST", f"/ui/models/{MODEL}/scale", data={"delta": "1"})
     assert resp.status_code == 303 and resp.headers["location"] == f"/ui/models/{MODEL}", resp.text
     assert system.get(f"/api/v1/models/{MODEL}")["spec"]["replicas"] == 2
-    assert "replicas: 2" in Page(admin.request("GET", f"/ui/models/{MODEL}")).text["spec"]
+    assert "replicas: 2" in page(admin.request("GET", f"/ui/models/{MODEL}")).get("spec").raw
     resp = admin.request("POST", f"/ui/models/{MODEL}/scale", data={"delta": "-1"})
     assert resp.status_code == 303, resp.text
     assert system.get(f"/api/v1/models/{MODEL}")["spec"]["replicas"] == 1
@@ -150,18 +105,17 @@ def test_admin_scales_up_and_down(system: System, admin: Browser) -> None:
 def test_viewer_sees_no_control_and_gets_the_403_in_words(system: System, viewer: Browser) -> None:
     """A viewer's page has no [data-mutating]; a scale POST anyway shows the API's 403 message, and nothing changes."""
     resp = viewer.request("GET", f"/ui/models/{MODEL}")
-    assert resp.status_code == 200 and Page(resp).mutating == 0
-    assert "engine: sim" in Page(resp).text["spec"]
-    api = viewer.client.put(f"/api/v1/models/{MODEL}", json=sim_model(MODEL, replicas=2),
-                            headers={"origin": viewer.url,
-                                     "cookie": "; ".join(f"{k}={v}" for k, v in viewer.cookies.items())})
+    assert resp.status_code == 200 and page(resp).mutating() == 0
+    assert "engine: sim" in page(resp).get("spec").raw
+    # The call the page's + makes (the scale endpoint), so the sentence shown must be this one's.
+    api = viewer.client.post(f"/api/v1/models/{MODEL}/scale", json={"replicas": 2}, headers=viewer.cookie_header())
     assert api.status_code == 403, api.text
     resp = viewer.request("POST", f"/ui/models/{MODEL}/scale", data={"delta": "1"})
     assert resp.status_code == 403
-    shown = " ".join(Page(resp).text["model-error"].split())
+    shown = " ".join(page(resp).get("model-error").raw.split())
     assert shown == " ".join(api.json()["error"]["message"].split()) and shown
     resp = viewer.request("POST", f"/ui/models/{MODEL}/delete")
-    assert resp.status_code == 403 and Page(resp).text["model-error"].strip()
+    assert resp.status_code == 403 and page(resp).get("model-error").raw.strip()
     assert system.get(f"/api/v1/models/{MODEL}")["spec"]["replicas"] == 1
 
 
@@ -175,20 +129,16 @@ def test_delete_removes_the_model(system: System, admin: Browser) -> None:
     assert resp.status_code == 404 and "does not exist" in resp.text
 
 
-def _text(p: Page, id_: str) -> str:
-    return " ".join(p.text.get(id_, "").split())
-
-
 def test_models_list_links_each_model_and_offers_apply_to_an_operator(admin: Browser, viewer: Browser) -> None:
     """/ui/models lists the model linked to its page with an "Apply a model" link; a viewer's list has no link to
     the editor (no [data-mutating]), and a viewer who posts to it anyway sees the API's 403 sentence."""
-    p = Page(admin.request("GET", "/ui/models"))
-    assert f"/ui/models/{MODEL}" in p.links and "/ui/apply" in p.links and p.mutating == 1
-    v = Page(viewer.request("GET", "/ui/models"))
-    assert f"/ui/models/{MODEL}" in v.links and "/ui/apply" not in v.links and v.mutating == 0
+    p = page(admin.request("GET", "/ui/models"))
+    assert f"/ui/models/{MODEL}" in p.links() and "/ui/apply" in p.links() and p.mutating() == 1
+    v = page(viewer.request("GET", "/ui/models"))
+    assert f"/ui/models/{MODEL}" in v.links() and "/ui/apply" not in v.links() and v.mutating() == 0
     posted = viewer.request("POST", "/ui/apply", data={"op": "apply", "spec": yaml.safe_dump(sim_model("sim-vic"))})
-    assert posted.status_code == 403 and len(_text(Page(posted), "editor-error").split()) >= 3
-    assert "403" not in _text(Page(posted), "editor-error") and Page(posted).mutating == 0
+    assert posted.status_code == 403 and len(words(page(posted), "editor-error").split()) >= 3
+    assert "403" not in words(page(posted), "editor-error") and page(posted).mutating() == 0
 
 
 def test_bad_yaml_and_an_invalid_field_are_shown_in_words_keeping_the_text(system: System, admin: Browser) -> None:
@@ -197,19 +147,19 @@ def test_bad_yaml_and_an_invalid_field_are_shown_in_words_keeping_the_text(syste
     bad = "apiVersion: llmgw/v1\nkind: Model\nmetadata: {name: broken\n"
     resp = admin.request("POST", "/ui/apply", data={"spec": bad, "op": "apply"})
     assert resp.status_code == 400
-    p = Page(resp)
-    assert "not valid YAML" in _text(p, "editor-error") and "line" in _text(p, "editor-error")
-    assert p.text["spec-editor"] == bad
+    p = page(resp)
+    assert "not valid YAML" in words(p, "editor-error") and "line" in words(p, "editor-error")
+    assert p.get("spec-editor").raw == bad
 
     invalid = yaml.safe_dump(sim_model("sim-bad", replicas="many"), sort_keys=False)
     api = system.request("POST", "/api/v1/models", json=sim_model("sim-bad", replicas="many"))
     assert api.status_code == 422, api.text
     resp = admin.request("POST", "/ui/apply", data={"spec": invalid, "op": "apply"})
     assert resp.status_code == 422
-    p = Page(resp)
-    assert _text(p, "editor-error") == " ".join(api.json()["error"]["message"].split()) and "replicas" in _text(
+    p = page(resp)
+    assert words(p, "editor-error") == " ".join(api.json()["error"]["message"].split()) and "replicas" in words(
         p, "editor-error")
-    assert p.text["spec-editor"] == invalid
+    assert p.get("spec-editor").raw == invalid
     assert system.request("GET", "/api/v1/models/sim-bad").status_code == 404
 
 
@@ -219,9 +169,9 @@ def test_diff_shows_the_changed_line_without_applying(system: System, admin: Bro
     text = yaml.safe_dump(sim_model(MODEL, replicas=3), sort_keys=False)
     resp = admin.request("POST", "/ui/apply", data={"spec": text, "op": "diff"})
     assert resp.status_code == 200, resp.text
-    diff = Page(resp).text["diff"]
+    diff = page(resp).get("diff").raw
     assert "\n-  replicas: 1\n" in diff and "\n+  replicas: 3\n" in diff, diff
-    assert Page(resp).text["spec-editor"] == text
+    assert page(resp).get("spec-editor").raw == text
     assert system.get(f"/api/v1/models/{MODEL}")["spec"]["replicas"] == 1
 
 
@@ -234,15 +184,68 @@ def test_apply_creates_the_model_which_becomes_ready_and_its_replica_log_has_lin
     assert resp.status_code == 303 and resp.headers["location"] == "/ui/models/sim-ed", resp.text
     try:
         system.wait_model("sim-ed")
-        p = Page(admin.request("GET", "/ui/models/sim-ed"))
-        assert list(p.phases.values()) == ["Ready"], p.phases
-        logs = [link for link in p.links if "/replicas/" in link and link.endswith("/logs")]
-        assert len(logs) == 1, p.links
-        page = Page(admin.request("GET", logs[0]))
-        assert page.text["replica-log"].strip(), page.text
-        tail = Page(admin.request("GET", logs[0] + "/tail"))
-        assert len(tail.text["replica-log"].strip().splitlines()) >= 1
+        p = page(admin.request("GET", "/ui/models/sim-ed"))
+        assert list(phases(p).values()) == ["Ready"], phases(p)
+        logs = [link for link in p.links() if "/replicas/" in link and link.endswith("/logs")]
+        assert len(logs) == 1, p.links()
+        log = page(admin.request("GET", logs[0]))
+        assert log.get("replica-log").raw.strip(), log.text
+        tail = page(admin.request("GET", logs[0] + "/tail"))
+        assert len(tail.get("replica-log").raw.strip().splitlines()) >= 1
         missing = admin.request("GET", "/ui/models/sim-ed/replicas/nope/logs")
-        assert missing.status_code == 404 and "no replica nope" in _text(Page(missing), "log-error")
+        assert missing.status_code == 404 and "no replica nope" in words(page(missing), "log-error")
     finally:
         system.request("DELETE", "/api/v1/models/sim-ed")
+
+
+def test_live_part_draws_the_weights_fetch_as_a_bar_of_its_bytes(system: System, admin: Browser,
+                                                                  tmp_path: Path) -> None:
+    """While a replica's weights come (8 MiB from a local server at 1 MB/s), its row has a <progress> whose value
+    and max are the bytes the API reports (max: the file's size) with "fetching NN%" in words; once the model is
+    Ready the bar is gone."""
+    files = tmp_path / "files"
+    files.mkdir()
+    gguf = write_tiny_llama_gguf(files / "tiny.gguf")
+    with gguf.open("ab") as f:
+        f.write(b"\0" * (8 * MIB - gguf.stat().st_size))
+    with FlakyHttp(files, rate_bps=1_000_000) as srv:
+        system.apply(sim_model("sim-fetch", source=f"{srv.url}/tiny.gguf",
+                               source_sha256=hashlib.sha256(gguf.read_bytes()).hexdigest()))
+        try:
+            def drawn() -> Node | None:
+                live = page(admin.request("GET", "/ui/models/sim-fetch/live"))
+                bar = live.find(lambda n: n.tag == "progress" and int(n.attrs.get("value") or 0) > 0)
+                return live if bar is not None else None
+
+            live = wait_for(drawn, timeout=30, interval=0.2, what="a weights progress bar with bytes done")
+            bar = live.find(lambda n: n.tag == "progress" and "value" in n.attrs)
+            assert bar is not None
+            assert int(bar.attrs["max"]) == 8 * MIB and 0 < int(bar.attrs["value"]) <= 8 * MIB, bar.attrs
+            words = live.find(lambda n: "progress-words" in n.attrs.get("class", ""))
+            assert words is not None and words.text.startswith("weights fetching ") and "of 8.0 MiB" in words.text
+            system.wait_model("sim-fetch", timeout=60)
+            after = page(admin.request("GET", "/ui/models/sim-fetch/live"))
+            assert after.find(lambda n: n.tag == "progress") is None
+        finally:
+            system.request("DELETE", "/api/v1/models/sim-fetch")
+
+
+def test_rollout_state_while_a_changed_spec_replaces_the_replicas(system: System, admin: Browser) -> None:
+    """Two Ready replicas are "up to date"; a spec change (new engine args, its replicas slow to start) shows
+    "rolling: N of 2 updated, M on the old spec" on the live part, then "up to date" once it is done."""
+    def rollout() -> str:
+        return page(admin.request("GET", "/ui/models/sim-roll/live")).get("rollout").text
+
+    system.apply(sim_model("sim-roll", replicas=2))
+    try:
+        system.wait_model("sim-roll")
+        assert rollout() == "Rollout: up to date"
+        system.apply(sim_model("sim-roll", replicas=2, args=["--startup-delay", "4"]))
+        seen = wait_for(lambda: (t := rollout()).startswith("Rollout: rolling:") and t, timeout=30, interval=0.2,
+                        what="the rollout shown as rolling")
+        assert seen in {f"Rollout: rolling: {u} of 2 updated, {o} on the old spec" for u in (0, 1) for o in (1, 2)}
+        wait_for(lambda: rollout() == "Rollout: up to date", timeout=90, interval=0.5, what="the rollout done")
+        assert all(r["current"] and r["phase"] == "Ready"
+                   for r in system.get("/api/v1/models/sim-roll/describe")["replicas"] if r["phase"] != "Terminating")
+    finally:
+        system.request("DELETE", "/api/v1/models/sim-roll")

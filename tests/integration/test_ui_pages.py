@@ -38,15 +38,6 @@ def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
         yield s
 
 
-@pytest.fixture
-def browser(system: System) -> Iterator[Browser]:
-    b = Browser(system.url)
-    try:
-        yield b
-    finally:
-        b.client.close()
-
-
 def test_anonymous_reaches_only_login_and_static(browser: Browser) -> None:
     """Without a session the overview and fragments send to the login; the login page and static files answer."""
     for path in ("/ui/", "/ui", "/ui/fragments/nodes"):

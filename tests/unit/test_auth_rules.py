@@ -42,6 +42,7 @@ def test_the_permission_table_by_method_and_path() -> None:
         assert allowed(method, path) == {"ann"}, (method, path)
     assert allowed("GET", "/api/v1/endpoints") == {"r1"}
     assert allowed("POST", "/api/v1/router/events") == {"r1"}
+    assert allowed("POST", "/api/v1/router/signals") == {"r1"}
     assert allowed("GET", "/metrics") == {"ann", "otto", "vera", "r1"}
     assert allowed("GET", "/api/openapi.json") == {"ann", "otto", "vera"}
     assert allowed("POST", "/api/v1/logout") == {"ann", "otto", "vera"}

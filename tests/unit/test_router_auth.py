@@ -27,10 +27,19 @@ def _bearer(s: str) -> bytes:
 
 def test_no_keys_means_anonymous() -> None:
     """Without keys (or without an auth section at all) every request is the anonymous caller."""
-    for doc in (None, {}, {"required": False, "keys": []}, {"required": True, "keys": []}, "junk"):
+    for doc in (None, {}, {"required": False, "keys": []}, "junk"):
         a = auth.Authenticator.from_doc(doc)
         assert not a.required
         assert a.check(None, "anything") is auth.ANONYMOUS
+
+
+def test_every_key_disabled_refuses_everyone() -> None:
+    """Keys required with none usable (every key disabled) is a 401 for all, not an open API."""
+    a = auth.Authenticator.from_doc({"required": True, "keys": []})
+    assert a.required
+    for header in (None, _bearer(SECRET)):
+        err = a.check(header, "qwen")
+        assert isinstance(err, errors.ApiError) and err.status == 401
 
 
 def test_missing_key_is_401_saying_how_to_get_one() -> None:

@@ -30,7 +30,8 @@ from llmgw.control.http.errors import error_body
 log = logging.getLogger(__name__)
 PRINCIPAL = "llmgw.principal"
 INSECURE_HEADER = "x-llmgw-insecure"
-_ROUTER_REACHES = "a router credential reaches only GET /api/v1/endpoints, POST /api/v1/router/events and /metrics"
+_ROUTER_REACHES = ("a router credential reaches only GET /api/v1/endpoints, POST /api/v1/router/events, "
+                   "POST /api/v1/router/signals and /metrics")
 
 
 def _headers(scope: Scope) -> dict[str, str]:

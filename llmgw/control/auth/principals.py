@@ -2,7 +2,7 @@
 
 Roles are ordered ``viewer < operator < admin``: each reaches what the ones below reach.
 ``router`` is apart: a router's credential reaches only what a router needs (the endpoints
-document, its ejection reports, /metrics) and nothing any user role reaches, so a router
+document, its ejection and load reports, /metrics) and nothing any user role reaches, so a router
 host that is taken over cannot change the cluster; and the endpoints document, which carries
 every engine's bearer key, is served to routers only, never to a user, whatever their role.
 """
@@ -87,7 +87,7 @@ def required(method: str, path: str) -> Need | None:
         if path == "/api/v1/controlplanes":  # who leads and where (`llmgw get controlplanes`): every user role
             return Need(VIEWER)
         return Need(VIEWER)
-    if method == "POST" and path == "/api/v1/router/events":
+    if method == "POST" and path in ("/api/v1/router/events", "/api/v1/router/signals"):
         return Need(router=True)
     if method == "POST" and path == "/api/v1/logout":  # anyone logged in may end their own token
         return Need(VIEWER)

@@ -19,10 +19,11 @@ from fastapi.responses import StreamingResponse
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from llmgw.control import autoscaler
 from llmgw.control import events as ev
 from llmgw.control.auth import Auth
 from llmgw.control.auth import middleware as auth_mw
-from llmgw.control.cluster import Cluster, LogsError, NodeNotConnected
+from llmgw.control.cluster import Cluster, LogsError, NodeNotConnected, in_force
 from llmgw.control.http import audit as audit_http
 from llmgw.control.http import describe as describe_http
 from llmgw.control.http import engines as engines_http
@@ -37,7 +38,7 @@ from llmgw.control.router_events import BadReport, RouterEvents
 from llmgw.control.state import NodeView, Phase, ReplicaRecord
 from llmgw.control.status import fetch_of, summarize
 from llmgw.control.store.offloop import StoreThread
-from llmgw.control.store.store import Store, StoredModel, StoredNode
+from llmgw.control.store.store import Store, StoredAutoscale, StoredModel, StoredNode
 from llmgw.core import enginecheck, shards, specs
 from llmgw.core.errors import ShardIdError, SpecError
 from llmgw.core.shards import ShardState
@@ -65,11 +66,22 @@ def _with_router_view(doc: dict[str, Any], reports: RouterEvents) -> dict[str, A
     return doc
 
 
-def _model_doc(stored: StoredModel, replicas: list[ReplicaRecord], now: float) -> dict[str, Any]:
-    st = summarize(stored.model.spec, replicas, now=now)
+def _model_doc(stored: StoredModel, replicas: list[ReplicaRecord], now: float,
+               states: Mapping[str, StoredAutoscale] | None = None,
+               signals: autoscaler.RouterSignals | None = None) -> dict[str, Any]:
+    """The manifest and its status; an autoscaled model's ``replicas`` is the count in force, and with ``signals``
+    its ``status.autoscale`` carries the routers' merged load as the autoscaler reads it."""
+    name, auto = stored.model.name, stored.model.spec.autoscale
+    spec = in_force({name: stored.model.spec}, states or {})[name]
+    st = summarize(spec, replicas, now=now)
     doc = stored.model.to_manifest()
     doc["status"] = {"state": st.state, "message": st.message, "ready_replicas": st.ready,
                      "replicas": st.desired, "generation": stored.generation}
+    if auto is not None:
+        kept = (states or {}).get(name)
+        doc["status"]["autoscale"] = autoscaler.describe(
+            auto, spec.replicas, last_reason=kept.last_reason if kept else "",
+            last_change_at=kept.last_change_at if kept else 0.0, signals=signals, model=name, now=now)
     return doc
 
 
@@ -101,13 +113,12 @@ def _node_doc(n: StoredNode, view: NodeView | None, *, connected: bool, has_repl
     }
 
 
-def _nodes_body(stored: list[StoredNode], views: dict[str, NodeView], connected: set[str],
-                occupied: set[str | None], *, offset: int = 0, limit: int = 0) -> bytes:
-    """The nodes (by id) from ``offset``, ``limit`` of them (0: all), and how many there are in all."""
-    page = stored[offset:offset + limit] if limit else stored[offset:]
+def _nodes_body(page: list[StoredNode], total: int, views: dict[str, NodeView], connected: set[str],
+                occupied: set[str]) -> bytes:
+    """One page of nodes as the API's JSON, with ``total``, how many there are in all."""
     return json.dumps({"items": [_node_doc(n, views.get(n.id), connected=n.id in connected,
                                            has_replicas=n.id in occupied) for n in page],
-                       "total": len(stored)}).encode()
+                       "total": total}).encode()
 
 
 class _StatementsOnLoop(Collector):
@@ -151,7 +162,9 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extr
     app.include_router(weights_http.router(db, cluster))
     app.include_router(fabric_http.router(cluster))
     app.include_router(engines_http.router(db, cluster))
-    registry = prometheus_client.CollectorRegistry()
+    # Collectors without names (the router's registry, _StatementsOnLoop) kept apart, so that a scrape
+    # restricted with name[] reaches them: without it the UI's read of the router's series came back empty.
+    registry = prometheus_client.CollectorRegistry(support_collectors_without_names=True)
     nodes_gauge = prometheus_client.Gauge("llmgw_nodes_connected", "Connected agents", registry=registry)
     replicas_gauge = prometheus_client.Gauge("llmgw_replicas", "Replicas by phase", ["phase"], registry=registry)
     for extra in extra_registries:
@@ -197,9 +210,15 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extr
 
     @app.get("/api/v1/models")
     async def list_models() -> dict[str, Any]:
-        replicas, models = await db.list_replicas(), await db.list_models()
+        # The light records (``Store.list_replica_states``): Ready ones counted by the database, the others'
+        # seven fields a status reads; whole replicas were 0.19 s of this call with 2,000 of them.
+        replicas, models = await db.list_replica_states(), await db.list_models()
         now = time.time()
-        return {"items": [_model_doc(m, [r for r in replicas if r.model == m.model.name], now) for m in models]}
+        by_model: dict[str, list[ReplicaRecord]] = {}
+        for r in replicas:
+            by_model.setdefault(r.model, []).append(r)
+        states = await db.autoscale_states()
+        return {"items": [_model_doc(m, by_model.get(m.model.name, []), now, states) for m in models]}
 
     async def _apply(model: specs.Model, response: Response) -> dict[str, Any]:
         before = await db.get_model(model.name)
@@ -213,7 +232,8 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extr
             cluster.flush_events()
         cluster.kick()
         response.status_code = 201 if created else 200
-        return _model_doc(stored, [r for r in await db.list_replicas() if r.model == model.name], time.time())
+        return _model_doc(stored, [r for r in await db.list_replicas() if r.model == model.name], time.time(),
+                          await db.autoscale_states())
 
     @app.post("/api/v1/models")
     async def apply_model(request: Request, response: Response) -> dict[str, Any]:
@@ -231,7 +251,29 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extr
     @app.get("/api/v1/models/{name}")
     async def get_model(name: str) -> dict[str, Any]:
         stored = await _get_stored(name)
-        return _model_doc(stored, [r for r in await db.list_replicas() if r.model == name], time.time())
+        return _model_doc(stored, [r for r in await db.list_replicas() if r.model == name], time.time(),
+                          await db.autoscale_states(), cluster.signals)
+
+    @app.post("/api/v1/models/{name}/scale")
+    async def scale_model(name: str, request: Request, response: Response) -> dict[str, Any]:
+        """Sets a model's replica count by hand (``{"replicas": N}``); refused (409) for an autoscaled model."""
+        try:
+            doc = json.loads(await request.body())
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ApiError(400, f"body is not valid JSON: {e}", code="invalid_json") from None
+        replicas = doc.get("replicas") if isinstance(doc, dict) else None
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+            raise ApiError(422, f"replicas: expected a whole number >= 0, got {replicas!r}", code="invalid_spec",
+                           param="replicas")
+        stored = await _get_stored(name)
+        auto = stored.model.spec.autoscale
+        if auto is not None:
+            # The autoscaler would undo a count set by hand at its next decision: say where the count comes from.
+            raise ApiError(409, f"model {name} is autoscaled (min {auto.min_replicas}, max {auto.max_replicas}); "
+                                "change spec.autoscale.min_replicas/max_replicas instead", code="autoscaled",
+                           param="replicas")
+        model = dataclasses.replace(stored.model, spec=dataclasses.replace(stored.model.spec, replicas=replicas))
+        return await _apply(model, response)
 
     @app.delete("/api/v1/models/{name}")
     async def delete_model(name: str) -> dict[str, Any]:
@@ -268,21 +310,43 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extr
             raise ApiError(422, str(e), code="invalid_report") from None
         return {"applied": applied}
 
+    @app.post("/api/v1/router/signals")
+    async def router_signals(request: Request) -> dict[str, Any]:
+        """A router's load report per model (``llmgw.router.signals`` builds it): the autoscaler's input."""
+        body = await request.body()
+        if len(body) > MAX_BODY:
+            raise ApiError(413, f"body is {len(body)} bytes; the limit is {MAX_BODY}", code="too_large")
+        try:
+            applied = cluster.signals.record(json.loads(body))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ApiError(400, f"body is not valid JSON: {e}", code="invalid_json") from None
+        except autoscaler.BadReport as e:
+            raise ApiError(422, str(e), code="invalid_report") from None
+        return {"applied": applied}
+
     @app.get("/api/v1/nodes")
     async def list_nodes(offset: int = Query(default=0, ge=0), limit: int = Query(default=0, ge=0, le=10_000)
                          ) -> Response:
         """Every node (``limit`` 0), or a page of them by id; ``total`` counts them all."""
-        replicas, stored = await db.list_replicas(), await db.list_nodes()
-        # A multi-node replica occupies every rank's node, not only its leader's.
-        occupied = {n for r in replicas for n in (r.node_id, *(m.node_id for m in r.members))}
+        # Only the page's rows are read and only its documents built: the UI's page of 100 of 1,000
+        # nodes read every node and every whole replica before (0.55 s, bench/ui_overview.py).
+        (stored, total), occupied = await db.page_nodes(offset=offset, limit=limit), await db.occupied_nodes()
         # Snapshots taken on the loop; the documents (10,000 at 10,000 nodes, ~40 values each) and
         # their JSON are built in a thread, as a pass reads its snapshot (see cluster's docstring):
         # built here they held every agent stream and routed request for the whole build.
         views, connected = dict(cluster.nodes), {n.id for n in stored if cluster.connected(n.id)}
-        # Only the page's documents are built: the UI's page of 100 of 1,000 nodes cost the whole
-        # list's 1.7 MB of JSON every 2 s before (bench/ui_overview.py).
-        body = await asyncio.to_thread(_nodes_body, stored, views, connected, occupied, offset=offset, limit=limit)
+        body = await asyncio.to_thread(_nodes_body, stored, total, views, connected, occupied)
         return Response(body, media_type="application/json")
+
+    @app.get("/api/v1/nodes/{node_id}")
+    async def get_node(node_id: str) -> dict[str, Any]:
+        """One node: the document its entry of ``GET /api/v1/nodes`` is (the node page polls this, not the list)."""
+        stored = await db.get_node(node_id)
+        if stored is None:
+            raise ApiError(404, f"node {node_id!r} is not known; `llmgw get nodes` lists them", code="node_not_found")
+        occupied = await db.occupied_nodes()
+        return _node_doc(stored, cluster.nodes.get(node_id), connected=cluster.connected(node_id),
+                         has_replicas=node_id in occupied)
 
     @app.get("/api/v1/nodes/{node_id}/logs")
     async def node_logs(node_id: str, shard: str = "", lines: int = Query(default=100, ge=0, le=10_000),
@@ -341,13 +405,19 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extr
         return {"controlplanes": [dataclasses.asdict(i) for i in leadership.describe()], "self": leadership.me.id}
 
     @app.get("/metrics")
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
+        """Every metric, or with ``name[]=`` (as client_python's own handler) only the samples so named."""
+        names = request.query_params.getlist("name[]")
         nodes_gauge.set(sum(1 for n in cluster.nodes.values() if n.connected))
-        counts = {p.value: 0 for p in Phase}
-        for r in await db.list_replicas():
-            counts[r.phase.value] += 1
-        for phase, count in counts.items():
-            replicas_gauge.labels(phase=phase).set(count)
-        return Response(prometheus_client.generate_latest(registry), media_type=prometheus_client.CONTENT_TYPE_LATEST)
+        # Counted only when asked for: the UI's overview reads the router's few series every 2 s, and
+        # counting 2,000 replicas each time was most of that read.
+        if not names or "llmgw_replicas" in names:
+            counts = {p.value: 0 for p in Phase}
+            for r in await db.list_replica_states():
+                counts[r.phase.value] += 1
+            for phase, count in counts.items():
+                replicas_gauge.labels(phase=phase).set(count)
+        scraped = registry.restricted_registry(names) if names else registry
+        return Response(prometheus_client.generate_latest(scraped), media_type=prometheus_client.CONTENT_TYPE_LATEST)
 
     return app

@@ -64,6 +64,7 @@ AUDITED: tuple[Audited, ...] = (
     _route("POST", "/api/v1/models", "apply", "model"),  # the name is in the body
     _route("PUT", "/api/v1/models/{name}", "apply", "model"),
     _route("DELETE", "/api/v1/models/{name}", "delete", "model"),
+    _route("POST", "/api/v1/models/{name}/scale", "scale", "model"),
     _route("POST", "/api/v1/nodes/{name}/cordon", "cordon", "node"),
     _route("POST", "/api/v1/nodes/{name}/uncordon", "uncordon", "node"),
     _route("POST", "/api/v1/nodes/{name}/drain", "drain", "node"),
@@ -71,6 +72,8 @@ AUDITED: tuple[Audited, ...] = (
     _route("POST", "/api/v1/fabric/tests", "fabric test", "fabric"),  # runs a tool on two nodes
     _route("POST", "/api/v1/keys", "key create", "key"),  # the id is in the answer
     _route("DELETE", "/api/v1/keys/{name}", "key delete", "key"),
+    _route("POST", "/api/v1/keys/{name}/disable", "key disable", "key"),
+    _route("POST", "/api/v1/keys/{name}/enable", "key enable", "key"),
     _route("POST", "/api/v1/users", "user create", "user"),  # the name is in the body
     _route("PUT", "/api/v1/users/{name}", "user change", "user"),
     _route("DELETE", "/api/v1/users/{name}", "user delete", "user"),
@@ -87,6 +90,8 @@ AUDITED: tuple[Audited, ...] = (
 NOT_AUDITED: dict[tuple[str, str], str] = {
     ("POST", "/api/v1/router/events"): "a router's report of what it saw (ejections), many a minute; it changes "
                                        "no desired state, and the events log keeps it",
+    ("POST", "/api/v1/router/signals"): "a router's load report, every 2 s from each router; it changes no desired "
+                                        "state, and each change of count it leads to is an Autoscaled event",
 }
 
 

@@ -16,8 +16,8 @@ from typing import Any
 
 from fastapi import APIRouter, Query, Response
 
-from llmgw.control import engines
-from llmgw.control.cluster import Cluster
+from llmgw.control import autoscaler, engines
+from llmgw.control.cluster import Cluster, in_force
 from llmgw.control.conditions import Condition
 from llmgw.control.events import Event
 from llmgw.control.http.errors import ApiError
@@ -81,10 +81,15 @@ def router(db: StoreThread, cluster: Cluster) -> APIRouter:
         if stored is None:
             raise ApiError(404, f"model {name!r} does not exist; `llmgw get models` lists them",
                            code="model_not_found")
-        now, spec = time.time(), stored.model.spec
+        now, states = time.time(), await db.autoscale_states()
+        spec = in_force({name: stored.model.spec}, states)[name]  # an autoscaled model's count in force
         mine = [r for r in await db.list_replicas() if r.model == name]
         st = summarize(spec, mine, now=now)
         fp = spec.fingerprint()
+        kept, auto = states.get(name), spec.autoscale
+        scaled = {} if auto is None else {"autoscale": autoscaler.describe(
+            auto, spec.replicas, last_reason=kept.last_reason if kept else "",
+            last_change_at=kept.last_change_at if kept else 0.0, signals=cluster.signals, model=name, now=now)}
         return {
             "name": name, "spec": stored.model.to_manifest()["spec"], "fingerprint": fp,
             "generation": stored.generation, "created_at": stored.created_at, "updated_at": stored.updated_at,
@@ -95,6 +100,7 @@ def router(db: StoreThread, cluster: Cluster) -> APIRouter:
             "conditions": _conds(cluster.conditions_of(f"model/{name}")),
             "replicas": [_replica(r, cluster, fp, now) for r in mine],
             "events": [_event(e) for e in await db.list_events(model=name, limit=DESCRIBE_EVENTS)],
+            **scaled,
         }
 
     @api.get("/api/v1/nodes/{node_id}/describe")

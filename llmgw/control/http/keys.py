@@ -1,9 +1,14 @@
-"""``/api/v1/keys``: API keys for the router's clients, created, listed and deleted.
+"""``/api/v1/keys``: API keys for the router's clients, created, listed, disabled, enabled and deleted.
 
 A key's secret is ``llmgw-`` plus 32 random bytes (url-safe base64) and is
 answered once, in the 201 to its creation; the store keeps only its sha256, and
 no listing ever carries either. Any change kicks the cluster, whose next table
-(``auth`` in ``GET /api/v1/endpoints``) carries the new hashes to the router.
+(``auth`` in ``GET /api/v1/endpoints``) carries the new hashes to the router; a
+disabled key is left out of it, so routers refuse it (401) as they do a deleted
+one, and enabling it puts it back with the same secret.
+
+``last_used_at`` is when a router last let the key call the OpenAI API, as routers
+report it (``control.keyuse``); 0 means never.
 """
 
 from __future__ import annotations
@@ -66,7 +71,8 @@ def hash_secret(secret: str) -> str:
 def key_doc(key: StoredKey) -> dict[str, Any]:
     """A key as the REST API lists it: never the secret, never the hash."""
     return {"id": key.id, "name": key.name, "models": list(key.models), "rpm": key.rpm, "tpm": key.tpm,
-            "priority": key.priority, "created_at": key.created_at, "disabled": key.disabled}
+            "priority": key.priority, "created_at": key.created_at, "disabled": key.disabled,
+            "last_used_at": key.last_used_at}
 
 
 def router(db: StoreThread, cluster: _Kicker) -> APIRouter:
@@ -94,5 +100,22 @@ def router(db: StoreThread, cluster: _Kicker) -> APIRouter:
             raise ApiError(404, f"key {key_id!r} does not exist; `llmgw key list` lists them", code="key_not_found")
         cluster.kick()
         return {"deleted": key_id}
+
+    async def set_disabled(key_id: str, disabled: bool) -> dict[str, Any]:
+        key = await db.set_key_disabled(key_id, disabled)
+        if key is None:
+            raise ApiError(404, f"key {key_id!r} does not exist; `llmgw key list` lists them", code="key_not_found")
+        cluster.kick()  # the next table leaves the key out (or puts it back): routers follow within a second or so
+        return key_doc(key)
+
+    @r.post("/api/v1/keys/{key_id}/disable")
+    async def disable_key(key_id: str) -> dict[str, Any]:
+        """Disables a key: routers refuse it (401) from their next table on; it stays listed, to enable again."""
+        return await set_disabled(key_id, True)
+
+    @r.post("/api/v1/keys/{key_id}/enable")
+    async def enable_key(key_id: str) -> dict[str, Any]:
+        """Enables a disabled key again, with the same secret."""
+        return await set_disabled(key_id, False)
 
     return r

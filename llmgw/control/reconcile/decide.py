@@ -162,8 +162,11 @@ class _Pass:
     def __init__(self, models: Mapping[str, ModelSpec], replicas: list[ReplicaRecord],
                  nodes: Mapping[str, NodeView], now: float, cfg: Config,
                  ejected: Mapping[str, str] | None = None,
-                 remote: Mapping[str, fit.RemoteWeights] | None = None) -> None:
+                 remote: Mapping[str, fit.RemoteWeights] | None = None,
+                 load: Mapping[str, float] | None = None) -> None:
         self.models, self.nodes, self.now, self.cfg = models, nodes, now, cfg
+        #: Requests in flight at each replica, by replica id, as the routers last reported them (issue 17).
+        self.load: Mapping[str, float] = load or {}
         #: What was read of remote sources' metadata (None: no reader; ``llmgw.control.remotemeta``).
         self.remote = remote
         #: Replicas some router has ejected now, with the routers' sentence (``liveness``).
@@ -599,9 +602,11 @@ class _Pass:
         outdated = [r for r in mine if self.leaving(r, fp)]
         desired = spec.replicas
         if len(current) > desired:
-            # An Unhealthy one (within its grace) serves nothing: the first to go.
+            # An Unhealthy one (within its grace) serves nothing: the first to go. Of the Ready ones, the
+            # least loaded by the routers' count goes (its drain finishes soonest and moves the fewest
+            # requests), the newest on a tie: its prefix cache is the coldest, so the router misses it least.
             order = {Phase.UNHEALTHY: 0, Phase.PENDING: 0, Phase.STARTING: 1, Phase.READY: 2}
-            extras = sorted(current, key=lambda r: (order[r.phase], -r.created_at))
+            extras = sorted(current, key=lambda r: (order[r.phase], self.load.get(r.id, 0.0), -r.created_at))
             for r in extras[: len(current) - desired]:
                 self.terminate(r, f"scaled down to {desired} replicas")
             current = extras[len(current) - desired:]
@@ -772,15 +777,18 @@ def reconcile(models: Mapping[str, ModelSpec], replicas: list[ReplicaRecord],
               nodes: Mapping[str, NodeView], *, now: float, cfg: Config = Config(),
               ejected: Mapping[str, str] | None = None,
               remote: Mapping[str, fit.RemoteWeights] | None = None,
-              removing: frozenset[tuple[str, str]] = frozenset()) -> list[d.Decision]:
+              removing: frozenset[tuple[str, str]] = frozenset(),
+              load: Mapping[str, float] | None = None) -> list[d.Decision]:
     """Everything that should be done now to move the observed world toward the desired one.
 
     ``ejected``: the replicas some router has ejected now, each with the routers' sentence;
     evidence that shortens an Unhealthy replica's grace, never a reason on its own (``liveness``).
     ``remote``: remote sources' metadata read so far (``llmgw.control.remotemeta``); None when
     nothing reads it. ``removing``: (node, cache name) of RemoveWeights sent and not yet seen done.
+    ``load``: requests in flight by replica id, as routers report them (``control.autoscaler``): a
+    scale-down drains the least loaded Ready replica.
     """
-    p = _Pass(models, replicas, nodes, now, cfg, ejected, remote)
+    p = _Pass(models, replicas, nodes, now, cfg, ejected, remote, load)
     for r in p.work:
         if r.phase in Phase.placed():
             p.observe(r)

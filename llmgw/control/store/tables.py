@@ -106,6 +106,10 @@ class ApiKeyRow(Base):
     priority: Mapped[int] = mapped_column(Integer, default=0)  # higher is admitted first
     created_at: Mapped[float] = mapped_column(Float)
     disabled: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: When the key last called the OpenAI API, as routers reported it; 0: never. Written at most every
+    #: few seconds per key (``control.keyuse``), not per request: a busy key would otherwise be a write
+    #: a request.
+    last_used_at: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
 
 
 class EventRow(Base):
@@ -253,3 +257,25 @@ class ControlPlaneRow(Base):
     #: Database-clock seconds (``Store.db_now``), like the lease's.
     started_at: Mapped[float] = mapped_column(Float)
     last_seen: Mapped[float] = mapped_column(Float)
+
+
+class AutoscaleRow(Base):
+    """One autoscaled model's autoscaler state (issue 17): the count in force and its windows.
+
+    Stored, so a restarted or new leader neither forgets the count it scaled to (and falls back to
+    ``min_replicas``, draining replicas that serve load) nor restarts a window that was about to close.
+    """
+
+    __tablename__ = "autoscale"
+
+    #: The model's name; no foreign key: the row goes with the model in the same leader's next pass.
+    model: Mapped[str] = mapped_column(String(63), primary_key=True)
+    #: The count in force (``core.autoscale.State.replicas``).
+    replicas: Mapped[int] = mapped_column(Integer)
+    above_since: Mapped[float | None] = mapped_column(Float, nullable=True)
+    below_since: Mapped[float | None] = mapped_column(Float, nullable=True)
+    idle_since: Mapped[float | None] = mapped_column(Float, nullable=True)
+    last_scale_up_at: Mapped[float] = mapped_column(Float, default=0.0)
+    last_change_at: Mapped[float] = mapped_column(Float, default=0.0)
+    #: The sentence of the last change ("3 → 5: queue 9.2 per replica > target 2 for 30s"); "" before one.
+    last_reason: Mapped[str] = mapped_column(Text, default="")

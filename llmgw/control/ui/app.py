@@ -10,6 +10,7 @@ Mounted by ``llmgw.serve`` at ``/ui``; links are built from the mount's ``root_p
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 import urllib.parse
@@ -26,6 +27,8 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from llmgw.control.auth import credentials
+from llmgw.control.auth import middleware as auth_mw
+from llmgw.control.ui import traffic
 
 _HERE = Path(__file__).parent
 #: Node rows a page: a cluster of 1,000 nodes is ten pages, never a truncated table.
@@ -83,20 +86,51 @@ async def read_form(request: Request) -> dict[str, str]:
     return {k: v[0] for k, v in urllib.parse.parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True).items()}
 
 
+class SessionEnded(Exception):
+    """The API answered 401 to the browser's credential: no session, or one that ended. Every page goes to the login.
+
+    Raised by ``Ui.call`` and turned into the redirect by the app's one handler (``create_ui``), so no page
+    handler checks for 401 itself: each one did before, and a new one that forgot would render the API's
+    "needs a credential" sentence as if it were the page's content.
+    """
+
+
 class Ui:
     """The pages; owns the in-process client to the REST app."""
 
     def __init__(self, api: ASGIApp) -> None:
         self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=api), base_url="http://ui.internal",
                                         timeout=30)
+        #: The API answers anyone as an administrator (``llmgw server --insecure``), as its own answers say
+        #: (``X-Llmgw-Insecure``). Learned, never configured: a mode the process keeps for its whole life.
+        self.insecure = False
+        #: The router's counters as this process last read them: a rate is the change between two reads.
+        self.traffic = traffic.Sampler()
 
-    async def call(self, request: Request, method: str, path: str, **kw: Any) -> tuple[ApiAnswer, httpx.Response]:
+    async def raw(self, request: Request, method: str, path: str, *, guarded: bool = True,
+                  **kw: Any) -> httpx.Response:
+        """The API's answer as it came (an NDJSON log, say); raises ``SessionEnded`` on a 401 unless not ``guarded``."""
         # The browser's own credential and origin, nothing of ours: the API decides as for the browser.
         headers = {k: v for k in ("cookie", "origin", "host") if (v := request.headers.get(k))}
         resp = await self.client.request(method, path, headers=headers, **kw)
+        self.insecure = self.insecure or bool(resp.headers.get(auth_mw.INSECURE_HEADER))
+        if guarded and resp.status_code == 401:
+            raise SessionEnded(_message(resp))
+        return resp
+
+    async def call(self, request: Request, method: str, path: str, *, guarded: bool = True,
+                   **kw: Any) -> tuple[ApiAnswer, httpx.Response]:
+        """One JSON call as the browser; a 401 ends the page at the login (``SessionEnded``) unless not ``guarded``."""
+        resp = await self.raw(request, method, path, guarded=guarded, **kw)
         if resp.is_success:
             return ApiAnswer(resp.status_code, resp.json()), resp
         return ApiAnswer(resp.status_code, {}, _message(resp)), resp
+
+    async def opens_without_login(self, request: Request) -> bool:
+        """Whether the API lets a caller without a credential in (``--insecure``); asked once, as the API itself."""
+        if not self.insecure:
+            await self.raw(request, "GET", "/api/v1/whoami", guarded=False)
+        return self.insecure
 
     async def who(self, request: Request) -> tuple[str, str]:
         """The caller's name and role as the API says (``/api/v1/whoami``); empty when it does not answer."""
@@ -106,7 +140,7 @@ class Ui:
     def page(self, request: Request, template: str, status_code: int = 200, *, who: tuple[str, str] = ("", ""),
              **ctx: Any) -> HTMLResponse:
         html = _env.get_template(template).render(base=request.scope.get("root_path", ""), user=who[0], role=who[1],
-                                                  **ctx)
+                                                  insecure=self.insecure, **ctx)
         return HTMLResponse(html, status_code=status_code, headers={"cache-control": "no-store"})
 
     def to_login(self, request: Request) -> Response:
@@ -118,12 +152,18 @@ class Ui:
 
     # -- login ----------------------------------------------------------------------------
     async def login_form(self, request: Request) -> Response:
+        if await self.opens_without_login(request):
+            # The API refuses every login there ("nothing needs a login"): the form would only loop back here.
+            return RedirectResponse(f"{request.scope.get('root_path', '')}/", status_code=303)
         return self.page(request, "login.html", title="Log in", error="", username="")
 
     async def login(self, request: Request) -> Response:
+        if await self.opens_without_login(request):
+            return RedirectResponse(f"{request.scope.get('root_path', '')}/", status_code=303)
         form = await read_form(request)
         username, password = form.get("username", ""), form.get("password", "")
-        answer, resp = await self.call(request, "POST", "/api/v1/login",
+        # Not guarded: a refused login is this form's own answer (the API's sentence), not a redirect to itself.
+        answer, resp = await self.call(request, "POST", "/api/v1/login", guarded=False,
                                        json={"username": username, "password": password, "session": True})
         if answer.error:
             return self.page(request, "login.html", status_code=answer.status, title="Log in",
@@ -134,7 +174,7 @@ class Ui:
         return out
 
     async def logout(self, request: Request) -> Response:
-        _, resp = await self.call(request, "POST", "/api/v1/logout")
+        _, resp = await self.call(request, "POST", "/api/v1/logout", guarded=False)
         out = RedirectResponse(f"{request.scope.get('root_path', '')}/login", status_code=303)
         for value in resp.headers.get_list("set-cookie"):
             out.headers.append("set-cookie", value)
@@ -173,27 +213,31 @@ class Ui:
             return answer
         return {"events": list(reversed(answer.doc.get("items", [])[-EVENTS_SHOWN:]))}
 
+    async def _traffic(self, request: Request) -> ApiAnswer | dict[str, Any]:
+        # The router's own counters over the API, two series only (``traffic``): never its objects.
+        resp = await self.raw(request, "GET", "/metrics", params=traffic.QUERY)
+        if not resp.is_success:
+            return ApiAnswer(resp.status_code, {}, _message(resp))
+        return {"report": self.traffic.add(traffic.parse(resp.text, at=time.monotonic()))}
+
     async def overview(self, request: Request) -> Response:
-        if not request.cookies.get(credentials.SESSION_COOKIE):
-            return self.to_login(request)
-        parts = {"nodes": await self._nodes(request), "models": await self._models(request),
-                 "events": await self._events(request)}
-        if any(isinstance(p, ApiAnswer) and p.status == 401 for p in parts.values()):
-            return self.to_login(request)
+        # Together: each waits on the store's thread or a JSON build in a worker, not on the others.
+        nodes, models, events, traffic_now, who = await asyncio.gather(
+            self._nodes(request), self._models(request), self._events(request), self._traffic(request),
+            self.who(request))
+        parts = {"nodes": nodes, "models": models, "events": events, "traffic": traffic_now}
         ctx = {k: (p if isinstance(p, dict) else {"error": p.error}) for k, p in parts.items()}
-        return self.page(request, "overview.html", title="Overview", who=await self.who(request), **ctx)
+        return self.page(request, "overview.html", title="Overview", who=who, **ctx)
 
     async def fragment(self, request: Request) -> Response:
         which = request.path_params["which"]
-        get = {"nodes": self._nodes, "models": self._models, "events": self._events}.get(which)
+        get = {"nodes": self._nodes, "models": self._models, "events": self._events,
+               "traffic": self._traffic}.get(which)
         if get is None:
-            return HTMLResponse(f"<p class=error>no fragment {which[:40]!r}; there are nodes, models and events</p>",
+            return HTMLResponse(f"<p class=error>no fragment {which[:40]!r}; there are nodes, models, events and "
+                                "traffic</p>",
                                 status_code=404)
-        if not request.cookies.get(credentials.SESSION_COOKIE):
-            return self.to_login(request)
         part = await get(request)
-        if isinstance(part, ApiAnswer) and part.status == 401:
-            return self.to_login(request)
         ctx = part if isinstance(part, dict) else {"error": part.error}
         return self.page(request, f"_{which}.html", **{which: ctx})
 
@@ -212,12 +256,41 @@ class _Bare:
         await self.app(scope, receive, send)
 
 
+class _SessionGuard:
+    """Every page but the login's and the static files' needs a session: without its cookie, the login instead
+    (unless the API lets anyone in: an ``--insecure`` server, where no login exists).
+
+    The one place that says so (with ``SessionEnded`` for a cookie the API no longer takes): with the check
+    repeated in each handler, a new page that forgot it would show its frame to anyone.
+    """
+
+    #: Below the mount: what a browser without a session may reach.
+    OPEN = ("/login", "/logout", "/static/")
+
+    def __init__(self, app: ASGIApp, ui: Ui) -> None:
+        self.app, self.ui = app, ui
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            request = Request(scope)
+            path = scope.get("path", "")[len(scope.get("root_path", "")):]
+            if (not path.startswith(self.OPEN) and not request.cookies.get(credentials.SESSION_COOKIE)
+                    and not await self.ui.opens_without_login(request)):
+                await self.ui.to_login(request)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def create_ui(api: ASGIApp) -> ASGIApp:
     """The UI's ASGI app over the REST app ``api`` (what ``create_api`` returns); mount it at ``/ui``."""
     ui = Ui(api)
     # Imported here: the page modules import this one (for Ui), so a top-level import would be a cycle.
     from llmgw.control.ui import audit_page, keys_page, models_page, nodes_page, playground_page, users_page
-    return _Bare(Starlette(routes=[
+
+    async def session_ended(request: Request, exc: Exception) -> Response:
+        return ui.to_login(request)
+
+    return _Bare(_SessionGuard(Starlette(exception_handlers={SessionEnded: session_ended}, routes=[
         Route("/", ui.overview, methods=["GET"]),
         Route("/login", ui.login_form, methods=["GET"]),
         Route("/login", ui.login, methods=["POST"]),
@@ -230,4 +303,4 @@ def create_ui(api: ASGIApp) -> ASGIApp:
         *audit_page.routes(ui),
         *users_page.routes(ui),
         Mount("/static", app=StaticFiles(directory=_HERE / "static"), name="static"),
-    ]))
+    ]), ui))

@@ -1,4 +1,5 @@
-"""The Keys page (``/ui/keys``): list API keys, create one (its secret shown this once), delete one.
+"""The Keys page (``/ui/keys``): list API keys with when each was last used, create one (its secret shown
+this once, with a copy button), scoped to models and limited; disable, enable or delete one.
 
 Every action is the REST API's (``/api/v1/keys``) called with the browser's own credential, so a
 viewer's refusal is the API's 403 sentence and the page never needs its own permission rules; the
@@ -8,14 +9,15 @@ controls are only left out for a viewer so that nobody is offered a button that 
 from __future__ import annotations
 
 import time
+import urllib.parse
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from llmgw.control.auth import credentials
 from llmgw.control.ui import app as app_mod
+from llmgw.core import units
 
 #: Roles whose keys page carries the create and delete controls (the API lets operators change keys).
 EDITORS = ("operator", "admin")
@@ -32,13 +34,27 @@ def _limit(text: str, field: str) -> tuple[int, str]:
         return 0, f"{field} must be a whole number of requests or tokens a minute (0 or blank: unlimited), not {text!r}"
 
 
+def _priority(text: str) -> tuple[int, str]:
+    """The form's priority (blank is 0), or the sentence saying what is wrong."""
+    text = text.strip()
+    try:
+        return (int(text) if text else 0), ""
+    except ValueError:
+        return 0, f"priority must be a whole number from -1000 to 1000 (higher is admitted first), not {text!r}"
+
+
+def _when(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+
+
 async def _render(ui: app_mod.Ui, request: Request, *, status_code: int = 200, error: str = "",
                   created: dict[str, Any] | None = None, form: dict[str, str] | None = None) -> Response:
     answer, _ = await ui.call(request, "GET", "/api/v1/keys")
-    if answer.status == 401:
-        return ui.to_login(request)
     who = await ui.who(request)
-    items = [{**k, "created": time.strftime("%Y-%m-%d %H:%M", time.localtime(float(k.get("created_at", 0))))}
+    now = time.time()
+    items = [{**k, "created": time.strftime("%Y-%m-%d %H:%M", time.localtime(float(k.get("created_at", 0)))),
+              "last_used": units.format_ago(float(k.get("last_used_at") or 0), now=now),
+              "last_used_when": _when(float(k["last_used_at"])) if k.get("last_used_at") else ""}
              for k in answer.doc.get("items", [])]
     return ui.page(request, "keys.html", status_code=status_code, title="Keys", who=who, keys=items,
                    list_error=answer.error, error=error, created=created,
@@ -46,37 +62,32 @@ async def _render(ui: app_mod.Ui, request: Request, *, status_code: int = 200, e
 
 
 async def keys(ui: app_mod.Ui, request: Request) -> Response:
-    if not request.cookies.get(credentials.SESSION_COOKIE):
-        return ui.to_login(request)
     return await _render(ui, request)
 
 
 async def create(ui: app_mod.Ui, request: Request) -> Response:
-    if not request.cookies.get(credentials.SESSION_COOKIE):
-        return ui.to_login(request)
     form = await app_mod.read_form(request)
     rpm, rpm_error = _limit(form.get("rpm", ""), "rpm")
     tpm, tpm_error = _limit(form.get("tpm", ""), "tpm")
-    if rpm_error or tpm_error:
-        return await _render(ui, request, status_code=422, error=rpm_error or tpm_error, form=form)
-    body = {"name": form.get("name", "").strip(), "rpm": rpm, "tpm": tpm,
+    priority, priority_error = _priority(form.get("priority", ""))
+    if rpm_error or tpm_error or priority_error:
+        return await _render(ui, request, status_code=422, error=rpm_error or tpm_error or priority_error, form=form)
+    body = {"name": form.get("name", "").strip(), "rpm": rpm, "tpm": tpm, "priority": priority,
             "models": [m.strip() for m in form.get("models", "").split(",") if m.strip()]}
     answer, _ = await ui.call(request, "POST", "/api/v1/keys", json=body)
-    if answer.status == 401:
-        return ui.to_login(request)
     if answer.error:
         return await _render(ui, request, status_code=answer.status, error=answer.error, form=form)
     # Rendered, not redirected: the secret is in this one answer and no later GET can show it again.
     return await _render(ui, request, status_code=201, created=answer.doc)
 
 
-async def delete(ui: app_mod.Ui, request: Request) -> Response:
-    if not request.cookies.get(credentials.SESSION_COOKIE):
-        return ui.to_login(request)
-    key_id = request.path_params["key_id"]
-    answer, _ = await ui.call(request, "DELETE", f"/api/v1/keys/{key_id}")
-    if answer.status == 401:
-        return ui.to_login(request)
+async def change(ui: app_mod.Ui, request: Request, action: str) -> Response:
+    """Deletes, disables or enables the path's key through the API, then back to the list (or its refusal)."""
+    key_id = urllib.parse.quote(request.path_params["key_id"], safe="")
+    if action == "delete":
+        answer, _ = await ui.call(request, "DELETE", f"/api/v1/keys/{key_id}")
+    else:
+        answer, _ = await ui.call(request, "POST", f"/api/v1/keys/{key_id}/{action}")
     if answer.error:
         return await _render(ui, request, status_code=answer.status, error=answer.error)
     return RedirectResponse(f"{request.scope.get('root_path', '')}/keys", status_code=303)
@@ -90,8 +101,11 @@ def routes(ui: app_mod.Ui) -> list[Route]:
     async def post(request: Request) -> Response:
         return await create(ui, request)
 
-    async def remove(request: Request) -> Response:
-        return await delete(ui, request)
+    def changing(action: str) -> Route:
+        async def handle(request: Request) -> Response:
+            return await change(ui, request, action)
+
+        return Route(f"/keys/{{key_id}}/{action}", handle, methods=["POST"])
 
     return [Route("/keys", get, methods=["GET"]), Route("/keys", post, methods=["POST"]),
-            Route("/keys/{key_id}/delete", remove, methods=["POST"])]
+            *(changing(action) for action in ("delete", "disable", "enable"))]

@@ -19,8 +19,8 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from llmgw.control.auth import credentials
 from llmgw.control.ui import app as app_mod
+from llmgw.control.ui import progress
 from llmgw.core import specs
 
 
@@ -46,39 +46,42 @@ def _ctx(answer: app_mod.ApiAnswer) -> dict[str, Any]:
     return {"doc": doc, "spec_yaml": yaml.safe_dump(doc.get("spec", {}), sort_keys=False),
             "manifest_yaml": _manifest_yaml(str(doc.get("name") or doc.get("metadata", {}).get("name", "")),
                                             doc.get("spec", {})),
-            "events": list(reversed(doc.get("events", [])))}
+            "events": list(reversed(doc.get("events", []))), "rollout": progress.rollout_of(doc),
+            "fetches": {str(r.get("id")): progress.fetch_bar(r.get("fetch")) for r in doc.get("replicas", [])},
+            "installs": []}
+
+
+async def _live(ui: app_mod.Ui, request: Request, answer: app_mod.ApiAnswer) -> dict[str, Any]:
+    """``_ctx``, with the engine installs a replica may be waiting on (asked only while one is not Ready)."""
+    ctx = _ctx(answer)
+    if answer.error or all(r.get("phase") == "Ready" for r in answer.doc.get("replicas", [])):
+        return ctx
+    engines, _ = await ui.call(request, "GET", "/api/v1/engines")
+    if not engines.error:  # the installs are extra: the page stands without them
+        ctx["installs"] = progress.install_bars(answer.doc.get("spec", {}), engines.doc)
+    return ctx
 
 
 async def _render(ui: app_mod.Ui, request: Request, name: str, *, error: str = "", status_code: int = 200) -> Response:
     answer = await _describe(ui, request, name)
-    if answer.status == 401:
-        return ui.to_login(request)
     who = await ui.who(request)
     return ui.page(request, "model.html", status_code=answer.status if answer.error else status_code,
                    title=f"Model {name}", who=who, name=name, action_error=error,
-                   can_mutate=who[1] not in ("", "viewer"), model=_ctx(answer))
+                   can_mutate=who[1] not in ("", "viewer"), model=await _live(ui, request, answer))
 
 
 async def model_page(ui: app_mod.Ui, request: Request) -> Response:
-    if not request.cookies.get(credentials.SESSION_COOKIE):
-        return ui.to_login(request)
     return await _render(ui, request, request.path_params["name"])
 
 
 async def model_live(ui: app_mod.Ui, request: Request) -> Response:
     """The refreshing part (status, replicas, events, spec), for htmx every 2 s."""
-    if not request.cookies.get(credentials.SESSION_COOKIE):
-        return ui.to_login(request)
     name = request.path_params["name"]
     answer = await _describe(ui, request, name)
-    if answer.status == 401:
-        return ui.to_login(request)
-    return ui.page(request, "_model_live.html", name=name, model=_ctx(answer))
+    return ui.page(request, "_model_live.html", name=name, model=await _live(ui, request, answer))
 
 
 async def scale(ui: app_mod.Ui, request: Request) -> Response:
-    if not request.cookies.get(credentials.SESSION_COOKIE):
-        return ui.to_login(request)
     name = request.path_params["name"]
     form = await app_mod.read_form(request)
     try:
@@ -89,14 +92,12 @@ async def scale(ui: app_mod.Ui, request: Request) -> Response:
         return await _render(ui, request, name, status_code=400,
                              error="scale takes delta -1 or 1 (the − and + buttons send one of them)")
     current = await _describe(ui, request, name)
-    if current.status == 401:
-        return ui.to_login(request)
     if current.error:
         return await _render(ui, request, name, error=current.error, status_code=current.status)
-    spec = dict(current.doc["spec"])
-    spec["replicas"] = int(spec.get("replicas", 0)) + delta
-    manifest = {"apiVersion": specs.API_VERSION, "kind": "Model", "metadata": {"name": name}, "spec": spec}
-    answer, _ = await ui.call(request, "PUT", _api_path(name), json=manifest)
+    # The scale call, not a PUT of the manifest: it refuses an autoscaled model with the sentence that says
+    # where its count comes from (a manifest with replicas beside autoscale is refused less helpfully).
+    replicas = max(0, int(current.doc["status"]["replicas"]) + delta)
+    answer, _ = await ui.call(request, "POST", f"{_api_path(name)}/scale", json={"replicas": replicas})
     if answer.error:
         return await _render(ui, request, name, error=answer.error, status_code=answer.status)
     base = request.scope.get("root_path", "")
@@ -104,12 +105,8 @@ async def scale(ui: app_mod.Ui, request: Request) -> Response:
 
 
 async def delete(ui: app_mod.Ui, request: Request) -> Response:
-    if not request.cookies.get(credentials.SESSION_COOKIE):
-        return ui.to_login(request)
     name = request.path_params["name"]
     answer, _ = await ui.call(request, "DELETE", _api_path(name))
-    if answer.status == 401:
-        return ui.to_login(request)
     if answer.error:
         return await _render(ui, request, name, error=answer.error, status_code=answer.status)
     return RedirectResponse(f"{request.scope.get('root_path', '')}/", status_code=303)
@@ -120,11 +117,7 @@ LOG_LINES = 200
 
 
 async def models_list(ui: app_mod.Ui, request: Request) -> Response:
-    if not request.cookies.get(credentials.SESSION_COOKIE):
-        return ui.to_login(request)
     answer, _ = await ui.call(request, "GET", "/api/v1/models")
-    if answer.status == 401:
-        return ui.to_login(request)
     who = await ui.who(request)
     models = {"error": answer.error} if answer.error else {"models": answer.doc.get("items", [])}
     return ui.page(request, "models.html", status_code=answer.status if answer.error else 200, title="Models",
@@ -164,15 +157,11 @@ _EXAMPLE = _manifest_yaml("my-model", {"engine": "sim", "served_name": "my-model
 
 
 async def apply_form(ui: app_mod.Ui, request: Request) -> Response:
-    if not request.cookies.get(credentials.SESSION_COOKIE):
-        return ui.to_login(request)
     return await _editor(ui, request, text=_EXAMPLE)
 
 
 async def apply(ui: app_mod.Ui, request: Request) -> Response:
     """Applies the editor's manifest (``POST /api/v1/models``, as ``llmgw apply``), or diffs it with ``op=diff``."""
-    if not request.cookies.get(credentials.SESSION_COOKIE):
-        return ui.to_login(request)
     form = await app_mod.read_form(request)
     text = form.get("spec", "")
     if not text.strip():
@@ -186,8 +175,6 @@ async def apply(ui: app_mod.Ui, request: Request) -> Response:
         current = ""
         if name:
             answer = await _describe(ui, request, name)
-            if answer.status == 401:
-                return ui.to_login(request)
             if answer.error and answer.status != 404:
                 return await _editor(ui, request, text=text, error=answer.error, status_code=answer.status)
             current = "" if answer.error else _manifest_yaml(name, answer.doc.get("spec", {}))
@@ -198,8 +185,6 @@ async def apply(ui: app_mod.Ui, request: Request) -> Response:
         return await _editor(ui, request, text=text, diff=diff or "No change: the model is already this.",
                              diffed=True)
     answer, _ = await ui.call(request, "POST", "/api/v1/models", json=doc)
-    if answer.status == 401:
-        return ui.to_login(request)
     if answer.error:
         return await _editor(ui, request, text=text, error=answer.error, status_code=answer.status)
     name = _name_of(doc)
@@ -219,9 +204,8 @@ async def _replica_log(ui: app_mod.Ui, request: Request) -> dict[str, Any]:
     if not replica.get("node") or not replica.get("shard"):
         return {"status": 200, "replica": replica,
                 "error": f"replica {rid} is not placed on a node yet, so it has no log; phase {replica.get('phase')}"}
-    headers = {k: v for k in ("cookie", "origin", "host") if (v := request.headers.get(k))}
-    resp = await ui.client.get(f"/api/v1/nodes/{urllib.parse.quote(replica['node'], safe='')}/logs",
-                               params={"shard": replica["shard"], "lines": str(LOG_LINES)}, headers=headers)
+    resp = await ui.raw(request, "GET", f"/api/v1/nodes/{urllib.parse.quote(replica['node'], safe='')}/logs",
+                        params={"shard": replica["shard"], "lines": str(LOG_LINES)})
     if not resp.is_success:
         return {"status": resp.status_code, "replica": replica, "error": app_mod._message(resp)}
     lines: list[str] = []
@@ -241,24 +225,28 @@ async def _replica_log(ui: app_mod.Ui, request: Request) -> dict[str, Any]:
     return {"status": 200, "replica": replica, "lines": lines[-LOG_LINES:]}
 
 
+def _follow_url(request: Request, replica: dict[str, Any] | None) -> str:
+    """The API's follow stream of the replica's log, which the page's script reads with the browser's own cookie
+    (``static/logfollow.js``); "" when the replica is on no node yet. Read by the browser, not relayed here:
+    the in-process client gives an answer only once it is whole, and a follow stream never is."""
+    if not replica or not replica.get("node") or not replica.get("shard"):
+        return ""
+    root = request.scope.get("root_path", "").rpartition("/")[0]  # the server's root; the UI is one level below
+    query = urllib.parse.urlencode({"shard": replica["shard"], "lines": LOG_LINES, "follow": "true"})
+    return f"{root}/api/v1/nodes/{urllib.parse.quote(replica['node'], safe='')}/logs?{query}"
+
+
 async def replica_log_page(ui: app_mod.Ui, request: Request) -> Response:
-    if not request.cookies.get(credentials.SESSION_COOKIE):
-        return ui.to_login(request)
     log = await _replica_log(ui, request)
-    if log["status"] == 401:
-        return ui.to_login(request)
     name, rid = request.path_params["name"], request.path_params["rid"]
     return ui.page(request, "replica_log.html", status_code=log["status"], title=f"Log of {name} replica {rid}",
-                   who=await ui.who(request), name=name, rid=rid, log=log)
+                   who=await ui.who(request), name=name, rid=rid, log=log,
+                   follow_url=_follow_url(request, log.get("replica")))
 
 
 async def replica_log_tail(ui: app_mod.Ui, request: Request) -> Response:
     """The ``<pre>``'s content, for htmx every 2 s."""
-    if not request.cookies.get(credentials.SESSION_COOKIE):
-        return ui.to_login(request)
     log = await _replica_log(ui, request)
-    if log["status"] == 401:
-        return ui.to_login(request)
     return ui.page(request, "_replica_log.html", log=log)
 
 

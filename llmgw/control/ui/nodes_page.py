@@ -1,8 +1,8 @@
 """The node pages: ``/ui/nodes`` (every node, 100 a page) and ``/ui/nodes/{id}`` (inventory, shards, load, log).
 
 Everything comes from the REST API with the browser's credential (``Ui.call``): the node page reads
-``/api/v1/nodes/{id}/describe`` (what ``llmgw describe node`` reads) and the node's entry of
-``/api/v1/nodes`` (disks, weights, adapters, NVLink and load, which describe leaves out); cordon,
+``/api/v1/nodes/{id}/describe`` (what ``llmgw describe node`` reads) and ``/api/v1/nodes/{id}``, the node's
+entry of the list (disks, weights, adapters, NVLink and load, which describe leaves out); cordon,
 uncordon and drain are the POSTs ``llmgw cordon|uncordon|drain`` make; the agent's log is
 ``/api/v1/nodes/{id}/logs`` (what ``llmgw logs NODE`` reads), its last lines polled every 2 s by htmx.
 A viewer sees no control; one who posts anyway gets the API's 403 sentence on the page.
@@ -18,7 +18,6 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from llmgw.control.auth import credentials
 from llmgw.control.ui import app as app_mod
 
 #: The agent log's lines shown (the newest); what `llmgw logs NODE -n 200` prints.
@@ -31,12 +30,14 @@ def _api_path(node_id: str) -> str:
 
 
 async def _node(ui: app_mod.Ui, request: Request, node_id: str) -> app_mod.ApiAnswer:
-    """describe's document with the list entry's inventory merged in (disks, weights, HCAs, NVLink, load)."""
+    """describe's document with the node's own entry merged in (disks, weights, HCAs, NVLink, load)."""
     described, _ = await ui.call(request, "GET", f"{_api_path(node_id)}/describe")
     if described.error:
         return described
-    listed, _ = await ui.call(request, "GET", "/api/v1/nodes")
-    entry = next((n for n in listed.doc.get("items", []) if n.get("id") == node_id), {})
+    # This node's entry only: reading the whole list for it every 2 s was every node's inventory (1,000 nodes,
+    # 1.7 MB of JSON) a poll, per open node page.
+    listed, _ = await ui.call(request, "GET", _api_path(node_id))
+    entry = listed.doc
     doc = {**entry, **described.doc}
     # The list's GPU entries may carry more (NVLink peers) than describe's; the richer one wins, by index.
     by_index = {g.get("index"): g for g in entry.get("gpus", [])}
@@ -47,8 +48,6 @@ async def _node(ui: app_mod.Ui, request: Request, node_id: str) -> app_mod.ApiAn
 async def _render(ui: app_mod.Ui, request: Request, node_id: str, *, error: str = "",
                   status_code: int = 200) -> Response:
     answer = await _node(ui, request, node_id)
-    if answer.status == 401:
-        return ui.to_login(request)
     who = await ui.who(request)
     return ui.page(request, "node.html", status_code=answer.status if answer.error else status_code,
                    title=f"Node {node_id}", who=who, node_id=node_id, action_error=error,
@@ -56,44 +55,29 @@ async def _render(ui: app_mod.Ui, request: Request, node_id: str, *, error: str 
 
 
 async def node_list(ui: app_mod.Ui, request: Request) -> Response:
-    if not request.cookies.get(credentials.SESSION_COOKIE):
-        return ui.to_login(request)
     part = await ui._nodes(request)
     if isinstance(part, app_mod.ApiAnswer):
-        if part.status == 401:
-            return ui.to_login(request)
         part = {"error": part.error}
     return ui.page(request, "nodes.html", title="Nodes", who=await ui.who(request), nodes=part)
 
 
 async def node_page(ui: app_mod.Ui, request: Request) -> Response:
-    if not request.cookies.get(credentials.SESSION_COOKIE):
-        return ui.to_login(request)
     return await _render(ui, request, request.path_params["node_id"])
 
 
 async def node_live(ui: app_mod.Ui, request: Request) -> Response:
     """The refreshing part (state, GPUs, shards, load, inventory), for htmx every 2 s."""
-    if not request.cookies.get(credentials.SESSION_COOKIE):
-        return ui.to_login(request)
     node_id = request.path_params["node_id"]
     answer = await _node(ui, request, node_id)
-    if answer.status == 401:
-        return ui.to_login(request)
     return ui.page(request, "_node_live.html", node_id=node_id, node={"error": answer.error, "doc": answer.doc})
 
 
 async def agent_log(ui: app_mod.Ui, request: Request) -> Response:
     """The agent log's last lines as plain escaped text: the inside of ``<pre id="agent-log">``."""
-    if not request.cookies.get(credentials.SESSION_COOKIE):
-        return ui.to_login(request)
     node_id = request.path_params["node_id"]
-    headers = {k: v for k in ("cookie", "origin", "host") if (v := request.headers.get(k))}
     # Not Ui.call: the answer is NDJSON (batches of lines, or an {"error"} line), not one JSON document.
-    resp = await ui.client.get(f"{_api_path(node_id)}/logs", headers=headers,
-                               params={"lines": str(LOG_LINES), "follow": "false"})
-    if resp.status_code == 401:
-        return ui.to_login(request)
+    resp = await ui.raw(request, "GET", f"{_api_path(node_id)}/logs",
+                        params={"lines": str(LOG_LINES), "follow": "false"})
     if not resp.is_success:
         return _log_text([f"(no log: {app_mod._message(resp)})"], status_code=resp.status_code)
     lines: list[str] = []
@@ -115,15 +99,11 @@ def _log_text(lines: list[str], *, status_code: int = 200) -> Response:
 
 
 async def mark(ui: app_mod.Ui, request: Request) -> Response:
-    if not request.cookies.get(credentials.SESSION_COOKIE):
-        return ui.to_login(request)
     node_id, action = request.path_params["node_id"], request.path_params["action"]
     if action not in ACTIONS:
         return await _render(ui, request, node_id, status_code=404,
                              error=f"no node action {action[:40]!r}; there are cordon, uncordon and drain")
     answer, _ = await ui.call(request, "POST", f"{_api_path(node_id)}/{action}")
-    if answer.status == 401:
-        return ui.to_login(request)
     if answer.error:
         return await _render(ui, request, node_id, error=answer.error, status_code=answer.status)
     return RedirectResponse(f"{request.scope.get('root_path', '')}/nodes/{urllib.parse.quote(node_id, safe='')}",

@@ -15,7 +15,6 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from llmgw.control.auth import credentials
 from llmgw.control.ui import app as app_mod
 
 ROLES = ("admin", "operator", "viewer")
@@ -24,8 +23,6 @@ ROLES = ("admin", "operator", "viewer")
 async def _render(ui: app_mod.Ui, request: Request, *, status_code: int = 200, error: str = "",
                   created: dict[str, Any] | None = None, form: dict[str, str] | None = None) -> Response:
     answer, _ = await ui.call(request, "GET", "/api/v1/users")
-    if answer.status == 401:
-        return ui.to_login(request)
     who = await ui.who(request)
     items = [{**u, "created": time.strftime("%Y-%m-%d %H:%M", time.localtime(float(u.get("created_at", 0))))}
              for u in answer.doc.get("items", [])]
@@ -35,9 +32,7 @@ async def _render(ui: app_mod.Ui, request: Request, *, status_code: int = 200, e
 
 
 async def _after(ui: app_mod.Ui, request: Request, answer: app_mod.ApiAnswer) -> Response:
-    """Where a change goes: the login when the session ended, the page with the API's sentence when refused."""
-    if answer.status == 401:
-        return ui.to_login(request)
+    """Where a change goes: the page with the API's sentence when refused, the list when done."""
     if answer.error:
         return await _render(ui, request, status_code=answer.status, error=answer.error)
     return RedirectResponse(f"{request.scope.get('root_path', '')}/users", status_code=303)
@@ -47,8 +42,6 @@ async def create(ui: app_mod.Ui, request: Request) -> Response:
     form = await app_mod.read_form(request)
     body = {"name": form.get("name", "").strip(), "role": form.get("role", "")}
     answer, _ = await ui.call(request, "POST", "/api/v1/users", json=body)
-    if answer.status == 401:
-        return ui.to_login(request)
     if answer.error:
         return await _render(ui, request, status_code=answer.status, error=answer.error, form=form)
     # Rendered, not redirected: the password is in this one answer and no later GET can show it again.
@@ -69,15 +62,13 @@ async def delete(ui: app_mod.Ui, request: Request) -> Response:
 
 
 def routes(ui: app_mod.Ui) -> list[Route]:
-    """The page's routes below the UI's mount, bound to ``ui``; every one needs a session first."""
-    def guarded(handler: Any) -> Any:
+    """The page's routes below the UI's mount, bound to ``ui`` (the UI's session guard is in front of all of them)."""
+    def bound(handler: Any) -> Any:
         async def endpoint(request: Request) -> Response:
-            if not request.cookies.get(credentials.SESSION_COOKIE):
-                return ui.to_login(request)
             return await handler(ui, request)
         return endpoint
 
-    return [Route("/users", guarded(lambda u, r: _render(u, r)), methods=["GET"]),
-            Route("/users", guarded(create), methods=["POST"]),
-            Route("/users/{name}/role", guarded(set_role), methods=["POST"]),
-            Route("/users/{name}/delete", guarded(delete), methods=["POST"])]
+    return [Route("/users", bound(lambda u, r: _render(u, r)), methods=["GET"]),
+            Route("/users", bound(create), methods=["POST"]),
+            Route("/users/{name}/role", bound(set_role), methods=["POST"]),
+            Route("/users/{name}/delete", bound(delete), methods=["POST"])]

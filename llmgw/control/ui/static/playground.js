@@ -7,6 +7,25 @@
   if (!form) return;
   const $ = (id) => document.getElementById(id);
 
+  // Tabs: Chat and Embeddings share the key field and the snippets below them.
+  const tabs = [$("tab-chat"), $("tab-embed")].filter(Boolean);
+  function select(tab) {
+    for (const t of tabs) {
+      const on = t === tab;
+      t.setAttribute("aria-selected", String(on));
+      t.tabIndex = on ? 0 : -1;
+      $(t.getAttribute("aria-controls")).hidden = !on;
+    }
+  }
+  for (const t of tabs) {
+    t.addEventListener("click", function () { select(t); });
+    t.addEventListener("keydown", function (ev) {
+      if (ev.key !== "ArrowRight" && ev.key !== "ArrowLeft") return;
+      const next = tabs[(tabs.indexOf(t) + (ev.key === "ArrowRight" ? 1 : tabs.length - 1)) % tabs.length];
+      select(next); next.focus();
+    });
+  }
+
   function body(model) {
     const messages = [];
     const system = $("system").value.trim();
@@ -105,6 +124,62 @@
       const tps = span > 0 && tokens > 1 ? ((tokens - 1) / span).toFixed(1) : "n/a";
       out.stats.textContent = "TTFT " + Math.round(first - t0) + " ms · " + tokens + " tokens · " + tps + " tokens/s";
     }
+  }
+
+  function embedSnippets(url, req, keyed) {
+    const curl = ["curl " + shellQuote(url), "  -H 'Content-Type: application/json'"];
+    if (keyed) curl.push("  -H \"Authorization: Bearer $LLMGW_API_KEY\"");
+    curl.push("  -d " + shellQuote(JSON.stringify(req)));
+    $("curl").textContent = curl.join(" \\\n");
+    const py = [
+      "import os", "", "from openai import OpenAI", "",
+      "client = OpenAI(base_url=" + JSON.stringify(url.replace(/\/embeddings$/, "")) + ", api_key=" +
+        (keyed ? "os.environ[\"LLMGW_API_KEY\"]" : "os.environ.get(\"LLMGW_API_KEY\", \"none\")") + ")",
+      "result = client.embeddings.create(",
+      "    model=" + JSON.stringify(req.model) + ",",
+      "    input=" + JSON.stringify(req.input) + ",",
+      ")",
+      "vector = result.data[0].embedding",
+      "print(len(vector), vector[:8])",
+    ];
+    $("python").textContent = py.join("\n");
+  }
+
+  // One embeddings request as any client sends it (floats, so the values can be shown); the vector's
+  // dimension, its first values and the time from sending to the whole answer.
+  const embedForm = $("embed-form");
+  if (embedForm) {
+    embedForm.addEventListener("submit", async function (ev) {
+      ev.preventDefault();
+      const url = new URL(embedForm.dataset.api, location.href).href;
+      const key = $("api-key").value.trim();
+      const req = { model: $("embed-model").value, input: $("embed-input").value, encoding_format: "float" };
+      embedSnippets(url, req, Boolean(key));
+      const send = $("embed-send"), error = $("embed-error");
+      send.disabled = true; error.hidden = true;
+      $("embed-stats").textContent = ""; $("embed-values").textContent = "";
+      $("embed-model-name").textContent = req.model;
+      const headers = { "Content-Type": "application/json" };
+      if (key) headers["Authorization"] = "Bearer " + key;
+      const t0 = performance.now();
+      try {
+        const resp = await fetch(url, { method: "POST", headers: headers, body: JSON.stringify(req), credentials: "omit" });
+        if (!resp.ok) throw new Error(await errorWords(resp));
+        const doc = await resp.json();
+        const ms = Math.round(performance.now() - t0);
+        const vec = doc && doc.data && doc.data[0] && doc.data[0].embedding;
+        if (!Array.isArray(vec)) throw new Error("the answer carried no embedding (data[0].embedding is missing)");
+        const tokens = doc.usage && doc.usage.prompt_tokens ? " · " + doc.usage.prompt_tokens + " tokens" : "";
+        $("embed-stats").textContent = "dimension " + vec.length + " · " + ms + " ms" + tokens;
+        $("embed-values").textContent = "[" + vec.slice(0, 8).map((v) => Number(v).toFixed(6)).join(", ") +
+          (vec.length > 8 ? ", … " + (vec.length - 8) + " more]" : "]");
+      } catch (e) {
+        error.textContent = req.model + ": " + e.message;
+        error.hidden = false;
+      }
+      send.disabled = false;
+      embedForm.dataset.done = String(Number(embedForm.dataset.done || 0) + 1);
+    });
   }
 
   form.addEventListener("submit", async function (ev) {

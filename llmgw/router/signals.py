@@ -1,0 +1,237 @@
+"""Telling the control plane, per model, what load this router sees: the autoscaler's signals.
+
+Every ``interval_s`` (2 s), and at once when a request is held for a model at
+zero, the ``Reporter`` sends one document (the shape ``POST
+/api/v1/router/signals`` takes)::
+
+    {"router": "r1", "interval_s": 2.0, "sent_at": 1764662400.0,
+     "models": [{"model": "m", "arrived": 12, "waiting": 3, "in_flight": 5, "held": 0,
+                 "ttft_counts": [0, 1, 4, ...], "tokens_out": 345, "last_request_at": 1764662399.5,
+                 "replicas": {"m-ab12cd": {"in_flight": 2}, "m-ef34gh": {"in_flight": 3}}}]}
+
+``arrived``, ``ttft_counts`` (over ``core.autoscale.TTFT_BUCKETS_MS``, +inf last)
+and ``tokens_out`` are deltas since the last report, reset when a report is
+built, sent or not: a control plane that was down for a minute must not read the
+minute's arrivals as one interval's (it would scale a model up for a burst that
+ended long ago). ``waiting`` (admission's queue plus the requests held at zero),
+``in_flight`` and ``replicas`` (what ``upstream`` counts per replica, at the
+engines now) are gauges read when the report is built.
+
+The hot path pays a few integer operations per request and nothing per chunk:
+``arrived`` is a dict lookup and two stores, the first token one bisect into a
+list, the output tokens one addition at the end (``metrics.Trace`` calls
+``first_token`` and adds ``tokens``). No lock: the router is one event loop.
+
+Sending never delays a request: reports are built and sent from the
+reporter's own task, either to ``deliver`` (``llmgw server``: the control
+plane's ``RouterSignals.record``, in process) or POSTed with the router's
+credential to the control plane it follows now (``control_url`` may be a
+callable, the table watcher's ``current_url``, so reports follow a failover as
+``events.HttpSink`` does). Each send is bounded by ``timeout_s``; a failing
+one is logged once when the failures start and once when they end, not every
+interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import inspect
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import aiohttp
+
+from llmgw.core import autoscale
+from llmgw.router.table import TableHolder
+
+log = logging.getLogger(__name__)
+
+SIGNALS_PATH = "/api/v1/router/signals"
+Report = dict[str, Any]
+_BOUNDS = autoscale.TTFT_BUCKETS_MS
+
+
+def _none_queued(model: str) -> int:
+    return 0
+
+
+class ModelCounts:
+    """One model's counters on the hot path: deltas since the last report, and the held gauge."""
+
+    __slots__ = ("arrived", "ttft", "tokens_out", "last_arrival", "held")
+
+    def __init__(self) -> None:
+        self.arrived = 0
+        self.ttft = [0] * (len(_BOUNDS) + 1)
+        self.tokens_out = 0
+        self.last_arrival = 0.0  # perf_counter() of the newest arrival; 0: none since start
+        self.held = 0  # requests held now because the model has no endpoint (a gauge, never reset)
+
+    def first_token(self, seconds: float) -> None:
+        """A first token ``seconds`` after the request's arrival."""
+        self.ttft[bisect.bisect_left(_BOUNDS, seconds * 1000.0)] += 1
+
+
+class Reporter:
+    """Counts per model and reports to the control plane; ``start()``/``stop()`` run its sending task.
+
+    ``deliver`` (in process) or ``control_url`` (a base URL, or a callable giving the one to use
+    now) says where reports go; with neither, reports are only built (``report()``), for tests.
+    ``attach`` (the app calls it) gives the reporter what it reads gauges from.
+    """
+
+    def __init__(self, router_id: str, *, deliver: Callable[[Report], object] | None = None,
+                 control_url: str | Callable[[], str] | None = None, headers: Mapping[str, str] | None = None,
+                 interval_s: float = 2.0, timeout_s: float = 5.0, clock: Callable[[], float] = time.time) -> None:
+        self.router_id = router_id
+        self._deliver = deliver
+        self._control_url = control_url
+        self._headers = dict(headers or {})
+        self.interval_s = interval_s
+        self._timeout_s = timeout_s
+        self._clock = clock
+        self.counts: dict[str, ModelCounts] = {}
+        self._holder: TableHolder | None = None
+        self._in_flight: Mapping[str, int] = {}
+        self._queued: Callable[[str], int] = _none_queued
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._failing = False  # the last send failed and that was logged: its end is logged too
+        #: Reports the other side accepted, for tests and the log.
+        self.sent = 0
+
+    def attach(self, holder: TableHolder, *, in_flight: Mapping[str, int],
+               queued: Callable[[str], int] = _none_queued) -> None:
+        """Where the gauges come from: the table (each model's replicas), per-replica in flight, admission's queue."""
+        self._holder = holder
+        self._in_flight = in_flight
+        self._queued = queued
+
+    # --- the hot path ----------------------------------------------------------------------
+
+    def arrived(self, model: str, at: float) -> ModelCounts:
+        """A request for ``model`` arrived at ``at`` (perf_counter); its counters, for the request's trace."""
+        counts = self.counts.get(model)
+        if counts is None:
+            counts = self.counts[model] = ModelCounts()
+        counts.arrived += 1
+        counts.last_arrival = at
+        return counts
+
+    def held(self, counts: ModelCounts) -> None:
+        """A request is held for a model with no endpoint: counted as waiting, and reported at once (the wake)."""
+        counts.held += 1
+        self._wake.set()
+
+    def released(self, counts: ModelCounts) -> None:
+        """A held request got its endpoint, or gave up."""
+        counts.held -= 1
+
+    # --- reports -----------------------------------------------------------------------------
+
+    def url(self) -> str:
+        """Where the next report is POSTed: read before each send, so a send follows the watcher's switch."""
+        if self._control_url is None:
+            return ""
+        base = self._control_url if isinstance(self._control_url, str) else self._control_url()
+        return base.rstrip("/") + SIGNALS_PATH
+
+    def report(self) -> Report:
+        """The report of now; the deltas it carries are reset (see the module's docstring for why)."""
+        wall, perf = self._clock(), time.perf_counter()
+        routes = {m.name: m for m in self._holder.current.models} if self._holder is not None else {}
+        models = []
+        for name in dict.fromkeys((*routes, *self.counts)):
+            route = routes.get(name)
+            replicas = ({e.replica_id: {"in_flight": self._in_flight.get(e.replica_id, 0)} for e in route.endpoints}
+                        if route is not None else {})
+            in_flight = sum(r["in_flight"] for r in replicas.values())
+            counts = self.counts.get(name)
+            held = counts.held if counts is not None else 0
+            waiting = self._queued(name) + held
+            if counts is None or not (counts.arrived or counts.tokens_out or any(counts.ttft)):
+                if not (in_flight or waiting):
+                    continue  # nothing to say: a quiet model is left out
+            entry: dict[str, Any] = {"model": name, "arrived": 0, "waiting": waiting, "in_flight": in_flight,
+                                     "held": held, "ttft_counts": [0] * (len(_BOUNDS) + 1), "tokens_out": 0,
+                                     "last_request_at": 0.0, "replicas": replicas}
+            if counts is not None:
+                entry["arrived"], entry["ttft_counts"], entry["tokens_out"] = (counts.arrived, counts.ttft,
+                                                                               counts.tokens_out)
+                if counts.last_arrival:
+                    entry["last_request_at"] = round(wall - (perf - counts.last_arrival), 3)
+                counts.arrived, counts.ttft, counts.tokens_out = 0, [0] * (len(_BOUNDS) + 1), 0
+            models.append(entry)
+        return {"router": self.router_id, "interval_s": self.interval_s, "sent_at": wall, "models": models}
+
+    async def flush(self) -> bool:
+        """Build a report and send it now; False (logged once while it lasts) when it did not arrive."""
+        doc = self.report()
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                await self._send(doc)
+        except Exception as exc:  # a bug or an outage on the other side must never reach a request
+            if not self._failing:
+                self._failing = True
+                where = self.url() or "the control plane"
+                log.warning("cannot report load signals to %s: %s; the autoscaler sees this router's load only "
+                            "when it is back (retrying every %gs, not logged again until it works)", where,
+                            str(exc) or type(exc).__name__, self.interval_s)
+            return False
+        if self._failing:
+            self._failing = False
+            log.info("load signals reach %s again", self.url() or "the control plane")
+        self.sent += 1
+        return True
+
+    async def _send(self, doc: Report) -> None:
+        if self._deliver is not None:
+            result = self._deliver(doc)
+            if inspect.isawaitable(result):
+                await result
+            return
+        url = self.url()
+        if not url:
+            return
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        async with self._session.post(url, json=doc, headers=self._headers) as resp:
+            if resp.status in (401, 403):
+                raise _Refused(f"HTTP {resp.status}: the control plane refused this router's credential; give it "
+                               "one with `llmgw router-token create NAME` and `--token-file FILE` "
+                               "(or LLMGW_ROUTER_TOKEN)")
+            if resp.status >= 400:
+                raise _Refused(f"HTTP {resp.status}: {(await resp.text(errors='replace'))[:200]}")
+
+    # --- the sending task ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="llmgw-router-signals")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _run(self) -> None:
+        while True:
+            # A held request sets _wake: its model at zero is reported at once, not up to an interval later.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.interval_s)
+            self._wake.clear()
+            await self.flush()
+
+
+class _Refused(Exception):
+    pass

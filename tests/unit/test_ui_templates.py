@@ -1,0 +1,60 @@
+"""The UI's templates rendered on their own (no server): the node row the overview and the Nodes page share."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmgw.control.ui import app as ui_app
+from llmgw.testing.uiclient import Node, Tree
+
+GIB = 1024**3
+
+
+def node_doc(i: int, **over: Any) -> dict[str, Any]:
+    """One entry of GET /api/v1/nodes, as the API writes it."""
+    return {"id": f"n{i:04d}", "status": "Ready", "cordoned": False, "draining": False, "cpu_count": 32,
+            "memory_available_bytes": 100 * GIB, "memory_total_bytes": 256 * GIB, "shards": 2, "agent_version": "1.2",
+            "gpus": [{"index": 0, "name": "H100", "memory_used_bytes": 40 * GIB, "memory_total_bytes": 80 * GIB},
+                     {"index": 1, "name": "H100", "memory_used_bytes": 0, "memory_total_bytes": 80 * GIB}],
+            "model_dirs": [{"path": "/models", "free_bytes": 500 * GIB, "total_bytes": 1000 * GIB}], **over}
+
+
+def render(template: str, nodes: list[dict[str, Any]], *, page: int = 1, pages: int = 1) -> Node:
+    html = ui_app._env.get_template(template).render(base="/ui", user="admin", role="admin", title="Nodes",
+                                                     nodes={"nodes": nodes, "page": page, "pages": pages,
+                                                            "total": 100 * pages})
+    return Tree(html).root
+
+
+def cells(doc: Node, node_id: str) -> dict[str, str]:
+    row = doc.find(lambda n: n.tag == "tr" and n.attrs.get("data-node") == node_id)
+    assert row is not None, f"no row for {node_id}"
+    return {c.attrs.get("class", "").split()[0] if c.attrs.get("class") else str(i): c.text
+            for i, c in enumerate(row.find_all(lambda n: n.tag in ("td", "th")))}
+
+
+def test_overview_and_nodes_page_show_the_same_row_for_a_node() -> None:
+    """A cordoned, draining node with one of two GPUs in use reads the same in the overview's fragment and on the
+    Nodes page (state, cordoned, GPUs 1/2 with a meter each, disk); the Nodes page adds shards and agent."""
+    doc = node_doc(7, status="NotReady", cordoned=True, draining=True)
+    overview, page = render("_nodes.html", [doc]), render("nodes.html", [doc])
+    o, p = cells(overview, "n0007"), cells(page, "n0007")
+    assert o["state"] == p["state"] == "NotReady"
+    assert o["cordoned"] == p["cordoned"] == "yes, draining"
+    assert o["gpus"] == p["gpus"] == "1/2"
+    assert o["disk"] == p["disk"] == "500.0 GiB of 1000.0 GiB"
+    assert {k: v for k, v in p.items() if k not in ("shards", "agent")} == o
+    assert p["shards"] == "2" and p["agent"] == "1.2" and "shards" not in o
+    for doc_ in (overview, page):
+        meters = doc_.find_all(lambda n: n.tag == "meter")
+        assert [m.attrs["value"] for m in meters] == ["50", "0"]
+
+
+def test_each_table_pages_to_its_own_address() -> None:
+    """With three pages of nodes, the overview's page links stay on the overview and the Nodes page's on /ui/nodes."""
+    nodes = [node_doc(i) for i in range(3)]
+    overview, page = render("_nodes.html", nodes, page=2, pages=3), render("nodes.html", nodes, page=2, pages=3)
+    assert overview.find(lambda n: n.tag == "nav" and "pages" in n.attrs.get("class", "")) is not None
+    assert [a for a in overview.links() if "page=" in a] == ["/ui/?page=1", "/ui/?page=3"]
+    assert [a for a in page.links() if "page=" in a] == ["/ui/nodes?page=1", "/ui/nodes?page=3"]
+    assert len(page.find_all(lambda n: n.tag == "tr" and "data-node" in n.attrs)) == 3
