@@ -32,7 +32,7 @@ queue_per_replica: 1, scale_to_zero_after: --zero-after}``: for each trial, once
 streamed chat request ("Say hello."); **first token** is from sending it to its first content chunk (the goal:
 < 3 s here), and **total** to ``[DONE]``. The router's own ``llmgw_router_cold_start_seconds`` histogram (sum
 and count) is read from ``/metrics`` at the end. Between trials the model goes back to zero by itself (no request for
-``--zero-after``; the control plane's arrival rate is over the routers' 30 s window, so that takes ~30 s more).
+``--zero-after``, counted from the last request any router saw).
 
 Results: a Markdown table per part, printed, and ``bench/results/autoscale-<time>.json`` (gitignored); the logs
 of a run that went wrong are copied to ``bench/results/autoscale-logs-<time>/``.

@@ -72,6 +72,20 @@ def _short(conds: list[dict[str, Any]]) -> str:
                                                     or c["type"] == "Degraded" else "") for c in conds)
 
 
+_TARGETS = (("queue_per_replica", "queue {:g} per replica"), ("inflight_per_replica", "in flight {:g} per replica"),
+            ("ttft_p90_ms", "TTFT p90 {:g} ms"), ("tokens_per_s_per_replica", "{:g} tokens/s per replica"))
+
+
+def autoscale_targets(auto: dict[str, Any]) -> str:
+    """The spec's targets and windows in a line: what the Load line is weighed against, and how fast it moves."""
+    targets = ", ".join(words.format(auto[k]) for k, words in _TARGETS if auto.get(k))
+    windows = (f"up after {auto.get('scale_up_after', 0):g}s, down after {auto.get('scale_down_after', 0):g}s"
+               + (f", to zero after {auto.get('scale_to_zero_after', 0):g}s idle" if auto.get("min_replicas") == 0
+                  else "")
+               + f"; cold start up to {auto.get('cold_start_timeout', 0):g}s")
+    return f"{targets or '-'}; {windows}"
+
+
 def print_model(doc: dict[str, Any], now: float) -> None:
     spec, st = doc["spec"], doc["status"]
     rollout = spec.get("rollout") or {}
@@ -98,7 +112,8 @@ def print_model(doc: dict[str, Any], now: float) -> None:
         last = (f"{auto['last_reason']} ({ago(auto['last_change_at'], now)} ago)" if auto["last_reason"]
                 else "no change yet")
         lines[3:3] = [("Autoscale", f"{auto['replicas']} in force (min {auto['min_replicas']}, max "
-                                    f"{auto['max_replicas']}); last: {last}"), ("Load", load)]
+                                    f"{auto['max_replicas']}); last: {last}"),
+                      ("Targets", autoscale_targets(spec.get("autoscale") or {})), ("Load", load)]
     for k, v in lines:
         console.print(f"{k + ':':<12} {v}", markup=False)
     console.print("\nConditions:", markup=False)

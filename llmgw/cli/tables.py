@@ -49,12 +49,19 @@ def nodes_wide(items: list[dict[str, Any]], engines_doc: dict[str, Any]) -> Tabl
     return t
 
 
+def ready_cell(m: dict[str, Any]) -> str:
+    """READY: ``1/2``; an autoscaled model's adds its bounds, ``1/2 (auto 0–3)``: 2 is the autoscaler's count now."""
+    st, auto = m["status"], m["spec"].get("autoscale")
+    cell = f"{st['ready_replicas']}/{st['replicas']}"
+    return f"{cell} (auto {auto['min_replicas']}–{auto['max_replicas']})" if auto else cell
+
+
 def models(items: list[dict[str, Any]]) -> Table:
     t = Table("MODEL", "ENGINE", "SERVED AS", "READY", "STATE", "MESSAGE")
     for m in items:
         st = m["status"]
-        t.add_row(m["metadata"]["name"], m["spec"]["engine"], m["spec"]["served_name"],
-                  f"{st['ready_replicas']}/{st['replicas']}", st["state"], st["message"])
+        t.add_row(m["metadata"]["name"], m["spec"]["engine"], m["spec"]["served_name"], ready_cell(m), st["state"],
+                  st["message"])
     return t
 
 

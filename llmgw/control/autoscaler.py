@@ -116,11 +116,14 @@ class RouterSignals:
             m = r.models.setdefault(p.model, _ModelReport())
             if p.arrived or p.tokens_out or any(p.ttft_counts):
                 m.samples.append(_Sample(now, p.arrived, p.tokens_out, p.ttft_counts))
+            # A queue that forms is users waiting now: a pass at once, not at the next tick, so the
+            # scale-up it asks for starts its replicas that much sooner (decide acts on it at once).
+            queue_formed = p.waiting > 0 and m.waiting == 0
             m.waiting, m.in_flight, m.held, m.replicas = p.waiting, p.in_flight, p.held, p.replicas
             # The router's clock, not ours: kept no later than now, or a router whose clock runs ahead
             # would keep its model from ever being idle long enough to go to zero.
             m.last_request_at = max(m.last_request_at, min(p.last_request_at, now))
-            if p.held > 0:
+            if p.held > 0 or queue_formed:
                 woken.append(p.model)
         self._prune(now)
         if self.on_wake is not None:

@@ -279,7 +279,10 @@ def autoscaling(spec: ModelSpec, *, replicas: int, limited: str, unplaceable: bo
         return Condition("Autoscaling", FALSE, "NoCapacity", f"held at {count}: a replica waits for a node "
                          f"({limited}); add a node or free one, or lower spec.autoscale.max_replicas")
     if limited:
+        # The autoscaler's sentence names the cap already ("at max_replicas 4: the load asks for 6 ..."):
+        # "held at 4 replicas, at max_replicas 4: ..." said it twice.
+        held = f"held {limited}" if limited.startswith("at max_replicas") else f"held at {count}, {limited}"
         return Condition("Autoscaling", FALSE, "AtMaxReplicas",
-                         f"held at {count}, {limited}; raise spec.autoscale.max_replicas to follow it")
+                         f"{held}; raise spec.autoscale.max_replicas to follow it")
     return Condition("Autoscaling", TRUE, "WithinBounds",
                      f"{count}, between min {auto.min_replicas} and max {auto.max_replicas}")

@@ -135,8 +135,14 @@ def decide(spec: Autoscale, signals: Signals | None, state: State, *, now: float
     arriving = sig.wanted or sig.waiting > 0 or sig.arrived_per_s > 0
     busy = arriving or sig.in_flight > 0
     idle_since = None if busy else (state.idle_since if state.idle_since is not None else now)
+    # An arrival wakes a model at zero only if it came after the count last changed: the routers'
+    # window still counts the requests before the scale to zero, and waking on them flipped the
+    # model between 0 and 1 every pass (seen with scale_to_zero_after shorter than the window).
+    # A request that comes while it is at zero is held at the router, so it wakes it as ``wanted``.
+    woken = sig.wanted or sig.waiting > 0 or (
+        sig.arrived_per_s > 0 and (sig.last_request_at == 0 or sig.last_request_at > state.last_change_at))
 
-    if current == 0 and arriving:
+    if current == 0 and woken:
         new = max(1, min(lo, hi))
         return Decision(state=State(replicas=new, last_scale_up_at=now, last_change_at=now),
                         reason=f"0 → {new}: a request is waiting for a model at zero")

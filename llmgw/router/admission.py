@@ -89,6 +89,12 @@ class Admission:
         gate = self._gates.get(model)
         return gate.last_wait_s if gate else 0.0
 
+    def would_wait(self, model: str) -> bool:
+        """A request for ``model`` arriving now would wait for a slot (every slot taken, or others waiting)."""
+        limit = self.limit(model)
+        gate = self._gates.get(model)
+        return limit is not None and gate is not None and (gate.active >= limit or gate.queued > 0)
+
     @property
     def queue_length(self) -> int:
         """Requests waiting, every model together."""

@@ -248,6 +248,9 @@ class RouterApp:
         spans = router_tracing.CURRENT.get()
         if spans is not None:
             spans.admission_start()
+        if (self._signals is not None and not self._admission.queued(route.name)
+                and self._admission.would_wait(route.name)):
+            self._signals.queue_forming()  # the autoscaler hears of a queue as it forms, not an interval later
         async with self._admission.slot(route.name, priority=key.priority):
             if spans is not None:
                 spans.admitted(route.name)

@@ -1,7 +1,7 @@
 """Telling the control plane, per model, what load this router sees: the autoscaler's signals.
 
 Every ``interval_s`` (2 s), and at once when a request is held for a model at
-zero, the ``Reporter`` sends one document (the shape ``POST
+zero or a model's admission queue forms, the ``Reporter`` sends one document (the shape ``POST
 /api/v1/router/signals`` takes)::
 
     {"router": "r1", "interval_s": 2.0, "sent_at": 1764662400.0,
@@ -126,6 +126,15 @@ class Reporter:
     def held(self, counts: ModelCounts) -> None:
         """A request is held for a model with no endpoint: counted as waiting, and reported at once (the wake)."""
         counts.held += 1
+        self._wake.set()
+
+    def queue_forming(self) -> None:
+        """A request is about to wait in a model's empty admission queue: reported at once, as a hold is.
+
+        The queue is what users feel first; reported up to an interval late, it delayed the
+        scale-up of a spike by that much (bench/autoscale.py). Called only when a queue goes
+        from empty to one waiter, so a queue that stays long sends nothing more than the interval's.
+        """
         self._wake.set()
 
     def released(self, counts: ModelCounts) -> None:

@@ -12,13 +12,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from llmgw.testing import browser, system
+from llmgw.testing import browser
+from llmgw.testing import system as system_mod
+from llmgw.testing.fixtures import system, system_args  # noqa: F401 (fixtures, shared with tests/integration)
 
 
 @pytest.fixture(scope="module")
-def ui_system(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[system.System]:
+def ui_system(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[system_mod.System]:
     """A running server and one agent (node1) for the module, torn down whatever happens."""
-    with system.running(tmp_path_factory.mktemp(request.module.__name__.rpartition(".")[2])) as s:
+    with system_mod.running(tmp_path_factory.mktemp(request.module.__name__.rpartition(".")[2])) as s:
         yield s
 
 

@@ -12,10 +12,12 @@ import concurrent.futures
 import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
+from llmgw.router import signals
 from llmgw.router.app import RouterApp
 from llmgw.router.table import RouteTable, TableHolder
 from llmgw.testing.procs import wait_for
@@ -145,13 +147,43 @@ def test_a_request_admitted_by_a_new_replica_is_sent_to_it_not_refused(procs: Li
         finally:
             await app.shutdown()
 
-    async def _until(ready: Callable[[], bool]) -> None:
-        for _ in range(3000):
-            if ready():
-                return
-            await asyncio.sleep(0.01)
-        raise AssertionError("the router never reached the state the test waits for")
-
     status, upstream, first_upstream = asyncio.run(scenario())
     assert first_upstream == "m-0"
     assert (status, upstream) == (200, "m-1")
+
+
+def test_a_queue_that_forms_is_reported_to_the_autoscaler_at_once(procs: Limited) -> None:
+    """The first request to wait in a model's admission queue sends a load report now, not an interval later."""
+    sim = procs.sim()
+    delivered: list[dict[str, Any]] = []
+
+    async def scenario() -> None:
+        holder = TableHolder(RouteTable.from_doc({"version": 1, "models": [
+            {"name": "m", "state": "Ready", "routing": "round_robin", "limits": {"concurrency_per_replica": 1},
+             "endpoints": [{"replica_id": "m-0", "url": sim}]}]}))
+        reporter = signals.Reporter("r1", deliver=delivered.append, interval_s=3600)
+        app = RouterApp(holder, admission_wait_s=30.0, signals=reporter)
+        await app.startup()
+        try:
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://router", timeout=30) as client:
+                first = asyncio.ensure_future(client.post("/v1/completions", json={**SHORT, "max_tokens": 40}))
+                await _until(lambda: app._admission.in_flight("m") == 1)
+                assert delivered == []  # a request admitted at once is no queue
+                second = asyncio.ensure_future(client.post("/v1/completions", json=SHORT))
+                await _until(lambda: bool(delivered))
+                assert not first.done()  # sent while the queue stands, not when it drained
+                assert [e["waiting"] for e in delivered[0]["models"] if e["model"] == "m"] == [1]
+                assert (await first).status_code == 200 and (await second).status_code == 200
+        finally:
+            await app.shutdown()
+
+    asyncio.run(scenario())
+
+
+async def _until(ready: Callable[[], bool]) -> None:
+    for _ in range(3000):
+        if ready():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the router never reached the state the test waits for")

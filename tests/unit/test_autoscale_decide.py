@@ -181,6 +181,18 @@ def test_wake_from_zero_at_once(sig: a.Signals) -> None:
     assert out.state.last_scale_up_at == T0 and out.state.idle_since is None
 
 
+def test_requests_from_before_the_scale_to_zero_do_not_wake_it() -> None:
+    """Arrivals still in the routers' window but older than the scale to zero leave the model at zero."""
+    spec = dataclasses.replace(SPEC, min_replicas=0, scale_to_zero_after_s=3)
+    trickle = load(arrived=1 / 30, last=T0)
+    zero = a.decide(spec, trickle, a.State(replicas=1), now=T0 + 4)
+    assert zero.state.replicas == 0
+    out = step(spec, trickle, zero.state, [T0 + 5, T0 + 6, T0 + 7])
+    assert out.state.replicas == 0 and out.reason == ""
+    newer = a.decide(spec, load(arrived=2 / 30, last=T0 + 8), out.state, now=T0 + 8)
+    assert newer.state.replicas == 1
+
+
 def test_stays_at_zero_without_requests() -> None:
     """A model at zero with no request stays at zero (a draining replica's in-flight does not wake it)."""
     spec = dataclasses.replace(SPEC, min_replicas=0)

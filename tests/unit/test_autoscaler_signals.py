@@ -107,6 +107,23 @@ def test_a_held_request_wakes_the_model_at_once() -> None:
     assert sig.signals("never-seen", clock.now) == autoscale.Signals(0.0, 0.0, 0.0, None, 0.0, 0.0)
 
 
+def test_a_queue_that_forms_kicks_a_pass_once() -> None:
+    """Requests starting to wait at a router call on_wake once; a queue that stays does not call it again."""
+    clock = stepped.Clock()
+    sig = autoscaler.RouterSignals(clock=clock)
+    woken: list[str] = []
+    sig.on_wake = woken.append
+    sig.record(report("r1", entry("m", in_flight=4)))
+    assert woken == []
+    sig.record(report("r1", entry("m", in_flight=4, waiting=2)))
+    assert woken == ["m"]
+    sig.record(report("r1", entry("m", in_flight=4, waiting=5)))
+    assert woken == ["m"]
+    sig.record(report("r1", entry("m", in_flight=4)))
+    sig.record(report("r1", entry("m", in_flight=4, waiting=1)))
+    assert woken == ["m", "m"]
+
+
 def test_a_router_clock_ahead_does_not_keep_a_model_busy() -> None:
     """A last_request_at in the future is read as now: the model can still go idle."""
     clock = stepped.Clock()

@@ -1,5 +1,8 @@
 """The model page (``/ui/models/{name}``): spec as YAML, replicas and events live, scale and delete.
 
+An autoscaled model's page shows its autoscaler (bounds, count in force, last decision, the load it
+weighs) instead of the scale buttons: the API refuses a count set by hand for it anyway.
+
 Everything comes from the REST API with the browser's credential (``Ui.call``): the page reads
 ``/api/v1/models/{name}/describe`` (what ``llmgw describe model`` reads), scaling PUTs the spec back
 with ``replicas`` changed (what ``llmgw apply`` sends), delete is the API's DELETE. The UI decides
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import time
 import urllib.parse
 from typing import Any
 
@@ -39,6 +43,31 @@ def _manifest_yaml(name: str, spec: dict[str, Any]) -> str:
     return yaml.safe_dump(manifest, sort_keys=False)
 
 
+def _ago(seconds: float) -> str:
+    s = max(0, int(seconds))
+    return f"{s}s" if s < 120 else f"{s // 60}m" if s < 7200 else f"{s // 3600}h"
+
+
+def autoscale_view(doc: dict[str, Any], *, now: float) -> dict[str, Any] | None:
+    """An autoscaled model's panel, in words (None for a model scaled by hand): bounds, the count in force,
+    the last decision's sentence and when, and the routers' merged load as the autoscaler weighs it."""
+    auto = doc.get("autoscale")
+    if not auto:
+        return None
+    changed = float(auto.get("last_change_at") or 0)
+    sig = auto.get("signals")
+    if sig is None:
+        load = {"none": "no router has reported its load lately: the count holds"}
+    else:
+        ttft = sig.get("ttft_p90_ms")
+        load = {"waiting": f"{sig['waiting']:g}", "in_flight": f"{sig['in_flight']:g}",
+                "ttft_p90": "-" if ttft is None else f"{ttft:.0f} ms", "arrivals": f"{sig['arrived_per_s']:.1f}/s",
+                "routers": str(len(auto.get("routers") or []))}
+    return {"min": auto["min_replicas"], "max": auto["max_replicas"], "replicas": auto["replicas"],
+            "last": auto.get("last_reason") or "no change yet", "at": changed,
+            "ago": _ago(now - changed) if auto.get("last_reason") and changed else "", "load": load}
+
+
 def _ctx(answer: app_mod.ApiAnswer) -> dict[str, Any]:
     if answer.error:
         return {"error": answer.error}
@@ -48,7 +77,7 @@ def _ctx(answer: app_mod.ApiAnswer) -> dict[str, Any]:
                                             doc.get("spec", {})),
             "events": list(reversed(doc.get("events", []))), "rollout": progress.rollout_of(doc),
             "fetches": {str(r.get("id")): progress.fetch_bar(r.get("fetch")) for r in doc.get("replicas", [])},
-            "installs": []}
+            "installs": [], "autoscale": autoscale_view(doc, now=time.time())}
 
 
 async def _live(ui: app_mod.Ui, request: Request, answer: app_mod.ApiAnswer) -> dict[str, Any]:

@@ -20,13 +20,11 @@ from llmgw.control.store import store as store_mod
 from llmgw.control.store.store import Store, StoredAutoscale
 from llmgw.testing.postgres import Postgres
 from llmgw.testing.procs import wait_for
-from llmgw.testing.system import LLMGW, System
+from llmgw.testing.system import LLMGW, System, sim_model
 
 
 def auto_model(name: str, *, args: list[str] | None = None, **auto: Any) -> dict[str, Any]:
-    return {"apiVersion": "llmgw/v1", "kind": "Model", "metadata": {"name": name},
-            "spec": {"engine": "sim", "served_name": name, "engine_args": args or ["--decode-tps", "400"],
-                     "autoscale": auto}}
+    return sim_model(name, args=args, autoscale=auto)
 
 
 def client(system: System, *, timeout: float = 60) -> openai.OpenAI:
