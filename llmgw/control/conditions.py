@@ -239,6 +239,9 @@ def model_conditions(spec: ModelSpec, replicas: Iterable[ReplicaRecord],
         degraded_c = Condition("Degraded", TRUE, "ReplicaUnhealthy", f"{head}; a replica is {hung[0].message}")
     elif failing:
         degraded_c = Condition("Degraded", TRUE, "ReplicaFailing", f"{head}; a replica failed: {failing[0].message}")
+    elif ready < desired and ready and status.scaling_up(spec, (r for r in mine if r.phase is not Phase.READY)):
+        degraded_c = Condition("Degraded", FALSE, "ScalingUp", f"{head}; the autoscaler raised the count and the "
+                                                               "new replicas are starting")
     elif ready < desired:
         degraded_c = Condition("Degraded", TRUE, "ReplicasUnavailable", head)
     else:

@@ -17,7 +17,8 @@ from llmgw.core.specs import ModelSpec
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ModelStatus:
-    #: Ready, Degraded, Starting, Pending, Failed, ScaledToZero, or Cold (autoscaled, at zero).
+    #: Ready, Degraded, ScalingUp (autoscaled, its new replicas starting), Starting, Pending, Failed, ScaledToZero,
+    #: or Cold (autoscaled, at zero).
     state: str
     message: str
     ready: int
@@ -53,6 +54,17 @@ def cold_message(spec: ModelSpec) -> str:
             f"(cold start, up to {auto.cold_start_timeout_s:g}s)")
 
 
+def scaling_up(spec: ModelSpec, not_ready: Iterable[ReplicaRecord]) -> bool:
+    """An autoscaled model's missing replicas are new ones on their way (starting, or created and not yet tried).
+
+    Read as trouble ("Degraded", "ReplicasUnavailable") every scale-up looked like a fault while the model
+    served as before. A replica that failed, or that placement refused, is trouble still.
+    """
+    return spec.autoscale is not None and all(
+        r.phase is Phase.STARTING or (r.phase is Phase.PENDING and not r.failures and not r.message)
+        for r in not_ready)
+
+
 def summarize(spec: ModelSpec, replicas: Iterable[ReplicaRecord], *, now: float) -> ModelStatus:
     """The model's state; ``spec.replicas`` is the count in force (the autoscaler's, for an autoscaled model)."""
     mine = [r for r in replicas if r.phase is not Phase.TERMINATING]
@@ -68,6 +80,8 @@ def summarize(spec: ModelSpec, replicas: Iterable[ReplicaRecord], *, now: float)
     waiting = [r for r in mine if r.phase is not Phase.READY]
     detail = "; ".join(describe_replica(r, now=now) for r in waiting[:3])
     message = f"{head}: {detail}" if detail else head
+    if ready and scaling_up(spec, waiting):
+        return ModelStatus("ScalingUp", f"{head}: the autoscaler raised the count; {detail}", ready, desired)
     if ready:
         return ModelStatus("Degraded", message, ready, desired)
     if any(r.phase is Phase.STARTING for r in mine):

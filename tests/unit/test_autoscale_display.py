@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from llmgw.cli import describe, tables
-from llmgw.control import conditions
+from llmgw.control import conditions, status
+from llmgw.control.state import Phase, ReplicaRecord
 from llmgw.control.ui import models_page
 from llmgw.core import specs
 from llmgw.testing.system import sim_model
@@ -80,3 +82,25 @@ def test_sim_model_with_autoscale_leaves_replicas_out_and_parses() -> None:
     spec = specs.parse_manifest(doc).spec
     assert spec.autoscale is not None and spec.autoscale.max_replicas == 3 and spec.replicas == 0
     assert sim_model("m", replicas=2)["spec"]["replicas"] == 2
+
+
+def test_a_scale_up_reads_as_scaling_up_not_as_a_fault() -> None:
+    """Ready replicas plus new ones starting: state ScalingUp and Degraded False; a failed or refused one is trouble."""
+    auto = specs.parse_manifest(sim_model("chat", autoscale=AUTO)).spec
+    spec = dataclasses.replace(auto, replicas=4)  # the count in force
+
+    def rec(i: int, phase: Phase, **kw: Any) -> ReplicaRecord:
+        return ReplicaRecord(id=f"chat-{i}", model="chat", fingerprint=spec.fingerprint(), phase=phase, api_key="k",
+                             node_id="node1", **kw)
+
+    rising = [rec(0, Phase.READY), rec(1, Phase.READY), rec(2, Phase.STARTING), rec(3, Phase.PENDING)]
+    st = status.summarize(spec, rising, now=0.0)
+    assert st.state == "ScalingUp" and st.message.startswith("2 of 4 replicas Ready: the autoscaler raised the count")
+    degraded = {c.type: c for c in conditions.model_conditions(spec, rising, {}, {})}["Degraded"]
+    assert (degraded.status, degraded.reason) == ("False", "ScalingUp")
+    refused = rising[:3] + [rec(3, Phase.PENDING, message="no node has 2 free GPUs")]
+    assert status.summarize(spec, refused, now=0.0).state == "Degraded"
+    failed = rising[:3] + [rec(3, Phase.PENDING, failures=1, message="exited 1")]
+    assert {c.type: c for c in conditions.model_conditions(spec, failed, {}, {})}["Degraded"].status == "True"
+    manual = dataclasses.replace(spec, autoscale=None)
+    assert status.summarize(manual, rising, now=0.0).state == "Degraded"

@@ -105,7 +105,7 @@ def router(db: StoreThread, cluster: Cluster) -> APIRouter:
 
     @api.get("/api/v1/nodes/{node_id}/describe")
     async def describe_node(node_id: str) -> dict[str, Any]:
-        stored = next((n for n in await db.list_nodes() if n.id == node_id), None)
+        stored = await db.get_node(node_id)
         if stored is None:
             raise ApiError(404, f"node {node_id!r} is not known; `llmgw get nodes` lists them",
                            code="node_not_found")
