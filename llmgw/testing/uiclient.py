@@ -124,3 +124,10 @@ class Browser:
 
     def close(self) -> None:
         self.client.close()
+
+
+def logged_in(url: str, username: str, password: str) -> Browser:
+    """A UI client on the server at ``url``, logged in as ``username`` (asserted)."""
+    b = Browser(url)
+    b.log_in(username, password)
+    return b

@@ -33,16 +33,6 @@ def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
         yield s
 
 
-@pytest.fixture
-def admin(system: System) -> Iterator[Browser]:
-    b = Browser(system.url)
-    b.log_in("admin", system.admin_password)
-    try:
-        yield b
-    finally:
-        b.close()
-
-
 def test_autoscaled_model_page_shows_its_autoscaler_not_scale_buttons(system: System, admin: Browser) -> None:
     """Cold at zero with its bounds; no −/+; a request wakes it and the page shows the decision and the load."""
     p = page(admin.request("GET", f"/ui/models/{MODEL}"))

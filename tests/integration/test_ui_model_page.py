@@ -17,7 +17,7 @@ from llmgw.testing.flakyhttp import FlakyHttp
 from llmgw.testing.procs import wait_for
 from llmgw.testing.system import System, sim_model
 from llmgw.testing.tiny_gguf import write_tiny_llama_gguf
-from llmgw.testing.uiclient import Browser, Node, page
+from llmgw.testing.uiclient import Browser, Node, logged_in, page
 
 MODEL = "sim-mp"
 MIB = 2**20
@@ -45,28 +45,13 @@ def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
         yield s
 
 
-def logged_in(system: System, username: str, password: str) -> Browser:
-    b = Browser(system.url)
-    b.log_in(username, password)
-    return b
-
-
-@pytest.fixture
-def admin(system: System) -> Iterator[Browser]:
-    b = logged_in(system, "admin", system.admin_password)
-    try:
-        yield b
-    finally:
-        b.close()
-
-
 @pytest.fixture
 def viewer(system: System, request: pytest.FixtureRequest) -> Iterator[Browser]:
     # One system serves the module, so each test's viewer is a user of its own (a second "vic" is a 409).
     name = "vic-" + request.node.name.removeprefix("test_")[:20].replace("_", "-")
     made = system.request("POST", "/api/v1/users", json={"name": name, "role": "viewer"})
     assert made.status_code in (200, 201), made.text
-    b = logged_in(system, made.json()["name"], made.json()["password"])
+    b = logged_in(system.url, made.json()["name"], made.json()["password"])
     try:
         yield b
     finally:

@@ -14,7 +14,7 @@ import pytest
 
 from llmgw.testing import system as system_mod
 from llmgw.testing.system import System, sim_model
-from llmgw.testing.uiclient import Browser, Node, page
+from llmgw.testing.uiclient import Browser, Node, logged_in, page
 
 MODEL = "sim-node"
 SYSFS = Path(__file__).resolve().parent.parent / "fixtures" / "sysfs" / "class" / "infiniband"
@@ -38,26 +38,11 @@ def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
         yield s
 
 
-def logged_in(system: System, username: str, password: str) -> Browser:
-    b = Browser(system.url)
-    b.log_in(username, password)
-    return b
-
-
-@pytest.fixture
-def admin(system: System) -> Iterator[Browser]:
-    b = logged_in(system, "admin", system.admin_password)
-    try:
-        yield b
-    finally:
-        b.close()
-
-
 @pytest.fixture
 def viewer(system: System) -> Iterator[Browser]:
     made = system.request("POST", "/api/v1/users", json={"name": "nora", "role": "viewer"})
     assert made.status_code in (200, 201), made.text
-    b = logged_in(system, made.json()["name"], made.json()["password"])
+    b = logged_in(system.url, made.json()["name"], made.json()["password"])
     try:
         yield b
     finally:

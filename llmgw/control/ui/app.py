@@ -107,6 +107,12 @@ class Ui:
         #: The router's counters as this process last read them: a rate is the change between two reads.
         self.traffic = traffic.Sampler()
 
+    def bind(self, handler: Any) -> Any:
+        """A Starlette endpoint calling ``handler(self, request)``: how a page module's handlers become routes."""
+        async def endpoint(request: Request) -> Response:
+            return await handler(self, request)
+        return endpoint
+
     async def raw(self, request: Request, method: str, path: str, *, guarded: bool = True,
                   **kw: Any) -> httpx.Response:
         """The API's answer as it came (an NDJSON log, say); raises ``SessionEnded`` on a 401 unless not ``guarded``."""

@@ -282,11 +282,7 @@ async def replica_log_tail(ui: app_mod.Ui, request: Request) -> Response:
 def routes(ui: app_mod.Ui) -> list[Route]:
     """The model page's routes, below the UI's mount."""
 
-    def bind(handler: Any) -> Any:
-        async def endpoint(request: Request) -> Response:
-            return await handler(ui, request)
-        return endpoint
-
+    bind = ui.bind
     return [
         Route("/models", bind(models_list), methods=["GET"]),
         Route("/apply", bind(apply_form), methods=["GET"]),

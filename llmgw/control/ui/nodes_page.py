@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import urllib.parse
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
@@ -113,11 +112,7 @@ async def mark(ui: app_mod.Ui, request: Request) -> Response:
 def routes(ui: app_mod.Ui) -> list[Route]:
     """The node pages' routes, below the UI's mount."""
 
-    def bind(handler: Any) -> Any:
-        async def endpoint(request: Request) -> Response:
-            return await handler(ui, request)
-        return endpoint
-
+    bind = ui.bind
     return [
         Route("/nodes", bind(node_list), methods=["GET"]),
         Route("/nodes/{node_id}", bind(node_page), methods=["GET"]),
