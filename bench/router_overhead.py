@@ -8,6 +8,11 @@ TTFT is the time from sending the request to the first body byte, which from
 the sim is the first content chunk.
 
     .venv/bin/python bench/router_overhead.py --requests 300
+    .venv/bin/python bench/router_overhead.py --requests 2000 --before /tmp/old   # a second router, old code
+
+``--before DIR`` starts a second router from the tree at DIR (its ``llmgw`` package first on
+PYTHONPATH, e.g. ``git archive HEAD llmgw | tar -x -C DIR``) and alternates all three paths request
+by request, so a change's cost is read from one run: the "before" row against the "router" row.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -42,13 +48,14 @@ async def one(session: aiohttp.ClientSession, base: str, body: bytes, headers: d
     return ttft, time.perf_counter() - start
 
 
-async def worker(base_direct: str, base_router: str, body: bytes, n: int, i0: int,
+async def worker(paths: list[tuple[str, str]], body: bytes, n: int, i0: int,
                  out: dict[str, list[tuple[float, float]]]) -> None:
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"}
     async with aiohttp.ClientSession() as session:
         for i in range(n):
-            # Alternate which path goes first, so neither always runs on a warmer machine.
-            order = [("direct", base_direct), ("router", base_router)]
+            # Rotate which path goes first, so none always runs on a warmer machine.
+            k = (i + i0) % len(paths)
+            order = paths[k:] + paths[:k]
             if (i + i0) % 2:
                 order.reverse()
             for name, base in order:
@@ -63,7 +70,7 @@ def pct(values: list[float], p: float) -> float:
 def report(out: dict[str, list[tuple[float, float]]]) -> None:
     print(f"{'':8} {'n':>5} {'ttft p50':>9} {'ttft p99':>9} {'total p50':>10} {'total p99':>10}  (ms)")
     rows = {}
-    for name in ("direct", "router"):
+    for name in out:
         ttft = [t * 1000 for t, _ in out[name]]
         total = [t * 1000 for _, t in out[name]]
         rows[name] = (pct(ttft, 50), pct(ttft, 99), pct(total, 50), pct(total, 99), statistics.mean(ttft))
@@ -72,6 +79,10 @@ def report(out: dict[str, list[tuple[float, float]]]) -> None:
     d, r = rows["direct"], rows["router"]
     print(f"{'added':8} {'':5} {r[0] - d[0]:9.2f} {r[1] - d[1]:9.2f} {r[2] - d[2]:10.2f} {r[3] - d[3]:10.2f}")
     print(f"{'ratio':8} {'':5} {r[0] / d[0]:9.2f} {r[1] / d[1]:9.2f} {r[2] / d[2]:10.2f} {r[3] / d[3]:10.2f}")
+    if "before" in rows:
+        b = rows["before"]
+        print(f"{'before+':8} {'':5} {b[0] - d[0]:9.2f} {b[1] - d[1]:9.2f} {b[2] - d[2]:10.2f} {b[3] - d[3]:10.2f}"
+              "  (the old code's added time)")
 
 
 def main() -> int:
@@ -81,6 +92,8 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--decode-tps", type=float, default=100000.0)
     parser.add_argument("--warmup", type=int, default=20, help="requests per path not counted")
+    parser.add_argument("--before", type=Path, default=None,
+                        help="a tree holding an older llmgw package: a second router runs it, alternated too")
     args = parser.parse_args()
 
     logs = Path(tempfile.mkdtemp(prefix="llmgw-bench-"))
@@ -99,13 +112,23 @@ def main() -> int:
                                 log_path=logs / "router.log"))
         procs[0].wait_http(sim_url + "/health", timeout=30)
         procs[1].wait_http(router_url + "/v1/models", timeout=30)
+        paths = [("direct", sim_url), ("router", router_url)]
+        if args.before is not None:
+            before_port = free_port()
+            env = {**os.environ, "PYTHONPATH": f"{args.before.resolve()}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+            procs.append(Proc.start([sys.executable, "-m", "llmgw.router.standalone", "--port", str(before_port),
+                                     "--table-file", str(logs / "table.json"), "--log-level", "warning"],
+                                    # -m puts the working directory first on sys.path: run it there too
+                                    env=env, cwd=args.before, log_path=logs / "router-before.log"))
+            procs[2].wait_http(f"http://127.0.0.1:{before_port}/v1/models", timeout=30)
+            paths.append(("before", f"http://127.0.0.1:{before_port}"))
         body = json.dumps({"model": MODEL, "stream": True, "max_tokens": args.max_tokens,
                            "messages": [{"role": "user", "content": "Say something short."}]}).encode()
 
         async def run(n: int) -> dict[str, list[tuple[float, float]]]:
-            out: dict[str, list[tuple[float, float]]] = {"direct": [], "router": []}
+            out: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in paths}
             per = -(-n // args.concurrency)
-            await asyncio.gather(*(worker(sim_url, router_url, body, per, w, out)
+            await asyncio.gather(*(worker(paths, body, per, w, out)
                                    for w in range(args.concurrency)))
             return out
 

@@ -24,19 +24,20 @@ import re
 import signal
 import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from llmgw.control import autoscaler, datadir, engines, keyuse, remotemeta
+from llmgw.control import auditprune, autoscaler, datadir, engines, keyuse, remotemeta
 from llmgw.control import leader as leader_mod
 from llmgw.control.agentsvc import collector as agentsvc_collector
 from llmgw.control.agentsvc import join as agentsvc_join
 from llmgw.control.agentsvc import metrics as agentsvc_metrics
 from llmgw.control.agentsvc import service as agentsvc
-from llmgw.control.auth import Auth
+from llmgw.control.auth import Auth, principals
 from llmgw.control.cluster import Cluster
 from llmgw.control.http import forward as forward_http
+from llmgw.control.http import tokens as tokens_http
 from llmgw.control.http.api import create_api
 from llmgw.control.reconcile import decide
 from llmgw.control.router_events import RouterEvents
@@ -44,10 +45,12 @@ from llmgw.control.store import store as store_mod
 from llmgw.control.store.offloop import StoreThread
 from llmgw.control.store.store import Store
 from llmgw.control.ui import app as ui_app
+from llmgw.core import pki
 from llmgw.core.errors import LlmgwError
 from llmgw.mirror import app as mirror_app
 from llmgw.router import auth as router_auth
 from llmgw.router import events as router_events
+from llmgw.router import limits as router_limits
 from llmgw.router import metrics as router_metrics
 from llmgw.router import server as router_server
 from llmgw.router import signals as router_signals
@@ -80,12 +83,17 @@ class ServerConfig:
     hub: decide.Hub = decide.Hub()
     #: The weights mirror served at ``/mirror`` on the HTTP port (None: not served here).
     mirror: MirrorConfig | None = None
+    #: Hosts (host or host:port, "*": any) the control plane's remote reads may reach although they are
+    #: loopback, link-local or its own (``--fetch-allow-private``; ``control.netguard``).
+    fetch_allow_private: tuple[str, ...] = ()
     #: Loopback development only: the agent port plaintext, no join port, any node id (and REST open).
     insecure: bool = False
     #: Where `llmgw agent join` reaches the control plane (TLS, server-auth only; 0 picks a free port).
     join_port: int = 8082
     #: How long a node certificate is valid; agents renew at two thirds over their stream.
     node_cert_validity_s: float = 365 * 86400.0
+    #: How long the audit log keeps an entry; the leader prunes older ones (``control.auditprune``).
+    audit_retention_s: float = 90 * 86400.0
     #: The engine package index (``--engine-index``): None keeps the stored setting; given, it is stored and wins.
     engine_index: str | None = None
     #: With ``engine_index``: it is a wheelhouse page (pip --find-links), not a simple index.
@@ -101,6 +109,8 @@ class ServerConfig:
     advertise: str = ""
     #: The leader lease's timings (several servers on one database; one alone takes it at once).
     lease: leader_mod.Timing = leader_mod.Timing()
+    #: The HTTP server's limits on reading requests: header/body/idle timeouts, connections per address.
+    http_limits: router_limits.Limits = router_limits.Limits()
 
 
 #: Where the mounted mirror answers on the server's HTTP port.
@@ -199,6 +209,16 @@ def _dispatch(router: RouterApp, api: Any, *, mirror: Any = None) -> Any:
             await api(scope, receive, send)
 
     return app
+
+
+def _admin_check(auth: Auth) -> Callable[[str], Awaitable[bool]]:
+    """Whether a bearer token is an admin's of this control plane: the mounted mirror's /admin/stats asks it."""
+    async def is_admin(token: str) -> bool:
+        if auth.is_insecure:
+            return True   # as every REST call is, in loopback development
+        found = await auth.principal(token) if token else None
+        return found is not None and found.role == principals.ADMIN
+    return is_admin
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -305,7 +325,8 @@ def _init_if_needed(cfg: ServerConfig) -> None:
     """First start of a secure server: ``llmgw init`` done here, the password printed once to the terminal.
 
     Printed, not logged: a log line is kept in files and journals, and the password must live only
-    on the terminal of whoever started the server (the store keeps its argon2 hash).
+    on the terminal of whoever started the server (the store keeps its argon2 hash). Without a terminal,
+    in a 0600 file of the data directory instead (``datadir.tell_admin_password``).
     """
     if cfg.insecure or datadir.is_initialised(cfg.data_dir):
         return
@@ -315,10 +336,16 @@ def _init_if_needed(cfg: ServerConfig) -> None:
         done = datadir.init(cfg.data_dir, hosts=hosts, database=cfg.database)
     except (store_mod.StoreUrlRefused, store_mod.StoreUnreachable) as e:
         raise LlmgwError(f"--database: {e}") from None
-    print(f"llmgw server: initialised {done.data_dir} (cluster CA {done.ca_hash})\n"
-          f"administrator: {datadir.ADMIN}\n"
-          f"password (shown once, not stored; keep it now): {done.admin_password}\n"
-          "log in with `llmgw login`; `llmgw token create` makes a node's join command", file=sys.stderr, flush=True)
+    # On a terminal, printed; under a service manager (its journal keeps stderr) a 0600 file, named here.
+    datadir.tell_admin_password(done, sys.stderr)
+
+
+def _join_point(cfg: ServerConfig, advertised: str, join_port: int) -> tokens_http.JoinPoint | None:
+    """Where agents join: the advertised host and the join port this server really listens on (the command
+    ``POST /api/v1/tokens`` answers names it; `llmgw token create` printed 8082 whatever the port was)."""
+    if cfg.insecure or not join_port:
+        return None
+    return tokens_http.JoinPoint(f"{advertised}:{join_port}", pki.ca_hash(datadir.read_ca(cfg.data_dir).cert_pem))
 
 
 def _agent_tls(cfg: ServerConfig) -> agentsvc_join.AgentTls | None:
@@ -343,11 +370,14 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
         loop.add_signal_handler(sig, stop.set)
     check_mode(cfg)
     check_advertise(cfg.advertise)
+    # The data directory remembers its cluster's database: without --database, that one, not SQLite here.
+    cfg = dataclasses.replace(cfg, database=datadir.database_for(cfg.data_dir, cfg.database))
     _init_if_needed(cfg)
     try:
         store = Store.open_url(cfg.database) if cfg.database else Store.open(cfg.data_dir)
     except (store_mod.StoreUrlRefused, store_mod.StoreUnreachable) as e:
         raise LlmgwError(f"--database: {e}") from None
+    datadir.remember_database(cfg.data_dir, cfg.database)  # a directory from before this file: it says so now
     # The router's first table says whether keys exist; the guard warns then, and again
     # whenever a later table leaves this listen without any.
     listen_guard = router_auth.ListenGuard(cfg.host)
@@ -367,7 +397,7 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
                                weights_gc_free_below_pct=cfg.weights_gc_free_below_pct, hub=hub)
     # Remote models' metadata is read from where their nodes will fetch them (the mirror, or the hub).
     remote_meta = remotemeta.Reader(hub_endpoint=decide_cfg.hub.endpoint, mirror_url=decide_cfg.hub.mirror_url,
-                                    token=decide_cfg.hub.token)
+                                    token=decide_cfg.hub.token, allow_private=cfg.fetch_allow_private)
     # A standby until the lease is taken (at once when no other server holds it): only the leader
     # accepts agents, reconciles and writes (``control.leader``).
     # What routers report of each model's load, the autoscaler's input (issue 17): the in-process router's
@@ -413,7 +443,7 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
     control_url = _loopback_url(cfg.host, http_port)
     # Who may call the REST API. The in-process router proves itself with a token minted in memory,
     # given to its watcher and nothing else, and never stored: it dies with this process.
-    auth = Auth(db, insecure=cfg.insecure)
+    auth = Auth(db, insecure=cfg.insecure, initial_password=datadir.initial_password_file(cfg.data_dir))
     router_headers = {} if cfg.insecure else {"Authorization": f"Bearer {auth.mint_router_token('server')}"}
     watcher = TableWatcher(control_url, holder, listen_guard=listen_guard, headers=router_headers)
     # Ejections reach the control plane through a callback: the router and the control
@@ -422,16 +452,17 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
                        events=router_events.CallbackSink("server", reports.record), tracing=tracing,
                        signals=router_signals.Reporter("server", deliver=load_signals.record))
     api = create_api(db, cluster, auth=auth, extra_registries=(router_metrics.REGISTRY, agentsvc_metrics.REGISTRY),
-                     router_events=reports, leadership=leadership)
+                     router_events=reports, leadership=leadership, join=_join_point(cfg, advertised, join_port))
     # A standby answers routers' tables, /healthz, /metrics and the control planes' list itself, and
     # forwards the rest of the REST API to the leader (which has the agents: node liveness, logs).
     front = forward_http.standby(api, leadership)
     # The router's own HTTP server, as a standalone router has (router/server.py): uvicorn's
     # per-request machinery cost the router more than its own work.
     # The mirror's app is mounted, so its lifespan never runs: its upstream client is closed below.
-    mirror = (mirror_app.build(cfg.mirror.dir, upstream=cfg.mirror.upstream, admin_token=cfg.mirror.admin_token)
+    mirror = (mirror_app.build(cfg.mirror.dir, upstream=cfg.mirror.upstream, admin_token=cfg.mirror.admin_token,
+                               stats_auth=_admin_check(auth))
               if cfg.mirror is not None else None)
-    web = router_server.Server(_dispatch(router, front, mirror=mirror))
+    web = router_server.Server(_dispatch(router, front, mirror=mirror), limits=cfg.http_limits)
     lease_task = asyncio.create_task(leadership.run())
     # The first lease round before the first request: a server alone leads at once, and a client that
     # called it as soon as it listened got a standby's 503 before.
@@ -441,6 +472,8 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
     reconcile_task = asyncio.create_task(cluster.run())
     lag_task = asyncio.create_task(agentsvc_metrics.watch_loop_lag())
     gc_task = asyncio.create_task(agentsvc_collector.manage())
+    prune_task = asyncio.create_task(auditprune.run(db, retention_s=cfg.audit_retention_s,
+                                                    leading=lambda: cluster.leading))
     await router.startup()
     log.info("llmgw server %s: HTTP on %s:%d (OpenAI API /v1, REST /api/v1), agents on %s:%d (%s), %s, data in %s; "
              "advertised as %s and %s", me.id, cfg.host, http_port, cfg.host, agent_port,
@@ -467,12 +500,19 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
             # Its pulls in flight are cancelled and the upstream session closed (aiohttp warns of an
             # unclosed session at exit otherwise, and a pull's temporary file would stay open).
             await mirror.state.mirror.aclose()
-        await grpc_server.stop(grace=1.0)
+        # Bounded: grpc.aio's stop now and then never returned when an agent's last message (its goodbye)
+        # crossed the stop, though every stream handler had ended (seen twice in 40 stops under load: the
+        # server logged "stopping", then ran its loop for good). Past the bound the process goes on out.
+        try:
+            await asyncio.wait_for(grpc_server.stop(grace=1.0), timeout=5.0)
+        except TimeoutError:
+            log.warning("the agent port's gRPC server did not stop within 5 s; going on without it")
         reconcile_task.cancel()
         leadership.stop()
         lease_task.cancel()
         lag_task.cancel()
         gc_task.cancel()
+        prune_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await reconcile_task
         key_uses.close()  # the last uses the router flushed at its shutdown, queued before the store closes

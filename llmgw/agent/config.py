@@ -17,6 +17,7 @@ from pathlib import Path
 
 from llmgw.agent import nodepki
 from llmgw.agent.settings import DEFAULT_AGENT_PORT, AgentSettings
+from llmgw.agent.supervisor import identity as engine_identity
 from llmgw.agent.supervisor import liveness
 from llmgw.core.errors import LlmgwError
 
@@ -32,6 +33,10 @@ class AgentConfig:
     model_dirs: tuple[Path, ...] = ()
     #: Where remote weights are fetched to (one of ``model_dirs``); None: ``<state_dir>/weights``.
     weights_cache: Path | None = None
+    #: Directories a file source may lie under besides the model dirs (settings.source_roots).
+    source_roots: tuple[Path, ...] = ()
+    #: settings.fetch_allow_private: False, True, or the hosts (host[:port]) URL sources may reach.
+    fetch_allow_private: bool | tuple[str, ...] = False
     heartbeat_interval_s: float = 5.0
     reconnect_base_s: float = 0.5
     reconnect_max_s: float = 30.0
@@ -59,6 +64,9 @@ class AgentConfig:
     saquery: str = "saquery"
     #: This node's certificates for mutual TLS (``nodepki``); None: plaintext, ``--insecure``.
     tls: nodepki.NodePki | None = None
+    #: Who engines run as (settings.engine_user and engine_uids, resolved on this node): never root.
+    engine_users: engine_identity.Policy = dataclasses.field(
+        default_factory=lambda: engine_identity.resolve(engine_identity.AUTO))
 
 
 def default_state_dir() -> Path:
@@ -139,6 +147,9 @@ def from_settings(st: AgentSettings) -> AgentConfig:
     cfg = AgentConfig(
         servers=addrs, node_id=found_id, mgmt_addr=found_addr, state_dir=st.state_dir or default_state_dir(),
         model_dirs=tuple(model_dirs), weights_cache=st.weights_cache, heartbeat_interval_s=st.heartbeat_interval,
+        source_roots=tuple(st.source_roots),
+        fetch_allow_private=(st.fetch_allow_private if isinstance(st.fetch_allow_private, bool)
+                             else tuple(st.fetch_allow_private)),
         reconnect_base_s=st.reconnect_base,
         reconnect_max_s=st.reconnect_max, stop_grace_s=st.stop_grace, adopt_ready_timeout_s=st.adopt_ready_timeout,
         probes=liveness.Liveness(period_s=st.probe_period_s, timeout_s=st.probe_timeout_s,
@@ -148,7 +159,8 @@ def from_settings(st: AgentSettings) -> AgentConfig:
         engine_python=tuple(sorted((name, str(python)) for name, python in st.engine_python.items())),
         engines_dir=st.engines_dir, engine_recheck_s=st.engine_recheck_s, own_python_engines=st.own_python_engines,
         prefer_nvml=st.discovery.prefer_nvml, nvidia_smi=st.discovery.nvidia_smi,
-        sysfs_root=st.discovery.sysfs_root, sminfo=st.discovery.sminfo, saquery=st.discovery.saquery, tls=tls)
+        sysfs_root=st.discovery.sysfs_root, sminfo=st.discovery.sminfo, saquery=st.discovery.saquery, tls=tls,
+        engine_users=engine_identity.resolve(st.engine_user, st.engine_uids))
     for name, python in cfg.engine_python:
         if os.path.isfile(python) and os.access(python, os.X_OK):
             log.info("agent: engine %s runs with %s", name, python)

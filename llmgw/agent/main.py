@@ -19,19 +19,22 @@ import asyncio
 import dataclasses
 import importlib.metadata
 import logging
+import os
 import signal
 import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-from llmgw.agent import discovery, engines, fabric, fetch, provision
+from llmgw.agent import discovery, engines, fabric, fetch, privfile, provision, sourcepaths, weights
 from llmgw.agent import logs as logs_mod
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.discovery import deltas, fabrics, files, nvlink, sm
+from llmgw.agent.fetch import guard as fetch_guard
 from llmgw.agent.logring import LogRing, install
 from llmgw.agent.provision import ospkg
 from llmgw.agent.session import Commands, Session
 from llmgw.agent.supervisor import Supervisor, fetching
+from llmgw.agent.supervisor.identity import Users
 from llmgw.core import enginecheck
 from llmgw.core.inventory import Gpu, Heartbeat, Inventory, WeightFile
 from llmgw.core.provision import Provision
@@ -133,14 +136,24 @@ class _Discovery:
         self.has_gpus = False
         #: The last inventory (None before the first) and the GPUs the last heartbeat sampled.
         self._inventory: Inventory | None = None
+        #: The last discovery, until a Register with it was accepted (``inventory``).
+        self._discovered: Inventory | None = None
         self._gpus: tuple[Gpu, ...] | None = None
 
     def inventory(self) -> Inventory:
-        inv = discovery.discover(
-            model_dirs=self.model_dirs, nvml=self.cfg.prefer_nvml, nvidia_smi=self.cfg.nvidia_smi,
-            sysfs_root=self.cfg.sysfs_root, declared_fabrics=list(self.cfg.fabrics), mgmt_addr=self.cfg.mgmt_addr,
-            fabric_checker=self.checker, sm_probe=self.sm_probe, nvlink_probe=self.nvlink_probe,
-            engines=lambda: list(self.engines.first()))
+        """What a Register carries: discovered once per accepted stream, reused by the redials before one is.
+
+        A node that no control plane takes (revoked, all of them down) redialled every 1-4 s and ran the
+        whole discovery (nvidia-smi, sysfs, the subnet manager) each time, for a Register nobody read.
+        What changed since is sent by the first heartbeat of the stream that is accepted, which also ends the reuse.
+        """
+        if self._discovered is None:
+            self._discovered = discovery.discover(
+                model_dirs=self.model_dirs, nvml=self.cfg.prefer_nvml, nvidia_smi=self.cfg.nvidia_smi,
+                sysfs_root=self.cfg.sysfs_root, declared_fabrics=list(self.cfg.fabrics), mgmt_addr=self.cfg.mgmt_addr,
+                fabric_checker=self.checker, sm_probe=self.sm_probe, nvlink_probe=self.nvlink_probe,
+                engines=lambda: list(self.engines.first()))
+        inv = self._discovered
         if self.cfg.mgmt_interface:
             inv = dataclasses.replace(inv, mgmt_interface=self.cfg.mgmt_interface)
         inv = dataclasses.replace(inv, weights=self._mark(inv.weights))
@@ -155,6 +168,8 @@ class _Discovery:
         return facts_of(self._inventory, sampled_gpus=self._gpus, versions=self.engines.latest())
 
     def heartbeat(self, shard_pids: dict[str, int]) -> Heartbeat:
+        # Heartbeats go out only on a stream whose Register was accepted: the next one discovers afresh.
+        self._discovered = None
         load = self.sampler.sample(shard_pids=shard_pids)
         self._gpus = load.gpus
         hb = self.builder.build(
@@ -190,6 +205,20 @@ def running_from(path: Path, pids: dict[str, int]) -> list[str]:
     return sorted(found)
 
 
+def engine_users(cfg: AgentConfig) -> Users:
+    """Who the engines run as, said once in the log; as root, what the agent writes is left readable by them.
+
+    Weights it fetches and engines it installs must be readable by the engines'
+    users, whatever umask the service manager gave the agent: only the write
+    bits are kept from it (key, certificates, state files and logs are created 0600 regardless).
+    """
+    log.info("agent: %s", cfg.engine_users.describe())
+    if cfg.engine_users.switches:
+        old = os.umask(0o022)
+        os.umask(old & 0o022)
+    return Users(cfg.engine_users)
+
+
 async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Event | None = None) -> None:
     stop = stop or asyncio.Event()
     ring = ring or install_log_ring()
@@ -198,13 +227,21 @@ async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Ev
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    cfg.state_dir.mkdir(parents=True, exist_ok=True)
+    # 0711 when made here: engines of other users pass through it to their work dirs, weights and venvs,
+    # and list nothing (the key and certificates are in pki/, 0700).
+    privfile.make_dir(cfg.state_dir, 0o711)
+    users = engine_users(cfg)
     model_dirs = list(cfg.model_dirs) or [cfg.state_dir / "weights"]
     # Fetched weights are always looked for: placement must see what a node already holds.
     cache_dir = cfg.weights_cache or cfg.state_dir / "weights"
     if cache_dir not in model_dirs:
         model_dirs.append(cache_dir)
-    fetcher = fetch.Fetcher(cache_dir)
+    # File sources only under the weights directories and source_roots; URL sources to no loopback,
+    # link-local or own address unless fetch_allow_private says so (README, "The trust model").
+    roots = sourcepaths.Roots.of(model_dirs, cfg.source_roots)
+    fetcher = fetch.Fetcher(cache_dir, source_roots=roots, policy=fetch_guard.policy_of(cfg.fetch_allow_private))
+    log.info("agent: file sources under %s; URL sources %s", roots.describe(),
+             fetch_guard.describe(cfg.fetch_allow_private))
     found = _Discovery(cfg, model_dirs, mark=lambda ws: fetching.mark_fetched(ws, cache_dir, fetcher.held()))
     session: Session | None = None
 
@@ -215,7 +252,9 @@ async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Ev
     run_dir = cfg.state_dir / "shards"
     supervisor = Supervisor(run_dir=run_dir, host=cfg.mgmt_addr, on_status=on_status, grace_s=cfg.stop_grace_s,
                             adopt_timeout_s=cfg.adopt_ready_timeout_s, live=cfg.probes,
-                            node=found.node_facts, fetcher=fetcher, on_weights_changed=found.weights.expire)
+                            node=found.node_facts, fetcher=fetcher, on_weights_changed=found.weights.expire,
+                            users=users,
+                            resolve=weights.resolver(roots))
     installer = provision.Installer(
         cfg.engines_dir or cfg.state_dir / "engines", profile=lambda: ospkg.profile(nvidia_smi=cfg.nvidia_smi),
         recheck_s=cfg.engine_recheck_s, in_use=lambda path: running_from(path, supervisor.pids()),
@@ -239,6 +278,11 @@ async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Ev
                  ", ".join(s.shard_id for s in adopted))
 
     async def start(spec: ShardSpec) -> object:
+        # A start the session let through just before the agent began to leave runs here after the stop
+        # sweep collected its shards: launched now, its engine would outlive the agent for good.
+        if session is not None and session.leaving:
+            session.refuse_start(spec)
+            return None
         return await supervisor.start(spec)
 
     async def stop_shard(shard_id: str, reason: str) -> object:
@@ -269,9 +313,15 @@ async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Ev
     versions = asyncio.create_task(found.engines.run(), name="probe engine versions")
     installing = asyncio.create_task(installer.run(), name="engine installer")
     stream = asyncio.create_task(session.run_forever())
+    stopping = asyncio.create_task(stop.wait(), name="wait for a stop signal")
     try:
-        await stop.wait()
+        # The stream ends by itself only when the cluster refuses this node for good (rejoin.CertificateRefused).
+        await asyncio.wait({stream, stopping}, return_when=asyncio.FIRST_COMPLETED)
     finally:
+        stopping.cancel()
+        # First, before any shard is stopped: the control plane must not start the shards stopped below
+        # again on this node, and this agent refuses any start that comes anyway.
+        session.leave("agent stopping")
         if cfg.stop_engines_on_exit:
             log.info("agent stopping: stopping %d engines", len(supervisor.statuses()))
             await supervisor.stop_all(reason="agent stopping")
@@ -282,6 +332,7 @@ async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Ev
         else:
             log.info("agent stopping; its %d engines keep serving and the next agent adopts them",
                      len(supervisor.pids()))
+            await session.flush(timeout=1.0)  # the goodbye
         stream.cancel()
         versions.cancel()
         installing.cancel()
@@ -290,3 +341,5 @@ async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Ev
         found.close()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+    if stream.done() and not stream.cancelled() and (failed := stream.exception()) is not None:
+        raise failed

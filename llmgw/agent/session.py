@@ -34,7 +34,7 @@ from pathlib import Path
 
 import grpc
 
-from llmgw.agent import privfile
+from llmgw.agent import privfile, rejoin
 from llmgw.agent.config import AgentConfig
 from llmgw.api import convert
 from llmgw.api.v1 import agent_pb2 as pb
@@ -44,7 +44,7 @@ from llmgw.core import pki
 from llmgw.core import provision as prov
 from llmgw.core.errors import LlmgwError
 from llmgw.core.inventory import Heartbeat, Inventory
-from llmgw.core.shards import ShardSpec, ShardStatus
+from llmgw.core.shards import ShardSpec, ShardState, ShardStatus
 
 log = logging.getLogger(__name__)
 
@@ -157,11 +157,13 @@ async def _connect(channel: grpc.aio.Channel) -> None:
 class Refused(Exception):
     """The control plane answered Register with a refusal; ``leader``: the address it names instead ("" none)."""
 
-    def __init__(self, reason: str, *, leader: str = "", standby: bool = False) -> None:
+    def __init__(self, reason: str, *, leader: str = "", standby: bool = False, rejoin: bool = False) -> None:
         super().__init__(reason)
         self.leader = leader
         #: A standby of a live cluster answered (it named a leader or listed the control planes).
         self.standby = standby
+        #: The certificate is refused for good (revoked, unknown): only a new join lets the node in.
+        self.rejoin = rejoin
 
 
 class Commands:
@@ -198,6 +200,10 @@ class Session:
         self._renewing = False
         #: Set by a round in which a standby answered: the next round comes soon, without the backoff.
         self._standby_answered = False
+        #: The last round's refusal of the certificate for good ("": none), and how many rounds in a row had one.
+        self._rejoin_reason, self._rejoin_rounds = "", 0
+        #: Set by ``leave``: the agent is stopping, so starts are refused (and the control plane was told).
+        self.leaving = ""
         #: The newest leader term seen (Register's answer, every command); kept across streams, so a
         #: deposed leader's command is refused whichever connection it arrives on. 0: none seen yet.
         self.term = 0
@@ -220,6 +226,29 @@ class Session:
         if self._out is not None:
             self._out.put_nowait(pb.AgentMessage(seq=next(self._seq), shard_status=convert.status_to_pb(status)))
 
+    def leave(self, reason: str) -> None:
+        """Tells the control plane this agent is stopping (before it stops anything); every start is refused from now.
+
+        Seen with `make up` and two replicas: as the agent stopped its shards, the control plane at once
+        started the stopped replica again on this same node, the agent launched it after its stop sweep,
+        and exited, leaving an engine running for good.
+        """
+        self.leaving = reason
+        if self._out is not None:
+            self._out.put_nowait(pb.AgentMessage(seq=next(self._seq), goodbye=pb.Goodbye(reason=reason)))
+
+    def refuse_start(self, spec: ShardSpec, *, seq: int = 0) -> None:
+        """Refuses a start while leaving: the Ack (for command ``seq``; 0: none) says why, and the shard is
+        reported Stopped, so the control plane places it elsewhere instead of waiting for it here."""
+        error = (f"refused to start shard {spec.shard_id}: this agent is stopping ({self.leaving}); the control plane "
+                 "places it on another node")
+        log.warning("%s", error)
+        if self._out is not None:
+            if seq:
+                self._out.put_nowait(pb.AgentMessage(seq=next(self._seq), ack=pb.Ack(seq=seq, ok=False, error=error)))
+            stopped = ShardStatus(spec.shard_id, spec.replica_id, ShardState.STOPPED, message=error)
+            self._out.put_nowait(pb.AgentMessage(seq=next(self._seq), shard_status=convert.status_to_pb(stopped)))
+
     async def flush(self, *, timeout: float) -> None:
         """Waits (up to ``timeout``) until everything queued for the control plane was written."""
         out = self._out
@@ -229,12 +258,17 @@ class Session:
             await asyncio.wait_for(out.join(), timeout)
 
     async def run_forever(self) -> None:
+        """Dials until cancelled; raises ``rejoin.CertificateRefused`` once the certificate is refused for good."""
         delay = self.cfg.reconnect_base_s
         while True:
-            self._standby_answered = False
+            self._standby_answered, self._rejoin_reason = False, ""
             if await self._round():
-                delay = self.cfg.reconnect_base_s  # a clean close: reconnect at once
+                delay, self._rejoin_rounds = self.cfg.reconnect_base_s, 0  # a clean close: reconnect at once
                 continue
+            self._rejoin_rounds = self._rejoin_rounds + 1 if self._rejoin_reason else 0
+            if self._rejoin_rounds >= rejoin.ROUNDS:
+                raise rejoin.refused(node_id=self.cfg.node_id, state_dir=self.cfg.state_dir,
+                                     reason=self._rejoin_reason, rounds=self._rejoin_rounds)
             if self._standby_answered:
                 # A failover is under way: a standby answers and takes the lease within the lease's length.
                 # A backoff grown while the dead leader's lease ran out (4-8 s by then) would keep this
@@ -260,6 +294,11 @@ class Session:
                 await self._run_once(addr)
                 return True
             except Refused as e:
+                if e.rejoin:
+                    self._rejoin_reason = str(e)
+                    log.error("control plane %s refused this node's certificate (try %d of %d before the agent "
+                              "stops): %s", addr, self._rejoin_rounds + 1, rejoin.ROUNDS, e)
+                    continue
                 log.warning("control plane %s refused this agent: %s", addr, e)
                 self._standby_answered |= e.standby
                 leader = e.leader
@@ -309,7 +348,7 @@ class Session:
                 if first.ack.controlplanes:
                     self._learn(first.ack.controlplanes, addr)  # a standby's list: the cluster's other members
                 raise Refused(first.ack.error or "no reason given", leader=first.ack.leader,
-                              standby=bool(first.ack.leader or first.ack.controlplanes))
+                              standby=bool(first.ack.leader or first.ack.controlplanes), rejoin=first.ack.rejoin)
             self._learn(first.ack.controlplanes, addr)
             log.info("registered with %s as %s (%d shards)", addr, self.cfg.node_id, len(reg.register.shards))
             self._out = out
@@ -437,6 +476,9 @@ class Session:
         self._see_term(msg.term)
         if kind == "start_shard":
             spec = convert.spec_from_pb(msg.start_shard.spec)
+            if self.leaving:
+                self.refuse_start(spec, seq=msg.seq)
+                return
             log.info("command from the control plane (term %d): start shard %s", msg.term, spec.shard_id)
             self._spawn(self._commands.start(spec), f"start {spec.shard_id}")
         elif kind == "stop_shard":

@@ -33,7 +33,7 @@ import yaml
 from pydantic_core import PydanticCustomError
 
 from llmgw.agent import engines, nodepki
-from llmgw.agent.supervisor import liveness
+from llmgw.agent.supervisor import identity, liveness
 from llmgw.core import units
 from llmgw.core.errors import LlmgwError
 
@@ -43,7 +43,7 @@ ENV_PREFIX = "LLMGW_AGENT_"
 # Variables with the prefix that are not settings; no warning for them.
 ENV_NOT_SETTINGS = frozenset({"LLMGW_AGENT_CONFIG"})
 DEFAULT_AGENT_PORT = 8081
-_LIST_FIELDS = ("servers", "model_dirs")
+_LIST_FIELDS = ("servers", "model_dirs", "source_roots")
 #: Settings that are mappings and merge key by key across the file, the environment and the flags.
 _MERGED_FIELDS = ("discovery", "engine_python")
 #: ``LLMGW_AGENT_VLLM_PYTHON``: one engine's interpreter, as ``engine_python[vllm]``.
@@ -113,6 +113,21 @@ def _address(raw: str) -> str:
 Address = Annotated[str, pydantic.AfterValidator(_address)]
 
 
+def _uid_range(value: object) -> object:
+    if isinstance(value, str):
+        try:
+            return identity.parse_uids(value)
+        except ValueError as e:
+            raise PydanticCustomError("uids", str(e)) from None
+    if isinstance(value, int | list | tuple):
+        raise PydanticCustomError("uids", "expected a range of uids such as 600000-609999, got {value}",
+                                  {"value": repr(value)})
+    return value
+
+
+UidRange = Annotated[tuple[int, int], pydantic.BeforeValidator(_uid_range)]
+
+
 class _Strict(pydantic.BaseModel):
     # Unknown keys are refused: a misspelt setting that is silently ignored
     # is a node that runs on defaults while its file says otherwise.
@@ -170,6 +185,12 @@ class AgentSettings(_Strict):
     fabrics: list[FabricAttachment] = []
     model_dirs: list[AbsPath] = []
     weights_cache: AbsPath | None = None
+    #: Directories a ``file:`` source may lie under, besides model_dirs and weights_cache (always roots);
+    #: anything else (/etc/shadow, the agent's key) is refused before it is opened (``sourcepaths``).
+    source_roots: list[AbsPath] = []
+    #: Whether URL sources may reach loopback, link-local and this node's own addresses (``fetch.guard``):
+    #: false (none), true (any), or the host / host:port that may. The cluster's hub and mirror are trusted.
+    fetch_allow_private: bool | list[str] = False
     state_dir: AbsPath | None = None
     heartbeat_interval: Duration = 5.0
     reconnect_base: Duration = 0.5
@@ -198,6 +219,11 @@ class AgentSettings(_Strict):
     #: runnable. On by default so that ``make up`` and a pip-installed llmgw keep working; off, a node reports
     #: only what llmgw installed and saw run, the engines engine_python names, and the built-in sim.
     own_python_engines: bool = True
+    #: Who engines run as (``supervisor.identity``): auto (as root, a uid of its own per shard from engine_uids),
+    #: a user's name (every shard as that user), or agent (the agent's own user; refused as root). Never root.
+    engine_user: str = identity.AUTO
+    #: The uids ``auto`` hands out, LOW-HIGH (the gid is the same number; no /etc/passwd entry is needed).
+    engine_uids: UidRange = identity.DEFAULT_UIDS
     discovery: DiscoverySettings = pydantic.Field(default_factory=DiscoverySettings)
 
     @pydantic.field_validator("node_id")
@@ -229,6 +255,14 @@ class AgentSettings(_Strict):
                                       "{known}", {"names": ", ".join(unknown),
                                                   "known": " or ".join(sorted(engines.PYTHON_ENGINES))})
         return v
+
+    @pydantic.field_validator("engine_user")
+    @classmethod
+    def _engine_user(cls, v: str) -> str:
+        if not v.strip() or any(c.isspace() for c in v.strip()):
+            raise PydanticCustomError("engine_user", "expected auto, agent or a user's name, got {value}",
+                                      {"value": repr(v)})
+        return v.strip()
 
     @pydantic.field_validator("heartbeat_interval", "reconnect_base", "adopt_ready_timeout", "probe_period_s",
                               "probe_timeout_s", "engine_recheck_s")
@@ -455,6 +489,8 @@ def _env_value(key: str, raw: str) -> object:
         return labels
     if key == "fabrics":
         return _json(raw, 'expected JSON such as [{"fabric": "ib-a", "hcas": ["mlx5_0", "mlx5_1"]}]')
+    if key == "fetch_allow_private" and raw.strip().lower() not in ("true", "false", "1", "0", "yes", "no"):
+        return [item.strip() for item in raw.split(",") if item.strip()]   # HOST[:PORT],HOST[:PORT]
     return raw
 
 

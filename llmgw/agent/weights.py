@@ -14,6 +14,9 @@ Two kinds of source are resolved here, both without fetching anything:
   importing the package: importing runs its code in the agent, and a package
   that carries only data may not even be importable.
 
+A ``file:`` source is refused, before anything at its path is opened, unless
+it lies under the node's source roots (``sourcepaths``).
+
 Remote sources (``hf://``, ``http(s)://``, ``mirror://``) are fetched into the
 agent's weights cache before the launch (``llmgw.agent.fetch``, driven by the
 supervisor); ``resolve_fetched`` then checks the fetcher's result as a
@@ -26,11 +29,14 @@ refusal says what was wrong and what to do next.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import os
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
 
+from llmgw.agent import sourcepaths
 from llmgw.core import errors
 
 SCHEMES = ("file:///", "pkg:")
@@ -51,12 +57,16 @@ def resolve_fetched(source: str, path: str) -> str:
     return path
 
 
-def resolve_source(source: str) -> str | None:
-    """The local path of the model ``source`` names, None when it names none; EngineError otherwise."""
+def resolve_source(source: str, *, roots: sourcepaths.Roots | None = None) -> str | None:
+    """The local path of the model ``source`` names, None when it names none; EngineError otherwise.
+
+    A file source is checked against ``roots`` (``sourcepaths``) before anything at its path is touched;
+    the agent always passes its roots. None skips the check, for tools and tests that run no agent.
+    """
     if not source:
         return None
     if source.startswith("file:"):
-        return _resolve_file(source)
+        return _resolve_file(source, roots)
     if source.startswith("pkg:"):
         return _resolve_package(source.removeprefix("pkg:").strip())
     if source.startswith(REMOTE_SCHEMES):
@@ -67,7 +77,12 @@ def resolve_source(source: str) -> str | None:
                              f"{', '.join(s + '...' for s in SCHEMES)}")
 
 
-def _resolve_file(source: str) -> str:
+def resolver(roots: sourcepaths.Roots) -> Callable[[str], str | None]:
+    """``resolve_source`` checking file sources against ``roots``: what the agent's supervisor is given."""
+    return functools.partial(resolve_source, roots=roots)
+
+
+def _resolve_file(source: str, roots: sourcepaths.Roots | None) -> str:
     parsed = urllib.parse.urlsplit(source)
     if parsed.netloc not in ("", "localhost"):
         raise errors.EngineError(f"source {source!r} names host {parsed.netloc!r}; a file:// source must "
@@ -75,6 +90,9 @@ def _resolve_file(source: str) -> str:
     path = urllib.parse.unquote(parsed.path)
     if not path.startswith("/"):
         raise errors.EngineError(f"source {source!r} is not an absolute path; write file:///absolute/path")
+    if roots is not None:
+        # First, before any stat or open: whether the file exists outside the roots is not told either.
+        roots.check(path, source=source)
     if os.path.isdir(path):
         return _model_dir(path, source)
     if not os.path.isfile(path):

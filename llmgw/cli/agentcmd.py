@@ -84,6 +84,7 @@ def register(app: typer.Typer, *, setup_logging: Callable[[str], None], fail: Ca
     ) -> None:
         """Join this node to a cluster with a token (its key made here, its certificate stored 0600), then run it."""
         from llmgw.agent import join as join_mod
+        from llmgw.agent import nodepki
         from llmgw.agent import settings as agent_settings
 
         flags = _flags(server=[], node_id=node_id, mgmt_addr=mgmt_addr, state_dir=state_dir, model_dir=model_dir,
@@ -95,6 +96,13 @@ def register(app: typer.Typer, *, setup_logging: Callable[[str], None], fail: Ca
             # the join address stands in for the agent's servers, which the join itself finds.
             st = agent_settings.load(path=_config_path(config), env=os.environ, flags={**flags, "servers": [server]})
             assert st.state_dir is not None
+            if not join_only and (found := nodepki.of(st.state_dir)) is not None:
+                # A unit file runs `agent join ...` with Restart=always: from the second start on the node has
+                # joined, and refusing (exit 1) made every restart fail. The token is not sent anywhere.
+                typer.echo(f"{nodepki.already_joined(found).split(';')[0]}: the token is ignored; running the agent "
+                           "with its certificate", err=True)
+                _run(config, flags, log_level=log_level, setup_logging=None)
+                return
             joined = join_mod.join(server=st.servers[0], token=token, ca_hash=ca_hash,
                                    node_id=st.node_id or socket.gethostname(), state_dir=st.state_dir)
             typer.echo(f"joined as node {joined.node_id}; certificate in {joined.pki.dir}; the agent stream is at "
@@ -125,6 +133,7 @@ def _run(config: Path | None, flags: dict[str, Any], *, log_level: str,
     from llmgw.agent import config as agent_config
     from llmgw.agent import join as join_mod
     from llmgw.agent import main as agent_main
+    from llmgw.agent import rejoin
     from llmgw.agent import settings as agent_settings
 
     if setup_logging is not None:
@@ -133,4 +142,9 @@ def _run(config: Path | None, flags: dict[str, Any], *, log_level: str,
     st = agent_settings.load(path=_config_path(config), env=os.environ, flags=flags)
     cfg = agent_config.from_settings(st)
     join_mod.check_mode(cfg.servers, tls=cfg.tls is not None)
-    asyncio.run(agent_main.run(cfg, ring=ring))
+    try:
+        asyncio.run(agent_main.run(cfg, ring=ring))
+    except rejoin.CertificateRefused as e:
+        # Its own exit status: a unit file's RestartPreventExitStatus=3 keeps systemd from restarting it in vain.
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(rejoin.EXIT_CODE) from None

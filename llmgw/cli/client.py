@@ -1,26 +1,26 @@
 """The CLI's client for the control plane's REST API; turns every failure into one clear sentence.
 
-Its credential is, in order: ``LLMGW_TOKEN``, else the token ``llmgw login`` saved for this URL in
-``$XDG_CONFIG_HOME/llmgw/credentials.json`` (directory 0700, file 0600). The file is replaced whole
-(a new file made with O_EXCL, then renamed over the old one), so a crash mid-write never leaves half
-a file, and a file or link planted at the temporary name is refused rather than written through.
+Its credential is, in order: ``LLMGW_TOKEN``, else the token of the context (``contexts``) that a
+request to this URL uses: the one ``--context``/``LLMGW_CONTEXT`` names, else the current one when it
+lists the URL, else one saved for the URL. Requests go to the URL asked for, then to the context's other
+control planes in order when it does not answer (a standby forwards to the leader), so a cluster with
+one control plane down still answers every command.
 """
 
 from __future__ import annotations
 
 import getpass
-import json
 import os
-import secrets
 import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from llmgw.cli import contexts
 from llmgw.core.errors import LlmgwError
 
-DEFAULT_URL = "http://127.0.0.1:8080"
+DEFAULT_URL = contexts.DEFAULT_URL
 #: Who runs the CLI, for the audit log; informational, never a credential.
 ACTOR_HEADER = "X-Llmgw-Actor"
 TOKEN_ENV = "LLMGW_TOKEN"
@@ -29,13 +29,21 @@ INSECURE_HEADER = "X-Llmgw-Insecure"
 
 
 def unreachable(url: str) -> str:
-    """What to tell a user whose control plane does not answer."""
+    """What to tell a user whose control plane does not answer (``url``: one, or several joined by ", ")."""
     return (f"cannot reach the control plane at {url}: is `llmgw server` (or `make up`) running? "
-            "Point at another with --url or LLMGW_URL.")
+            "Point at another with --url, LLMGW_URL or a context (`llmgw context list`).")
 
 
 def default_url() -> str:
-    return os.environ.get("LLMGW_URL", DEFAULT_URL)
+    """``LLMGW_URL``, else the first URL of the named or current context, else ``DEFAULT_URL``; never raises
+    (an unknown context name is the request's error, said where the command reports errors)."""
+    if os.environ.get("LLMGW_URL"):
+        return os.environ["LLMGW_URL"]
+    try:
+        ctx = contexts.selected(contexts.read())
+    except LlmgwError:
+        return DEFAULT_URL
+    return ctx.urls[0] if ctx is not None and ctx.urls else DEFAULT_URL
 
 
 def local_actor() -> str:
@@ -52,76 +60,74 @@ def local_actor() -> str:
 
 
 def credentials_path(env: dict[str, str] | None = None) -> Path:
-    env = dict(os.environ) if env is None else env
-    base = env.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "llmgw" / "credentials.json"
-
-
-def _normal(url: str) -> str:
-    return url.rstrip("/")
-
-
-def _read_credentials(path: Path) -> dict[str, Any]:
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as e:
-        raise LlmgwError(f"cannot read {path}: {e}; move it aside and run `llmgw login` again") from None
-    return doc if isinstance(doc, dict) else {}
+    return contexts.path_of(env)
 
 
 def saved_token(url: str, *, path: Path | None = None) -> str:
-    """The token ``llmgw login`` saved for ``url``, or ""."""
-    entry = _read_credentials(path or credentials_path()).get(_normal(url))
-    token = entry.get("token") if isinstance(entry, dict) else None
-    return token if isinstance(token, str) else ""
+    """The token of the context a request to ``url`` would use, or ""."""
+    ctx = contexts.for_url(contexts.read(path), url)
+    return ctx.token if ctx is not None else ""
 
 
-def save_token(url: str, token: str, *, user: str, path: Path | None = None) -> Path:
-    """Saves (or with ``token`` "" removes) the token for ``url``; the file stays 0600 in a 0700 directory."""
-    path = path or credentials_path()
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(path.parent, 0o700)
-    doc = _read_credentials(path)
-    if token:
-        doc[_normal(url)] = {"token": token, "user": user}
-    else:
-        doc.pop(_normal(url), None)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=1)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
+def save_token(url: str, token: str, *, user: str, path: Path | None = None, current: bool = False) -> Path:
+    """Saves (or with ``token`` "" forgets) the login for ``url``: the context named for it (``contexts.name_for``),
+    made current with ``current`` (or when there is none yet). `llmgw up` keeps its admin's token so."""
+    creds = contexts.read(path)
+    name = contexts.name_for(url)
+    ctx = creds.contexts.setdefault(name, contexts.Context(name, [contexts.normal(url)]))
+    if contexts.normal(url) not in ctx.urls:
+        ctx.urls.insert(0, contexts.normal(url))
+    ctx.token, ctx.user = token, user if token else ""
+    if token and (current or not creds.current):
+        creds.current = name
+    return contexts.write(creds, path)
 
 
 def token_for(url: str) -> str:
-    """``LLMGW_TOKEN``, else the saved token for ``url``, else ""."""
+    """``LLMGW_TOKEN``, else the saved token for ``url`` (its context's), else ""."""
     return os.environ.get(TOKEN_ENV, "").strip() or saved_token(url)
 
 
 class Client:
-    def __init__(self, url: str, *, timeout: float = 30.0, token: str | None = None) -> None:
-        self.url = url.rstrip("/")
+    def __init__(self, url: str, *, timeout: float = 30.0, token: str | None = None,
+                 urls: list[str] | None = None) -> None:
+        """``urls``: the control planes to try, given (``login``, ``logout``), instead of a context's."""
+        self.url = contexts.normal(url)
+        #: Said at the first request, inside the caller's error handling (an unknown --context, a bad file).
+        self._problem = ""
+        self.context: contexts.Context | None = None
+        if urls is None:
+            try:
+                self.context = contexts.for_url(contexts.read(), self.url)
+            except LlmgwError as e:
+                self._problem = str(e)
+        #: Tried in order when one does not answer: the URL asked for, then its context's other control planes.
+        self.urls = [self.url] + [u for u in (urls or (self.context.urls if self.context else [])) if u != self.url]
+        env_token = os.environ.get(TOKEN_ENV, "").strip()
+        self.token = token if token is not None else env_token or (self.context.token if self.context else "")
         headers = {ACTOR_HEADER: local_actor()}
-        self.token = token_for(self.url) if token is None else token
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
-        self._http = httpx.Client(base_url=self.url, timeout=timeout, trust_env=False, headers=headers)
+        self._http = httpx.Client(timeout=timeout, trust_env=False, headers=headers)
         self._warned = False
 
     def request(self, method: str, path: str, *, json: Any = None) -> tuple[int, Any]:
-        try:
-            resp = self._http.request(method, path, json=json)
-        except httpx.ConnectError:
-            raise LlmgwError(unreachable(self.url)) from None
-        except httpx.HTTPError as e:
-            raise LlmgwError(f"talking to the control plane at {self.url} failed: {e}") from None
+        if self._problem:
+            raise LlmgwError(self._problem)
+        resp = None
+        for base in list(self.urls):
+            try:
+                resp = self._http.request(method, base + path, json=json)
+            except (httpx.ConnectError, httpx.ConnectTimeout):
+                continue  # down: the next control plane of the context
+            except httpx.HTTPError as e:
+                raise LlmgwError(f"talking to the control plane at {base} failed: {e}") from None
+            if base != self.url:
+                print(f"note: the control plane at {self.url} did not answer; {base} did", file=sys.stderr)
+                self.url = base  # the rest of this command goes where an answer came from
+            break
+        if resp is None:
+            raise LlmgwError(unreachable(", ".join(self.urls)))
         if resp.headers.get(INSECURE_HEADER) == "1" and not self._warned:
             self._warned = True
             print(f"warning: the control plane at {self.url} runs with --insecure: no authentication, anyone on "
@@ -141,6 +147,8 @@ class Client:
         said = f"the control plane at {self.url} refused the request: {message or 'no valid credential'}"
         if os.environ.get(TOKEN_ENV, "").strip():
             return f"{said}. The token is from {TOKEN_ENV}: set a valid one, or unset it to use `llmgw login`'s"
+        if self.context is not None:
+            return f"{said}. Run `llmgw login --context {self.context.name}`"
         return f"{said}. Run `llmgw login --url {self.url}`"
 
     def get(self, path: str) -> Any:

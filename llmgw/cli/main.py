@@ -14,9 +14,10 @@ from urllib.parse import quote
 import typer
 from rich.console import Console
 
-from llmgw.cli import agentcmd, manifests, tables
+from llmgw.cli import agentcmd, httplimits, manifests, tables
 from llmgw.cli import audit as audit_mod
 from llmgw.cli import client as client_mod
+from llmgw.cli import contexts as contexts_mod
 from llmgw.cli import controlplanes as controlplanes_mod
 from llmgw.cli import describe as describe_mod
 from llmgw.cli import engines as engines_mod
@@ -27,6 +28,7 @@ from llmgw.cli import logs as logs_mod
 from llmgw.cli import mirror as mirror_mod
 from llmgw.cli import nodes as nodes_mod
 from llmgw.cli import onboard as onboard_mod
+from llmgw.cli import settings as settings_mod
 from llmgw.cli import sim as sim_mod
 from llmgw.cli import users as users_mod
 from llmgw.core import units
@@ -115,6 +117,10 @@ def server(
     mirror_upstream: str = typer.Option("", help="With --mirror-dir: pull missing files through from this "
                                         "HF-compatible endpoint, once per file for the cluster, e.g. "
                                         "https://huggingface.co [default: off]"),
+    fetch_allow_private: list[str] = typer.Option([], "--fetch-allow-private", help="A host or HOST:PORT the "
+                                                  "control plane's reads of remote sources may reach although it "
+                                                  "is loopback, link-local or this host's own ('*': any); "
+                                                  "repeatable [default: none; the hub and mirror are trusted]"),
     hub_token_file: Path = typer.Option(None, help="A file holding the hub's token, sent only to nodes fetching an "
                                         "hf:// source (without it: the LLMGW_HF_TOKEN environment variable); a "
                                         "token is never given on the command line"),
@@ -132,7 +138,11 @@ def server(
                                             "engine (or perftest) needs with apt-get/dnf; otherwise they report "
                                             "them with the command [given: stored, and wins; default: the stored "
                                             "value, else no]"),
+    header_timeout: float = httplimits.HeaderTimeoutOpt, body_timeout: float = httplimits.BodyTimeoutOpt,
+    idle_timeout: float = httplimits.IdleTimeoutOpt, max_connections_per_address: int = httplimits.MaxPerAddressOpt,
     tracing_endpoint: str = TracingOpt,
+    audit_retention: str = typer.Option("90d", help="How long the audit log keeps an entry, e.g. 90d, 720h; the "
+                                        "leader deletes older ones"),
     log_level: str = typer.Option("info"),
 ) -> None:
     """Run the control plane and the router."""
@@ -153,6 +163,12 @@ def server(
         raise _fail(f"--node-cert-validity: {e}") from None
     if cert_validity_s <= 0:
         raise _fail("--node-cert-validity must be longer than 0s")
+    try:
+        audit_retention_s = units.parse_duration(audit_retention)
+    except ValueError as e:
+        raise _fail(f"--audit-retention: {e}") from None
+    if audit_retention_s <= 0:
+        raise _fail("--audit-retention must be longer than 0s, e.g. 90d")
     try:
         lease_timing = serve.lease_timing(lease=units.parse_duration(lease), renew=units.parse_duration(lease_renew))
     except (ValueError, LlmgwError) as e:
@@ -179,9 +195,13 @@ def server(
                              unhealthy_grace_s=unhealthy_grace, tracing_endpoint=tracing_endpoint or "",
                              weights_gc_free_below_pct=weights_gc_free_below, insecure=insecure,
                              join_port=join_port, node_cert_validity_s=cert_validity_s,
+                             audit_retention_s=audit_retention_s,
                              engine_index=engine_index, engine_find_links=engine_find_links,
                              model_installs=model_installs, engine_os_packages=engine_os_packages,
-                             database=database, advertise=advertise_address, lease=lease_timing)
+                             database=database, advertise=advertise_address, lease=lease_timing,
+                             fetch_allow_private=tuple(fetch_allow_private),
+                             http_limits=httplimits.limits(header_timeout, body_timeout, idle_timeout,
+                                                           max_connections_per_address))
 
     async def serve_then_exit() -> None:
         code = 0
@@ -215,6 +235,8 @@ def router(
     router_id: str = typer.Option("", help="This router's name in the ejections it reports [default: hostname]"),
     token_file: Path = typer.Option(None, help="A file holding this router's credential (`llmgw router-token "
                                     "create NAME`) [default: env LLMGW_ROUTER_TOKEN]"),
+    header_timeout: float = httplimits.HeaderTimeoutOpt, body_timeout: float = httplimits.BodyTimeoutOpt,
+    idle_timeout: float = httplimits.IdleTimeoutOpt, max_connections_per_address: int = httplimits.MaxPerAddressOpt,
     tracing_endpoint: str = TracingOpt,
     log_level: str = typer.Option("warning"),
 ) -> None:
@@ -224,6 +246,8 @@ def router(
     raise typer.Exit(standalone.main(["--control", control, "--host", host, "--port", str(port),
                                       "--log-level", log_level, "--router-id", router_id,
                                       "--tracing-endpoint", tracing_endpoint or "",
+                                      *httplimits.argv(header_timeout, body_timeout, idle_timeout,
+                                                       max_connections_per_address),
                                       *(["--token-file", str(token_file)] if token_file else [])]))
 
 
@@ -339,6 +363,7 @@ def delete_model(name: str, url: str = UrlOpt) -> None:
 logs_mod.register(app)
 describe_mod.register(app)
 engines_mod.register(app)
+settings_mod.register(app)
 keys_mod.register(app)
 audit_mod.register(app)
 sim_mod.register(app)
@@ -349,8 +374,11 @@ nodes_mod.register(app)
 controlplanes_mod.register(get_app)
 fabric_mod.register(app)
 login_mod.register(app)
+contexts_mod.register(app)
 users_mod.register(app)
 
 
 def main() -> None:
+    # `--context NAME` anywhere on the line (kubectl's habit), for every command: taken out here into LLMGW_CONTEXT.
+    sys.argv[1:] = contexts_mod.take_flag(sys.argv[1:], os.environ)
     app()

@@ -1,14 +1,19 @@
-"""``llmgw init`` and ``llmgw token create``: local commands on the control plane host, reading its data directory.
+"""``llmgw init`` and ``llmgw token create``.
 
-They do not go through the REST API: init runs before any server, and a join token is made by whoever can
-read the CA's directory (the same person who could sign a node certificate by hand). Their heavy imports
-(cryptography, argon2, the store) happen inside the commands, so `llmgw get` does not wait for them.
+init is local: it runs before any server, on the control plane's host. ``token create`` is a REST call
+(``POST /api/v1/tokens``, administrators only) from anywhere a logged-in admin is, and prints the server's
+own join command: its advertised host and the join port it really listens on. With ``--data-dir`` (or
+``--database``) it stays the host-local bootstrap, before anyone has logged in: a token is made straight
+in the store by whoever can read the CA's directory (the same person who could sign a node certificate
+by hand). Their heavy imports (cryptography, argon2, the store) happen inside the commands, so `llmgw
+get` does not wait for them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -67,20 +72,33 @@ def register(app: typer.Typer, *, default_data_dir: Callable[[], Path]) -> None:
         uses: int = typer.Option(1, "--uses", min=1, help="How many nodes may join with it"),
         node: str = typer.Option("", "--node", help="The node id a node joining with it gets [default: its own]"),
         server: str = typer.Option("", "--server", help="HOST:PORT nodes reach the join port at [default: the "
+                                                        "server's advertised join address; with --data-dir, the "
                                                         f"first --host given to init, port {JOIN_PORT}]"),
-        data_dir: Path = typer.Option(None, "--data-dir", help=dir_help),
+        url: str = typer.Option(None, "--url", help="Control plane URL [env LLMGW_URL; the login's]"),
+        data_dir: Path = typer.Option(None, "--data-dir", help="On the control plane's host, its data directory: "
+                                      "the token is made in its store, without a login (not logged in, "
+                                      "$XDG_DATA_HOME/llmgw when it is initialised)"),
         database: str = typer.Option("", "--database", envvar="LLMGW_DATABASE", help=db_help),
     ) -> None:
-        """Make a join token and print the `llmgw agent join` command that uses it."""
+        """Make a join token and print the `llmgw agent join` command that uses it (an administrator's login,
+        or on the control plane's host --data-dir)."""
         from llmgw.cli import client as client_mod
         from llmgw.control import datadir, tokens
         from llmgw.core import pki
 
-        d = data_dir or default_data_dir()
         try:
             ttl_s = units.parse_duration(ttl)
         except ValueError as e:
             raise _fail(f"--ttl: {e}") from None
+        if data_dir is None and not database:
+            c = client_mod.Client(url or client_mod.default_url())
+            # Logged in (or told where): the server makes it. Not logged in, on the host of an initialised data
+            # directory: the local bootstrap, as before there were logins.
+            if c.token or url or not datadir.is_initialised(default_data_dir()):
+                _create_over_rest(c, ttl_s=ttl_s, uses=uses, node=node, server=server)
+                return
+            c.close()
+        d = data_dir or default_data_dir()
         try:
             digest = pki.ca_hash(datadir.read_ca(d).cert_pem)
             address = server or f"{_bracket(datadir.server_names(d)[0])}:{JOIN_PORT}"
@@ -96,6 +114,20 @@ def register(app: typer.Typer, *, default_data_dir: Callable[[], Path]) -> None:
         except LlmgwError as e:
             raise _fail(str(e)) from None
         typer.echo(f"llmgw agent join --server {address} --token {token_id}.{secret} --ca-hash {digest}")
+
+
+def _create_over_rest(c: Any, *, ttl_s: float, uses: int, node: str, server: str) -> None:
+    """``POST /api/v1/tokens`` with ``c`` (a ``cli.client.Client``); prints the join command it answers."""
+    try:
+        _, doc = c.request("POST", "/api/v1/tokens", json={"ttl_s": ttl_s, "uses": uses, "node": node})
+    except LlmgwError as e:
+        raise _fail(f"{e} (on the control plane's host, `llmgw token create --data-dir DIR` needs no login)") from None
+    finally:
+        c.close()
+    if server:
+        typer.echo(f"llmgw agent join --server {server} --token {doc['token']} --ca-hash {doc['ca_hash']}")
+    else:
+        typer.echo(doc["command"])
 
 
 def _bracket(host: str) -> str:

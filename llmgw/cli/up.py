@@ -33,7 +33,7 @@ import httpx
 from rich.console import Console
 
 from llmgw.cli import client as client_mod
-from llmgw.cli import manifests, portuse
+from llmgw.cli import contexts, manifests, portuse
 from llmgw.cli.defaults import DEFAULT_MODEL
 from llmgw.core import specs
 from llmgw.core.errors import LlmgwError
@@ -84,12 +84,12 @@ def _local_credentials(data_dir: Path, *, join: bool, saved: str) -> tuple[str, 
     Made straight in the store, as `llmgw token create` makes a join token: whoever can read the data
     directory holds the CA's key and could sign anything, so this gives nothing that was not already theirs.
     """
-    from llmgw.control import tokens
+    from llmgw.control import datadir, tokens
     from llmgw.control.auth import credentials
     from llmgw.control.auth import tokens as api_tokens
     from llmgw.control.store import store as store_mod
 
-    store = store_mod.Store.open(data_dir)
+    store = datadir.open_store(data_dir)  # the database the directory remembers (SQLite unless init said)
     now = time.time()
     try:
         join_token = ""
@@ -181,6 +181,30 @@ def _first_token(base: str, name: str, *, retry_s: float = 30.0) -> float:
             time.sleep(0.5)
 
 
+def _source_root(model: specs.Model) -> dict[str, str]:
+    """The agent's source_roots for the model named on the command line: its file's directory.
+
+    An agent opens a file source only under its source roots (``llmgw.agent.sourcepaths``); the person
+    running ``up`` named this file themselves, so its directory is one.
+    """
+    source = model.spec.source
+    if not source.startswith("file://"):
+        return {}
+    return {"LLMGW_AGENT_SOURCE_ROOTS": os.path.dirname(source.removeprefix("file://").rstrip("/")) or "/"}
+
+
+def agent_state(data_dir: Path, *, euid: int | None = None) -> Path:
+    """Where up's agent keeps its state: ``<data_dir>/agent``; as root, ``<data_dir>-agent`` beside it.
+
+    As root the agent runs each engine as a user of its own, never root, and that user must reach its
+    work dir under the agent's state; the data dir is 0700 (the CA's key, the database), so as root the
+    agent's state cannot be inside it.
+    """
+    if (os.geteuid() if euid is None else euid) == 0:
+        return data_dir.with_name(f"{data_dir.name}-agent")
+    return data_dir / "agent"
+
+
 def run(*, http_port: int, agent_port: int, data_dir: Path, model_file: Path | None, wait_s: float,
         console: Console) -> int:
     t_start = time.monotonic()
@@ -206,17 +230,19 @@ def run(*, http_port: int, agent_port: int, data_dir: Path, model_file: Path | N
     try:
         ports = _wait_ports(server, ports_file, 30)
         base = f"http://127.0.0.1:{ports['http_port']}"
-        state = data_dir / "agent"
+        state = agent_state(data_dir)
         joined = (state / "pki").exists()
         join_token, api_token = _local_credentials(data_dir, join=not joined, saved=client_mod.saved_token(base))
-        saved = client_mod.save_token(base, api_token, user="admin")
+        # The current context from now on: `llmgw get models` after `up` must reach this cluster.
+        saved = client_mod.save_token(base, api_token, user="admin", current=True)
         # Joined on an earlier run: its certificate is in state/pki, and it dials the agent port.
         how = (["agent", "--server", f"127.0.0.1:{ports['agent_port']}"] if joined
                else ["agent", "join", "--server", f"127.0.0.1:{ports['join_port']}", "--ca-hash", ca_hash])
         agent = _Child("agent", [*py, *how, "--state-dir", str(state), "--stop-grace", str(AGENT_STOP_GRACE_S),
                                  # up owns the whole system: its engines end with it.
                                  "--stop-engines-on-exit"],
-                       logs / "agent.log", env={**os.environ, "LLMGW_JOIN_TOKEN": join_token} if join_token else None)
+                       logs / "agent.log", env={**os.environ, **_source_root(model),
+                                                 **({"LLMGW_JOIN_TOKEN": join_token} if join_token else {})})
         children.insert(0, agent)
         with httpx.Client(base_url=base, timeout=30, trust_env=False,
                           headers={"Authorization": f"Bearer {api_token}"}) as http:
@@ -232,7 +258,8 @@ def run(*, http_port: int, agent_port: int, data_dir: Path, model_file: Path | N
             f"that request's first token took {ttft * 1000:.0f} ms)\n"
             f"  OpenAI base URL: {base}/v1\n  model:           {model.spec.served_name}\n"
             f"  REST API:        {base}/api/v1   (docs: {base}/api/docs)\n"
-            f"  CLI:             logged in as admin ({saved}); try `llmgw get models`\n"
+            f"  CLI:             logged in as admin, context {contexts.name_for(base)} (current; {saved}); try "
+            "`llmgw get models`\n"
             f"  logs:            {logs}\n  stop:            Ctrl-C\n", highlight=False)
         while not stopping.wait(0.5):
             for child in children:

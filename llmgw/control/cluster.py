@@ -357,6 +357,18 @@ class Cluster:
         else:
             view.unhealthy_since.pop(status.shard_id, None)
 
+    def node_leaving(self, node_id: str, reason: str) -> None:
+        """The node's agent is stopping (its Goodbye): nothing is placed there until it registers again."""
+        view = self.nodes.get(node_id)
+        if view is None or view.leaving:
+            return
+        self.nodes[node_id] = dataclasses.replace(view, leaving=reason[:200] or "its agent is stopping")
+        log.info("node %s is leaving: %s", node_id, reason)
+        self.record(ev.Event(self.clock(), ev.NORMAL, "NodeLeaving", f"node/{node_id}",
+                             f"its agent is stopping ({reason[:200]}); nothing new is placed on it until it "
+                             "registers again", node=node_id))
+        self.kick()
+
     def node_disconnected(self, node_id: str, link: AgentLink) -> None:
         conn = self._conns.get(node_id)
         if conn is None or conn.link is not link:

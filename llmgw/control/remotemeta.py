@@ -6,7 +6,9 @@ memory estimate) and its shape (heads, layers: the estimate and the engine
 check) before it picks that node. So the control plane reads the metadata
 alone: an hf repo's file list with sizes and its ``config.json`` and
 safetensors headers, or a GGUF header, each through Range requests of a few
-kilobytes, from the cluster's mirror or hub endpoint, never the files.
+kilobytes, from the cluster's mirror or hub endpoint, never the files. A source's
+own URL is read only where ``netguard`` allows: never loopback, link-local or this
+host's addresses, unless ``--fetch-allow-private`` names them.
 
 The reads run in a worker thread, started from the loop when a pass sees a
 remote source not read yet (``want``); a pass only reads ``known()``, a copy of
@@ -28,9 +30,10 @@ from typing import Any
 
 import httpx
 
+from llmgw.control import netguard
 from llmgw.control.placement import needs
 from llmgw.control.placement.needs import RemoteWeights
-from llmgw.core import sources, weightmeta
+from llmgw.core import netpolicy, sources, weightmeta
 from llmgw.core.inventory import WeightFile
 from llmgw.core.specs import ModelSpec
 
@@ -56,8 +59,12 @@ class Reader:
 
     def __init__(self, *, hub_endpoint: str = "https://huggingface.co", mirror_url: str = "", token: str = "",
                  timeout_s: float = 10.0, retry_s: float = 60.0, on_read: Callable[[], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic, transport: httpx.BaseTransport | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, transport: httpx.BaseTransport | None = None,
+                 allow_private: Iterable[str] = ()) -> None:
         self.hub_endpoint, self.mirror_url = hub_endpoint.rstrip("/"), mirror_url.rstrip("/")
+        # No read reaches loopback, link-local or this host's addresses (``netguard``) but the cluster's
+        # own hub and mirror, trusted by configuration, and what --fetch-allow-private names.
+        self.policy = netguard.policy_of(allow_private, trusted=(u for u in (self.hub_endpoint, self.mirror_url) if u))
         self._token, self.timeout_s, self.retry_s = token, timeout_s, retry_s
         self.on_read, self._clock, self._transport = on_read, clock, transport
         #: By the fetched source's text (``needs.fetched_source``).
@@ -103,9 +110,10 @@ class Reader:
         """The metadata of ``source`` (a fetched source's text), blocking; never raises: a failure gives the problem."""
         try:
             src = sources.parse(source)
-            with httpx.Client(timeout=self.timeout_s, transport=self._transport, follow_redirects=True) as http:
+            guarded = netguard.Transport(self.policy, self._transport)
+            with httpx.Client(timeout=self.timeout_s, transport=guarded, follow_redirects=True) as http:
                 weight = _Session(http, self).read(src)
-        except (Unreadable, weightmeta.BadHeader, ValueError) as exc:
+        except (Unreadable, weightmeta.BadHeader, ValueError, netpolicy.Refused) as exc:
             return RemoteWeights(None, str(exc))
         except httpx.HTTPError as exc:
             return RemoteWeights(None, f"{type(exc).__name__} from {exc.request.url if _has_request(exc) else source}: "

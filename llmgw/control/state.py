@@ -111,6 +111,9 @@ class NodeView:
     labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
     #: Set by `llmgw drain` (persisted, with cordoned): its replicas are rolled to other nodes.
     draining: bool = False
+    #: Why its agent said goodbye ("": it has not): it is stopping, so nothing is placed here until the
+    #: node registers again (a shard it stops on the way out is replaced on another node, never here).
+    leaving: str = ""
     #: When this control plane first heard each shard reported Unhealthy (by shard id), until it
     #: reports Ready again: where an Unhealthy shard's grace starts. Held in memory, like the
     #: shard states: after a restart the grace starts again, rather than replacing an engine on

@@ -72,8 +72,17 @@ def create_token(store: store_mod.Store, *, ttl_s: float, uses: int, node_name: 
     return token_id, secret
 
 
-def consume(store: store_mod.Store, token: str, *, now: float | None = None) -> Granted:
-    """Takes one use of ``token`` or raises TokenRefused; the secret is compared in constant time."""
+def used_up(token_id: str) -> TokenRefused:
+    return TokenRefused(Refused.UsedUp, f"join token {token_id}.… has been used as often as it may; make a new "
+                                        "one with `llmgw token create`")
+
+
+def check(store: store_mod.Store, token: str, *, now: float | None = None) -> Granted:
+    """What ``token`` grants, or TokenRefused; takes no use. The secret is compared in constant time.
+
+    A join checks first and spends the use (``Store.admit_node``) only once everything else passed: a
+    5-use token had 1 left after 1 join and 3 refusals when every refusal spent one.
+    """
     now = time.time() if now is None else now
     m = TOKEN_RE.match(token.strip())
     if m is None:
@@ -88,7 +97,15 @@ def consume(store: store_mod.Store, token: str, *, now: float | None = None) -> 
     if row.expires_at <= now:
         raise TokenRefused(Refused.Expired, f"join token {token_id}.… expired; make a new one with "
                                             "`llmgw token create`")
-    if row.uses_left <= 0 or not store.spend_token(token_id, now=now):
-        raise TokenRefused(Refused.UsedUp, f"join token {token_id}.… has been used as often as it may; make a new "
-                                           "one with `llmgw token create`")
+    if row.uses_left <= 0:
+        raise used_up(token_id)
     return Granted(token_id, row.node_name)
+
+
+def consume(store: store_mod.Store, token: str, *, now: float | None = None) -> Granted:
+    """Takes one use of ``token`` or raises TokenRefused (``check``, then the use)."""
+    now = time.time() if now is None else now
+    granted = check(store, token, now=now)
+    if not store.spend_token(granted.token_id, now=now):
+        raise used_up(granted.token_id)
+    return granted

@@ -84,7 +84,35 @@ class Engine:
     #: default, kept by vLLM and SGLang): ``--serv x`` there sets ``--served-model-name``, so a
     #: prefix of a reserved flag in engine_args is refused as the flag itself.
     takes_abbreviations: bool = False
+    #: Prefixes of the environment variables a model's ``env`` may set for it: the knobs the engine
+    #: and the libraries it runs on document (``llmgw.core.envpolicy``). Anything else is refused at
+    #: apply unless an admin allows the name (cluster setting ``allowed_env``); a variable naming a
+    #: file, a directory or code to load is refused whatever its prefix.
+    env_prefixes: tuple[str, ...] = ()
+    #: Whole names a model's env may set besides those prefixes.
+    env_names: frozenset[str] = frozenset()
+    #: Flags that make the engine run or load code named by the model file (a repository's Python, a
+    #: plugin file, a class to import) or read or write a file outside its weights: refused in
+    #: ``engine_args`` unless an admin allows remote code for the cluster (``llmgw.core.flagpolicy``).
+    code_flags: frozenset[str] = frozenset()
+    #: Flags that are exactly a safe flag of the engine while also a prefix of a code flag (vLLM's
+    #: ``--chat-template`` is not, ``--lora`` would be): an abbreviation check must not refuse them.
+    safe_prefix_flags: frozenset[str] = frozenset()
+    #: Values that make a code flag safe, by flag: vLLM's ``--generation-config auto`` or ``vllm``
+    #: name no path (anything else is a directory it reads).
+    code_flag_safe_values: tuple[tuple[str, frozenset[str]], ...] = ()
 
+
+#: What Python engines (vLLM, SGLang) read from the libraries they run on: NCCL, CUDA, OpenMP, MKL,
+#: PyTorch, Hugging Face's hub, tokenizers and transformers, gloo. Path-naming ones among them
+#: (HF_HOME, CUDA_CACHE_PATH, TORCH_EXTENSIONS_DIR, NCCL_NET_PLUGIN, ...) are refused by
+#: ``llmgw.core.envpolicy``'s path and code rule, whatever the prefix. NVIDIA_* is not here: those
+#: are the container runtime's (NVIDIA_VISIBLE_DEVICES would fight GPU placement), not an engine's.
+_PYTHON_ENGINE_ENV = ("NCCL_", "CUDA_", "OMP_", "MKL_", "KMP_", "HF_", "TOKENIZERS_", "TORCH_", "PYTORCH_",
+                      "TRANSFORMERS_", "GLOO_")
+#: Python's own knobs that change no import path and run nothing (the others are refused outright).
+_PYTHON_ENV_NAMES = frozenset({"PYTHONUNBUFFERED", "PYTHONHASHSEED", "PYTHONFAULTHANDLER", "PYTHONIOENCODING",
+                               "PYTHONDONTWRITEBYTECODE", "PYTHONMALLOC"})
 
 _LLAMACPP = Engine(
     name="llamacpp",
@@ -106,6 +134,22 @@ _LLAMACPP = Engine(
     worker_ranks_serve_http=True,
     # llama-server's --api-key reads it when the flag is not given, and so does our xllamacpp launcher.
     api_key_env="LLAMA_API_KEY",
+    # LLAMA_ARG_* (every flag as a variable) is refused by envpolicy: flags go in engine_args, where
+    # they are checked. GGML_* are the tensor library's (GGML_CUDA_*, GGML_SCHED_*).
+    env_prefixes=("LLAMA_", "GGML_", "OMP_", "CUDA_"),
+    # llama-server flags that read or write a file other than the weights llmgw fetched (a LoRA, a
+    # projector, a draft model, a template or grammar file, slot dumps, a static site, a log), fetch a
+    # model themselves past llmgw's source checks (-mu, -hf*, -dr), or send tensors to other hosts (--rpc).
+    code_flags=frozenset({
+        "--lora", "--lora-scaled", "--control-vector", "--control-vector-scaled", "--mmproj", "-mm",
+        "--mmproj-url", "-mmu", "--model-draft", "-md", "--chat-template-file", "--grammar-file",
+        "--json-schema-file", "-jf", "--slot-save-path", "--path", "--log-file", "--ssl-key-file",
+        "--ssl-cert-file", "--model-url", "-mu", "--hf-repo", "-hf", "-hfr", "--hf-file", "-hff",
+        "--hf-repo-draft", "-hfd", "-hfrd", "--hf-repo-v", "-hfv", "-hfrv", "--hf-file-v", "-hffv",
+        "--hf-token", "-hft", "--docker-repo", "-dr", "--rpc", "--lookup-cache-static", "-lcs",
+        "--lookup-cache-dynamic", "-lcd", "--models-dir", "--models-preset", "--media-path",
+        "--override-kv",
+    }),
 )
 
 _SIM = Engine(
@@ -129,6 +173,9 @@ _SIM = Engine(
     multi_node=True,
     worker_ranks_serve_http=True,
     api_key_env="LLMGW_SIM_API_KEY",
+    # It reads no knob of its own; OpenMP's and Python's harmless ones, so a test can set something.
+    env_prefixes=("OMP_",),
+    env_names=_PYTHON_ENV_NAMES,
 )
 
 # The flags each adapter sets (``llmgw.agent.engines.vllm`` / ``sglang``), in every spelling the
@@ -165,6 +212,29 @@ _VLLM = Engine(
     api_key_env="VLLM_API_KEY",
     cpu_head_dim_min=32,
     takes_abbreviations=True,
+    env_prefixes=("VLLM_", *_PYTHON_ENGINE_ENV),
+    env_names=_PYTHON_ENV_NAMES,
+    # From vLLM 0.32's parser (llmgw/testing/engineflags/vllm-0.32.0.json). Code: the repository's
+    # Python (--trust-remote-code), a .py file imported (--*-parser-plugin), a plugin, class or function
+    # imported by name (--io-processor-plugin, --worker-cls, --worker-extension-cls, --scheduler-cls,
+    # --middleware, --logits-processors, --model-class-overrides, the kv/ec transfer configs'
+    # kv_connector_module_path), a logging config (dictConfig instantiates classes), a YAML of more
+    # flags (--config: this check would never see them), and chat templates sent with each request
+    # (--trust-request-chat-template). Files: a chat template or HF config read from any path (a
+    # template's text is echoed back in prompts), local media any API user may then read, TLS files,
+    # a download directory, LoRA adapters and FP8 scales from any path, and profiler traces written anywhere.
+    # --hf-overrides stays: without remote code it changes config values only (auto_map is not run).
+    code_flags=frozenset({
+        "--trust-remote-code", "--tool-parser-plugin", "--reasoning-parser-plugin", "--io-processor-plugin",
+        "--worker-cls", "--worker-extension-cls", "--scheduler-cls", "--middleware", "--logits-processors",
+        "--model-class-overrides", "--kv-transfer-config", "--ec-transfer-config", "--config",
+        "--log-config-file", "--logging-config", "--trust-request-chat-template", "--chat-template",
+        "--hf-config-path", "--allowed-local-media-path", "--ssl-keyfile", "--ssl-certfile", "--ssl-ca-certs",
+        "--download-dir", "--lora-modules", "--mm-encoder-fp8-scale-path", "--mm-encoder-fp8-scale-save-path",
+        "--profiler-config", "--generation-config",
+    }),
+    safe_prefix_flags=frozenset({"--model", "--reasoning-parser"}),
+    code_flag_safe_values=(("--generation-config", frozenset({"auto", "vllm"})),),
 )
 
 _SGLANG = Engine(
@@ -191,6 +261,27 @@ _SGLANG = Engine(
     api_key_env="",
     cpu_flags_any=("amx_bf16", "avx512f"),
     takes_abbreviations=True,
+    env_prefixes=("SGLANG_", "SGL_", *_PYTHON_ENGINE_ENV),
+    env_names=_PYTHON_ENV_NAMES,
+    # From SGLang 0.5.23's parser (llmgw/testing/engineflags/sglang-0.5.23.json). Code: the repository's
+    # Python, request-supplied (dill-pickled) logit processors, a weight loader or forward hooks imported by
+    # name, a storage backend's module (its extra config). Files read or written outside the weights:
+    # templates, TLS files, checkpoints torch.load-ed (modelopt), LoRA paths, corpora, dumps, traces.
+    code_flags=frozenset({
+        "--trust-remote-code", "--enable-custom-logit-processor", "--custom-weight-loader", "--forward-hooks",
+        "--hicache-storage-backend-extra-config", "--unified-cache-external-linker-config",
+        "--trust-request-chat-template", "--chat-template", "--completion-template", "--ssl-keyfile",
+        "--ssl-certfile", "--ssl-keyfile-password", "--quantization-param-path",
+        "--modelopt-checkpoint-restore-path", "--modelopt-checkpoint-save-path", "--modelopt-export-path",
+        "--file-storage-path", "--export-metrics-to-file-dir", "--speculative-ngram-external-corpus-path",
+        "--spec-trace-dir", "--speculative-dspark-sps-table-path", "--speculative-dspark-confidence-sts-path",
+        "--uno-lora-path", "--lora-paths", "--lmcache-config-file", "--flexkv-config-file", "--kt-weight-path",
+        "--pdmux-config-path", "--download-dir", "--decrypted-config-file", "--decrypted-draft-config-file",
+        "--debug-tensor-dump-input-file", "--debug-tensor-dump-output-folder", "--msprobe-dump-config",
+        "--ple-offload-dir", "--trace-modules",
+    }),
+    safe_prefix_flags=frozenset({"--export-metrics-to-file", "--hicache-storage-backend", "--model",
+                                 "--quantization"}),
 )
 
 #: Every engine llmgw knows a fact about, by name. The order is the order the router tries

@@ -12,7 +12,7 @@ import dataclasses
 import enum
 import re
 
-from llmgw.core import errors
+from llmgw.core import envpolicy, errors
 
 
 class ShardState(enum.Enum):
@@ -102,45 +102,18 @@ class ShardSpec:
     engine_version: str = ""
 
 
-#: Variables llmgw sets itself in every engine's environment: a spec's env may
-#: not set them. CUDA_VISIBLE_DEVICES comes from ``ShardSpec.gpus``, and a model
-#: file that set it could put two replicas on the GPU placement gave to one;
-#: CUDA_DEVICE_ORDER makes CUDA number GPUs as NVML does (its own default puts
-#: the fastest first, so "0" could be a GPU another replica was given).
-RESERVED_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "LLMGW_SHARD_ID", "LLMGW_RUN_DIR"})
-
-#: Variables that make a process load or run code other than the engine's, refused in a
-#: model's env (a denylist, not an allowlist: engines read hundreds of their own knobs —
-#: CUDA_*, NCCL_*, VLLM_*, SGLANG_*, HF_*, OMP_*, MKL_*, KMP_*, TORCH_*, PYTORCH_*,
-#: TOKENIZERS_* — and an allowlist would refuse tomorrow's, while what turns a variable into
-#: code execution is a short, stable list). The agent often runs as root, and a model file
-#: is written by whoever may apply models: with ``LD_PRELOAD`` or ``PYTHONPATH`` that is
-#: anything, as root, on every node. Prefixes: the dynamic loader's (``LD_``, ``DYLD_``,
-#: ``GLIBC_TUNABLES`` too) and llmgw's own.
-DENIED_ENV = frozenset({
-    # glibc: tunables had a loader overflow (CVE-2023-4911); iconv modules and malloc hooks are code.
-    "GLIBC_TUNABLES", "GCONV_PATH", "MALLOC_CHECK_", "LOCPATH", "NLSPATH",
-    # Which binaries a subprocess finds (torch.compile runs a compiler, Triton runs ptxas).
-    "PATH", "CC", "CXX",
-    # Shells and interpreters an engine or its tools may start.
-    "BASH_ENV", "ENV", "SHELLOPTS", "PS4", "IFS", "PERL5LIB", "PERL5OPT", "PERLLIB", "RUBYOPT", "RUBYLIB",
-    "NODE_OPTIONS", "NODE_PATH", "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS",
-    # Python's startup hooks: each imports or runs code named in the variable.
-    "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "PYTHONINSPECT", "PYTHONBREAKPOINT",
-    "PYTHONWARNINGS", "PYTHONPLATLIBDIR", "PYTHONEXECUTABLE", "PYTHONNOUSERSITE", "PYTHONSAFEPATH",
-    "PYTHONPYCACHEPREFIX",
-})
-DENIED_ENV_PREFIXES = ("LD_", "DYLD_", "LLMGW_")
+#: Variables llmgw sets itself in every engine's environment: a spec's env may not set them
+#: (``llmgw.core.envpolicy`` says why each).
+RESERVED_ENV = envpolicy.RESERVED
 
 
 def env_refusal(key: str) -> str | None:
-    """Why a model's env may not set ``key``; None when it may. One sentence naming what to do instead."""
-    if key in RESERVED_ENV:
-        return f"{key} is set by llmgw itself"
-    if key in DENIED_ENV or key.startswith(DENIED_ENV_PREFIXES):
-        return (f"{key} would make the engine load or run other code (the agent starts engines as its own "
-                "user, often root); install what the engine needs into its environment instead")
-    return None
+    """Why no model's env may set ``key``, whatever the cluster's settings; None when it may.
+
+    The agent drops such a variable at launch (a model stored before the rule, or sent by an older
+    control plane); the engine allowlist and the admin's ``allowed_env`` are the control plane's, at apply.
+    """
+    return envpolicy.hard_refusal(key)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

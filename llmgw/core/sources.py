@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import posixpath
 import re
 import urllib.parse
 
@@ -126,7 +127,26 @@ def _file(text: str) -> Source:
     path = urllib.parse.unquote(parsed.path)
     if not path.startswith("/"):
         raise SourceError(f"a file source must be an absolute path, got {text!r}; write file:///absolute/path")
+    refuse_system_path(path)
     return Source(kind="file", text=f"file://{path}", path=path)
+
+
+#: Kernel and device filesystems: no weights live there, and reading them leaks the host (``/proc/self/environ``).
+SYSTEM_DIRS = ("/proc", "/sys", "/dev")
+
+
+def refuse_system_path(path: str) -> None:
+    """SourceError for a file source under /proc, /sys or /dev (``..`` folded first), at apply.
+
+    Only the obvious: the authoritative check is the node's, which knows its source roots and follows
+    symlinks (``llmgw.agent.sourcepaths``); this one spares the operator a round trip for what no node allows.
+    """
+    folded = posixpath.normpath("/" + path.lstrip("/"))
+    for d in SYSTEM_DIRS:
+        if folded == d or folded.startswith(d + "/"):
+            raise SourceError(f"{path} is under {d}, where no weights are kept; a file source names weights under "
+                              "a node's source roots (its weights directories, or source_roots in the agent's "
+                              "settings)")
 
 
 def _hf(text: str) -> Source:

@@ -76,12 +76,12 @@ from typing import Any
 
 from llmgw.core import autoscale as autoscale_mod
 from llmgw.core import engines as engines_mod
-from llmgw.core import shards, sources, units
+from llmgw.core import envpolicy, shards, sources, units
 from llmgw.core.errors import SpecError
 
 API_VERSION = "llmgw/v1"
 NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$")
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_NAME_RE = envpolicy.NAME_RE
 DEFAULT_STARTUP_TIMEOUT_S = 600.0
 ROUTING_POLICIES = ("prefix_cache", "least_outstanding", "round_robin", "session_affinity")
 MAX_REPLICAS = 1000
@@ -325,7 +325,7 @@ def _int(value: Any, field: str, *, lo: int, hi: int) -> int:
     return value
 
 
-def _source(value: Any, engine: str) -> str:
+def _source(value: Any, engine: str, *, stored: bool = False) -> str:
     text = _string(value, "spec.source").strip()
     if not text:
         found = engines_mod.record(engine)
@@ -338,6 +338,8 @@ def _source(value: Any, engine: str) -> str:
     if text.startswith("file://"):
         if not text[len("file://"):].startswith("/"):
             raise SpecError("spec.source", f"a file source must be an absolute path, got {text!r}")
+        if not stored:   # /proc, /sys, /dev refused at apply (core.sources); a stored model loads as it was
+            sources.parse(text)
         return text
     if text.startswith("pkg:") and len(text) > 4:
         return text
@@ -584,7 +586,7 @@ def parse_manifest(doc: Any, *, stored: bool = False) -> Model:
     spec = ModelSpec(
         engine=engine,
         served_name=served,
-        source=_source(spec_doc.get("source", ""), engine),
+        source=_source(spec_doc.get("source", ""), engine, stored=stored),
         replicas=_int(spec_doc.get("replicas", 1), "spec.replicas", lo=0, hi=MAX_REPLICAS),
         resources=_resources(spec_doc.get("resources") or {}),
         startup_timeout_s=timeout,

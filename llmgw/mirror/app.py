@@ -1,6 +1,6 @@
 """The mirror's HTTP API, as one ASGI app: ``build(dir, upstream=..., admin_token=...)``.
 
-Routes (reads need no credentials; the one route that changes content needs the admin token):
+Routes (reads need no credentials; the admin routes need an administrator's credential):
 
 - ``GET|HEAD /files/<name>/<path>``: ``mirror://name/path``, with Range (206, 416), and
   ``GET /api/files/<name>[/<path>]``: the files under it with their sizes (for a directory source).
@@ -16,7 +16,8 @@ Routes (reads need no credentials; the one route that changes content needs the 
   ``X-Error-Code`` (``RepoNotFound``, ``RevisionNotFound``, ``EntryNotFound``) so the client raises the
   matching exception.
 - ``POST /admin/add`` ``{"source": "hf://org/repo[@rev][/path]"}``: pre-load through the upstream.
-- ``GET /admin/stats``: upstream API calls, file fetches per file, bytes (what tests and benches assert on).
+- ``GET /admin/stats``: upstream API calls, file fetches per file, bytes (what tests and benches assert on);
+  an administrator's: the admin token, a mounting control plane's admin, or (no admin token) loopback.
 - ``GET /healthz``.
 
 ``llmgw server --mirror-dir DIR`` serves it at ``/mirror`` (``llmgw.serve``), the HF endpoint then being
@@ -45,7 +46,7 @@ from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from llmgw.mirror import paths, pull
+from llmgw.mirror import admin, paths, pull
 from llmgw.mirror import store as store_mod
 from llmgw.mirror import upstream as upstream_mod
 
@@ -83,11 +84,14 @@ def _file(request: Request, disk: Path, st: os.stat_result, headers: dict[str, s
 class Mirror:
     """The app's state: the directory, the upstream (if any) and the admin token (if any)."""
 
-    def __init__(self, root: Path, *, upstream: str = "", admin_token: str = "", upstream_token: str = "") -> None:
+    def __init__(self, root: Path, *, upstream: str = "", admin_token: str = "", upstream_token: str = "",
+                 stats_auth: admin.StatsAuth | None = None) -> None:
         self.store = store_mod.Store(root)
         self.upstream = upstream_mod.Upstream(upstream, token=upstream_token) if upstream else None
         self.puller = pull.Puller(self.store, self.upstream) if self.upstream else None
         self.admin_token = admin_token
+        #: Mounted in a control plane: whether a bearer token is one of its admins' (``llmgw.serve``).
+        self.stats_auth = stats_auth
 
     # -- revisions -----------------------------------------------------------------------------------------
 
@@ -101,8 +105,9 @@ class Mirror:
         if self.puller is None:
             repo_dir = self.store.repo_dir(repo)
             if not repo_dir.is_dir():
-                raise Refusal(404, f"the mirror has no repository {repo}: copy it into "
-                                   f"{repo_dir}, or start the mirror with --upstream", code="RepoNotFound")
+                # The directory relative to the mirror's: a client learns nothing of the server's disk.
+                raise Refusal(404, f"the mirror has no repository {repo}: copy it into hf/{repo}/ under the "
+                                   "mirror's directory, or start the mirror with --upstream", code="RepoNotFound")
             raise Refusal(404, f"the mirror has no revision {rev!r} of {repo} (no refs/{rev} and no commit of that "
                                "name): pre-load it with `llmgw mirror add`, or start the mirror with --upstream",
                           code="RevisionNotFound")
@@ -139,8 +144,9 @@ class Mirror:
         if st is not None and st.st_size == entry.size:
             return _file(request, disk, st, headers)
         if self.puller is None or rev.origin != "upstream":
-            raise Refusal(404, f"{repo}@{rev.sha}/{path} is listed but not on the mirror's disk at {disk}: copy it "
-                               "back, or start the mirror with --upstream", code="EntryNotFound", headers=commit)
+            raise Refusal(404, f"{repo}@{rev.sha}/{path} is listed but not on the mirror's disk (hf/{repo}/{rev.sha}/"
+                               f"{path} under its directory): copy it back, or start the mirror with --upstream",
+                          code="EntryNotFound", headers=commit)
         if request.method == "HEAD":
             # A HEAD only asks for metadata (hf_hub_download sends one before its GET): it starts no download.
             return Response(headers={**headers, "Content-Length": str(entry.size),
@@ -184,6 +190,12 @@ class Mirror:
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.admin_token.encode()):
             raise Refusal(401, "the admin API needs the mirror's admin token: send 'Authorization: Bearer TOKEN' "
                                "(llmgw mirror add reads it from --admin-token-file or LLMGW_MIRROR_ADMIN_TOKEN)")
+
+    async def check_stats(self, request: Request) -> None:
+        """``/admin/stats`` is an administrator's (``admin.stats_refusal`` says who that is)."""
+        refused = await admin.stats_refusal(request, admin_token=self.admin_token, stats_auth=self.stats_auth)
+        if refused:
+            raise Refusal(401, refused)
 
     async def aclose(self) -> None:
         if self.puller is not None:
@@ -267,9 +279,11 @@ def _repo(request: Request) -> str:
     return f"{request.path_params['org']}/{request.path_params['repo']}"
 
 
-def build(root: Path | str, *, upstream: str = "", admin_token: str = "", upstream_token: str = "") -> Starlette:
-    """The mirror's ASGI app serving ``root`` (created if missing)."""
-    mirror = Mirror(Path(root), upstream=upstream, admin_token=admin_token, upstream_token=upstream_token)
+def build(root: Path | str, *, upstream: str = "", admin_token: str = "", upstream_token: str = "",
+          stats_auth: admin.StatsAuth | None = None) -> Starlette:
+    """The mirror's ASGI app serving ``root`` (created if missing); ``stats_auth`` as ``Mirror`` takes it."""
+    mirror = Mirror(Path(root), upstream=upstream, admin_token=admin_token, upstream_token=upstream_token,
+                    stats_auth=stats_auth)
 
     async def healthz(_r: Request) -> Response:
         return PlainTextResponse("ok")
@@ -340,7 +354,8 @@ def build(root: Path | str, *, upstream: str = "", admin_token: str = "", upstre
             raise Refusal(400, 'the body must be JSON like {"source": "hf://org/repo@main"}') from None
         return JSONResponse(await mirror.add(source))
 
-    async def admin_stats(_r: Request) -> Response:
+    async def admin_stats(request: Request) -> Response:
+        await mirror.check_stats(request)
         up = mirror.upstream
         return JSONResponse({"upstream": {"url": up.base_url, **up.stats.to_doc()} if up else None})
 

@@ -15,6 +15,7 @@ from urllib.parse import quote
 
 import aiohttp
 
+from llmgw.mirror import guard
 from llmgw.mirror import store as store_mod
 
 
@@ -54,6 +55,8 @@ class Upstream:
         # aiohttp rather than httpx: its C parser streamed a 1 GiB pull-through several times faster here.
         if self._session is None:
             self._session = aiohttp.ClientSession(
+                # Every hop's address is checked (``guard``): a redirect to loopback or link-local is refused.
+                connector=guard.Connector(guard.policy_for(self.base_url)),
                 headers=self._headers, auto_decompress=False,
                 # Per read, not per file: a 100 GB file takes as long as it takes, a silent upstream does not.
                 timeout=aiohttp.ClientTimeout(total=None, connect=30.0, sock_read=120.0))

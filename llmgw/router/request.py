@@ -59,7 +59,23 @@ def parse(body: bytes) -> CompletionRequest:
         raise errors.invalid_request("The request body has no 'model' field (a non-empty string); "
                                      "GET /v1/models lists the models.", param="model")
     stream = doc.get("stream", False)
+    if stream is not None and not isinstance(stream, bool):
+        # "yes" or 1 used to read as "not streamed" and got a 200 that the client did not expect;
+        # OpenAI refuses a non-boolean with a 400 naming the field, and so do we.
+        raise errors.invalid_request(f"'stream' must be true or false (or null), not {_shown(stream)}.",
+                                     param="stream")
+    options = doc.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise errors.invalid_request("'stream_options' must be an object such as {\"include_usage\": true} (or "
+                                     f"null), not {_shown(options)}.", param="stream_options")
     return CompletionRequest(model=model, stream=stream is True, doc=doc, body=body)
+
+
+def _shown(value: object) -> str:
+    """A refused value as the message shows it: a scalar as JSON (cut short), a container by its kind."""
+    if isinstance(value, dict | list):
+        return "an object" if isinstance(value, dict) else "an array"
+    return json.dumps(value)[:40]
 
 
 def _loads(body: bytes) -> object:

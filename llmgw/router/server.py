@@ -9,12 +9,20 @@ the app in one task per request, and turn each ``send`` into one
 cached; a whole body goes out with its head in one write).
 
 What it keeps of an HTTP/1.1 server: keep-alive (closed after
-``keepalive_s`` idle), pipelined requests answered in order, chunked transfer
+``limits.idle_timeout_s`` idle), pipelined requests answered in order, chunked transfer
 encoding for a body sent in parts (a stream), ``Connection: close`` and
 HTTP/1.0, ``Expect: 100-continue``, ``HEAD`` without a body, write flow control
 (``send`` waits while the client's socket buffer is full), a 413 as soon as a
 body passes ``max_body_bytes``, a 400 for a malformed request, a 500 when the
 app fails before it answered.
+
+Reading a request is bounded (``limits.Limits``): its header block must be complete within
+``header_timeout_s`` of its first byte, and its body may pause at most ``body_timeout_s``; past either
+the client gets a 408 and the connection is closed. One timer per request that arrives in parts, armed
+after a read leaves a request incomplete and never touched per byte (a request that arrives whole, the
+usual case, arms none); it looks at the time of the last read when it fires and re-arms if the body
+moved. Answering is not bounded: an SSE stream may run for minutes. One client address may hold
+``max_per_address`` connections; the next is answered 503 and closed at once.
 
 A client's disconnect cancels its request's task at once, which is how the
 router stops the engine (the relay closes the upstream connection when
@@ -28,57 +36,31 @@ flight finish for the grace period and then cancels them.
 from __future__ import annotations
 
 import asyncio
-import email.utils
-import http
 import logging
 import socket
-import time
 import urllib.parse
 from collections import deque
 from typing import Any
 
 import httptools
 
-from llmgw.router import asgi, errors
+from llmgw.router import asgi, errors, httphead
 from llmgw.router.app import CANCELS
+from llmgw.router.limits import AddressCounts, Limits
 
 log = logging.getLogger(__name__)
-
-
-_STATUS_LINES = {status.value: b"HTTP/1.1 %d %s\r\n" % (status.value, status.phrase.encode())
-                 for status in http.HTTPStatus}
-_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-_LAST_CHUNK = b"0\r\n\r\n"
-
-
-def _status_line(status: int) -> bytes:
-    line = _STATUS_LINES.get(status)
-    return line if line is not None else b"HTTP/1.1 %d Unknown\r\n" % status
-
-
-class _Clock:
-    """The ``date`` header, formatted once a second rather than once a response."""
-
-    def __init__(self) -> None:
-        self.second = 0
-        self.header = b""
-
-    def date(self) -> bytes:
-        now = int(time.time())
-        if now != self.second:
-            self.second = now
-            self.header = b"date: " + email.utils.formatdate(now, usegmt=True).encode() + b"\r\n"
-        return self.header
 
 
 class Server:
     """Serves ``app`` (an ASGI callable) on one or more listening sockets."""
 
-    def __init__(self, app: Any, *, max_body_bytes: int = 32 << 20, keepalive_s: float = 5.0) -> None:
+    def __init__(self, app: Any, *, max_body_bytes: int = 32 << 20, limits: Limits = Limits()) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
-        self.keepalive_s = keepalive_s
-        self.clock = _Clock()
+        self.limits = limits
+        self.keepalive_s = limits.idle_timeout_s
+        self.addresses = AddressCounts(limits.max_per_address)
+        self.clock = httphead.Clock()
         self.connections: set[_Connection] = set()
         self._servers: list[asyncio.AbstractServer] = []
         self._sweeper: asyncio.TimerHandle | None = None
@@ -152,6 +134,14 @@ class _Connection(asyncio.Protocol):
         self._drain: asyncio.Future[None] | None = None
         self._paused = False
         self._gone: asyncio.Future[None] | None = None
+        self._address = ""  # counted in server.per_address while not empty
+        # Reading a request (``limits``): whether one is begun and not complete, whether its header block
+        # is, the loop time its first read was seen (0: not yet) and of its last body read, and the timer.
+        self._reading = False
+        self._head_done = False
+        self._read_started = 0.0
+        self._body_at = 0.0
+        self._read_timer: asyncio.TimerHandle | None = None
         self._reset_request()
         self._reset_response()
 
@@ -182,6 +172,16 @@ class _Connection(asyncio.Protocol):
         self._client = tuple(peer[:2]) if isinstance(peer, tuple) else None  # type: ignore[assignment]
         sock = transport.get_extra_info("sockname")
         self._server_addr = tuple(sock[:2]) if isinstance(sock, tuple) else None  # type: ignore[assignment]
+        addresses = self.server.addresses
+        if addresses.cap and self._client is not None:
+            if not addresses.take(self._client[0]):
+                self._keep_alive = False
+                self._refused = True
+                self._write_error(503, errors.ApiError(503, addresses.refusal(self._client[0]),
+                                                       type="service_unavailable", code="too_many_connections"))
+                self.close()
+                return
+            self._address = self._client[0]
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
@@ -192,10 +192,58 @@ class _Connection(asyncio.Protocol):
             pass  # no upgrades here: the request is answered as plain HTTP
         except httptools.HttpParserError as exc:
             self._refuse(errors.invalid_request(f"The request is not valid HTTP/1.1: {exc}."))
+            return
+        if self._reading and not self._refused:  # a request is part read: it must keep arriving
+            now = self._loop.time()
+            if not self._read_started:
+                self._read_started = now
+            if self._head_done:
+                self._body_at = now
+            if self._read_timer is None:
+                self._arm_read_timer(now)
+        elif self._read_timer is not None:
+            self._read_timer.cancel()
+            self._read_timer = None
+
+    def _arm_read_timer(self, now: float) -> None:
+        wait = self._read_deadline() - now
+        if wait != float("inf"):
+            self._read_timer = self._loop.call_later(max(wait, 0.0), self._read_overdue)
+
+    def _read_deadline(self) -> float:
+        """When the request being read is overdue: its header block, else its body's next read (inf: never)."""
+        lim = self.server.limits
+        if not self._head_done:
+            return self._read_started + lim.header_timeout_s if lim.header_timeout_s else float("inf")
+        return self._body_at + lim.body_timeout_s if lim.body_timeout_s else float("inf")
+
+    def _read_overdue(self) -> None:
+        self._read_timer = None
+        if not self._reading or self._lost or self._refused:
+            return
+        now = self._loop.time()
+        if len(self._queue) > 16:  # reading is paused behind pipelined requests: our wait, not the client's
+            self._read_started = self._body_at = now
+        if now < self._read_deadline():  # the headers completed, or the body moved, since it was armed
+            self._arm_read_timer(now)
+            return
+        lim = self.server.limits
+        what = (f"its headers within {lim.header_timeout_s:g} s of its first byte" if not self._head_done
+                else f"its body with no pause over {lim.body_timeout_s:g} s")
+        log.info("closing a connection from %s: the request did not send %s", self._client, what)
+        self._refuse(errors.ApiError(408, f"The request did not send {what}; the connection is closed. Send the "
+                                          "whole request at once.", type="invalid_request_error",
+                                     code="request_timeout"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
         self.server.connections.discard(self)
+        if self._read_timer is not None:
+            self._read_timer.cancel()
+            self._read_timer = None
+        if self._address:
+            self.server.addresses.give(self._address)
+            self._address = ""
         self._queue.clear()
         if self._drain is not None and not self._drain.done():
             self._drain.set_result(None)
@@ -216,6 +264,9 @@ class _Connection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self.idle_since = 0.0
+        self._reading = True
+        self._head_done = False
+        self._read_started = 0.0
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -224,9 +275,10 @@ class _Connection(asyncio.Protocol):
         self._headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
+        self._head_done = True
         for name, value in self._headers:
             if name == b"expect" and value.lower() == b"100-continue" and self.transport is not None:
-                self.transport.write(_CONTINUE)
+                self.transport.write(httphead.CONTINUE)
 
     def on_body(self, body: bytes) -> None:
         self._size += len(body)
@@ -236,6 +288,7 @@ class _Connection(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
+        self._reading = False
         if self._refused:
             return
         url = self._url
@@ -341,7 +394,7 @@ class _Connection(asyncio.Protocol):
         if not more:
             self._complete = True
             if self._chunked and not self._head_only:
-                data += _LAST_CHUNK
+                data += httphead.LAST_CHUNK
         if data:
             self.transport.write(data)
         if not more and self._gone is not None and not self._gone.done():
@@ -354,7 +407,7 @@ class _Connection(asyncio.Protocol):
         if not self._status:
             raise RuntimeError("http.response.body sent before http.response.start")
         self._head_sent = True
-        parts = [_status_line(self._status)]
+        parts = [httphead.status_line(self._status)]
         has_length = False
         for name, value in self._response_headers:
             lowered = name.lower()
@@ -383,7 +436,7 @@ class _Connection(asyncio.Protocol):
         if self.transport is None or self._lost:
             return
         body = error.body()
-        head = (_status_line(status) + b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body)
+        head = (httphead.status_line(status) + b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body)
                 + (b"" if self._keep_alive else b"connection: close\r\n") + self.server.clock.date() + b"\r\n")
         self.transport.write(head if self._head_only else head + body)
         self._head_sent = self._complete = True

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from llmgw.router import app as app_mod
-from llmgw.router import auth, events, signals, tracing, watch
+from llmgw.router import auth, events, limits, signals, tracing, watch
 from llmgw.router import server as server_mod
 from llmgw.router import table as table_mod
 
@@ -117,6 +117,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="larger request bodies are refused with 413 (default 32 MiB)")
     parser.add_argument("--keepalive", type=float, default=15.0, metavar="SECONDS",
                         help="an SSE comment this often while a stream waits for its first token; 0: off")
+    add_limit_flags(parser)
     parser.add_argument("--graceful-shutdown", type=float, default=30.0, metavar="SECONDS",
                         help="how long open streams may finish after SIGTERM before they are cut")
     parser.add_argument("--router-id", default="",
@@ -134,6 +135,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="how often the load the autoscaler scales on is reported to the control plane (a "
                              "request held for a model at zero is reported at once)")
     return parser.parse_args(argv)
+
+
+def add_limit_flags(parser: argparse.ArgumentParser) -> None:
+    """The HTTP server's limits on reading requests (``limits.Limits``), as flags."""
+    parser.add_argument("--header-timeout", type=float, default=limits.HEADER_TIMEOUT_S, metavar="SECONDS",
+                        help=limits.FLAG_HELP["header_timeout_s"])
+    parser.add_argument("--body-timeout", type=float, default=limits.BODY_TIMEOUT_S, metavar="SECONDS",
+                        help=limits.FLAG_HELP["body_timeout_s"])
+    parser.add_argument("--idle-timeout", type=float, default=limits.IDLE_TIMEOUT_S, metavar="SECONDS",
+                        help=limits.FLAG_HELP["idle_timeout_s"])
+    parser.add_argument("--max-connections-per-address", type=int, default=limits.MAX_PER_ADDRESS, metavar="N",
+                        help=limits.FLAG_HELP["max_per_address"])
+
+
+def limits_of(args: argparse.Namespace) -> limits.Limits:
+    """The flags' limits; ValueError naming the flag that is out of range."""
+    return limits.Limits(header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
+                         idle_timeout_s=args.idle_timeout, max_per_address=args.max_connections_per_address)
 
 
 def _positive_seconds(value: str) -> float:
@@ -176,6 +195,11 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("no router credential (--token-file or %s): a secure control plane will refuse this router "
                     "its routes; `llmgw router-token create NAME` makes one", TOKEN_ENV)
     try:
+        http_limits = limits_of(args)
+    except ValueError as exc:
+        print(f"llmgw router: {exc}", file=sys.stderr)
+        return 2
+    try:
         router = build(table_file=args.table_file, control_urls=args.control, max_body_bytes=args.max_body_bytes,
                        keepalive_s=args.keepalive, host=args.host, router_id=args.router_id,
                        tracing_endpoint=args.tracing_endpoint, admission_queue=args.admission_queue,
@@ -192,21 +216,21 @@ def main(argv: list[str] | None = None) -> int:
         run = uvloop.run
     try:
         return run(serve(router, host=args.host, port=args.port, max_body_bytes=args.max_body_bytes,
-                         grace_s=args.graceful_shutdown,
+                         grace_s=args.graceful_shutdown, http_limits=http_limits,
                          source=str(args.table_file) if args.table_file else ",".join(args.control)))
     except KeyboardInterrupt:
         return 0
 
 
 async def serve(router: app_mod.RouterApp, *, host: str, port: int, max_body_bytes: int, grace_s: float,
-                source: str) -> int:
+                source: str, http_limits: limits.Limits | None = None) -> int:
     """Open the pools, listen until SIGTERM/SIGINT, drain for ``grace_s``, close the pools."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await router.startup()
-    http = server_mod.Server(router, max_body_bytes=max_body_bytes)
+    http = server_mod.Server(router, max_body_bytes=max_body_bytes, limits=http_limits or limits.Limits())
     try:
         try:
             await http.start(host, port)

@@ -27,6 +27,10 @@ nodes on one core it is the control plane that is measured:
   error or a closed stream moves the node to the next server after the usual
   short sleep. Commands keep being counted (``Stats.starts``...), so a failover
   bench can show none arrived after it.
+* Identity (``identity``): against a secure control plane each node joins with the one many-use token
+  and dials the agent port with mutual TLS on a channel of its own (a connection carries one client
+  certificate, so the shared channels above are for ``--insecure`` only), and renews its certificate
+  over its stream when it asks for it. One expiry check per heartbeat is a float comparison.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from llmgw.api import convert
 from llmgw.api.v1 import agent_pb2 as pb
 from llmgw.core.inventory import Gpu, Inventory
 from llmgw.core.shards import ShardSpec, ShardState, ShardStatus
+from llmgw.sim import identity as identity_mod
 
 log = logging.getLogger(__name__)
 GIB = 2**30
@@ -107,6 +112,14 @@ class Stats:
     errors: int = 0
     #: Registers refused naming the leader and followed there at once (a standby's answer).
     redirects: int = 0
+    #: Nodes that joined in this run (secure fleets), and how long joining them all took.
+    joined: int = 0
+    join_s: float = 0.0
+    #: Certificates renewed over the stream, and renewals the control plane refused.
+    renewed: int = 0
+    renew_errors: int = 0
+    #: The last stream error (code and details), for the log when nodes do not register.
+    last_error: str = ""
     #: Heartbeats by how late they went out against their schedule (LATE_BUCKETS, then one above).
     late: list[int] = dataclasses.field(default_factory=lambda: [0] * (len(LATE_BUCKETS) + 1))
 
@@ -140,8 +153,13 @@ class Route:
     uses), so a second control plane costs the fleet a few channels, not anything per node.
     """
 
-    def __init__(self, servers: tuple[str, ...], channels: list[list[grpc.aio.Channel]]) -> None:
+    def __init__(self, servers: tuple[str, ...], channels: list[list[grpc.aio.Channel]], *,
+                 ca_pem: bytes | None = None, dial_in_flight: int = 0) -> None:
         self.servers = servers
+        #: The cluster CA when nodes dial with mutual TLS, each on its own channel (then ``channels`` is empty).
+        self.ca_pem = ca_pem
+        #: Registrations in flight at most (None: no bound), from the dial to the Register's answer.
+        self.dialing = asyncio.Semaphore(dial_in_flight) if dial_in_flight else None
         self.index = {addr: i for i, addr in enumerate(servers)}
         # One multicallable per channel (bytes as they are on the way out), not one per node.
         self.connects = [[ch.stream_stream(CONNECT_METHOD, request_serializer=None,
@@ -152,10 +170,27 @@ class Route:
         chans = self.connects[server]
         return chans[slot % len(chans)]
 
+    def tls_connect(self, server: int, ident: identity_mod.Identity) -> tuple[grpc.aio.Channel, Any]:
+        """A channel of one node's own to ``server``, with its certificate, and its Connect multicallable."""
+        assert self.ca_pem is not None
+        creds = grpc.ssl_channel_credentials(root_certificates=self.ca_pem, private_key=ident.key_pem,
+                                             certificate_chain=ident.cert_pem)
+        channel = grpc.aio.secure_channel(self.servers[server], creds, options=session.CHANNEL_OPTIONS)
+        return channel, channel.stream_stream(CONNECT_METHOD, request_serializer=None,
+                                              response_deserializer=pb.ControlMessage.FromString)
+
+
+class RegisterTimeout(Exception):
+    """The Register went unanswered for ``session.REGISTER_TIMEOUT_S``."""
+
 
 class FakeAgent:
     #: Seconds slept (plus up to as much again, at random) before dialling the next server after a failure.
     retry_s = 0.5
+    #: After failures to connect in a row, the sleep doubles up to this, as the real agent's backoff does
+    #: (``session.run_forever``): 10,000 TLS nodes retrying every 0.5-1 s kept a loaded control plane
+    #: handshaking the retries of nodes that had given up, and none registered (measured, 2 cores).
+    retry_max_s = 15.0
 
     def __init__(self, node_id: str, inventory: Inventory, *, heartbeat_s: float, stats: Stats,
                  phase: float = 0.0, heartbeat_tail: bytes | None = None) -> None:
@@ -165,6 +200,14 @@ class FakeAgent:
         self.shards: dict[str, ShardStatus] = {}
         self._seq = itertools.count(1)
         self._tail = heartbeat_tail if heartbeat_tail is not None else _heartbeat_tail(inventory)
+        #: The node's key and certificate (None: it dials plaintext, --insecure).
+        self.identity: identity_mod.Identity | None = None
+        #: Its own channel while it dials with TLS: the server index and certificate it was made for.
+        self.channel: grpc.aio.Channel | None = None
+        self._channel_for: tuple[int, bytes] = (-1, b"")
+        self._connect: Any = None
+        self._renewing = False
+        self._registered = False
 
     def _msg(self, **body: object) -> bytes:
         return pb.AgentMessage(seq=next(self._seq), **body).SerializeToString()  # type: ignore[arg-type]
@@ -178,14 +221,26 @@ class FakeAgent:
 
     async def run(self, route: Route, stop: asyncio.Event, *, slot: int = 0, server: int = 0) -> None:
         """Keeps a session with one of ``route``'s servers, starting with ``server``, until ``stop``."""
-        at, followed = server % len(route.servers), False
+        at, followed, delay, fails = server % len(route.servers), False, self.retry_s, 0
         while not stop.is_set():
-            leader = ""
+            leader, failed, self._registered = "", False, False
             try:
-                leader = await self._session(route.connect(at, slot), stop)
+                leader = await self._session(await self._dial(route, at, slot), stop, route.dialing)
             except grpc.aio.AioRpcError as e:
+                failed = True
                 self.stats.errors += 1
+                self.stats.last_error = f"{e.code().name}: {e.details()}"
                 log.debug("%s: %s", self.node_id, e.code().name)
+            except RegisterTimeout as e:
+                failed = True
+                self.stats.errors += 1
+                self.stats.last_error = str(e)
+            if self._registered or not failed:
+                delay, fails = self.retry_s, 0  # a session, or a refusal (a standby answers): no backoff
+            else:
+                fails += 1
+                if fails % len(route.servers) == 0:  # every server failed once more: back off further
+                    delay = min(delay * 2, self.retry_max_s)
             to = route.index.get(leader, -1) if leader else -1
             if to >= 0:
                 at = to
@@ -198,21 +253,51 @@ class FakeAgent:
             else:
                 at = (at + 1) % len(route.servers)
             followed = False
-            await asyncio.sleep(self.retry_s * (1 + random.random()))
+            await asyncio.sleep(delay * (1 + random.random()))
 
-    async def _session(self, connect: Any, stop: asyncio.Event) -> str:
-        """One stream, until it ends; the leader's address when the Register was refused naming one, else ""."""
+    async def _dial(self, route: Route, at: int, slot: int) -> Any:
+        """The Connect multicallable to server ``at``: a shared channel's, or (TLS) this node's own channel's,
+        made anew when the server or the certificate (renewed) changed since it was made."""
+        ident = self.identity
+        if route.ca_pem is None or ident is None:
+            return route.connect(at, slot)
+        if self._channel_for != (at, ident.cert_pem):
+            await self.close_channel()
+            self.channel, self._connect = route.tls_connect(at, ident)
+            self._channel_for = (at, ident.cert_pem)
+        return self._connect
+
+    async def close_channel(self) -> None:
+        if self.channel is not None:
+            channel, self.channel, self._channel_for = self.channel, None, (-1, b"")
+            await channel.close()
+
+    async def _session(self, connect: Any, stop: asyncio.Event, gate: asyncio.Semaphore | None = None) -> str:
+        """One stream, until it ends; the leader's address when the Register was refused naming one, else "".
+
+        ``gate`` bounds the fleet's registrations in flight (``--dial-in-flight``): it is held from the dial
+        to the Register's answer.
+        """
         call = connect()
-        await call.write(self._msg(register=pb.Register(
-            node_id=self.node_id, hostname=self.node_id, agent_version="fleet-sim", mgmt_addr="127.0.0.1",
-            shards=[convert.status_to_pb(s) for s in self.shards.values()],
-            **convert.register_fields(self.inventory))))  # type: ignore[arg-type]
-        first = await call.read()
+        try:
+            if gate is None:
+                first = await asyncio.wait_for(self._register(call), session.REGISTER_TIMEOUT_S)
+            else:
+                async with gate:
+                    first = await asyncio.wait_for(self._register(call), session.REGISTER_TIMEOUT_S)
+        except TimeoutError:
+            # As the real agent: a Register unanswered in 10 s (a handshake that never ends on a swamped
+            # server) is a failure, not a wait for good; it held a --dial-in-flight slot for good too.
+            call.cancel()
+            raise RegisterTimeout(f"no answer to Register within {session.REGISTER_TIMEOUT_S:.0f}s") from None
         if first is grpc.aio.EOF:
             return ""
+        self._registered = first.ack.ok
         if not first.ack.ok:
+            self.stats.last_error = f"Register refused: {first.ack.error}"
             call.cancel()
             return str(first.ack.leader)
+        self._renewing = False  # an answer the last stream never got must not block renewal for good
         self.stats.registered += 1
         self.stats.sessions += 1
         beat = asyncio.create_task(self._beat(call))
@@ -228,6 +313,13 @@ class FakeAgent:
             call.cancel()
         return ""
 
+    async def _register(self, call: Any) -> Any:
+        await call.write(self._msg(register=pb.Register(
+            node_id=self.node_id, hostname=self.node_id, agent_version="fleet-sim", mgmt_addr="127.0.0.1",
+            shards=[convert.status_to_pb(s) for s in self.shards.values()],
+            **convert.register_fields(self.inventory))))  # type: ignore[arg-type]
+        return await call.read()
+
     async def _beat(self, call: grpc.aio.StreamStreamCall) -> None:
         loop = asyncio.get_running_loop()
         period = self.heartbeat_s
@@ -237,10 +329,14 @@ class FakeAgent:
         due = (now // period) * period + self.phase * period
         if due <= now:
             due += period
-        tail, stats = self._tail, self.stats
+        tail, stats, ident = self._tail, self.stats, self.identity
         while True:
             await asyncio.sleep(due - loop.time())
             stats.count_late(loop.time() - due)
+            if ident is not None and not self._renewing and time.time() >= ident.renew_at:
+                # As the real agent: one RenewCert at a time, at a heartbeat once the certificate is due.
+                self._renewing = True
+                await call.write(self._msg(renew_cert=pb.RenewCert(csr_pem=ident.csr(self.node_id))))
             await call.write(pb.AgentMessage(seq=next(self._seq)).SerializeToString() + tail)
             stats.heartbeats += 1
             due += period
@@ -250,7 +346,15 @@ class FakeAgent:
 
     async def _handle(self, call: grpc.aio.StreamStreamCall, msg: pb.ControlMessage) -> None:
         kind = msg.WhichOneof("body")
-        if kind == "start_shard":
+        if kind == "cert_issued":
+            self._renewing = False
+            if msg.cert_issued.error or self.identity is None:
+                self.stats.renew_errors += 1
+                self.stats.last_error = f"renewal refused: {msg.cert_issued.error}"
+            else:
+                self.identity.renewed(msg.cert_issued.cert_pem)  # the next connection uses it
+                self.stats.renewed += 1
+        elif kind == "start_shard":
             spec = convert.spec_from_pb(msg.start_shard.spec)
             self.stats.starts += 1
             known = self.shards.get(spec.shard_id)
@@ -273,14 +377,14 @@ class FakeAgent:
 
 
 def build_fleet(n: int, mix: list[tuple[str, float]], *, heartbeat_s: float, stats: Stats,
-                seed: int = 0) -> list[FakeAgent]:
+                seed: int = 0, prefix: str = "sim") -> list[FakeAgent]:
     rng = random.Random(seed)
     names, weights = zip(*mix, strict=True)
     tails = {name: _heartbeat_tail(KINDS[name]) for name in names}
     agents = []
     for i in range(n):
         kind = rng.choices(names, weights)[0]
-        agents.append(FakeAgent(f"sim-{i:05d}", KINDS[kind], heartbeat_s=heartbeat_s, stats=stats,
+        agents.append(FakeAgent(f"{prefix}-{i:05d}", KINDS[kind], heartbeat_s=heartbeat_s, stats=stats,
                                 phase=i / n, heartbeat_tail=tails[kind]))
     return agents
 
@@ -301,14 +405,18 @@ def _write_atomic(path: Path, doc: dict[str, Any]) -> None:
 
 async def run(servers: str | tuple[str, ...], agents: list[FakeAgent], *, stop: asyncio.Event,
               report_s: float = 5.0, stats_file: Path | None = None, stats_every_s: float = 0.5,
-              streams_per_channel: int = STREAMS_PER_CHANNEL) -> None:
-    """Runs ``agents`` against ``servers`` (one address, or several: node ``i`` starts at the first) until ``stop``."""
+              streams_per_channel: int = STREAMS_PER_CHANNEL, ca_pem: bytes | None = None,
+              dial_in_flight: int = 0) -> None:
+    """Runs ``agents`` against ``servers`` (one address, or several: node ``i`` starts at the first) until ``stop``.
+
+    With ``ca_pem`` (the cluster's CA) every agent dials with mutual TLS, with its ``identity``.
+    """
     addrs = (servers,) if isinstance(servers, str) else tuple(servers)
-    n_channels = max(1, -(-len(agents) // streams_per_channel))
+    n_channels = 0 if ca_pem is not None else max(1, -(-len(agents) // streams_per_channel))
     # The real agent's channel options: a restarted control plane is redialled within a second.
     channels = [[grpc.aio.insecure_channel(addr, options=session.CHANNEL_OPTIONS) for _ in range(n_channels)]
                 for addr in addrs]
-    route = Route(addrs, channels)
+    route = Route(addrs, channels, ca_pem=ca_pem, dial_in_flight=dial_in_flight)
     tasks = [asyncio.create_task(a.run(route, stop, slot=i)) for i, a in enumerate(agents)]
     stats = agents[0].stats if agents else Stats()
     t0 = time.monotonic()
@@ -323,15 +431,18 @@ async def run(servers: str | tuple[str, ...], agents: list[FakeAgent], *, stop: 
                 _write_atomic(stats_file, snapshot(agents, stats, started=t0))
             if time.monotonic() >= next_report:
                 next_report += report_s
-                log.info("fleet: %d/%d registered, %d shards, %d starts, %d stops, %d heartbeats, %.0fs",
+                log.info("fleet: %d/%d registered, %d shards, %d starts, %d stops, %d heartbeats, %.0fs%s",
                          stats.registered, len(agents), sum(len(a.shards) for a in agents), stats.starts,
-                         stats.stops, stats.heartbeats, time.monotonic() - t0)
+                         stats.stops, stats.heartbeats, time.monotonic() - t0,
+                         f"; last error: {stats.last_error}" if stats.registered < len(agents) and stats.last_error
+                         else "")
     finally:
         if stats_file is not None:
             _write_atomic(stats_file, snapshot(agents, stats, started=t0))
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*(a.close_channel() for a in agents), return_exceptions=True)
         for chs in channels:
             for ch in chs:
                 await ch.close()

@@ -7,6 +7,11 @@ process and the Chromium process; ``chromium()`` closes both whatever happens, s
 browser behind, and it first saves a screenshot of every page still open, named ``failed-...``, which
 is the picture one wants when reading why a UI test failed.
 
+A page that breaks the UI's Content-Security-Policy (an inline script or style the browser refused) fails the
+test: Chromium says so on the console ("Refused to execute inline script because it violates the following
+Content Security Policy directive"), each page's console is watched, and ``chromium()`` raises
+``CspViolation`` at the end of a test that saw one. A refused script is a button that silently does nothing.
+
 Screenshots go to ``$LLMGW_TEST_ARTIFACTS`` or ``<repo>/test-artifacts/ui/`` (gitignored), one folder
 per test, one PNG per named step and viewport: ``<artifacts>/<test>/<step>-<width>.png``.
 """
@@ -79,6 +84,10 @@ class MissingChromium(RuntimeError):
                          "run `make test-e2e` as root (it installs it) or `apt-get install chromium`")
 
 
+class CspViolation(AssertionError):
+    """A page broke the Content-Security-Policy: the browser refused a script, a style or a frame."""
+
+
 class Browser:
     """One headless Chromium and its pages; every page gets its own context (cookies are not shared)."""
 
@@ -87,12 +96,21 @@ class Browser:
         #: This test's screenshot folder (made on the first screenshot).
         self.folder = folder
         self._pages: list[tuple[sync_api.Page, Viewport]] = []
+        #: Every Content-Security-Policy refusal a page's console reported, with the page's address.
+        self.csp_violations: list[str] = []
+
+    def _watch(self, page: sync_api.Page) -> None:
+        def on_console(msg: sync_api.ConsoleMessage) -> None:
+            if "Content Security Policy" in msg.text:
+                self.csp_violations.append(f"{page.url}: {msg.text}")
+        page.on("console", on_console)
 
     def page(self, *, viewport: Viewport = DESKTOP, base_url: str | None = None) -> sync_api.Page:
         """A fresh page (in a context of its own) at ``viewport``; relative ``goto`` paths join ``base_url``."""
         context = self._browser.new_context(viewport={"width": viewport.width, "height": viewport.height},
                                             base_url=base_url, is_mobile=viewport.width < 600)
         page = context.new_page()
+        self._watch(page)
         self._pages.append((page, viewport))
         return page
 
@@ -144,6 +162,9 @@ def chromium(test: str, *, executable: Path = CHROMIUM, artifacts: Path | None =
         browser = Browser(launched, folder)
         try:
             yield browser
+            if browser.csp_violations:
+                raise CspViolation("the browser refused what the Content-Security-Policy forbids:\n"
+                                   + "\n".join(browser.csp_violations[:10]))
         except BaseException:
             browser.screenshot_open_pages()
             raise

@@ -36,6 +36,8 @@ import urllib.parse
 from pathlib import Path
 from typing import Any, Self
 
+from llmgw.core import netpolicy
+
 _CHUNK = 64 * 1024
 _RANGE = re.compile(r"bytes=(\d+)-(\d*)$")
 
@@ -63,6 +65,7 @@ class FlakyHttp:
         self.aliases: dict[str, str] = {}
         self.extra_headers: dict[str, dict[str, str]] = {}
         self.json_routes: dict[str, Any] = {}
+        self.redirects: dict[str, str] = {}   # path -> Location: answered 302 (HEAD and GET)
         self.seen: list[Seen] = []
         self.drops = 0
         self.closing = False
@@ -73,6 +76,15 @@ class FlakyHttp:
         self.url = f"http://127.0.0.1:{self.port}"
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
                                         daemon=True)
+
+    @property
+    def allowed(self) -> str:
+        """This server's host:port, for ``fetch_allow_private``: a fetcher refuses loopback unless told."""
+        return f"127.0.0.1:{self.port}"
+
+    def policy(self) -> netpolicy.Policy:
+        """A fetcher's address policy allowing this loopback server (and nothing else on loopback)."""
+        return netpolicy.Policy.of([self.allowed], setting="fetch_allow_private in the agent's settings")
 
     def __enter__(self) -> Self:
         self._thread.start()
@@ -145,6 +157,12 @@ def _handler(server: FlakyHttp) -> type[http.server.BaseHTTPRequestHandler]:
             server._record(Seen(method=self.command, path=path, range=self.headers.get("Range", ""),
                                 if_range=self.headers.get("If-Range", ""),
                                 authorized="Authorization" in self.headers))
+            if path in server.redirects:
+                self.send_response(302)
+                self.send_header("Location", server.redirects[path])
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             if path in server.json_routes:
                 body = json.dumps(server.json_routes[path]).encode()
                 self.send_response(200)

@@ -17,6 +17,7 @@ import psutil
 import pytest
 import yaml
 
+from llmgw.cli import up as up_mod
 from llmgw.testing import openai_schema
 from llmgw.testing.procs import Proc, free_port, wait_for
 from llmgw.testing.tiny_gguf import write_tiny_llama_gguf
@@ -70,7 +71,7 @@ def test_up_serves_llamacpp_and_sigterm_stops_everything(tmp_path: Path) -> None
         assert password, out
         creds = tmp_path / "config" / "llmgw" / "credentials.json"
         assert creds.stat().st_mode & 0o777 == 0o600
-        assert (tmp_path / "data" / "agent" / "pki" / "node.key").stat().st_mode & 0o777 == 0o600
+        assert (up_mod.agent_state(tmp_path / "data") / "pki" / "node.key").stat().st_mode & 0o777 == 0o600
         got = subprocess.run([sys.executable, "-m", "llmgw", "get", "models", "--url", f"http://127.0.0.1:{http_port}"],
                              capture_output=True, text=True, timeout=60, env={**_env(tmp_path), "COLUMNS": "200"})
         assert got.returncode == 0 and "tiny" in got.stdout and "insecure" not in got.stderr, got.stderr

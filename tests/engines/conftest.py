@@ -50,5 +50,7 @@ def vllm_system(tmp_path_factory: pytest.TempPathFactory, vllm_python: str) -> I
     """A server and one agent (node1) whose vLLM is ``vllm_python``, shared by a module (a vLLM start
     costs a minute); torn down whatever happens."""
     with system_mod.running(tmp_path_factory.mktemp("system"),
-                            agent_env={"LLMGW_AGENT_VLLM_PYTHON": vllm_python}) as s:
+                            agent_env={"LLMGW_AGENT_VLLM_PYTHON": vllm_python,
+                                       # The tiny model is built under the session's temporary directory.
+                                       "LLMGW_AGENT_SOURCE_ROOTS": str(tmp_path_factory.getbasetemp())}) as s:
         yield s

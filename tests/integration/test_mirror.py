@@ -104,8 +104,10 @@ def same_tree(got: Path, want: dict[str, bytes]) -> None:
         assert files[name] == data, name
 
 
-def stats(url: str) -> dict[str, object]:
-    with urllib.request.urlopen(url + "/admin/stats", timeout=10) as r:
+def stats(url: str, *, token: str = "") -> dict[str, object]:
+    """The upstream counts; a mirror with an admin token shows them only with it (test_mirror_guard)."""
+    req = urllib.request.Request(url + "/admin/stats", headers={"Authorization": f"Bearer {token}"} if token else {})
+    with urllib.request.urlopen(req, timeout=10) as r:
         return json.loads(r.read())["upstream"]
 
 
@@ -246,7 +248,7 @@ def test_admin_add_needs_the_token(tmp_path: Path) -> None:
                 r = conn.getresponse()
                 assert r.status == 401 and b"admin token" in r.read(), auth
                 conn.close()
-            assert stats(edge)["file_fetches"] == 0
+            assert stats(edge, token="s3cret")["file_fetches"] == 0
             env = {k: v for k, v in os.environ.items() if k != "LLMGW_MIRROR_ADMIN_TOKEN"}
             cli = [sys.executable, "-m", "llmgw", "mirror", "add", "hf://org/tiny", "--mirror", edge]
             wrong = subprocess.run(cli, env={**env, "LLMGW_MIRROR_ADMIN_TOKEN": "nope"}, capture_output=True,
@@ -256,11 +258,11 @@ def test_admin_add_needs_the_token(tmp_path: Path) -> None:
                                    text=True, timeout=60, check=False)
             assert right.returncode == 0, right.stderr
             assert f"{len(files)} fetched" in right.stdout
-            assert stats(edge)["file_fetches"] == len(files)
+            assert stats(edge, token="s3cret")["file_fetches"] == len(files)
             got = hf_client(tmp_path, edge, "snapshot")
             assert got["errors"] == []
             same_tree(Path(got["results"][0]), files)
-            assert stats(edge)["file_fetches"] == len(files)   # all served from the edge's disk
+            assert stats(edge, token="s3cret")["file_fetches"] == len(files)   # all served from the edge's disk
 
 
 def test_pull_through_answers_a_range_and_head_before_the_file_is_here(tmp_path: Path) -> None:

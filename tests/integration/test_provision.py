@@ -115,7 +115,9 @@ class Node:
                                 "--stop-engines-on-exit"],
                                env={"LLMGW_AGENT_ENGINES_DIR": str(self.engines_dir),
                                     "LLMGW_AGENT_ENGINE_RECHECK_S": self.recheck,
-                                    "LLMGW_AGENT_OWN_PYTHON_ENGINES": "false"},
+                                    "LLMGW_AGENT_OWN_PYTHON_ENGINES": "false",
+                                    # the test's tiny.gguf lies beside the state dir, not under its weights
+                                    "LLMGW_AGENT_SOURCE_ROOTS": str(self.tmp)},
                                log_path=self.tmp / f"agent-{self.starts}.log")
         return self.proc
 

@@ -34,7 +34,7 @@ from llmgw.testing.procs import Proc, free_port
 LLMGW = [sys.executable, "-m", "llmgw"]
 MODEL = specs.parse_manifest({"apiVersion": "llmgw/v1", "kind": "Model", "metadata": {"name": "m"},
                               "spec": {"engine": "sim", "replicas": 2}})
-HEAD = "0012"
+HEAD = "0013"
 _db_names = itertools.count(1)
 
 
@@ -304,7 +304,8 @@ def test_the_server_refuses_a_database_it_cannot_use(tmp_path: Path) -> None:
 
 def test_a_secure_server_on_postgres_keeps_its_users_there(pg: Postgres, tmp_path: Path) -> None:
     """A first secure start with --database puts the administrator in PostgreSQL (not a SQLite file beside the
-    CA): the password it prints logs in, and `llmgw token create --database` writes its token there too."""
+    CA): the password it leaves in its 0600 file (no terminal) logs in, and `llmgw token create --database`
+    writes its token there too."""
     url = pg.create_database(f"sec{next(_db_names)}")
     http, data = free_port(), tmp_path / "d"
     server = Proc.start([*LLMGW, "server", "--data-dir", str(data), "--database", url, "--http-port", str(http),
@@ -312,8 +313,7 @@ def test_a_secure_server_on_postgres_keeps_its_users_there(pg: Postgres, tmp_pat
                         log_path=tmp_path / "srv.log")
     try:
         server.wait_http(f"http://127.0.0.1:{http}/healthz", timeout=60)
-        said = (tmp_path / "srv.log").read_text()
-        password = said.split("password (shown once, not stored; keep it now): ", 1)[1].split()[0]
+        password = (data / "initial-admin-password").read_text().strip()
         login = httpx.post(f"http://127.0.0.1:{http}/api/v1/login", json={"username": "admin", "password": password},
                            timeout=30)
         assert login.status_code == 200, login.text

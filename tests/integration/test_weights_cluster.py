@@ -43,9 +43,9 @@ print(json.dumps(got))
 
 
 @contextlib.contextmanager
-def system(root: Path, server_args: list[str]) -> Iterator[System]:
+def system(root: Path, server_args: list[str], *, agent_env: dict[str, str] | None = None) -> Iterator[System]:
     """A server with ``server_args`` and no agent yet, everything stopped (by pid) whatever happens."""
-    s = System(root, server_args=server_args)
+    s = System(root, server_args=server_args, agent_env=agent_env)
     try:
         s.start_server()
         yield s
@@ -109,7 +109,8 @@ def test_four_nodes_through_the_servers_mirror_fetch_each_file_once_upstream(tmp
         assert sorted(r["node"] for r in s.replicas("spread")) == nodes
 
         # What the server's mirror fetched from outside the cluster (the hub), counted per file.
-        edge = get_json(f"{s.url}/mirror/admin/stats")["upstream"]
+        # An admin's: the system's admin token is sent (a request without one is refused, test_mirror_admin).
+        edge = s.get("/mirror/admin/stats")["upstream"]
         assert edge["url"] == hub
         assert sorted(k.split("/", 2)[2] for k in edge["files"]) == sorted(files)
         assert set(edge["files"].values()) == {1}, edge["files"]
@@ -132,7 +133,9 @@ def test_agent_killed_mid_download_resumes_with_range(tmp_path: Path) -> None:
     (served / "big.gguf").write_bytes(data)
     digest = hashlib.sha256(data).hexdigest()
     # 16 MiB at 800 kB/s: about 20 s if nothing changed; the test kills the agent a few MiB in.
-    with FlakyHttp(served, rate_bps=800_000) as srv, system(tmp_path / "sys", []) as s:
+    with FlakyHttp(served, rate_bps=800_000) as srv, \
+            system(tmp_path / "sys", ["--fetch-allow-private", srv.allowed],
+                   agent_env={"LLMGW_AGENT_FETCH_ALLOW_PRIVATE": srv.allowed}) as s:
         s.start_agent("node1")
         s.apply(sim_model("resumed", source=f"{srv.url}/big.gguf", source_sha256=digest))
         partial = tmp_path / "sys" / "node1" / "weights" / ".partial"

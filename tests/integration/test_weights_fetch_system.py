@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,6 +24,12 @@ from llmgw.testing.tiny_gguf import write_tiny_llama_gguf
 
 pytestmark = pytest.mark.slow
 TOKEN = "hf_systemtest_token_4f1c9a"
+
+
+def allowing(srv: FlakyHttp) -> dict[str, Any]:
+    """System arguments that let the agent and the control plane fetch from ``srv``, which is on loopback."""
+    return {"agent_env": {"LLMGW_AGENT_FETCH_ALLOW_PRIVATE": srv.allowed},
+            "server_args": ["--fetch-allow-private", srv.allowed]}
 
 
 def get_replicas(s: System) -> str:
@@ -41,7 +48,8 @@ def test_http_source_is_fetched_with_progress_then_ready_and_listed(tmp_path: Pa
     with model.open("ab") as f:
         f.write(b"\0" * (8 * 2**20 - model.stat().st_size))
     (files / "other.gguf").write_bytes(model.read_bytes())
-    with FlakyHttp(files, rate_bps=1_500_000) as srv, running(tmp_path / "sys") as s:
+    with FlakyHttp(files, rate_bps=1_500_000) as srv, \
+            running(tmp_path / "sys", **allowing(srv)) as s:
         source = f"{srv.url}/tiny.gguf"
         s.apply(sim_model("fetched", source=source,
                           source_sha256=hashlib.sha256(model.read_bytes()).hexdigest()))

@@ -44,7 +44,8 @@ def test_the_permission_table_by_method_and_path() -> None:
     assert allowed("POST", "/api/v1/router/events") == {"r1"}
     assert allowed("POST", "/api/v1/router/signals") == {"r1"}
     assert allowed("GET", "/metrics") == {"ann", "otto", "vera", "r1"}
-    assert allowed("GET", "/api/openapi.json") == {"ann", "otto", "vera"}
+    # The API's shape holds no secret: its document and the docs page need no credential (issue 24).
+    assert principals.required("GET", "/api/openapi.json") is None and principals.required("GET", "/api/docs") is None
     assert allowed("POST", "/api/v1/logout") == {"ann", "otto", "vera"}
     assert allowed("GET", "/api/v1/usersx") == {"ann", "otto", "vera"}  # a prefix is a path segment, not a string
     assert principals.required("DELETE", "/api/v1/endpoints").allows(principals.INSECURE)  # type: ignore[union-attr]
@@ -99,6 +100,40 @@ def test_the_limiter_refuses_after_five_failures_for_the_rest_of_the_window() ->
     assert lim.retry_after("user:ann") == 0  # per key
     now[0] = 1000.0 + 300.5  # the first failure left the window: four remain
     assert lim.retry_after("user:bob") == 0
+
+
+def test_failures_from_one_address_never_refuse_another(tmp_path: Path) -> None:
+    """Twenty made-up names from one address refuse that address (429 for the right password too), not the admin
+    from another; one IPv6 host's /64 counts as one address."""
+    store = Store.open(tmp_path)
+    db = StoreThread(store)
+    auth = credentials.Auth(db, limiter=passwords.Limiter(address_limit=20))
+
+    async def main() -> None:
+        store.put_user(StoredUser("admin", principals.ADMIN, passwords.hash_password("pw"), 0.0))
+        for i in range(20):
+            with pytest.raises(credentials.LoginRefused) as e:
+                await auth.login(f"made-up-{i}", "x", peer="2001:db8::1", session=True)
+            assert e.value.retry_after == 0
+        with pytest.raises(credentials.LoginRefused) as e:  # another address of the same /64
+            await auth.login("admin", "pw", peer="2001:db8::ffff", session=True)
+        assert e.value.retry_after > 0
+        assert (await auth.login("admin", "pw", peer="2001:db8:0:1::1", session=True)).user == "admin"
+        assert (await auth.login("admin", "pw", peer="127.0.0.1", session=True)).user == "admin"
+
+    try:
+        asyncio.run(main())
+    finally:
+        db.close()
+        store.close()
+
+
+def test_address_key_is_the_address_or_an_ipv6_slash_64() -> None:
+    """IPv4 as it is, an IPv4-mapped IPv6 as its IPv4, other IPv6 as its /64, anything else unchanged."""
+    assert passwords.address_key("10.1.2.3") == "10.1.2.3"
+    assert passwords.address_key("::ffff:10.1.2.3") == "10.1.2.3"
+    assert passwords.address_key("2001:db8::5") == passwords.address_key("2001:db8::7") == "2001:db8::/64"
+    assert passwords.address_key("unknown") == "unknown"
 
 
 def test_the_limiter_is_bounded_in_keys() -> None:
@@ -161,7 +196,8 @@ def test_a_token_deleted_behind_the_cache_stops_working_within_the_cache_time(tm
 
 
 def test_login_refuses_without_saying_which_part_was_wrong_and_then_rate_limits(tmp_path: Path) -> None:
-    """A wrong password and an unknown user read the same; after five failures even the right one is refused."""
+    """A wrong password and an unknown user read the same; after five failures for a user, an address that took
+    part is refused even with the right password, and an address that did not still logs in (slowed)."""
     store = Store.open(tmp_path)
     db = StoreThread(store)
     auth = credentials.Auth(db)
@@ -179,12 +215,26 @@ def test_login_refuses_without_saying_which_part_was_wrong_and_then_rate_limits(
         for _ in range(4):  # with the one above, five for bob
             with pytest.raises(credentials.LoginRefused):
                 await auth.login("bob", "nope", peer="10.0.0.2", session=False)
-        with pytest.raises(credentials.LoginRefused) as e:
-            await auth.login("bob", "pw", peer="10.0.0.3", session=True)
-        assert e.value.retry_after > 0 and "too many failed logins for user 'bob'" in e.value.message
+        for guessed in ("10.0.0.1", "10.0.0.2"):
+            with pytest.raises(credentials.LoginRefused) as e:
+                await auth.login("bob", "pw", peer=guessed, session=True)
+            assert e.value.retry_after > 0 and f"too many failed logins from {guessed}" in e.value.message
+        clean = await auth.login("bob", "pw", peer="10.0.0.3", session=True)
+        assert clean.user == "bob"
 
     try:
         asyncio.run(main())
     finally:
         db.close()
         store.close()
+
+
+def test_a_login_is_cross_site_when_origin_or_else_referer_names_another_host() -> None:
+    """Origin decides when sent ('null' included); without it, Referer; with neither (not a browser's page): not."""
+    host = {"host": "cp.example:8080"}
+    assert auth_mw.cross_site_login(host) == ""
+    assert auth_mw.cross_site_login({**host, "origin": "https://cp.example:8080"}) == ""
+    assert auth_mw.cross_site_login({**host, "referer": "https://CP.example:8080/ui/login"}) == ""
+    for bad in ({"origin": "https://evil.example"}, {"origin": "null"}, {"referer": "https://evil.example/x"},
+                {"origin": "https://evil.example", "referer": "https://cp.example:8080/ui/login"}):
+        assert "cross-site login" in auth_mw.cross_site_login({**host, **bad}), bad

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from llmgw.agent import fetch
+from llmgw.agent.fetch import guard as fetch_guard
 from llmgw.core import errors, sources
 from llmgw.testing.flakyhttp import FlakyHttp, write_file
 
@@ -28,6 +29,8 @@ def _fetcher(cache: Path, **kw: Any) -> fetch.Fetcher:
     kw.setdefault("stall_s", 5.0)
     kw.setdefault("retry_base_s", 0.01)
     kw.setdefault("progress_period_s", 0.0)
+    # The servers here are on loopback, which a fetcher refuses unless its settings allow it.
+    kw.setdefault("policy", fetch_guard.policy_of(["127.0.0.1"]))
     return fetch.Fetcher(cache, **kw)
 
 

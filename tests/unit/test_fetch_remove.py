@@ -20,7 +20,7 @@ def fetched(tmp_path: Path) -> tuple[fetch.Fetcher, str, Path]:
     """A cache holding one fetched entry; returns the fetcher, the entry's name and the fetched file."""
     with FlakyHttp(tmp_path / "srv") as srv:
         write_file(srv.root / "m.gguf", 4096)
-        f = fetch.Fetcher(tmp_path / "cache", retry_base_s=0.01)
+        f = fetch.Fetcher(tmp_path / "cache", retry_base_s=0.01, policy=srv.policy())
 
         async def go() -> str:
             try:

@@ -102,8 +102,9 @@ def test_engine_version_is_exact_or_a_dotted_prefix() -> None:
 
 
 def test_no_nodes_says_how_to_add_one() -> None:
-    """With no node at all the message names the command that adds one."""
-    assert "llmgw agent --server" in refused(spec(), []).message
+    """With no node at all the message names the commands that add one: a join token, then the join it prints."""
+    message = refused(spec(), []).message
+    assert "run `llmgw token create`" in message and "`llmgw agent join --server" in message, message
 
 
 def test_refusal_names_the_nearest_nodes_and_counts_the_rest() -> None:

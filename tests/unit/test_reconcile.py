@@ -58,10 +58,13 @@ def test_pending_replica_is_placed_and_started_target_first() -> None:
 
 
 def test_unplaceable_replica_says_why() -> None:
-    """With no node the replica stays Pending with the refusal as its message."""
+    """With no node the replica stays Pending with the refusal as its message: make a join token, then run the
+    `llmgw agent join` command it prints (a bare `llmgw agent --server` is refused by a secure control plane)."""
     out = run([rep()], [])
     assert updates(out)["r1"].phase is Phase.PENDING
-    assert "llmgw agent --server" in updates(out)["r1"].message
+    message = updates(out)["r1"].message
+    assert "run `llmgw token create`" in message and "the `llmgw agent join --server" in message, message
+    assert "start one with `llmgw agent --server" not in message
     assert not [x for x in out if isinstance(x, d.StartShard)]
 
 

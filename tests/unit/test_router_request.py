@@ -15,7 +15,10 @@ def test_parse_reads_model_and_stream() -> None:
     body = b'{"model": "m", "stream": true, "messages": []}'
     req = request.parse(body)
     assert (req.model, req.stream, req.body) == ("m", True, body)
-    assert request.parse(b'{"model": "m", "stream": "yes"}').stream is False
+    assert request.parse(b'{"model": "m", "stream": null}').stream is False
+    with pytest.raises(errors.ApiError) as refused:  # as OpenAI: a non-boolean is a 400, not "not streamed"
+        request.parse(b'{"model": "m", "stream": "yes"}')
+    assert (refused.value.status, refused.value.param) == (400, "stream")
 
 
 @pytest.mark.parametrize(("body", "says"), [

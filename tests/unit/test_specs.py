@@ -353,8 +353,9 @@ def test_source_file_and_sha256_round_trip_and_fingerprint_only_when_set() -> No
 
 def test_engine_knobs_pass_and_a_stored_loader_variable_still_reads_back() -> None:
     """CUDA/NCCL/VLLM/HF/OMP knobs are accepted; a model stored with LD_PRELOAD before the refusal reads back."""
-    knobs = {"CUDA_LAUNCH_BLOCKING": "1", "NCCL_DEBUG": "INFO", "VLLM_LOGGING_LEVEL": "DEBUG", "HF_HUB_OFFLINE": "1",
-             "OMP_NUM_THREADS": "4", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    knobs = {"CUDA_LAUNCH_BLOCKING": "1", "NCCL_DEBUG": "INFO", "VLLM_LOGGING_LEVEL": "DEBUG",
+             "HF_HUB_DISABLE_TELEMETRY": "1", "OMP_NUM_THREADS": "4", "PYTHONUNBUFFERED": "1",
+             "TOKENIZERS_PARALLELISM": "false"}
     assert dict(specs.parse_manifest(doc(env=knobs)).spec.env) == knobs
     old = doc(env={"LD_PRELOAD": "/opt/x.so"})
     assert dict(specs.parse_manifest(old, stored=True).spec.env) == {"LD_PRELOAD": "/opt/x.so"}

@@ -24,8 +24,9 @@ def test_migrations_create_the_schema(tmp_path: Path) -> None:
         tables = set(sa.inspect(c).get_table_names())
         rev = c.execute(sa.text("select version_num from alembic_version")).scalar()
     assert {"models", "nodes", "replicas", "api_keys", "events", "bootstrap_tokens", "users", "audit", "api_tokens",
-            "node_certs", "engine_wants", "settings", "leases", "controlplanes", "autoscale"} <= tables
-    assert rev == "0012"
+            "node_certs", "engine_wants", "settings", "leases", "controlplanes", "autoscale",
+            "cluster_settings"} <= tables
+    assert rev == "0013"
     store.close()
 
 

@@ -27,12 +27,12 @@ from pathlib import Path
 
 import aiohttp
 
-from llmgw.agent import weights
+from llmgw.agent import sourcepaths, weights
+from llmgw.agent.fetch import guard, records, transfer
 from llmgw.agent.fetch import ledger as ledger_mod
 from llmgw.agent.fetch import meter as meter_mod
 from llmgw.agent.fetch import plan as plan_mod
-from llmgw.agent.fetch import records, transfer
-from llmgw.core import errors, sources
+from llmgw.core import errors, netpolicy, sources
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +68,15 @@ class Fetcher:
     def __init__(self, cache_dir: Path, *, stall_s: float = 30.0, progress_period_s: float = 1.0,
                  max_attempts: int = 6, retry_base_s: float = 1.0, retry_cap_s: float = 30.0,
                  parallel_files: int = 4, free_bytes: Callable[[Path], int] = free_bytes,
-                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+                 policy: netpolicy.Policy | None = None, source_roots: sourcepaths.Roots | None = None) -> None:
         self.cache_dir = Path(cache_dir)
+        # Who may be fetched from (``guard``): by default no loopback, link-local or own address; the
+        # cluster's endpoints each request names are trusted as they arrive (they come from the control plane).
+        self._policy = policy or netpolicy.Policy.of(False, setting=guard.SETTING)
+        # A local source is resolved only under these (``sourcepaths``): the node's weights directories.
+        self._roots = source_roots or sourcepaths.Roots((self.cache_dir,))
+        self._connector: guard.Connector | None = None
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         self._stall_s = stall_s
         self._period_s = progress_period_s
@@ -127,7 +134,7 @@ class Fetcher:
         src = req.source
         if not src.remote:
             try:
-                return await asyncio.to_thread(weights.resolve_source, src.text) or ""
+                return await asyncio.to_thread(weights.resolve_source, src.text, roots=self._roots) or ""
             except errors.EngineError as exc:
                 raise errors.FetchError(str(exc)) from None
         if req.file:
@@ -136,6 +143,8 @@ class Fetcher:
             except sources.SourceError as exc:
                 raise errors.FetchError(str(exc)) from None
             req = dataclasses.replace(req, source=src, file="")
+        if req.endpoint:
+            self._trust(req.endpoint)
         name = src.cache_name()
         found = self._present(name)
         if found is not None:
@@ -207,11 +216,18 @@ class Fetcher:
         shutil.rmtree(self.cache_dir / PARTIAL / name, ignore_errors=True)
         return True
 
+    def _trust(self, endpoint: str) -> None:
+        """Trust the cluster's endpoint ``endpoint`` (the control plane named it, not an operator's spec)."""
+        self._policy = self._policy.trusting(endpoint)
+        if self._connector is not None:
+            self._connector.policy = self._policy
+
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
+            self._connector = guard.Connector(self._policy)
             # No decompression: the bytes on disk must be the file's, or size and sha256 cannot agree.
             self._session = aiohttp.ClientSession(
-                auto_decompress=False, read_bufsize=1 << 22,
+                connector=self._connector, auto_decompress=False, read_bufsize=1 << 22,
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._stall_s))
         return self._session
 
@@ -312,7 +328,7 @@ class Fetcher:
         try:
             try:
                 await self._retrying(lambda: transfer.attempt(job, sink, side, meter=meter, stall_s=self._stall_s,
-                                                              hub=hub, on_size=on_size),
+                                                              hub=hub, policy=self._policy, on_size=on_size),
                                      meter, what=job.url, progressed=lambda: sink.size)
             except OSError as exc:
                 # A full or failing disk: the partial bytes stay (the next ensure resumes once there is room).

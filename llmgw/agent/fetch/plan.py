@@ -23,8 +23,8 @@ from typing import Any
 
 import aiohttp
 
-from llmgw.agent.fetch import records, transfer
-from llmgw.core import errors
+from llmgw.agent.fetch import guard, records, transfer
+from llmgw.core import errors, netpolicy
 
 # What vLLM and SGLang read from a snapshot: weights, configs, tokenizer files, chat templates.
 _NEEDED_SUFFIXES = (".safetensors", ".json", ".model", ".txt", ".tiktoken", ".jinja")
@@ -154,6 +154,8 @@ async def _head(session: aiohttp.ClientSession, url: str, headers: dict[str, str
             return resp.status, resp.headers
     except TimeoutError:
         raise transfer.Stalled(f"no answer from {urllib.parse.urlsplit(url).netloc} for {timeout_s:g} s") from None
+    except guard.AddressRefused as exc:
+        raise netpolicy.Refused(f"spec.source {url}: {exc.refused}") from None
     except aiohttp.ClientError as exc:
         raise transfer.Retry(f"cannot reach {urllib.parse.urlsplit(url).netloc}: {exc}") from None
 
@@ -176,6 +178,8 @@ async def _json(session: aiohttp.ClientSession, url: str, headers: dict[str, str
             doc = await resp.json(content_type=None)
     except TimeoutError:
         raise transfer.Stalled(f"no answer from {host} for {timeout_s:g} s") from None
+    except guard.AddressRefused as exc:
+        raise netpolicy.Refused(f"{what} at {url}: {exc.refused}") from None
     except aiohttp.ClientError as exc:
         raise transfer.Retry(f"cannot reach {host}: {exc}") from None
     except ValueError:

@@ -25,16 +25,15 @@ import os
 import queue
 import re
 import socket
-import ssl
 import threading
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from llmgw.agent.fetch import guard, records
 from llmgw.agent.fetch import meter as meter_mod
-from llmgw.agent.fetch import records
-from llmgw.core import errors
+from llmgw.core import errors, netpolicy
 
 _BLOCK = 1 << 20
 _REDIRECTS = 5
@@ -218,7 +217,7 @@ class _Abort:
 
 
 async def attempt(job: records.FileJob, sink: Sink, side: Sidecar, *, meter: meter_mod.Meter, stall_s: float,
-                  hub: bool, on_size: Callable[[int], None] = lambda n: None) -> None:
+                  hub: bool, policy: netpolicy.Policy, on_size: Callable[[int], None] = lambda n: None) -> None:
     """One GET of ``job`` into ``sink``, from where it stopped; returns when the file has all its bytes.
 
     Raises Retry for what another attempt may cure, FetchError for what it cannot (404, a token refused,
@@ -238,7 +237,7 @@ async def attempt(job: records.FileJob, sink: Sink, side: Sidecar, *, meter: met
             on_size(n)
         asyncio.run_coroutine_threadsafe(check(), loop).result()
 
-    work = loop.run_in_executor(None, _attempt, job, sink, side, stall_s, hub, abort, count, grown, sized)
+    work = loop.run_in_executor(None, _attempt, job, sink, side, stall_s, hub, policy, abort, count, grown, sized)
     try:
         await asyncio.shield(work)
     except asyncio.CancelledError:
@@ -255,7 +254,8 @@ async def attempt(job: records.FileJob, sink: Sink, side: Sidecar, *, meter: met
         raise
 
 
-def _attempt(job: records.FileJob, sink: Sink, side: Sidecar, stall_s: float, hub: bool, abort: _Abort,
+def _attempt(job: records.FileJob, sink: Sink, side: Sidecar, stall_s: float, hub: bool, policy: netpolicy.Policy,
+             abort: _Abort,
              count: Callable[[int], None], grown: Callable[[int], None], sized: Callable[[int], None]) -> None:
     host = urllib.parse.urlsplit(job.url).netloc
     if job.size and sink.size > job.size:
@@ -271,7 +271,7 @@ def _attempt(job: records.FileJob, sink: Sink, side: Sidecar, stall_s: float, hu
         headers["Range"] = f"bytes={have}-"
         if part.get("etag") and not part["etag"].startswith("W/"):
             headers["If-Range"] = part["etag"]
-    conn, resp = _get(job.url, headers, stall_s=stall_s, abort=abort)
+    conn, resp = _get(job.url, headers, stall_s=stall_s, abort=abort, policy=policy)
     try:
         etag = resp.headers.get("ETag", "")
         if resp.status == 416 or (resp.status == 206 and not _continues(resp, have, job, part, etag)):
@@ -305,19 +305,20 @@ def _attempt(job: records.FileJob, sink: Sink, side: Sidecar, stall_s: float, hu
         raise Retry(f"{host} closed the connection at {sink.size} of {job.size} bytes of {job.rel}")
 
 
-def _get(url: str, headers: dict[str, str], *, stall_s: float,
-         abort: _Abort) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
-    """GET ``url``, following redirects (the hub sends LFS files to a CDN); Authorization only to the first host."""
+def _get(url: str, headers: dict[str, str], *, stall_s: float, abort: _Abort,
+         policy: netpolicy.Policy) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    """GET ``url``, following redirects (the hub sends LFS files to a CDN); Authorization only to the first host.
+
+    Every hop's host is checked against ``policy`` before its connection opens (``guard.connection``).
+    """
     first = urllib.parse.urlsplit(url).netloc
     for _ in range(_REDIRECTS + 1):
         parts = urllib.parse.urlsplit(url)
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        conn: http.client.HTTPConnection
-        if parts.scheme == "https":
-            conn = http.client.HTTPSConnection(parts.hostname or "", port, timeout=stall_s,
-                                               context=ssl.create_default_context())
-        else:
-            conn = http.client.HTTPConnection(parts.hostname or "", port, timeout=stall_s)
+        # Resolved, checked against the policy (loopback, link-local, this node: refused) and pinned, per hop.
+        try:
+            conn = guard.connection(policy, url, timeout=stall_s)
+        except OSError as exc:   # the name did not resolve: perhaps for a moment
+            raise Retry(f"cannot resolve {parts.hostname}: {exc.strerror or exc}") from None
         sent = headers if parts.netloc == first else {k: v for k, v in headers.items() if k != "Authorization"}
         try:
             abort.hold(conn)

@@ -36,6 +36,16 @@ Each shard gets a private work directory, ``<run_dir>/<shard_id>.d`` (mode
 IPC sockets and compile caches in the shared /tmp and home, where the next
 replica on the node found them. The supervisor removes it once the process
 is gone; nothing else under the run dir is ever removed for it.
+
+No engine runs as root (``identity``): when the agent is root, each is started
+as the user ``identity.Users`` gave its shard, with none of the agent's groups and
+umask 077, its work dir (and what the adapter wrote there, SGLang's key file)
+made its own, HOME, USER and LOGNAME naming it, and its log opened by the agent
+(0600) and handed over as a descriptor: the engine never needs the run dir,
+which is 0711 so that it can reach its work dir and list nothing. Before the
+spawn, ``preflight`` checks that the engine's user can reach its
+program, its arguments' paths and its model, and refuses the shard with the
+directory that blocks it when it cannot.
 """
 
 from __future__ import annotations
@@ -49,7 +59,8 @@ import socket
 from pathlib import Path
 from typing import BinaryIO
 
-from llmgw.agent import engines
+from llmgw.agent import engines, privfile
+from llmgw.agent.supervisor import identity, preflight
 from llmgw.core import enginecheck, shards
 from llmgw.core.errors import EngineError, ShardIdError
 from llmgw.core.shards import ShardSpec
@@ -80,6 +91,10 @@ class Plan:
     work_dir: Path | None = None
     #: Where the process runs (the adapter's ``Launch.cwd``); None: the agent's own directory.
     cwd: Path | None = None
+    #: Who it runs as (``identity``); None: the agent's own user (an agent that is not root).
+    user: identity.EngineUser | None = None
+    #: The model file or directory the engine loads, checked by the preflight.
+    model_path: str | None = None
 
 
 def endpoint_of(host: str, port: int) -> str:
@@ -157,12 +172,14 @@ def fabric_env(spec: ShardSpec, launch: engines.Launch) -> dict[str, str]:
 
 
 def plan(spec: ShardSpec, adapter: engines.Adapter, *, host: str, model_path: str | None,
-         cpu_count: int, run_dir: Path, node: enginecheck.NodeFacts | None = None) -> Plan:
+         cpu_count: int, run_dir: Path, node: enginecheck.NodeFacts | None = None,
+         user: identity.EngineUser | None = None) -> Plan:
     """The argv, environment and endpoint for ``spec``, and its work dir made; EngineError when it cannot run.
 
     ``run_dir`` must be absolute: it is the marker a later agent compares.
     ``node`` is what discovery found on this node (None: not known yet); its
-    GPU indices are checked against the spec's.
+    GPU indices are checked against the spec's. ``user``: who the engine runs
+    as (None: the agent's own user); its work dir is given to it.
     """
     try:
         # The shard id becomes a file name under run_dir; "../x" or "a/b" would
@@ -183,6 +200,11 @@ def plan(spec: ShardSpec, adapter: engines.Adapter, *, host: str, model_path: st
         if not launch.argv:
             raise EngineError(f"engine {spec.engine!r} produced an empty command line")
         cwd = _cwd(launch.cwd, work_dir)
+        if user is not None:
+            # After the adapter wrote its files there: they are the engine's to read.
+            identity.give_tree(work_dir, user)
+            # The agent's own directory may be one the engine cannot enter (/root).
+            cwd = cwd or work_dir
     except BaseException:
         remove_work_dir(work_dir)
         raise
@@ -194,8 +216,9 @@ def plan(spec: ShardSpec, adapter: engines.Adapter, *, host: str, model_path: st
         # The control plane refuses these at apply time; one from an older control plane (or a
         # model stored before the refusal) is put back to the agent's own below, and said so:
         # the agent runs as root, and a model's LD_PRELOAD would run as root on every node.
-        log.warning("shard %s: its env sets %s, which a model may not set (llmgw's own, or a loader or "
-                    "interpreter variable); ignored", spec.shard_id, ", ".join(ignored))
+        log.warning("shard %s: its env sets %s, which a model may not set (llmgw's own, an engine's key, a "
+                    "loader or interpreter variable, or one naming a file or code to load); ignored",
+                    spec.shard_id, ", ".join(ignored))
         for key in ignored:  # back to the agent's own (the adapters pass the spec's env on, too)
             if key in os.environ:
                 env[key] = os.environ[key]
@@ -206,9 +229,14 @@ def plan(spec: ShardSpec, adapter: engines.Adapter, *, host: str, model_path: st
     # unreported; one that set CUDA_VISIBLE_DEVICES would use GPUs given to another.
     env |= {**fabric_env(spec, launch), **gpus, **ranks, SHARD_ENV: spec.shard_id,
             RUN_DIR_ENV: str(run_dir)}
+    if user is not None:
+        # Who it is, last too: a HOME from the spec or the agent's /root would be a home it cannot use.
+        for key in identity.AGENT_ONLY_ENV:
+            env.pop(key, None)
+        env |= identity.identity_env(user, work_dir)
     return Plan(argv=list(launch.argv), env=env, endpoint=endpoint_of(host, port),
                 health_path=adapter.health_path, log_path=log_path_of(run_dir, spec.shard_id), port=port,
-                serves_http=launch.serves_http, work_dir=work_dir, cwd=cwd)
+                serves_http=launch.serves_http, work_dir=work_dir, cwd=cwd, user=user, model_path=model_path)
 
 
 def _cwd(asked: str, work_dir: Path) -> Path | None:
@@ -238,7 +266,7 @@ def make_work_dir(path: Path) -> None:
     not llmgw's, and is refused rather than followed or deleted.
     """
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_run_dir(path.parent)
         if path.is_symlink() or (path.exists() and not path.is_dir()):
             raise EngineError(f"{path} exists and is not a directory llmgw made; remove it, then start "
                               "the shard again")
@@ -252,6 +280,12 @@ def make_work_dir(path: Path) -> None:
     except OSError as exc:
         raise EngineError(f"cannot make the shard's work directory {path}: {exc.strerror or exc}; check "
                           "the agent's run directory") from exc
+
+
+def make_run_dir(path: Path) -> None:
+    """The run dir, made 0711 when llmgw makes it: an engine of another user reaches its work dir through it
+    and lists nothing (the state files and logs in it are 0600 besides)."""
+    privfile.make_dir(path, 0o711)
 
 
 def remove_work_dir(path: Path | None) -> None:
@@ -278,17 +312,23 @@ def log_path_of(run_dir: Path, shard_id: str) -> Path:
 
 
 def _open_log(path: Path) -> tuple[BinaryIO, int]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    log = open(path, "ab")  # closed by spawn once the child has it
-    return log, log.tell()
+    make_run_dir(path.parent)
+    # 0600 at creation: what an engine prints (prompts in a debug log, a path with a key) is not every user's.
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    log = os.fdopen(fd, "ab")  # closed by spawn once the child has it
+    return log, log.seek(0, os.SEEK_END)
 
 
 async def spawn(p: Plan) -> tuple[asyncio.subprocess.Process, int]:
     """Start the process with its output appended to its log; returns it and the log offset.
 
     Appending rather than truncating keeps what an earlier run under the same id
-    wrote; the offset lets the failure report quote only this run's lines.
+    wrote; the offset lets the failure report quote only this run's lines. An
+    engine of another user is first checked (``preflight``, in a
+    thread: a model directory can be many files), then started as that user.
     """
+    if p.user is not None:
+        await asyncio.to_thread(_preflight, p)
     try:
         log, offset = _open_log(p.log_path)
     except OSError as exc:
@@ -301,10 +341,25 @@ async def spawn(p: Plan) -> tuple[asyncio.subprocess.Process, int]:
             proc = await asyncio.create_subprocess_exec(
                 *p.argv, stdout=log, stderr=asyncio.subprocess.STDOUT,
                 # No stdin: an engine that prompts would otherwise hang on the agent's terminal.
-                stdin=asyncio.subprocess.DEVNULL, start_new_session=True, env=p.env, cwd=p.cwd)
+                stdin=asyncio.subprocess.DEVNULL, start_new_session=True, env=p.env, cwd=p.cwd,
+                **_as_user(p.user))
         except FileNotFoundError as exc:
             raise EngineError(f"cannot start {p.argv[0]}: it is not installed or not on PATH; "
                               "install the engine or set its path in the agent's configuration") from exc
         except OSError as exc:
             raise EngineError(f"cannot start {p.argv[0]}: {exc.strerror or exc}") from exc
     return proc, offset
+
+
+def _preflight(p: Plan) -> None:
+    assert p.user is not None
+    preflight.preflight(p.user, p.argv, model_path=p.model_path, env=p.env, shard_id=p.env.get(SHARD_ENV, "?"),
+                       work_dir=p.work_dir)
+
+
+def _as_user(user: identity.EngineUser | None) -> dict[str, object]:
+    """Popen's own switch (setgroups, setregid, setreuid in the child, no preexec_fn): none of the agent's groups,
+    only the user's own (a uid from the range has none)."""
+    if user is None:
+        return {"umask": 0o077}
+    return {"user": user.uid, "group": user.gid, "extra_groups": list(user.groups), "umask": 0o077}

@@ -12,10 +12,13 @@ from the wall clock); so the marker every engine carries in its environment
 (``LLMGW_SHARD_ID`` and ``LLMGW_RUN_DIR``, set by ``launching``) decides
 whenever it can be read, and the start time only when it cannot.
 
-Only processes of the agent's own user are looked at; one that vanishes or
-refuses while it is being read (NoSuchProcess, AccessDenied, ZombieProcess) is
-skipped. This module is the supervisor's only use of psutil on processes it
-did not start.
+Only processes of a user this agent's engines may run as are looked at (the
+agent's own, and as root the uids ``identity`` hands out: the caller says which);
+one that vanishes or refuses while it is being read (NoSuchProcess,
+AccessDenied, ZombieProcess) is skipped. Root reads the environment of every
+user's process, so an engine under a uid of its own is still recognised by its
+marker. This module is the supervisor's only use of psutil on processes it did
+not start.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import asyncio
 import dataclasses
 import os
 import signal
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import psutil
 
@@ -80,16 +83,21 @@ def _observe(proc: psutil.Process) -> Seen | None:
         return None
 
 
-def _ours(proc: psutil.Process, uid: int) -> bool:
+def _ours(proc: psutil.Process, ours: Callable[[int], bool]) -> bool:
     try:
-        return proc.uids().real == uid
+        return ours(proc.uids().real)
     except _SKIP:
         return False
 
 
-def survey(run_dir: str, pids: Iterable[int]) -> Survey:
-    """One look at the process table (blocking: /proc reads; the caller runs it in a thread)."""
-    uid = os.getuid()
+def survey(run_dir: str, pids: Iterable[int], *, ours: Callable[[int], bool] | None = None) -> Survey:
+    """One look at the process table (blocking: /proc reads; the caller runs it in a thread).
+
+    ``ours``: whether a process's real uid may be one of this agent's engines (default: the agent's own uid).
+    """
+    if ours is None:
+        own = os.getuid()
+        ours = own.__eq__
     by_pid: dict[int, Seen | None] = {}
     for pid in pids:
         try:
@@ -97,10 +105,10 @@ def survey(run_dir: str, pids: Iterable[int]) -> Survey:
         except _SKIP:
             by_pid[pid] = None
             continue
-        by_pid[pid] = _observe(proc) if _ours(proc, uid) else None
+        by_pid[pid] = _observe(proc) if _ours(proc, ours) else None
     marked = []
     for proc in psutil.process_iter():
-        if proc.pid == os.getpid() or not _ours(proc, uid):
+        if proc.pid == os.getpid() or not _ours(proc, ours):
             continue
         seen = by_pid.get(proc.pid) or _observe(proc)
         if seen is not None and seen.run_dir == run_dir:

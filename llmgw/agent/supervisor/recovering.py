@@ -24,7 +24,7 @@ The work dir (``<shard_id>.d``) of a shard forgotten or killed goes too
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 from llmgw.agent.supervisor import launching, orphans, statefiles
@@ -56,8 +56,11 @@ Decision = Adopt | Forget | Kill
 Files = Sequence[tuple[Path, statefiles.Saved | statefiles.Unreadable]]
 
 
-def look(run_dir: Path) -> tuple[Files, orphans.Survey]:
-    """Every state file in ``run_dir`` (read, or why not) and one survey of the processes they and the markers name."""
+def look(run_dir: Path, *, ours: Callable[[int], bool] | None = None) -> tuple[Files, orphans.Survey]:
+    """Every state file in ``run_dir`` (read, or why not) and one survey of the processes they and the markers name.
+
+    ``ours``: the uids this agent's engines may run as (``identity.Policy.may_be_engine``); None: its own.
+    """
     files: list[tuple[Path, statefiles.Saved | statefiles.Unreadable]] = []
     for path in statefiles.listing(run_dir):
         try:
@@ -65,7 +68,7 @@ def look(run_dir: Path) -> tuple[Files, orphans.Survey]:
         except statefiles.Unreadable as exc:
             files.append((path, exc))
     pids = [saved.pid for _, saved in files if isinstance(saved, statefiles.Saved)]
-    return files, orphans.survey(str(run_dir), pids)
+    return files, orphans.survey(str(run_dir), pids, ours=ours)
 
 
 def identify(saved: statefiles.Saved, seen: orphans.Seen | None, *, run_dir: str) -> str | None:

@@ -6,7 +6,9 @@ adopt what it can describe: ``<run_dir>/<shard_id>.json`` holds the whole spec,
 the pid and the process's start time (which tells the engine from a process
 that was later given the same pid), its port, endpoint, host, argv and log,
 and whether it serves HTTP (a worker rank does not: an agent that adopted one
-and probed it would give it up as unanswering).
+and probed it would give it up as unanswering), and the uid and gid it runs as
+(``identity``: an adopted engine keeps its uid, and no new shard is given it
+while it lives).
 
 It is written right after the launch and removed when the shard ends, so a
 file means "this agent believes the process runs". Writes are a temporary file
@@ -61,6 +63,9 @@ class Saved:
     argv: tuple[str, ...] = ()
     #: False for a worker rank that answers no HTTP (absent in an older agent's file: every engine did).
     serves_http: bool = True
+    #: The uid and gid it runs as; None: the agent's own (and in an older agent's file).
+    uid: int | None = None
+    gid: int | None = None
 
     @property
     def shard_id(self) -> str:
@@ -79,7 +84,8 @@ def _to_json(saved: Saved) -> dict[str, Any]:
     return {"version": VERSION, "shard_id": saved.shard_id, "spec": spec, "pid": saved.pid,
             "create_time": saved.create_time, "port": saved.port, "endpoint": saved.endpoint,
             "host": saved.host, "log_path": str(saved.log_path), "log_offset": saved.log_offset,
-            "argv": list(saved.argv), "serves_http": saved.serves_http, "written_at": time.time()}
+            "argv": list(saved.argv), "serves_http": saved.serves_http, "uid": saved.uid, "gid": saved.gid,
+            "written_at": time.time()}
 
 
 def write(run_dir: Path, saved: Saved) -> Path:
@@ -93,6 +99,14 @@ def write(run_dir: Path, saved: Saved) -> Path:
 def _flag(value: object) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"serves_http is {value!r}, not true or false")
+    return value
+
+
+def _id(value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise TypeError(f"uid or gid is {value!r}, not a number")
     return value
 
 
@@ -126,7 +140,8 @@ def read(path: Path) -> Saved:
                       port=int(raw["port"]), endpoint=str(raw["endpoint"]), host=str(raw["host"]),
                       log_path=Path(raw["log_path"]), log_offset=int(raw.get("log_offset", 0)),
                       argv=tuple(str(a) for a in raw.get("argv", ())),
-                      serves_http=_flag(raw.get("serves_http", True)))
+                      serves_http=_flag(raw.get("serves_http", True)), uid=_id(raw.get("uid")),
+                      gid=_id(raw.get("gid")))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise Unreadable(f"{path} does not describe a shard ({type(exc).__name__}: {exc})") from exc
     try:

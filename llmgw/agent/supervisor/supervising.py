@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -56,6 +57,7 @@ from llmgw.agent.fetch import records as fetch_records
 from llmgw.agent.supervisor import (
     draining,
     fetching,
+    identity,
     launching,
     liveness,
     orphans,
@@ -94,7 +96,8 @@ class Supervisor:
                  model_meta: Callable[[str], inventory.WeightFile | None] = weight_files.weight_at,
                  worker_settle_s: float = watching.WORKER_SETTLE_S,
                  fetcher: fetching.Fetcher | None = None,
-                 on_weights_changed: Callable[[], None] = lambda: None) -> None:
+                 on_weights_changed: Callable[[], None] = lambda: None,
+                 users: identity.Users | None = None) -> None:
         # Absolute, and resolved once: it is the marker in every engine's
         # environment, and the next agent must spell it the same way.
         self._run_dir, self._host = Path(run_dir).resolve(), host
@@ -117,6 +120,9 @@ class Supervisor:
         self._fetcher = fetcher
         # Told when the cache gained or lost weights, so the inventory says so now, not at its next rescan.
         self._on_weights_changed = on_weights_changed
+        # Who each engine runs as (the agent passes its engine_user policy): by default engine_user auto,
+        # so no engine runs as root however the supervisor was made.
+        self._users = users or identity.Users(identity.resolve(identity.AUTO))
 
     def status(self, shard_id: str) -> ShardStatus | None:
         rec = self._recs.get(shard_id)
@@ -197,8 +203,10 @@ class Supervisor:
                 model_path = await asyncio.to_thread(self._resolve, spec.source) if spec.source else None
             model = await asyncio.to_thread(self._model_meta, model_path) if model_path else None
             adapter.validate(spec, node=node, model=model)
+            user = self._users.take(spec.shard_id, live={r.status.shard_id for r in self._recs.all()
+                                                         if r.status.state in S.live()})
             plan = launching.plan(spec, adapter, host=self._host, model_path=model_path,
-                                  cpu_count=self._cpu_count, run_dir=self._run_dir, node=node)
+                                  cpu_count=self._cpu_count, run_dir=self._run_dir, node=node, user=user)
             # Asked before the spawn: an adapter that raised here after it would
             # leave a running engine that no watcher follows.
             in_flight = draining.probe_of(adapter)
@@ -240,7 +248,8 @@ class Supervisor:
         saved = statefiles.Saved(spec=fetching.stored(spec), pid=pid, create_time=create_time, port=plan.port,
                                  endpoint=plan.endpoint, host=self._host, log_path=plan.log_path,
                                  log_offset=rec.engine.log_offset if rec.engine else 0, argv=tuple(plan.argv),
-                                 serves_http=plan.serves_http)
+                                 serves_http=plan.serves_http, uid=plan.user.uid if plan.user else None,
+                                 gid=plan.user.gid if plan.user else None)
         try:
             # A small local file: written on the event loop, as the log tail is read.
             rec.state_path = statefiles.write(self._run_dir, saved)
@@ -359,7 +368,7 @@ class Supervisor:
         keep = {r.status.pid for r in self._recs.all() if r.status.pid}
         known = {r.status.shard_id for r in self._recs.all()}
         # /proc and the run dir: blocking reads, off the event loop.
-        files, found = await asyncio.to_thread(recovering.look, self._run_dir)
+        files, found = await asyncio.to_thread(recovering.look, self._run_dir, ours=self._may_be_engine)
         decisions = recovering.decide(files, found, run_dir=str(self._run_dir), keep=keep, known=known)
         adopted = []
         for d in decisions:
@@ -395,7 +404,8 @@ class Supervisor:
         plan = launching.Plan(argv=list(saved.argv), env={}, endpoint=saved.endpoint,
                               health_path=adapter.health_path if adapter else "", log_path=saved.log_path,
                               port=saved.port, serves_http=saved.serves_http,
-                              work_dir=launching.work_dir_of(self._run_dir, spec.shard_id))
+                              work_dir=launching.work_dir_of(self._run_dir, spec.shard_id),
+                              user=self._users.keep(spec.shard_id, saved.uid, saved.gid))
         engine = process.EngineProcess(spec, plan, http=self._http, log_offset=saved.log_offset,
                                        orphan=orphans.Orphan(d.seen), poll_s=self._interval_s,
                                        in_flight_probe=draining.probe_of(adapter) if adapter else None)
@@ -410,6 +420,9 @@ class Supervisor:
             return rec.status
         rec.monitor = asyncio.create_task(self._watch(rec), name=f"watch adopted {spec.shard_id}")
         return rec.status
+
+    def _may_be_engine(self, uid: int) -> bool:
+        return self._users.policy.may_be_engine(uid, os.getuid())
 
     def _give_up(self, rec: records.Shard, failure: str) -> None:
         """Stop an adopted engine that cannot be used; FAILED follows once it is gone."""

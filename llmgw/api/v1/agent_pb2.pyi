@@ -80,7 +80,7 @@ class CertIssued(_message.Message):
     def __init__(self, cert_pem: _Optional[bytes] = ..., error: _Optional[str] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
-    __slots__ = ("seq", "register", "heartbeat", "shard_status", "ack", "logs_reply", "renew_cert", "fabric_result")
+    __slots__ = ("seq", "register", "heartbeat", "shard_status", "ack", "logs_reply", "renew_cert", "fabric_result", "goodbye")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     REGISTER_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
@@ -89,6 +89,7 @@ class AgentMessage(_message.Message):
     LOGS_REPLY_FIELD_NUMBER: _ClassVar[int]
     RENEW_CERT_FIELD_NUMBER: _ClassVar[int]
     FABRIC_RESULT_FIELD_NUMBER: _ClassVar[int]
+    GOODBYE_FIELD_NUMBER: _ClassVar[int]
     seq: int
     register: Register
     heartbeat: Heartbeat
@@ -97,7 +98,14 @@ class AgentMessage(_message.Message):
     logs_reply: LogsReply
     renew_cert: RenewCert
     fabric_result: FabricTestResult
-    def __init__(self, seq: _Optional[int] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., shard_status: _Optional[_Union[ShardStatus, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., logs_reply: _Optional[_Union[LogsReply, _Mapping]] = ..., renew_cert: _Optional[_Union[RenewCert, _Mapping]] = ..., fabric_result: _Optional[_Union[FabricTestResult, _Mapping]] = ...) -> None: ...
+    goodbye: Goodbye
+    def __init__(self, seq: _Optional[int] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., shard_status: _Optional[_Union[ShardStatus, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., logs_reply: _Optional[_Union[LogsReply, _Mapping]] = ..., renew_cert: _Optional[_Union[RenewCert, _Mapping]] = ..., fabric_result: _Optional[_Union[FabricTestResult, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ...) -> None: ...
+
+class Goodbye(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class ControlMessage(_message.Message):
     __slots__ = ("seq", "term", "start_shard", "stop_shard", "ack", "drain", "logs_request", "logs_cancel", "remove_weights", "cert_issued", "provision", "fabric_test", "controlplanes")
@@ -627,20 +635,22 @@ class ShardStatus(_message.Message):
     def __init__(self, shard_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., state: _Optional[_Union[ShardState, str]] = ..., message: _Optional[str] = ..., exited: bool = ..., exit_code: _Optional[int] = ..., last_output: _Optional[_Iterable[str]] = ..., endpoint: _Optional[str] = ..., pid: _Optional[int] = ..., spec: _Optional[_Union[ShardSpec, _Mapping]] = ..., adopted: bool = ..., probe_failures: _Optional[int] = ..., fetch: _Optional[_Union[FetchProgress, _Mapping]] = ...) -> None: ...
 
 class Ack(_message.Message):
-    __slots__ = ("seq", "ok", "error", "leader", "term", "controlplanes")
+    __slots__ = ("seq", "ok", "error", "leader", "term", "controlplanes", "rejoin")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     OK_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     CONTROLPLANES_FIELD_NUMBER: _ClassVar[int]
+    REJOIN_FIELD_NUMBER: _ClassVar[int]
     seq: int
     ok: bool
     error: str
     leader: str
     term: int
     controlplanes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, seq: _Optional[int] = ..., ok: bool = ..., error: _Optional[str] = ..., leader: _Optional[str] = ..., term: _Optional[int] = ..., controlplanes: _Optional[_Iterable[str]] = ...) -> None: ...
+    rejoin: bool
+    def __init__(self, seq: _Optional[int] = ..., ok: bool = ..., error: _Optional[str] = ..., leader: _Optional[str] = ..., term: _Optional[int] = ..., controlplanes: _Optional[_Iterable[str]] = ..., rejoin: bool = ...) -> None: ...
 
 class EngineWant(_message.Message):
     __slots__ = ("engine", "version")

@@ -1,8 +1,14 @@
 """Node certificates on the control plane: join with a token, renewal on the stream, the checks at Connect.
 
 Each decision here runs on the store's thread in one call (``Issuer.join`` and ``Issuer.renew`` hand
-``_join``/``_renew`` to it whole): the token's use, the check for a certificate the node already has, and
+``_join``/``_renew`` to it whole): the token's check, the check for a certificate the node already has, and
 the new row are one step, so two joins racing for one node id cannot both get a certificate.
+
+Only a join that succeeds spends a use of its token: the token is checked first, and its use, the
+revocation of the node's earlier certificates and the new certificate's row are one transaction
+(``Store.admit_node``), so two joins racing for a token's last use cannot both succeed, and a refusal
+(a bad CSR, a name taken) leaves the token as it was. A join of a node that had certificates (a rejoin
+with ``llmgw token create --node N``) revokes them: before, the old agent kept connecting for a year.
 
 The node id is the certificate's common name, decided here and never read from the CSR: a joining
 node that put another's name in its request would otherwise be signed as that node.
@@ -77,7 +83,7 @@ def _join(store: store_mod.Store, ca: pki.Issued, *, token: str, csr_pem: bytes,
     """On the store's thread: the token's use, the checks, the signature and the row; JoinRefused otherwise."""
     actor = f"join@{peer}"
     try:
-        granted = tokens.consume(store, token, now=now)
+        granted = tokens.check(store, token, now=now)
     except tokens.TokenRefused as e:
         store.record_audit(actor=actor, action="node join", object=f"node/{asked_id[:80]}", outcome="refused",
                            detail=f"{e.reason}: {e}", at=now)
@@ -100,9 +106,16 @@ def _join(store: store_mod.Store, ca: pki.Issued, *, token: str, csr_pem: bytes,
         store.record_audit(actor=actor, action="node join", object=f"node/{node_id[:80]}", outcome="refused",
                            detail=f"token {granted.token_id}: {why}", at=now)
         raise JoinRefused(why)
-    store.add_node_cert(stored_cert(cert_pem, node_id, now=now))
+    revoked = store.admit_node(granted.token_id, stored_cert(cert_pem, node_id, now=now), now=now)
+    if revoked is None:  # another join took the token's last use between the check and here
+        e = tokens.used_up(granted.token_id)
+        store.record_audit(actor=actor, action="node join", object=f"node/{node_id}", outcome="refused",
+                           detail=f"{e.reason}: {e}", at=now)
+        raise JoinRefused(str(e))
     store.record_audit(actor=actor, action="node join", object=f"node/{node_id}", outcome="ok",
-                       detail=f"token {granted.token_id}, certificate {serial_of(cert_pem)}", at=now)
+                       detail=f"token {granted.token_id}, certificate {serial_of(cert_pem)}"
+                              + (f"; {revoked} earlier certificate(s) of the node revoked" if revoked else ""),
+                       at=now)
     return node_id, cert_pem
 
 

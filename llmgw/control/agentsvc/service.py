@@ -208,13 +208,16 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             metrics.STANDBY_REFUSALS.inc()
             yield pb.ControlMessage(seq=0, ack=standby)
             return
-        refusal = _check_register(first) or await self._check_identity(first.register.node_id, context) \
-            or self._check_not_connected(first.register.node_id, peer)
+        refusal = _check_register(first)
+        rejoin = False  # the certificate is refused for good: the agent stops redialling (agent/rejoin.py)
+        if not refusal:
+            refusal, rejoin = await self._check_identity(first.register.node_id, context)
+        refusal = refusal or self._check_not_connected(first.register.node_id, peer)
         if not refusal and not self.cluster.leading:  # deposed while the identity was checked
             refusal = "this control plane stopped leading while the agent registered; dial again"
         if refusal:
             log.warning("refused agent at %s: %s", peer, refusal)
-            yield pb.ControlMessage(seq=0, ack=pb.Ack(seq=first.seq, ok=False, error=refusal))
+            yield pb.ControlMessage(seq=0, ack=pb.Ack(seq=first.seq, ok=False, error=refusal, rejoin=rejoin))
             return
         reg = first.register
         link = _Link(reg.node_id, peer=peer, term=self.cluster.term)
@@ -275,26 +278,28 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                      "try again in a few seconds")
         return pb.Ack(seq=first.seq, ok=False, error=error, leader=leader, controlplanes=peers)
 
-    async def _check_identity(self, node_id: str, context: grpc.aio.ServicerContext) -> str:
-        """Why the peer may not be ``node_id`` (no certificate, another node's, revoked); empty when it may."""
+    async def _check_identity(self, node_id: str, context: grpc.aio.ServicerContext) -> tuple[str, bool]:
+        """Why the peer may not be ``node_id`` (no certificate, another node's, revoked; "" when it may), and
+        whether only a new join can cure it (its certificate is revoked, or unknown to the store)."""
         if self.issuer is None:
-            return ""
+            return "", False
         presented = context.auth_context().get("x509_pem_cert") or []
         if not presented:
             # Only the join port lets a peer in without a certificate (the agent port's handshake refuses it).
             return (f"this is the join port, which serves only Join; the agent stream is on port {self.agent_port}: "
                     f"run the agent with the server HOST:{self.agent_port} (`llmgw agent join` writes it to "
-                    "pki/join.json)")
+                    "pki/join.json)"), False
         cert_pem = presented[0]
         try:
             cn = pki.common_name(cert_pem)
         except pki.PkiError as e:  # gRPC checked the chain; a certificate it took yet we cannot read is odd
-            return f"the client certificate cannot be read: {e}"
+            return f"the client certificate cannot be read: {e}", False
         if cn != node_id:
             return (f"this certificate is node {cn!r}'s, and Register names node {node_id!r}: an agent registers "
                     f"as the node its certificate names; run it with --node-id {cn} (or without --node-id), or "
-                    f"join {node_id!r} with a token of its own")
-        return await self.issuer.check_presented(cert_pem, node_id)
+                    f"join {node_id!r} with a token of its own"), False
+        refused = await self.issuer.check_presented(cert_pem, node_id)
+        return refused, bool(refused)
 
     async def Join(self, request: pb.JoinRequest,  # noqa: N802 (gRPC's name)
                    context: grpc.aio.ServicerContext) -> pb.JoinReply:
@@ -318,6 +323,9 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             log.warning("refused a join from %s (asking to be node %r): %s", peer, request.node_id[:80], e)
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
         log.info("node %s joined from %s", node_id, peer)
+        held = self._live.get(node_id)
+        if held is not None:  # a rejoin: the join revoked the certificate this stream was opened with
+            held.close(f"node {node_id} joined again from {peer}; the certificate of this stream is revoked")
         return pb.JoinReply(cert_pem=cert_pem, ca_pem=self.issuer.tls.ca.cert_pem, node_id=node_id,
                             agent_port=self.agent_port)
 
@@ -361,6 +369,8 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             _observe_heartbeat(time.perf_counter() - t0)
         elif kind == "shard_status":
             self.cluster.shard_reported(link.node_id, convert.status_from_pb(msg.shard_status))
+        elif kind == "goodbye":
+            self.cluster.node_leaving(link.node_id, msg.goodbye.reason or "its agent is stopping")
         elif kind == "fabric_result":
             link.fabric_result(msg.fabric_result)
         elif kind == "logs_reply":

@@ -16,6 +16,7 @@ import asyncio
 import dataclasses
 import hmac
 import logging
+import pathlib
 import time
 from collections.abc import Callable
 
@@ -55,10 +56,13 @@ class Auth:
     """The REST API's authentication; ``Auth.insecure()`` lets everything through as ``principals.INSECURE``."""
 
     def __init__(self, db: StoreThread | None, *, insecure: bool = False, clock: Callable[[], float] = time.time,
-                 limiter: passwords.Limiter | None = None) -> None:
+                 limiter: passwords.Limiter | None = None, initial_password: pathlib.Path | None = None) -> None:
         if db is None and not insecure:
             raise ValueError("a secure Auth needs the store")
         self.db, self.is_insecure, self._clock = db, insecure, clock
+        #: The file a server started without a terminal left admin's first password in (``datadir``); removed
+        #: when admin's password changes.
+        self.initial_password = initial_password
         self.limiter = limiter or passwords.Limiter()
         self._memory: dict[str, Principal] = {}  # digest -> principal, for tokens never stored
         self._cache: dict[str, tuple[float, Principal | None]] = {}  # digest -> (looked up at, answer)
@@ -131,20 +135,28 @@ class Auth:
         """A token (or a session) for a user whose password matches; LoginRefused otherwise, never saying which
         of the name or the password was wrong."""
         assert self.db is not None
-        keys = (f"user:{username}", f"addr:{peer}")
-        wait = max(self.limiter.retry_after(k) for k in keys)
+        lim, addr = self.limiter, passwords.address_key(peer)
+        by_addr, by_pair, by_user = f"addr:{addr}", f"pair:{addr}|{username}", f"user:{username}"
+        # This address's own failures refuse it; nobody else's do (see ``passwords``).
+        wait = max(lim.retry_after(by_addr, limit=lim.address_limit), lim.retry_after(by_pair))
+        if wait == 0 and lim.retry_after(by_user) > 0:
+            if lim.failures(by_addr):  # the user's bucket is full and this address has guessed: refused
+                wait = lim.retry_after(by_user)
+            else:  # a clean address: slowed, never refused (the account's owner must still get in)
+                await asyncio.sleep(lim.slow_s)
         if wait > 0:
             log.warning("login as %r from %s refused: too many failed logins (rate limited for %.0fs more)",
                         username, peer, wait)
-            raise LoginRefused(f"too many failed logins for user {username!r} or from {peer}; try again in "
-                               f"{wait:.0f}s (or ask an administrator: `llmgw user reset-password {username}`)",
+            raise LoginRefused(f"too many failed logins from {peer}; try again from here in {wait:.0f}s (a login "
+                               "from an address without failed logins is not refused), or ask an administrator: "
+                               f"`llmgw user reset-password {username}`",
                                retry_after=wait)
         user = await self.db.call(self.db.store.get_user, username)
         # argon2 takes tens of milliseconds of CPU: on the loop it would hold every agent stream and request.
         ok = await asyncio.to_thread(passwords.verify, user.password_hash if user else None, password)
         if user is None or not ok:
-            for k in keys:
-                self.limiter.fail(k)
+            for k in (by_addr, by_pair, by_user):
+                lim.fail(k)
             log.warning("failed login as %r from %s", username, peer)  # never the password
             raise LoginRefused("wrong username or password; an administrator can reset it with "
                                f"`llmgw user reset-password {username}`")

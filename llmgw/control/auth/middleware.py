@@ -9,7 +9,11 @@ was sent) and 403 ``forbidden`` (valid, but not enough), each saying what is mis
 A cookie is sent by the browser to every request to this host, whoever's page made it, so
 a cookie-authenticated change must carry an ``Origin`` equal to this server's own (CSRF);
 SameSite=Strict already stops modern browsers, this stops the rest. A bearer token is never
-sent by a browser on its own, so it needs no such check.
+sent by a browser on its own, so it needs no such check. Two exceptions, both ways round: a logout
+is let through from anywhere (ending a session is harmless cross-site, and a logout refused for its
+missing Origin left the session alive for 12 hours while the UI cleared the cookie), and a login,
+which needs no credential, is refused when a browser says it comes from another site
+(``cross_site_login``): a forged login puts the victim in the attacker's account.
 
 In insecure mode every request is ``principals.INSECURE`` and every answer carries
 ``X-Llmgw-Insecure: 1``, which the CLI turns into a warning on each command.
@@ -30,6 +34,7 @@ from llmgw.control.http.errors import error_body
 log = logging.getLogger(__name__)
 PRINCIPAL = "llmgw.principal"
 INSECURE_HEADER = "x-llmgw-insecure"
+LOGOUT = "/api/v1/logout"
 _ROUTER_REACHES = ("a router credential reaches only GET /api/v1/endpoints, POST /api/v1/router/events, "
                    "POST /api/v1/router/signals and /metrics")
 
@@ -54,6 +59,23 @@ def same_origin(headers: dict[str, str]) -> bool:
     """Whether the request's Origin names the host it was sent to."""
     origin, host = headers.get("origin", ""), headers.get("host", "")
     return bool(origin and host) and urllib.parse.urlsplit(origin).netloc.lower() == host.lower()
+
+
+def cross_site_login(headers: dict[str, str]) -> str:
+    """Why a login is refused as cross-site, or "" when it is not.
+
+    A browser sends ``Origin`` on every form POST (``null`` from a sandboxed or privacy-stripped page); an
+    older one may send only ``Referer``. A request with neither is not from a browser's page (a script, the
+    CLI) and so not cross-site.
+    """
+    host = headers.get("host", "").lower()
+    origin, referer = headers.get("origin"), headers.get("referer")
+    said, value = ("Origin", origin) if origin is not None else ("Referer", referer)
+    if value is None or (host and urllib.parse.urlsplit(value).netloc.lower() == host):
+        return ""
+    return (f"a login must come from this server's own login page, and the {said} header ({value[:100]!r}) does not "
+            f"name {host[:100]!r}: refused as a possible cross-site login; open the login page at this server's "
+            "own address (a script leaves Origin out or sends the server's own)")
 
 
 def forbidden_message(p: principals.Principal, need: principals.Need, method: str, path: str) -> str:
@@ -105,7 +127,8 @@ class AuthMiddleware:
             return
         # Known from here, refused or not: the audit log (outside this middleware) names who tried.
         scope[PRINCIPAL] = p
-        if from_cookie and method not in ("GET", "HEAD") and not same_origin(headers):
+        if (from_cookie and method not in ("GET", "HEAD") and not same_origin(headers)
+                and not (method == "POST" and path == LOGOUT)):
             origin = headers.get("origin", "")
             await _refuse(403, "forbidden", f"a change made with the session cookie must come from this server's "
                           f"own pages, and the Origin header ({origin[:100]!r}) does not name {headers.get('host')!r}"

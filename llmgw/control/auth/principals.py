@@ -72,12 +72,18 @@ def _under(path: str, prefix: str) -> bool:
 
 
 def required(method: str, path: str) -> Need | None:
-    """What ``method path`` needs; None when it needs no credential at all (health, login)."""
+    """What ``method path`` needs; None when it needs no credential at all (health, login, the API docs)."""
     if (method in ("GET", "HEAD") and path == "/healthz") or (method == "POST" and path == "/api/v1/login"):
         return None
+    if method in ("GET", "HEAD") and path in ("/api/docs", "/api/openapi.json"):
+        return None  # the API's shape, no secret: a browser opens the docs page `make up` prints (issue 24)
     if path == "/metrics":
         return Need(VIEWER, router=True)
     if _under(path, "/api/v1/users") or _under(path, "/api/v1/routers"):
+        return Need(ADMIN)
+    if path == "/api/v1/settings" and method not in ("GET", "HEAD"):  # the cluster's spec policy (issue 24)
+        return Need(ADMIN)
+    if _under(path, "/api/v1/tokens"):  # join tokens make nodes: an admin's, as `llmgw token create` was on the host
         return Need(ADMIN)
     if method in ("GET", "HEAD"):
         if path == "/api/v1/endpoints":  # every engine's address and bearer key: routers only

@@ -24,6 +24,7 @@ from llmgw.control import events as ev
 from llmgw.control.auth import Auth
 from llmgw.control.auth import middleware as auth_mw
 from llmgw.control.cluster import Cluster, LogsError, NodeNotConnected, in_force
+from llmgw.control.http import apidocs, paging
 from llmgw.control.http import audit as audit_http
 from llmgw.control.http import describe as describe_http
 from llmgw.control.http import engines as engines_http
@@ -31,6 +32,8 @@ from llmgw.control.http import fabric as fabric_http
 from llmgw.control.http import forward as forward_http
 from llmgw.control.http import keys as keys_http
 from llmgw.control.http import nodecerts as nodecerts_http
+from llmgw.control.http import settings as settings_http
+from llmgw.control.http import tokens as tokens_http
 from llmgw.control.http import users as users_http
 from llmgw.control.http import weights as weights_http
 from llmgw.control.http.errors import ApiError, install
@@ -39,7 +42,7 @@ from llmgw.control.state import NodeView, Phase, ReplicaRecord
 from llmgw.control.status import fetch_of, summarize
 from llmgw.control.store.offloop import StoreThread
 from llmgw.control.store.store import Store, StoredAutoscale, StoredModel, StoredNode
-from llmgw.core import enginecheck, shards, specs
+from llmgw.core import enginecheck, shards, specpolicy, specs
 from llmgw.core.errors import ShardIdError, SpecError
 from llmgw.core.shards import ShardState
 
@@ -134,7 +137,8 @@ class _StatementsOnLoop(Collector):
 
 
 def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extra_registries: tuple[Any, ...] = (),
-               router_events: RouterEvents | None = None, leadership: forward_http.View | None = None) -> FastAPI:
+               router_events: RouterEvents | None = None, leadership: forward_http.View | None = None,
+               join: tokens_http.JoinPoint | None = None) -> FastAPI:
     """The REST app; ``extra_registries`` (the in-process router's) are served on the same /metrics.
 
     Every store call is awaited on the store's thread (``store.offloop``), never made on the
@@ -142,11 +146,14 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extr
     (the in-process router's callback writes to the same one); a fresh one when not given.
     ``auth`` decides who may call what (``Auth.insecure()``: everyone, everything); it is a required
     keyword so that no caller gets an open API by leaving it out. ``leadership`` (``leader.Leadership``)
-    is what ``/api/v1/controlplanes`` lists; None (a single server): an empty list.
+    is what ``/api/v1/controlplanes`` lists; None (a single server): an empty list. ``join``: where agents
+    join this server, for the command ``POST /api/v1/tokens`` answers; None: no join port (``--insecure``).
     """
     reports = router_events if router_events is not None else RouterEvents()
-    app = FastAPI(title="llmgw control plane", version="v1", docs_url="/api/docs", openapi_url="/api/openapi.json")
+    app = FastAPI(title="llmgw control plane", version="v1", docs_url=None, redoc_url=None,
+                  openapi_url=apidocs.OPENAPI_PATH)
     install(app)
+    apidocs.install(app)  # /api/docs without Swagger UI's CDN assets
     db = store if isinstance(store, StoreThread) else StoreThread(store)
     # Nothing inside the auth middleware runs for a request without the credential it needs; it puts
     # the principal it proved in the scope, refused or not.
@@ -158,10 +165,12 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extr
     app.include_router(audit_http.router(db))
     app.include_router(keys_http.router(db, cluster))
     app.include_router(nodecerts_http.router(db, cluster))
+    app.include_router(tokens_http.router(db, join))
     app.include_router(describe_http.router(db, cluster))
     app.include_router(weights_http.router(db, cluster))
     app.include_router(fabric_http.router(cluster))
     app.include_router(engines_http.router(db, cluster))
+    app.include_router(settings_http.router(db))
     # Collectors without names (the router's registry, _StatementsOnLoop) kept apart, so that a scrape
     # restricted with name[] reaches them: without it the UI's read of the router's series came back empty.
     registry = prometheus_client.CollectorRegistry(support_collectors_without_names=True)
@@ -185,6 +194,9 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extr
                            code="invalid_json") from None
         try:
             model = specs.parse_manifest(doc)
+            # The cluster's env allowlist and code flags (issue 24), with the admin's settings in force.
+            policy = await settings_http.current(db)
+            specpolicy.check(model.spec, allowed_env=policy.allowed_env, allow_remote_code=policy.allow_remote_code)
         except SpecError as e:
             raise ApiError(422, str(e), code="invalid_spec", param=e.field) from None
         # What the model file alone proves the engine would refuse (fp8 without a GPU, a reserved
@@ -325,8 +337,7 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extr
         return {"applied": applied}
 
     @app.get("/api/v1/nodes")
-    async def list_nodes(offset: int = Query(default=0, ge=0), limit: int = Query(default=0, ge=0, le=10_000)
-                         ) -> Response:
+    async def list_nodes(offset: int = paging.offset(), limit: int = paging.limit(default=0, low=0)) -> Response:
         """Every node (``limit`` 0), or a page of them by id; ``total`` counts them all."""
         # Only the page's rows are read and only its documents built: the UI's page of 100 of 1,000
         # nodes read every node and every whole replica before (0.55 s, bench/ui_overview.py).
@@ -385,7 +396,7 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extr
         return StreamingResponse(body(), media_type="application/x-ndjson")
 
     @app.get("/api/v1/endpoints")
-    async def endpoints(after: int | None = None,
+    async def endpoints(after: int | None = Query(default=None, ge=-1, le=paging.MAX_ID),
                         timeout: float = Query(default=25.0, ge=0, le=LONG_POLL_MAX_S)) -> dict[str, Any]:
         return await cluster.wait_table(after=after, timeout=timeout)
 

@@ -14,12 +14,13 @@ import json
 import time
 from typing import Any
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Response
 
 from llmgw.control import autoscaler, engines
 from llmgw.control.cluster import Cluster, in_force
 from llmgw.control.conditions import Condition
 from llmgw.control.events import Event
+from llmgw.control.http import paging
 from llmgw.control.http.errors import ApiError
 from llmgw.control.state import NodeView, Phase, ReplicaRecord
 from llmgw.control.status import fetch_of, summarize
@@ -67,8 +68,8 @@ def router(db: StoreThread, cluster: Cluster) -> APIRouter:
 
     @api.get("/api/v1/events")
     async def list_events(object: str | None = None, model: str | None = None, node: str | None = None,
-                          since: float | None = None, after: int = Query(default=0, ge=0, le=2**63 - 1),
-                          limit: int = Query(default=500, ge=1, le=10_000)) -> Response:
+                          since: float | None = paging.since_time(), after: int = paging.after_id(),
+                          limit: int = paging.limit(default=500)) -> Response:
         """Events, oldest first; ``model``/``node`` include their replicas'; ``after`` an id, for following."""
         items = await db.list_events(obj=object, model=model, node=node, since=since, after_id=after, limit=limit)
         # Made JSON off the loop too: a page of 500 took ~25 ms of the loop's time as dicts through

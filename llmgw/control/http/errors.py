@@ -36,7 +36,15 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_req: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
+        loc = tuple(first.get("loc", ()))
+        if loc[:1] == ("query",) and len(loc) > 1:
+            # A query parameter out of its range (``offset=9999999999999999999`` was a 500 from the database):
+            # 422 with the parameter, the rule it broke and the value as given.
+            name = str(loc[1])
+            return JSONResponse(error_body(f"query parameter {name}: {first.get('msg', 'invalid value')}; got "
+                                           f"{str(first.get('input'))[:40]!r}", type_="invalid_request_error",
+                                           code="invalid_parameter", param=name), status_code=422)
+        where = ".".join(str(x) for x in loc if x != "body")
         return JSONResponse(error_body(f"{where}: {first.get('msg', 'invalid request')}",
                                        type_="invalid_request_error", code="invalid_request", param=where or None),
                             status_code=400)

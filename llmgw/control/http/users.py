@@ -19,7 +19,9 @@ import pydantic
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
+from llmgw.control import datadir
 from llmgw.control.auth import credentials, passwords, principals
+from llmgw.control.auth import middleware as auth_mw
 from llmgw.control.auth.credentials import Auth, LoginRefused
 from llmgw.control.auth.middleware import PRINCIPAL
 from llmgw.control.http.errors import ApiError, error_body
@@ -78,6 +80,8 @@ def user_doc(u: StoredUser) -> dict[str, Any]:
 
 
 def _peer(request: Request) -> str:
+    """The login's address: the socket's peer, or for the admin UI's in-process call the browser's
+    (``llmgw.control.ui.guard.PeerFromUi`` puts it in the scope; no header from outside can)."""
     return request.client.host if request.client else "unknown"
 
 
@@ -89,6 +93,8 @@ def router(db: StoreThread, auth: Auth) -> APIRouter:
         """A user token (30 days), or with ``session`` a browser session cookie (12 h), for a right password."""
         if auth.is_insecure:
             raise ApiError(400, "this server runs with --insecure: nothing needs a login", code="insecure")
+        if refusal := auth_mw.cross_site_login({k.lower(): v for k, v in request.headers.items()}):
+            raise ApiError(403, refusal, code="cross_site_login", type_="permission_error")
         try:
             done = await auth.login(body.username, body.password, peer=_peer(request), session=body.session)
         except LoginRefused as e:
@@ -159,6 +165,8 @@ def router(db: StoreThread, auth: Auth) -> APIRouter:
         await db.call(db.store.put_user, StoredUser(name, role, hashed, user.created_at))
         if body.reset_password:  # whoever had the old password may have made tokens with it
             await db.call(db.store.delete_api_tokens, subject=name, kinds=("user", "session"))
+            if name == datadir.ADMIN:  # the first password's file holds one that no longer works
+                datadir.forget_initial_password(auth.initial_password)
         auth.forget_cached()
         return answer
 
@@ -170,6 +178,8 @@ def router(db: StoreThread, auth: Auth) -> APIRouter:
             raise ApiError(409, f"user {name!r} is the last administrator; make another admin first",
                            code="last_admin")
         await db.call(db.store.delete_user, name)
+        if name == datadir.ADMIN:
+            datadir.forget_initial_password(auth.initial_password)
         auth.forget_cached()
         return {"deleted": name}
 

@@ -28,6 +28,11 @@ from llmgw.core.units import format_bytes
 
 #: How many refused nodes a message names before it summarises the rest.
 NAMED_IN_MESSAGE = 3
+#: What a cluster with no node at all is told. Agents join (issue 13): a bare `llmgw agent --server` is
+#: refused by a secure control plane, so the old advice sent users into a certificate error.
+NO_NODES = ("no node is registered; add one: run `llmgw token create` (as an admin) and, on the node, the "
+            "`llmgw agent join --server ... --token ... --ca-hash ...` command it prints (against `llmgw server "
+            "--insecure`, on loopback only: `llmgw agent --insecure --server HOST:8081`)")
 
 
 #: Placed's reason for a replica no node can take now.
@@ -109,7 +114,7 @@ def _headline(need: Need, stage: int) -> str:
 def refusal(need: Need, reasons: Mapping[str, f.Reason], *, what: str = "a replica") -> Refused:
     """The Refused for ``need`` given each node's reason."""
     if not reasons:
-        return Refused("no node is registered; start one with `llmgw agent --server HOST:8081`", {})
+        return Refused(NO_NODES, {})
     nearest = sorted(reasons.items(), key=lambda kv: (-kv[1].stage, -kv[1].nearness, kv[0]))
     top = nearest[0][1].stage
     parts = [_headline(need, top)]

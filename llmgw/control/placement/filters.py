@@ -78,6 +78,8 @@ def static_reason(need: Need, node: NodeView) -> Reason | None:
     """The first check that does not depend on free resources and fails, or None."""
     if not node.connected:
         return Reason(CONNECTED, "is not connected")
+    if node.leaving:
+        return Reason(CONNECTED, f"is leaving ({node.leaving})")
     if node.cordoned:
         return Reason(CORDON, "is cordoned")
     missing = _engine_reason(need, node)

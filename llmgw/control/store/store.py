@@ -71,6 +71,10 @@ class Fenced(LlmgwError, RuntimeError):
     """A write refused because this control plane does not hold the lease at its term (see ``Store.fence``)."""
 
 
+class KeyIdTaken(LlmgwError, ValueError):
+    """A new API key's id is another key's already (``Store.add_key``); the caller draws another."""
+
+
 #: ``Store.fence`` of a standby: it holds no term, so it writes nothing of the cluster's state.
 STANDBY = ("", 0)
 
@@ -598,9 +602,17 @@ class Store:
 
     # -- API keys ----------------------------------------------------------------
     def add_key(self, key: StoredKey) -> StoredKey:
-        with self._tx() as s:
-            s.add(ApiKeyRow(id=key.id, name=key.name, sha256=key.sha256, models=list(key.models), rpm=key.rpm,
-                            tpm=key.tpm, priority=key.priority, created_at=key.created_at, disabled=key.disabled))
+        """Stores a new key; KeyIdTaken when another key has its id (the caller draws another id)."""
+        try:
+            with self._tx() as s:
+                s.add(ApiKeyRow(id=key.id, name=key.name, sha256=key.sha256, models=list(key.models), rpm=key.rpm,
+                                tpm=key.tpm, priority=key.priority, created_at=key.created_at,
+                                disabled=key.disabled))
+        except sa.exc.IntegrityError:
+            with self._session() as s:
+                if s.get(ApiKeyRow, key.id) is None:
+                    raise
+            raise KeyIdTaken(f"key id {key.id} is taken") from None
         return key
 
     def list_keys(self) -> list[StoredKey]:
@@ -743,6 +755,23 @@ class Store:
         with self._session() as s:
             return [StoredNodeCert(r.serial, r.node_id, r.issued_at, r.not_after, r.revoked_at) for r in s.scalars(q)]
 
+    def admit_node(self, token_id: str, cert: StoredNodeCert, *, now: float) -> int | None:
+        """A join's writes in one transaction: one use of the token, every earlier certificate of the node
+        revoked, the new one stored. None (and nothing written) when the token had no use left; else how
+        many earlier certificates were revoked. A refused join never gets here, so it spends no use."""
+        with self._tx() as s:
+            spent = s.execute(sa.update(TokenRow).where(TokenRow.id == token_id, TokenRow.uses_left > 0,
+                                                        TokenRow.expires_at > now)
+                              .values(uses_left=TokenRow.uses_left - 1)).rowcount
+            if not spent:
+                return None
+            revoked = s.execute(sa.update(NodeCertRow).where(NodeCertRow.node_id == cert.node_id,
+                                                             NodeCertRow.revoked_at == 0)
+                                .values(revoked_at=now)).rowcount
+            s.add(NodeCertRow(serial=cert.serial, node_id=cert.node_id, issued_at=cert.issued_at,
+                              not_after=cert.not_after, revoked_at=cert.revoked_at))
+            return int(revoked)
+
     def revoke_node_certs(self, node_id: str, *, at: float) -> int:
         """Revokes every unrevoked certificate of a node; returns how many."""
         with self._tx() as s:
@@ -884,7 +913,7 @@ class Store:
     # -- the audit log -----------------------------------------------------------------
     def record_audit(self, *, actor: str, action: str, object: str, outcome: str, detail: str = "",
                      at: float | None = None) -> AuditEntry:
-        """Appends one action to the audit log; returns it with its id. Never pruned: it is the record."""
+        """Appends one action to the audit log; returns it with its id. Kept for the retention (``prune_audit``)."""
         if outcome not in AUDIT_OUTCOMES:
             raise ValueError(f"audit outcome {outcome!r}: expected one of {', '.join(AUDIT_OUTCOMES)}")
         row = AuditRow(at=time.time() if at is None else at, actor=actor[:320], action=action[:32],
@@ -893,6 +922,16 @@ class Store:
             s.add(row)
             s.flush()
             return AuditEntry(row.id, row.at, row.actor, row.action, row.object, row.outcome, row.detail)
+
+    def set_audit_detail(self, entry_id: int, detail: str) -> None:
+        """Rewrites one entry's detail: a row that counts refusals (``http.audit.RefusalCounts``) as they come."""
+        with self._tx() as s:
+            s.execute(sa.update(AuditRow).where(AuditRow.id == entry_id).values(detail=_text(detail[:2000])))
+
+    def prune_audit(self, *, before: float) -> int:
+        """Deletes the entries older than ``before`` (the retention, ``llmgw server --audit-retention``)."""
+        with self._tx() as s:
+            return int(s.execute(sa.delete(AuditRow).where(AuditRow.at < before)).rowcount)
 
     def list_audit(self, *, since_id: int = 0, limit: int = 500) -> list[AuditEntry]:
         """Up to ``limit`` entries after ``since_id``, oldest first (``since_id=0``: from the start)."""

@@ -226,6 +226,21 @@ class SettingRow(Base):
     value: Mapped[str] = mapped_column(Text, default="")
 
 
+class ClusterSettingRow(Base):
+    """One spec policy setting (issue 24: ``allowed_env``, ``allow_remote_code``), its value as JSON.
+
+    Apart from ``settings``: those are engine install settings a server's flags overwrite at start.
+    """
+
+    __tablename__ = "cluster_settings"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[Any] = mapped_column(JSON)
+    updated_at: Mapped[float] = mapped_column(Float, default=0.0)
+    #: Who set it last (a user name); the audit log has every change.
+    updated_by: Mapped[str] = mapped_column(String(253), default="")
+
+
 class LeaseRow(Base):
     """The control plane's leader lease: one row, taken and renewed only by conditional UPDATEs (``Store``)."""
 

@@ -5,7 +5,9 @@ browser's own credential (its ``cookie``, and its ``origin`` and ``host`` so the
 check sees what the browser sent). No server-side admin token: a viewer's page shows exactly what a
 viewer's API call shows, and an API refusal is what the page shows, in the API's words.
 
-Mounted by ``llmgw.serve`` at ``/ui``; links are built from the mount's ``root_path``.
+Mounted by ``llmgw.serve`` at ``/ui``; links are built from the mount's ``root_path``. Around the
+routes (``guard``): the session check, the browser's security headers (CSP), and the browser's address
+passed to the in-process API calls.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from llmgw.control.auth import credentials
 from llmgw.control.auth import middleware as auth_mw
-from llmgw.control.ui import traffic
+from llmgw.control.ui import guard, traffic
 
 _HERE = Path(__file__).parent
 #: Node rows a page: a cluster of 1,000 nodes is ten pages, never a truncated table.
@@ -99,8 +101,9 @@ class Ui:
     """The pages; owns the in-process client to the REST app."""
 
     def __init__(self, api: ASGIApp) -> None:
-        self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=api), base_url="http://ui.internal",
-                                        timeout=30)
+        # Through ``PeerFromUi``: the API sees the browser's address (the login limit, the audit log), not ours.
+        self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=guard.PeerFromUi(api)),
+                                        base_url="http://ui.internal", timeout=30)
         #: The API answers anyone as an administrator (``llmgw server --insecure``), as its own answers say
         #: (``X-Llmgw-Insecure``). Learned, never configured: a mode the process keeps for its whole life.
         self.insecure = False
@@ -116,8 +119,10 @@ class Ui:
     async def raw(self, request: Request, method: str, path: str, *, guarded: bool = True,
                   **kw: Any) -> httpx.Response:
         """The API's answer as it came (an NDJSON log, say); raises ``SessionEnded`` on a 401 unless not ``guarded``."""
-        # The browser's own credential and origin, nothing of ours: the API decides as for the browser.
-        headers = {k: v for k in ("cookie", "origin", "host") if (v := request.headers.get(k))}
+        # The browser's own credential, origin and address, nothing of ours: the API decides as for the browser.
+        headers = {k: v for k in ("cookie", "origin", "referer", "host") if (v := request.headers.get(k))}
+        if request.client is not None:
+            headers[guard.PEER_HEADER] = request.client.host
         resp = await self.client.request(method, path, headers=headers, **kw)
         self.insecure = self.insecure or bool(resp.headers.get(auth_mw.INSECURE_HEADER))
         if guarded and resp.status_code == 401:
@@ -138,10 +143,24 @@ class Ui:
             await self.raw(request, "GET", "/api/v1/whoami", guarded=False)
         return self.insecure
 
-    async def who(self, request: Request) -> tuple[str, str]:
-        """The caller's name and role as the API says (``/api/v1/whoami``); empty when it does not answer."""
-        answer, _ = await self.call(request, "GET", "/api/v1/whoami")
+    async def session(self, request: Request) -> tuple[str, str] | None:
+        """The caller's (name, role) as the API says (``/api/v1/whoami``); None when it refuses the credential
+        (none, made up, or ended: the login instead); empty names when it fails otherwise (the page says why)."""
+        answer, _ = await self.call(request, "GET", "/api/v1/whoami", guarded=False)
+        if answer.status == 401:
+            return None
         return str(answer.doc.get("name", "")), str(answer.doc.get("role", ""))
+
+    async def who(self, request: Request) -> tuple[str, str]:
+        """The caller's name and role: as the session guard found them for this request, else asked again."""
+        known = request.scope.get(guard.WHO)
+        if known is not None:
+            name, role = known
+            return str(name), str(role)
+        found = await self.session(request)
+        if found is None:
+            raise SessionEnded("the API no longer takes this session")
+        return found
 
     def page(self, request: Request, template: str, status_code: int = 200, *, who: tuple[str, str] = ("", ""),
              **ctx: Any) -> HTMLResponse:
@@ -240,9 +259,8 @@ class Ui:
         get = {"nodes": self._nodes, "models": self._models, "events": self._events,
                "traffic": self._traffic}.get(which)
         if get is None:
-            return HTMLResponse(f"<p class=error>no fragment {which[:40]!r}; there are nodes, models, events and "
-                                "traffic</p>",
-                                status_code=404)
+            # Through the template's escaping: the name is the URL's, and a tag in it was sent back as HTML.
+            return self.page(request, "_no_fragment.html", status_code=404, which=which[:40])
         part = await get(request)
         ctx = part if isinstance(part, dict) else {"error": part.error}
         return self.page(request, f"_{which}.html", **{which: ctx})
@@ -262,31 +280,6 @@ class _Bare:
         await self.app(scope, receive, send)
 
 
-class _SessionGuard:
-    """Every page but the login's and the static files' needs a session: without its cookie, the login instead
-    (unless the API lets anyone in: an ``--insecure`` server, where no login exists).
-
-    The one place that says so (with ``SessionEnded`` for a cookie the API no longer takes): with the check
-    repeated in each handler, a new page that forgot it would show its frame to anyone.
-    """
-
-    #: Below the mount: what a browser without a session may reach.
-    OPEN = ("/login", "/logout", "/static/")
-
-    def __init__(self, app: ASGIApp, ui: Ui) -> None:
-        self.app, self.ui = app, ui
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            request = Request(scope)
-            path = scope.get("path", "")[len(scope.get("root_path", "")):]
-            if (not path.startswith(self.OPEN) and not request.cookies.get(credentials.SESSION_COOKIE)
-                    and not await self.ui.opens_without_login(request)):
-                await self.ui.to_login(request)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
 def create_ui(api: ASGIApp) -> ASGIApp:
     """The UI's ASGI app over the REST app ``api`` (what ``create_api`` returns); mount it at ``/ui``."""
     ui = Ui(api)
@@ -296,7 +289,7 @@ def create_ui(api: ASGIApp) -> ASGIApp:
     async def session_ended(request: Request, exc: Exception) -> Response:
         return ui.to_login(request)
 
-    return _Bare(_SessionGuard(Starlette(exception_handlers={SessionEnded: session_ended}, routes=[
+    pages = Starlette(exception_handlers={SessionEnded: session_ended}, routes=[
         Route("/", ui.overview, methods=["GET"]),
         Route("/login", ui.login_form, methods=["GET"]),
         Route("/login", ui.login, methods=["POST"]),
@@ -309,4 +302,6 @@ def create_ui(api: ASGIApp) -> ASGIApp:
         *audit_page.routes(ui),
         *users_page.routes(ui),
         Mount("/static", app=StaticFiles(directory=_HERE / "static"), name="static"),
-    ]), ui))
+    ])
+    # The security headers outermost, so the bare-path redirect and the guard's own answers carry them too.
+    return guard.SecurityHeaders(_Bare(guard.SessionGuard(pages, ui)))
