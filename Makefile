@@ -54,7 +54,8 @@ test: lint postgres
 	$(VENV)/bin/pytest -q -p no:cacheprovider --ignore=tests/engines --ignore=tests/e2e $(PYTEST_ARGS)
 
 # The end-to-end tests, apart so `make test` stays under 15 minutes: the real llama.cpp engine and
-# `make up`'s path, the UI in a real browser, control plane failover (several servers, PostgreSQL).
+# `make up`'s path, the UI in a real browser, control plane failover (several servers, PostgreSQL), the
+# attacker's path end to end (issue 24) and a simulated fleet joining with real identities.
 # The UI's browser tests drive Debian's `chromium` (llmgw/testing/browser.py), never a browser Playwright
 # downloads (nothing outside the package registries is reachable): apt installs it as it does postgresql.
 test-e2e: $(VENV)/.test-deps postgres chromium
