@@ -180,13 +180,34 @@ def test_the_preflight_says_what_blocks_and_what_to_do(tmp_path: Path) -> None:
     preflight.preflight(user, ["/bin/true"], model_path=str(top / "open" / "model"), env={}, shard_id="s1")
 
 
-def test_an_engine_gets_none_of_the_agents_groups_and_umask_077() -> None:
-    from llmgw.agent.supervisor import launching
+def test_an_engine_is_switched_by_the_asuser_script_with_none_of_the_agents_groups() -> None:
+    """The engine's argv goes behind asuser.py with its uid, gid and only its own groups; no user: as it is."""
+    import sys
 
-    assert launching._as_user(identity.EngineUser(7, 7, "llmgw-shard-7")) == {
-        "user": 7, "group": 7, "extra_groups": [], "umask": 0o077}
-    assert launching._as_user(identity.EngineUser(8, 8, "llm", groups=(44,)))["extra_groups"] == [44]
-    assert launching._as_user(None) == {"umask": 0o077}
+    from llmgw.agent.supervisor import asuser, launching
+
+    got = launching._switched(identity.EngineUser(7, 7, "llmgw-shard-7"), ["/bin/engine", "--flag"])
+    assert got == [sys.executable, "-I", "-S", asuser.__file__, "7", "7", "", "--", "/bin/engine", "--flag"]
+    assert launching._switched(identity.EngineUser(8, 8, "llm", groups=(44, 45)), ["e"])[6] == "44,45"
+    assert launching._switched(None, ["e", "x"]) == ["e", "x"]
+
+
+def test_the_asuser_script_refuses_root_and_runs_the_engine_as_the_user(tmp_path: Path) -> None:
+    """Run for real (the tests run as root): uid 0 is refused; uid 600123 runs `id` with no groups, same pid."""
+    import subprocess
+    import sys
+
+    from llmgw.agent.supervisor import asuser
+
+    base = [sys.executable, "-I", "-S", asuser.__file__]
+    refused = subprocess.run([*base, "0", "0", "", "--", "/usr/bin/id"], capture_output=True, text=True)
+    assert refused.returncode != 0 and "refusing to run an engine as root" in refused.stderr
+    ran = subprocess.run([*base, "600123", "600123", "", "--", "/usr/bin/id"], capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+    assert "uid=600123" in ran.stdout and "gid=600123" in ran.stdout and "groups=600123" in ran.stdout
+    missing = subprocess.run([*base, "600123", "600123", "", "--", str(tmp_path / "nope")], capture_output=True,
+                             text=True)
+    assert missing.returncode == 127 and "cannot start" in missing.stderr
 
 
 def test_the_gpus_device_files_must_open_for_the_engines_user(tmp_path: Path) -> None:

@@ -56,11 +56,12 @@ import logging
 import os
 import shutil
 import socket
+import sys
 from pathlib import Path
 from typing import BinaryIO
 
 from llmgw.agent import engines, privfile
-from llmgw.agent.supervisor import identity, preflight
+from llmgw.agent.supervisor import asuser, identity, preflight
 from llmgw.core import enginecheck, shards
 from llmgw.core.errors import EngineError, ShardIdError
 from llmgw.core.shards import ShardSpec
@@ -339,10 +340,10 @@ async def spawn(p: Plan) -> tuple[asyncio.subprocess.Process, int]:
     with log:
         try:
             proc = await asyncio.create_subprocess_exec(
-                *p.argv, stdout=log, stderr=asyncio.subprocess.STDOUT,
+                *_switched(p.user, p.argv), stdout=log, stderr=asyncio.subprocess.STDOUT,
                 # No stdin: an engine that prompts would otherwise hang on the agent's terminal.
                 stdin=asyncio.subprocess.DEVNULL, start_new_session=True, env=p.env, cwd=p.cwd,
-                **_as_user(p.user))
+                umask=0o077)
         except FileNotFoundError as exc:
             raise EngineError(f"cannot start {p.argv[0]}: it is not installed or not on PATH; "
                               "install the engine or set its path in the agent's configuration") from exc
@@ -357,9 +358,13 @@ def _preflight(p: Plan) -> None:
                        work_dir=p.work_dir)
 
 
-def _as_user(user: identity.EngineUser | None) -> dict[str, object]:
-    """Popen's own switch (setgroups, setregid, setreuid in the child, no preexec_fn): none of the agent's groups,
-    only the user's own (a uid from the range has none)."""
+def _switched(user: identity.EngineUser | None, argv: list[str]) -> list[str]:
+    """``argv`` run as ``user`` through ``asuser.py`` (groups, gid, uid dropped, then exec), or as it is.
+
+    Not Popen's ``user=``/``group=``: those make CPython fork the agent instead of vforking, and a fork of a
+    process full of gRPC threads closed the agent's stream now and then as an engine started (see asuser).
+    """
     if user is None:
-        return {"umask": 0o077}
-    return {"user": user.uid, "group": user.gid, "extra_groups": list(user.groups), "umask": 0o077}
+        return list(argv)
+    return [sys.executable, "-I", "-S", str(Path(asuser.__file__)), str(user.uid), str(user.gid),
+            ",".join(str(g) for g in user.groups), "--", *argv]
