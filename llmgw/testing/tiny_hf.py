@@ -101,6 +101,10 @@ def write_tiny_llama(out_dir: Path) -> Path:
                                                             eos_token_id=eos_ids)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
+    # Weights as a node keeps them, readable by the engines' own users (safetensors writes 0600): the
+    # agent's preflight refuses a model its engine's uid cannot read.
+    for path in out_dir.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
     return out_dir
 
 
