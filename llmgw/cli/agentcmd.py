@@ -85,7 +85,7 @@ def register(app: typer.Typer, *, setup_logging: Callable[[str], None], fail: Ca
         """Join this node to a cluster with a token (its key made here, its certificate stored 0600), then run it."""
         from llmgw.agent import join as join_mod
         from llmgw.agent import nodepki
-        from llmgw.agent import settings as agent_settings
+        from llmgw.agent import settingsload as agent_settings
 
         flags = _flags(server=[], node_id=node_id, mgmt_addr=mgmt_addr, state_dir=state_dir, model_dir=model_dir,
                        heartbeat_interval=heartbeat_interval, stop_grace=stop_grace,
@@ -134,7 +134,7 @@ def _run(config: Path | None, flags: dict[str, Any], *, log_level: str,
     from llmgw.agent import join as join_mod
     from llmgw.agent import main as agent_main
     from llmgw.agent import rejoin
-    from llmgw.agent import settings as agent_settings
+    from llmgw.agent import settingsload as agent_settings
 
     if setup_logging is not None:
         setup_logging(log_level)  # first: basicConfig does nothing once the root logger has a handler (the ring)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.agent import config, join, nodepki, settings
+from llmgw.agent import config, join, nodepki, settings, settingsload
 from llmgw.core import pki
 from llmgw.core.errors import LlmgwError
 
@@ -25,7 +25,7 @@ def _joined(state: Path, node_id: str = "n1", *, days: float = 30, servers: tupl
 
 
 def _settings(state: Path, **flags: object) -> settings.AgentSettings:
-    return settings.load(path=None, env={}, flags={"state_dir": state, **flags})
+    return settingsload.load(path=None, env={}, flags={"state_dir": state, **flags})
 
 
 def test_the_ca_is_picked_from_the_chain_by_its_hash() -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.agent import config, settings
+from llmgw.agent import config, settings, settingsload
 from llmgw.agent.supervisor import liveness
 
 BASE_ENV = {"XDG_STATE_HOME": "/xdg/state", "HOME": "/home/u", "LLMGW_AGENT_SERVER": "cp1"}
@@ -19,7 +19,7 @@ _UNJOINED = {"mgmt_addr": "127.0.0.1", "insecure": True, "servers": ["127.0.0.1:
 def _load(tmp_path: Path, text: str = "", **env: str) -> settings.AgentSettings:
     path = tmp_path / "agent.yaml"
     path.write_text(text)
-    return settings.load(path=path, env={**BASE_ENV, **env}, flags={})
+    return settingsload.load(path=path, env={**BASE_ENV, **env}, flags={})
 
 
 def _problems(tmp_path: Path, text: str = "", **env: str) -> list[str]:

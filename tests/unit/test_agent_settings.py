@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llmgw.agent import settings
+from llmgw.agent import settings, settingsload
 from llmgw.core.errors import LlmgwError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,7 +25,7 @@ def _file(tmp_path: Path, text: str) -> Path:
 def _load(tmp_path: Path, text: str | None = None, *, env: dict[str, str] | None = None,
           flags: dict[str, object] | None = None) -> settings.AgentSettings:
     path = _file(tmp_path, text) if text is not None else None
-    return settings.load(path=path, env={**BASE_ENV, **(env or {})}, flags=flags or {})
+    return settingsload.load(path=path, env={**BASE_ENV, **(env or {})}, flags=flags or {})
 
 
 def _problems(tmp_path: Path, text: str | None = None, **kw: object) -> list[str]:
@@ -233,7 +233,7 @@ def test_no_control_plane_address(tmp_path: Path) -> None:
 def test_missing_or_empty_file(tmp_path: Path) -> None:
     """A named file that does not exist is refused; an empty one means all defaults."""
     with pytest.raises(settings.SettingsError, match="no such file"):
-        settings.load(path=tmp_path / "absent.yaml", env=BASE_ENV, flags={"server": "cp"})
+        settingsload.load(path=tmp_path / "absent.yaml", env=BASE_ENV, flags={"server": "cp"})
     assert _load(tmp_path, "", flags={"server": "cp"}).servers == ["cp:8081"]
 
 
@@ -248,5 +248,5 @@ def test_example_file_is_complete_and_valid(tmp_path: Path) -> None:
     assert set(doc) == set(settings.AgentSettings.model_fields)
     assert set(doc["discovery"]) == set(settings.DiscoverySettings.model_fields)
     assert set(doc["engine_python"]) == {"vllm", "sglang"}
-    s = settings.load(path=_file(tmp_path, uncommented), env={}, flags={})
+    s = settingsload.load(path=_file(tmp_path, uncommented), env={}, flags={})
     assert s.servers[0] == "cp1.example.net:8081"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.agent import settings
+from llmgw.agent import settings, settingsload
 from llmgw.agent.supervisor import identity, preflight
 from llmgw.core.errors import EngineError, LlmgwError
 
@@ -106,15 +106,15 @@ def test_which_uids_may_be_engines() -> None:
 
 def test_settings_read_engine_user_and_engine_uids() -> None:
     env = {"LLMGW_AGENT_SERVER": "cp"}
-    st = settings.load(path=None, env=env, flags={})
+    st = settingsload.load(path=None, env=env, flags={})
     assert (st.engine_user, st.engine_uids) == ("auto", identity.DEFAULT_UIDS)
-    st = settings.load(path=None, env={**env, "LLMGW_AGENT_ENGINE_USER": "llm",
+    st = settingsload.load(path=None, env={**env, "LLMGW_AGENT_ENGINE_USER": "llm",
                                        "LLMGW_AGENT_ENGINE_UIDS": "700000-700099"}, flags={})
     assert (st.engine_user, st.engine_uids) == ("llm", (700000, 700099))
     with pytest.raises(settings.SettingsError, match="LLMGW_AGENT_ENGINE_UIDS: .*uid 0 is root"):
-        settings.load(path=None, env={**env, "LLMGW_AGENT_ENGINE_UIDS": "0-99"}, flags={})
+        settingsload.load(path=None, env={**env, "LLMGW_AGENT_ENGINE_UIDS": "0-99"}, flags={})
     with pytest.raises(settings.SettingsError, match="LLMGW_AGENT_ENGINE_USER: expected auto, agent or a user"):
-        settings.load(path=None, env={**env, "LLMGW_AGENT_ENGINE_USER": "two words"}, flags={})
+        settingsload.load(path=None, env={**env, "LLMGW_AGENT_ENGINE_USER": "two words"}, flags={})
 
 
 def _tree(tmp_path: Path) -> Path:

@@ -87,10 +87,10 @@ def test_apply_refuses_proc_sys_and_dev_with_the_sentence() -> None:
 
 def test_the_settings_read_source_roots_and_fetch_allow_private_from_the_environment(tmp_path: Path) -> None:
     """LLMGW_AGENT_SOURCE_ROOTS is a comma list of absolute paths; FETCH_ALLOW_PRIVATE is true, false or hosts."""
-    from llmgw.agent import settings
+    from llmgw.agent import settings, settingsload
 
     def load(env: dict[str, str]) -> settings.AgentSettings:
-        return settings.load(path=None, env={"LLMGW_AGENT_SERVER": "cp:8081", **env}, flags={})
+        return settingsload.load(path=None, env={"LLMGW_AGENT_SERVER": "cp:8081", **env}, flags={})
 
     st = load({"LLMGW_AGENT_SOURCE_ROOTS": f"{tmp_path}/a, {tmp_path}/b",
                "LLMGW_AGENT_FETCH_ALLOW_PRIVATE": "127.0.0.1:9000,mirror.local"})
