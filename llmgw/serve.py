@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from llmgw.control import auditprune, autoscaler, datadir, engines, keyuse, remotemeta
+from llmgw.control import auditprune, datadir, engines, keyuse, loadreports, remotemeta
 from llmgw.control import leader as leader_mod
 from llmgw.control.agentsvc import collector as agentsvc_collector
 from llmgw.control.agentsvc import join as agentsvc_join
@@ -40,7 +40,7 @@ from llmgw.control.http import forward as forward_http
 from llmgw.control.http import tokens as tokens_http
 from llmgw.control.http.api import create_api
 from llmgw.control.reconcile import decide
-from llmgw.control.router_events import RouterEvents
+from llmgw.control.routerreports import RouterEvents
 from llmgw.control.store import store as store_mod
 from llmgw.control.store.offloop import StoreThread
 from llmgw.control.store.store import Store
@@ -49,9 +49,9 @@ from llmgw.core import pki
 from llmgw.core.errors import LlmgwError
 from llmgw.mirror import app as mirror_app
 from llmgw.router import auth as router_auth
-from llmgw.router import events as router_events
 from llmgw.router import limits as router_limits
 from llmgw.router import metrics as router_metrics
+from llmgw.router import reports as router_events
 from llmgw.router import server as router_server
 from llmgw.router import signals as router_signals
 from llmgw.router import tracing as router_tracing
@@ -402,7 +402,7 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
     # accepts agents, reconciles and writes (``control.leader``).
     # What routers report of each model's load, the autoscaler's input (issue 17): the in-process router's
     # reports arrive through a callback, a standalone router's through POST /api/v1/router/signals.
-    load_signals = autoscaler.RouterSignals()
+    load_signals = loadreports.RouterSignals()
     cluster = Cluster(store, cfg=decide_cfg, ejections=reports.current, db=db, remote_meta=remote_meta, standby=True,
                       signals=load_signals)
     # Keys' "last used", as routers report it, written by the leader every few seconds per key at most.

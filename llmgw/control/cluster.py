@@ -30,9 +30,9 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Concatenate, ParamSpec, Protocol
 
-from llmgw.control import autoscaler, remotemeta
 from llmgw.control import conditions as cond
 from llmgw.control import events as ev
+from llmgw.control import loadreports, remotemeta
 from llmgw.control.reconcile import decide
 from llmgw.control.reconcile import decisions as d
 from llmgw.control.reconcile import engines as provisioning
@@ -174,11 +174,11 @@ class Cluster:
                  cfg: decide.Config = decide.Config(), heartbeat_timeout_s: float = 20.0,
                  interval_s: float = 1.0, ejections: Callable[[], dict[str, str]] | None = None,
                  db: StoreThread | None = None, remote_meta: remotemeta.Reader | None = None,
-                 standby: bool = False, signals: autoscaler.RouterSignals | None = None) -> None:
+                 standby: bool = False, signals: loadreports.RouterSignals | None = None) -> None:
         self.store, self.clock, self.cfg = store, clock, cfg
         #: What routers report of each model's load (issue 17): the autoscaler's input. A report that holds
         #: a request for a model at zero kicks a pass at once, so its replica starts without waiting a tick.
-        self.signals = signals if signals is not None else autoscaler.RouterSignals(clock=clock)
+        self.signals = signals if signals is not None else loadreports.RouterSignals(clock=clock)
         self.signals.on_wake = self._woken
         #: Each autoscaled model's autoscaler state as last written (loaded when this control plane leads).
         self._autoscale: dict[str, StoredAutoscale] = {}

@@ -1,7 +1,7 @@
 """Keys' "last used", written to the store by the leader, at most once every few seconds per key.
 
 Routers report the newest use of each key (``router.keyuse``, as ``key_used`` events that
-``router_events.RouterEvents`` hands to ``Writer.note``). Each router already reports a key at most every
+``routerreports.RouterEvents`` hands to ``Writer.note``). Each router already reports a key at most every
 few seconds; with several routers the same key arrives from each, so the writer coalesces again
 (``core.latest``): a key gets one write per interval, carrying the newest time from every router.
 

@@ -14,8 +14,8 @@ gone) after it was handed a slot passes it on: without that, the slot would be
 lost and the model would serve one fewer request at a time for good.
 
 Limits: ``limits`` per model name, else ``default_limit``, else none (a model
-without a limit is only counted). ``limits_from_doc`` reads the optional
-``models[].limits.concurrency`` of the endpoints document; the table caps it
+without a limit is only counted). The table gives them: the optional
+``models[].limits.concurrency`` of the endpoints document (``ModelEntry.concurrency``), capped
 at ``limits.concurrency_per_replica`` times the model's endpoints
 (``table.model_limits``), so a request waits here, not at a full replica.
 """
@@ -30,7 +30,6 @@ import itertools
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
 
 from llmgw.router import errors, metrics
 
@@ -164,16 +163,3 @@ class Admission:
         slots = max(1, gate.active)
         return max(1, math.ceil(gate.hold_s * (gate.queued + 1) / slots))
 
-
-def limits_from_doc(doc: Any) -> dict[str, int]:
-    """``{model name: concurrency}`` from the endpoints document's optional ``models[].limits``; tolerant."""
-    out: dict[str, int] = {}
-    models = doc.get("models") if isinstance(doc, Mapping) else None
-    for raw in models if isinstance(models, list) else ():
-        if not isinstance(raw, Mapping) or not isinstance(raw.get("name"), str):
-            continue
-        limits = raw.get("limits")
-        n = limits.get("concurrency") if isinstance(limits, Mapping) else None
-        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
-            out[raw["name"]] = n
-    return out

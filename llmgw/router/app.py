@@ -61,7 +61,7 @@ from llmgw.router import (
     request,
     upstream,
 )
-from llmgw.router import events as router_events
+from llmgw.router import reports as router_events
 from llmgw.router import signals as router_signals
 from llmgw.router import tracing as router_tracing
 from llmgw.router.client import Response

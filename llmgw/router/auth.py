@@ -1,7 +1,8 @@
 """Who is calling: the router's API keys, as the control plane's endpoints document lists them.
 
-``Authenticator.from_doc(doc["auth"])`` builds an immutable lookup from key hash
-to ``KeyInfo``; the watcher builds a new one with each table, as it does the
+``Authenticator.from_doc(auth)`` builds an immutable lookup from key hash to
+``KeyInfo`` out of the endpoints document's keys (``llmgw.api.routing.AuthDoc``,
+which reads them); the watcher builds a new one with each table, as it does the
 ``RouteTable``. ``check`` answers a ``KeyInfo`` or the ``errors.ApiError`` to send:
 401 without a key (or with an unknown one) while keys are required, 403 for a
 model outside the key's scope. While no key exists nothing is required and every
@@ -24,6 +25,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from llmgw.api import routing
 from llmgw.router import errors
 
 log = logging.getLogger(__name__)
@@ -56,24 +58,15 @@ class Authenticator:
     by_hash: Mapping[str, KeyInfo] = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def from_doc(cls, doc: Any) -> Authenticator:
-        """Tolerant: a missing or malformed ``auth`` (an older control plane) means no keys."""
-        if not isinstance(doc, Mapping):
-            return cls()
-        by_hash: dict[str, KeyInfo] = {}
-        raw_keys = doc.get("keys")
-        for raw in raw_keys if isinstance(raw_keys, list) else ():
-            if not isinstance(raw, Mapping) or not isinstance(raw.get("sha256"), str):
-                continue
-            models = raw.get("models")
-            by_hash[raw["sha256"].lower()] = KeyInfo(
-                id=str(raw.get("id", "")),
-                models=frozenset(m for m in models if isinstance(m, str)) if isinstance(models, list) else frozenset(),
-                rpm=_int(raw.get("rpm")), tpm=_int(raw.get("tpm")), priority=_priority(raw.get("priority")))
+    def from_doc(cls, doc: routing.AuthDoc | Any) -> Authenticator:
+        """From the table's keys (``AuthDoc``, or its JSON: tolerant, a missing or malformed one is no keys)."""
+        auth = routing.AuthDoc.from_doc(doc)
+        by_hash = {k.sha256.lower(): KeyInfo(id=k.id, models=frozenset(k.models), rpm=k.rpm, tpm=k.tpm,
+                                             priority=k.priority) for k in auth.keys}
         # `required` as the control plane says it, even with no usable key: it says so while any key
         # exists, and with every key disabled that is everyone refused, which is what disabling means.
         # Following the usable keys instead opened the API to anyone the moment the last one was disabled.
-        return cls(required=bool(doc.get("required")), by_hash=by_hash)
+        return cls(required=auth.required, by_hash=by_hash)
 
     def identify(self, authorization: bytes | None) -> KeyInfo | errors.ApiError:
         """The caller behind an ``Authorization`` header, scope not yet checked."""
@@ -165,10 +158,3 @@ def _bearer(header: bytes | None) -> str:
 def _unauthorized(message: str) -> errors.ApiError:
     return errors.ApiError(401, message, type="invalid_request_error", code="invalid_api_key")
 
-
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
-def _priority(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0

@@ -23,7 +23,6 @@ stopped answering is not "idle"; its in-flight still counts).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import time
@@ -32,6 +31,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 import aiohttp
 
 from llmgw.core import engines
+from llmgw.core.background import Background
 from llmgw.router.table import Endpoint
 
 log = logging.getLogger(__name__)
@@ -132,19 +132,14 @@ class LoadWatch:
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._stale_s = stale_s
         self._clock = clock
-        self._task: asyncio.Task[None] | None = None
+        self._task = Background("llmgw-router-loadwatch")
         self._failing: set[str] = set()  # logged once when a scrape starts failing
 
     def start(self, session: aiohttp.ClientSession) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(session), name="llmgw-router-loadwatch")
+        self._task.start(lambda: self._run(session))
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._task.stop()
 
     async def _run(self, session: aiohttp.ClientSession) -> None:
         while True:

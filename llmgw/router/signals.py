@@ -1,13 +1,8 @@
 """Telling the control plane, per model, what load this router sees: the autoscaler's signals.
 
 Every ``interval_s`` (2 s), and at once when a request is held for a model at
-zero or a model's admission queue forms, the ``Reporter`` sends one document (the shape ``POST
-/api/v1/router/signals`` takes)::
-
-    {"router": "r1", "interval_s": 2.0, "sent_at": 1764662400.0,
-     "models": [{"model": "m", "arrived": 12, "waiting": 3, "in_flight": 5, "held": 0,
-                 "ttft_counts": [0, 1, 4, ...], "tokens_out": 345, "last_request_at": 1764662399.5,
-                 "replicas": {"m-ab12cd": {"in_flight": 2}, "m-ef34gh": {"in_flight": 3}}}]}
+zero or a model's admission queue forms, the ``Reporter`` sends one ``LoadReport``
+(``llmgw.api.reports`` shows its JSON, the body ``POST /api/v1/router/signals`` takes).
 
 ``arrived``, ``ttft_counts`` (over ``core.autoscale.TTFT_BUCKETS_MS``, +inf last)
 and ``tokens_out`` are deltas since the last report, reset when a report is
@@ -24,10 +19,10 @@ list, the output tokens one addition at the end (``metrics.Trace`` calls
 
 Sending never delays a request: reports are built and sent from the
 reporter's own task, either to ``deliver`` (``llmgw server``: the control
-plane's ``RouterSignals.record``, in process) or POSTed with the router's
+plane's ``RouterSignals.record``, in process, the object itself) or POSTed with the router's
 credential to the control plane it follows now (``control_url`` may be a
 callable, the table watcher's ``current_url``, so reports follow a failover as
-``events.HttpSink`` does). Each send is bounded by ``timeout_s``; a failing
+``reports.HttpSink`` does). Each send is bounded by ``timeout_s``; a failing
 one is logged once when the failures start and once when they end, not every
 interval.
 """
@@ -37,21 +32,22 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import dataclasses
 import inspect
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
 
 import aiohttp
 
+from llmgw.api.routing import LoadReport, ModelLoad
 from llmgw.core import autoscale
+from llmgw.core.background import Background
 from llmgw.router.table import TableHolder
 
 log = logging.getLogger(__name__)
 
 SIGNALS_PATH = "/api/v1/router/signals"
-Report = dict[str, Any]
 _BOUNDS = autoscale.TTFT_BUCKETS_MS
 
 
@@ -84,7 +80,7 @@ class Reporter:
     ``attach`` (the app calls it) gives the reporter what it reads gauges from.
     """
 
-    def __init__(self, router_id: str, *, deliver: Callable[[Report], object] | None = None,
+    def __init__(self, router_id: str, *, deliver: Callable[[LoadReport], object] | None = None,
                  control_url: str | Callable[[], str] | None = None, headers: Mapping[str, str] | None = None,
                  interval_s: float = 2.0, timeout_s: float = 5.0, clock: Callable[[], float] = time.time) -> None:
         self.router_id = router_id
@@ -99,7 +95,7 @@ class Reporter:
         self._in_flight: Mapping[str, int] = {}
         self._queued: Callable[[str], int] = _none_queued
         self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._task = Background("llmgw-router-signals")
         self._session: aiohttp.ClientSession | None = None
         self._failing = False  # the last send failed and that was logged: its end is logged too
         #: Reports the other side accepted, for tests and the log.
@@ -150,40 +146,37 @@ class Reporter:
         base = self._control_url if isinstance(self._control_url, str) else self._control_url()
         return base.rstrip("/") + SIGNALS_PATH
 
-    def report(self) -> Report:
+    def report(self) -> LoadReport:
         """The report of now; the deltas it carries are reset (see the module's docstring for why)."""
         wall, perf = self._clock(), time.perf_counter()
         routes = {m.name: m for m in self._holder.current.models} if self._holder is not None else {}
         models = []
         for name in dict.fromkeys((*routes, *self.counts)):
             route = routes.get(name)
-            replicas = ({e.replica_id: {"in_flight": self._in_flight.get(e.replica_id, 0)} for e in route.endpoints}
+            replicas = ({e.replica_id: self._in_flight.get(e.replica_id, 0) for e in route.endpoints}
                         if route is not None else {})
-            in_flight = sum(r["in_flight"] for r in replicas.values())
+            in_flight = sum(replicas.values())
             counts = self.counts.get(name)
             held = counts.held if counts is not None else 0
             waiting = self._queued(name) + held
             if counts is None or not (counts.arrived or counts.tokens_out or any(counts.ttft)):
                 if not (in_flight or waiting):
                     continue  # nothing to say: a quiet model is left out
-            entry: dict[str, Any] = {"model": name, "arrived": 0, "waiting": waiting, "in_flight": in_flight,
-                                     "held": held, "ttft_counts": [0] * (len(_BOUNDS) + 1), "tokens_out": 0,
-                                     "last_request_at": 0.0, "replicas": replicas}
+            entry = ModelLoad(model=name, waiting=waiting, in_flight=in_flight, held=held, replicas=replicas)
             if counts is not None:
-                entry["arrived"], entry["ttft_counts"], entry["tokens_out"] = (counts.arrived, counts.ttft,
-                                                                               counts.tokens_out)
-                if counts.last_arrival:
-                    entry["last_request_at"] = round(wall - (perf - counts.last_arrival), 3)
+                entry = dataclasses.replace(
+                    entry, arrived=counts.arrived, ttft_counts=tuple(counts.ttft), tokens_out=counts.tokens_out,
+                    last_request_at=round(wall - (perf - counts.last_arrival), 3) if counts.last_arrival else 0.0)
                 counts.arrived, counts.ttft, counts.tokens_out = 0, [0] * (len(_BOUNDS) + 1), 0
             models.append(entry)
-        return {"router": self.router_id, "interval_s": self.interval_s, "sent_at": wall, "models": models}
+        return LoadReport(router=self.router_id, interval_s=self.interval_s, sent_at=wall, models=tuple(models))
 
     async def flush(self) -> bool:
         """Build a report and send it now; False (logged once while it lasts) when it did not arrive."""
-        doc = self.report()
+        report = self.report()
         try:
             async with asyncio.timeout(self._timeout_s):
-                await self._send(doc)
+                await self._send(report)
         except Exception as exc:  # a bug or an outage on the other side must never reach a request
             if not self._failing:
                 self._failing = True
@@ -198,9 +191,9 @@ class Reporter:
         self.sent += 1
         return True
 
-    async def _send(self, doc: Report) -> None:
+    async def _send(self, report: LoadReport) -> None:
         if self._deliver is not None:
-            result = self._deliver(doc)
+            result = self._deliver(report)
             if inspect.isawaitable(result):
                 await result
             return
@@ -209,7 +202,7 @@ class Reporter:
             return
         if self._session is None:
             self._session = aiohttp.ClientSession()
-        async with self._session.post(url, json=doc, headers=self._headers) as resp:
+        async with self._session.post(url, json=report.to_doc(), headers=self._headers) as resp:
             if resp.status in (401, 403):
                 raise _Refused(f"HTTP {resp.status}: the control plane refused this router's credential; give it "
                                "one with `llmgw router-token create NAME` and `--token-file FILE` "
@@ -220,15 +213,10 @@ class Reporter:
     # --- the sending task ------------------------------------------------------------------
 
     async def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="llmgw-router-signals")
+        self._task.start(self._run)
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._task.stop()
         if self._session is not None:
             await self._session.close()
             self._session = None

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from llmgw.router import app as app_mod
-from llmgw.router import auth, events, limits, signals, tracing, watch
+from llmgw.router import auth, limits, reports, signals, tracing, watch
 from llmgw.router import server as server_mod
 from llmgw.router import table as table_mod
 
@@ -69,7 +69,7 @@ def build(*, table_file: Path | None = None, control_urls: str | Sequence[str] |
     """
     holder = table_mod.TableHolder()
     watcher: watch.TableWatcher | None = None
-    sink: events.Sink | None = None
+    sink: reports.Sink | None = None
     reporter: signals.Reporter | None = None
     guard = auth.ListenGuard(host)
     if table_file is not None:
@@ -82,7 +82,7 @@ def build(*, table_file: Path | None = None, control_urls: str | Sequence[str] |
         watcher = following
         # Reports go where the table comes from: a control plane that answers now, not the
         # first one given, which may be the one that is down.
-        sink = events.HttpSink(router_id or socket.gethostname(), lambda: following.current_url, headers=headers)
+        sink = reports.HttpSink(router_id or socket.gethostname(), lambda: following.current_url, headers=headers)
         reporter = signals.Reporter(router_id or socket.gethostname(), control_url=lambda: following.current_url,
                                     headers=headers, interval_s=signals_interval_s)
         urls = [control_urls] if isinstance(control_urls, str) else list(control_urls)

@@ -1,7 +1,8 @@
 """The route table: which engines serve which model, as the control plane last said.
 
-A ``RouteTable`` is an immutable snapshot built from the control plane's
-``GET /api/v1/endpoints`` document. The router never edits one: the watcher
+A ``RouteTable`` is an immutable snapshot built from the control plane's endpoints
+document (``llmgw.api.routing.EndpointsDoc``: the object in process, its JSON from
+``GET /api/v1/endpoints``), which does the reading. The router never edits one: the watcher
 builds a new table and swaps it into a ``TableHolder`` with one assignment, so a
 request that looked a model up keeps a consistent view (its endpoints, state and
 message all from the same version) even while a newer table arrives.
@@ -19,9 +20,9 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from llmgw.api import routing
 from llmgw.core.errors import LlmgwError
 from llmgw.router import pick
-from llmgw.router.admission import limits_from_doc
 from llmgw.router.auth import Authenticator
 
 log = logging.getLogger(__name__)
@@ -35,35 +36,12 @@ class TableError(LlmgwError):
     """The endpoints document is not what the router understands; the message says where."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Endpoint:
-    """One ready engine the router may send a model's requests to."""
-
-    replica_id: str
-    url: str  # scheme://host:port, no trailing slash
-    api_key: str = ""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Unhealthy:
-    """A replica out of routing because its engine stopped answering (``hung`` re-sends what waits there)."""
-
-    replica_id: str
-    reason: str = ""
-
-
-#: ``spec.autoscale.cold_start_timeout``'s default, used when the document's is missing or malformed.
-DEFAULT_COLD_START_TIMEOUT_S = 60.0
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class RouteAutoscale:
-    """What the router needs of a model's ``spec.autoscale``: its bounds, and how long to hold at zero."""
-
-    min_replicas: int
-    max_replicas: int
-    #: How long a request for the model at zero is held for a replica to start, before a 503.
-    cold_start_timeout_s: float = DEFAULT_COLD_START_TIMEOUT_S
+#: One ready engine the router may send a model's requests to: the wire's own record.
+Endpoint = routing.EndpointDoc
+#: A replica out of routing because its engine stopped answering (``hung`` re-sends what waits there).
+Unhealthy = routing.UnhealthyDoc
+#: What the router needs of a model's ``spec.autoscale``: its bounds, and how long to hold at zero.
+RouteAutoscale = routing.AutoscaleHint
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -128,19 +106,16 @@ class RouteTable:
         object.__setattr__(self, "_by_name", by_name)
 
     @classmethod
-    def from_doc(cls, doc: Any) -> RouteTable:
-        """Build a table from the endpoints document; raise ``TableError`` naming the bad field."""
-        if not isinstance(doc, Mapping):
-            raise TableError(f"endpoints document: expected an object, got {type(doc).__name__}")
-        version = doc.get("version")
-        if not isinstance(version, int) or isinstance(version, bool):
-            raise TableError(f"version: expected an integer, got {version!r}")
-        raw_models = doc.get("models", [])
-        if not isinstance(raw_models, list):
-            raise TableError("models: expected a list")
-        models = tuple(_model(f"models[{i}]", raw) for i, raw in enumerate(raw_models))
-        return cls(version=version, models=models, auth=Authenticator.from_doc(doc.get("auth")),
-                   limits=model_limits(limits_from_doc(doc), models))
+    def from_doc(cls, doc: routing.EndpointsDoc | Mapping[str, Any] | Any) -> RouteTable:
+        """Build a table from the endpoints document (the object, or its JSON); ``TableError`` names a bad field."""
+        try:
+            endpoints = routing.EndpointsDoc.from_doc(doc)
+        except routing.BadTable as e:
+            raise TableError(str(e)) from None
+        models = tuple(_route(f"models[{i}]", m) for i, m in enumerate(endpoints.models))
+        limits = {m.name: m.concurrency for m in endpoints.models if m.concurrency}
+        return cls(version=endpoints.version, models=models, auth=Authenticator.from_doc(endpoints.auth),
+                   limits=model_limits(limits, models))
 
     def lookup(self, name: str) -> ModelRoute | None:
         """The model a client's ``model`` field names, or None."""
@@ -199,114 +174,17 @@ def model_limits(limits: Mapping[str, int], models: tuple[ModelRoute, ...]) -> d
     return out
 
 
-def _replica_limit(where: str, raw: Mapping[str, Any]) -> int:
-    # Tolerant, like limits_from_doc: a malformed limit must not make the router refuse
-    # the whole table (and keep serving an old one); it is warned about and not applied.
-    limits = raw.get("limits")
-    n = limits.get("concurrency_per_replica") if isinstance(limits, Mapping) else None
-    if n is None:
-        return 0
-    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-        log.warning("%s.limits.concurrency_per_replica: expected a whole number >= 0, got %r; no limit applied",
-                    where, n)
-        return 0
-    return n
-
-
-def _str(where: str, raw: Mapping[str, Any], key: str, *, default: str | None = None) -> str:
-    value = raw.get(key)
-    if value is None:  # a JSON null means "not set", as a missing key does
-        value = default
-    if not isinstance(value, str):
-        raise TableError(f"{where}.{key}: expected a string, got {value!r}")
-    return value
-
-
-def _model(where: str, raw: Any) -> ModelRoute:
-    if not isinstance(raw, Mapping):
-        raise TableError(f"{where}: expected an object")
-    name = _str(where, raw, "name")
-    aliases = raw.get("aliases") or []
-    if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
-        raise TableError(f"{where}.aliases: expected a list of strings")
-    raw_endpoints = raw.get("endpoints") or []
-    if not isinstance(raw_endpoints, list):
-        raise TableError(f"{where}.endpoints: expected a list")
-    endpoints = []
-    for i, ep in enumerate(raw_endpoints):
-        ep_where = f"{where}.endpoints[{i}]"
-        if not isinstance(ep, Mapping):
-            raise TableError(f"{ep_where}: expected an object")
-        # A trailing slash would make "url + path" ask the engine for "//v1/...", which
-        # some engines answer with 404.
-        url = _str(ep_where, ep, "url").rstrip("/")
-        if not url.startswith(("http://", "https://")):
-            raise TableError(f"{ep_where}.url: expected http:// or https://, got {url!r}")
-        endpoints.append(Endpoint(replica_id=_str(ep_where, ep, "replica_id"), url=url,
-                                  api_key=_str(ep_where, ep, "api_key", default="")))
-    created = raw.get("created", 0)
-    routing = raw.get("routing") or pick.DEFAULT_ROUTING
-    unhealthy = _unhealthy(where, raw)
-    if routing not in pick.ROUTINGS:
+def _route(where: str, entry: routing.ModelEntry) -> ModelRoute:
+    routing_name = entry.routing or pick.DEFAULT_ROUTING
+    if routing_name not in pick.ROUTINGS:
         # Serving beats refusing the whole table over one field a newer control plane added.
-        if str(routing) not in _warned_routings:
-            _warned_routings.add(str(routing))
-            log.warning("%s.routing: unknown policy %r; using %s (known: %s)", where, routing,
+        if routing_name not in _warned_routings:
+            _warned_routings.add(routing_name)
+            log.warning("%s.routing: unknown policy %r; using %s (known: %s)", where, routing_name,
                         pick.DEFAULT_ROUTING, ", ".join(pick.ROUTINGS))
-        routing = pick.DEFAULT_ROUTING
+        routing_name = pick.DEFAULT_ROUTING
     return ModelRoute(
-        name=name,
-        served_name=_str(where, raw, "served_name", default=name) or name,
-        aliases=tuple(aliases),
-        state=_str(where, raw, "state", default=""),
-        message=_str(where, raw, "message", default=""),
-        endpoints=tuple(endpoints),
-        created=created if isinstance(created, int) and not isinstance(created, bool) else 0,
-        routing=routing,
-        replica_limit=_replica_limit(where, raw),
-        engine=_str(where, raw, "engine", default=""),
-        unhealthy=unhealthy,
-        autoscale=_autoscale(where, raw),
-    )
-
-
-def _autoscale(where: str, raw: Mapping[str, Any]) -> RouteAutoscale | None:
-    # Tolerant, like the limits: a control plane from before autoscaling sends none, and a malformed
-    # one must not make the router refuse the whole table (and keep serving an old one). A bad timeout
-    # is warned about and the default used: holding a request beats a 503 the model was meant to avoid.
-    value = raw.get("autoscale")
-    if value is None:
-        return None
-    if not isinstance(value, Mapping):
-        log.warning("%s.autoscale: expected an object, got %r; the model is routed as not autoscaled", where, value)
-        return None
-    bounds = []
-    for key in ("min_replicas", "max_replicas"):
-        n = value.get(key, 0)
-        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-            log.warning("%s.autoscale.%s: expected a whole number >= 0, got %r; read as 0", where, key, n)
-            n = 0
-        bounds.append(n)
-    timeout = value.get("cold_start_timeout_s", DEFAULT_COLD_START_TIMEOUT_S)
-    if not isinstance(timeout, int | float) or isinstance(timeout, bool) or not 0 < timeout < float("inf"):
-        log.warning("%s.autoscale.cold_start_timeout_s: expected seconds > 0, got %r; holding requests %gs",
-                    where, timeout, DEFAULT_COLD_START_TIMEOUT_S)
-        timeout = DEFAULT_COLD_START_TIMEOUT_S
-    return RouteAutoscale(min_replicas=bounds[0], max_replicas=bounds[1], cold_start_timeout_s=float(timeout))
-
-
-def _unhealthy(where: str, raw: Mapping[str, Any]) -> tuple[Unhealthy, ...]:
-    # Refused like endpoints when malformed: a router that misread it would either keep
-    # requests waiting on a hung engine or re-send requests a drained one is finishing.
-    items = raw.get("unhealthy")
-    if items is None:  # a control plane from before liveness: nothing listed
-        return ()
-    if not isinstance(items, list):
-        raise TableError(f"{where}.unhealthy: expected a list")
-    out = []
-    for i, item in enumerate(items):
-        if not isinstance(item, Mapping):
-            raise TableError(f"{where}.unhealthy[{i}]: expected an object")
-        out.append(Unhealthy(_str(f"{where}.unhealthy[{i}]", item, "replica_id"),
-                             _str(f"{where}.unhealthy[{i}]", item, "reason", default="")))
-    return tuple(out)
+        name=entry.name, served_name=entry.served_name or entry.name, aliases=entry.aliases, state=entry.state,
+        message=entry.message, endpoints=entry.endpoints, created=entry.created, routing=routing_name,
+        replica_limit=entry.concurrency_per_replica, engine=entry.engine, unhealthy=entry.unhealthy,
+        autoscale=entry.autoscale)

@@ -64,7 +64,7 @@ from collections.abc import Iterable
 import aiohttp
 
 from llmgw.router import admission, client, errors, health, hung, loadwatch, metrics, openai_shape, pick, prefix
-from llmgw.router import events as router_events
+from llmgw.router import reports as router_events
 from llmgw.router import tracing as router_tracing
 from llmgw.router.table import Endpoint, ModelRoute, TableHolder
 

@@ -38,6 +38,7 @@ from collections.abc import Mapping, Sequence
 
 import aiohttp
 
+from llmgw.core.background import Background
 from llmgw.router.auth import ListenGuard
 from llmgw.router.table import RouteTable, TableError, TableHolder
 
@@ -101,23 +102,19 @@ class TableWatcher:
         self._headers = dict(headers or {})
         self._guard = listen_guard  # warns when a table leaves a non-loopback listen without keys
         self._after = -1  # no version yet: the first poll answers at once
-        self._task: asyncio.Task[None] | None = None
+        self._task = Background("llmgw-router-table-watch")
         self._loaded = asyncio.Event()
 
     async def start(self) -> None:
-        if self._task is not None:
+        if self._task.running:
             return
         if self._session is None:
             self._session = aiohttp.ClientSession()
-        self._task = asyncio.create_task(self._run(), name="llmgw-router-table-watch")
+        self._task.start(self._run)
 
     async def stop(self) -> None:
         """Cancel the poll in flight and return; the holder keeps the last table."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._task.stop()
         if self._own_session and self._session is not None:
             await self._session.close()
             self._session = None

@@ -29,11 +29,11 @@ from aiohttp import web
 from llmgw.control.auth import Auth
 from llmgw.control.cluster import Cluster
 from llmgw.control.http.api import create_api
-from llmgw.control.router_events import RouterEvents
+from llmgw.control.routerreports import RouterEvents
 from llmgw.control.state import Phase, ReplicaRecord
 from llmgw.control.store.store import Store
 from llmgw.core import specs
-from llmgw.router import events
+from llmgw.router import reports as events
 from llmgw.testing.procs import Proc, free_port, wait_for
 
 MANIFEST = {"apiVersion": "llmgw/v1", "kind": "Model", "metadata": {"name": "m"},

@@ -12,11 +12,11 @@ import concurrent.futures
 import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
+from llmgw.api.routing import LoadReport
 from llmgw.router import signals
 from llmgw.router.app import RouterApp
 from llmgw.router.table import RouteTable, TableHolder
@@ -155,7 +155,7 @@ def test_a_request_admitted_by_a_new_replica_is_sent_to_it_not_refused(procs: Li
 def test_a_queue_that_forms_is_reported_to_the_autoscaler_at_once(procs: Limited) -> None:
     """The first request to wait in a model's admission queue sends a load report now, not an interval later."""
     sim = procs.sim()
-    delivered: list[dict[str, Any]] = []
+    delivered: list[LoadReport] = []
 
     async def scenario() -> None:
         holder = TableHolder(RouteTable.from_doc({"version": 1, "models": [
@@ -173,7 +173,7 @@ def test_a_queue_that_forms_is_reported_to_the_autoscaler_at_once(procs: Limited
                 second = asyncio.ensure_future(client.post("/v1/completions", json=SHORT))
                 await _until(lambda: bool(delivered))
                 assert not first.done()  # sent while the queue stands, not when it drained
-                assert [e["waiting"] for e in delivered[0]["models"] if e["model"] == "m"] == [1]
+                assert [e.waiting for e in delivered[0].models if e.model == "m"] == [1]
                 assert (await first).status_code == 200 and (await second).status_code == 200
         finally:
             await app.shutdown()

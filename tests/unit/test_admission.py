@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from llmgw.router import admission
+from llmgw.router.table import RouteTable
 
 
 async def _hold(adm: admission.Admission, model: str, order: list[str], name: str, *, priority: int = 0,
@@ -129,10 +130,12 @@ def test_granted_waiter_that_leaves_passes_the_slot_on() -> None:
 
 def test_limits_from_doc_are_tolerant_and_raising_a_limit_admits() -> None:
     """`models[].limits.concurrency` is read where valid and ignored otherwise; set_limits wakes waiters."""
-    doc = {"models": [{"name": "a", "limits": {"concurrency": 2}}, {"name": "b", "limits": {"concurrency": 0}},
-                      {"name": "c", "limits": "x"}, {"name": "d"}, "junk", {"limits": {"concurrency": 3}}]}
-    assert admission.limits_from_doc(doc) == {"a": 2}
-    assert admission.limits_from_doc(None) == {} and admission.limits_from_doc({"models": 3}) == {}
+    doc = {"version": 1, "models": [
+        {"name": "a", "limits": {"concurrency": 2}}, {"name": "b", "limits": {"concurrency": 0}},
+        {"name": "c", "limits": "x"}, {"name": "d"}, {"name": "e", "limits": {"concurrency": True}},
+        {"name": "f", "limits": {"concurrency": "3"}}, {"name": "g", "limits": {"concurrency": -1}}]}
+    assert RouteTable.from_doc(doc).limits == {"a": 2}
+    assert RouteTable.from_doc({"version": 1}).limits == {}
 
     async def main() -> None:
         adm = admission.Admission(limits={"m": 1}, max_queue=5, max_wait_s=5)

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from llmgw.control import autoscaler
+from llmgw.control import loadreports
 from llmgw.control.auth import Auth
 from llmgw.control.cluster import Cluster
 from llmgw.control.http.api import create_api
@@ -45,7 +45,7 @@ class World:
 
     def __init__(self, tmp_path: Path, *, nodes: dict[str, Inventory] | None = None) -> None:
         self.store, self.clock = Store.open(tmp_path), stepped.Clock()
-        self.signals = autoscaler.RouterSignals(clock=self.clock, stale_after_s=1e9)
+        self.signals = loadreports.RouterSignals(clock=self.clock, stale_after_s=1e9)
         self.c = Cluster(self.store, clock=self.clock, cfg=decide.Config(node_grace_s=30), heartbeat_timeout_s=1e9,
                          signals=self.signals)
         self.links: dict[str, stepped.Link] = {}

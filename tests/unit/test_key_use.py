@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
-from llmgw.control.router_events import BadReport, RouterEvents
+from llmgw.control.routerreports import BadReport, RouterEvents
 from llmgw.control.store import store as store_mod
 from llmgw.core import latest, units
-from llmgw.router import events, keyuse
+from llmgw.router import keyuse
+from llmgw.router import reports as events
 
 
 class Clock:
@@ -47,7 +48,8 @@ def test_router_reports_a_key_once_per_interval_with_its_newest_use() -> None:
     clock = Clock()
 
     async def scenario() -> None:
-        sink = events.CallbackSink("r1", lambda doc: sent.extend(doc["events"]), clock=clock, key_use_every_s=0.05)
+        sink = events.CallbackSink("r1", lambda report: sent.extend(report.to_doc()["events"]), clock=clock,
+                                   key_use_every_s=0.05)
         sink.key_used("key-a")
         clock.now = 1000.01
         sink.key_used("key-a")

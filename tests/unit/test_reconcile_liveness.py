@@ -20,7 +20,7 @@ from llmgw.control import events as ev
 from llmgw.control.cluster import Cluster
 from llmgw.control.reconcile import decide
 from llmgw.control.reconcile import decisions as d
-from llmgw.control.router_events import RouterEvents
+from llmgw.control.routerreports import RouterEvents
 from llmgw.control.state import NodeView, Phase, ReplicaRecord
 from llmgw.control.store.store import Store, StoredNode
 from llmgw.core import specs

@@ -118,7 +118,7 @@ def test_a_held_request_past_its_timeout_gets_a_503_with_retry_after_and_the_sta
         app = app_mod.RouterApp(TableHolder(table(1, cold(timeout_s=0.2))), signals=reporter)
         call = Call(app, "POST", "/v1/chat/completions", chat())
         await until(lambda: "m" in reporter.counts and reporter.counts["m"].held)
-        seen_held.append([e for e in reporter.report()["models"] if e["model"] == "m"][0]["held"])
+        seen_held.append([e for e in reporter.report().to_doc()["models"] if e["model"] == "m"][0]["held"])
         await call.done()
         return call
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from llmgw.api.routing import LoadReport
 from llmgw.core import autoscale
 from llmgw.router import metrics, relay, signals
 from llmgw.router.table import RouteTable, TableHolder
@@ -33,7 +34,8 @@ def reporter(h: TableHolder, *, in_flight: dict[str, int] | None = None, queued:
     return r
 
 
-def entry(doc: dict[str, Any], name: str) -> dict[str, Any]:
+def entry(report: LoadReport | dict[str, Any], name: str) -> dict[str, Any]:
+    doc = report.to_doc() if isinstance(report, LoadReport) else report
     found = [m for m in doc["models"] if m["model"] == name]
     assert len(found) == 1, doc
     return found[0]
@@ -52,7 +54,7 @@ def test_report_carries_deltas_and_gauges_and_resets_the_deltas() -> None:
     trace.tokens = 345
     trace.finish(now)
 
-    doc = r.report()
+    doc = r.report().to_doc()
     assert doc["router"] == "r1" and doc["interval_s"] == 2.0 and doc["sent_at"] == 1000.0
     first = entry(doc, "m")
     expected_ttft = [0] * BUCKETS
@@ -87,10 +89,10 @@ def test_quiet_models_are_left_out_and_gone_ones_still_reported() -> None:
     """A model with nothing new and no load is not listed; counts of a model the table dropped still are."""
     r = reporter(holder(model("quiet", "q-a"), model("busy", "b-a")), in_flight={"b-a": 1})
     r.arrived("gone", time.perf_counter())
-    doc = r.report()
+    doc = r.report().to_doc()
     assert [m["model"] for m in doc["models"]] == ["busy", "gone"]
     assert entry(doc, "gone")["replicas"] == {} and entry(doc, "gone")["arrived"] == 1
-    assert [m["model"] for m in r.report()["models"]] == ["busy"]
+    assert [m.model for m in r.report().models] == ["busy"]
 
 
 def test_held_requests_count_as_waiting_and_held() -> None:
@@ -117,7 +119,7 @@ def test_tokens_out_from_usage_else_from_events() -> None:
 
 def test_a_held_request_is_reported_at_once() -> None:
     """With a long interval, holding a request sends a report now, and it says the model is wanted."""
-    delivered: list[dict[str, Any]] = []
+    delivered: list[LoadReport] = []
 
     async def run() -> None:
         r = reporter(holder(model("m")), deliver=delivered.append, interval_s=3600)
@@ -141,7 +143,7 @@ def test_a_failing_control_plane_is_logged_once_and_never_blocks_counting(caplog
     """A raising, then a hanging delivery: each send gives up (bounded), the hooks keep counting, one warning in all."""
     calls: list[str] = []
 
-    def deliver(doc: dict[str, Any]) -> object:
+    def deliver(report: LoadReport) -> object:
         calls.append("x")
         if len(calls) <= 2:
             raise ConnectionError("control plane down")

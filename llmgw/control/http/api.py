@@ -19,8 +19,8 @@ from fastapi.responses import StreamingResponse
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from llmgw.control import autoscaler
 from llmgw.control import events as ev
+from llmgw.control import loadreports
 from llmgw.control.auth import Auth
 from llmgw.control.auth import middleware as auth_mw
 from llmgw.control.cluster import Cluster, LogsError, NodeNotConnected, in_force
@@ -37,7 +37,7 @@ from llmgw.control.http import tokens as tokens_http
 from llmgw.control.http import users as users_http
 from llmgw.control.http import weights as weights_http
 from llmgw.control.http.errors import ApiError, install
-from llmgw.control.router_events import BadReport, RouterEvents
+from llmgw.control.routerreports import BadReport, RouterEvents
 from llmgw.control.state import NodeView, Phase, ReplicaRecord
 from llmgw.control.status import fetch_of, summarize
 from llmgw.control.store.offloop import StoreThread
@@ -71,7 +71,7 @@ def _with_router_view(doc: dict[str, Any], reports: RouterEvents) -> dict[str, A
 
 def _model_doc(stored: StoredModel, replicas: list[ReplicaRecord], now: float,
                states: Mapping[str, StoredAutoscale] | None = None,
-               signals: autoscaler.RouterSignals | None = None) -> dict[str, Any]:
+               signals: loadreports.RouterSignals | None = None) -> dict[str, Any]:
     """The manifest and its status; an autoscaled model's ``replicas`` is the count in force, and with ``signals``
     its ``status.autoscale`` carries the routers' merged load as the autoscaler reads it."""
     name, auto = stored.model.name, stored.model.spec.autoscale
@@ -82,7 +82,7 @@ def _model_doc(stored: StoredModel, replicas: list[ReplicaRecord], now: float,
                      "replicas": st.desired, "generation": stored.generation}
     if auto is not None:
         kept = (states or {}).get(name)
-        doc["status"]["autoscale"] = autoscaler.describe(
+        doc["status"]["autoscale"] = loadreports.describe(
             auto, spec.replicas, last_reason=kept.last_reason if kept else "",
             last_change_at=kept.last_change_at if kept else 0.0, signals=signals, model=name, now=now)
     return doc
@@ -332,7 +332,7 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extr
             applied = cluster.signals.record(json.loads(body))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ApiError(400, f"body is not valid JSON: {e}", code="invalid_json") from None
-        except autoscaler.BadReport as e:
+        except loadreports.BadReport as e:
             raise ApiError(422, str(e), code="invalid_report") from None
         return {"applied": applied}
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from fastapi import APIRouter, Response
 
-from llmgw.control import autoscaler, engines
+from llmgw.control import engines, loadreports
 from llmgw.control.cluster import Cluster, in_force
 from llmgw.control.conditions import Condition
 from llmgw.control.events import Event
@@ -88,7 +88,7 @@ def router(db: StoreThread, cluster: Cluster) -> APIRouter:
         st = summarize(spec, mine, now=now)
         fp = spec.fingerprint()
         kept, auto = states.get(name), spec.autoscale
-        scaled = {} if auto is None else {"autoscale": autoscaler.describe(
+        scaled = {} if auto is None else {"autoscale": loadreports.describe(
             auto, spec.replicas, last_reason=kept.last_reason if kept else "",
             last_change_at=kept.last_change_at if kept else 0.0, signals=cluster.signals, model=name, now=now)}
         return {

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from typing import Any
 
 import pytest
 
-from llmgw.control.router_events import BadReport, RouterEvents
-from llmgw.router import auth, events
+from llmgw.api.routing import RouterReport
+from llmgw.control.routerreports import BadReport, RouterEvents
+from llmgw.router import auth
+from llmgw.router import reports as events
 
 
 class Clock:
@@ -58,8 +58,8 @@ def test_a_callback_that_raises_does_not_fail_the_request(caplog: pytest.LogCapt
     """A recorder that raises: ejected() returns, the bug is logged, and the next event still reaches it."""
     seen: list[str] = []
 
-    def flaky(doc: Mapping[str, Any]) -> None:
-        seen.append(doc["events"][0]["type"])
+    def flaky(report: RouterReport) -> None:
+        seen.append(report.to_doc()["events"][0]["type"])
         if len(seen) == 1:
             raise RuntimeError("boom in the recorder")
 

@@ -1,14 +1,14 @@
-"""What routers report about each model's load, merged for the autoscaler (issue 17).
+"""What routers report about each model's load, merged per model for the autoscaler (issue 17).
 
 Every router sends, every couple of seconds and at once when it holds a request
-for a model at zero, one document per router (``llmgw.router.signals`` builds
-it; the shape is in the module docstring of ``RouterSignals.record``): counts
+for a model at zero, one ``LoadReport`` (``llmgw.router.signals`` builds it;
+``llmgw.api.reports`` says its shape and checks a posted one): counts
 since its last report (arrivals, first-token times, output tokens) and gauges
 as they stand (waiting, in flight, held, in flight per replica). Here those are
 checked, kept per router over a sliding window, and merged into the one
 ``core.autoscale.Signals`` per model that ``core.autoscale.decide`` reads.
 
-Kept in memory only, like ``router_events``: after a restart the routers' next
+Kept in memory only, like ``routerreports``: after a restart the routers' next
 reports (two seconds away) say more than stale numbers could, and a model with
 no live report holds its count (``decide`` with ``signals=None``).
 
@@ -21,21 +21,14 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
+from llmgw.api.routing import BadReport, LoadReport
 from llmgw.core import autoscale
 
-#: More models than one report may carry: a document this big is not a router's.
-MAX_MODELS_PER_REPORT = 1000
-MAX_REPLICAS_PER_MODEL = 1000
-MAX_ROUTER_ID = 253
-
-
-class BadReport(ValueError):
-    """A signals report that is not what routers send; the message names the field and what was expected."""
+__all__ = ["BadReport", "RouterSignals", "describe"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -68,19 +61,6 @@ class _Router:
     models: dict[str, _ModelReport] = dataclasses.field(default_factory=dict)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Parsed:
-    model: str
-    arrived: int
-    waiting: float
-    in_flight: float
-    held: float
-    ttft_counts: tuple[int, ...]
-    tokens_out: int
-    last_request_at: float
-    replicas: dict[str, float]
-
-
 class RouterSignals:
     """Every live router's reports, merged per model over ``window_s``; a router silent for ``stale_after_s`` is out."""
 
@@ -92,15 +72,15 @@ class RouterSignals:
         #: not at the next pass): ``Cluster`` kicks a pass. Called on the caller's thread (the event loop).
         self.on_wake: Callable[[str], None] | None = None
 
-    def record(self, doc: Any) -> int:
-        """Applies one router's report; the number of models it spoke of. Raises BadReport (nothing applied).
+    def record(self, doc: LoadReport | Any) -> int:
+        """Applies one router's report (a ``LoadReport``, or a posted body: ``BadReport`` names a bad field and
+        nothing applies); the number of models it spoke of."""
+        return self.apply(LoadReport.from_doc(doc))
 
-        ``{"router": "r1", "interval_s": 2.0, "sent_at": 1764662400.0, "models": [{"model": "m", "arrived": 12,
-        "waiting": 3, "in_flight": 5, "held": 0, "ttft_counts": [...], "tokens_out": 345, "last_request_at": ...,
-        "replicas": {"m-ab12cd": {"in_flight": 2}}}]}``: arrived, ttft_counts and tokens_out are counts since the
-        router's last report; the others are gauges now. A model left out has its gauges at 0.
-        """
-        router, interval_s, parsed = _parse(doc)  # every field checked before anything applies
+    def apply(self, report: LoadReport) -> int:
+        """Applies one report already read (``llmgw.api.reports`` says what each field is); a model left out
+        has its gauges at 0. The number of models it spoke of."""
+        router, interval_s, parsed = report.router, report.interval_s, report.models
         now = self._clock()
         r = self._routers.get(router)
         if r is None or now - r.last_at > self.stale_after_s:
@@ -119,7 +99,7 @@ class RouterSignals:
             # A queue that forms is users waiting now: a pass at once, not at the next tick, so the
             # scale-up it asks for starts its replicas that much sooner (decide acts on it at once).
             queue_formed = p.waiting > 0 and m.waiting == 0
-            m.waiting, m.in_flight, m.held, m.replicas = p.waiting, p.in_flight, p.held, p.replicas
+            m.waiting, m.in_flight, m.held, m.replicas = p.waiting, p.in_flight, p.held, dict(p.replicas)
             # The router's clock, not ours: kept no later than now, or a router whose clock runs ahead
             # would keep its model from ever being idle long enough to go to zero.
             m.last_request_at = max(m.last_request_at, min(p.last_request_at, now))
@@ -197,83 +177,6 @@ class RouterSignals:
                 for rid, n in m.replicas.items():
                     out[rid] = out.get(rid, 0.0) + n
         return out
-
-
-# -- checking a report -----------------------------------------------------------------------
-def _number(where: str, raw: Any, *, default: float = 0.0) -> float:
-    if raw is None:
-        return default
-    if isinstance(raw, bool) or not isinstance(raw, int | float) or not math.isfinite(raw) or raw < 0:
-        raise BadReport(f"{where}: expected a number >= 0, got {raw!r}")
-    return float(raw)
-
-
-def _count(where: str, raw: Any) -> int:
-    if raw is None:
-        return 0
-    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
-        raise BadReport(f"{where}: expected a whole number >= 0 (a count since the last report), got {raw!r}")
-    return raw
-
-
-def _parse(doc: Any) -> tuple[str, float, list[_Parsed]]:
-    if not isinstance(doc, Mapping):
-        raise BadReport("body: expected an object with router, interval_s and models")
-    router = doc.get("router")
-    if not isinstance(router, str) or not router or len(router) > MAX_ROUTER_ID:
-        raise BadReport(f"router: expected the reporting router's id, a non-empty string of at most "
-                        f"{MAX_ROUTER_ID} characters, got {router!r}")
-    interval_s = _number("interval_s", doc.get("interval_s"), default=2.0)
-    if interval_s <= 0:
-        raise BadReport("interval_s: expected how often the router reports, in seconds (> 0), got 0")
-    _number("sent_at", doc.get("sent_at"))
-    models = doc.get("models")
-    if not isinstance(models, list):
-        raise BadReport(f"models: expected a list of per-model reports, got {type(models).__name__}")
-    if len(models) > MAX_MODELS_PER_REPORT:
-        raise BadReport(f"models: at most {MAX_MODELS_PER_REPORT} per report, got {len(models)}")
-    out, seen = [], set()
-    for i, raw in enumerate(models):
-        p = _model(f"models[{i}]", raw)
-        if p.model in seen:
-            raise BadReport(f"models[{i}].model: {p.model!r} is reported twice; one entry per model")
-        seen.add(p.model)
-        out.append(p)
-    return router, interval_s, out
-
-
-def _model(where: str, raw: Any) -> _Parsed:
-    if not isinstance(raw, Mapping):
-        raise BadReport(f"{where}: expected an object")
-    name = raw.get("model")
-    if not isinstance(name, str) or not name:
-        raise BadReport(f"{where}.model: expected the model's name, a non-empty string, got {name!r}")
-    buckets = len(autoscale.TTFT_BUCKETS_MS) + 1
-    ttft = raw.get("ttft_counts")
-    if ttft is None:
-        counts: tuple[int, ...] = (0,) * buckets
-    elif not isinstance(ttft, list) or len(ttft) != buckets:
-        raise BadReport(f"{where}.ttft_counts: expected a list of {buckets} counts (one per TTFT bucket, the last "
-                        f"+inf), got {len(ttft) if isinstance(ttft, list) else type(ttft).__name__}")
-    else:
-        counts = tuple(_count(f"{where}.ttft_counts[{k}]", c) for k, c in enumerate(ttft))
-    reps = raw.get("replicas")
-    replicas: dict[str, float] = {}
-    if reps is not None:
-        if not isinstance(reps, Mapping) or len(reps) > MAX_REPLICAS_PER_MODEL:
-            raise BadReport(f"{where}.replicas: expected an object of at most {MAX_REPLICAS_PER_MODEL} replica "
-                            "ids, each {\"in_flight\": N}")
-        for rid, v in reps.items():
-            if not isinstance(rid, str) or not rid or not isinstance(v, Mapping):
-                raise BadReport(f"{where}.replicas[{rid!r}]: expected a replica id and {{\"in_flight\": N}}")
-            replicas[rid] = _number(f"{where}.replicas[{rid!r}].in_flight", v.get("in_flight"))
-    return _Parsed(model=name, arrived=_count(f"{where}.arrived", raw.get("arrived")),
-                   waiting=_number(f"{where}.waiting", raw.get("waiting")),
-                   in_flight=_number(f"{where}.in_flight", raw.get("in_flight")),
-                   held=_number(f"{where}.held", raw.get("held")), ttft_counts=counts,
-                   tokens_out=_count(f"{where}.tokens_out", raw.get("tokens_out")),
-                   last_request_at=_number(f"{where}.last_request_at", raw.get("last_request_at")),
-                   replicas=replicas)
 
 
 def describe(auto: autoscale.Autoscale, replicas: int, *, last_reason: str, last_change_at: float,

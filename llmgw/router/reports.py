@@ -5,20 +5,15 @@ sees what real requests meet between two checks (``health``). Without a report,
 ``llmgw get replicas`` would show a replica Ready while every router had taken it
 out of rotation for a minute, and an operator would look in the wrong place.
 
-An event is a plain JSON-able dict, the shape ``POST /api/v1/router/events``
-takes (``{"router": id, "events": [event, ...]}``)::
-
-    {"type": "ejected", "model": "m", "replica": "m-1a2b3c", "for_s": 2.0,
-     "failures": 3, "reason": "Cannot connect to host ...", "at": 1764583200.0}
-    {"type": "recovered", "model": "m", "replica": "m-1a2b3c", "at": ...}
-    {"type": "key_used", "key": "key-1a2b3c", "at": 1764583200.0}
-
-``key_used`` carries the newest time the key was let in here, at most once every few seconds per key
-(``keyuse``): the control plane keeps it as the key's "last used".
+Each event is one of ``llmgw.api.routing``'s (``Ejected``, ``Recovered``, ``KeyUsed``), sent in a
+``RouterReport``: its ``to_doc()`` is the body ``POST /api/v1/router/events`` takes
+(``llmgw.api.reports`` shows it). ``KeyUsed`` carries the newest time the key was let in
+here, at most once every few seconds per key (``keyuse``): the control plane keeps it as
+the key's "last used".
 
 The router and the control plane never import each other: inside ``llmgw
-server`` the events go to a callback ``serve`` wires to the control plane's
-recorder (``CallbackSink``); a standalone router POSTs them (``HttpSink``).
+server`` each report goes, as the object, to a callback ``serve`` wires to the
+control plane's recorder (``CallbackSink``); a standalone router POSTs them (``HttpSink``).
 
 Reporting never delays a request: ``ejected``/``recovered`` only append to a
 list, and ``HttpSink`` sends from its own task, in batches, with a bounded
@@ -39,11 +34,12 @@ from typing import Any
 
 import aiohttp
 
+from llmgw.api.routing import Ejected, KeyUsed, Recovered, RouterEvent, RouterReport
+from llmgw.core.background import Background
 from llmgw.router import keyuse
 
 log = logging.getLogger(__name__)
 
-Event = dict[str, Any]
 EVENTS_PATH = "/api/v1/router/events"
 
 
@@ -59,23 +55,23 @@ class Sink:
 
     def ejected(self, model: str, replica_id: str, *, for_s: float, failures: int, reason: str) -> None:
         self._ejected.add(replica_id)
-        self.deliver({"type": "ejected", "model": model, "replica": replica_id, "for_s": round(for_s, 3),
-                      "failures": failures, "reason": reason, "at": self._clock()})
+        self.deliver(Ejected(model=model, replica=replica_id, for_s=round(for_s, 3), failures=failures,
+                             reason=reason, at=self._clock()))
 
     def recovered(self, model: str, replica_id: str) -> None:
         if replica_id not in self._ejected:
             return  # a streak that never ejected: nothing was reported, nothing to take back
         self._ejected.discard(replica_id)
-        self.deliver({"type": "recovered", "model": model, "replica": replica_id, "at": self._clock()})
+        self.deliver(Recovered(model=model, replica=replica_id, at=self._clock()))
 
     def key_used(self, key_id: str) -> None:
         """A request with the key ``key_id`` was let in; reported as ``key_used`` at most every few seconds."""
         self._key_uses.used(key_id)
 
     def _report_key_use(self, key_id: str, at: float) -> None:
-        self.deliver({"type": "key_used", "key": key_id, "at": at})
+        self.deliver(KeyUsed(key=key_id, at=at))
 
-    def deliver(self, event: Event) -> None:
+    def deliver(self, event: RouterEvent) -> None:
         """Hand one event on; must not block or raise."""
 
     async def start(self) -> None:
@@ -86,15 +82,15 @@ class Sink:
 
 
 class CallbackSink(Sink):
-    """In-process: each event goes to ``callback({"router": id, "events": [event]})`` at once."""
+    """In-process: each event goes to ``callback(RouterReport(router_id, (event,)))`` at once, as the object."""
 
-    def __init__(self, router_id: str, callback: Callable[[Mapping[str, Any]], object], **kw: Any) -> None:
+    def __init__(self, router_id: str, callback: Callable[[RouterReport], object], **kw: Any) -> None:
         super().__init__(router_id, **kw)
         self._callback = callback
 
-    def deliver(self, event: Event) -> None:
+    def deliver(self, event: RouterEvent) -> None:
         try:
-            self._callback({"router": self.router_id, "events": [event]})
+            self._callback(RouterReport(self.router_id, (event,)))
         except Exception:  # a bug on the other side must not fail the request that saw the ejection
             log.exception("recording a router event failed")
 
@@ -111,11 +107,11 @@ class HttpSink(Sink):
                  backoff_max_s: float = 10.0, headers: Mapping[str, str] | None = None, **kw: Any) -> None:
         super().__init__(router_id, **kw)
         self._control_url = control_url
-        self._backlog: collections.deque[Event] = collections.deque(maxlen=max_backlog)
+        self._backlog: collections.deque[RouterEvent] = collections.deque(maxlen=max_backlog)
         self._wake = asyncio.Event()
         self._backoff_max_s = backoff_max_s
         self._headers = dict(headers or {})
-        self._task: asyncio.Task[None] | None = None
+        self._task = Background("llmgw-router-events")
         self._session: aiohttp.ClientSession | None = None
         #: Events the control plane acknowledged, for tests and the log.
         self.sent = 0
@@ -126,7 +122,7 @@ class HttpSink(Sink):
         base = self._control_url if isinstance(self._control_url, str) else self._control_url()
         return base.rstrip("/") + EVENTS_PATH
 
-    def deliver(self, event: Event) -> None:
+    def deliver(self, event: RouterEvent) -> None:
         if len(self._backlog) == self._backlog.maxlen:
             log.warning("control plane unreachable: dropping the oldest router event (backlog of %d)",
                         self._backlog.maxlen)
@@ -134,22 +130,18 @@ class HttpSink(Sink):
         self._wake.set()
 
     async def start(self) -> None:
-        if self._task is None:
+        if self._session is None:  # started once until stopped
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
-            self._task = asyncio.create_task(self._run(), name="llmgw-router-events")
+            self._task.start(self._run)
 
     async def stop(self) -> None:
         """One last try to send what is pending (at most a second), then stop."""
         self._key_uses.flush()  # into the backlog, so the last uses go with the last batch
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._task.stop()
+        if self._session is not None:
             if self._backlog:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self._send_batch(self.url), 1.0)
-        if self._session is not None:
             await self._session.close()
             self._session = None
 
@@ -179,7 +171,7 @@ class HttpSink(Sink):
     async def _send_batch(self, url: str) -> None:
         assert self._session is not None
         batch = list(self._backlog)
-        async with self._session.post(url, json={"router": self.router_id, "events": batch},
+        async with self._session.post(url, json=RouterReport(self.router_id, tuple(batch)).to_doc(),
                                       headers=self._headers) as resp:
             if resp.status >= 500:
                 raise _Refused(f"HTTP {resp.status}")

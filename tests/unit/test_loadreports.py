@@ -1,4 +1,4 @@
-"""The control plane's merge of routers' load reports (``control.autoscaler.RouterSignals``), on a stepped clock."""
+"""The control plane's merge of routers' load reports (``control.loadreports.RouterSignals``), on a stepped clock."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from llmgw.control import autoscaler
+from llmgw.control import loadreports
 from llmgw.core import autoscale
 from llmgw.testing import stepped
 
@@ -31,7 +31,7 @@ def ttft(bucket: int, n: int) -> list[int]:
 def test_two_routers_are_merged_gauges_summed_and_counts_over_the_window() -> None:
     """Gauges add up over routers; arrivals and tokens are rates over the window; TTFT merges the histograms."""
     clock = stepped.Clock()
-    sig = autoscaler.RouterSignals(clock=clock, window_s=10.0)
+    sig = loadreports.RouterSignals(clock=clock, window_s=10.0)
     for _ in range(5):  # 10 s of reports from both routers
         clock.now += 2
         sig.record(report("r1", entry(arrived=4, waiting=3, in_flight=5, tokens_out=100, ttft_counts=ttft(1, 4),
@@ -55,7 +55,7 @@ def test_two_routers_are_merged_gauges_summed_and_counts_over_the_window() -> No
 def test_counts_older_than_the_window_no_longer_count() -> None:
     """A burst leaves the rates once it is older than the window; a quiet router's rate reads 0."""
     clock = stepped.Clock()
-    sig = autoscaler.RouterSignals(clock=clock, window_s=10.0, stale_after_s=1e9)
+    sig = loadreports.RouterSignals(clock=clock, window_s=10.0, stale_after_s=1e9)
     clock.now += 2
     sig.record(report("r1", entry(arrived=40, tokens_out=400, ttft_counts=ttft(3, 40))))
     burst = sig.signals("m", clock.now)
@@ -70,7 +70,7 @@ def test_counts_older_than_the_window_no_longer_count() -> None:
 def test_a_router_that_stops_reporting_ages_out() -> None:
     """A silent router's gauges stop counting after stale_after_s; with no live router the signals are None."""
     clock = stepped.Clock()
-    sig = autoscaler.RouterSignals(clock=clock, window_s=30.0, stale_after_s=10.0)
+    sig = loadreports.RouterSignals(clock=clock, window_s=30.0, stale_after_s=10.0)
     sig.record(report("r1", entry(waiting=30, in_flight=8, replicas={"m-a": {"in_flight": 8}})))
     sig.record(report("r2", entry(waiting=1)))
     for _ in range(3):
@@ -86,7 +86,7 @@ def test_a_router_that_stops_reporting_ages_out() -> None:
 def test_a_model_left_out_of_a_report_has_its_gauges_at_zero() -> None:
     """Left out means nothing to say and all gauges 0: the last waiting count does not linger."""
     clock = stepped.Clock()
-    sig = autoscaler.RouterSignals(clock=clock)
+    sig = loadreports.RouterSignals(clock=clock)
     sig.record(report("r1", entry(waiting=5, in_flight=2, last_request_at=999.0)))
     clock.now += 2
     sig.record(report("r1"))
@@ -97,7 +97,7 @@ def test_a_model_left_out_of_a_report_has_its_gauges_at_zero() -> None:
 def test_a_held_request_wakes_the_model_at_once() -> None:
     """A report holding a request calls on_wake with the model, and the merged signals say wanted."""
     clock = stepped.Clock()
-    sig = autoscaler.RouterSignals(clock=clock)
+    sig = loadreports.RouterSignals(clock=clock)
     woken: list[str] = []
     sig.on_wake = woken.append
     sig.record(report("r1", entry("cold", held=1, waiting=1), entry("warm", in_flight=1)))
@@ -110,7 +110,7 @@ def test_a_held_request_wakes_the_model_at_once() -> None:
 def test_a_queue_that_forms_kicks_a_pass_once() -> None:
     """Requests starting to wait at a router call on_wake once; a queue that stays does not call it again."""
     clock = stepped.Clock()
-    sig = autoscaler.RouterSignals(clock=clock)
+    sig = loadreports.RouterSignals(clock=clock)
     woken: list[str] = []
     sig.on_wake = woken.append
     sig.record(report("r1", entry("m", in_flight=4)))
@@ -127,7 +127,7 @@ def test_a_queue_that_forms_kicks_a_pass_once() -> None:
 def test_a_router_clock_ahead_does_not_keep_a_model_busy() -> None:
     """A last_request_at in the future is read as now: the model can still go idle."""
     clock = stepped.Clock()
-    sig = autoscaler.RouterSignals(clock=clock)
+    sig = loadreports.RouterSignals(clock=clock)
     sig.record(report("r1", entry(last_request_at=clock.now + 3600)))
     s = sig.signals("m", clock.now)
     assert s is not None and s.last_request_at == clock.now
@@ -154,13 +154,13 @@ def test_a_router_clock_ahead_does_not_keep_a_model_busy() -> None:
 def test_a_bad_report_is_refused_with_a_sentence_and_changes_nothing(doc: Any, said: str) -> None:
     """Every malformed field is named; nothing of a refused report is applied, not even its valid parts."""
     clock = stepped.Clock()
-    sig = autoscaler.RouterSignals(clock=clock)
+    sig = loadreports.RouterSignals(clock=clock)
     woken: list[str] = []
     sig.on_wake = woken.append
     if isinstance(doc, dict) and isinstance(doc.get("models"), list) and doc["models"]:
         doc["models"].insert(0, entry("good", held=1, waiting=4))
         said = said.replace("models[0]", "models[1]").replace("models[1].model: 'm'", "models[2].model: 'm'")
-    with pytest.raises(autoscaler.BadReport) as e:
+    with pytest.raises(loadreports.BadReport) as e:
         sig.record(doc)
     assert said in str(e.value)
     assert sig.signals("good", clock.now) is None and woken == []

@@ -1,0 +1,330 @@
+"""The wire between the control plane and its routers, as typed documents: the one contract both sides read.
+
+Three documents cross it, each a frozen dataclass with ``to_doc()`` (the JSON-able dict that is sent) and
+``from_doc()`` (the dict read back):
+
+- ``EndpointsDoc``: the route table the control plane publishes (``GET /api/v1/endpoints``, long-polled):
+  every model's names, ready endpoints, unhealthy replicas, limits and autoscale bounds, and the API keys.
+  Read by routers, so ``from_doc`` is tolerant: a field it does not know is ignored and an optional field
+  that is malformed is warned about and left out (a newer control plane must not break an older router;
+  refusing the table would leave the router serving an old one). What the router cannot route without
+  (a model's name, an endpoint's URL, the unhealthy list) is refused with ``BadTable`` naming the field.
+- ``RouterReport`` (``llmgw.api.reports``): what a router saw (replicas ejected and recovered, keys used).
+- ``LoadReport`` (``llmgw.api.reports``): a router's load per model, the autoscaler's input.
+  Both are read by the control plane, so their ``from_doc`` is strict: a bad report is refused with
+  ``BadReport`` naming the field (the REST API's 422 sentence), and nothing of it applies.
+
+Standard library and ``llmgw.core`` only: the control plane and the router both import this module, and
+never each other. Inside ``llmgw server`` the objects are handed over as they are, without JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from llmgw.api.reports import (
+    BadReport,
+    Ejected,
+    KeyUsed,
+    LoadReport,
+    ModelLoad,
+    Recovered,
+    RouterEvent,
+    RouterReport,
+    WireError,
+)
+
+__all__ = ["AuthDoc", "AutoscaleHint", "BadReport", "BadTable", "Ejected", "EndpointDoc", "EndpointsDoc", "KeyEntry",
+           "KeyUsed", "LoadReport", "ModelEntry", "ModelLoad", "Recovered", "RouterEvent", "RouterReport",
+           "UnhealthyDoc", "WireError"]
+
+log = logging.getLogger(__name__)
+
+#: ``spec.autoscale.cold_start_timeout``'s default, used when the document's is missing or malformed.
+DEFAULT_COLD_START_TIMEOUT_S = 60.0
+
+
+class BadTable(WireError):
+    """An endpoints document a router cannot route from; the message names the field."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EndpointDoc:
+    """One ready engine of a model."""
+
+    replica_id: str
+    url: str  # scheme://host:port, no trailing slash once read
+    api_key: str = ""
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"replica_id": self.replica_id, "url": self.url, "api_key": self.api_key}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UnhealthyDoc:
+    """A replica out of routing because its engine stopped answering; its waiting requests go elsewhere."""
+
+    replica_id: str
+    reason: str = ""
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"replica_id": self.replica_id, "reason": self.reason}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AutoscaleHint:
+    """A model's ``spec.autoscale`` as routers need it: its bounds, and how long to hold a request at zero."""
+
+    min_replicas: int
+    max_replicas: int
+    cold_start_timeout_s: float = DEFAULT_COLD_START_TIMEOUT_S
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"min_replicas": self.min_replicas, "max_replicas": self.max_replicas,
+                "cold_start_timeout_s": self.cold_start_timeout_s}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ModelEntry:
+    """One model of the table, as the control plane says it (the router applies its own defaults)."""
+
+    name: str
+    served_name: str = ""  # "": the name
+    aliases: tuple[str, ...] = ()
+    routing: str = ""  # a policy name; "" or one the router does not know: its default
+    engine: str = ""
+    #: ``limits.concurrency_per_replica``: requests one router sends one endpoint at a time; 0: no limit.
+    concurrency_per_replica: int = 0
+    #: ``limits.concurrency``: requests one router lets in for the model at once; 0: no limit.
+    concurrency: int = 0
+    state: str = ""
+    message: str = ""
+    endpoints: tuple[EndpointDoc, ...] = ()
+    unhealthy: tuple[UnhealthyDoc, ...] = ()
+    autoscale: AutoscaleHint | None = None  # None: not autoscaled
+    created: int = 0
+
+    def to_doc(self) -> dict[str, Any]:
+        limits: dict[str, int] = {"concurrency_per_replica": self.concurrency_per_replica}
+        if self.concurrency:
+            limits["concurrency"] = self.concurrency
+        doc: dict[str, Any] = {
+            "name": self.name, "served_name": self.served_name, "aliases": list(self.aliases),
+            "routing": self.routing, "engine": self.engine, "limits": limits,
+            "state": self.state, "message": self.message,
+            "endpoints": [e.to_doc() for e in self.endpoints],
+            "unhealthy": [u.to_doc() for u in self.unhealthy],
+        }
+        if self.autoscale is not None:
+            doc["autoscale"] = self.autoscale.to_doc()
+        if self.created:
+            doc["created"] = self.created
+        return doc
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KeyEntry:
+    """An API key routers accept: the sha256 of its secret (hex), its scope and its limits."""
+
+    id: str
+    sha256: str
+    models: tuple[str, ...] = ()  # empty: every model
+    rpm: int = 0  # 0: unlimited
+    tpm: int = 0
+    priority: int = 0
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"id": self.id, "sha256": self.sha256, "models": list(self.models), "rpm": self.rpm,
+                "tpm": self.tpm, "priority": self.priority}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AuthDoc:
+    """The API keys; ``required`` once any key exists (disabled ones count: all disabled is everyone refused)."""
+
+    required: bool = False
+    keys: tuple[KeyEntry, ...] = ()
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"required": self.required, "keys": [k.to_doc() for k in self.keys]}
+
+    @classmethod
+    def from_doc(cls, doc: Any) -> AuthDoc:
+        """Tolerant: a missing or malformed ``auth`` (an older control plane) is no keys; a bad key is skipped."""
+        return doc if isinstance(doc, AuthDoc) else _auth(doc)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EndpointsDoc:
+    """The route table at one version: what ``GET /api/v1/endpoints`` answers.
+
+    The control plane builds it from its store (``models`` and ``auth``) and numbers it when it
+    publishes (``with_version``); ``same_routes`` says whether a new build changes anything a router reads.
+    """
+
+    version: int = 0
+    models: tuple[ModelEntry, ...] = ()
+    auth: AuthDoc = AuthDoc()
+
+    def with_version(self, version: int) -> EndpointsDoc:
+        return dataclasses.replace(self, version=version)
+
+    def same_routes(self, other: EndpointsDoc) -> bool:
+        """Everything but the version is equal: a key created or deleted is a change too."""
+        return self.models == other.models and self.auth == other.auth
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"version": self.version, "models": [m.to_doc() for m in self.models], "auth": self.auth.to_doc()}
+
+    @classmethod
+    def from_doc(cls, doc: Any) -> EndpointsDoc:
+        """Read a document as a router does: unknown fields ignored; ``BadTable`` names what cannot be routed."""
+        if isinstance(doc, EndpointsDoc):
+            return doc
+        if not isinstance(doc, Mapping):
+            raise BadTable(f"endpoints document: expected an object, got {type(doc).__name__}")
+        version = doc.get("version")
+        if not _is_int(version):
+            raise BadTable(f"version: expected an integer, got {version!r}")
+        raw_models = doc.get("models", [])
+        if not isinstance(raw_models, list):
+            raise BadTable("models: expected a list")
+        return cls(version=version, models=tuple(_model(f"models[{i}]", raw) for i, raw in enumerate(raw_models)),
+                   auth=AuthDoc.from_doc(doc.get("auth")))
+
+
+# -- reading a document, as a router: strict where routing depends on it, tolerant elsewhere ---------------
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _str(where: str, raw: Mapping[str, Any], key: str, *, default: str | None = None) -> str:
+    value = raw.get(key)
+    if value is None:  # a JSON null means "not set", as a missing key does
+        value = default
+    if not isinstance(value, str):
+        raise BadTable(f"{where}.{key}: expected a string, got {value!r}")
+    return value
+
+
+def _model(where: str, raw: Any) -> ModelEntry:
+    if not isinstance(raw, Mapping):
+        raise BadTable(f"{where}: expected an object")
+    name = _str(where, raw, "name")
+    aliases = raw.get("aliases") or []
+    if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
+        raise BadTable(f"{where}.aliases: expected a list of strings")
+    created = raw.get("created", 0)
+    routing = raw.get("routing")
+    limits = raw.get("limits")
+    limits = limits if isinstance(limits, Mapping) else {}
+    concurrency = limits.get("concurrency")
+    return ModelEntry(
+        name=name, served_name=_str(where, raw, "served_name", default=name), aliases=tuple(aliases),
+        # Not checked against the policies here (the router knows them): an unknown one is its to warn about.
+        routing="" if routing is None else routing if isinstance(routing, str) else str(routing),
+        engine=_str(where, raw, "engine", default=""),
+        concurrency_per_replica=_per_replica(where, limits),
+        concurrency=concurrency if _is_int(concurrency) and concurrency > 0 else 0,
+        state=_str(where, raw, "state", default=""), message=_str(where, raw, "message", default=""),
+        endpoints=_endpoints(where, raw), unhealthy=_unhealthy(where, raw), autoscale=_autoscale(where, raw),
+        created=created if _is_int(created) else 0)
+
+
+def _endpoints(where: str, raw: Mapping[str, Any]) -> tuple[EndpointDoc, ...]:
+    items = raw.get("endpoints") or []
+    if not isinstance(items, list):
+        raise BadTable(f"{where}.endpoints: expected a list")
+    out = []
+    for i, ep in enumerate(items):
+        ep_where = f"{where}.endpoints[{i}]"
+        if not isinstance(ep, Mapping):
+            raise BadTable(f"{ep_where}: expected an object")
+        # A trailing slash would make "url + path" ask the engine for "//v1/...", which
+        # some engines answer with 404.
+        url = _str(ep_where, ep, "url").rstrip("/")
+        if not url.startswith(("http://", "https://")):
+            raise BadTable(f"{ep_where}.url: expected http:// or https://, got {url!r}")
+        out.append(EndpointDoc(replica_id=_str(ep_where, ep, "replica_id"), url=url,
+                               api_key=_str(ep_where, ep, "api_key", default="")))
+    return tuple(out)
+
+
+def _unhealthy(where: str, raw: Mapping[str, Any]) -> tuple[UnhealthyDoc, ...]:
+    # Refused like endpoints when malformed: a router that misread it would either keep
+    # requests waiting on a hung engine or re-send requests a drained one is finishing.
+    items = raw.get("unhealthy")
+    if items is None:  # a control plane from before liveness: nothing listed
+        return ()
+    if not isinstance(items, list):
+        raise BadTable(f"{where}.unhealthy: expected a list")
+    out = []
+    for i, item in enumerate(items):
+        if not isinstance(item, Mapping):
+            raise BadTable(f"{where}.unhealthy[{i}]: expected an object")
+        out.append(UnhealthyDoc(_str(f"{where}.unhealthy[{i}]", item, "replica_id"),
+                                _str(f"{where}.unhealthy[{i}]", item, "reason", default="")))
+    return tuple(out)
+
+
+def _per_replica(where: str, limits: Mapping[str, Any]) -> int:
+    # Tolerant, like limits.concurrency: a malformed limit must not make the router refuse
+    # the whole table (and keep serving an old one); it is warned about and not applied.
+    n = limits.get("concurrency_per_replica")
+    if n is None:
+        return 0
+    if not _is_int(n) or n < 0:
+        log.warning("%s.limits.concurrency_per_replica: expected a whole number >= 0, got %r; no limit applied",
+                    where, n)
+        return 0
+    return int(n)
+
+
+def _autoscale(where: str, raw: Mapping[str, Any]) -> AutoscaleHint | None:
+    # Tolerant, like the limits: a control plane from before autoscaling sends none, and a malformed
+    # one must not make the router refuse the whole table (and keep serving an old one). A bad timeout
+    # is warned about and the default used: holding a request beats a 503 the model was meant to avoid.
+    value = raw.get("autoscale")
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        log.warning("%s.autoscale: expected an object, got %r; the model is routed as not autoscaled", where, value)
+        return None
+    bounds = []
+    for key in ("min_replicas", "max_replicas"):
+        n = value.get(key, 0)
+        if not _is_int(n) or n < 0:
+            log.warning("%s.autoscale.%s: expected a whole number >= 0, got %r; read as 0", where, key, n)
+            n = 0
+        bounds.append(n)
+    timeout = value.get("cold_start_timeout_s", DEFAULT_COLD_START_TIMEOUT_S)
+    if not isinstance(timeout, int | float) or isinstance(timeout, bool) or not 0 < timeout < float("inf"):
+        log.warning("%s.autoscale.cold_start_timeout_s: expected seconds > 0, got %r; holding requests %gs",
+                    where, timeout, DEFAULT_COLD_START_TIMEOUT_S)
+        timeout = DEFAULT_COLD_START_TIMEOUT_S
+    return AutoscaleHint(min_replicas=bounds[0], max_replicas=bounds[1], cold_start_timeout_s=float(timeout))
+
+
+def _auth(doc: Any) -> AuthDoc:
+    if not isinstance(doc, Mapping):
+        return AuthDoc()
+    keys = []
+    raw_keys = doc.get("keys")
+    for raw in raw_keys if isinstance(raw_keys, list) else ():
+        if not isinstance(raw, Mapping) or not isinstance(raw.get("sha256"), str):
+            continue
+        models = raw.get("models")
+        priority = raw.get("priority")
+        keys.append(KeyEntry(
+            id=str(raw.get("id", "")), sha256=raw["sha256"],
+            models=tuple(m for m in models if isinstance(m, str)) if isinstance(models, list) else (),
+            rpm=_positive(raw.get("rpm")), tpm=_positive(raw.get("tpm")),
+            priority=priority if _is_int(priority) else 0))
+    return AuthDoc(required=bool(doc.get("required")), keys=tuple(keys))
+
+
+def _positive(value: Any) -> int:
+    return value if _is_int(value) and value > 0 else 0
