@@ -12,6 +12,9 @@ backoff: engines are reached directly, so the router keeps serving while the
 control plane restarts (and a fleet of routers does not retry in lock step). One
 line is logged when an outage starts and one when it ends, not one per retry.
 
+Inside ``llmgw server`` the router follows the control plane of its own process with a
+``LocalWatcher``: the same long poll as a call (``Cluster.wait_table``), the table as an object.
+
 Several control planes (``control_urls``, one leader and its standbys, each serving
 the same table from the database) are followed one at a time. A failed poll moves
 the watcher to the next URL for the very next poll, so losing the one it follows costs
@@ -34,10 +37,12 @@ import logging
 import random
 import time
 import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
 import aiohttp
 
+from llmgw.api import routing
 from llmgw.core.background import Background
 from llmgw.router.auth import ListenGuard
 from llmgw.router.table import RouteTable, TableError, TableHolder
@@ -79,7 +84,33 @@ def _check_control_url(url: str, *, given: str) -> None:
         raise ValueError(f"{url!r} is not an http(s) URL of a control plane; {hint}")
 
 
-class TableWatcher:
+class _Follower:
+    """What every watcher does with a table it read: swap it in when it changed, check the listen, say it is loaded."""
+
+    def __init__(self, holder: TableHolder, listen_guard: ListenGuard | None) -> None:
+        self._holder = holder
+        self._guard = listen_guard  # warns when a table leaves a non-loopback listen without keys
+        self._loaded = asyncio.Event()
+
+    async def wait_loaded(self, timeout: float) -> bool:
+        """True once a first table has been installed, False if ``timeout`` passes first."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._loaded.wait(), timeout)
+        return self._loaded.is_set()
+
+    def _install(self, table: RouteTable) -> None:
+        old = self._holder.current
+        if table != old:
+            self._holder.swap(table)
+            log.info("route table v%d: %d models, %d endpoints (was v%d: %d models, %d endpoints)",
+                     table.version, len(table.models), table.endpoint_count(),
+                     old.version, len(old.models), old.endpoint_count())
+        if self._guard is not None:
+            self._guard.check(table.auth)
+        self._loaded.set()
+
+
+class TableWatcher(_Follower):
     """Long-polls one of ``control_urls`` and swaps each new table into ``holder``."""
 
     def __init__(self, control_urls: str | Sequence[str], holder: TableHolder, *,
@@ -91,19 +122,17 @@ class TableWatcher:
         urls = [control_urls] if isinstance(control_urls, str) else list(control_urls)
         if not urls:
             raise ValueError("no control-plane URL to follow; give at least one")
+        super().__init__(holder, listen_guard)
         self._urls = tuple(dict.fromkeys(u.rstrip("/") for u in urls))
         self._following = _Following(len(self._urls))
-        self._holder = holder
         self._session = session
         self._own_session = session is None
         self._poll_timeout_s = poll_timeout_s
         self._backoff_min_s = backoff_min_s
         self._backoff_max_s = backoff_max_s
         self._headers = dict(headers or {})
-        self._guard = listen_guard  # warns when a table leaves a non-loopback listen without keys
         self._after = -1  # no version yet: the first poll answers at once
         self._task = Background("llmgw-router-table-watch")
-        self._loaded = asyncio.Event()
 
     async def start(self) -> None:
         if self._task.running:
@@ -118,12 +147,6 @@ class TableWatcher:
         if self._own_session and self._session is not None:
             await self._session.close()
             self._session = None
-
-    async def wait_loaded(self, timeout: float) -> bool:
-        """True once a first table has been installed, False if ``timeout`` passes first."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._loaded.wait(), timeout)
-        return self._loaded.is_set()
 
     @property
     def current_url(self) -> str:
@@ -179,9 +202,7 @@ class TableWatcher:
                 await asyncio.sleep(self._backoff_min_s)
 
     def _keeping(self) -> str:
-        current = self._holder.current
-        return (f"serving the last table (v{current.version})" if current.loaded
-                else "no table yet, answering 503 until one arrives")
+        return _keeping(self._holder)
 
     @staticmethod
     def _endpoints(base_url: str) -> str:
@@ -203,16 +224,59 @@ class TableWatcher:
                 raise _PollFailed(f"HTTP {resp.status}: {text}")
             return await resp.json(content_type=None)
 
-    def _install(self, table: RouteTable) -> None:
-        old = self._holder.current
-        if table != old:
-            self._holder.swap(table)
-            log.info("route table v%d: %d models, %d endpoints (was v%d: %d models, %d endpoints)",
-                     table.version, len(table.models), table.endpoint_count(),
-                     old.version, len(old.models), old.endpoint_count())
-        if self._guard is not None:
-            self._guard.check(table.auth)
-        self._loaded.set()
+
+class LocalWatcher(_Follower):
+    """Follows a control plane in the same process: ``wait(after=V, timeout=T)`` is its long poll.
+
+    ``Cluster.wait_table`` is one: it answers the table (an ``EndpointsDoc``, or its JSON dict) at once
+    when its version is not ``V``, else within ``T`` seconds. No HTTP, no JSON, no credential: inside
+    ``llmgw server`` the router reads the object the control plane published. A table it cannot read
+    (or a wait that fails) keeps the last one and is tried again after ``retry_s``.
+    """
+
+    def __init__(self, wait: Callable[..., Awaitable[routing.EndpointsDoc | Mapping[str, Any]]], holder: TableHolder,
+                 *, poll_timeout_s: float = 30.0, retry_s: float = 1.0,
+                 listen_guard: ListenGuard | None = None) -> None:
+        super().__init__(holder, listen_guard)
+        self._wait = wait
+        self._poll_timeout_s = poll_timeout_s
+        self._retry_s = retry_s
+        self._task = Background("llmgw-router-table-local")
+
+    async def start(self) -> None:
+        self._task.start(self._run)
+
+    async def stop(self) -> None:
+        """Cancel the wait in flight and return; the holder keeps the last table."""
+        await self._task.stop()
+
+    async def _run(self) -> None:
+        after = -1
+        failing = False  # logged once when it starts failing, once when it reads again
+        while True:
+            try:
+                table = RouteTable.from_doc(await self._wait(after=after, timeout=self._poll_timeout_s))
+            except Exception as exc:  # a bug or a bad table here must not end routing for the process's life
+                if not failing:
+                    failing = True
+                    log.warning("cannot read routes from the control plane in this process: %s; %s, retrying",
+                                str(exc) or type(exc).__name__, _keeping(self._holder))
+                await asyncio.sleep(self._retry_s)
+                continue
+            if failing:
+                failing = False
+                log.info("routes readable again from the control plane in this process")
+            unchanged = table.version == after
+            after = table.version
+            self._install(table)
+            if unchanged:  # a wait that answers at once without a change: not a tight loop
+                await asyncio.sleep(self._retry_s)
+
+
+def _keeping(holder: TableHolder) -> str:
+    current = holder.current
+    return (f"serving the last table (v{current.version})" if current.loaded
+            else "no table yet, answering 503 until one arrives")
 
 
 class _Following:

@@ -1,6 +1,6 @@
 """Scale to zero at the router: a request for a model with no replica is held, reported at once, and answered.
 
-A standalone router process follows a control plane written here (a thread serving
+A standalone router process follows a stand-in control plane (``fakecontrol.RouterControl``, serving
 the endpoints document's long poll and recording the router's load reports at
 ``POST /api/v1/router/signals``); the engine is a sim engine process, started only
 once the router holds requests for it, as a replica starting from zero would be.
@@ -8,10 +8,8 @@ once the router holds requests for it, as a replica starting from zero would be.
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +17,9 @@ import httpx
 import openai
 import prometheus_client.parser
 import pytest
-from aiohttp import web
 
-from llmgw.testing.procs import free_port, wait_for
+from llmgw.testing.fakecontrol import RouterControl
+from llmgw.testing.procs import wait_for
 from llmgw.testing.routed import Spawner
 
 COLD_MESSAGE = "no replica: scaled to zero after 300s idle; the next request starts one (cold start, up to 60s)"
@@ -34,82 +32,9 @@ def cold_model(*, timeout_s: float = 60.0, endpoints: list[dict[str, str]] | Non
             "autoscale": {"min_replicas": 0, "max_replicas": 2, "cold_start_timeout_s": timeout_s}}
 
 
-class ControlPlane:
-    """The endpoints document's long poll and the signals route, on a loop in a thread of its own."""
-
-    def __init__(self, doc: dict[str, Any]) -> None:
-        self.url = f"http://127.0.0.1:{free_port()}"
-        self.doc = doc
-        self.reports: list[dict[str, Any]] = []
-        self.refuse_signals = False  # answer each report with a 500, as a control plane in trouble would
-        self.refused = 0
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._changed: asyncio.Event | None = None
-        self._runner: web.AppRunner | None = None
-
-    async def _endpoints(self, request: web.Request) -> web.Response:
-        assert self._changed is not None
-        if self.doc["version"] == int(request.query.get("after", "-1")):
-            changed = self._changed
-            try:
-                await asyncio.wait_for(changed.wait(), float(request.query.get("timeout", "30")))
-            except TimeoutError:
-                pass
-        return web.json_response(self.doc)
-
-    async def _signals(self, request: web.Request) -> web.Response:
-        doc = await request.json()
-        if self.refuse_signals:
-            self.refused += 1
-            return web.json_response({"error": "store unavailable"}, status=500)
-        self.reports.append(doc)
-        return web.json_response({"applied": len(doc["models"])})
-
-    def _call(self, fn: Callable[[], Any]) -> Any:
-        async def run() -> Any:
-            result = fn()
-            return await result if asyncio.iscoroutine(result) else result
-        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(10)
-
-    async def _start(self) -> None:
-        self._changed = asyncio.Event()
-        app = web.Application()
-        app.router.add_get("/api/v1/endpoints", self._endpoints)
-        app.router.add_post("/api/v1/router/signals", self._signals)
-        self._runner = web.AppRunner(app, shutdown_timeout=0.1)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", int(self.url.rsplit(":", 1)[1])).start()
-
-    def start(self) -> None:
-        self._thread.start()
-        self._call(self._start)
-
-    def set_doc(self, doc: dict[str, Any]) -> None:
-        def swap() -> None:
-            assert self._changed is not None
-            self.doc = doc
-            self._changed.set()
-            self._changed = asyncio.Event()
-        self._call(swap)
-
-    def held(self) -> int:
-        """The most requests for m any report said were held."""
-        return max((m["held"] for r in list(self.reports) for m in r["models"] if m["model"] == "m"), default=0)
-
-    def close(self) -> None:
-        if self._runner is not None:
-            self._call(self._runner.cleanup)
-        if self._thread.is_alive():
-            async def cancel_all() -> None:
-                tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-                for task in tasks:
-                    task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-            asyncio.run_coroutine_threadsafe(cancel_all(), self._loop).result(5)
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(5)
-        self._loop.close()
+def held(control: RouterControl) -> int:
+    """The most requests for m any load report said were held."""
+    return max((m["held"] for r in list(control.reports) for m in r["models"] if m["model"] == "m"), default=0)
 
 
 @pytest.fixture
@@ -127,8 +52,8 @@ def pool() -> Iterator[concurrent.futures.ThreadPoolExecutor]:
         yield executor
 
 
-def control_plane(doc: dict[str, Any]) -> Iterator[ControlPlane]:
-    control = ControlPlane(doc)
+def control_plane(doc: dict[str, Any]) -> Iterator[RouterControl]:
+    control = RouterControl(doc)
     try:
         control.start()
         yield control
@@ -137,12 +62,12 @@ def control_plane(doc: dict[str, Any]) -> Iterator[ControlPlane]:
 
 
 @pytest.fixture
-def cold_control() -> Iterator[ControlPlane]:
+def cold_control() -> Iterator[RouterControl]:
     yield from control_plane({"version": 1, "models": [cold_model()]})
 
 
 @pytest.fixture
-def short_control() -> Iterator[ControlPlane]:
+def short_control() -> Iterator[RouterControl]:
     yield from control_plane({"version": 1, "models": [cold_model(timeout_s=1.0)]})
 
 
@@ -163,7 +88,7 @@ def raw_stream(router: str) -> tuple[int, list[bytes]]:
     return resp.status_code, events
 
 
-def test_a_request_at_zero_is_held_reported_at_once_and_answered(procs: Spawner, cold_control: ControlPlane,
+def test_a_request_at_zero_is_held_reported_at_once_and_answered(procs: Spawner, cold_control: RouterControl,
                                                                  pool: concurrent.futures.ThreadPoolExecutor) -> None:
     """Whole and streamed requests to a model at zero wait with keep-alives, the router reports the wake
     at once (its interval is an hour), and once a replica is in the table every one is answered."""
@@ -177,7 +102,7 @@ def test_a_request_at_zero_is_held_reported_at_once_and_answered(procs: Spawner,
                                                                        stream=True)))
     raw = pool.submit(raw_stream, router)
     # Only a wake can have sent this report: the periodic one is an hour away.
-    wait_for(lambda: cold_control.held() == 3, timeout=20, what="a report holding the 3 requests")
+    wait_for(lambda: held(cold_control) == 3, timeout=20, what="a report holding the 3 requests")
     assert not (whole.done() or streamed.done() or raw.done())
 
     proc, sim = procs.spawn_sim("m")
@@ -198,7 +123,7 @@ def test_a_request_at_zero_is_held_reported_at_once_and_answered(procs: Spawner,
 
 
 def test_past_the_cold_start_timeout_a_503_says_when_to_retry_and_why(procs: Spawner,
-                                                                     short_control: ControlPlane) -> None:
+                                                                     short_control: RouterControl) -> None:
     """With no replica ever, a request is held for the model's cold-start timeout, then refused with
     503, Retry-After and the model's state and message; a stream held past its keep-alive ends in that error."""
     router = procs.spawn_router("--control", short_control.url, "--keepalive", "0.2")
@@ -212,10 +137,10 @@ def test_past_the_cold_start_timeout_a_503_says_when_to_retry_and_why(procs: Spa
     status, events = raw_stream(router)
     assert status == 200 and events[0] == b": keep-alive"
     assert events[-1].startswith(b"data: {\"error\"") and b"model_cold" in events[-1]
-    assert short_control.held() >= 1
+    assert held(short_control) >= 1
 
 
-def test_a_control_plane_refusing_reports_delays_no_request(procs: Spawner, cold_control: ControlPlane,
+def test_a_control_plane_refusing_reports_delays_no_request(procs: Spawner, cold_control: RouterControl,
                                                              tmp_path: Path) -> None:
     """Reports answered with 500 again and again: requests are still held and answered, and the router
     logs the failure once, not once per report."""

@@ -21,11 +21,11 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from aiohttp import web
 
 from llmgw.router.table import TableHolder
 from llmgw.router.watch import TableWatcher
 from llmgw.testing import openai_schema
+from llmgw.testing.fakecontrol import RouterControl
 from llmgw.testing.procs import Proc, free_port, wait_for
 from llmgw.testing.routed import Spawner
 
@@ -354,74 +354,6 @@ def test_client_disconnect_while_waiting_for_whole_reply_cancels_upstream(cluste
 # --- following the control plane -----------------------------------------------------------
 
 
-class ControlPlane:
-    """Serves GET /api/v1/endpoints with the control plane's long-poll semantics, in a thread."""
-
-    def __init__(self, doc: dict[str, Any], *, port: int | None = None) -> None:
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.doc = doc
-        self.polls = 0
-        #: (after, timeout) of each poll, and how many are held open waiting for a change now.
-        self.queries: list[tuple[int, float]] = []
-        self.held = 0
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._changed: asyncio.Event | None = None
-        self._runner: web.AppRunner | None = None
-
-    async def _endpoints(self, request: web.Request) -> web.Response:
-        self.polls += 1
-        assert self._changed is not None
-        after, timeout = int(request.query.get("after", "-1")), float(request.query.get("timeout", "30"))
-        self.queries.append((after, timeout))
-        if self.doc["version"] == after:
-            self.held += 1
-            try:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(self._changed.wait()), timeout)
-            finally:
-                self.held -= 1
-        return web.json_response(self.doc)
-
-    def _call(self, fn: Callable[[], Any]) -> Any:
-        async def run() -> Any:
-            result = fn()
-            return await result if asyncio.iscoroutine(result) else result
-        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(10)
-
-    async def _start(self) -> None:
-        self._changed = asyncio.Event()
-        app = web.Application()
-        app.router.add_get("/api/v1/endpoints", self._endpoints)
-        self._runner = web.AppRunner(app, shutdown_timeout=0.1)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
-
-    def start(self) -> ControlPlane:
-        if not self._thread.is_alive():
-            self._thread.start()
-        self._call(self._start)
-        return self
-
-    def set_doc(self, doc: dict[str, Any]) -> None:
-        def swap() -> None:
-            assert self._changed is not None
-            self.doc = doc
-            self._changed.set()
-            self._changed = asyncio.Event()
-        self._call(swap)
-
-    def stop(self) -> None:
-        if self._runner is not None:
-            self._call(self._runner.cleanup)
-            self._runner = None
-
-    def close(self) -> None:
-        self.stop()
-        stop_loop(self._loop, self._thread)
-
-
 def _served_by(router: str, replica: str) -> bool:
     response = httpx.post(router + "/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 1})
     return response.status_code == 200 and response.headers["x-llmgw-upstream"] == replica
@@ -431,7 +363,7 @@ def test_router_follows_the_control_plane_and_outlives_it(cluster: Cluster) -> N
     """No table yet: 503. Then each new doc is followed; with the control plane down the last table
     keeps serving; when it is back the router follows it again."""
     a, b = cluster.sim("m"), cluster.sim("m")
-    control = ControlPlane({"version": 1, "models": [model("m", ("r-a", a, ""))]})
+    control = RouterControl({"version": 1, "models": [model("m", ("r-a", a, ""))]})
     try:
         router = cluster.router(control=control.url, wait=False)
         not_loaded = httpx.post(router + "/v1/completions", json={"model": "m", "prompt": "x"})
@@ -460,7 +392,7 @@ def test_router_follows_the_control_plane_and_outlives_it(cluster: Cluster) -> N
 def test_long_poll_is_used_not_a_busy_loop(cluster: Cluster) -> None:
     """With nothing changing, the watcher holds one long poll open (not asking again and again, not idle),
     and a change reaches the router through that poll at once."""
-    control = ControlPlane({"version": 5, "models": []}).start()
+    control = RouterControl({"version": 5, "models": []}).start()
     try:
         router = cluster.router(control=control.url)
         # Polling, and on the long poll: a request naming the version it has is held open by the control plane.
@@ -496,7 +428,7 @@ async def _until(predicate: Callable[[], bool], *, timeout: float = 5.0) -> None
 def test_watcher_in_process_keeps_last_table_on_bad_doc_and_stops_promptly() -> None:
     """A document the router cannot read leaves the last table in place until a good one comes;
     stop() returns at once even while a long poll is held."""
-    control = ControlPlane({"version": 1, "models": [model("m", ("r-1", dead_url(), ""))]}).start()
+    control = RouterControl({"version": 1, "models": [model("m", ("r-1", dead_url(), ""))]}).start()
     try:
         async def run() -> tuple[list[int], float]:
             holder = TableHolder()
