@@ -217,6 +217,8 @@ def _model(where: str, raw: Any) -> ModelEntry:
     aliases = raw.get("aliases") or []
     if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
         raise BadTable(f"{where}.aliases: expected a list of strings")
+    endpoints = _endpoints(where, raw)  # checked in the order a router always checked them
+    unhealthy = _unhealthy(where, raw)
     created = raw.get("created", 0)
     routing = raw.get("routing")
     limits = raw.get("limits")
@@ -230,7 +232,7 @@ def _model(where: str, raw: Any) -> ModelEntry:
         concurrency_per_replica=_per_replica(where, limits),
         concurrency=concurrency if _is_int(concurrency) and concurrency > 0 else 0,
         state=_str(where, raw, "state", default=""), message=_str(where, raw, "message", default=""),
-        endpoints=_endpoints(where, raw), unhealthy=_unhealthy(where, raw), autoscale=_autoscale(where, raw),
+        endpoints=endpoints, unhealthy=unhealthy, autoscale=_autoscale(where, raw),
         created=created if _is_int(created) else 0)
 
 
