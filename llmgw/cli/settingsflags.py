@@ -20,12 +20,13 @@ from llmgw.core import settingsgen
 from llmgw.core.settingsgen import Setting
 
 
-def options(cls: type, *, defaults: Mapping[str, Any] | None = None,
-            fail: Callable[[str], typer.Exit]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def options(cls: type, *, defaults: Mapping[str, Any] | None = None, fail: Callable[[str], typer.Exit],
+            group: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorates ``run(settings)`` into a typer command taking ``cls``'s settings as options.
 
     ``defaults``: where this command's default differs from the field's (``llmgw router --log-level`` is
-    warning). ``fail``: the command's way to say an error and exit.
+    warning). ``fail``: the command's way to say an error and exit. ``group``: the command is a group's
+    callback, which does nothing when one of the group's commands is run (``llmgw mirror add``).
     """
     found = settingsgen.settings_of(cls)
     defaults = defaults or {}
@@ -33,6 +34,9 @@ def options(cls: type, *, defaults: Mapping[str, Any] | None = None,
     def decorate(run: Callable[[Any], Any]) -> Callable[..., Any]:
         @functools.wraps(run)
         def command(**given: Any) -> Any:
+            ctx = given.pop("ctx", None)
+            if ctx is not None and ctx.invoked_subcommand is not None:
+                return None
             values = {s.name: _value(s, given[s.name]) for s in found}
             try:
                 settings = settingsgen.build(cls, {k: v for k, v in values.items() if v is not _KEEP})
@@ -42,8 +46,10 @@ def options(cls: type, *, defaults: Mapping[str, Any] | None = None,
 
         params = [inspect.Parameter(s.name, inspect.Parameter.KEYWORD_ONLY, default=_option(s, defaults),
                                     annotation=_annotation(s)) for s in found]
+        if group:
+            params.insert(0, inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context))
         command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-        command.__annotations__ = {s.name: _annotation(s) for s in found}
+        command.__annotations__ = {p.name: p.annotation for p in params}
         del command.__wrapped__   # typer reads the signature written here, not run's
         return command
 

@@ -16,14 +16,13 @@ from pathlib import Path
 from llmgw.control import leader as leader_mod
 from llmgw.control.reconcile import decide
 from llmgw.core.errors import LlmgwError
+from llmgw.mirror import settings as mirror_settings
 from llmgw.router.settings import ProxySettings
 from llmgw.serving.settings import ServerSettings
 
 log = logging.getLogger("llmgw.serve")
 
 _D = ServerSettings()
-#: The variable the mirror's admin token is read from (``llmgw mirror serve`` reads it too).
-MIRROR_TOKEN_ENV = "LLMGW_MIRROR_ADMIN_TOKEN"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -140,7 +139,7 @@ def config_of(settings: ServerSettings, env: Mapping[str, str], *, default_data_
                        token_file=settings.hub_token_file, env=env, quiet=settings.mirror_dir is not None)
     mirror = None if settings.mirror_dir is None else MirrorConfig(
         dir=settings.mirror_dir, upstream=settings.mirror_upstream,
-        admin_token=env.get(MIRROR_TOKEN_ENV, "").strip(), serves_hub=not settings.hub_endpoint,
+        admin_token=env.get(mirror_settings.TOKEN_ENV, "").strip(), serves_hub=not settings.hub_endpoint,
         serves_files=not settings.mirror_url)
     return ServerConfig(hub=hub, mirror=mirror, host=settings.host, http_port=settings.http_port,
                         agent_port=settings.agent_port, data_dir=settings.data_dir or default_data_dir,
