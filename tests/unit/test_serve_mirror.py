@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from llmgw import serve
-from llmgw.serving import front
 from llmgw.control.reconcile import decide
+from llmgw.serving import front
 
 
 def cfg(host: str, *, hub: decide.Hub | None = None, serves_hub: bool = True,
