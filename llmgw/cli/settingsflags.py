@@ -21,31 +21,36 @@ from llmgw.core.settingsgen import Setting
 
 
 def options(cls: type, *, defaults: Mapping[str, Any] | None = None, fail: Callable[[str], typer.Exit],
-            group: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorates ``run(settings)`` into a typer command taking ``cls``'s settings as options.
+            group: bool = False, skip: tuple[str, ...] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorates ``run(settings, **more)`` into a typer command taking ``cls``'s settings as options.
+
+    ``run``'s parameters after the first are the command's own options, written as typer's (``llmgw agent
+    join --token``); ``skip``: settings this command does not offer (they keep their defaults).
 
     ``defaults``: where this command's default differs from the field's (``llmgw router --log-level`` is
     warning). ``fail``: the command's way to say an error and exit. ``group``: the command is a group's
     callback, which does nothing when one of the group's commands is run (``llmgw mirror add``).
     """
-    found = settingsgen.settings_of(cls)
+    found = [s for s in settingsgen.settings_of(cls) if s.name not in skip]
     defaults = defaults or {}
 
-    def decorate(run: Callable[[Any], Any]) -> Callable[..., Any]:
+    def decorate(run: Callable[..., Any]) -> Callable[..., Any]:
+        own = list(inspect.signature(run, eval_str=True).parameters.values())[1:]
         @functools.wraps(run)
         def command(**given: Any) -> Any:
             ctx = given.pop("ctx", None)
             if ctx is not None and ctx.invoked_subcommand is not None:
                 return None
-            values = {s.name: _value(s, given[s.name]) for s in found}
+            values = {s.name: _value(s, given.pop(s.name)) for s in found}
             try:
                 settings = settingsgen.build(cls, {k: v for k, v in values.items() if v is not _KEEP})
             except ValueError as e:
                 raise fail(str(e)) from None
-            return run(settings)
+            return run(settings, **given)
 
         params = [inspect.Parameter(s.name, inspect.Parameter.KEYWORD_ONLY, default=_option(s, defaults),
                                     annotation=_annotation(s)) for s in found]
+        params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + params
         if group:
             params.insert(0, inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context))
         command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]

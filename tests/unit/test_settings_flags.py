@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import typer
 
+from llmgw.agent.flags import AgentFlags
+from llmgw.agent.settings import AgentSettings
 from llmgw.cli import main
 from llmgw.core import settingsgen
 from llmgw.mirror.settings import MirrorSettings
@@ -33,8 +35,9 @@ def _argparse_flags(parser: argparse.ArgumentParser) -> set[str]:
     return {opt for action in parser._actions for opt in action.option_strings}
 
 
-def _flags_of(cls: type) -> set[str]:
-    return {part for s in settingsgen.settings_of(cls) for part in s.flag.split("/")}
+def _flags_of(cls: type, *, skip: tuple[str, ...] = ()) -> set[str]:
+    return {part for s in settingsgen.settings_of(cls) if s.name not in skip
+            for part in s.flag.replace(" ", "/").split("/")}
 
 
 @pytest.mark.parametrize("cls, flags", [
@@ -42,7 +45,8 @@ def _flags_of(cls: type) -> set[str]:
     (RouterSettings, lambda: _click_flags("router")),
     (RouterSettings, lambda: _argparse_flags(standalone.parser())),
     (MirrorSettings, lambda: _click_flags("mirror")),
-], ids=["llmgw server", "llmgw router", "python -m llmgw.router.standalone", "llmgw mirror"])
+    (AgentFlags, lambda: _click_flags("agent")),
+], ids=["llmgw server", "llmgw router", "python -m llmgw.router.standalone", "llmgw mirror", "llmgw agent"])
 def test_every_entry_point_takes_every_setting(cls: type, flags: object) -> None:
     missing = _flags_of(cls) - flags()  # type: ignore[operator]
     assert not missing, f"settings with no flag: {sorted(missing)}"
@@ -117,3 +121,17 @@ def test_help_comes_from_the_field() -> None:
     names = [s.name for s in settingsgen.settings_of(ServerSettings)]
     assert len(names) == len(set(names)), "two settings would share a flag"
     assert {f.name for f in dataclasses.fields(ServerSettings)} - {"router"} <= set(names)
+
+
+def test_the_agents_flags_are_its_settings() -> None:
+    """Each of `llmgw agent`'s flags sets one of ``AgentSettings``'s fields, whose default its help names."""
+    names = {s.name for s in settingsgen.settings_of(AgentFlags)} - {"config", "log_level"}
+    assert names <= set(AgentSettings.model_fields)
+    assert _flags_of(AgentFlags, skip=("servers", "insecure")) <= _click_flags("agent", "join")
+    helps = {s.name: s.help for s in settingsgen.settings_of(AgentFlags)}
+    for name in ("heartbeat_interval", "stop_grace"):
+        assert helps[name].endswith(f"[{AgentSettings.model_fields[name].default:g}]")
+    assert AgentFlags(servers=("cp:8081",), heartbeat_interval=2.0).settings() == {
+        "servers": ["cp:8081"], "node_id": None, "mgmt_addr": None, "state_dir": None, "model_dirs": [],
+        "heartbeat_interval": 2.0, "stop_grace": None, "stop_engines_on_exit": None, "engine_python": [],
+        "insecure": None}
