@@ -1,6 +1,7 @@
-"""``llmgw server``: the control plane and the router in one process.
+"""``llmgw server``: the control plane and the router in one process, started and stopped.
 
-This is the one module allowed to import both ``llmgw.control`` and
+This module and its parts in ``llmgw.serving`` (the settings, their resolution into ``ServerConfig``,
+the HTTP front) are the only ones allowed to import both ``llmgw.control`` and
 ``llmgw.router``, and even here they meet on the wire: the router watches the
 control plane's ``/api/v1/endpoints`` over loopback HTTP exactly as a
 standalone router would, so the in-process router is the same code path that
@@ -8,7 +9,8 @@ runs alone and keeps serving when the control plane is restarted.
 
 HTTP (OpenAI API under ``/v1``, REST API under ``/api/v1``, ``/metrics``,
 ``/healthz``, and with ``--mirror-dir`` the weights mirror under ``/mirror``) is
-one listener; the agent stream is another.
+one listener; the agent stream is another. ``run`` makes the control plane's parts, the lease, the
+in-process router and the front, then starts them, and stops them in the reverse order.
 """
 
 from __future__ import annotations
