@@ -16,7 +16,7 @@ import socket
 from pathlib import Path
 
 from llmgw.agent import nodepki
-from llmgw.agent.settings import DEFAULT_AGENT_PORT, AgentSettings
+from llmgw.agent.settings import DEFAULT_AGENT_PORT, AgentSettings, DiscoverySettings
 from llmgw.agent.supervisor import identity as engine_identity
 from llmgw.agent.supervisor import liveness
 from llmgw.core.errors import LlmgwError
@@ -24,8 +24,15 @@ from llmgw.core.errors import LlmgwError
 log = logging.getLogger(__name__)
 
 
+#: The settings' defaults (``AgentSettings``), which a configuration made in code takes too.
+_D = {name: field.default for name, field in AgentSettings.model_fields.items()}
+_DISCOVERY = DiscoverySettings()
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class AgentConfig:
+    """The agent's settings as it runs on: every default found (node id, address, certificates, engine users)."""
+
     servers: tuple[str, ...]
     node_id: str
     mgmt_addr: str
@@ -37,11 +44,11 @@ class AgentConfig:
     source_roots: tuple[Path, ...] = ()
     #: settings.fetch_allow_private: False, True, or the hosts (host[:port]) URL sources may reach.
     fetch_allow_private: bool | tuple[str, ...] = False
-    heartbeat_interval_s: float = 5.0
-    reconnect_base_s: float = 0.5
-    reconnect_max_s: float = 30.0
-    stop_grace_s: float = 10.0
-    adopt_ready_timeout_s: float = 60.0
+    heartbeat_interval_s: float = _D["heartbeat_interval"]
+    reconnect_base_s: float = _D["reconnect_base"]
+    reconnect_max_s: float = _D["reconnect_max"]
+    stop_grace_s: float = _D["stop_grace"]
+    adopt_ready_timeout_s: float = _D["adopt_ready_timeout"]
     #: How a Ready engine's health is probed (``probe_period_s`` and the rest of the settings).
     probes: liveness.Liveness = liveness.Liveness()
     labels: tuple[tuple[str, str], ...] = ()
@@ -49,19 +56,19 @@ class AgentConfig:
     fabrics: tuple[tuple[str, tuple[str, ...]], ...] = ()
     mgmt_interface: str = ""
     #: Engines outlive the agent unless this is set (``llmgw up`` sets it: it owns the whole system).
-    stop_engines_on_exit: bool = False
+    stop_engines_on_exit: bool = _D["stop_engines_on_exit"]
     #: (engine, python) for each Python engine installed in an interpreter of its own.
     engine_python: tuple[tuple[str, str], ...] = ()
     #: Where engines are installed (``llmgw.agent.provision``); None: ``<state_dir>/engines``.
     engines_dir: Path | None = None
-    engine_recheck_s: float = 600.0
+    engine_recheck_s: float = _D["engine_recheck_s"]
     #: Whether the agent's own python's engines are reported (settings.own_python_engines).
-    own_python_engines: bool = True
-    prefer_nvml: bool = True
-    nvidia_smi: str = "nvidia-smi"
-    sysfs_root: Path = Path("/sys/class/infiniband")
-    sminfo: str = "sminfo"
-    saquery: str = "saquery"
+    own_python_engines: bool = _D["own_python_engines"]
+    prefer_nvml: bool = _DISCOVERY.prefer_nvml
+    nvidia_smi: str = _DISCOVERY.nvidia_smi
+    sysfs_root: Path = _DISCOVERY.sysfs_root
+    sminfo: str = _DISCOVERY.sminfo
+    saquery: str = _DISCOVERY.saquery
     #: This node's certificates for mutual TLS (``nodepki``); None: plaintext, ``--insecure``.
     tls: nodepki.NodePki | None = None
     #: Who engines run as (settings.engine_user and engine_uids, resolved on this node): never root.

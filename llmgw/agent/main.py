@@ -231,17 +231,8 @@ async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Ev
     # and list nothing (the key and certificates are in pki/, 0700).
     privfile.make_dir(cfg.state_dir, 0o711)
     users = engine_users(cfg)
-    model_dirs = list(cfg.model_dirs) or [cfg.state_dir / "weights"]
-    # Fetched weights are always looked for: placement must see what a node already holds.
-    cache_dir = cfg.weights_cache or cfg.state_dir / "weights"
-    if cache_dir not in model_dirs:
-        model_dirs.append(cache_dir)
-    # File sources only under the weights directories and source_roots; URL sources to no loopback,
-    # link-local or own address unless fetch_allow_private says so (README, "The trust model").
-    roots = sourcepaths.Roots.of(model_dirs, cfg.source_roots)
+    model_dirs, cache_dir, roots = _weights_dirs(cfg)
     fetcher = fetch.Fetcher(cache_dir, source_roots=roots, policy=fetch_guard.policy_of(cfg.fetch_allow_private))
-    log.info("agent: file sources under %s; URL sources %s", roots.describe(),
-             fetch_guard.describe(cfg.fetch_allow_private))
     found = _Discovery(cfg, model_dirs, mark=lambda ws: fetching.mark_fetched(ws, cache_dir, fetcher.held()))
     session: Session | None = None
 
@@ -277,11 +268,57 @@ async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Ev
         log.info("adopted %d engines a previous agent left running: %s", len(adopted),
                  ", ".join(s.shard_id for s in adopted))
 
+    session = Session(cfg, inventory=found.inventory, heartbeat=lambda: found.heartbeat(supervisor.pids()),
+                      on_register=found.registered,
+                      commands=_commands(cfg, supervisor, installer, ring, run_dir, session=lambda: session),
+                      agent_version=agent_version())
+    versions = asyncio.create_task(found.engines.run(), name="probe engine versions")
+    installing = asyncio.create_task(installer.run(), name="engine installer")
+    stream = asyncio.create_task(session.run_forever())
+    stopping = asyncio.create_task(stop.wait(), name="wait for a stop signal")
+    try:
+        # The stream ends by itself only when the cluster refuses this node for good (rejoin.CertificateRefused).
+        await asyncio.wait({stream, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        await _leave(cfg, session, supervisor)
+        stream.cancel()
+        versions.cancel()
+        installing.cancel()
+        await supervisor.close()
+        await fetcher.close()
+        found.close()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+    if stream.done() and not stream.cancelled() and (failed := stream.exception()) is not None:
+        raise failed
+
+
+def _weights_dirs(cfg: AgentConfig) -> tuple[list[Path], Path, sourcepaths.Roots]:
+    """The directories weights are looked for in, the one fetches land in, and where file sources may lie."""
+    model_dirs = list(cfg.model_dirs) or [cfg.state_dir / "weights"]
+    # Fetched weights are always looked for: placement must see what a node already holds.
+    cache_dir = cfg.weights_cache or cfg.state_dir / "weights"
+    if cache_dir not in model_dirs:
+        model_dirs.append(cache_dir)
+    # File sources only under the weights directories and source_roots; URL sources to no loopback,
+    # link-local or own address unless fetch_allow_private says so (README, "The trust model").
+    roots = sourcepaths.Roots.of(model_dirs, cfg.source_roots)
+    log.info("agent: file sources under %s; URL sources %s", roots.describe(),
+             fetch_guard.describe(cfg.fetch_allow_private))
+    return model_dirs, cache_dir, roots
+
+
+def _commands(cfg: AgentConfig, supervisor: Supervisor, installer: provision.Installer, ring: LogRing,
+              run_dir: Path, *, session: Callable[[], Session | None]) -> Commands:
+    """What the control plane's messages do on this node: the supervisor's, the installer's, the fabric test's."""
+
     async def start(spec: ShardSpec) -> object:
         # A start the session let through just before the agent began to leave runs here after the stop
         # sweep collected its shards: launched now, its engine would outlive the agent for good.
-        if session is not None and session.leaving:
-            session.refuse_start(spec)
+        current = session()
+        if current is not None and current.leaving:
+            current.refuse_start(spec)
             return None
         return await supervisor.start(spec)
 
@@ -304,42 +341,23 @@ async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Ev
         fabric_runner.install = p.os_packages
         installer.apply(p)
 
-    session = Session(cfg, inventory=found.inventory, heartbeat=lambda: found.heartbeat(supervisor.pids()),
-                      on_register=found.registered,
-                      commands=Commands(start=start, stop=stop_shard, drain=drain, statuses=supervisor.statuses,
-                                        logs=read_logs, remove_weights=supervisor.remove_weights,
-                                        provision=provisioned, fabric_test=fabric_runner.run),
-                      agent_version=agent_version())
-    versions = asyncio.create_task(found.engines.run(), name="probe engine versions")
-    installing = asyncio.create_task(installer.run(), name="engine installer")
-    stream = asyncio.create_task(session.run_forever())
-    stopping = asyncio.create_task(stop.wait(), name="wait for a stop signal")
-    try:
-        # The stream ends by itself only when the cluster refuses this node for good (rejoin.CertificateRefused).
-        await asyncio.wait({stream, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stopping.cancel()
-        # First, before any shard is stopped: the control plane must not start the shards stopped below
-        # again on this node, and this agent refuses any start that comes anyway.
-        session.leave("agent stopping")
-        if cfg.stop_engines_on_exit:
-            log.info("agent stopping: stopping %d engines", len(supervisor.statuses()))
-            await supervisor.stop_all(reason="agent stopping")
-            # Their Stopped statuses go out before the stream closes, so the
-            # control plane replaces them now instead of after the node's
-            # grace period; bounded, because a stop must not hang on a dead network.
-            await session.flush(timeout=1.0)
-        else:
-            log.info("agent stopping; its %d engines keep serving and the next agent adopts them",
-                     len(supervisor.pids()))
-            await session.flush(timeout=1.0)  # the goodbye
-        stream.cancel()
-        versions.cancel()
-        installing.cancel()
-        await supervisor.close()
-        await fetcher.close()
-        found.close()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
-    if stream.done() and not stream.cancelled() and (failed := stream.exception()) is not None:
-        raise failed
+    return Commands(start=start, stop=stop_shard, drain=drain, statuses=supervisor.statuses, logs=read_logs,
+                    remove_weights=supervisor.remove_weights, provision=provisioned, fabric_test=fabric_runner.run)
+
+
+async def _leave(cfg: AgentConfig, session: Session, supervisor: Supervisor) -> None:
+    """The agent's goodbye: no more starts, its engines stopped or left to the next agent, the last statuses sent."""
+    # First, before any shard is stopped: the control plane must not start the shards stopped below
+    # again on this node, and this agent refuses any start that comes anyway.
+    session.leave("agent stopping")
+    if cfg.stop_engines_on_exit:
+        log.info("agent stopping: stopping %d engines", len(supervisor.statuses()))
+        await supervisor.stop_all(reason="agent stopping")
+        # Their Stopped statuses go out before the stream closes, so the
+        # control plane replaces them now instead of after the node's
+        # grace period; bounded, because a stop must not hang on a dead network.
+        await session.flush(timeout=1.0)
+    else:
+        log.info("agent stopping; its %d engines keep serving and the next agent adopts them",
+                 len(supervisor.pids()))
+        await session.flush(timeout=1.0)  # the goodbye

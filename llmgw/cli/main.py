@@ -14,7 +14,7 @@ from urllib.parse import quote
 import typer
 from rich.console import Console
 
-from llmgw.cli import agentcmd, httplimits, manifests, tables
+from llmgw.cli import agentcmd, manifests, settingsflags, tables
 from llmgw.cli import audit as audit_mod
 from llmgw.cli import client as client_mod
 from llmgw.cli import contexts as contexts_mod
@@ -31,8 +31,9 @@ from llmgw.cli import onboard as onboard_mod
 from llmgw.cli import settings as settings_mod
 from llmgw.cli import sim as sim_mod
 from llmgw.cli import users as users_mod
-from llmgw.core import units
 from llmgw.core.errors import LlmgwError
+from llmgw.router.settings import RouterSettings
+from llmgw.serving.settings import ServerSettings
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 get_app = typer.Typer(no_args_is_help=True, help="List nodes, models or replicas.")
@@ -42,9 +43,6 @@ app.add_typer(delete_app, name="delete")
 console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True, highlight=False)
 
-TracingOpt = typer.Option("", "--tracing-endpoint", envvar="LLMGW_TRACING_ENDPOINT",
-                          help="Export the router's OpenTelemetry spans over OTLP/HTTP to this collector, "
-                               "e.g. http://127.0.0.1:4318 [default: off]")
 UrlOpt = typer.Option(None, "--url", help="Control plane URL [env LLMGW_URL, default http://127.0.0.1:8080]")
 
 
@@ -74,134 +72,16 @@ class Output(enum.StrEnum):
 
 
 @app.command()
-def server(
-    host: str = typer.Option("127.0.0.1", help="Address to listen on (0.0.0.0 for every interface)"),
-    http_port: int = typer.Option(8080, min=0, max=65535, help="OpenAI API, REST API and /metrics"),
-    agent_port: int = typer.Option(8081, min=0, max=65535, help="The agents' gRPC stream (mutual TLS)"),
-    join_port: int = typer.Option(8082, min=0, max=65535, help="Where `llmgw agent join` reaches this server "
-                                  "with a token (TLS; not with --insecure)"),
-    data_dir: Path = typer.Option(None, help="Database and cluster CA directory, initialised on first start "
-                                  "[default $XDG_DATA_HOME/llmgw]"),
-    ports_file: Path = typer.Option(None, help="Write the bound ports here as JSON once listening"),
-    database: str = typer.Option("", "--database", envvar="LLMGW_DATABASE", help="The store's database URL, "
-                                 "e.g. postgresql+psycopg://USER[:PASSWORD]@HOST:PORT/DB (migrated at start, "
-                                 "once under a lock) [default: SQLite in the data directory]"),
-    advertise_address: str = typer.Option("", help="The host other machines reach this server by: agents are "
-                                          "sent to HOST:AGENT_PORT and a standby forwards the REST API to "
-                                          "http://HOST:HTTP_PORT when this one leads [default: --host, or this "
-                                          "machine's FQDN when --host is a wildcard]"),
-    lease: str = typer.Option("6s", help="How long the leader's lease lasts past its last renewal: a dead leader "
-                              "is replaced within about this long (several servers on one --database)"),
-    lease_renew: str = typer.Option("1s", help="How often the leader renews its lease and a standby tries to "
-                                    "take it"),
-    insecure: bool = typer.Option(False, "--insecure", help="Loopback development only: no authentication on the "
-                                  "REST API, a plaintext agent stream, no join port (refused with a --host that "
-                                  "is not loopback)"),
-    node_cert_validity: str = typer.Option("365d", help="How long a node's certificate is valid, e.g. "
-                                           "720h, 30s; "
-                                           "agents renew it at two thirds, over their stream"),
-    node_grace: float = typer.Option(30.0, help="Seconds a disconnected node keeps its replicas"),
-    unhealthy_grace: float = typer.Option(30.0, help="Seconds a replica whose engine its agent calls Unhealthy "
-                                          "(alive, not answering) stays so before it is replaced"),
-    weights_gc_free_below: float = typer.Option(10.0, help="Remove fetched weights no model asks for, least "
-                                                "recently used first, from a node whose weights directory has "
-                                                "less than this percent free (0: never)"),
-    hub_endpoint: str = typer.Option("", help="The Hugging Face-compatible endpoint nodes fetch hf:// sources "
-                                     "from: the hub, or the cluster's mirror [default: this server's /mirror with "
-                                     "--mirror-dir, else https://huggingface.co]"),
-    mirror_url: str = typer.Option("", help="The cluster mirror's base URL, for mirror:// sources [default: this "
-                                   "server's /mirror with --mirror-dir]"),
-    mirror_dir: Path = typer.Option(None, help="Serve this directory of weights as the cluster's mirror at /mirror "
-                                    "on the HTTP port (admin API token from LLMGW_MIRROR_ADMIN_TOKEN) [default: "
-                                    "no mirror here]"),
-    mirror_upstream: str = typer.Option("", help="With --mirror-dir: pull missing files through from this "
-                                        "HF-compatible endpoint, once per file for the cluster, e.g. "
-                                        "https://huggingface.co [default: off]"),
-    fetch_allow_private: list[str] = typer.Option([], "--fetch-allow-private", help="A host or HOST:PORT the "
-                                                  "control plane's reads of remote sources may reach although it "
-                                                  "is loopback, link-local or this host's own ('*': any); "
-                                                  "repeatable [default: none; the hub and mirror are trusted]"),
-    hub_token_file: Path = typer.Option(None, help="A file holding the hub's token, sent only to nodes fetching an "
-                                        "hf:// source (without it: the LLMGW_HF_TOKEN environment variable); a "
-                                        "token is never given on the command line"),
-    engine_index: str = typer.Option(None, help="The package index nodes install engines from: a pip simple index "
-                                     "URL, or with --engine-find-links a wheelhouse page (the llmgw mirror's); "
-                                     "never the public index unless named here [given: stored, and wins over the "
-                                     "stored value; default: the stored value, else none]"),
-    engine_find_links: bool = typer.Option(False, "--engine-find-links", help="With --engine-index: it is a page "
-                                           "of wheel links (pip --find-links), not a simple index"),
-    model_installs: bool = typer.Option(None, "--model-installs/--no-model-installs", help="Whether a model's "
-                                        "engine_version makes a node that lacks it install it [given: stored, and "
-                                        "wins; default: the stored value, else yes]"),
-    engine_os_packages: bool = typer.Option(None, "--engine-os-packages/--no-engine-os-packages",
-                                            help="Whether agents running as root install the OS packages an "
-                                            "engine (or perftest) needs with apt-get/dnf; otherwise they report "
-                                            "them with the command [given: stored, and wins; default: the stored "
-                                            "value, else no]"),
-    header_timeout: float = httplimits.HeaderTimeoutOpt, body_timeout: float = httplimits.BodyTimeoutOpt,
-    idle_timeout: float = httplimits.IdleTimeoutOpt, max_connections_per_address: int = httplimits.MaxPerAddressOpt,
-    tracing_endpoint: str = TracingOpt,
-    audit_retention: str = typer.Option("90d", help="How long the audit log keeps an entry, e.g. 90d, 720h; the "
-                                        "leader deletes older ones"),
-    log_level: str = typer.Option("info"),
-) -> None:
+@settingsflags.options(ServerSettings, fail=_fail)
+def server(settings: ServerSettings) -> None:
     """Run the control plane and the router."""
     from llmgw import serve
 
-    _logging(log_level)
-    if node_grace < 0:
-        raise _fail("--node-grace cannot be negative")
-    if unhealthy_grace < 0:
-        raise _fail("--unhealthy-grace cannot be negative")
-    if not 0 <= weights_gc_free_below < 100:
-        raise _fail(f"--weights-gc-free-below {weights_gc_free_below:g}: a percent from 0 (never) to below 100")
-    if tracing_endpoint and not tracing_endpoint.startswith(("http://", "https://")):
-        raise _fail(f"--tracing-endpoint {tracing_endpoint!r}: expected http://HOST:PORT of an OTLP/HTTP collector")
+    _logging(settings.log_level)
     try:
-        cert_validity_s = units.parse_duration(node_cert_validity)
-    except ValueError as e:
-        raise _fail(f"--node-cert-validity: {e}") from None
-    if cert_validity_s <= 0:
-        raise _fail("--node-cert-validity must be longer than 0s")
-    try:
-        audit_retention_s = units.parse_duration(audit_retention)
-    except ValueError as e:
-        raise _fail(f"--audit-retention: {e}") from None
-    if audit_retention_s <= 0:
-        raise _fail("--audit-retention must be longer than 0s, e.g. 90d")
-    try:
-        lease_timing = serve.lease_timing(lease=units.parse_duration(lease), renew=units.parse_duration(lease_renew))
-    except (ValueError, LlmgwError) as e:
-        raise _fail(f"--lease/--lease-renew: {e}") from None
-    try:
-        hub = serve.hub_settings(endpoint=hub_endpoint, mirror_url=mirror_url, token_file=hub_token_file,
-                                 env=os.environ, quiet=mirror_dir is not None)
+        cfg = serve.config_of(settings, os.environ, default_data_dir=default_data_dir())
     except LlmgwError as e:
         raise _fail(str(e)) from None
-    if engine_find_links and engine_index is None:
-        raise _fail("--engine-find-links says what --engine-index is: give --engine-index URL with it")
-    if engine_index is not None and engine_index and not engine_index.startswith(("http://", "https://", "file:")):
-        raise _fail(f"--engine-index {engine_index!r}: expected an http(s):// URL of a pip index or wheelhouse page")
-    if mirror_upstream and mirror_dir is None:
-        raise _fail("--mirror-upstream needs --mirror-dir: the directory the mirror keeps what it pulls through")
-    if mirror_upstream and not mirror_upstream.startswith(("http://", "https://")):
-        raise _fail(f"--mirror-upstream {mirror_upstream!r}: expected http(s)://HOST[:PORT], e.g. "
-                    "https://huggingface.co")
-    mirror = None if mirror_dir is None else serve.MirrorConfig(
-        dir=mirror_dir, upstream=mirror_upstream, admin_token=os.environ.get(mirror_mod.TOKEN_ENV, "").strip(),
-        serves_hub=not hub_endpoint, serves_files=not mirror_url)
-    cfg = serve.ServerConfig(hub=hub, mirror=mirror, host=host, http_port=http_port, agent_port=agent_port,
-                             data_dir=data_dir or default_data_dir(), ports_file=ports_file, node_grace_s=node_grace,
-                             unhealthy_grace_s=unhealthy_grace, tracing_endpoint=tracing_endpoint or "",
-                             weights_gc_free_below_pct=weights_gc_free_below, insecure=insecure,
-                             join_port=join_port, node_cert_validity_s=cert_validity_s,
-                             audit_retention_s=audit_retention_s,
-                             engine_index=engine_index, engine_find_links=engine_find_links,
-                             model_installs=model_installs, engine_os_packages=engine_os_packages,
-                             database=database, advertise=advertise_address, lease=lease_timing,
-                             fetch_allow_private=tuple(fetch_allow_private),
-                             http_limits=httplimits.limits(header_timeout, body_timeout, idle_timeout,
-                                                           max_connections_per_address))
 
     async def serve_then_exit() -> None:
         code = 0
@@ -226,29 +106,15 @@ def server(
 
 
 @app.command()
-def router(
-    control: str = typer.Option(..., "--control", help="The control plane's URL, e.g. http://cp1:8080, "
-                                 "or several, comma-separated (a leader and its standbys): the next is followed "
-                                 "when one fails"),
-    host: str = typer.Option("127.0.0.1", help="Address to listen on (0.0.0.0 for every interface)"),
-    port: int = typer.Option(8080, min=0, max=65535, help="The OpenAI API (/v1) and /metrics"),
-    router_id: str = typer.Option("", help="This router's name in the ejections it reports [default: hostname]"),
-    token_file: Path = typer.Option(None, help="A file holding this router's credential (`llmgw router-token "
-                                    "create NAME`) [default: env LLMGW_ROUTER_TOKEN]"),
-    header_timeout: float = httplimits.HeaderTimeoutOpt, body_timeout: float = httplimits.BodyTimeoutOpt,
-    idle_timeout: float = httplimits.IdleTimeoutOpt, max_connections_per_address: int = httplimits.MaxPerAddressOpt,
-    tracing_endpoint: str = TracingOpt,
-    log_level: str = typer.Option("warning"),
-) -> None:
+@settingsflags.options(RouterSettings, defaults={"log_level": "warning"}, fail=_fail)
+def router(settings: RouterSettings) -> None:
     """Run a router alone, fed by a control plane's table; it keeps serving while the control plane is down."""
     from llmgw.router import standalone
 
-    raise typer.Exit(standalone.main(["--control", control, "--host", host, "--port", str(port),
-                                      "--log-level", log_level, "--router-id", router_id,
-                                      "--tracing-endpoint", tracing_endpoint or "",
-                                      *httplimits.argv(header_timeout, body_timeout, idle_timeout,
-                                                       max_connections_per_address),
-                                      *(["--token-file", str(token_file)] if token_file else [])]))
+    if settings.table_file is None and not settings.control:
+        raise typer.BadParameter("the control plane's URL is required (or --table-file, a static table)",
+                                 param_hint="'--control'")
+    raise typer.Exit(standalone.run(settings))
 
 
 @app.command()

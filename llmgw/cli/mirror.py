@@ -10,11 +10,12 @@ import httpx
 import typer
 from rich.console import Console
 
+from llmgw.cli import settingsflags
+from llmgw.mirror.settings import TOKEN_ENV, UPSTREAM_TOKEN_ENV, MirrorSettings
+
 console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True, highlight=False)
 
-TOKEN_ENV = "LLMGW_MIRROR_ADMIN_TOKEN"
-UPSTREAM_TOKEN_ENV = "LLMGW_MIRROR_UPSTREAM_TOKEN"
 
 
 def _fail(message: str) -> typer.Exit:
@@ -42,38 +43,20 @@ def register(app: typer.Typer) -> None:
     app.add_typer(mirror_app, name="mirror")
 
     @mirror_app.callback(invoke_without_command=True)
-    def serve(
-        ctx: typer.Context,
-        dir: Path = typer.Option(None, "--dir", help="The weights directory (hf/ORG/REPO/..., files/NAME/...)"),
-        host: str = typer.Option("127.0.0.1", help="Address to listen on"),
-        port: int = typer.Option(8090, min=0, max=65535, help="Port to listen on"),
-        upstream: str = typer.Option("", help="Pull missing files through from this HF-compatible endpoint, "
-                                              "e.g. https://huggingface.co \\[default: off]"),
-        admin_token_file: Path = typer.Option(None, help=f"File holding the admin token for POST /admin/add "
-                                                        f"\\[env {TOKEN_ENV}; default: admin API off]"),
-        upstream_token_file: Path = typer.Option(None, help=f"File holding a token for the upstream "
-                                                           f"\\[env {UPSTREAM_TOKEN_ENV}]"),
-        tls_cert: Path = typer.Option(None, help="Serve HTTPS with this certificate (PEM)"),
-        tls_key: Path = typer.Option(None, help="... and this key (PEM)"),
-        log_level: str = typer.Option("info"),
-    ) -> None:
+    @settingsflags.options(MirrorSettings, fail=_fail, group=True)
+    def serve(settings: MirrorSettings) -> None:
         """Serve a directory of weights (run `llmgw mirror add --help` to pre-load one)."""
-        if ctx.invoked_subcommand is not None:
-            return
         from llmgw.mirror import server
 
-        if dir is None:
-            raise _fail("--dir is required: the directory to serve (created if missing)")
-        if bool(tls_cert) != bool(tls_key):
-            raise _fail("--tls-cert and --tls-key go together: give both, or neither for plain HTTP")
-        if upstream and not upstream.startswith(("http://", "https://")):
-            raise _fail(f"--upstream {upstream!r}: expected http(s)://HOST[:PORT], e.g. https://huggingface.co")
-        logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        assert settings.dir is not None   # MirrorSettings refuses a missing --dir
+        logging.basicConfig(level=settings.log_level.upper(),
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         logging.getLogger("httpx").setLevel(logging.WARNING)
-        server.run(dir, host=host, port=port, upstream=upstream,
-                   admin_token=_token(admin_token_file, TOKEN_ENV, "--admin-token-file"),
-                   upstream_token=_token(upstream_token_file, UPSTREAM_TOKEN_ENV, "--upstream-token-file"),
-                   tls_cert=str(tls_cert or ""), tls_key=str(tls_key or ""), log_level=log_level)
+        server.run(settings.dir, host=settings.host, port=settings.port, upstream=settings.upstream,
+                   admin_token=_token(settings.admin_token_file, TOKEN_ENV, "--admin-token-file"),
+                   upstream_token=_token(settings.upstream_token_file, UPSTREAM_TOKEN_ENV, "--upstream-token-file"),
+                   tls_cert=str(settings.tls_cert or ""), tls_key=str(settings.tls_key or ""),
+                   log_level=settings.log_level)
 
     @mirror_app.command("add")
     def add(

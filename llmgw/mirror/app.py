@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
-import hashlib
 import hmac
 import logging
 import os
@@ -46,14 +44,13 @@ from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from llmgw.mirror import admin, paths, pull
+from llmgw.mirror import admin, hubdocs, paths, pull
 from llmgw.mirror import store as store_mod
 from llmgw.mirror import upstream as upstream_mod
 
 log = logging.getLogger(__name__)
 
 _HF_SOURCE = re.compile(r"hf://([^/@]+)/([^/@]+)(?:@([^/]+))?(?:/(.+))?")
-_LFS_POINTER_SIZE = 134   # the size of a git-lfs pointer file for a sha256; the client requires the field
 
 
 class Refusal(Exception):
@@ -306,38 +303,17 @@ def build(root: Path | str, *, upstream: str = "", admin_token: str = "", upstre
     async def model_info(request: Request) -> Response:
         repo = _repo(request)
         rev = await mirror.revision(repo, request.path_params.get("rev", "main"))
-        siblings = [{"rfilename": e.path, "size": e.size, "blobId": e.oid,
-                     **({"lfs": {"sha256": e.sha256, "size": e.size, "pointerSize": _LFS_POINTER_SIZE}}
-                        if e.sha256 else {})} for e in sorted(rev.files.values(), key=lambda e: e.path)]
-        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.000Z")
-        return JSONResponse({"_id": rev.sha[:24], "id": repo, "modelId": repo, "author": repo.split("/")[0],
-                             "sha": rev.sha, "lastModified": now, "private": False, "disabled": False,
-                             "gated": False, "downloads": 0, "likes": 0, "tags": [], "siblings": siblings})
+        return JSONResponse(hubdocs.model_info(repo, rev))
 
     async def tree(request: Request) -> Response:
         repo = _repo(request)
         rev = await mirror.revision(repo, request.path_params["rev"])
         base = request.path_params.get("path", "").strip("/")
         recursive = request.query_params.get("recursive", "false").lower() in ("1", "true")
-        prefix = base + "/" if base else ""
-        items: list[dict[str, Any]] = []
-        folders: set[str] = set()
-        for e in sorted(rev.files.values(), key=lambda e: e.path):
-            if not e.path.startswith(prefix):
-                continue
-            rest = e.path[len(prefix):]
-            parts = rest.split("/")
-            for i in range(1, len(parts) if recursive else min(len(parts), 2)):
-                folders.add(prefix + "/".join(parts[:i]))
-            if recursive or len(parts) == 1:
-                items.append({"type": "file", "oid": e.oid, "size": e.size, "path": e.path,
-                              **({"lfs": {"oid": e.sha256, "size": e.size, "pointerSize": _LFS_POINTER_SIZE}}
-                                 if e.sha256 else {})})
-        if base and not items and not folders:
+        items = hubdocs.tree(rev, base, recursive=recursive)
+        if items is None:
             raise Refusal(404, f"{repo}@{rev.sha} has no folder {base!r}", code="EntryNotFound",
                           headers={"X-Repo-Commit": rev.sha})
-        items += [{"type": "directory", "oid": hashlib.sha1(f.encode(), usedforsecurity=False).hexdigest(),
-                   "size": 0, "path": f} for f in sorted(folders)]
         return JSONResponse(items)
 
     async def resolve(request: Request) -> Response:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from llmgw.router import standalone
+from llmgw.router.settings import RouterSettings
 
 TABLE = {"version": 1, "models": [{"name": "m", "endpoints": [{"replica_id": "r", "url": "http://127.0.0.1:9"}]}]}
 KEYED = {**TABLE, "auth": {"required": True, "keys": [{"id": "k1", "sha256": "ab" * 32}]}}
@@ -17,7 +18,7 @@ KEYED = {**TABLE, "auth": {"required": True, "keys": [{"id": "k1", "sha256": "ab
 def _build(tmp_path: Path, doc: dict[str, object], host: str) -> None:
     table = tmp_path / "table.json"
     table.write_text(json.dumps(doc))
-    standalone.build(table_file=table, host=host)
+    standalone.build(RouterSettings(table_file=table, host=host))
 
 
 @pytest.mark.parametrize("host, doc, warned", [

@@ -17,6 +17,7 @@ import pytest
 from aiohttp import web
 
 from llmgw.router import standalone, watch
+from llmgw.router.settings import RouterSettings
 from llmgw.router.table import TableHolder
 
 #: How long a test waits for something that should take a round trip; a bound that fails a stall, not a timing.
@@ -190,7 +191,7 @@ def test_ejections_are_reported_to_the_control_plane_followed() -> None:
 
     async def scenario() -> None:
         async with control_planes(table(1, "from-a"), table(1, "from-b")) as ((a, b), asked):
-            router = standalone.build(control_urls=(a.url, b.url), router_id="r1")
+            router = standalone.build(RouterSettings(control=(a.url, b.url), router_id="r1"))
             await router.startup()
             try:
                 await until(lambda: serves(router.holder, "from-a"), "the first table")

@@ -11,6 +11,7 @@ import pytest
 
 from llmgw import serve
 from llmgw.control.reconcile import decide
+from llmgw.serving import front
 
 
 def cfg(host: str, *, hub: decide.Hub | None = None, serves_hub: bool = True,
@@ -21,15 +22,15 @@ def cfg(host: str, *, hub: decide.Hub | None = None, serves_hub: bool = True,
 
 def test_own_mirror_is_the_default_for_what_no_flag_named(monkeypatch: pytest.MonkeyPatch) -> None:
     """With no --hub-endpoint/--mirror-url both point at /mirror; a flag given is kept; a wildcard names the host."""
-    hub = serve._own_mirror_hub(cfg("127.0.0.1"), 8080)
+    hub = front.own_mirror_hub(cfg("127.0.0.1"), 8080)
     assert (hub.endpoint, hub.mirror_url) == ("http://127.0.0.1:8080/mirror",) * 2
     given = decide.Hub(endpoint="https://hub.example", mirror_url="", token="t")
-    hub = serve._own_mirror_hub(cfg("10.0.0.5", hub=given, serves_hub=False), 9000)
+    hub = front.own_mirror_hub(cfg("10.0.0.5", hub=given, serves_hub=False), 9000)
     assert (hub.endpoint, hub.mirror_url, hub.token) == ("https://hub.example", "http://10.0.0.5:9000/mirror", "t")
     # Another node fetching from 127.0.0.1 would ask itself.
     monkeypatch.setattr(socket, "getfqdn", lambda: "ctl.example")
-    assert serve._own_mirror_hub(cfg("0.0.0.0"), 80).endpoint == "http://ctl.example:80/mirror"
-    assert serve._own_mirror_hub(cfg("::1"), 80).endpoint == "http://[::1]:80/mirror"
+    assert front.own_mirror_hub(cfg("0.0.0.0"), 80).endpoint == "http://ctl.example:80/mirror"
+    assert front.own_mirror_hub(cfg("::1"), 80).endpoint == "http://[::1]:80/mirror"
 
 
 def test_dispatch_sends_mirror_paths_to_the_mirror_with_its_root_path() -> None:
@@ -41,11 +42,11 @@ def test_dispatch_sends_mirror_paths_to_the_mirror_with_its_root_path() -> None:
             seen.append((name, scope["path"], scope.get("root_path", "")))
         return call
 
-    dispatch = serve._dispatch(app("router"), app("api"), mirror=app("mirror"))
+    dispatch = front.dispatch(app("router"), app("api"), mirror=app("mirror"))
     for path in ("/mirror/org/m/resolve/main/x", "/mirror", "/mirrors", "/v1/models", "/api/v1/weights"):
         asyncio.run(dispatch({"type": "http", "path": path, "root_path": ""}, None, None))
     assert seen == [("mirror", "/mirror/org/m/resolve/main/x", "/mirror"), ("mirror", "/mirror", "/mirror"),
                     ("api", "/mirrors", ""), ("router", "/v1/models", ""), ("api", "/api/v1/weights", "")]
     seen.clear()
-    asyncio.run(serve._dispatch(app("router"), app("api"))({"type": "http", "path": "/mirror/x"}, None, None))
+    asyncio.run(front.dispatch(app("router"), app("api"))({"type": "http", "path": "/mirror/x"}, None, None))
     assert seen == [("api", "/mirror/x", "")]

@@ -1,0 +1,117 @@
+"""The router's settings: one dataclass per process, its flags, defaults and help written once here.
+
+:class:`ProxySettings` is how the router serves requests (body size, keepalive, admission, HTTP limits,
+tracing, load reports): the standalone router has it and so has ``llmgw server``, whose in-process
+router it configures. :class:`RouterSettings` is the standalone router's process: where its table
+comes from, where it listens, and its ``ProxySettings``. ``python -m llmgw.router.standalone``,
+``llmgw router`` and ``llmgw server`` generate their flags from these (``llmgw.core.settingsgen``).
+
+Light on purpose: the CLI imports it to make its flags, before any of the router is needed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+from llmgw.core.settingsgen import nested, setting
+from llmgw.router import limits
+
+#: The router's credential for the control plane when no --token-file is given.
+TOKEN_ENV = "LLMGW_ROUTER_TOKEN"
+#: Where the OTLP collector's URL comes from when no --tracing-endpoint is given.
+TRACING_ENV = "LLMGW_TRACING_ENDPOINT"
+
+
+def control_urls(value: str) -> tuple[str, ...]:
+    """``URL[,URL...]``: a malformed one is a usage error naming it, not an outage logged on every poll."""
+    from llmgw.router import watch  # aiohttp: not for a CLI that only makes its flags
+
+    return watch.parse_control_urls(value)
+
+
+def positive_seconds(value: str) -> float:
+    """Seconds > 0, finite; ValueError saying what was given."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds < math.inf:
+        raise ValueError(f"expected seconds > 0, got {value!r}")
+    return seconds
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ProxySettings:
+    """How the router serves requests, alone or in ``llmgw server``; validated when made."""
+
+    max_body_bytes: int = setting(32 << 20, metavar="BYTES",
+                                  help="larger request bodies are refused with 413 (default 32 MiB)")
+    keepalive: float = setting(15.0, metavar="SECONDS",
+                               help="an SSE comment this often while a stream waits for its first token; 0: off")
+    header_timeout: float = setting(limits.HEADER_TIMEOUT_S, metavar="SECONDS", min=0,
+                                    help=limits.FLAG_HELP["header_timeout_s"])
+    body_timeout: float = setting(limits.BODY_TIMEOUT_S, metavar="SECONDS", min=0,
+                                  help=limits.FLAG_HELP["body_timeout_s"])
+    idle_timeout: float = setting(limits.IDLE_TIMEOUT_S, metavar="SECONDS", min=0,
+                                  help=limits.FLAG_HELP["idle_timeout_s"])
+    max_connections_per_address: int = setting(limits.MAX_PER_ADDRESS, metavar="N", min=0,
+                                               help=limits.FLAG_HELP["max_per_address"])
+    tracing_endpoint: str = setting("", metavar="URL", env=TRACING_ENV,
+                                    help="export OpenTelemetry spans over OTLP/HTTP to this collector, e.g. "
+                                         f"http://127.0.0.1:4318 [env {TRACING_ENV}; default: off]")
+    admission_queue: int = setting(100, metavar="N",
+                                   help="requests that may wait per model when it is at its concurrency limit")
+    admission_wait: float = setting(30.0, metavar="SECONDS",
+                                    help="how long one may wait for a slot before a 429 with Retry-After")
+    signals_interval: float = setting(2.0, metavar="SECONDS", parse=positive_seconds,
+                                      help="how often the load the autoscaler scales on is reported to the control "
+                                           "plane (a request held for a model at zero is reported at once)")
+
+    def __post_init__(self) -> None:
+        self.limits   # noqa: B018  (ValueError naming the limit that is out of range)
+        if self.tracing_endpoint and not self.tracing_endpoint.strip().startswith(("http://", "https://")):
+            raise ValueError(f"--tracing-endpoint {self.tracing_endpoint!r}: expected http://HOST:PORT of an "
+                             "OTLP/HTTP collector")
+        if not 0 < self.signals_interval < math.inf:
+            raise ValueError(f"--signals-interval: expected seconds > 0, got {self.signals_interval!r}")
+
+    @property
+    def limits(self) -> limits.Limits:
+        """The HTTP server's limits on reading requests."""
+        return limits.Limits(header_timeout_s=self.header_timeout, body_timeout_s=self.body_timeout,
+                             idle_timeout_s=self.idle_timeout, max_per_address=self.max_connections_per_address)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RouterSettings:
+    """``python -m llmgw.router.standalone`` and ``llmgw router``: one router process; validated when made."""
+
+    table_file: Path | None = setting(None, group="source", help="a static endpoints document (JSON)")
+    control: tuple[str, ...] = setting((), group="source", parse=control_urls, metavar="URL[,URL...]",
+                                       help="the control plane's base URL, e.g. http://127.0.0.1:8080; several, "
+                                            "comma-separated (a leader and its standbys): the router follows one, "
+                                            "and the next when it stops answering")
+    token_file: Path | None = setting(None, help="a file holding this router's credential for the control plane "
+                                                 f"(`llmgw router-token create NAME`) [default: the {TOKEN_ENV} "
+                                                 "environment variable]")
+    host: str = setting("127.0.0.1", help="address to listen on (0.0.0.0 for every interface)")
+    port: int = setting(8080, min=0, max=65535, help="the OpenAI API (/v1) and /metrics")
+    log_level: str = setting("info", help="the log level: debug, info, warning, error")
+    graceful_shutdown: float = setting(30.0, metavar="SECONDS",
+                                       help="how long open streams may finish after SIGTERM before they are cut")
+    router_id: str = setting("", help="this router's name in the ejections and load it reports to the control "
+                                      "plane [default: the hostname]")
+    proxy: ProxySettings = nested(ProxySettings)
+
+    def __post_init__(self) -> None:
+        if self.table_file is not None and self.control:
+            raise ValueError("give a table file or a control-plane URL, not both")
+        if isinstance(self.control, str):   # one URL given as a string: the tuple it stands for
+            object.__setattr__(self, "control", control_urls(self.control))
+
+    @property
+    def source(self) -> str:
+        """Where the routes come from, as the start's log line names it."""
+        return str(self.table_file) if self.table_file is not None else ",".join(self.control)

@@ -1,0 +1,215 @@
+"""``llmgw server``'s settings resolved into what it starts from: files read, the lease checked, hosts checked.
+
+``ServerSettings`` (``serving.settings``) is what the command line says; :func:`config_of` makes the
+:class:`ServerConfig` that ``llmgw.serve.run`` takes from it. The defaults are ``ServerSettings``'s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import logging
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+from llmgw.control import leader as leader_mod
+from llmgw.control.reconcile import decide
+from llmgw.core.errors import LlmgwError
+from llmgw.mirror import settings as mirror_settings
+from llmgw.router.settings import ProxySettings
+from llmgw.serving.settings import ServerSettings
+
+log = logging.getLogger("llmgw.serve")
+
+_D = ServerSettings()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServerConfig:
+    host: str = _D.host
+    http_port: int = _D.http_port
+    agent_port: int = _D.agent_port
+    data_dir: Path = Path(".")
+    #: Where to write {"http_port", "agent_port"} once listening (for ``up`` and tests with port 0).
+    ports_file: Path | None = None
+    #: Seconds a disconnected node keeps its replicas before they are placed elsewhere.
+    node_grace_s: float = _D.node_grace
+    #: Seconds a shard its agent calls Unhealthy stays so before it is replaced
+    #: (``decide.Config.unhealthy_grace_s`` says why 30).
+    unhealthy_grace_s: float = _D.unhealthy_grace
+    #: Fetched weights no model asks for go from nodes with less than this percent free (``weightsgc``).
+    weights_gc_free_below_pct: float = _D.weights_gc_free_below
+    #: Where nodes fetch remote weights from, and the hub's token (``hub_settings``).
+    hub: decide.Hub = decide.Hub()
+    #: The weights mirror served at ``/mirror`` on the HTTP port (None: not served here).
+    mirror: MirrorConfig | None = None
+    #: Hosts (host or host:port, "*": any) the control plane's remote reads may reach although they are
+    #: loopback, link-local or its own (``--fetch-allow-private``; ``control.netguard``).
+    fetch_allow_private: tuple[str, ...] = ()
+    #: Loopback development only: the agent port plaintext, no join port, any node id (and REST open).
+    insecure: bool = False
+    #: Where `llmgw agent join` reaches the control plane (TLS, server-auth only; 0 picks a free port).
+    join_port: int = _D.join_port
+    #: How long a node certificate is valid; agents renew at two thirds over their stream.
+    node_cert_validity_s: float = _D.node_cert_validity_s
+    #: How long the audit log keeps an entry; the leader prunes older ones (``control.auditprune``).
+    audit_retention_s: float = _D.audit_retention_s
+    #: The engine package index (``--engine-index``): None keeps the stored setting; given, it is stored and wins.
+    engine_index: str | None = None
+    #: With ``engine_index``: it is a wheelhouse page (pip --find-links), not a simple index.
+    engine_find_links: bool = False
+    #: Whether models' engine_version may trigger installs: None keeps the stored setting (default yes).
+    model_installs: bool | None = None
+    #: Whether root agents install the OS packages engines (and perftest) need; None: the stored setting (off).
+    engine_os_packages: bool | None = None
+    #: The store's SQLAlchemy URL, e.g. ``postgresql+psycopg://USER@HOST:PORT/DB`` (``--database``);
+    #: "" keeps SQLite in the data directory.
+    database: str = ""
+    #: The host agents and other control planes reach this one by ("": --host, or the FQDN on a wildcard).
+    advertise: str = ""
+    #: The leader lease's timings (several servers on one database; one alone takes it at once).
+    lease: leader_mod.Timing = leader_mod.Timing()
+    #: The in-process router's settings: body size, keepalive, admission, tracing, the HTTP server's limits.
+    router: ProxySettings = ProxySettings()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MirrorConfig:
+    """``llmgw server --mirror-dir``: the mirror mounted in the server, so a cluster needs one flag."""
+
+    dir: Path
+    #: Pull missing files through from this HF-compatible endpoint ("": serve only what ``dir`` holds).
+    upstream: str = ""
+    #: The mirror's admin API (POST /admin/add) needs this bearer token ("": the admin API is off).
+    admin_token: str = dataclasses.field(default="", repr=False)
+    #: No --hub-endpoint was given: hf:// sources come from this mirror.
+    serves_hub: bool = True
+    #: No --mirror-url was given: mirror:// sources come from this mirror.
+    serves_files: bool = True
+
+
+#: The variable the hub's token is read from when no --hub-token-file is given.
+HUB_TOKEN_ENV = "LLMGW_HF_TOKEN"
+
+
+def hub_settings(*, endpoint: str, mirror_url: str, token_file: Path | None, env: Mapping[str, str],
+                 quiet: bool = False) -> decide.Hub:
+    """The hub settings from the flags, the token from its file or ``LLMGW_HF_TOKEN``; LlmgwError saying what to fix.
+
+    The token is never a flag: an argv is readable by every user of the
+    machine (``ps``, /proc) and lands in shell histories and unit files.
+    """
+    for flag, url in (("--hub-endpoint", endpoint), ("--mirror-url", mirror_url)):
+        if url and not url.startswith(("http://", "https://")):
+            raise LlmgwError(f"{flag} {url!r}: expected an http:// or https:// URL")
+    token = ""
+    if token_file is not None:
+        try:
+            token = token_file.read_text().strip()
+        except OSError as e:
+            raise LlmgwError(f"cannot read --hub-token-file {token_file}: {e.strerror or e}") from None
+        if not token:
+            raise LlmgwError(f"--hub-token-file {token_file} is empty; put the hub's token in it, or leave the "
+                             "flag out to fetch without one")
+    else:
+        token = env.get(HUB_TOKEN_ENV, "").strip()
+    hub = decide.Hub(endpoint=endpoint.rstrip("/") or decide.DEFAULT_HUB_ENDPOINT, mirror_url=mirror_url.rstrip("/"),
+                     token=token)
+    if not quiet:   # quiet: a mounted mirror may stand in for both URLs, and its own line says which
+        log.info("remote weights: hf:// from %s%s, mirror:// from %s", hub.endpoint,
+                 " with a token" if token else " without a token", hub.mirror_url or "nowhere (no --mirror-url)")
+    return hub
+
+
+def lease_timing(*, lease: float, renew: float) -> leader_mod.Timing:
+    """The lease's timings from ``--lease`` and ``--lease-renew``: the leader stops acting a quarter of the
+    lease before it could expire anywhere. LlmgwError when a renewal could not come twice in that time."""
+    timing = leader_mod.Timing(lease_s=lease, renew_s=renew, margin_s=lease / 4)
+    timing.check()
+    return timing
+
+def config_of(settings: ServerSettings, env: Mapping[str, str], *, default_data_dir: Path) -> ServerConfig:
+    """What ``llmgw server`` starts from: the hub's token read, the lease checked; LlmgwError saying what to fix."""
+    try:
+        lease = lease_timing(lease=settings.lease_s, renew=settings.lease_renew_s)
+    except LlmgwError as e:
+        raise LlmgwError(f"--lease/--lease-renew: {e}") from None
+    hub = hub_settings(endpoint=settings.hub_endpoint, mirror_url=settings.mirror_url,
+                       token_file=settings.hub_token_file, env=env, quiet=settings.mirror_dir is not None)
+    mirror = None if settings.mirror_dir is None else MirrorConfig(
+        dir=settings.mirror_dir, upstream=settings.mirror_upstream,
+        admin_token=env.get(mirror_settings.TOKEN_ENV, "").strip(), serves_hub=not settings.hub_endpoint,
+        serves_files=not settings.mirror_url)
+    return ServerConfig(hub=hub, mirror=mirror, host=settings.host, http_port=settings.http_port,
+                        agent_port=settings.agent_port, data_dir=settings.data_dir or default_data_dir,
+                        ports_file=settings.ports_file, node_grace_s=settings.node_grace,
+                        unhealthy_grace_s=settings.unhealthy_grace,
+                        weights_gc_free_below_pct=settings.weights_gc_free_below, insecure=settings.insecure,
+                        join_port=settings.join_port, node_cert_validity_s=settings.node_cert_validity_s,
+                        audit_retention_s=settings.audit_retention_s, engine_index=settings.engine_index,
+                        engine_find_links=settings.engine_find_links, model_installs=settings.model_installs,
+                        engine_os_packages=settings.engine_os_packages, database=settings.database,
+                        advertise=settings.advertise_address, lease=lease,
+                        fetch_allow_private=settings.fetch_allow_private, router=settings.router)
+
+
+#: Every REST answer of an ``--insecure`` server carries this header; the CLI warns on seeing it.
+INSECURE_HEADER = "X-Llmgw-Insecure"
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name other than localhost (or a wildcard): it may be reached from elsewhere
+
+
+#: One label of a host name (RFC 1123; the underscore some internal DNS zones use is let through).
+_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
+
+
+def check_advertise(host: str) -> None:
+    """Refuses an ``--advertise-address`` no other machine could use, with a sentence saying what to give instead.
+
+    Checked at start: the address is only used when an agent is sent to it or a standby forwards to it, and
+    without the check ``http://h`` given here became the forward address ``http://[http://h]:8080`` (its colon
+    taken for an IPv6 address's), found only when a standby first failed to reach it.
+    """
+    if not host:
+        return
+    said = f"--advertise-address {host!r}"
+    want = "give the host name or IP address other machines reach this server by, e.g. ctl.example.com or 10.0.0.5"
+    if "://" in host:
+        raise LlmgwError(f"{said}: a URL; {want} (no scheme: the ports come from --http-port and --agent-port)")
+    try:
+        ip = ipaddress.ip_address(host[1:-1] if host.startswith("[") and host.endswith("]") else host)
+    except ValueError:
+        ip = None
+    if ip is not None:
+        if ip.is_unspecified:
+            raise LlmgwError(f"{said}: a wildcard is where a server listens, not an address anyone can reach; {want}")
+        return
+    if ":" in host:
+        raise LlmgwError(f"{said}: not a host (a port is not part of it: the ports come from --http-port and "
+                         f"--agent-port); {want}")
+    name = host[:-1] if host.endswith(".") else host
+    if len(name) > 253 or not all(_LABEL.fullmatch(label) for label in name.split(".")):
+        raise LlmgwError(f"{said}: not a host name (letters, digits and hyphens, in dot-separated labels of at "
+                         f"most 63); {want}")
+
+
+def check_mode(cfg: ServerConfig) -> None:
+    """Refuses ``--insecure`` off loopback; warns loudly on it. LlmgwError says what to do instead."""
+    if not cfg.insecure:
+        return
+    if not _is_loopback(cfg.host):
+        raise LlmgwError(f"--insecure is for loopback development only: on --host {cfg.host} anyone who reaches it "
+                         "could change the cluster, read every engine's key and join as any node. Leave "
+                         "--insecure out (the REST API then needs a login and agents join with a token), or listen "
+                         "on 127.0.0.1")
+    log.warning("INSECURE: --insecure turns authentication off: the REST API answers anyone on this machine as an "
+                "administrator and the agent stream is plaintext with any node id. For loopback development only; "
+                "every REST answer says so (%s: 1)", INSECURE_HEADER)

@@ -1,0 +1,138 @@
+"""``llmgw server``'s settings: one dataclass, its flags, defaults and help written once here.
+
+The fields are what the command line says (durations as written, files by name); ``serving.config``
+resolves them into the ``ServerConfig`` that ``llmgw.serve.run`` starts from (files read, the lease
+checked). The in-process router's settings are the standalone router's ``ProxySettings``, nested, so
+the two take the same flags. Light on purpose: the CLI imports it to make its flags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from llmgw.core import units
+from llmgw.core.settingsgen import nested, setting
+from llmgw.router.settings import ProxySettings
+
+_PORT = {"min": 0, "max": 65535}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServerSettings:
+    """``llmgw server``: the control plane and the router in one process; validated when made."""
+
+    host: str = setting("127.0.0.1", help="Address to listen on (0.0.0.0 for every interface)")
+    http_port: int = setting(8080, **_PORT, help="OpenAI API, REST API and /metrics")
+    agent_port: int = setting(8081, **_PORT, help="The agents' gRPC stream (mutual TLS)")
+    join_port: int = setting(8082, **_PORT, help="Where `llmgw agent join` reaches this server with a token (TLS; "
+                                                 "not with --insecure)")
+    data_dir: Path | None = setting(None, help="Database and cluster CA directory, initialised on first start "
+                                               "[default $XDG_DATA_HOME/llmgw]")
+    ports_file: Path | None = setting(None, help="Write the bound ports here as JSON once listening")
+    database: str = setting("", env="LLMGW_DATABASE", help="The store's database URL, e.g. "
+                            "postgresql+psycopg://USER[:PASSWORD]@HOST:PORT/DB (migrated at start, once under a "
+                            "lock) [default: SQLite in the data directory]")
+    advertise_address: str = setting("", help="The host other machines reach this server by: agents are sent to "
+                                     "HOST:AGENT_PORT and a standby forwards the REST API to http://HOST:HTTP_PORT "
+                                     "when this one leads [default: --host, or this machine's FQDN when --host is a "
+                                     "wildcard]")
+    lease: str = setting("6s", help="How long the leader's lease lasts past its last renewal: a dead leader is "
+                                    "replaced within about this long (several servers on one --database)")
+    lease_renew: str = setting("1s", help="How often the leader renews its lease and a standby tries to take it")
+    insecure: bool = setting(False, help="Loopback development only: no authentication on the REST API, a "
+                                         "plaintext agent stream, no join port (refused with a --host that is not "
+                                         "loopback)")
+    node_cert_validity: str = setting("365d", help="How long a node's certificate is valid, e.g. 720h, 30s; agents "
+                                                   "renew it at two thirds, over their stream")
+    node_grace: float = setting(30.0, help="Seconds a disconnected node keeps its replicas")
+    unhealthy_grace: float = setting(30.0, help="Seconds a replica whose engine its agent calls Unhealthy (alive, "
+                                                "not answering) stays so before it is replaced")
+    weights_gc_free_below: float = setting(10.0, help="Remove fetched weights no model asks for, least recently "
+                                           "used first, from a node whose weights directory has less than this "
+                                           "percent free (0: never)")
+    hub_endpoint: str = setting("", help="The Hugging Face-compatible endpoint nodes fetch hf:// sources from: the "
+                                "hub, or the cluster's mirror [default: this server's /mirror with --mirror-dir, "
+                                "else https://huggingface.co]")
+    mirror_url: str = setting("", help="The cluster mirror's base URL, for mirror:// sources [default: this "
+                                       "server's /mirror with --mirror-dir]")
+    mirror_dir: Path | None = setting(None, help="Serve this directory of weights as the cluster's mirror at "
+                                      "/mirror on the HTTP port (admin API token from LLMGW_MIRROR_ADMIN_TOKEN) "
+                                      "[default: no mirror here]")
+    mirror_upstream: str = setting("", help="With --mirror-dir: pull missing files through from this "
+                                   "HF-compatible endpoint, once per file for the cluster, e.g. "
+                                   "https://huggingface.co [default: off]")
+    fetch_allow_private: tuple[str, ...] = setting((), help="A host or HOST:PORT the control plane's reads of "
+                                                   "remote sources may reach although it is loopback, link-local or "
+                                                   "this host's own ('*': any); repeatable [default: none; the hub "
+                                                   "and mirror are trusted]")
+    hub_token_file: Path | None = setting(None, help="A file holding the hub's token, sent only to nodes fetching "
+                                          "an hf:// source (without it: the LLMGW_HF_TOKEN environment variable); a "
+                                          "token is never given on the command line")
+    engine_index: str | None = setting(None, help="The package index nodes install engines from: a pip simple "
+                                       "index URL, or with --engine-find-links a wheelhouse page (the llmgw "
+                                       "mirror's); never the public index unless named here [given: stored, and "
+                                       "wins over the stored value; default: the stored value, else none]")
+    engine_find_links: bool = setting(False, help="With --engine-index: it is a page of wheel links (pip "
+                                                  "--find-links), not a simple index")
+    model_installs: bool | None = setting(None, flag="--model-installs/--no-model-installs", help="Whether a "
+                                          "model's engine_version makes a node that lacks it install it [given: "
+                                          "stored, and wins; default: the stored value, else yes]")
+    engine_os_packages: bool | None = setting(None, flag="--engine-os-packages/--no-engine-os-packages",
+                                              help="Whether agents running as root install the OS packages an "
+                                              "engine (or perftest) needs with apt-get/dnf; otherwise they report "
+                                              "them with the command [given: stored, and wins; default: the stored "
+                                              "value, else no]")
+    router: ProxySettings = nested(ProxySettings)
+    audit_retention: str = setting("90d", help="How long the audit log keeps an entry, e.g. 90d, 720h; the leader "
+                                               "deletes older ones")
+    log_level: str = setting("info", help="The log level: debug, info, warning, error")
+
+    def __post_init__(self) -> None:
+        """ValueError with the sentence the CLI prints, naming the flag."""
+        if self.node_grace < 0:
+            raise ValueError("--node-grace cannot be negative")
+        if self.unhealthy_grace < 0:
+            raise ValueError("--unhealthy-grace cannot be negative")
+        if not 0 <= self.weights_gc_free_below < 100:
+            raise ValueError(f"--weights-gc-free-below {self.weights_gc_free_below:g}: a percent from 0 (never) to "
+                             "below 100")
+        if self.node_cert_validity_s <= 0:
+            raise ValueError("--node-cert-validity must be longer than 0s")
+        if self.audit_retention_s <= 0:
+            raise ValueError("--audit-retention must be longer than 0s, e.g. 90d")
+        self.lease_s, self.lease_renew_s  # noqa: B018  (ValueError naming the flag)
+        if self.engine_find_links and self.engine_index is None:
+            raise ValueError("--engine-find-links says what --engine-index is: give --engine-index URL with it")
+        if self.engine_index and not self.engine_index.startswith(("http://", "https://", "file:")):
+            raise ValueError(f"--engine-index {self.engine_index!r}: expected an http(s):// URL of a pip index or "
+                             "wheelhouse page")
+        if self.mirror_upstream and self.mirror_dir is None:
+            raise ValueError("--mirror-upstream needs --mirror-dir: the directory the mirror keeps what it pulls "
+                             "through")
+        if self.mirror_upstream and not self.mirror_upstream.startswith(("http://", "https://")):
+            raise ValueError(f"--mirror-upstream {self.mirror_upstream!r}: expected http(s)://HOST[:PORT], e.g. "
+                             "https://huggingface.co")
+
+    @property
+    def node_cert_validity_s(self) -> float:
+        return _seconds("--node-cert-validity", self.node_cert_validity)
+
+    @property
+    def audit_retention_s(self) -> float:
+        return _seconds("--audit-retention", self.audit_retention)
+
+    @property
+    def lease_s(self) -> float:
+        return _seconds("--lease/--lease-renew", self.lease)
+
+    @property
+    def lease_renew_s(self) -> float:
+        return _seconds("--lease/--lease-renew", self.lease_renew)
+
+
+def _seconds(flag: str, value: str) -> float:
+    try:
+        return units.parse_duration(value)
+    except ValueError as e:
+        raise ValueError(f"{flag}: {e}") from None

@@ -1,0 +1,137 @@
+"""Every entry point takes every setting of its process's settings dataclass as a flag (issue 25).
+
+The flags are generated from the dataclasses (``llmgw.core.settingsgen``); the names that existed before
+are pinned here, so a renamed field cannot silently rename a flag scripts and unit files use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+import pytest
+import typer
+
+from llmgw.agent.flags import AgentFlags
+from llmgw.agent.settings import AgentSettings
+from llmgw.cli import main
+from llmgw.core import settingsgen
+from llmgw.mirror.settings import MirrorSettings
+from llmgw.router import standalone
+from llmgw.router.settings import ProxySettings, RouterSettings
+from llmgw.serving import config
+from llmgw.serving.settings import ServerSettings
+
+
+def _click_flags(*path: str) -> set[str]:
+    command = typer.main.get_command(main.app)
+    for name in path:
+        command = command.commands[name]  # type: ignore[attr-defined]
+    return {opt for p in command.params for opt in (*p.opts, *p.secondary_opts)}
+
+
+def _argparse_flags(parser: argparse.ArgumentParser) -> set[str]:
+    return {opt for action in parser._actions for opt in action.option_strings}
+
+
+def _flags_of(cls: type, *, skip: tuple[str, ...] = ()) -> set[str]:
+    return {part for s in settingsgen.settings_of(cls) if s.name not in skip
+            for part in s.flag.replace(" ", "/").split("/")}
+
+
+@pytest.mark.parametrize("cls, flags", [
+    (ServerSettings, lambda: _click_flags("server")),
+    (RouterSettings, lambda: _click_flags("router")),
+    (RouterSettings, lambda: _argparse_flags(standalone.parser())),
+    (MirrorSettings, lambda: _click_flags("mirror")),
+    (AgentFlags, lambda: _click_flags("agent")),
+], ids=["llmgw server", "llmgw router", "python -m llmgw.router.standalone", "llmgw mirror", "llmgw agent"])
+def test_every_entry_point_takes_every_setting(cls: type, flags: object) -> None:
+    missing = _flags_of(cls) - flags()  # type: ignore[operator]
+    assert not missing, f"settings with no flag: {sorted(missing)}"
+
+
+def test_the_server_and_both_routers_take_the_in_process_routers_settings() -> None:
+    proxy = _flags_of(ProxySettings)
+    assert len(proxy) == 10
+    assert proxy <= _click_flags("server") and proxy <= _click_flags("router")
+
+
+def test_the_flags_that_existed_keep_their_names() -> None:
+    assert {"--table-file", "--control", "--token-file", "--host", "--port", "--log-level", "--max-body-bytes",
+            "--keepalive", "--header-timeout", "--body-timeout", "--idle-timeout", "--max-connections-per-address",
+            "--graceful-shutdown", "--router-id", "--tracing-endpoint", "--admission-queue", "--admission-wait",
+            "--signals-interval"} == _argparse_flags(standalone.parser()) - {"-h", "--help"}
+    assert {"--host", "--http-port", "--agent-port", "--join-port", "--data-dir", "--ports-file", "--database",
+            "--advertise-address", "--lease", "--lease-renew", "--insecure", "--node-cert-validity", "--node-grace",
+            "--unhealthy-grace", "--weights-gc-free-below", "--hub-endpoint", "--mirror-url", "--mirror-dir",
+            "--mirror-upstream", "--fetch-allow-private", "--hub-token-file", "--engine-index",
+            "--engine-find-links", "--model-installs", "--no-model-installs", "--engine-os-packages",
+            "--no-engine-os-packages", "--header-timeout", "--body-timeout", "--idle-timeout",
+            "--max-connections-per-address", "--tracing-endpoint", "--audit-retention",
+            "--log-level"} <= _click_flags("server")
+    assert {"--dir", "--host", "--port", "--upstream", "--admin-token-file", "--upstream-token-file", "--tls-cert",
+            "--tls-key", "--log-level"} <= _click_flags("mirror")
+
+
+def test_defaults_are_written_once() -> None:
+    """``ServerConfig``'s defaults are ``ServerSettings``'s: the CLI and a config made in code agree."""
+    cfg, st = config.ServerConfig(), ServerSettings()
+    assert (cfg.host, cfg.http_port, cfg.agent_port, cfg.join_port) == (st.host, st.http_port, st.agent_port,
+                                                                        st.join_port)
+    assert (cfg.node_grace_s, cfg.unhealthy_grace_s, cfg.weights_gc_free_below_pct) == (
+        st.node_grace, st.unhealthy_grace, st.weights_gc_free_below)
+    assert (cfg.node_cert_validity_s, cfg.audit_retention_s) == (365 * 86400.0, 90 * 86400.0)
+    assert cfg.router == st.router == ProxySettings()
+
+
+def test_the_settings_are_validated_when_made() -> None:
+    with pytest.raises(ValueError, match="--unhealthy-grace cannot be negative"):
+        ServerSettings(unhealthy_grace=-1)
+    with pytest.raises(ValueError, match="--tracing-endpoint 'x'"):
+        ProxySettings(tracing_endpoint="x")
+    with pytest.raises(ValueError, match="header timeout"):
+        ProxySettings(header_timeout=-1)
+    with pytest.raises(ValueError, match="--tls-cert and --tls-key go together"):
+        MirrorSettings(dir=Path("/w"), tls_cert=Path("c"))
+
+
+def test_the_standalone_router_takes_its_settings_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLMGW_TRACING_ENDPOINT", "http://collector:4318")
+    st = standalone.parse_args(["--control", "http://cp:8080", "--admission-queue", "7", "--idle-timeout", "0"])
+    assert st == RouterSettings(control=("http://cp:8080",), proxy=ProxySettings(
+        admission_queue=7, idle_timeout=0.0, tracing_endpoint="http://collector:4318"))
+    assert st.proxy.limits.idle_timeout_s == 0.0
+
+
+def test_a_bad_value_is_a_usage_error_naming_it(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        standalone.parse_args(["--table-file", "t.json", "--max-connections-per-address", "-1"])
+    assert exited.value.code == 2
+    assert "max connections per address" in capsys.readouterr().err
+
+
+def test_help_comes_from_the_field() -> None:
+    found = {s.name: s for s in settingsgen.settings_of(ServerSettings)}
+    assert found["keepalive"].path == ("router", "keepalive")
+    assert found["keepalive"].key == "router.keepalive"
+    assert "SSE comment" in found["keepalive"].help
+    assert found["database"].env == "LLMGW_DATABASE"
+    names = [s.name for s in settingsgen.settings_of(ServerSettings)]
+    assert len(names) == len(set(names)), "two settings would share a flag"
+    assert {f.name for f in dataclasses.fields(ServerSettings)} - {"router"} <= set(names)
+
+
+def test_the_agents_flags_are_its_settings() -> None:
+    """Each of `llmgw agent`'s flags sets one of ``AgentSettings``'s fields, whose default its help names."""
+    names = {s.name for s in settingsgen.settings_of(AgentFlags)} - {"config", "log_level"}
+    assert names <= set(AgentSettings.model_fields)
+    assert _flags_of(AgentFlags, skip=("servers", "insecure")) <= _click_flags("agent", "join")
+    helps = {s.name: s.help for s in settingsgen.settings_of(AgentFlags)}
+    for name in ("heartbeat_interval", "stop_grace"):
+        assert helps[name].endswith(f"[{AgentSettings.model_fields[name].default:g}]")
+    assert AgentFlags(servers=("cp:8081",), heartbeat_interval=2.0).settings() == {
+        "servers": ["cp:8081"], "node_id": None, "mgmt_addr": None, "state_dir": None, "model_dirs": [],
+        "heartbeat_interval": 2.0, "stop_grace": None, "stop_engines_on_exit": None, "engine_python": [],
+        "insecure": None}
