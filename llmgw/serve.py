@@ -53,7 +53,7 @@ from llmgw.router import signals as router_signals
 from llmgw.router.app import RouterApp
 from llmgw.router.standalone import proxied
 from llmgw.router.table import TableHolder
-from llmgw.router.watch import TableWatcher
+from llmgw.router.watch import LocalWatcher
 from llmgw.serving import front
 from llmgw.serving.config import (
     HUB_TOKEN_ENV,
@@ -204,20 +204,15 @@ def _leadership(cfg: ServerConfig, cp: _ControlPlane, me: leader_mod.Me) -> lead
     return leadership
 
 
-def _router(cfg: ServerConfig, cp: _ControlPlane, auth: Auth, http_port: int) -> RouterApp:
-    """The in-process router, following this control plane's table over loopback as a standalone one does."""
+def _router(cfg: ServerConfig, cp: _ControlPlane) -> RouterApp:
+    """The in-process router: it reads this control plane's table as the object it publishes (no HTTP, no JSON,
+    no credential) and hands its reports to the control plane through callbacks."""
     # The router's first table says whether keys exist; the guard warns then, and again
     # whenever a later table leaves this listen without any.
     listen_guard = router_auth.ListenGuard(cfg.host)
-    control_url = front.loopback_url(cfg.host, http_port)
-    # The in-process router proves itself with a token minted in memory, given to its watcher and
-    # nothing else, and never stored: it dies with this process.
-    router_headers = {} if cfg.insecure else {"Authorization": f"Bearer {auth.mint_router_token('server')}"}
     holder = TableHolder()
-    watcher = TableWatcher(control_url, holder, listen_guard=listen_guard, headers=router_headers)
-    # Ejections reach the control plane through a callback: the router and the control
-    # plane share only the report's JSON shape, exactly what a standalone router POSTs.
-    return proxied(holder, cfg.router, watcher=watcher, source=f"the control plane at {control_url}",
+    watcher = LocalWatcher(cp.cluster.wait_table, holder, listen_guard=listen_guard)
+    return proxied(holder, cfg.router, watcher=watcher, source="this control plane",
                    events=router_events.CallbackSink("server", cp.reports.record),
                    signals=router_signals.Reporter("server", deliver=cp.load_signals.record,
                                                    interval_s=cfg.router.signals_interval))
@@ -251,7 +246,7 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
     leadership = _leadership(cfg, cp, me)
     # Who may call the REST API.
     auth = Auth(cp.db, insecure=cfg.insecure, initial_password=datadir.initial_password_file(cfg.data_dir))
-    router = _router(cfg, cp, auth, http_port)
+    router = _router(cfg, cp)
     api = create_api(cp.db, cp.cluster, auth=auth,
                      extra_registries=(router_metrics.REGISTRY, agentsvc_metrics.REGISTRY),
                      router_events=cp.reports, leadership=leadership, join=_join_point(cfg, advertised, join_port))

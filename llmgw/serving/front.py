@@ -78,12 +78,6 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def loopback_url(host: str, port: int) -> str:
-    if host in ("0.0.0.0", "::", ""):
-        return f"http://127.0.0.1:{port}"
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-
 def own_mirror_hub(cfg: ServerConfig, http_port: int) -> decide.Hub:
     """The hub settings with this server's ``/mirror`` for what no flag named; nodes must reach the URL.
 
