@@ -55,6 +55,7 @@ from llmgw.router import (
     metrics,
     openai_shape,
     pick,
+    policies,
     prefix,
     ratelimit,
     relay,
@@ -77,8 +78,6 @@ Opened = tuple[Endpoint, Response]
 
 #: The scope extension a server sets when it cancels the request's task on disconnect.
 CANCELS = "llmgw.cancel_on_disconnect"
-#: Routings that choose by the request's content; only these need its affinity key.
-KEYED_ROUTINGS = frozenset({"prefix_cache", "session_affinity"})
 #: Retry-After of the 503 past a cold-start timeout: the replica that missed it is most often
 #: seconds from Ready (its weights loading), and the retry is held again for a whole timeout.
 COLD_RETRY_AFTER_S = 5
@@ -105,7 +104,7 @@ class RouterApp:
         self._keepalive_s = keepalive_s  # 0 turns keep-alive comments off
         self._serve_metrics = serve_metrics
         # With the holder, the forwarder scrapes every endpoint's load, not only those already asked.
-        self._forwarder = upstream.Forwarder(pick.RoundRobin(), connect_timeout_s=connect_timeout_s,
+        self._forwarder = upstream.Forwarder(connect_timeout_s=connect_timeout_s,
                                              max_endpoints=max_endpoints, holder=holder, events=events)
         self._events = events  # ejections and recoveries, for the control plane
         self._tracing = tracing  # None: the untraced path, no SDK call anywhere
@@ -244,7 +243,7 @@ class RouterApp:
         self._apply_limits(table)
         # Hashing the prompt's blocks is for the routings that use them; round-robin skips it.
         affinity = (prefix.request_key(req.doc, session_header=_header(scope, b"x-llmgw-session"))
-                    if route.routing in KEYED_ROUTINGS else pick.NO_KEY)
+                    if route.routing in policies.KEYED else pick.NO_KEY)
         spans = router_tracing.CURRENT.get()
         if spans is not None:
             spans.admission_start()

@@ -88,7 +88,7 @@ class Response:
     """
 
     __slots__ = ("status", "headers", "connection", "_chunks", "_size", "_eof", "_error", "_waiter",
-                 "_done", "_closed", "_llmgw_done", "_llmgw_idle_s", "_llmgw_first")
+                 "_done", "_closed", "on_done", "idle_timeout_s", "on_first_byte")
 
     def __init__(self, status: int, headers: Headers, connection: Connection) -> None:
         self.status = status
@@ -100,13 +100,12 @@ class Response:
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._closed = False
-        # Set by the Forwarder: called once when the response is done with (closed,
-        # released, or read to the end), and the idle timeout ``body_started`` switches to.
-        self._llmgw_done: Callable[[], None] | None = None
-        self._llmgw_idle_s: float | None = None
-        # Set by the Forwarder for a request leading a prefix's prefill: called by
-        # ``upstream.body_started`` (the first token is back) or when the response is done.
-        self._llmgw_first: Callable[[], None] | None = None
+        #: Hook: called once when the response is done with (closed, released, or read to the end).
+        self.on_done: Callable[[], None] | None = None
+        #: The read timeout ``body_started`` switches to (None: the first-byte one stays).
+        self.idle_timeout_s: float | None = None
+        #: Hook: called once, by ``body_started`` (the first token is back) or when the response is done.
+        self.on_first_byte: Callable[[], None] | None = None
 
     @property
     def content(self) -> Response:
@@ -214,15 +213,27 @@ class Response:
         if self.connection is not None:
             self.connection.set_read_timeout(seconds)
 
+    def body_started(self) -> None:
+        """The body's first chunk arrived: ``on_first_byte`` runs, the read timeout becomes ``idle_timeout_s``.
+
+        Calling it again is harmless.
+        """
+        first = self.on_first_byte
+        if first is not None:
+            self.on_first_byte = None
+            first()
+        if self.idle_timeout_s is not None:
+            self.set_read_timeout(self.idle_timeout_s)  # rescheduled now, not on the next packet
+
     def _ended(self) -> None:
-        """Read to the end: the connection was handed back at its message end; tell the Forwarder."""
+        """Read to the end: the connection was handed back at its message end; run the hooks."""
         self._release_hook()
 
     def _release_hook(self) -> None:
-        first, self._llmgw_first = self._llmgw_first, None
+        first, self.on_first_byte = self.on_first_byte, None
         if first is not None:
             first()
-        done, self._llmgw_done = self._llmgw_done, None
+        done, self.on_done = self.on_done, None
         if done is not None:
             done()
 

@@ -31,7 +31,7 @@ import asyncio
 import logging
 import time
 
-from llmgw.router import asgi, client, errors, metrics, openai_shape, upstream
+from llmgw.router import asgi, client, errors, metrics, openai_shape
 from llmgw.router.table import Endpoint, ModelRoute
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ async def stream(endpoint: Endpoint, response: client.Response, send: asgi.Send,
     try:
         first = await _first_chunk(content, send, keepalive_s)
         # From here the engine is generating: wait on it with the idle timeout, not the first-byte one.
-        upstream.body_started(response)
+        response.body_started()
         if first:
             tail = first
             events = first.count(_DATA)

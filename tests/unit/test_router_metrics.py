@@ -50,6 +50,8 @@ class FakeResponse:
     def close(self) -> None:
         self.closed = True
 
+    def body_started(self) -> None: ...
+
 
 class FakeForwarder:
     """Answers open() after ``delay`` with ``response``, or raises ``error``."""
