@@ -3,7 +3,7 @@
 ``Forwarder.open`` sends one request to one of a model's endpoints and returns
 the engine's response as soon as its headers arrive, before any byte has gone to
 the client. That is the only window in which a retry is safe, so every retry
-lives here and the relay in ``app`` never retries:
+lives here and the relay (``proxying``, ``relay``) never retries:
 
 * a refused or timed-out connect, no response header within the first-byte
   timeout, or an HTTP 502/503/504 (or 401: the engine refused the router's key)
@@ -67,7 +67,7 @@ from llmgw.router import (
     hung,
     loadwatch,
     metrics,
-    openai_shape,
+    openai_errors,
     pick,
     policies,
     prefix,
@@ -378,4 +378,4 @@ async def _snippet(response: client.Response) -> str:
     finally:
         response.close()
     # An HTML error page (a proxy in front of the engine) as its title, not its markup.
-    return f"({openai_shape.summary(text)})" if text else ""
+    return f"({openai_errors.summary(text)})" if text else ""

@@ -84,7 +84,7 @@ def router(model: str, forwarder: FakeForwarder | None = None, *, endpoints: tup
     table = RouteTable(version=1, models=(ModelRoute(name=model, served_name=model, endpoints=endpoints),))
     app = app_mod.RouterApp(TableHolder(table), **options)
     if forwarder is not None:
-        app._forwarder = forwarder  # type: ignore[assignment]
+        app._proxy.forwarder = forwarder  # type: ignore[assignment]
     return app
 
 
