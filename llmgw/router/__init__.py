@@ -1,13 +1,32 @@
 """The router: the OpenAI API served by forwarding each request straight to a ready engine.
 
-* ``table``: the route table, an immutable snapshot of the control plane's endpoints
-  document, and the holder it is swapped into;
-* ``watch``: the long poll that keeps the table current and outlives control-plane restarts;
-* ``pick``: endpoint choice, pure (round-robin with exclusion of endpoints already tried);
-* ``upstream``: the choice of endpoint and the retry rules; ``client``: its HTTP/1.1 pools to engines;
-* ``app``: the raw ASGI app (``RouterApp``); ``asgi``, ``request``, ``errors``: its parts;
-* ``standalone``: ``python -m llmgw.router.standalone`` for a router on its own, served by
-  ``server`` (its own HTTP/1.1 server, which ``llmgw server`` runs too, with the REST API beside it).
+A request's path, in order:
+
+* ``server``: the router's own HTTP/1.1 server (standalone and in ``llmgw server``); each client
+  ``connection`` parses requests and runs the ASGI app, ``httphead`` writes the answers, ``limits``
+  bounds how long a client may take to send a request;
+* ``app``: ``RouterApp``, the front: it owns the parts below and sends each path to its job
+  (``asgi``: the raw ASGI helpers; ``errors``: the router's own OpenAI-shaped refusals);
+* ``completions``: one forwarded request up to its slot: ``request`` reads the body, ``auth`` the
+  key, ``ratelimit`` its limits, ``cold`` holds a request for a model scaled to zero, ``admission``
+  queues it;
+* ``proxying``: the admitted request's trip: ``upstream.Forwarder`` picks the endpoint and retries,
+  ``relay`` relays the answer, ``openai_shape`` and ``openai_errors`` put llama.cpp's answers and every
+  engine's errors in OpenAI's shape;
+* ``upstream``: the choice of endpoint by the model's policy (``policies``: one file per routing
+  policy on ``policies.base.Policy``, wrapping the pure choices in ``pick`` and ``prefix``), the
+  retry rules, and what is in flight (``loadwatch``), ejected (``health``) or hung (``hung``);
+  ``client`` is its HTTP/1.1 pool to engines, ``response`` the engine's response it hands over.
+
+Beside the path:
+
+* ``table``: the route table, an immutable snapshot of the control plane's endpoints document, and
+  the holder it is swapped into; ``watch``: the long poll that keeps it current and outlives
+  control-plane restarts;
+* ``reports``: ejections, recoveries and keys used (``keyuse``), told to the control plane;
+  ``signals``: the autoscaler's load signals;
+* ``metrics``: the Prometheus registry; ``tracing``: OpenTelemetry spans, only when asked for;
+* ``standalone``: ``python -m llmgw.router.standalone`` for a router on its own.
 
 The router never imports ``llmgw.control`` or ``llmgw.agent``: they meet on the wire.
 """

@@ -19,6 +19,9 @@ Send = Callable[[Message], Awaitable[None]]
 
 JSON = b"application/json"
 
+#: The scope extension a server sets when it cancels the request's task on disconnect (``server`` does).
+CANCELS = "llmgw.cancel_on_disconnect"
+
 
 class ClientGone(Exception):
     """The client disconnected before the router answered."""
@@ -39,6 +42,22 @@ async def read_body(receive: Receive, *, limit: int) -> bytes:
         chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def authorization(scope: Scope) -> bytes | None:
+    """The request's Authorization header, None without one."""
+    for name, value in scope.get("headers", ()):
+        if name == b"authorization":
+            return bytes(value)
+    return None
+
+
+def header_value(scope: Scope, wanted: bytes) -> str:
+    """The request's header ``wanted`` (lower case), "" without one."""
+    for name, value in scope.get("headers", ()):
+        if name == wanted:
+            return bytes(value).decode("latin-1")
+    return ""
 
 
 async def wait_disconnect(receive: Receive) -> None:

@@ -20,7 +20,9 @@ the first endpoint.
   (highest random weight) hashing: adding or removing one endpoint moves only
   the sessions that land on it, about 1/n of them. No key: least outstanding.
 
-``prefix.PrefixCache`` is the fourth policy, and the default (see ``DEFAULT_ROUTING``).
+``prefix.PrefixCache`` is the fourth, and the default (see ``DEFAULT_ROUTING``). The router
+calls them through ``policies`` (one file per policy, registered by name), which adds what
+needs a request's life (its prefill charged, a wait on a prefix in its prefill); these stay pure.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ import dataclasses
 import hashlib
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Protocol, TypeVar
+
+from llmgw.core import specs
 
 
 class _HasReplicaId(Protocol):
@@ -40,8 +44,9 @@ class _HasReplicaId(Protocol):
 
 E = TypeVar("E", bound=_HasReplicaId)
 
-#: The ``routing`` values a model may name in the endpoints document.
-ROUTINGS = ("round_robin", "least_outstanding", "session_affinity", "prefix_cache")
+#: The ``routing`` values a model may name in the endpoints document: the spec's, one
+#: ``policies`` module each (``policies.REGISTRY``, tested equal).
+ROUTINGS = specs.ROUTING_POLICIES
 #: Prefix-aware by default: a chat fleet shares system prompts, and an engine that
 #: already holds a prompt's KV blocks skips their prefill; with no prefix to match it
 #: is least outstanding, which beats round-robin whenever requests differ in length.

@@ -7,7 +7,7 @@ chunks are not parsed; for an engine whose answers are not OpenAI's shape
 byte splice, ~0.3 us a chunk: bench/README.md, "OpenAI shape"), and for every other
 engine they go out as they came. A whole response is read and sent with its
 length; an engine's error answer (status >= 400) is rebuilt as OpenAI's
-ErrorResponse (``openai_shape.error_body``), whatever the engine wrote. Past this
+ErrorResponse (``openai_errors.error_body``), whatever the engine wrote. Past this
 point nothing is retried: bytes may have reached the client.
 
 While a stream waits for its first chunk (a long prompt's prefill, a full
@@ -31,7 +31,7 @@ import asyncio
 import logging
 import time
 
-from llmgw.router import asgi, client, errors, metrics, openai_shape, upstream
+from llmgw.router import asgi, client, errors, metrics, openai_errors, openai_shape
 from llmgw.router.table import Endpoint, ModelRoute
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ async def stream(endpoint: Endpoint, response: client.Response, send: asgi.Send,
     try:
         first = await _first_chunk(content, send, keepalive_s)
         # From here the engine is generating: wait on it with the idle timeout, not the first-byte one.
-        upstream.body_started(response)
+        response.body_started()
         if first:
             tail = first
             events = first.count(_DATA)
@@ -169,7 +169,7 @@ async def whole(route: ModelRoute, endpoint: Endpoint, response: client.Response
     received = time.perf_counter()
     content_type = response.headers.get("Content-Type", "application/json").encode("latin-1", "replace")
     if response.status >= 400:
-        body = openai_shape.error_body(response.status, body, replica_id=endpoint.replica_id)
+        body = openai_errors.error_body(response.status, body, replica_id=endpoint.replica_id)
         content_type = asgi.JSON
     elif shape is not None and response.status == 200:
         body = shape.body(body)
@@ -222,5 +222,5 @@ async def as_event(endpoint: Endpoint, response: client.Response, send: asgi.Sen
         why = f"HTTP {response.status} with an empty body"
     # An engine's error in OpenAI's shape, whatever the engine wrote; a cut or empty one becomes ours.
     if body and response.status >= 400:
-        body = openai_shape.error_body(response.status, body, replica_id=endpoint.replica_id)
+        body = openai_errors.error_body(response.status, body, replica_id=endpoint.replica_id)
     await error_event(send, body or errors.failed_mid_stream(endpoint.replica_id, why).body())

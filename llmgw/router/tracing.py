@@ -17,7 +17,7 @@ request becomes one trace of four kinds of span:
   (vLLM with ``--otlp-traces-endpoint``) hangs its own spans under it.
 
 Zero cost when off: no SDK is imported, ``RouterApp`` takes the plain path, and
-the two hooks on the hot path (``admission``'s wait in ``app``, the header in
+the two hooks on the hot path (``admission``'s wait in ``completions``, the header in
 ``upstream``) read one context variable that holds None. When on, spans are
 batched and exported from the SDK's own thread (``BatchSpanProcessor``), never on
 the event loop; a collector that is down costs dropped spans, not latency.

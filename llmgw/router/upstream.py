@@ -3,7 +3,7 @@
 ``Forwarder.open`` sends one request to one of a model's endpoints and returns
 the engine's response as soon as its headers arrive, before any byte has gone to
 the client. That is the only window in which a retry is safe, so every retry
-lives here and the relay in ``app`` never retries:
+lives here and the relay (``proxying``, ``relay``) never retries:
 
 * a refused or timed-out connect, no response header within the first-byte
   timeout, or an HTTP 502/503/504 (or 401: the engine refused the router's key)
@@ -14,10 +14,11 @@ lives here and the relay in ``app`` never retries:
   after a streamed response while still advertising keep-alive, so the pool
   hands out connections the engine has already dropped.
 
-The endpoint is chosen by the model's ``routing`` policy (``pick``, ``prefix``)
-from the loads ``loadwatch`` keeps, skipping endpoints ``health`` has ejected and
-those at the model's per-replica concurrency limit (``pick.at_limit``; admission
-keeps the model's total within what its endpoints take, so one is free). Each
+The endpoint is chosen by the model's ``routing`` policy (``policies``: one instance
+of each, with hooks on a request's life) from the loads ``loadwatch`` keeps,
+skipping endpoints ``health`` has ejected and those at the model's per-replica
+concurrency limit (``pick.at_limit``; admission keeps the model's total within
+what its endpoints take, so one is free). Each
 ejection and recovery goes to ``events`` when a sink is given; with tracing on,
 each attempt carries a ``traceparent`` (``tracing``).
 Each forwarded request counts as in flight on its replica from the attempt until
@@ -29,14 +30,10 @@ long generation must never be cut. A stream's headers usually arrive before its
 first token, so its body keeps the first-byte timeout until ``body_started`` is
 called on it, and only then the idle one.
 
-A streamed request to a ``prefix_cache`` model whose prompt shares a long prefix
-with one still in its prefill on the chosen replica waits for that one's first
-token before it is sent (``prefix.Prefilling`` says why), at most
-``prefill_wait_s``; an engine can reuse only a prefix it has finished. Not on
-llama.cpp, where a cached prefix serves one request at a time
-(``prefix.exclusive_prefix``). ``prefix_cache`` is also told how many
-prompt blocks each request lacks on its replica until the request's first token
-(``charge``/``settle``): the prefill queued there, which its choices weigh.
+A policy is told of each attempt (``routed``), may make it wait before it is sent
+(``prefix_cache``: for a prefix in its prefill on that replica, at most
+``prefill_wait_s``) and is told when its first token came back or it ended (``done``,
+through the response's ``on_first_byte`` hook).
 
 For llama.cpp streams the router asks for prefill progress (``request.with_progress``)
 and reads and drops those events here, before returning the response: so an
@@ -54,7 +51,6 @@ aiohttp remains only for the load scraper's ``/metrics`` polls, off the hot path
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import logging
@@ -63,7 +59,19 @@ from collections.abc import Iterable
 
 import aiohttp
 
-from llmgw.router import admission, client, errors, health, hung, loadwatch, metrics, openai_shape, pick, prefix
+from llmgw.router import (
+    admission,
+    client,
+    errors,
+    health,
+    hung,
+    loadwatch,
+    metrics,
+    openai_errors,
+    pick,
+    policies,
+    prefix,
+)
 from llmgw.router import reports as router_events
 from llmgw.router import tracing as router_tracing
 from llmgw.router.table import Endpoint, ModelRoute, TableHolder
@@ -80,21 +88,6 @@ class _AttemptFailed(Exception):
     pass
 
 
-def body_started(response: client.Response) -> None:
-    """Switch ``response``'s read timeout from the first-byte one to the Forwarder's idle one.
-
-    Call it once the first chunk of a stream arrived; calling it again is harmless.
-    """
-    first = getattr(response, "_llmgw_first", None)
-    if first is not None:
-        response._llmgw_first = None
-        first()
-    idle_timeout_s = getattr(response, "_llmgw_idle_s", None)
-    if idle_timeout_s is None or not isinstance(response, client.Response):
-        return
-    response.set_read_timeout(idle_timeout_s)  # rescheduled now, not on the next packet
-
-
 def _nodelay_socket(addr_info: tuple) -> socket.socket:  # type: ignore[type-arg]
     # Without TCP_NODELAY, Nagle holds a small write until the peer's delayed ACK (40 ms).
     # Only the load scraper's aiohttp session uses this; ``client`` sets it on its own.
@@ -108,25 +101,19 @@ def _nodelay_socket(addr_info: tuple) -> socket.socket:  # type: ignore[type-arg
 class Forwarder:
     """Owns the connection pools to engines and opens one upstream response per request.
 
-    ``picker`` is the round-robin instance for models routed ``round_robin`` (kept so an
-    existing call site still works); each model's ``routing`` chooses its policy. ``holder``
-    lets load scraping follow the whole table; without it, the endpoints of the routes
-    requests have used are scraped.
+    Each model's ``routing`` chooses its policy among ``policies``. ``holder`` lets load
+    scraping follow the whole table; without it, the endpoints of the routes requests have
+    used are scraped.
     """
 
-    def __init__(self, picker: pick.RoundRobin | None = None, *, connect_timeout_s: float = 5.0,
+    def __init__(self, *, connect_timeout_s: float = 5.0,
                  first_byte_timeout_s: float = 600.0, idle_timeout_s: float = 300.0, max_endpoints: int = 3,
                  holder: TableHolder | None = None, scrape_interval_s: float = 1.5,
                  outliers: health.Outliers | None = None, prefix_index: prefix.PrefixIndex | None = None,
                  events: router_events.Sink | None = None, prefill_wait_s: float = 30.0) -> None:
-        least = pick.LeastOutstanding()
-        self._policies: dict[str, pick.Policy] = {
-            "round_robin": picker if picker is not None else pick.RoundRobin(),
-            "least_outstanding": least,
-            "session_affinity": pick.SessionAffinity(),
-        }
-        self._prefix_cache = prefix.PrefixCache(prefix_index)
-        self._policies["prefix_cache"] = self._prefix_cache
+        #: One instance of each routing policy, by name (``policies.REGISTRY``).
+        self.policies = policies.create(policies.Options(prefix_index=prefix_index, prefill_wait_s=prefill_wait_s))
+        self._default_policy = self.policies[policies.DEFAULT]
         self._max_endpoints = max_endpoints
         self._idle_timeout_s = idle_timeout_s
         # No total timeout: a long generation may take minutes; the client's disconnect is
@@ -153,9 +140,6 @@ class Forwarder:
         self._holder = holder
         self._seen: dict[str, ModelRoute] = {}  # model name -> its latest route, when no holder
         self._watch = loadwatch.LoadWatch(self.loads, self._endpoints, interval_s=scrape_interval_s)
-        self.prefilling = prefix.Prefilling()
-        self._prefill_done: dict[int, asyncio.Event] = {}
-        self._prefill_wait_s = prefill_wait_s  # 0 turns the wait off
 
     def _endpoints(self) -> Iterable[Endpoint]:
         routes = self._holder.current.models if self._holder is not None else tuple(self._seen.values())
@@ -187,10 +171,10 @@ class Forwarder:
             self._pool.close()
         self._pooled = self._pool = None
 
-    def _key(self, route: ModelRoute, body: bytes) -> pick.RequestKey:
+    def _key(self, policy: policies.Policy, body: bytes) -> pick.RequestKey:
         # The fallback when the caller passed no key: a second parse of the body, which
         # costs about as much as the hashing; the app passes the key it built from its parse.
-        if route.routing not in ("prefix_cache", "session_affinity"):
+        if not policy.keyed:
             return pick.NO_KEY
         try:
             doc = json.loads(body)
@@ -216,44 +200,27 @@ class Forwarder:
             await self.start()
         if self._holder is None and self._seen.get(route.name) is not route:
             self._seen[route.name] = route
-        policy = self._policies.get(route.routing) or self._policies[pick.DEFAULT_ROUTING]
+        policy = self.policies.get(route.routing) or self._default_policy
         if key is None:
-            key = self._key(route, body)
+            key = self._key(policy, body)
         ids = [e.replica_id for e in route.endpoints]
         ejected = self.outliers.ejected(ids) | self.waits.among(ids)
         tried: set[str] = set()
         attempts: list[str] = []
         while len(tried) < self._max_endpoints:
-            load = self.loads.of(ids)
-            # Replicas at their concurrency limit are never picked, ejected or not.
-            full = pick.at_limit(ids, self.loads.in_flight, route.replica_limit)
-            endpoint, lacking = _choose(policy, route, load, key, tried | ejected | full)
-            if endpoint is None and ejected:
-                # Every endpoint left is ejected: trying one beats failing the request.
-                endpoint, lacking = _choose(policy, route, load, key, tried | full)
+            endpoint, lacking = self._pick(policy, route, ids, key, tried, ejected, retried=bool(attempts))
             if endpoint is None:
-                if full and not attempts:  # admission caps the model, so only a race gets here
-                    raise admission.Overloaded(
-                        f"Every replica of {route.name!r} is at its limit of {route.replica_limit} requests at "
-                        "once; retry in 1s.", retry_after_s=1)
                 break
             if tried:
                 metrics.count_retry(route.name, endpoint.replica_id)
             tried.add(endpoint.replica_id)
-            # Charged before any wait, so requests picked meanwhile see this one's prefill queued.
-            charge = policy.charge(endpoint.replica_id, lacking) if isinstance(policy, prefix.PrefixCache) else None
-            lead: int | None = None
-            # Not on an engine whose cached prefix serves one request at a time (llama.cpp): there
-            # a follower would only take the leader's copy from its conversation (prefix.py).
-            if (stream and key.blocks and self._prefill_wait_s > 0 and route.routing == "prefix_cache"
-                    and not prefix.exclusive_prefix(route.engine)):
+            ticket = policy.routed(route.name, route.engine, endpoint.replica_id, lacking, key, stream=stream)
+            if ticket is not None and ticket.waits:
                 try:
-                    await self._follow(route.name, endpoint.replica_id, key.blocks)
+                    await policy.wait(ticket)
                 except BaseException:  # the client left while waiting: its prefill will never be queued
-                    self._prefilled(None, charge)
+                    policy.done(ticket)
                     raise
-                lead = self._lead(route.name, endpoint.replica_id, key.blocks)
-            prefilled = functools.partial(self._prefilled, lead, charge)
             self.loads.started(endpoint.replica_id)
             try:
                 with self.waits.waiting(endpoint.replica_id):
@@ -261,7 +228,8 @@ class Forwarder:
                     if progress and response.status == 200:
                         await _past_progress(response)
             except BaseException as exc:
-                prefilled()
+                if ticket is not None:
+                    policy.done(ticket)
                 # Cancelled too (the client left while the engine had not answered): without
                 # this the replica would count one more request in flight for ever.
                 self.loads.finished(endpoint.replica_id)
@@ -272,11 +240,12 @@ class Forwarder:
                     self._failed(route, endpoint, str(exc))
             else:
                 if response.status not in RETRY_STATUSES:
-                    if lead is not None or charge is not None:
-                        response._llmgw_first = prefilled
+                    if ticket is not None:
+                        response.on_first_byte = functools.partial(policy.done, ticket)
                     self._answered(route, endpoint, response)
                     return endpoint, response
-                prefilled()
+                if ticket is not None:
+                    policy.done(ticket)
                 self.loads.finished(endpoint.replica_id)  # retried elsewhere: no longer in flight
                 status = response.status
                 attempts.append(f"{endpoint.replica_id} at {endpoint.url}: HTTP {status} "
@@ -288,45 +257,32 @@ class Forwarder:
                 log.warning("model %r: %s (not logged again until it answers)", route.name, attempts[-1])
         raise errors.upstream_failed(route.served_name, attempts)
 
-    async def _follow(self, model: str, replica_id: str, blocks: tuple[int, ...]) -> None:
-        """Wait (bounded) for the request computing this prompt's prefix on ``replica_id`` to get its first token."""
-        leader = self.prefilling.leader(model, replica_id, blocks)
-        done = self._prefill_done.get(leader) if leader is not None else None
-        if done is None:
-            return
-        metrics.count_prefill_wait(model, replica_id)
-        try:
-            await asyncio.wait_for(done.wait(), self._prefill_wait_s)
-        except TimeoutError:
-            pass  # a slow prefill: computing the prefix again beats waiting on without a bound
+    def _pick(self, policy: policies.Policy, route: ModelRoute, ids: list[str], key: pick.RequestKey,
+              tried: set[str], ejected: set[str], *, retried: bool) -> tuple[Endpoint | None, int]:
+        """The policy's endpoint for the next attempt and the prompt blocks it lacks; None: none left to try.
 
-    def _lead(self, model: str, replica_id: str, blocks: tuple[int, ...]) -> int | None:
-        token = self.prefilling.begin(model, replica_id, blocks)
-        if token is not None:
-            self._prefill_done[token] = asyncio.Event()
-        return token
-
-    def _prefilled(self, token: int | None, charge: int | None = None) -> None:
-        """The request's first token came back, or it ended without one: its followers go, its prefill is paid."""
-        if charge is not None:
-            self._prefix_cache.settle(charge)
-        if token is None:
-            return
-        self.prefilling.end(token)
-        done = self._prefill_done.pop(token, None)
-        if done is not None:
-            done.set()
+        Raises ``Overloaded`` when every replica is at its concurrency limit before any attempt.
+        """
+        load = self.loads.of(ids)
+        # Replicas at their concurrency limit are never picked, ejected or not.
+        full = pick.at_limit(ids, self.loads.in_flight, route.replica_limit)
+        endpoint, lacking = policy.pick(route.name, route.endpoints, load=load, key=key, exclude=tried | ejected | full)
+        if endpoint is None and ejected:
+            # Every endpoint left is ejected: trying one beats failing the request.
+            endpoint, lacking = policy.pick(route.name, route.endpoints, load=load, key=key, exclude=tried | full)
+        if endpoint is None and full and not retried:  # admission caps the model, so only a race gets here
+            raise admission.Overloaded(
+                f"Every replica of {route.name!r} is at its limit of {route.replica_limit} requests at "
+                "once; retry in 1s.", retry_after_s=1)
+        return endpoint, lacking
 
     def _answered(self, route: ModelRoute, endpoint: Endpoint, response: client.Response) -> None:
-        if isinstance(response, client.Response):
-            replica_id = endpoint.replica_id
-            response._llmgw_done = lambda: self.loads.finished(replica_id)
-            response._llmgw_idle_s = self._idle_timeout_s
-        else:
-            self.loads.finished(endpoint.replica_id)  # cannot track its end: do not count it forever
+        replica_id = endpoint.replica_id
+        response.on_done = lambda: self.loads.finished(replica_id)
+        response.idle_timeout_s = self._idle_timeout_s
         if not response.headers.get("Content-Type", "").startswith("text/event-stream"):
             # A whole response's body follows its headers at once: from here on, idle.
-            body_started(response)
+            response.body_started()
         if response.status in health.FAILURE_STATUSES:  # a 500: relayed, and counted
             self._failed(route, endpoint, f"HTTP {response.status}")
             return
@@ -372,14 +328,6 @@ class Forwarder:
             return await self._pool.request(endpoint.url, path, head, body, fresh=True)
         except client.ClientError as exc:
             raise _AttemptFailed(_describe(exc)) from None
-
-
-def _choose(policy: pick.Policy, route: ModelRoute, load: dict[str, float], key: pick.RequestKey,
-            exclude: set[str]) -> tuple[Endpoint | None, int]:
-    """The policy's endpoint and, from ``prefix_cache``, the prompt blocks it lacks (0 from the others)."""
-    if isinstance(policy, prefix.PrefixCache):
-        return policy.choose(route.name, route.endpoints, load=load, key=key, exclude=exclude)
-    return policy.pick(route.name, route.endpoints, load=load, key=key, exclude=exclude), 0
 
 
 #: What marks one of llama.cpp's prefill progress events (``"return_progress": true``).
@@ -430,4 +378,4 @@ async def _snippet(response: client.Response) -> str:
     finally:
         response.close()
     # An HTML error page (a proxy in front of the engine) as its title, not its markup.
-    return f"({openai_shape.summary(text)})" if text else ""
+    return f"({openai_errors.summary(text)})" if text else ""

@@ -165,7 +165,7 @@ async def _forwarder_checks() -> None:
         assert endpoint.replica_id == "r-good"
         assert forwarder.loads.in_flight == {"r-good": 1}
         assert await response.content.readany() == b"data: {}\n\n"
-        upstream.body_started(response)
+        response.body_started()
         response.close()  # what the app does when the client leaves
         assert forwarder.loads.in_flight == {}
         # The scrape follows the table: r-good's queue of 4 is its load now; r-silent times out.

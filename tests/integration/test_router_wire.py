@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from llmgw.router import client, server
+from llmgw.router import asgi, client, server
 from llmgw.testing.procs import free_port
 
 App = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
@@ -49,7 +49,7 @@ async def echo(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """Answers with the request's method, path, query and body as JSON; a body in parts for /parts."""
     message = await receive()
     doc = {"method": scope["method"], "path": scope["path"], "query": scope["query_string"].decode(),
-           "body": message["body"].decode(), "cancels": server.CANCELS in scope["extensions"]}
+           "body": message["body"].decode(), "cancels": asgi.CANCELS in scope["extensions"]}
     if scope["path"] == "/parts":
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
         for part in (b"data: 1\n\n", b"data: 2\n\n"):

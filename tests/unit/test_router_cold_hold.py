@@ -157,7 +157,7 @@ def test_a_new_table_that_ends_the_wait_answers_held_requests_at_once(new_models
         holder = TableHolder(table(1, cold(timeout_s=3600)))
         app = app_mod.RouterApp(holder)
         call = Call(app, "POST", "/v1/chat/completions", chat())
-        await until(lambda: app._cold_waiters)
+        await until(lambda: app._cold.waiters)
         holder.swap(table(2, *new_models))
         await call.done()
         return call
@@ -172,12 +172,12 @@ def test_a_table_still_without_an_endpoint_keeps_the_request_held() -> None:
         holder = TableHolder(table(1, cold(timeout_s=3600)))
         app = app_mod.RouterApp(holder)
         call = Call(app, "POST", "/v1/chat/completions", chat())
-        await until(lambda: app._cold_waiters)
+        await until(lambda: app._cold.waiters)
         holder.swap(table(2, cold(timeout_s=3600), {"name": "other"}))
-        await until(lambda: app._cold_waiters)
+        await until(lambda: app._cold.waiters)
         still = not call.task.done()
         call.task.cancel()  # the client left
         await asyncio.gather(call.task, return_exceptions=True)
-        return still, len(app._cold_waiters)
+        return still, len(app._cold.waiters)
 
     assert asyncio.run(run()) == (True, 0)

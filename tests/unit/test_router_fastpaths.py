@@ -51,3 +51,47 @@ def test_response_headers_are_looked_up_in_any_case() -> None:
     headers = client.Headers({"content-type": "text/event-stream"})
     assert headers.get("Content-Type") == "text/event-stream" and "CONTENT-TYPE" in headers
     assert headers["Content-type"] == "text/event-stream" and headers.get("X-Missing", "d") == "d"
+
+
+class _Connection:
+    """What a Response asks of its connection: a read timeout, and abandoning it when closed early."""
+
+    def __init__(self) -> None:
+        self.timeouts: list[float] = []
+        self.abandoned = False
+
+    def set_read_timeout(self, seconds: float) -> None:
+        self.timeouts.append(seconds)
+
+    def abandon(self) -> None:
+        self.abandoned = True
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+
+def test_response_hooks_run_once_each() -> None:
+    """The Forwarder's hooks: the first byte once (then the idle timeout), done once, whichever ends it."""
+    connection = _Connection()
+    response = client.Response(200, client.Headers(), connection)  # type: ignore[arg-type]
+    calls: list[str] = []
+    response.on_first_byte = lambda: calls.append("first")
+    response.on_done = lambda: calls.append("done")
+    response.idle_timeout_s = 300.0
+    response.body_started()
+    response.body_started()  # harmless again
+    assert calls == ["first"] and connection.timeouts == [300.0, 300.0]
+    response.close()
+    response.close()
+    assert calls == ["first", "done"] and connection.abandoned
+
+
+def test_a_response_closed_before_its_first_byte_still_says_so() -> None:
+    """A stream cut before its first token: the policy's ``done`` runs anyway, before the in-flight count drops."""
+    response = client.Response(200, client.Headers(), _Connection())  # type: ignore[arg-type]
+    calls: list[str] = []
+    response.on_first_byte = lambda: calls.append("first")
+    response.on_done = lambda: calls.append("done")
+    response.close()
+    assert calls == ["first", "done"]

@@ -50,6 +50,8 @@ class FakeResponse:
     def close(self) -> None:
         self.closed = True
 
+    def body_started(self) -> None: ...
+
 
 class FakeForwarder:
     """Answers open() after ``delay`` with ``response``, or raises ``error``."""
@@ -82,7 +84,7 @@ def router(model: str, forwarder: FakeForwarder | None = None, *, endpoints: tup
     table = RouteTable(version=1, models=(ModelRoute(name=model, served_name=model, endpoints=endpoints),))
     app = app_mod.RouterApp(TableHolder(table), **options)
     if forwarder is not None:
-        app._forwarder = forwarder  # type: ignore[assignment]
+        app._proxy.forwarder = forwarder  # type: ignore[assignment]
     return app
 
 

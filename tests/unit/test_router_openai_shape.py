@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from llmgw.router import openai_shape
+from llmgw.router import openai_errors, openai_shape
 from llmgw.router.openai_shape import Plan
 from llmgw.testing import openai_schema
 
@@ -29,7 +29,7 @@ NGINX = (b"<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n<c
 
 
 def _error(status: int, body: bytes) -> dict[str, Any]:
-    out = json.loads(openai_shape.error_body(status, body, replica_id="r0"))
+    out = json.loads(openai_errors.error_body(status, body, replica_id="r0"))
     openai_schema.validate("error", out)
     assert set(out) == {"error"}
     return out["error"]
@@ -84,13 +84,13 @@ def test_fastapi_validation_errors_name_the_param_and_a_long_page_is_cut() -> No
     err = _error(422, b'{"detail":[{"loc":["body","messages",0,"role"],"msg":"Field required"}]}')
     assert err["param"] == "messages" and err["message"] == "messages.0.role: Field required"
     long = _error(500, b"x" * 5000)["message"]
-    assert long.endswith("...") and len(long) < openai_shape.MAX_QUOTED + 100
+    assert long.endswith("...") and len(long) < openai_errors.MAX_QUOTED + 100
 
 
 def test_an_error_already_in_shape_is_relayed_byte_for_byte() -> None:
     """A conforming engine's (the sim's, vLLM's with a string code) bytes are not re-encoded."""
     body = b'{"error": {"message": "no", "type": "invalid_request_error", "param": "model", "code": "model_not_found"}}'
-    assert openai_shape.error_body(404, body, replica_id="r0") is body
+    assert openai_errors.error_body(404, body, replica_id="r0") is body
     assert _error(400, b'{"error":{"message":"m","type":"t","param":null,"code":7}}')["code"] == "7"
 
 

@@ -7,7 +7,8 @@ import logging
 
 import pytest
 
-from llmgw.router import loadwatch, pick
+from llmgw.core import specs
+from llmgw.router import loadwatch, pick, policies
 from llmgw.router.table import Endpoint, RouteTable
 
 EPS = tuple(Endpoint(f"r{i}", f"http://127.0.0.1:{9000 + i}") for i in range(3))
@@ -202,3 +203,45 @@ def test_load_is_in_flight_plus_engine_waiting() -> None:
     loads.finished("r0")
     loads.finished("r0")  # one too many must not go negative
     assert loads.in_flight == {} and loads.of(["r0"]) == {"r0": 3}
+
+
+# --- the registry -----------------------------------------------------------------------------
+
+
+def test_the_registry_is_the_specs_list_of_policies() -> None:
+    """Every name a spec may give has its policy, and every policy a name a spec may give, in the same order."""
+    assert tuple(policies.REGISTRY) == specs.ROUTING_POLICIES == pick.ROUTINGS
+    assert policies.DEFAULT in policies.REGISTRY
+    assert all(cls.name == name for name, cls in policies.REGISTRY.items())
+
+
+def test_only_the_policies_that_read_the_key_get_the_prompt_hashed() -> None:
+    assert policies.KEYED == {"prefix_cache", "session_affinity"}
+
+
+@pytest.mark.parametrize("name", list(policies.REGISTRY))
+def test_each_policy_picks_within_what_is_not_excluded(name: str) -> None:
+    policy = policies.create()[name]
+    endpoints = EPS
+    key = pick.RequestKey(session="s", blocks=(1, 2, 3, 4))
+    chosen, lacking = policy.pick("m", endpoints, load={}, key=key, exclude={"r0", "r1"})
+    assert chosen is not None and chosen.replica_id == "r2" and lacking >= 0
+    assert policy.pick("m", endpoints, key=key, exclude={"r0", "r1", "r2"})[0] is None
+
+
+def test_a_policy_without_state_per_request_hands_out_no_ticket() -> None:
+    """round_robin and the like: ``routed`` is None, so the hot path has nothing more to do."""
+    for name in ("round_robin", "least_outstanding", "session_affinity"):
+        assert policies.create()[name].routed("m", "vllm", "r0", 3, pick.NO_KEY, stream=True) is None
+
+
+def test_prefix_cache_charges_a_routed_request_until_done() -> None:
+    policy = policies.create()["prefix_cache"]
+    assert isinstance(policy, policies.PrefixCache)
+    ticket = policy.routed("m", "vllm", "r0", 3, pick.NO_KEY, stream=False)
+    assert ticket is not None and not ticket.waits
+    assert policy.cache.pending == {"r0": 3}
+    policy.done(ticket)
+    policy.done(ticket)  # once only
+    assert policy.cache.pending == {}
+    assert policy.routed("m", "vllm", "r0", 0, pick.NO_KEY, stream=False) is None  # nothing to charge or wait on

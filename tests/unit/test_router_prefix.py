@@ -217,7 +217,7 @@ def test_a_follower_cancelled_while_waiting_leaves_no_charge() -> None:
     """A request waiting on another's prefill whose client leaves takes its queued prefill back with it."""
     import asyncio
 
-    from llmgw.router import upstream
+    from llmgw.router import policies, upstream
     from llmgw.router.table import ModelRoute
 
     async def run() -> None:
@@ -227,21 +227,22 @@ def test_a_follower_cancelled_while_waiting_leaves_no_charge() -> None:
             route = ModelRoute(name="m", served_name="m", endpoints=EPS[:1], routing="prefix_cache")
             doc = chat(SYSTEM_A, "first")
             # A leader is prefilling this system prompt on r0: the next request waits for it.
-            forwarder._lead("m", "r0", key(doc).blocks)
-            policy = forwarder._policies["prefix_cache"]
-            assert isinstance(policy, prefix.PrefixCache)
-            policy.index.record([b ^ hash("m") for b in key(doc).blocks], "r0")
+            policy = forwarder.policies["prefix_cache"]
+            assert isinstance(policy, policies.PrefixCache)
+            policy.lead("m", "r0", key(doc).blocks)
+            cache = policy.cache
+            cache.index.record([b ^ hash("m") for b in key(doc).blocks], "r0")
             task = asyncio.ensure_future(forwarder.open(route, "/v1/chat/completions", b"{}",
                                                         key=key(chat(SYSTEM_A, "a longer second question " * 12)),
                                                         stream=True))
             for _ in range(100):
                 await asyncio.sleep(0.001)
-                if policy.pending:
+                if cache.pending:
                     break
-            assert policy.pending == {"r0": 1}  # its one new block, charged while it waits
+            assert cache.pending == {"r0": 1}  # its one new block, charged while it waits
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-            assert policy.pending == {}
+            assert cache.pending == {}
         finally:
             await forwarder.close()
 

@@ -11,7 +11,7 @@ can say so, and they are not worth the same:
   Unhealthy once ``probe_failure_threshold`` probes failed in a row; from then the
   grace (``unhealthy_grace_s``) runs, and past it the replica is replaced. A probe
   that passes again ends it all: Ready, routed, nothing replaced.
-* **a router's ejection** (real requests to it failed, ``llmgw.control.router_events``).
+* **a router's ejection** (real requests to it failed, ``llmgw.control.routerreports``).
   It never acts alone: one router may be cut off from an engine that serves every
   other router well (a partition, a full conntrack table on the router's host),
   and replacing it would reload the weights for nothing. With probes passing it

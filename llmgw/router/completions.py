@@ -1,0 +1,153 @@
+"""The path of a forwarded request, from its body to an admitted slot: who asks, for what, and whether now.
+
+``Completions.complete`` reads the body (``request``), takes one snapshot of the route table,
+identifies the key (``auth``; before the model lookup, so a 404 lists no models to a stranger),
+finds the model, applies the key's rate limits (``ratelimit``; a key with a tokens-per-minute
+limit has its answer's usage counted on the way out), holds a request for a model at zero
+(``cold``), computes the affinity key for the policies that read it (``policies.KEYED``), waits
+for a slot (``admission``) and hands the request to ``proxying``. Everything refused here is
+raised as an ``errors.ApiError``, which the app answers. With a ``signals`` reporter, the
+request's arrival (and a queue as it forms) go to the autoscaler's counts.
+"""
+
+from __future__ import annotations
+
+import json
+
+from llmgw.router import (
+    admission,
+    asgi,
+    cold,
+    errors,
+    pick,
+    prefix,
+    proxying,
+    ratelimit,
+    request,
+)
+from llmgw.router import reports as router_events
+from llmgw.router import signals as router_signals
+from llmgw.router import tracing as router_tracing
+from llmgw.router.asgi import CANCELS, authorization, header_value
+from llmgw.router.policies import KEYED
+from llmgw.router.table import RouteTable, TableHolder
+
+
+class Completions:
+    """Serves the forwarded paths (``app.FORWARD_PATHS``) with the parts the app owns."""
+
+    def __init__(self, holder: TableHolder, *, proxy: proxying.Proxy, cold_hold: cold.ColdHold,
+                 admission: admission.Admission, limiter: ratelimit.RateLimiter, source: str, max_body_bytes: int,
+                 events: router_events.Sink | None = None, signals: router_signals.Reporter | None = None) -> None:
+        self.holder = holder
+        self._proxy = proxy
+        self._cold = cold_hold
+        self._admission = admission
+        self._limiter = limiter
+        self._source = source  # named in the 503 answered before the first table arrives
+        self._max_body = max_body_bytes
+        self._events = events
+        self._signals = signals
+        self._limits_seen: object = None
+        # A new table's limits apply as it arrives: applied by the next request only, a replica that
+        # turned Ready admitted nobody waiting until someone else came (and then a burst at once).
+        holder.listen(self.apply_limits)
+
+    def apply_limits(self, table: RouteTable) -> None:
+        if table.limits is not self._limits_seen:
+            self._admission.set_limits(table.limits)
+            self._limits_seen = table.limits
+
+    async def complete(self, scope: asgi.Scope, path: str, arrived: float, receive: asgi.Receive,
+                       send: asgi.Send) -> None:
+        req = request.parse(await asgi.read_body(receive, limit=self._max_body))
+        table = self.holder.current  # one snapshot for the whole request
+        if not table.loaded:
+            raise errors.table_not_loaded(self._source)
+        header = authorization(scope)
+        key = table.auth.identify(header)
+        if isinstance(key, errors.ApiError):
+            raise key  # before the lookup, so a 404 lists no models to a stranger
+        if key.id and self._events is not None:
+            self._events.key_used(key.id)  # the keys page's "last used"; a dict update, reported every few seconds
+        route = table.lookup(req.model)
+        if route is None:
+            raise errors.model_not_found(req.model, [n for m in table.auth.visible(key, table.models)
+                                                     for n in m.public_names()])
+        if not key.allows(route.name, route.served_name, *route.aliases):
+            refused = table.auth.check(header, req.model, names=(route.name, route.served_name, *route.aliases))
+            if isinstance(refused, errors.ApiError):
+                raise refused
+        throttled = self._limiter.admit(key)
+        if throttled is not None:
+            raise throttled
+        if key.tpm:
+            send = self._counting(send, key.id)
+        counts = self._signals.arrived(route.name, arrived) if self._signals is not None else None
+        started = held = False
+        if not route.endpoints and route.autoscale is not None:
+            # A model at zero: held here, not refused, until a replica is Ready (or its cold-start timeout).
+            waited = await self._cold.hold(route, req, key, arrived, send, counts)
+            if waited is None:
+                return  # answered already: the timeout's 503, or the model went away
+            route, started = waited
+            held = True
+            table = self.holder.current
+        self.apply_limits(table)
+        # Hashing the prompt's blocks is for the routings that use them; round-robin skips it.
+        affinity = (prefix.request_key(req.doc, session_header=header_value(scope, b"x-llmgw-session"))
+                    if route.routing in KEYED else pick.NO_KEY)
+        spans = router_tracing.CURRENT.get()
+        if spans is not None:
+            spans.admission_start()
+        if (self._signals is not None and not self._admission.queued(route.name)
+                and self._admission.would_wait(route.name)):
+            self._signals.queue_forming()  # the autoscaler hears of a queue as it forms, not an interval later
+        async with self._admission.slot(route.name, priority=key.priority):
+            if spans is not None:
+                spans.admitted(route.name)
+            if self.holder.current is not table:
+                # It waited in the queue while the table changed: the slot it got may be one a new
+                # replica brought (the limit is per endpoint), which the route it read on arrival
+                # lacks. Picking among the old endpoints then found them all full, and it got a 429
+                # (seen in bench/autoscale.py, every request admitted as a scale-up's replicas came).
+                fresh = self.holder.current.lookup(req.model)
+                if fresh is not None and fresh.name == route.name:
+                    route = fresh
+            await self._proxy.serve(route, req, path, arrived, receive, send, affinity,
+                                    cancels=CANCELS in scope.get("extensions", ()), counts=counts,
+                                    started=started, held=held)
+
+    def _counting(self, send: asgi.Send, key_id: str) -> asgi.Send:
+        """``send``, also counting the tokens of the answer's usage for the key's tokens-per-minute.
+
+        Only for keys with a tpm limit, so everyone else's chunks pass untouched.
+        """
+        usage = ratelimit.StreamUsage()
+        whole: list[bytes] = []
+        streaming = False
+
+        async def counting(message: asgi.Message) -> None:
+            nonlocal streaming
+            if message["type"] == "http.response.start":
+                streaming = any(k == b"content-type" and v.startswith(b"text/event-stream")
+                                for k, v in message.get("headers", ()))
+            elif message["type"] == "http.response.body":
+                chunk = message.get("body", b"")
+                if streaming:
+                    usage.feed(chunk)
+                elif sum(map(len, whole)) < (1 << 20):
+                    whole.append(chunk)
+                if not message.get("more_body", False):
+                    tokens = usage.close() if streaming else _usage_of(b"".join(whole))
+                    self._limiter.record_tokens(key_id, tokens)
+            await send(message)
+
+        return counting
+
+
+def _usage_of(body: bytes) -> int:
+    try:
+        return ratelimit.usage_tokens(json.loads(body))
+    except ValueError:
+        return 0
