@@ -116,7 +116,7 @@ def _one(p: Pass, r: ReplicaRecord, rank: Rank) -> None:
                      f"{p.cfg.node_grace_s:.0f}s for it before placing elsewhere")
         return
     # An adopted engine has served all along, so it stays Ready (and routed) while its restarted
-    # agent checks it (a check that fails is reported Failed). A Stopping we did not ask for ends.
+    # agent checks it (a check that fails is reported Failed). A Stopping we did not ask for: wait for it to end.
     if node is None or rank.seen in (Seen.UNREPORTED, Seen.ADOPTED, Seen.OTHER):
         return
     if rank.seen is Seen.STARTING:

@@ -7,9 +7,8 @@ and ``terminating`` act on the answers.
 
 from __future__ import annotations
 
-import dataclasses
 import enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from llmgw.control.reconcile import liveness
 from llmgw.control.state import Member, NodeView, Phase, ReplicaRecord
@@ -36,12 +35,11 @@ class Seen(enum.Enum):
     OTHER = "stopping unasked, or another state to wait out"
 
 
-#: What a rank can say that ends the replica's attempt.
-ENDS = frozenset({Seen.LOST, Seen.GONE, Seen.STOPPED, Seen.FAILED})
+#: What a rank can say that ends the replica's attempt (a tuple: an enum's hash is a Python call).
+ENDS = (Seen.LOST, Seen.GONE, Seen.STOPPED, Seen.FAILED)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Rank:
+class Rank(NamedTuple):
     """One rank as this pass sees it: its node, its shard's last status there, and what they say."""
 
     member: Member

@@ -47,8 +47,8 @@ def leaving(p: Pass, r: ReplicaRecord, fp: str) -> str:
     """Why ``r`` must be replaced (its spec changed, its node is draining), or "" when it may stay."""
     if r.fingerprint != fp:
         return "replaced by a replica with the model's new spec"
-    for m in p.ranks(r):
-        node = p.nodes.get(m.node_id)
+    for node_id in [m.node_id for m in r.members] or [r.node_id or ""]:
+        node = p.nodes.get(node_id)
         if node is not None and node.draining:
             return f"moved off node {node.id}, which is being drained"
     hung = p.overdue_shard(r)
