@@ -29,13 +29,13 @@ from llmgw.control.placement import fit
 from llmgw.control.reconcile import decisions as d
 from llmgw.control.reconcile import liveness, observe, orphans, place, rollout, weightsgc
 from llmgw.control.reconcile.orphans import ORPHAN_REASON
-from llmgw.control.reconcile.shardspec import DEFAULT_HUB_ENDPOINT, Hub, member_spec, shard_spec
+from llmgw.control.reconcile.shardspec import DEFAULT_HUB_ENDPOINT, Hub
 from llmgw.control.state import Member, NodeView, Phase, ReplicaRecord
 from llmgw.core.shards import ShardState, ShardStatus
 from llmgw.core.specs import ModelSpec
 
-__all__ = ["DEFAULT_HUB_ENDPOINT", "ORPHAN_REASON", "Config", "Hub", "Pass", "backoff", "fit", "member_spec",
-           "reconcile", "shard_spec"]
+#: Hub, its default endpoint, the orphans' reason and the placer are read from here by the server and the cluster.
+__all__ = ["DEFAULT_HUB_ENDPOINT", "ORPHAN_REASON", "Config", "Hub", "Pass", "backoff", "fit", "reconcile"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
