@@ -12,8 +12,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from test_reconcile_group import SPEC as GROUP
-from test_reconcile_group import group, ib_node
+from test_reconcile_data import GROUP_SPEC as GROUP
+from test_reconcile_data import group, ib_node
 
 from llmgw.control import conditions as cond
 from llmgw.control import events as ev

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from test_reconcile_data import FP, GROUP_FP, SPEC, group, ib_node, one_node, rep, run, run_group, updates
+
 from llmgw.control.reconcile import decide
 from llmgw.control.reconcile import decisions as d
 from llmgw.control.state import NodeView, Phase, ReplicaRecord
@@ -206,3 +208,47 @@ def test_drain_with_nowhere_to_go_keeps_serving() -> None:
         w.step(m)
     assert w.replicas[old.id].phase is Phase.READY
     assert not [x for x in w.log if isinstance(x, d.DrainShard | d.StopShard)]
+
+
+# -- counts and spec changes, one pass at a time ---------------------------------------------
+def test_missing_replicas_are_created() -> None:
+    """A model with no replicas gets CreateReplica decisions, one per missing replica."""
+    out = run([], [one_node()], models={"m": dataclasses.replace(SPEC, replicas=2)})
+    assert out == [d.CreateReplica("m", FP), d.CreateReplica("m", FP)]
+
+
+def test_scale_down_and_delete() -> None:
+    """Extra replicas are terminated (Pending ones first) and removed once their shard is gone."""
+    spec0 = dataclasses.replace(SPEC, replicas=1)
+    ready = rep(Phase.READY, id="r1", node_id="n1", shard_id="r1-1", endpoint="e", created_at=1)
+    pending = rep(Phase.PENDING, id="r2", created_at=2)
+    out = run([ready, pending], [one_node(shards={"r1-1": ShardState.READY})], models={"m": spec0})
+    assert d.DeleteReplica("r2") in out and not [x for x in out if isinstance(x, d.StopShard)]
+    # Model deleted: the Ready one is drained, stopped once Drained, deleted once Stopped.
+    out = run([ready], [one_node(shards={"r1-1": ShardState.READY})], models={})
+    assert d.DrainShard("n1", "r1-1", 30) in out and not [x for x in out if isinstance(x, d.StopShard)]
+    term = updates(out)["r1"]
+    assert term.phase is Phase.TERMINATING
+    assert run([term], [one_node(shards={"r1-1": ShardState.DRAINING})], models={}, now=1005) == []
+    assert run([term], [one_node(shards={"r1-1": ShardState.DRAINED})], models={}) == [
+        d.StopShard("n1", "r1-1", "model m was deleted")]
+    assert run([term], [one_node(shards={"r1-1": ShardState.STOPPED})], models={}) == [d.DeleteReplica("r1")]
+
+
+def test_spec_change_keeps_old_replica_until_new_one_is_ready() -> None:
+    """An edited model gets a new replica first; the old one is stopped only when the new one is Ready."""
+    old = rep(Phase.READY, id="old", fingerprint="stale", node_id="n1", shard_id="old-1", endpoint="e")
+    out = run([old], [one_node(shards={"old-1": ShardState.READY})])
+    assert d.CreateReplica("m", FP) in out and not [x for x in out if isinstance(x, d.StopShard)]
+    new = rep(Phase.READY, id="new", node_id="n1", shard_id="new-1", endpoint="e2")
+    out = run([old, new], [one_node(shards={"old-1": ShardState.READY, "new-1": ShardState.READY})])
+    assert d.DrainShard("n1", "old-1", 30) in out
+
+
+def test_a_rank_on_a_draining_node_rolls_the_whole_group() -> None:
+    """A group with a rank on a node being drained is replaced (surge first), like a one-node replica."""
+    ready = group(Phase.READY, endpoint="http://n1:8000")
+    nodes = [ib_node("n1", shards={"r1-1-0": S.READY}), ib_node("n2", shards={"r1-1-1": S.READY}, draining=True),
+             ib_node("n3")]
+    out = run_group([ready], nodes)
+    assert [x for x in out if isinstance(x, d.CreateReplica)] == [d.CreateReplica("m", GROUP_FP)]
