@@ -139,38 +139,14 @@ def parse_manifest(doc: Any, *, stored: bool = False) -> Model:
     before an upgrade must still list and load, or listing every model would
     fail; the engine check refuses it at placement instead, as its condition.
     """
-    if not isinstance(doc, Mapping):
-        raise SpecError("", "a model file must be a mapping with apiVersion, kind, metadata and spec")
-    check_fields(doc, _TOP_FIELDS, "")
-    if doc.get("apiVersion") != API_VERSION:
-        raise SpecError("apiVersion", f"must be {API_VERSION!r}, got {doc.get('apiVersion')!r}")
-    if doc.get("kind") != "Model":
-        raise SpecError("kind", f"must be 'Model', got {doc.get('kind')!r}")
-    meta = mapping(doc.get("metadata"), "metadata")
-    check_fields(meta, _META_FIELDS, "metadata")
-    name = string(meta.get("name"), "metadata.name")
-    if not NAME_RE.match(name):
-        raise SpecError("metadata.name", f"{name!r} is not a valid name: use lower-case letters, digits, "
-                                         "'-' and '.', start and end with a letter or digit, at most 63")
+    name = _name(doc)
     spec_doc = mapping(doc.get("spec"), "spec")
     check_fields(spec_doc, _SPEC_FIELDS + _PLACEMENT_FIELDS, "spec")
-    if "engine" not in spec_doc:
-        raise SpecError("spec.engine", f"required; one of: {', '.join(engines_mod.KNOWN_ENGINES)}")
-    engine = string(spec_doc["engine"], "spec.engine")
-    if engine not in engines_mod.KNOWN_ENGINES:
-        raise SpecError("spec.engine", f"unknown engine {engine!r}; one of: "
-                                       f"{', '.join(engines_mod.KNOWN_ENGINES)}")
+    engine = _engine(spec_doc)
     served = string(spec_doc.get("served_name", name), "spec.served_name").strip()
     if not served or any(c.isspace() for c in served):
         raise SpecError("spec.served_name", "must be a non-empty name without spaces")
-    timeout = DEFAULT_STARTUP_TIMEOUT_S
-    if spec_doc.get("startup_timeout") is not None:
-        try:
-            timeout = units.parse_duration(spec_doc["startup_timeout"])
-        except ValueError as e:
-            raise SpecError("spec.startup_timeout", str(e)) from None
-        if timeout < 1:
-            raise SpecError("spec.startup_timeout", "must be at least 1s")
+    timeout = _startup_timeout(spec_doc.get("startup_timeout"))
     spec = ModelSpec(
         engine=engine,
         served_name=served,
@@ -207,6 +183,46 @@ def parse_manifest(doc: Any, *, stored: bool = False) -> Model:
     if spec.resources.nnodes > 1 and not stored:
         check_spans_nodes(spec)
     return Model(name=name, spec=spec)
+
+
+def _name(doc: Any) -> str:
+    """The document's header checked (apiVersion, kind, metadata) and the model's name."""
+    if not isinstance(doc, Mapping):
+        raise SpecError("", "a model file must be a mapping with apiVersion, kind, metadata and spec")
+    check_fields(doc, _TOP_FIELDS, "")
+    if doc.get("apiVersion") != API_VERSION:
+        raise SpecError("apiVersion", f"must be {API_VERSION!r}, got {doc.get('apiVersion')!r}")
+    if doc.get("kind") != "Model":
+        raise SpecError("kind", f"must be 'Model', got {doc.get('kind')!r}")
+    meta = mapping(doc.get("metadata"), "metadata")
+    check_fields(meta, _META_FIELDS, "metadata")
+    name = string(meta.get("name"), "metadata.name")
+    if not NAME_RE.match(name):
+        raise SpecError("metadata.name", f"{name!r} is not a valid name: use lower-case letters, digits, "
+                                         "'-' and '.', start and end with a letter or digit, at most 63")
+    return name
+
+
+def _engine(spec_doc: Mapping[str, Any]) -> str:
+    if "engine" not in spec_doc:
+        raise SpecError("spec.engine", f"required; one of: {', '.join(engines_mod.KNOWN_ENGINES)}")
+    engine = string(spec_doc["engine"], "spec.engine")
+    if engine not in engines_mod.KNOWN_ENGINES:
+        raise SpecError("spec.engine", f"unknown engine {engine!r}; one of: "
+                                       f"{', '.join(engines_mod.KNOWN_ENGINES)}")
+    return engine
+
+
+def _startup_timeout(value: Any) -> float:
+    if value is None:
+        return DEFAULT_STARTUP_TIMEOUT_S
+    try:
+        timeout = units.parse_duration(value)
+    except ValueError as e:
+        raise SpecError("spec.startup_timeout", str(e)) from None
+    if timeout < 1:
+        raise SpecError("spec.startup_timeout", "must be at least 1s")
+    return timeout
 
 
 def check_context_said_once(spec: ModelSpec) -> None:
