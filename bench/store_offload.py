@@ -79,19 +79,21 @@ class AioStore:
         import sqlalchemy as sa
 
         from llmgw.control.store.tables import ReplicaRow
+        from llmgw.control.store.workloads import replica_from_row
 
         async with self.session() as s:
             rows = await s.scalars(sa.select(ReplicaRow).order_by(ReplicaRow.created_at, ReplicaRow.id))
-            return [store_mod._replica_from_row(r) for r in rows]
+            return [replica_from_row(r) for r in rows]
 
     async def list_events(self, *, limit: int) -> list[Event]:
         import sqlalchemy as sa
 
+        from llmgw.control.store.history import event_from_row
         from llmgw.control.store.tables import EventRow
 
         async with self.session() as s:
             rows = list(await s.scalars(sa.select(EventRow).order_by(EventRow.id.desc()).limit(limit)))
-        return [store_mod._event(r) for r in reversed(rows)]
+        return [event_from_row(r) for r in reversed(rows)]
 
 
 async def measure(call: Callable[[], Awaitable[Any]], *, seconds: float) -> dict[str, float]:

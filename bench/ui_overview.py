@@ -35,7 +35,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fleet as fleet_bench  # noqa: E402  (bench/fleet.py: its Server and Fleet processes)
 
-from llmgw.control.ui import app as ui_app  # noqa: E402
+from llmgw.control.ui.nodes_page import NODES_PER_PAGE  # noqa: E402
 from llmgw.testing.procs import wait_for  # noqa: E402
 
 #: The UI wants a session cookie before it calls the API; under --insecure the API ignores its value.
@@ -91,11 +91,11 @@ def main() -> None:
             def ready() -> int:
                 return sum(int(m["status"]["ready_replicas"]) for m in c.get("/api/v1/models").json()["items"])
             wait_for(lambda: ready() >= ns.replicas, timeout=600, interval=1, what=f"{ns.replicas} replicas Ready")
-            last = -(-ns.nodes // ui_app.NODES_PER_PAGE)
+            last = -(-ns.nodes // NODES_PER_PAGE)
             paths = ["/ui/", "/ui/fragments/nodes", "/ui/fragments/models", "/ui/fragments/events",
                      "/ui/fragments/traffic", f"/ui/fragments/nodes?page={last}",
                      # what the pages are made of, straight from the API: the part of the time that is not the UI's
-                     f"/api/v1/nodes?offset={(last - 1) * ui_app.NODES_PER_PAGE}&limit={ui_app.NODES_PER_PAGE}",
+                     f"/api/v1/nodes?offset={(last - 1) * NODES_PER_PAGE}&limit={NODES_PER_PAGE}",
                      "/api/v1/models", "/api/v1/nodes"]
             measure(c, "/ui/", 3)  # warm: templates compiled, first-call caches filled
             rows = [measure(c, path, ns.requests) for path in paths]

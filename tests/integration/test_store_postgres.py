@@ -26,6 +26,7 @@ from llmgw.control.reconcile.engines import ScopedWant
 from llmgw.control.state import Member, Phase, ReplicaRecord
 from llmgw.control.store import store as store_mod
 from llmgw.control.store.store import Store
+from llmgw.control.store.tables import SettingRow
 from llmgw.core import specs
 from llmgw.core.inventory import Disk, Gpu, Inventory
 from llmgw.testing.postgres import Postgres
@@ -429,7 +430,7 @@ def test_a_takeover_waits_for_the_old_leaders_write_in_flight(pg: Postgres) -> N
         order: list[str] = []
         inside = threading.Event()
         with a._tx() as s:  # the old leader's write, in flight
-            s.add(store_mod.SettingRow(key="late", value="old term"))
+            s.add(SettingRow(key="late", value="old term"))
             inside.set()
             taker = threading.Thread(target=lambda: order.append(
                 f"taken {b.take_lease('cp-b', now=b.db_now(), lease_s=10.0) is not None}"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmgw.control.ui import app as ui_app
+from llmgw.control.ui import common as ui_common
 from llmgw.testing.uiclient import Node, Tree
 
 GIB = 1024**3
@@ -20,7 +20,7 @@ def node_doc(i: int, **over: Any) -> dict[str, Any]:
 
 
 def render(template: str, nodes: list[dict[str, Any]], *, page: int = 1, pages: int = 1) -> Node:
-    html = ui_app._env.get_template(template).render(base="/ui", user="admin", role="admin", title="Nodes",
+    html = ui_common.templates.get_template(template).render(base="/ui", user="admin", role="admin", title="Nodes",
                                                      nodes={"nodes": nodes, "page": page, "pages": pages,
                                                             "total": 100 * pages})
     return Tree(html).root

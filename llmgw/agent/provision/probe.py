@@ -96,12 +96,12 @@ def _tiny_model(scratch: Path) -> Path | None:
     if path.is_file():
         return path
     try:
-        from llmgw.testing import tiny_gguf
+        from llmgw.agent.provision import tinygguf
     except ImportError:
         return None
     scratch.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tiny_gguf.write_tiny_llama_gguf(tmp)
+    tinygguf.write_tiny_llama_gguf(tmp)
     os.replace(tmp, path)
     return path
 

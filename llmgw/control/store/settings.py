@@ -8,9 +8,9 @@ Two keys today, each a row of ``cluster_settings`` with a JSON value:
 - ``allow_remote_code``: whether ``engine_args`` may carry flags that run or load code or files the
   model file names (``--trust-remote-code``, ``llmgw.core.flagpolicy``).
 
-Kept out of ``store.py`` (already long): functions over a ``Store``, which the REST module runs on the
-store's thread (``StoreThread.call``). Writes are fenced like every other write: a deposed leader's
-change is refused.
+Functions over a ``Store`` (beside its per-concern parts: a typed document of its own), which the
+REST module runs on the store's thread (``StoreThread.call``). Writes are fenced like every other
+write: a deposed leader's change is refused.
 """
 
 from __future__ import annotations

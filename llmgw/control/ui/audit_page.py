@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from llmgw.control.ui import app as app_mod
+from llmgw.control.ui import common
 
 #: Entries a page shows.
 PER_PAGE = 100
@@ -31,7 +31,7 @@ def _id(text: str | None) -> int:
         return 0
 
 
-async def _newest(ui: app_mod.Ui, request: Request) -> tuple[app_mod.ApiAnswer, list[dict[str, Any]]]:
+async def _newest(ui: common.Ui, request: Request) -> tuple[common.ApiAnswer, list[dict[str, Any]]]:
     """The last PER_PAGE entries, walking the log forward a full API page at a time until it ends."""
     since, kept = 0, list[dict[str, Any]]()
     while True:
@@ -45,7 +45,7 @@ async def _newest(ui: app_mod.Ui, request: Request) -> tuple[app_mod.ApiAnswer, 
         since = max(int(e["id"]) for e in items)
 
 
-async def _before(ui: app_mod.Ui, request: Request, before: int) -> tuple[app_mod.ApiAnswer, list[dict[str, Any]]]:
+async def _before(ui: common.Ui, request: Request, before: int) -> tuple[common.ApiAnswer, list[dict[str, Any]]]:
     """Up to PER_PAGE entries with ids below ``before`` (ids count up from 1, so these are the ones just older)."""
     answer, _ = await ui.call(request, "GET", "/api/v1/audit",
                               params={"since": max(0, before - 1 - PER_PAGE), "limit": PER_PAGE})
@@ -53,7 +53,7 @@ async def _before(ui: app_mod.Ui, request: Request, before: int) -> tuple[app_mo
     return answer, [e for e in answer.doc.get("items", []) if int(e["id"]) < before]
 
 
-async def audit(ui: app_mod.Ui, request: Request) -> Response:
+async def audit(ui: common.Ui, request: Request) -> Response:
     before = _id(request.query_params.get("before"))
     answer, items = await (_before(ui, request, before) if before else _newest(ui, request))
     rows = [{**e, "time": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(e["at"])))}
@@ -64,7 +64,7 @@ async def audit(ui: app_mod.Ui, request: Request) -> Response:
                    older=oldest if oldest > 1 else 0, newer=bool(before))
 
 
-def routes(ui: app_mod.Ui) -> list[Route]:
+def routes(ui: common.Ui) -> list[Route]:
     """The page's routes below the UI's mount, bound to ``ui``."""
     async def get(request: Request) -> Response:
         return await audit(ui, request)

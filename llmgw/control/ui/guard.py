@@ -17,13 +17,11 @@ through it, so sending that header to the server changes nothing.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from starlette.requests import Request
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-if TYPE_CHECKING:  # the page module imports this one
-    from llmgw.control.ui.app import Ui
 
 #: The UI's policy: its own scripts, styles, images and fetches only; no inline script or style, no eval
 #: (htmx's ``allowEval`` is off), no plugins, no <base> rewrite, forms post only here, framed by nobody.
@@ -39,6 +37,14 @@ SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
 PEER_HEADER = "x-llmgw-ui-peer"
 #: Where ``SessionGuard`` leaves the caller's (name, role) for ``Ui.who``: one whoami per request, not two.
 WHO = "llmgw.ui.who"
+
+
+class Sessions(Protocol):
+    """What ``SessionGuard`` asks of the UI (``common.Ui``): who a request is, and the way to the login."""
+
+    async def session(self, request: Request) -> tuple[str, str] | None: ...
+
+    def to_login(self, request: Request) -> Response: ...
 
 
 class SecurityHeaders:
@@ -74,7 +80,7 @@ class SessionGuard:
     OPEN = ("/login", "/logout")
     OPEN_UNDER = "/static/"
 
-    def __init__(self, app: ASGIApp, ui: Ui) -> None:
+    def __init__(self, app: ASGIApp, ui: Sessions) -> None:
         self.app, self.ui = app, ui
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

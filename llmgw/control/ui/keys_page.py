@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from llmgw.control.ui import app as app_mod
+from llmgw.control.ui import common
 from llmgw.core import units
 
 #: Roles whose keys page carries the create and delete controls (the API lets operators change keys).
@@ -47,7 +47,7 @@ def _when(at: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
 
 
-async def _render(ui: app_mod.Ui, request: Request, *, status_code: int = 200, error: str = "",
+async def _render(ui: common.Ui, request: Request, *, status_code: int = 200, error: str = "",
                   created: dict[str, Any] | None = None, form: dict[str, str] | None = None) -> Response:
     answer, _ = await ui.call(request, "GET", "/api/v1/keys")
     who = await ui.who(request)
@@ -61,12 +61,12 @@ async def _render(ui: app_mod.Ui, request: Request, *, status_code: int = 200, e
                    form=form or {}, editable=who[1] in EDITORS)
 
 
-async def keys(ui: app_mod.Ui, request: Request) -> Response:
+async def keys(ui: common.Ui, request: Request) -> Response:
     return await _render(ui, request)
 
 
-async def create(ui: app_mod.Ui, request: Request) -> Response:
-    form = await app_mod.read_form(request)
+async def create(ui: common.Ui, request: Request) -> Response:
+    form = await common.read_form(request)
     rpm, rpm_error = _limit(form.get("rpm", ""), "rpm")
     tpm, tpm_error = _limit(form.get("tpm", ""), "tpm")
     priority, priority_error = _priority(form.get("priority", ""))
@@ -81,7 +81,7 @@ async def create(ui: app_mod.Ui, request: Request) -> Response:
     return await _render(ui, request, status_code=201, created=answer.doc)
 
 
-async def change(ui: app_mod.Ui, request: Request, action: str) -> Response:
+async def change(ui: common.Ui, request: Request, action: str) -> Response:
     """Deletes, disables or enables the path's key through the API, then back to the list (or its refusal)."""
     key_id = urllib.parse.quote(request.path_params["key_id"], safe="")
     if action == "delete":
@@ -93,7 +93,7 @@ async def change(ui: app_mod.Ui, request: Request, action: str) -> Response:
     return RedirectResponse(f"{request.scope.get('root_path', '')}/keys", status_code=303)
 
 
-def routes(ui: app_mod.Ui) -> list[Route]:
+def routes(ui: common.Ui) -> list[Route]:
     """The page's routes below the UI's mount, bound to ``ui``."""
     async def get(request: Request) -> Response:
         return await keys(ui, request)

@@ -23,8 +23,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from llmgw.control.ui import app as app_mod
-from llmgw.control.ui import progress
+from llmgw.control.ui import common, progress
 from llmgw.core import specs
 
 
@@ -32,7 +31,7 @@ def _api_path(name: str) -> str:
     return f"/api/v1/models/{urllib.parse.quote(name, safe='')}"
 
 
-async def _describe(ui: app_mod.Ui, request: Request, name: str) -> app_mod.ApiAnswer:
+async def _describe(ui: common.Ui, request: Request, name: str) -> common.ApiAnswer:
     answer, _ = await ui.call(request, "GET", f"{_api_path(name)}/describe")
     return answer
 
@@ -68,7 +67,7 @@ def autoscale_view(doc: dict[str, Any], *, now: float) -> dict[str, Any] | None:
             "ago": _ago(now - changed) if auto.get("last_reason") and changed else "", "load": load}
 
 
-def _ctx(answer: app_mod.ApiAnswer) -> dict[str, Any]:
+def _ctx(answer: common.ApiAnswer) -> dict[str, Any]:
     if answer.error:
         return {"error": answer.error}
     doc = answer.doc
@@ -80,7 +79,7 @@ def _ctx(answer: app_mod.ApiAnswer) -> dict[str, Any]:
             "installs": [], "autoscale": autoscale_view(doc, now=time.time())}
 
 
-async def _live(ui: app_mod.Ui, request: Request, answer: app_mod.ApiAnswer) -> dict[str, Any]:
+async def _live(ui: common.Ui, request: Request, answer: common.ApiAnswer) -> dict[str, Any]:
     """``_ctx``, with the engine installs a replica may be waiting on (asked only while one is not Ready)."""
     ctx = _ctx(answer)
     if answer.error or all(r.get("phase") == "Ready" for r in answer.doc.get("replicas", [])):
@@ -91,7 +90,7 @@ async def _live(ui: app_mod.Ui, request: Request, answer: app_mod.ApiAnswer) -> 
     return ctx
 
 
-async def _render(ui: app_mod.Ui, request: Request, name: str, *, error: str = "", status_code: int = 200) -> Response:
+async def _render(ui: common.Ui, request: Request, name: str, *, error: str = "", status_code: int = 200) -> Response:
     answer = await _describe(ui, request, name)
     who = await ui.who(request)
     return ui.page(request, "model.html", status_code=answer.status if answer.error else status_code,
@@ -99,20 +98,20 @@ async def _render(ui: app_mod.Ui, request: Request, name: str, *, error: str = "
                    can_mutate=who[1] not in ("", "viewer"), model=await _live(ui, request, answer))
 
 
-async def model_page(ui: app_mod.Ui, request: Request) -> Response:
+async def model_page(ui: common.Ui, request: Request) -> Response:
     return await _render(ui, request, request.path_params["name"])
 
 
-async def model_live(ui: app_mod.Ui, request: Request) -> Response:
+async def model_live(ui: common.Ui, request: Request) -> Response:
     """The refreshing part (status, replicas, events, spec), for htmx every 2 s."""
     name = request.path_params["name"]
     answer = await _describe(ui, request, name)
     return ui.page(request, "_model_live.html", name=name, model=await _live(ui, request, answer))
 
 
-async def scale(ui: app_mod.Ui, request: Request) -> Response:
+async def scale(ui: common.Ui, request: Request) -> Response:
     name = request.path_params["name"]
-    form = await app_mod.read_form(request)
+    form = await common.read_form(request)
     try:
         delta = int(form.get("delta", ""))
     except ValueError:
@@ -133,7 +132,7 @@ async def scale(ui: app_mod.Ui, request: Request) -> Response:
     return RedirectResponse(f"{base}/models/{urllib.parse.quote(name, safe='')}", status_code=303)
 
 
-async def delete(ui: app_mod.Ui, request: Request) -> Response:
+async def delete(ui: common.Ui, request: Request) -> Response:
     name = request.path_params["name"]
     answer, _ = await ui.call(request, "DELETE", _api_path(name))
     if answer.error:
@@ -145,7 +144,7 @@ async def delete(ui: app_mod.Ui, request: Request) -> Response:
 LOG_LINES = 200
 
 
-async def models_list(ui: app_mod.Ui, request: Request) -> Response:
+async def models_list(ui: common.Ui, request: Request) -> Response:
     answer, _ = await ui.call(request, "GET", "/api/v1/models")
     who = await ui.who(request)
     models = {"error": answer.error} if answer.error else {"models": answer.doc.get("items", [])}
@@ -175,7 +174,7 @@ def _name_of(doc: dict[str, Any]) -> str:
     return str(meta.get("name", "")) if isinstance(meta, dict) else ""
 
 
-async def _editor(ui: app_mod.Ui, request: Request, *, text: str, error: str = "", diff: str = "",
+async def _editor(ui: common.Ui, request: Request, *, text: str, error: str = "", diff: str = "",
                   diffed: bool = False, status_code: int = 200) -> Response:
     who = await ui.who(request)
     return ui.page(request, "apply.html", status_code=status_code, title="Apply a model", who=who,
@@ -185,13 +184,13 @@ async def _editor(ui: app_mod.Ui, request: Request, *, text: str, error: str = "
 _EXAMPLE = _manifest_yaml("my-model", {"engine": "sim", "served_name": "my-model", "replicas": 1})
 
 
-async def apply_form(ui: app_mod.Ui, request: Request) -> Response:
+async def apply_form(ui: common.Ui, request: Request) -> Response:
     return await _editor(ui, request, text=_EXAMPLE)
 
 
-async def apply(ui: app_mod.Ui, request: Request) -> Response:
+async def apply(ui: common.Ui, request: Request) -> Response:
     """Applies the editor's manifest (``POST /api/v1/models``, as ``llmgw apply``), or diffs it with ``op=diff``."""
-    form = await app_mod.read_form(request)
+    form = await common.read_form(request)
     text = form.get("spec", "")
     if not text.strip():
         return await _editor(ui, request, text=text, status_code=400,
@@ -221,7 +220,7 @@ async def apply(ui: app_mod.Ui, request: Request) -> Response:
                             status_code=303)
 
 
-async def _replica_log(ui: app_mod.Ui, request: Request) -> dict[str, Any]:
+async def _replica_log(ui: common.Ui, request: Request) -> dict[str, Any]:
     """The replica's shard's last lines from ``GET /api/v1/nodes/{node}/logs?shard=`` (what ``llmgw logs`` reads)."""
     name, rid = request.path_params["name"], request.path_params["rid"]
     answer = await _describe(ui, request, name)
@@ -236,7 +235,7 @@ async def _replica_log(ui: app_mod.Ui, request: Request) -> dict[str, Any]:
     resp = await ui.raw(request, "GET", f"/api/v1/nodes/{urllib.parse.quote(replica['node'], safe='')}/logs",
                         params={"shard": replica["shard"], "lines": str(LOG_LINES)})
     if not resp.is_success:
-        return {"status": resp.status_code, "replica": replica, "error": app_mod._message(resp)}
+        return {"status": resp.status_code, "replica": replica, "error": common.api_message(resp)}
     lines: list[str] = []
     for raw in resp.text.splitlines():
         if not raw.strip():
@@ -265,7 +264,7 @@ def _follow_url(request: Request, replica: dict[str, Any] | None) -> str:
     return f"{root}/api/v1/nodes/{urllib.parse.quote(replica['node'], safe='')}/logs?{query}"
 
 
-async def replica_log_page(ui: app_mod.Ui, request: Request) -> Response:
+async def replica_log_page(ui: common.Ui, request: Request) -> Response:
     log = await _replica_log(ui, request)
     name, rid = request.path_params["name"], request.path_params["rid"]
     return ui.page(request, "replica_log.html", status_code=log["status"], title=f"Log of {name} replica {rid}",
@@ -273,13 +272,13 @@ async def replica_log_page(ui: app_mod.Ui, request: Request) -> Response:
                    follow_url=_follow_url(request, log.get("replica")))
 
 
-async def replica_log_tail(ui: app_mod.Ui, request: Request) -> Response:
+async def replica_log_tail(ui: common.Ui, request: Request) -> Response:
     """The ``<pre>``'s content, for htmx every 2 s."""
     log = await _replica_log(ui, request)
     return ui.page(request, "_replica_log.html", log=log)
 
 
-def routes(ui: app_mod.Ui) -> list[Route]:
+def routes(ui: common.Ui) -> list[Route]:
     """The model page's routes, below the UI's mount."""
 
     bind = ui.bind

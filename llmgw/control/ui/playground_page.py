@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from llmgw.control.ui import app as app_mod
+from llmgw.control.ui import common
 
 #: The UI's mount below the server's root; the OpenAI API lives at the root (``/v1``), not below it.
 UI_MOUNT = "/ui"
@@ -31,7 +31,7 @@ def ready_models(items: list[dict[str, Any]]) -> list[str]:
     return sorted(n for n in names if n)
 
 
-async def playground(ui: app_mod.Ui, request: Request) -> Response:
+async def playground(ui: common.Ui, request: Request) -> Response:
     answer, _ = await ui.call(request, "GET", "/api/v1/models")
     base = request.scope.get("root_path", "")
     api_root = base[:-len(UI_MOUNT)] if base.endswith(UI_MOUNT) else ""
@@ -40,7 +40,7 @@ async def playground(ui: app_mod.Ui, request: Request) -> Response:
                    api_root=api_root)
 
 
-def routes(ui: app_mod.Ui) -> list[Route]:
+def routes(ui: common.Ui) -> list[Route]:
     """The page's routes below the UI's mount, bound to ``ui``."""
     async def get(request: Request) -> Response:
         return await playground(ui, request)

@@ -15,12 +15,12 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from llmgw.control.ui import app as app_mod
+from llmgw.control.ui import common
 
 ROLES = ("admin", "operator", "viewer")
 
 
-async def _render(ui: app_mod.Ui, request: Request, *, status_code: int = 200, error: str = "",
+async def _render(ui: common.Ui, request: Request, *, status_code: int = 200, error: str = "",
                   created: dict[str, Any] | None = None, form: dict[str, str] | None = None) -> Response:
     answer, _ = await ui.call(request, "GET", "/api/v1/users")
     who = await ui.who(request)
@@ -31,15 +31,15 @@ async def _render(ui: app_mod.Ui, request: Request, *, status_code: int = 200, e
                    form=form or {}, roles=ROLES, editable=who[1] == "admin" and not answer.error)
 
 
-async def _after(ui: app_mod.Ui, request: Request, answer: app_mod.ApiAnswer) -> Response:
+async def _after(ui: common.Ui, request: Request, answer: common.ApiAnswer) -> Response:
     """Where a change goes: the page with the API's sentence when refused, the list when done."""
     if answer.error:
         return await _render(ui, request, status_code=answer.status, error=answer.error)
     return RedirectResponse(f"{request.scope.get('root_path', '')}/users", status_code=303)
 
 
-async def create(ui: app_mod.Ui, request: Request) -> Response:
-    form = await app_mod.read_form(request)
+async def create(ui: common.Ui, request: Request) -> Response:
+    form = await common.read_form(request)
     body = {"name": form.get("name", "").strip(), "role": form.get("role", "")}
     answer, _ = await ui.call(request, "POST", "/api/v1/users", json=body)
     if answer.error:
@@ -48,20 +48,20 @@ async def create(ui: app_mod.Ui, request: Request) -> Response:
     return await _render(ui, request, status_code=201, created=answer.doc)
 
 
-async def set_role(ui: app_mod.Ui, request: Request) -> Response:
-    form = await app_mod.read_form(request)
+async def set_role(ui: common.Ui, request: Request) -> Response:
+    form = await common.read_form(request)
     name = urllib.parse.quote(request.path_params["name"], safe="")
     answer, _ = await ui.call(request, "PUT", f"/api/v1/users/{name}", json={"role": form.get("role", "")})
     return await _after(ui, request, answer)
 
 
-async def delete(ui: app_mod.Ui, request: Request) -> Response:
+async def delete(ui: common.Ui, request: Request) -> Response:
     name = urllib.parse.quote(request.path_params["name"], safe="")
     answer, _ = await ui.call(request, "DELETE", f"/api/v1/users/{name}")
     return await _after(ui, request, answer)
 
 
-def routes(ui: app_mod.Ui) -> list[Route]:
+def routes(ui: common.Ui) -> list[Route]:
     """The page's routes below the UI's mount, bound to ``ui`` (the UI's session guard is in front of all of them)."""
     def bound(handler: Any) -> Any:
         async def endpoint(request: Request) -> Response:
