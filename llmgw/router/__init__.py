@@ -21,12 +21,14 @@ A request's path, in order:
 Beside the path:
 
 * ``table``: the route table, an immutable snapshot of the control plane's endpoints document, and
-  the holder it is swapped into; ``watch``: the long poll that keeps it current and outlives
-  control-plane restarts;
+  the holder it is swapped into; ``watch``: what keeps it current: a long poll of the control plane
+  (``TableWatcher``, outliving control-plane restarts) or, inside ``llmgw server``, the control
+  plane's own published object (``LocalWatcher``); the document itself is ``llmgw.api.routing``;
 * ``reports``: ejections, recoveries and keys used (``keyuse``), told to the control plane;
   ``signals``: the autoscaler's load signals;
 * ``metrics``: the Prometheus registry; ``tracing``: OpenTelemetry spans, only when asked for;
-* ``standalone``: ``python -m llmgw.router.standalone`` for a router on its own.
+* ``settings``: the router's one settings object (``RouterSettings``, its flags generated from it);
+  ``standalone``: ``python -m llmgw.router.standalone`` for a router on its own.
 
 The router never imports ``llmgw.control`` or ``llmgw.agent``: they meet on the wire.
 """
