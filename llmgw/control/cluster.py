@@ -1,19 +1,10 @@
 """The control plane's front: it takes over, steps down, and runs the loop whose passes step each manager
 (``control.loop``) in order; everything else it hands to the manager whose job it is.
 
-A pass reads, decides, writes the targets, then sends: links close silent streams, nodes say NotReady of
-the ones past their grace, autoscaling counts replicas, ``reconcile.decide.reconcile`` (pure) decides, the
-recorder derives event records and conditions, the executor writes the targets and then sends the commands,
-and the table publisher hands routers the new table. The loop is woken by anything that changes the picture
-(an apply, a registration, a shard status) and otherwise looks again every second, because time passing is
-a change too (a startup timeout, a backoff ending).
-
-In ``llmgw server`` nothing here holds the event loop that the agents' streams, the REST API and the
-in-process router share: store calls go to the store's thread (``store.offloop``; writes nobody waits on
-are queued there in order), and the pure part of a pass (decide, then conditions and event records over
-every node) runs in a worker thread on a snapshot of the nodes, ``dict(self.nodes)``, taken on the loop
-(why that copy is consistent: ``control.loop.nodes``). Without a store thread (unit tests,
-``Cluster(store)``) every call runs inline.
+A pass reads, decides, writes the targets, then sends; the pure part runs off the event loop in the server
+(``control.loop``). The loop is woken by anything that changes the picture (an apply, a registration, a
+shard status) and otherwise looks again every second, because time passing is a change too (a startup
+timeout, a backoff ending).
 """
 
 from __future__ import annotations
@@ -23,12 +14,13 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from llmgw.control import autoscaler, remotemeta
 from llmgw.control import conditions as cond
 from llmgw.control import events as ev
 from llmgw.control.loop.autoscaling import Autoscaling, in_force
-from llmgw.control.loop.context import LoopContext
+from llmgw.control.loop.context import InContext, LoopContext
 from llmgw.control.loop.executor import Executor, write_targets
 from llmgw.control.loop.links import AgentLink, Links, LogsError, NodeNotConnected
 from llmgw.control.loop.nodes import Nodes
@@ -76,10 +68,10 @@ class Cluster:
         #: What routers report of each model's load (issue 17): the autoscaler's input.
         self.signals = self.autoscaling.signals
         self.executor = Executor(self.ctx, self.links, views=lambda: self.node_manager.views,
-                                 provisioning_inputs=lambda: (self.engine_wants, self.engine_settings))
+                                 provisioning_inputs=self._engine_inputs)
         self.planner = Planner(self.ctx, autoscaling=self.autoscaling, recorder=self.recorder, executor=self.executor,
                                ejections=self.ejections, remote_meta=remote_meta,
-                               provisioning_inputs=lambda: (self.engine_wants, self.engine_settings))
+                               provisioning_inputs=self._engine_inputs)
         self.table = TablePublisher(self.ctx)
         #: Operators' engine wants and the cluster's engine settings (``control.engines`` rebinds them on a change).
         self.engine_wants: tuple[provisioning.ScopedWant, ...] = ()
@@ -93,37 +85,16 @@ class Cluster:
     def nodes(self) -> dict[str, NodeView]:
         return self.node_manager.views
 
-    @property
-    def leading(self) -> bool:
-        return self.ctx.leading
+    #: Whether this control plane leads, the term it leads at, and the lease's callbacks (set by ``serve``):
+    #: the loop context's, which every manager reads (``control.loop.context``).
+    leading: InContext[bool] = InContext()
+    term: InContext[int] = InContext()
+    may_act: InContext[Callable[[], bool]] = InContext()
+    on_fenced: InContext[Callable[[], None]] = InContext()
+    hint: InContext[Callable[[], tuple[str, tuple[str, ...]]]] = InContext()
 
-    @property
-    def term(self) -> int:
-        return self.ctx.term
-
-    @property
-    def may_act(self) -> Callable[[], bool]:
-        return self.ctx.may_act
-
-    @may_act.setter
-    def may_act(self, fn: Callable[[], bool]) -> None:
-        self.ctx.may_act = fn
-
-    @property
-    def on_fenced(self) -> Callable[[], None]:
-        return self.ctx.on_fenced
-
-    @on_fenced.setter
-    def on_fenced(self, fn: Callable[[], None]) -> None:
-        self.ctx.on_fenced = fn
-
-    @property
-    def hint(self) -> Callable[[], tuple[str, tuple[str, ...]]]:
-        return self.ctx.hint
-
-    @hint.setter
-    def hint(self, fn: Callable[[], tuple[str, tuple[str, ...]]]) -> None:
-        self.ctx.hint = fn
+    def _engine_inputs(self) -> tuple[tuple[provisioning.ScopedWant, ...], provisioning.EngineSettings]:
+        return self.engine_wants, self.engine_settings
 
     # -- leading and standing by (issue 15) -----------------------------------------------------
     def _take(self, loaded: Loaded) -> None:
@@ -262,36 +233,29 @@ class Cluster:
         self.recorder.flush()
         self.executor.apply(plan)
 
-    # -- handed to the managers ------------------------------------------------------------------
+    # -- handed to the manager whose job it is (its docstring says what it does) ---------------------
     def record(self, event: ev.Event) -> None:
-        """Queues an event record for the next write, unless it repeats the object's last one."""
         self.recorder.record(event)
 
     def flush_events(self) -> None:
         self.recorder.flush()
 
     def conditions_of(self, obj: str) -> tuple[cond.Condition, ...]:
-        """Conditions of "replica/ID" or "model/NAME" as of the last pass."""
         return self.recorder.conditions_of(obj)
 
     def autoscaled(self, name: str) -> StoredAutoscale | None:
-        """A model's autoscaler state as this leader last wrote it (None: not autoscaled, or not leading)."""
         return self.autoscaling.autoscaled(name)
 
     def set_scheduling(self, node_id: str, *, cordoned: bool, draining: bool) -> bool:
-        """Persists then applies a node's marks (cordon, drain); False when the node is not known."""
         return self.node_manager.set_scheduling(node_id, cordoned=cordoned, draining=draining)
 
     async def mark_node(self, node_id: str, *, cordoned: bool, draining: bool) -> bool:
-        """``set_scheduling``, the write awaited on the store's thread."""
         return await self.node_manager.mark(node_id, cordoned=cordoned, draining=draining)
 
-    def endpoints_doc(self) -> dict[str, object]:
-        """The routers' table as the store holds it now, without its version (reads the store here)."""
+    def endpoints_doc(self) -> dict[str, Any]:
         return self.table.doc()
 
-    async def wait_table(self, *, after: int | None, timeout: float) -> dict[str, object]:
-        """The router's table; when ``after`` is its current version, waits up to ``timeout`` for a change."""
+    async def wait_table(self, *, after: int | None, timeout: float) -> dict[str, Any]:
         return await self.table.wait(after=after, timeout=timeout)
 
     async def close(self) -> None:
@@ -304,21 +268,16 @@ class Cluster:
         return self.links.connected(node_id)
 
     def link(self, node_id: str) -> AgentLink | None:
-        """The stream to a connected node, for a request that awaits its answer (a fabric test); None if not."""
         return self.links.link(node_id)
 
     def provisioned(self, node_id: str) -> Provision | None:
-        """The Provision last sent to a connected node (None: none yet on its current stream)."""
         return self.links.provisioned.get(node_id)
 
     def send_engine_removal(self, node_id: str, remove: Provision) -> bool:
-        """Sends a one-off Provision carrying ``remove`` to a connected node; False when it is not connected."""
         return self.executor.send_engine_removal(node_id, remove)
 
     async def revoke_node(self, node_id: str) -> int:
-        """Revokes every certificate of ``node_id`` and closes its stream now; returns how many were revoked."""
         return await self.links.revoke(node_id)
 
     def logs(self, node_id: str, shard_id: str, *, lines: int, follow: bool) -> AsyncIterator[list[str]]:
-        """Lines of a node's agent log or of one of its shards, read over the node's stream."""
         return self.links.logs(node_id, shard_id, lines=lines, follow=follow)

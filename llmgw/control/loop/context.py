@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 from llmgw.control.reconcile import decide
 from llmgw.control.store.offloop import StoreThread
@@ -65,3 +65,19 @@ class LoopContext:
         if self.db is None:
             return fn(*args, **kwargs)
         return await self.db.call(fn, *args, **kwargs)
+
+
+class InContext(Generic[T]):
+    """An attribute of its owner that is the owner's ``ctx``'s, read and set there.
+
+    So ``cluster.leading`` and ``cluster.may_act = lease.valid`` read and set what every manager sees.
+    """
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> T:
+        return getattr(obj.ctx, self._name)  # type: ignore[no-any-return]
+
+    def __set__(self, obj: Any, value: T) -> None:
+        setattr(obj.ctx, self._name, value)
