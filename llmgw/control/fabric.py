@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from llmgw.control.cluster import AgentLink
+from llmgw.control.loop.links import AgentLink
 from llmgw.control.state import NodeView
 from llmgw.core import fabrictest as ft
 

@@ -61,7 +61,7 @@ class ControlPlane:
 
     def _run(self) -> None:
         async def main() -> None:
-            await self.cluster._publish_table()  # the table the router reads; no reconcile loop runs
+            await self.cluster.table.publish()  # the table the router reads; no reconcile loop runs
             await self.server.serve()
         asyncio.run(main())
 

@@ -84,7 +84,7 @@ class World:
         return c.status, c.reason, c.message
 
     def table(self, name: str = "m") -> dict[str, Any]:
-        return next(m for m in self.c.endpoints_doc()["models"] if m["name"] == name)
+        return next(m for m in self.c.endpoints_doc().to_doc()["models"] if m["name"] == name)
 
 
 def test_a_sustained_load_scales_up_after_the_window_with_the_reason_as_event(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from llmgw.control import engines
 from llmgw.control.cluster import Cluster
+from llmgw.control.loop.planner import Observed
 from llmgw.control.reconcile import engines as prov
 from llmgw.control.store.store import Store, StoredNode
 from llmgw.core.inventory import Inventory
@@ -61,7 +62,7 @@ def test_a_provision_worked_out_before_a_want_changed_is_not_sent(tmp_path: Path
     c = Cluster(store, clock=clock, heartbeat_timeout_s=1e9)
     c.node_registered(StoredNode("a", "a", "127.0.0.1", "0", INV, {}, 0.0, clock()), [], link)
     c.engine_wants = (prov.ScopedWant("node:a", "vllm", "0.11.2"),)
-    plan = c._plan({}, [], dict(c.nodes), frozenset(), now=clock(), ejected={})
+    plan = c.planner.plan({}, [], dict(c.nodes), frozenset(), now=clock(), seen=Observed(ejected={}))
     c.engine_wants = (prov.ScopedWant("node:a", "vllm", "0.12.0"),)  # changed while that pass ran
     c._apply(plan)
     assert link.sent == []

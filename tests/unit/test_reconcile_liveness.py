@@ -228,7 +228,7 @@ def test_the_control_plane_tells_the_whole_story(tmp_path: Path) -> None:
     a, b = sorted(store.list_replicas(), key=lambda r: r.id)
 
     def doc() -> dict[str, Any]:
-        (m,) = c.endpoints_doc()["models"]
+        (m,) = c.endpoints_doc().to_doc()["models"]
         return m
 
     assert {e["replica_id"] for e in doc()["endpoints"]} == {a.id, b.id} and doc()["unhealthy"] == []

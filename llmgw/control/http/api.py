@@ -398,7 +398,7 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extr
     @app.get("/api/v1/endpoints")
     async def endpoints(after: int | None = Query(default=None, ge=-1, le=paging.MAX_ID),
                         timeout: float = Query(default=25.0, ge=0, le=LONG_POLL_MAX_S)) -> dict[str, Any]:
-        return await cluster.wait_table(after=after, timeout=timeout)
+        return (await cluster.wait_table(after=after, timeout=timeout)).to_doc()
 
     @app.get("/api/v1/whoami")
     async def whoami(request: Request) -> dict[str, Any]:
