@@ -36,7 +36,7 @@ class ServerConfig:
     #: Seconds a disconnected node keeps its replicas before they are placed elsewhere.
     node_grace_s: float = _D.node_grace
     #: Seconds a shard its agent calls Unhealthy stays so before it is replaced
-    #: (``decide.Config.unhealthy_grace_s`` says why 30).
+    #: (``control.reconcile.liveness.UNHEALTHY_GRACE_S`` says why 30).
     unhealthy_grace_s: float = _D.unhealthy_grace
     #: Fetched weights no model asks for go from nodes with less than this percent free (``weightsgc``).
     weights_gc_free_below_pct: float = _D.weights_gc_free_below

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from llmgw.control.reconcile import liveness
 from llmgw.core import units
 from llmgw.core.settingsgen import nested, setting
 from llmgw.router.settings import ProxySettings
@@ -46,8 +47,9 @@ class ServerSettings:
     node_cert_validity: str = setting("365d", help="How long a node's certificate is valid, e.g. 720h, 30s; agents "
                                                    "renew it at two thirds, over their stream")
     node_grace: float = setting(30.0, help="Seconds a disconnected node keeps its replicas")
-    unhealthy_grace: float = setting(30.0, help="Seconds a replica whose engine its agent calls Unhealthy (alive, "
-                                                "not answering) stays so before it is replaced")
+    unhealthy_grace: float = setting(liveness.UNHEALTHY_GRACE_S,
+                                     help="Seconds a replica whose engine its agent calls Unhealthy (alive, not "
+                                          "answering) stays so before it is replaced")
     weights_gc_free_below: float = setting(10.0, help="Remove fetched weights no model asks for, least recently "
                                            "used first, from a node whose weights directory has less than this "
                                            "percent free (0: never)")

@@ -50,12 +50,8 @@ class Config:
     crash_loop_after: int = 5
     #: How long a Ready replica being removed may take to finish its requests.
     drain_timeout_s: float = 30.0
-    #: How long a shard its agent calls Unhealthy stays so before it is replaced (it is out of
-    #: routing from its first failed probe all the same). The agent already waited out its probe
-    #: threshold; this grace is for the stall that passes (an engine swapping under a memory
-    #: spike, a long GC pause), which costs nothing to wait out, when a replacement costs a
-    #: weight load (minutes for a big model) and a wedged one costs only its share of capacity.
-    unhealthy_grace_s: float = 30.0
+    #: How long a shard its agent calls Unhealthy stays so before it is replaced (``liveness`` says why).
+    unhealthy_grace_s: float = liveness.UNHEALTHY_GRACE_S
     #: The grace when a router has also ejected the replica: two witnesses on two paths agree,
     #: and the stall is failing real requests now.
     corroborated_grace_s: float = 5.0

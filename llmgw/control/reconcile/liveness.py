@@ -24,6 +24,14 @@ from __future__ import annotations
 
 from llmgw.core.shards import ShardState, ShardStatus
 
+#: How long a shard its agent calls Unhealthy stays so before it is replaced (it is out of routing from
+#: its first failed probe all the same). The agent already waited out its probe threshold; this grace is
+#: for the stall that passes (an engine swapping under a memory spike, a long GC pause), which costs
+#: nothing to wait out, when a replacement costs a weight load (minutes for a big model) and a wedged one
+#: costs only its share of capacity. The one default: ``decide.Config`` and ``llmgw server
+#: --unhealthy-grace`` take it from here.
+UNHEALTHY_GRACE_S = 30.0
+
 
 def probe_failing(st: ShardStatus) -> bool:
     """Its agent says the engine's health probe fails now (a first failure, or past the threshold)."""
