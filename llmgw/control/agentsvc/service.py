@@ -90,28 +90,13 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             metrics.STANDBY_REFUSALS.inc()
             yield pb.ControlMessage(seq=0, ack=standby)
             return
-        refusal = _check_register(first)
-        rejoin = False  # the certificate is refused for good: the agent stops redialling (agent/rejoin.py)
-        if not refusal:
-            refusal, rejoin = await self._check_identity(first.register.node_id, context)
-        refusal = refusal or self._check_not_connected(first.register.node_id, peer)
-        if not refusal and not self.cluster.leading:  # deposed while the identity was checked
-            refusal = "this control plane stopped leading while the agent registered; dial again"
+        refusal, rejoin = await self._refusal(first, context, peer)
         if refusal:
             log.warning("refused agent at %s: %s", peer, refusal)
             yield pb.ControlMessage(seq=0, ack=pb.Ack(seq=first.seq, ok=False, error=refusal, rejoin=rejoin))
             return
         reg = first.register
-        link = Link(reg.node_id, peer=peer, term=self.cluster.term)
-        now = self.cluster.clock()
-        node = StoredNode(
-            id=reg.node_id, hostname=reg.hostname or reg.node_id, mgmt_addr=reg.mgmt_addr,
-            agent_version=reg.agent_version, inventory=convert.inventory_from_register(reg),
-            labels=dict(reg.labels), first_seen=now, last_seen=now)
-        link.ack(first.seq, ok=True, controlplanes=self.cluster.hint()[1])
-        metrics.REGISTRATIONS.inc()
-        collector.note_registration()
-        self.cluster.node_registered(node, [convert.status_from_pb(s) for s in reg.shards], link)
+        link = self._accept(first, peer)
         # Held from here to the finally below and nowhere else: an entry left behind would lock
         # the node out for good.
         self._live[reg.node_id] = link
@@ -131,6 +116,33 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             link.end_logs()
             link.end_fabric_tests()
             self.cluster.node_disconnected(reg.node_id, link)
+
+    async def _refusal(self, first: pb.AgentMessage, context: grpc.aio.ServicerContext, peer: str) -> tuple[str, bool]:
+        """Why this Register is refused ("" when it is not), and whether the certificate is refused for good (the
+        agent then stops redialling: agent/rejoin.py)."""
+        refusal = _check_register(first)
+        rejoin = False
+        if not refusal:
+            refusal, rejoin = await self._check_identity(first.register.node_id, context)
+        refusal = refusal or self._check_not_connected(first.register.node_id, peer)
+        if not refusal and not self.cluster.leading:  # deposed while the identity was checked
+            refusal = "this control plane stopped leading while the agent registered; dial again"
+        return refusal, rejoin
+
+    def _accept(self, first: pb.AgentMessage, peer: str) -> Link:
+        """Answers an accepted Register and hands the node, its shards and its new link to the cluster."""
+        reg = first.register
+        link = Link(reg.node_id, peer=peer, term=self.cluster.term)
+        now = self.cluster.clock()
+        node = StoredNode(
+            id=reg.node_id, hostname=reg.hostname or reg.node_id, mgmt_addr=reg.mgmt_addr,
+            agent_version=reg.agent_version, inventory=convert.inventory_from_register(reg),
+            labels=dict(reg.labels), first_seen=now, last_seen=now)
+        link.ack(first.seq, ok=True, controlplanes=self.cluster.hint()[1])
+        metrics.REGISTRATIONS.inc()
+        collector.note_registration()
+        self.cluster.node_registered(node, [convert.status_from_pb(s) for s in reg.shards], link)
+        return link
 
     async def _read(self, request_iterator: AsyncIterator[pb.AgentMessage], link: Link) -> None:
         try:
