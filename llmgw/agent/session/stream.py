@@ -41,6 +41,8 @@ STANDBY_RETRY_S = 1.0
 
 
 class Session:
+    """The agent's stream to the control plane: ``run_forever`` keeps one up; the agent reports through it."""
+
     def __init__(self, cfg: AgentConfig, *, inventory: Callable[[], Inventory], heartbeat: Callable[[], Heartbeat],
                  on_register: Callable[[Inventory], None], commands: Commands, agent_version: str) -> None:
         self.cfg, self._inventory, self._heartbeat, self._commands = cfg, inventory, heartbeat, commands
