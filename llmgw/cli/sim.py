@@ -9,8 +9,12 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
+
+if TYPE_CHECKING:
+    from llmgw.sim import fleet as fleet_mod
 
 sim_app = typer.Typer(no_args_is_help=True, help="Simulators for trying llmgw at scale without the hardware.")
 log = logging.getLogger("llmgw.sim.fleet")
@@ -75,30 +79,6 @@ def fleet(
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
 
-    async def onboard(agents: list[fleet_mod.FakeAgent], stats: fleet_mod.Stats) -> tuple[tuple[str, ...], bytes]:
-        """Joins the nodes that have no certificate yet; the agent addresses and the cluster CA."""
-        addr = join_addr or f"{(servers[0] if servers else '127.0.0.1:8081').rpartition(':')[0]}:8082"
-        ca_pem = await identity.cluster_ca(addr, ca_hash)
-        kept = identity.load(state_dir) if state_dir is not None else None
-        if kept is not None and kept.ca_pem != ca_pem:
-            raise identity.FleetError(f"the identities in {state_dir} are another cluster's (their CA is not the one "
-                                      f"{addr} presents): give another --state-dir, or remove it to join afresh")
-        trust = kept or identity.Trust(ca_pem, ())
-        missing = [a.node_id for a in agents if a.node_id not in trust.identities]
-        if missing:
-            t0 = time.monotonic()
-            joined, agent_port = await identity.join_all(missing, join_addr=addr, token=token, ca_pem=ca_pem,
-                                                         in_flight=join_in_flight)
-            stats.joined, stats.join_s = len(joined), round(time.monotonic() - t0, 3)
-            trust.identities.update(joined)
-            host = addr.rpartition(":")[0]
-            trust.servers = (f"{host}:{agent_port}",)
-            if state_dir is not None:
-                identity.save(state_dir, trust)
-        for a in agents:
-            a.identity = trust.identities[a.node_id]
-        return servers or trust.servers, ca_pem
-
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -107,7 +87,8 @@ def fleet(
         stats = fleet_mod.Stats()
         agents = fleet_mod.build_fleet(nodes, parsed, heartbeat_s=heartbeat, stats=stats, seed=seed, prefix=prefix)
         if secure:
-            addrs, ca_pem = await onboard(agents, stats)
+            addrs, ca_pem = await _onboard(agents, stats, servers=servers, join_addr=join_addr, token=token,
+                                           ca_hash=ca_hash, state_dir=state_dir, join_in_flight=join_in_flight)
             await identity.check_tls(addrs)
         else:
             addrs, ca_pem = servers or ("127.0.0.1:8081",), None
@@ -132,6 +113,35 @@ def fleet(
         os._exit(code)
 
     asyncio.run(main_then_exit())
+
+
+async def _onboard(agents: list[fleet_mod.FakeAgent], stats: fleet_mod.Stats, *, servers: tuple[str, ...],
+                   join_addr: str, token: str, ca_hash: str, state_dir: Path | None,
+                   join_in_flight: int) -> tuple[tuple[str, ...], bytes]:
+    """Joins the nodes that have no certificate yet; the agent addresses and the cluster CA."""
+    from llmgw.sim import identity
+
+    addr = join_addr or f"{(servers[0] if servers else '127.0.0.1:8081').rpartition(':')[0]}:8082"
+    ca_pem = await identity.cluster_ca(addr, ca_hash)
+    kept = identity.load(state_dir) if state_dir is not None else None
+    if kept is not None and kept.ca_pem != ca_pem:
+        raise identity.FleetError(f"the identities in {state_dir} are another cluster's (their CA is not the one "
+                                  f"{addr} presents): give another --state-dir, or remove it to join afresh")
+    trust = kept or identity.Trust(ca_pem, ())
+    missing = [a.node_id for a in agents if a.node_id not in trust.identities]
+    if missing:
+        t0 = time.monotonic()
+        joined, agent_port = await identity.join_all(missing, join_addr=addr, token=token, ca_pem=ca_pem,
+                                                     in_flight=join_in_flight)
+        stats.joined, stats.join_s = len(joined), round(time.monotonic() - t0, 3)
+        trust.identities.update(joined)
+        host = addr.rpartition(":")[0]
+        trust.servers = (f"{host}:{agent_port}",)
+        if state_dir is not None:
+            identity.save(state_dir, trust)
+    for a in agents:
+        a.identity = trust.identities[a.node_id]
+    return servers or trust.servers, ca_pem
 
 
 def register(app: typer.Typer) -> None:

@@ -132,122 +132,132 @@ class _Server(http.server.ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
 
-def _handler(server: FlakyHttp) -> type[http.server.BaseHTTPRequestHandler]:
-    class Handler(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+class _Handler(http.server.BaseHTTPRequestHandler):
+    """One connection's requests, answered from ``flaky``'s files with its faults (set by ``_handler``)."""
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
-            pass
+    flaky: FlakyHttp
+    protocol_version = "HTTP/1.1"
 
-        def do_HEAD(self) -> None:  # noqa: N802 - http.server's name
-            if server.head_status is not None:
-                server._record(Seen(method="HEAD", path=self.path, range="", if_range="",
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        pass
+
+    def do_HEAD(self) -> None:  # noqa: N802 - http.server's name
+        if self.flaky.head_status is not None:
+            self.flaky._record(Seen(method="HEAD", path=self.path, range="", if_range="",
                                     authorized="Authorization" in self.headers))
-                self.send_response(server.head_status)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                return
-            self._serve(head=True)
+            self.send_response(self.flaky.head_status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        self._serve(head=True)
 
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            self._serve(head=False)
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self._serve(head=False)
 
-        def _serve(self, *, head: bool) -> None:
-            path = urllib.parse.urlsplit(self.path).path
-            server._record(Seen(method=self.command, path=path, range=self.headers.get("Range", ""),
+    def _serve(self, *, head: bool) -> None:
+        path = urllib.parse.urlsplit(self.path).path
+        self.flaky._record(Seen(method=self.command, path=path, range=self.headers.get("Range", ""),
                                 if_range=self.headers.get("If-Range", ""),
                                 authorized="Authorization" in self.headers))
-            if path in server.redirects:
-                self.send_response(302)
-                self.send_header("Location", server.redirects[path])
+        if path in self.flaky.redirects:
+            self.send_response(302)
+            self.send_header("Location", self.flaky.redirects[path])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        if path in self.flaky.json_routes:
+            body = json.dumps(self.flaky.json_routes[path]).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if not head:
+                self.wfile.write(body)
+            return
+        self._serve_file(path, head=head)
+
+    def _serve_file(self, path: str, *, head: bool) -> None:
+        """A file under root (or an alias), whole or the Range asked, with its ETag and Last-Modified."""
+        rel = self.flaky.aliases.get(path, urllib.parse.unquote(path).lstrip("/"))
+        file = (self.flaky.root / rel).resolve()
+        if not file.is_relative_to(self.flaky.root.resolve()) or not file.is_file():
+            self.send_error(404)
+            return
+        st = file.stat()
+        etag = f'"{st.st_size:x}-{st.st_mtime_ns:x}"'
+        start, end = 0, st.st_size - 1
+        status = 200
+        asked = _RANGE.match(self.headers.get("Range", "").strip())
+        if_range = self.headers.get("If-Range", "")
+        if asked and (not if_range or if_range == etag):
+            start = int(asked.group(1))
+            end = min(int(asked.group(2)), end) if asked.group(2) else end
+            if start >= st.st_size or start > end:
+                self.send_response(416)
+                self.send_header("Content-Range", f"bytes */{st.st_size}")
                 self.send_header("Content-Length", "0")
                 self.end_headers()
                 return
-            if path in server.json_routes:
-                body = json.dumps(server.json_routes[path]).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                if not head:
-                    self.wfile.write(body)
-                return
-            rel = server.aliases.get(path, urllib.parse.unquote(path).lstrip("/"))
-            file = (server.root / rel).resolve()
-            if not file.is_relative_to(server.root.resolve()) or not file.is_file():
-                self.send_error(404)
-                return
-            st = file.stat()
-            etag = f'"{st.st_size:x}-{st.st_mtime_ns:x}"'
-            start, end = 0, st.st_size - 1
-            status = 200
-            asked = _RANGE.match(self.headers.get("Range", "").strip())
-            if_range = self.headers.get("If-Range", "")
-            if asked and (not if_range or if_range == etag):
-                start = int(asked.group(1))
-                end = min(int(asked.group(2)), end) if asked.group(2) else end
-                if start >= st.st_size or start > end:
-                    self.send_response(416)
-                    self.send_header("Content-Range", f"bytes */{st.st_size}")
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
-                status = 206
-            length = end - start + 1
-            self.send_response(status)
-            self.send_header("Content-Length", str(length))
-            self.send_header("Accept-Ranges", "bytes")
-            self.send_header("ETag", etag)
-            self.send_header("Last-Modified", email.utils.formatdate(st.st_mtime, usegmt=True))
-            if status == 206:
-                self.send_header("Content-Range", f"bytes {start}-{end}/{st.st_size}")
-            for k, v in server.extra_headers.get(path, {}).items():
-                self.send_header(k, v)
-            self.end_headers()
-            if head:
-                return
-            self._body(file, start, length)
+            status = 206
+        length = end - start + 1
+        self.send_response(status)
+        self.send_header("Content-Length", str(length))
+        self.send_header("Accept-Ranges", "bytes")
+        self.send_header("ETag", etag)
+        self.send_header("Last-Modified", email.utils.formatdate(st.st_mtime, usegmt=True))
+        if status == 206:
+            self.send_header("Content-Range", f"bytes {start}-{end}/{st.st_size}")
+        for k, v in self.flaky.extra_headers.get(path, {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        if head:
+            return
+        self._body(file, start, length)
 
-        def _body(self, file: Path, start: int, length: int) -> None:
-            drop = server._take_drop()
-            with open(file, "rb") as f:
-                if drop is None and server.rate_bps is None and not server.corrupt:
-                    self.wfile.flush()
-                    self.connection.sendfile(f, offset=start, count=length)
-                    return
-                f.seek(start)
-                sent = 0
-                while sent < length:
-                    want = min(_CHUNK, length - sent)
-                    if drop is not None:
-                        want = min(want, drop - sent)
-                        if want <= 0:
-                            server.drops += 1
-                            self.close_connection = True
-                            self.wfile.flush()
-                            self.connection.shutdown(2)
-                            return
-                    if not self._pace(want):
+    def _body(self, file: Path, start: int, length: int) -> None:
+        drop = self.flaky._take_drop()
+        with open(file, "rb") as f:
+            if drop is None and self.flaky.rate_bps is None and not self.flaky.corrupt:
+                self.wfile.flush()
+                self.connection.sendfile(f, offset=start, count=length)
+                return
+            f.seek(start)
+            sent = 0
+            while sent < length:
+                want = min(_CHUNK, length - sent)
+                if drop is not None:
+                    want = min(want, drop - sent)
+                    if want <= 0:
+                        self.flaky.drops += 1
+                        self.close_connection = True
+                        self.wfile.flush()
+                        self.connection.shutdown(2)
                         return
-                    data = f.read(want)
-                    if server.corrupt:
-                        data = bytes(b ^ 0xFF for b in data)
-                    self.wfile.write(data)
-                    self.wfile.flush()
-                    sent += len(data)
+                if not self._pace(want):
+                    return
+                data = f.read(want)
+                if self.flaky.corrupt:
+                    data = bytes(b ^ 0xFF for b in data)
+                self.wfile.write(data)
+                self.wfile.flush()
+                sent += len(data)
 
-        def _pace(self, n: int) -> bool:
-            """Wait as long as ``rate_bps`` asks for n bytes; False when the server closes meanwhile."""
-            while server.rate_bps == 0:
-                if server.closing:
-                    self.close_connection = True
-                    return False
-                time.sleep(0.02)
-            if server.rate_bps:
-                time.sleep(n / server.rate_bps)
-            return not server.closing
+    def _pace(self, n: int) -> bool:
+        """Wait as long as ``rate_bps`` asks for n bytes; False when the server closes meanwhile."""
+        while self.flaky.rate_bps == 0:
+            if self.flaky.closing:
+                self.close_connection = True
+                return False
+            time.sleep(0.02)
+        if self.flaky.rate_bps:
+            time.sleep(n / self.flaky.rate_bps)
+        return not self.flaky.closing
 
-    return Handler
+
+
+def _handler(server: FlakyHttp) -> type[http.server.BaseHTTPRequestHandler]:
+    """The handler class of ``server``: ``_Handler`` bound to it (http.server makes one per connection)."""
+    return type("Handler", (_Handler,), {"flaky": server})
 
 
 def write_file(path: Path, size: int, *, seed: int = 1) -> bytes:

@@ -1,8 +1,8 @@
 """A wheelhouse for engine-install tests: the sim engine packaged as a wheel, and what pip fetched beside it.
 
 The sim's wheel is written here directly (a wheel is a zip with METADATA, WHEEL and RECORD), so no build
-backend runs: ``llmgw_sim_engine.py`` is llmgw/sim/engine.py as it is, and the wheel requires aiohttp, the
-one package that module imports. ``fill`` adds the other wheels with ``pip download`` through the machine's
+backend runs: the package ``llmgw_sim_engine`` is llmgw/sim/engine/ as it is, and the wheel requires aiohttp, the
+one package it imports. ``fill`` adds the other wheels with ``pip download`` through the machine's
 ordinary pip setup (its cache makes a second run take about a second); the agent under test then installs
 from this directory only, served on 127.0.0.1 as a flat ``--find-links`` page.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from llmgw.testing.procs import Proc, free_port
 
-SIM_SOURCE = Path(__file__).resolve().parent.parent / "sim" / "engine.py"
+SIM_SOURCE = Path(__file__).resolve().parent.parent / "sim" / "engine"
 
 
 def _record_hash(data: bytes) -> str:
@@ -31,8 +31,8 @@ def _record_hash(data: bytes) -> str:
 def build_sim_wheel(out_dir: Path, version: str) -> Path:
     """``llmgw_sim_engine-VERSION-py3-none-any.whl`` in ``out_dir``; ``python -m llmgw_sim_engine`` runs the sim."""
     dist = f"llmgw_sim_engine-{version}.dist-info"
-    files = {
-        "llmgw_sim_engine.py": SIM_SOURCE.read_bytes(),
+    files = {f"llmgw_sim_engine/{p.name}": p.read_bytes() for p in sorted(SIM_SOURCE.glob("*.py"))}
+    files |= {
         f"{dist}/METADATA": (f"Metadata-Version: 2.1\nName: llmgw-sim-engine\nVersion: {version}\n"
                              "Summary: llmgw's simulated engine, packaged for install tests\n"
                              "Requires-Dist: aiohttp>=3.10\n").encode(),

@@ -208,7 +208,7 @@ def test_a_broken_install_is_found_by_the_recheck_and_installed_again(
     control, engines_dir, proc = agent
     control.provision(prov.Provision(wants=(SIM,), index_url=index_url, find_links=True))
     _wait_states(control, {SIM: S.Ready})
-    module = next((engines_dir / "sim-0.3.1-py").glob("lib/python*/site-packages/llmgw_sim_engine.py"))
+    module = next((engines_dir / "sim-0.3.1-py").glob("lib/python*/site-packages/llmgw_sim_engine/__main__.py"))
     module.unlink()
     reported = len(control.installs)
     wait_for(lambda: module.is_file() and control.latest()[SIM].state is S.Ready

@@ -93,7 +93,7 @@ def test_remove_weights_is_acked_with_the_refusal() -> None:
 
     async def main() -> list[pb.Ack]:
         out: asyncio.Queue[pb.AgentMessage] = asyncio.Queue()
-        session._out = out
+        session.outbox.queue = out
         session._handle(pb.ControlMessage(seq=7, remove_weights=pb.RemoveWeights(cache_name="hf-o-r-abc")))
         session._handle(pb.ControlMessage(seq=8, remove_weights=pb.RemoveWeights(cache_name="../etc")))
         acks = [(await out.get()).ack, (await out.get()).ack]

@@ -15,7 +15,7 @@ import pytest
 from llmgw.agent import fabric
 from llmgw.agent.discovery import ib
 from llmgw.control import fabric as control_fabric
-from llmgw.control.agentsvc import service
+from llmgw.control.agentsvc import link as agentsvc_link
 from llmgw.control.state import NodeView
 from llmgw.core import fabrictest as ft
 from llmgw.core.inventory import Inventory
@@ -176,7 +176,7 @@ def test_a_client_that_measured_nothing_is_not_a_silent_failure() -> None:
 def test_a_stream_that_ends_answers_the_test_sides_still_waiting_on_it() -> None:
     """The control plane's wait ends with "node X disconnected during the test", not at the deadline."""
     async def scenario() -> ft.FabricTestResult:
-        link = service._Link("node2")
+        link = agentsvc_link.Link("node2")
         fut = link.fabric_test(ft.FabricTestRequest("t7", ft.CLIENT, peer_addr="10.0.0.1"))
         sent = link.queue.get_nowait()
         assert sent is not None and sent.fabric_test.test_id == "t7" and sent.fabric_test.role == "client"

@@ -1,0 +1,84 @@
+"""The sim engine as a process: its flags, and serving until SIGTERM or SIGINT.
+
+``python -m llmgw.sim.engine`` (and ``python -m llmgw_sim_engine``, the same code installed as a wheel) runs
+``main``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+
+from aiohttp import web
+
+from .app import Config, SimEngine
+
+#: The first line of ``--help``.
+DESCRIPTION = "The sim engine: an OpenAI-compatible fake engine with a simple latency model."
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m llmgw.sim.engine", description=DESCRIPTION,
+                                     allow_abbrev=False)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--model", required=True, help="the served model name")
+    # The agent passes the key by environment: a command line is readable by every user of the node.
+    parser.add_argument("--api-key", default=os.environ.get("LLMGW_SIM_API_KEY", ""),
+                        help="require Authorization: Bearer KEY on /v1/* (default $LLMGW_SIM_API_KEY)")
+    parser.add_argument("--prefill-tps", type=float, default=5000.0, help="prompt tokens per second")
+    parser.add_argument("--decode-tps", type=float, default=200.0, help="generated tokens per second")
+    parser.add_argument("--parallel", type=int, default=8, help="requests generating at once")
+    parser.add_argument("--startup-delay", type=float, default=0.0, help="seconds /health answers 503")
+    parser.add_argument("--max-tokens-default", type=int, default=16, help="max_tokens when not given")
+    parser.add_argument("--nnodes", type=int, default=1, help="ranks of its multi-node replica")
+    parser.add_argument("--rank", type=int, default=0, help="its rank; only rank 0 serves /v1")
+    parser.add_argument("--leader-addr", default="", help="rank 0's address")
+    parser.add_argument("--leader-port", type=int, default=0, help="rank 0's rendezvous port")
+    args = parser.parse_args(argv)
+    if args.prefill_tps <= 0 or args.decode_tps <= 0 or args.parallel < 1:
+        parser.error("--prefill-tps and --decode-tps must be > 0 and --parallel >= 1")
+    if args.nnodes < 1 or not 0 <= args.rank < args.nnodes:
+        parser.error(f"--rank must be one of 0..{max(args.nnodes, 1) - 1} and --nnodes at least 1")
+    return args
+
+
+async def serve(config: Config, *, host: str, port: int) -> int:
+    """Serve until SIGTERM or SIGINT; the exit status (1 when the port cannot be bound)."""
+    engine = SimEngine(config)
+    # shutdown_timeout: aiohttp waits 60 s for open requests by default, and waits it twice
+    # (for the handler to end, then for it to end once cancelled); a stopped engine must be gone
+    # in well under a second, and its open streams are cut anyway. 0.1 gives ~0.25 s in all.
+    runner = web.AppRunner(engine.app(), handler_cancellation=True, shutdown_timeout=0.1, access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        try:
+            await site.start()
+        except OSError as e:
+            print(f"llmgw sim engine: cannot listen on {host}:{port}: {e.strerror or e}; "
+                  "pick another --port or stop what holds it", file=sys.stderr)
+            return 1
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        bound = runner.addresses[0]
+        print(f"llmgw sim engine: listening on http://{bound[0]}:{bound[1]} serving {config.model!r}",
+              flush=True)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    config = Config(model=args.model, api_key=args.api_key, prefill_tps=args.prefill_tps,
+                    decode_tps=args.decode_tps, parallel=args.parallel, startup_delay=args.startup_delay,
+                    max_tokens_default=args.max_tokens_default, nnodes=args.nnodes, rank=args.rank,
+                    leader_addr=args.leader_addr, leader_port=args.leader_port)
+    return asyncio.run(serve(config, host=args.host, port=args.port))
