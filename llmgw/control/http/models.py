@@ -58,18 +58,56 @@ def _replica_count(doc: object) -> int:
     return replicas
 
 
+async def _stored(db: StoreThread, name: str) -> StoredModel:
+    stored = await db.get_model(name)
+    if stored is None:
+        raise NotFound("model", name, _HINT)
+    return stored
+
+
+async def _replicas_of(db: StoreThread, name: str) -> list[ReplicaRecord]:
+    return [r for r in await db.list_replicas() if r.model == name]
+
+
 def router(db: StoreThread, cluster: Cluster) -> APIRouter:
+    """Reading models here; changing them in ``_changes``."""
     api = APIRouter()
-    model_route = {"response_model": schemas.ModelDoc, "response_model_exclude_unset": True}
 
-    async def _stored(name: str) -> StoredModel:
-        stored = await db.get_model(name)
-        if stored is None:
-            raise NotFound("model", name, _HINT)
-        return stored
+    @api.get("/api/v1/models", response_model=schemas.ModelList, response_model_exclude_unset=True)
+    async def list_models() -> dict[str, Any]:
+        # The light records (``Store.list_replica_states``): Ready ones counted by the database, the others'
+        # seven fields a status reads; whole replicas were 0.19 s of this call with 2,000 of them.
+        replicas, models = await db.list_replica_states(), await db.list_models()
+        now = time.time()
+        by_model: dict[str, list[ReplicaRecord]] = {}
+        for r in replicas:
+            by_model.setdefault(r.model, []).append(r)
+        states = await db.autoscale_states()
+        return {"items": [modeldocs.model_doc(m, by_model.get(m.model.name, []), now, states) for m in models]}
 
-    async def _replicas_of(name: str) -> list[ReplicaRecord]:
-        return [r for r in await db.list_replicas() if r.model == name]
+    @api.get("/api/v1/models/{name}", response_model=schemas.ModelDoc, response_model_exclude_unset=True)
+    async def get_model(name: str) -> dict[str, Any]:
+        stored = await _stored(db, name)
+        return modeldocs.model_doc(stored, await _replicas_of(db, name), time.time(), await db.autoscale_states(),
+                                   cluster.signals)
+
+    @api.get("/api/v1/models/{name}/describe", response_model=schemas.ModelDescribe,
+             response_model_exclude_unset=True)
+    async def describe_model(name: str) -> dict[str, Any]:
+        stored = await _stored(db, name)
+        now, states = time.time(), await db.autoscale_states()
+        mine = await _replicas_of(db, name)
+        events = await db.list_events(model=name, limit=modeldocs.DESCRIBE_EVENTS)
+        return modeldocs.describe_doc(stored, mine, events, cluster, states, now)
+
+    api.include_router(_changes(db, cluster))
+    return api
+
+
+def _changes(db: StoreThread, cluster: Cluster) -> APIRouter:
+    """Apply (POST, or PUT by name), scale by hand, delete; each change is an event and kicks a pass."""
+    api = APIRouter()
+    model_route: dict[str, Any] = {"response_model": schemas.ModelDoc, "response_model_exclude_unset": True}
 
     async def _apply(model: specs.Model, response: Response) -> dict[str, Any]:
         before = await db.get_model(model.name)
@@ -83,19 +121,8 @@ def router(db: StoreThread, cluster: Cluster) -> APIRouter:
             cluster.flush_events()
         cluster.kick()
         response.status_code = 201 if created else 200
-        return modeldocs.model_doc(stored, await _replicas_of(model.name), time.time(), await db.autoscale_states())
-
-    @api.get("/api/v1/models", response_model=schemas.ModelList, response_model_exclude_unset=True)
-    async def list_models() -> dict[str, Any]:
-        # The light records (``Store.list_replica_states``): Ready ones counted by the database, the others'
-        # seven fields a status reads; whole replicas were 0.19 s of this call with 2,000 of them.
-        replicas, models = await db.list_replica_states(), await db.list_models()
-        now = time.time()
-        by_model: dict[str, list[ReplicaRecord]] = {}
-        for r in replicas:
-            by_model.setdefault(r.model, []).append(r)
-        states = await db.autoscale_states()
-        return {"items": [modeldocs.model_doc(m, by_model.get(m.model.name, []), now, states) for m in models]}
+        return modeldocs.model_doc(stored, await _replicas_of(db, model.name), time.time(),
+                                   await db.autoscale_states())
 
     @api.post("/api/v1/models", **model_route)
     async def apply_model(request: Request, response: Response) -> dict[str, Any]:
@@ -110,17 +137,11 @@ def router(db: StoreThread, cluster: Cluster) -> APIRouter:
                              param="metadata.name")
         return await _apply(model, response)
 
-    @api.get("/api/v1/models/{name}", **model_route)
-    async def get_model(name: str) -> dict[str, Any]:
-        stored = await _stored(name)
-        return modeldocs.model_doc(stored, await _replicas_of(name), time.time(), await db.autoscale_states(),
-                                   cluster.signals)
-
     @api.post("/api/v1/models/{name}/scale", **model_route)
     async def scale_model(name: str, request: Request, response: Response) -> dict[str, Any]:
         """Sets a model's replica count by hand (``{"replicas": N}``); refused (409) for an autoscaled model."""
         replicas = _replica_count(read_json(await request.body(), limit=None))
-        stored = await _stored(name)
+        stored = await _stored(db, name)
         auto = stored.model.spec.autoscale
         if auto is not None:
             # The autoscaler would undo a count set by hand at its next decision: say where the count comes from.
@@ -133,20 +154,11 @@ def router(db: StoreThread, cluster: Cluster) -> APIRouter:
     @api.delete("/api/v1/models/{name}", response_model=schemas.Deleted)
     async def delete_model(name: str) -> dict[str, Any]:
         if not await db.delete_model(name):
-            await _stored(name)
+            await _stored(db, name)
         cluster.record(ev.Event(time.time(), ev.NORMAL, "Deleted", f"model/{name}",
                                 "deleted; its replicas are drained and stopped", model=name))
         cluster.flush_events()
         cluster.kick()
         return {"deleted": name}
-
-    @api.get("/api/v1/models/{name}/describe", response_model=schemas.ModelDescribe,
-             response_model_exclude_unset=True)
-    async def describe_model(name: str) -> dict[str, Any]:
-        stored = await _stored(name)
-        now, states = time.time(), await db.autoscale_states()
-        mine = await _replicas_of(name)
-        events = await db.list_events(model=name, limit=modeldocs.DESCRIBE_EVENTS)
-        return modeldocs.describe_doc(stored, mine, events, cluster, states, now)
 
     return api

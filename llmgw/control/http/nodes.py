@@ -75,6 +75,15 @@ def router(db: StoreThread, cluster: Cluster) -> APIRouter:
         events = await db.list_events(node=node_id, limit=modeldocs.DESCRIBE_EVENTS)
         return nodedocs.describe_doc(node_id, stored, mine, models, events, cluster, now)
 
+    api.include_router(_marks(db, cluster))
+    api.include_router(_logs(cluster))
+    return api
+
+
+def _marks(db: StoreThread, cluster: Cluster) -> APIRouter:
+    """Cordon, uncordon and drain: each answers the node's marks and status words."""
+    api = APIRouter()
+
     async def _mark(node_id: str, *, cordoned: bool, draining: bool) -> dict[str, Any]:
         if not await cluster.mark_node(node_id, cordoned=cordoned, draining=draining):
             raise unknown(node_id)
@@ -96,6 +105,12 @@ def router(db: StoreThread, cluster: Cluster) -> APIRouter:
     async def drain(node_id: str) -> dict[str, Any]:
         """Cordons the node and moves its replicas elsewhere, each once its replacement is Ready."""
         return await _mark(node_id, cordoned=True, draining=True)
+
+    return api
+
+
+def _logs(cluster: Cluster) -> APIRouter:
+    api = APIRouter()
 
     @api.get("/api/v1/nodes/{node_id}/logs", response_class=StreamingResponse, responses=_LOG_LINES)
     async def node_logs(node_id: str, shard: str = "", lines: int = Query(default=100, ge=0, le=10_000),

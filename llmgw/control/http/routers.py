@@ -24,7 +24,7 @@ LONG_POLL_MAX_S = 60.0
 def router(cluster: Cluster, reports: RouterEvents) -> APIRouter:
     api = APIRouter()
 
-    @api.get("/api/v1/endpoints", response_model=schemas.RouterTable)
+    @api.get("/api/v1/endpoints", response_model=schemas.RouterTable, response_model_exclude_unset=True)
     async def endpoints(after: int | None = Query(default=None, ge=-1, le=paging.MAX_ID),
                         timeout: float = Query(default=25.0, ge=0, le=LONG_POLL_MAX_S)) -> dict[str, Any]:
         """The routers' table; with ``after`` its current version, answered when it changes (or at ``timeout``)."""

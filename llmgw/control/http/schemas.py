@@ -212,6 +212,11 @@ class NodeDescribe(Scheduling):
 
 
 class RouterTable(Body):
-    """The routers' table (``GET /api/v1/endpoints``): the wire document the router reads, with its version."""
+    """The routers' table (``GET /api/v1/endpoints``): the wire document the router reads, with its version.
+
+    Each model's entry and the keys are the wire's own (``Cluster.endpoints_doc``), typed there.
+    """
 
     version: int
+    models: list[dict[str, Any]]
+    auth: dict[str, Any] = pydantic.Field(default_factory=dict, description="Absent from the empty first table")
