@@ -1,5 +1,6 @@
-"""The REST API fuzzed against its own OpenAPI document (schemathesis): no input makes it answer 5xx, and no
-input without a credential is answered 2xx.
+"""The REST API fuzzed against its own OpenAPI document (schemathesis): no input makes it answer 5xx, every
+answer matches the response schema the document states for it, and no input without a credential is
+answered 2xx.
 
 Driven operation by operation with hypothesis rather than through schemathesis's pytest plugin, whose
 collection hook does not run under this pytest. Bounded: ``EXAMPLES`` generated requests per operation.
@@ -14,7 +15,7 @@ from typing import Any
 
 import schemathesis
 from hypothesis import HealthCheck, given, settings
-from schemathesis.checks import not_a_server_error
+from schemathesis.checks import not_a_server_error, response_schema_conformance
 
 from llmgw.testing import system as system_mod
 
@@ -42,7 +43,8 @@ def _fuzz(schema: Any, each: Callable[[schemathesis.Case], None], *, examples: i
 
 
 def test_no_generated_input_makes_any_operation_answer_5xx(tmp_path: Path) -> None:
-    """Every operation of /api/openapi.json, with generated valid and invalid input, answers without a 5xx."""
+    """Every operation of /api/openapi.json, with generated valid and invalid input, answers without a 5xx, and
+    with a body its response schema describes (a refusal: the error body)."""
     calls: list[int] = []
     with system_mod.running(tmp_path) as s:
         schema = schemathesis.openapi.from_dict(s.get("/api/openapi.json"))
@@ -50,7 +52,8 @@ def test_no_generated_input_makes_any_operation_answer_5xx(tmp_path: Path) -> No
 
         def each(case: schemathesis.Case) -> None:
             calls.append(1)
-            case.call_and_validate(base_url=s.url, headers=auth, checks=[not_a_server_error])
+            case.call_and_validate(base_url=s.url, headers=auth, checks=[not_a_server_error,
+                                                                         response_schema_conformance])
 
         failures, operations = _fuzz(schema, each)
     assert not failures, "\n\n".join(failures)

@@ -1,0 +1,17 @@
+"""The control plane's REST API, one module per resource; ``api.create_api`` assembles them.
+
+- ``models`` (``modeldocs``): models applied, read, scaled, described, deleted.
+- ``nodes`` (``nodedocs``): nodes listed, described, cordoned/uncordoned/drained, their logs;
+  ``nodecerts``: their certificates and revocation.
+- ``replicas``; ``events``; ``weights``; ``engines``; ``fabric`` (RDMA tests).
+- ``routers``: what routers read and report (endpoints table, ejections, load signals);
+  ``routercreds``: routers' credentials.
+- ``keys`` (the OpenAI API's keys), ``users``, ``login``, ``tokens`` (join tokens), ``settings``, ``audit``.
+- ``meta``: health, whoami, control planes; ``metrics``: Prometheus.
+
+Shared: ``schemas`` (response models), ``apierrors`` (the refusals; ``errors``: their JSON shape),
+``paging`` (query bounds), ``apidocs`` (``/api/docs``), ``openapi`` (the checked-in ``docs/openapi.json``),
+``forward`` (a standby's front to the leader). To add an endpoint: a route in its resource's module with a
+``response_model`` from ``schemas``, refusals from ``apierrors``, then ``python -m llmgw.control.http.openapi
+--write``.
+"""

@@ -38,7 +38,7 @@ from fastapi import APIRouter
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llmgw.control.auth.middleware import PRINCIPAL
-from llmgw.control.http import auditcount, paging
+from llmgw.control.http import auditcount, paging, schemas
 from llmgw.control.store.offloop import StoreThread
 from llmgw.control.store.store import AuditEntry
 
@@ -188,6 +188,20 @@ def code_of(response_body: bytes) -> str:
     return code[:40] if isinstance(code, str) and code else "refused"
 
 
+class AuditEntryDoc(schemas.Body):
+    id: int
+    at: schemas.Number
+    actor: str
+    action: str
+    object: str
+    outcome: str
+    detail: str
+
+
+class AuditList(schemas.Body):
+    items: list[AuditEntryDoc]
+
+
 def entry_doc(e: AuditEntry) -> dict[str, Any]:
     return {"id": e.id, "at": e.at, "actor": e.actor, "action": e.action, "object": e.object,
             "outcome": e.outcome, "detail": e.detail}
@@ -268,7 +282,7 @@ class AuditMiddleware:
 def router(db: StoreThread) -> APIRouter:
     r = APIRouter()
 
-    @r.get("/api/v1/audit")
+    @r.get("/api/v1/audit", response_model=AuditList)
     async def list_audit(since: int = paging.after_id("Entries after this id"),
                          limit: int = paging.limit(default=500)) -> dict[str, Any]:
         """The audit log, oldest first: who changed what, when, and whether it was done, refused or failed."""

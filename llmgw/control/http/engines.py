@@ -14,7 +14,8 @@ from fastapi import APIRouter, Response
 
 from llmgw.control import engines
 from llmgw.control.cluster import Cluster
-from llmgw.control.http.errors import ApiError
+from llmgw.control.http import schemas
+from llmgw.control.http.apierrors import ApiError, NotFound
 from llmgw.control.store.offloop import StoreThread
 
 
@@ -29,18 +30,45 @@ class EngineTarget(pydantic.BaseModel):
     pool: str = pydantic.Field(default="", max_length=63)
 
 
+class Engines(schemas.Body):
+    """The wants (versions asked for per node or pool), the install settings, and each node's installs."""
+
+    wants: list[dict[str, Any]]
+    settings: dict[str, Any]
+    nodes: list[dict[str, Any]]
+
+
+class WantAdded(schemas.Body):
+    scope: str
+    engine: str
+    version: str
+    created: bool
+
+
+class WantDeleted(schemas.Body):
+    deleted: bool
+
+
+class Removal(schemas.Body):
+    """The nodes told to remove the version, and those that were not connected to be told."""
+
+    sent: list[str]
+    not_connected: list[str]
+
+
 def _refused(e: engines.EngineRefused) -> ApiError:
+    """``engines`` chose the status and wrote the sentence (a version it does not know, one still in use)."""
     return ApiError(e.status, str(e), code=e.code)
 
 
 def router(db: StoreThread, cluster: Cluster) -> APIRouter:
     api = APIRouter()
 
-    @api.get("/api/v1/engines")
+    @api.get("/api/v1/engines", response_model=Engines)
     async def list_engines() -> dict[str, Any]:
         return engines.engines_doc(cluster)
 
-    @api.post("/api/v1/engines", status_code=201)
+    @api.post("/api/v1/engines", status_code=201, response_model=WantAdded)
     async def add_want(body: EngineTarget, response: Response) -> dict[str, Any]:
         try:
             want, added = await engines.install(db, cluster, body.engine, body.version, node=body.node,
@@ -52,7 +80,7 @@ def router(db: StoreThread, cluster: Cluster) -> APIRouter:
         return {"scope": want.scope, "engine": want.engine, "version": want.version, "created": added}
 
     # A body, as POST's: the audit log names the object from it (a query string it never reads).
-    @api.delete("/api/v1/engines")
+    @api.delete("/api/v1/engines", response_model=WantDeleted)
     async def delete_want(body: EngineTarget) -> dict[str, Any]:
         try:
             gone = await engines.forget(db, cluster, body.engine, body.version, node=body.node, pool=body.pool)
@@ -60,11 +88,11 @@ def router(db: StoreThread, cluster: Cluster) -> APIRouter:
             raise _refused(e) from None
         if not gone:
             where = f"node {body.node}" if body.node else f"pool {body.pool}"
-            raise ApiError(404, f"{body.engine} {body.version} is not wanted on {where}; `llmgw engine list` shows "
-                           "the wants", code="not_found")
+            raise NotFound(f"{body.engine} {body.version}", "", "`llmgw engine list` shows the wants",
+                           says=f"is not wanted on {where}", code="not_found")
         return {"deleted": True}
 
-    @api.post("/api/v1/engines/remove")
+    @api.post("/api/v1/engines/remove", response_model=Removal)
     async def remove(body: EngineTarget) -> dict[str, Any]:
         try:
             done = await engines.remove(db, cluster, body.engine, body.version, node=body.node, pool=body.pool)

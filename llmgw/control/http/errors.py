@@ -1,9 +1,15 @@
-"""REST errors in the same shape as the OpenAI API's, so one client-side parser reads both."""
+"""REST errors in the same shape as the OpenAI API's, so one client-side parser reads both.
+
+``ApiError`` is the base of the refusals handlers raise (``apierrors`` holds the family, each with its
+sentence written in its constructor); ``install`` answers every one, and FastAPI's own refusals, as
+``{"error": {"message", "type", "code", "param"}}``: the CLI (``cli.client``) and the UI print ``message``.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pydantic
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -11,10 +17,31 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 
 class ApiError(Exception):
+    """A refusal: its status, its sentence, the body's ``code``, ``type`` and ``param``, and ``headers`` to send."""
+
     def __init__(self, status: int, message: str, *, code: str, type_: str = "invalid_request_error",
-                 param: str | None = None) -> None:
+                 param: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.code, self.type, self.param = status, message, code, type_, param
+        self.headers = headers
+
+
+class ErrorDetail(pydantic.BaseModel):
+    message: str = pydantic.Field(description="The sentence the CLI and the UI show")
+    type: str
+    code: str | None
+    param: str | None = pydantic.Field(description="The field or parameter refused, when one is")
+
+
+class ErrorBody(pydantic.BaseModel):
+    """Every refusal's body (``error_body``), as the OpenAI API's."""
+
+    error: ErrorDetail
+
+
+#: What every operation's document says of a 4xx answer (FastAPI's own 422 schema is not what is answered).
+REFUSALS: dict[int | str, dict[str, Any]] = {"4XX": {"model": ErrorBody, "description": "Refused: "
+                                                     "``error.message`` says why"}}
 
 
 def error_body(message: str, *, type_: str, code: str | None, param: str | None = None) -> dict[str, Any]:
@@ -25,7 +52,7 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_req: Request, exc: ApiError) -> JSONResponse:
         return JSONResponse(error_body(exc.message, type_=exc.type, code=exc.code, param=exc.param),
-                            status_code=exc.status)
+                            status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_req: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -15,6 +15,7 @@ import pydantic
 from fastapi import APIRouter
 
 from llmgw.control import fabric
+from llmgw.control.http import schemas
 from llmgw.control.http.errors import ApiError
 from llmgw.core import fabrictest as ft
 from llmgw.core import units
@@ -55,15 +56,47 @@ class FabricTestBody(pydantic.BaseModel):
         return size
 
 
+class FabricSide(schemas.Body):
+    """One side of the test: its port, whether it ran to the end, its error and its output."""
+
+    node: str
+    role: str
+    hca: str
+    port: int
+    describe: str
+    ok: bool
+    error: str
+    gbps: schemas.Number
+    output: list[str]
+
+
+class FabricResult(schemas.Body):
+    """The measurement against the port's rate (``percent``, ``verdict``), or why either side failed."""
+
+    id: str
+    node_a: str
+    node_b: str
+    ok: bool
+    gbps: schemas.Number
+    port_rate_gbps: schemas.Number
+    percent: schemas.Number
+    verdict: str
+    size_bytes: int
+    duration_s: schemas.Number
+    error: str
+    server: FabricSide
+    client: FabricSide
+
+
 def router(cluster: Any) -> APIRouter:
     api = APIRouter()
 
-    @api.post("/api/v1/fabric/tests")
+    @api.post("/api/v1/fabric/tests", response_model=FabricResult)
     async def fabric_test(body: FabricTestBody) -> dict[str, Any]:
         try:
             return await fabric.run(cluster, node_a=body.node_a, node_b=body.node_b, hca=body.hca, port=body.port,
                                     size_bytes=int(body.size), duration_s=body.duration, tcp_port=body.tcp_port)
-        except fabric.FabricTestRefused as e:
+        except fabric.FabricTestRefused as e:  # its status and sentence are fabric's
             raise ApiError(e.status, e.message, code=e.code) from None
 
     return api

@@ -26,7 +26,8 @@ from typing import Any, Protocol
 import pydantic
 from fastapi import APIRouter, Response
 
-from llmgw.control.http.errors import ApiError
+from llmgw.control.http import schemas
+from llmgw.control.http.apierrors import NotFound, Unavailable
 from llmgw.control.store.offloop import StoreThread
 from llmgw.control.store.store import KeyIdTaken, StoredKey
 
@@ -71,6 +72,28 @@ class KeyCreate(pydantic.BaseModel):
         return value
 
 
+class Key(schemas.Body):
+    """A key as listed: never its secret, never its hash."""
+
+    id: str
+    name: str
+    models: list[str]
+    rpm: int
+    tpm: int
+    priority: int
+    created_at: schemas.Number
+    disabled: bool
+    last_used_at: schemas.Number
+
+
+class KeyCreated(Key):
+    key: str = pydantic.Field(description="The secret, shown this once")
+
+
+class KeyList(schemas.Body):
+    items: list[Key]
+
+
 def new_secret() -> str:
     return SECRET_PREFIX + secrets.token_urlsafe(32)
 
@@ -89,11 +112,15 @@ def key_doc(key: StoredKey) -> dict[str, Any]:
             "last_used_at": key.last_used_at}
 
 
+def _missing(key_id: str) -> NotFound:
+    return NotFound("key", key_id, "`llmgw key list` lists them")
+
+
 def router(db: StoreThread, cluster: _Kicker, *, new_id: Callable[[], str] = new_key_id) -> APIRouter:
     """``new_id`` draws a key's id (a test gives one that clashes)."""
     r = APIRouter()
 
-    @r.post("/api/v1/keys", status_code=201)
+    @r.post("/api/v1/keys", status_code=201, response_model=KeyCreated)
     async def create_key(body: KeyCreate, response: Response) -> dict[str, Any]:
         """Creates a key; the answer's ``key`` is the secret, shown this once."""
         models = [m.strip() for m in body.models if m.strip()]
@@ -107,36 +134,36 @@ def router(db: StoreThread, cluster: _Kicker, *, new_id: Callable[[], str] = new
             except KeyIdTaken:
                 continue
         else:
-            raise ApiError(503, f"no free key id in {ID_TRIES} draws; try again, and if it persists report it",
-                           code="key_id_taken")
+            raise Unavailable(f"no free key id in {ID_TRIES} draws; try again, and if it persists report it",
+                              code="key_id_taken")
         cluster.kick()
         response.status_code = 201
         return {**key_doc(key), "key": secret}
 
-    @r.get("/api/v1/keys")
+    @r.get("/api/v1/keys", response_model=KeyList)
     async def list_keys() -> dict[str, Any]:
         return {"items": [key_doc(k) for k in await db.list_keys()]}
 
-    @r.delete("/api/v1/keys/{key_id}")
+    @r.delete("/api/v1/keys/{key_id}", response_model=schemas.Deleted)
     async def delete_key(key_id: str) -> dict[str, Any]:
         if not await db.delete_key(key_id):
-            raise ApiError(404, f"key {key_id!r} does not exist; `llmgw key list` lists them", code="key_not_found")
+            raise _missing(key_id)
         cluster.kick()
         return {"deleted": key_id}
 
     async def set_disabled(key_id: str, disabled: bool) -> dict[str, Any]:
         key = await db.set_key_disabled(key_id, disabled)
         if key is None:
-            raise ApiError(404, f"key {key_id!r} does not exist; `llmgw key list` lists them", code="key_not_found")
+            raise _missing(key_id)
         cluster.kick()  # the next table leaves the key out (or puts it back): routers follow within a second or so
         return key_doc(key)
 
-    @r.post("/api/v1/keys/{key_id}/disable")
+    @r.post("/api/v1/keys/{key_id}/disable", response_model=Key)
     async def disable_key(key_id: str) -> dict[str, Any]:
         """Disables a key: routers refuse it (401) from their next table on; it stays listed, to enable again."""
         return await set_disabled(key_id, True)
 
-    @r.post("/api/v1/keys/{key_id}/enable")
+    @r.post("/api/v1/keys/{key_id}/enable", response_model=Key)
     async def enable_key(key_id: str) -> dict[str, Any]:
         """Enables a disabled key again, with the same secret."""
         return await set_disabled(key_id, False)

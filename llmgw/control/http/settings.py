@@ -14,7 +14,7 @@ import pydantic
 from fastapi import APIRouter, Request
 
 from llmgw.control.auth.middleware import PRINCIPAL
-from llmgw.control.http.errors import ApiError
+from llmgw.control.http.apierrors import Unprocessable
 from llmgw.control.store import settings as settings_store
 from llmgw.control.store.offloop import StoreThread
 
@@ -26,14 +26,20 @@ async def current(db: StoreThread) -> settings_store.ClusterSettings:
     return await db.call(settings_store.read, db.store)
 
 
+class SettingsChanged(settings_store.ClusterSettings):
+    """The settings in force after a change, and which keys it changed."""
+
+    changed: list[str] = pydantic.Field(description="The keys whose value changed")
+
+
 def router(db: StoreThread) -> APIRouter:
     api = APIRouter()
 
-    @api.get(PATH)
+    @api.get(PATH, response_model=settings_store.ClusterSettings)
     async def get_settings() -> dict[str, Any]:
         return (await current(db)).model_dump()
 
-    @api.put(PATH)
+    @api.put(PATH, response_model=SettingsChanged)
     async def put_settings(body: settings_store.SettingsChange, request: Request) -> dict[str, Any]:
         """Changes the keys given; a key left out keeps its value."""
         try:
@@ -41,8 +47,8 @@ def router(db: StoreThread) -> APIRouter:
         except pydantic.ValidationError as e:
             first = e.errors()[0]
             field = ".".join(str(x) for x in first.get("loc", ())) or "settings"
-            raise ApiError(422, f"{field}: {str(first.get('msg', 'invalid')).removeprefix('Value error, ')}",
-                           code="invalid_setting", param=field) from None
+            raise Unprocessable(f"{field}: {str(first.get('msg', 'invalid')).removeprefix('Value error, ')}",
+                                code="invalid_setting", param=field) from None
         who = request.scope.get(PRINCIPAL)
         changed = await db.call(settings_store.write, db.store, values, by=who.name if who is not None else "")
         return {**(await current(db)).model_dump(), "changed": changed}

@@ -23,7 +23,8 @@ from llmgw.control import tokens
 from llmgw.control.agentsvc import join as join_mod
 from llmgw.control.auth import middleware as auth_mw
 from llmgw.control.auth import principals
-from llmgw.control.http.errors import ApiError
+from llmgw.control.http import schemas
+from llmgw.control.http.apierrors import Conflict, Forbidden, Unprocessable
 from llmgw.control.store.offloop import StoreThread
 from llmgw.core.errors import LlmgwError
 
@@ -49,6 +50,19 @@ class TokenCreate(pydantic.BaseModel):
     node: str = pydantic.Field(default="", max_length=64)
 
 
+class JoinToken(schemas.Body):
+    """A join token (its secret shown this once) and the command that joins a node with it."""
+
+    id: str
+    token: str
+    expires_at: float
+    uses: int
+    node: str
+    server: str
+    ca_hash: str
+    command: str
+
+
 def join_command(point: JoinPoint, token: str) -> str:
     return f"llmgw agent join --server {point.address} --token {token} --ca-hash {point.ca_hash}"
 
@@ -57,24 +71,23 @@ def router(db: StoreThread, join: JoinPoint | None) -> APIRouter:
     """``join``: this control plane's join point; None (``--insecure``): nodes do not join, tokens are refused."""
     r = APIRouter()
 
-    @r.post("/api/v1/tokens", status_code=201)
+    @r.post("/api/v1/tokens", status_code=201, response_model=JoinToken)
     async def create_token(body: TokenCreate, request: Request) -> dict[str, Any]:
         """A join token (shown this once) and the `llmgw agent join` command that uses it; administrators only."""
         who = request.scope.get(auth_mw.PRINCIPAL)
         if who is not None and not _ADMIN.allows(who):
             # The permission table lets operators POST; a token makes a node, so this one is the admin's.
-            raise ApiError(403, auth_mw.forbidden_message(who, _ADMIN, "POST", "/api/v1/tokens"), code="forbidden",
-                           type_="permission_error")
+            raise Forbidden(who, _ADMIN, "POST", "/api/v1/tokens")
         if join is None:
-            raise ApiError(409, "this control plane runs with --insecure: nodes do not join, they connect in "
-                                "plaintext with `llmgw agent --insecure --server HOST:PORT`", code="insecure")
+            raise Conflict("this control plane runs with --insecure: nodes do not join, they connect in plaintext with "
+                           "`llmgw agent --insecure --server HOST:PORT`", code="insecure")
         if body.node and (why := join_mod.check_node_id(body.node)):
-            raise ApiError(422, why, code="invalid_node", param="node")
+            raise Unprocessable(why, code="invalid_node", param="node")
         try:
             token_id, secret = await db.call(tokens.create_token, db.store, ttl_s=body.ttl_s, uses=body.uses,
                                              node_name=body.node)
         except LlmgwError as e:
-            raise ApiError(422, str(e), code="invalid_token") from None
+            raise Unprocessable(str(e), code="invalid_token") from None
         token = f"{token_id}.{secret}"
         return {"id": token_id, "token": token, "expires_at": time.time() + body.ttl_s, "uses": body.uses,
                 "node": body.node, "server": join.address, "ca_hash": join.ca_hash,

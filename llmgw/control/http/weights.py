@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from fastapi import APIRouter
 
 from llmgw.control import remotemeta
+from llmgw.control.http import schemas
 from llmgw.control.placement import needs
 from llmgw.control.state import NodeView
 from llmgw.control.store.offloop import StoreThread
@@ -26,6 +27,32 @@ from llmgw.core.specs import ModelSpec
 class _Cluster(Protocol):
     nodes: dict[str, NodeView]
     remote_meta: remotemeta.Reader | None
+
+
+class Weight(schemas.Body):
+    node: str
+    path: str
+    cache_name: str
+    size_bytes: int
+    format: str
+    source: str
+    last_used_unix: schemas.Number
+    fetched_by_llmgw: bool
+    models: list[str]
+
+
+class RemoteRead(schemas.Body):
+    """What the control plane read of a remote source's metadata: its size, or why it could not be read."""
+
+    source: str
+    size_bytes: int | None
+    problem: str
+    models: list[str]
+
+
+class Weights(schemas.Body):
+    items: list[Weight]
+    remote: list[RemoteRead]
 
 
 def weights_doc(models: Mapping[str, ModelSpec], nodes: Iterable[NodeView],
@@ -52,7 +79,7 @@ def weights_doc(models: Mapping[str, ModelSpec], nodes: Iterable[NodeView],
 def router(db: StoreThread, cluster: _Cluster) -> APIRouter:
     api = APIRouter()
 
-    @api.get("/api/v1/weights")
+    @api.get("/api/v1/weights", response_model=Weights)
     async def list_weights() -> dict[str, Any]:
         models = {m.model.name: m.model.spec for m in await db.list_models()}
         remote = cluster.remote_meta.known() if cluster.remote_meta is not None else None

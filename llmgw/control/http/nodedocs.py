@@ -1,0 +1,91 @@
+"""The documents ``/api/v1/nodes`` answers: a node as listed, as described, and its scheduling marks."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from llmgw.control import engines
+from llmgw.control.cluster import Cluster
+from llmgw.control.events import Event
+from llmgw.control.http import modeldocs
+from llmgw.control.state import NodeView, ReplicaRecord
+from llmgw.control.store.store import StoredNode
+from llmgw.core.shards import ShardState
+
+
+def scheduling(view: NodeView | None, *, connected: bool, has_replicas: bool) -> dict[str, Any]:
+    """A node's cordon/drain marks and its status words as `kubectl get nodes` would put them."""
+    cordoned, draining = bool(view and view.cordoned), bool(view and view.draining)
+    words = ["Ready" if connected else "NotReady"]
+    if cordoned or draining:
+        words.append("SchedulingDisabled")
+    if draining and has_replicas:
+        words.append("Draining")
+    return {"cordoned": cordoned, "draining": draining, "status": ",".join(words)}
+
+
+def node_doc(n: StoredNode, view: NodeView | None, *, connected: bool, has_replicas: bool) -> dict[str, Any]:
+    """A node as ``GET /api/v1/nodes`` lists it: its marks, what it has, and the shards it runs."""
+    inv = view.inventory if view else n.inventory
+    return {
+        "id": n.id, "hostname": n.hostname, "mgmt_addr": n.mgmt_addr, "agent_version": n.agent_version,
+        **scheduling(view, connected=connected, has_replicas=has_replicas),
+        "connected": connected, "last_seen": n.last_seen, "cpu_count": inv.cpu_count,
+        "memory_total_bytes": inv.memory_total_bytes, "memory_available_bytes": inv.memory_available_bytes,
+        "gpus": [{"index": g.index, "name": g.name, "memory_total_bytes": g.memory_total_bytes,
+                  "memory_used_bytes": g.memory_used_bytes, "nvlink_peers": list(g.nvlink_peers)}
+                 for g in inv.gpus],
+        "engines": [{"name": e, "version": v} for e, v in inv.engines],
+        "shards": sum(1 for s in (view.shards.values() if view else ()) if s.state in ShardState.live()),
+        "shard_states": [{"id": s.shard_id, "replica": s.replica_id, "state": s.state.value, "pid": s.pid,
+                          "adopted": s.adopted, "message": s.message, "probe_failures": s.probe_failures}
+                         for s in (view.shards.values() if view else ())],
+        "mgmt_interface": inv.mgmt_interface,
+        "host": dataclasses.asdict(inv.host),
+        "hcas": [dataclasses.asdict(h) for h in inv.hcas],
+        "fabrics": [dataclasses.asdict(f) for f in inv.fabrics],
+        "model_dirs": [dataclasses.asdict(d) for d in inv.model_dirs],
+        "weights": [dataclasses.asdict(w) for w in inv.weights],
+        "nvlink": dataclasses.asdict(inv.nvlink),
+        "subnet_managers": [dataclasses.asdict(x) for x in inv.subnet_managers],
+        "load": {sid: {"cpu_cores": ld.cpu_cores, "rss_bytes": ld.rss_bytes}
+                 for sid, ld in (view.shard_load.items() if view else ())},
+    }
+
+
+def nodes_body(page: list[StoredNode], total: int, views: dict[str, NodeView], connected: set[str],
+               occupied: set[str]) -> bytes:
+    """One page of nodes as the API's JSON, with ``total``, how many there are in all."""
+    return json.dumps({"items": [node_doc(n, views.get(n.id), connected=n.id in connected,
+                                          has_replicas=n.id in occupied) for n in page],
+                       "total": total}).encode()
+
+
+def describe_doc(node_id: str, stored: StoredNode, mine: list[ReplicaRecord], models: dict[str, str],
+                 events: list[Event], cluster: Cluster, now: float) -> dict[str, Any]:
+    """``GET /api/v1/nodes/ID/describe``: the node, what llmgw installed there, its replicas and recent events.
+
+    ``mine``: the replicas with a rank on the node; ``models``: each model's fingerprint.
+    """
+    view = cluster.nodes.get(node_id)
+    inv = view.inventory if view else stored.inventory
+    return {
+        "id": node_id, "hostname": stored.hostname, "mgmt_addr": stored.mgmt_addr,
+        "agent_version": stored.agent_version, "connected": cluster.connected(node_id),
+        "last_seen": stored.last_seen, "labels": stored.labels,
+        **scheduling(view, connected=cluster.connected(node_id), has_replicas=bool(mine)),
+        "cpu_count": inv.cpu_count, "memory_total_bytes": inv.memory_total_bytes,
+        "memory_available_bytes": inv.memory_available_bytes,
+        "gpus": [{"index": g.index, "name": g.name, "memory_total_bytes": g.memory_total_bytes,
+                  "memory_used_bytes": g.memory_used_bytes} for g in inv.gpus],
+        "engines": [{"name": e, "version": v} for e, v in inv.engines],
+        # What llmgw installed here and each install's state (issue 14); the engines above are what runs.
+        "installs": [engines.install_doc(i) for i in inv.installs],
+        "replicas": [{**modeldocs.replica_describe(r, cluster, models.get(r.model, ""), now), "model": r.model}
+                     for r in mine],
+        "shards": [{"id": s.shard_id, "replica": s.replica_id, "state": s.state.value, "message": s.message}
+                   for s in (view.shards.values() if view else ()) if s.state in ShardState.live()],
+        "events": [modeldocs.event_doc(e) for e in events],
+    }

@@ -1,0 +1,53 @@
+"""What routers read and report: the endpoints table (``GET /api/v1/endpoints``, long-polled), their
+ejections and recoveries of replicas (``/api/v1/router/events``) and their load per model
+(``/api/v1/router/signals``, the autoscaler's input). Only a router's credential reaches these.
+
+A router's credentials themselves (``/api/v1/routers``) are ``routercreds``'s.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Query, Request
+
+from llmgw.control import loadreports
+from llmgw.control.cluster import Cluster
+from llmgw.control.http import paging, schemas
+from llmgw.control.http.apierrors import Unprocessable, read_json
+from llmgw.control.routerreports import BadReport, RouterEvents
+
+MAX_BODY = 1 << 20
+LONG_POLL_MAX_S = 60.0
+
+
+def router(cluster: Cluster, reports: RouterEvents) -> APIRouter:
+    api = APIRouter()
+
+    @api.get("/api/v1/endpoints", response_model=schemas.RouterTable, response_model_exclude_unset=True)
+    async def endpoints(after: int | None = Query(default=None, ge=-1, le=paging.MAX_ID),
+                        timeout: float = Query(default=25.0, ge=0, le=LONG_POLL_MAX_S)) -> dict[str, Any]:
+        """The routers' table; with ``after`` its current version, answered when it changes (or at ``timeout``)."""
+        return (await cluster.wait_table(after=after, timeout=timeout)).to_doc()
+
+    @api.post("/api/v1/router/events", response_model=schemas.Applied)
+    async def router_report(request: Request) -> dict[str, Any]:
+        """A router's ejections and recoveries of replicas (``llmgw.api.reports.RouterReport`` is the shape)."""
+        doc = read_json(await request.body(), limit=MAX_BODY)
+        try:
+            applied = reports.record(doc)  # type: ignore[arg-type]  # record refuses what is not a mapping
+        except BadReport as e:
+            raise Unprocessable(str(e), code="invalid_report") from None
+        return {"applied": applied}
+
+    @api.post("/api/v1/router/signals", response_model=schemas.Applied)
+    async def router_signals(request: Request) -> dict[str, Any]:
+        """A router's load report per model (``llmgw.router.signals`` builds it): the autoscaler's input."""
+        doc = read_json(await request.body(), limit=MAX_BODY)
+        try:
+            applied = cluster.signals.record(doc)
+        except loadreports.BadReport as e:
+            raise Unprocessable(str(e), code="invalid_report") from None
+        return {"applied": applied}
+
+    return api

@@ -1,0 +1,222 @@
+"""The REST API's response bodies as pydantic models, so ``/api/openapi.json`` says what each call returns.
+
+Each model mirrors the document its handler builds, field for field: a handler still builds a dict, and
+FastAPI checks it against its ``response_model`` on the way out. A key that some bodies carry and others
+leave out is declared with a default and the route answers with ``response_model_exclude_unset``, so a
+body is what it was before these models. What the user wrote (a model's spec) or another module defines
+(the router's table, an inventory's parts) is typed ``dict[str, Any]``. ``Number`` is a value that may be
+a whole number or not (pydantic would write a ``float`` field's 2 as 2.0).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pydantic
+
+Number = int | float
+
+
+class Body(pydantic.BaseModel):
+    """A response body; its unknown keys are kept (a model that missed one must not change the body)."""
+
+    model_config = pydantic.ConfigDict(extra="allow")
+
+
+class Deleted(Body):
+    deleted: str
+
+
+class Applied(Body):
+    """What a router's report changed: the events (or models) it applied."""
+
+    applied: int
+
+
+class Health(Body):
+    status: str
+
+
+class WhoAmI(Body):
+    name: str
+    role: str
+    kind: str
+
+
+class ControlPlane(Body):
+    id: str
+    role: str
+    term: int
+    lease_age_s: Number
+    http_url: str
+    agent_addr: str
+    version: str
+    last_seen_s: Number
+
+
+class ControlPlanes(Body):
+    controlplanes: list[ControlPlane]
+    self_: str = pydantic.Field(alias="self")
+
+
+class ModelStatus(Body):
+    state: str
+    message: str
+    ready_replicas: int
+    replicas: int
+    generation: int = 0
+    updated_replicas: int = 0
+    autoscale: dict[str, Any] = pydantic.Field(default_factory=dict, description="Only for an autoscaled model")
+
+
+class ModelDoc(Body):
+    """A model's manifest and its status."""
+
+    apiVersion: str  # noqa: N815 (the manifest's own key)
+    kind: str
+    metadata: dict[str, Any]
+    spec: dict[str, Any]
+    status: ModelStatus
+
+
+class ModelList(Body):
+    items: list[ModelDoc]
+
+
+class Ejection(Body):
+    router: str
+    reason: str
+    failures: int
+    for_s: Number
+    at: Number
+
+
+class Replica(Body):
+    id: str
+    model: str = ""
+    phase: str
+    node: str | None
+    shard: str | None
+    gpus: list[int] = pydantic.Field(default_factory=list, description="Only in a describe")
+    endpoint: str
+    attempt: int
+    failures: int
+    message: str
+    last_output: list[str]
+    fingerprint: str = pydantic.Field(default="", description="Only in a describe")
+    current: bool = pydantic.Field(default=False, description="Only in a describe")
+    age_s: Number
+    conditions: list[dict[str, Any]] = pydantic.Field(default_factory=list, description="Only in a describe")
+    fetch: dict[str, Any] | None
+    router_ejections: list[Ejection] = pydantic.Field(default_factory=list, description="Only in a list")
+
+
+class ReplicaList(Body):
+    items: list[Replica]
+
+
+class Event(Body):
+    time: Number
+    kind: str
+    reason: str
+    object: str
+    message: str
+    model: str
+    node: str
+    id: int
+
+
+class EventList(Body):
+    items: list[Event]
+
+
+class ModelDescribe(Body):
+    name: str
+    spec: dict[str, Any]
+    fingerprint: str
+    generation: int
+    created_at: Number
+    updated_at: Number
+    status: ModelStatus
+    conditions: list[dict[str, Any]]
+    replicas: list[Replica]
+    events: list[Event]
+    autoscale: dict[str, Any] = pydantic.Field(default_factory=dict, description="Only for an autoscaled model")
+
+
+class Gpu(Body):
+    index: int
+    name: str
+    memory_total_bytes: int
+    memory_used_bytes: int
+    nvlink_peers: list[int] = pydantic.Field(default_factory=list, description="Only in a list")
+
+
+class EngineVersion(Body):
+    name: str
+    version: str
+
+
+class Scheduling(Body):
+    id: str
+    cordoned: bool
+    draining: bool
+    status: str
+
+
+class Node(Scheduling):
+    hostname: str
+    mgmt_addr: str
+    agent_version: str
+    connected: bool
+    last_seen: Number
+    cpu_count: int
+    memory_total_bytes: int
+    memory_available_bytes: int
+    gpus: list[Gpu]
+    engines: list[EngineVersion]
+    shards: int
+    shard_states: list[dict[str, Any]]
+    mgmt_interface: str
+    host: dict[str, Any]
+    hcas: list[dict[str, Any]]
+    fabrics: list[dict[str, Any]]
+    model_dirs: list[dict[str, Any]]
+    weights: list[dict[str, Any]]
+    nvlink: dict[str, Any]
+    subnet_managers: list[dict[str, Any]]
+    load: dict[str, dict[str, Number]]
+
+
+class NodeList(Body):
+    items: list[Node]
+    total: int
+
+
+class NodeDescribe(Scheduling):
+    hostname: str
+    mgmt_addr: str
+    agent_version: str
+    connected: bool
+    last_seen: Number
+    labels: dict[str, str]
+    cpu_count: int
+    memory_total_bytes: int
+    memory_available_bytes: int
+    gpus: list[Gpu]
+    engines: list[EngineVersion]
+    installs: list[dict[str, Any]]
+    replicas: list[Replica]
+    shards: list[dict[str, Any]]
+    events: list[Event]
+
+
+class RouterTable(Body):
+    """The routers' table (``GET /api/v1/endpoints``): the wire document the router reads, with its version.
+
+    Each model's entry and the keys are the wire's own (``Cluster.endpoints_doc``), typed there.
+    """
+
+    version: int
+    models: list[dict[str, Any]]
+    auth: dict[str, Any] = pydantic.Field(default_factory=dict, description="Absent from the empty first table")
