@@ -73,22 +73,27 @@ class Setting:
 
 
 def settings_of(cls: type) -> list[Setting]:
-    """Every setting of a settings dataclass, nested ones flattened, in field order."""
-    return list(_walk(cls, ()))
+    """Every setting of a settings dataclass, nested ones flattened, in field order.
+
+    A class with ``ENV_PREFIX`` (``ClassVar[str]``, e.g. ``"LLMGW_SERVER_"``) gives every setting without
+    an ``env`` of its own the variable ``ENV_PREFIX`` + its name in capitals (``LLMGW_SERVER_NODE_GRACE``).
+    """
+    return list(_walk(cls, (), getattr(cls, "ENV_PREFIX", "")))
 
 
-def _walk(cls: type, prefix: tuple[str, ...]) -> Iterator[Setting]:
+def _walk(cls: type, prefix: tuple[str, ...], env_prefix: str) -> Iterator[Setting]:
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if _NESTED in f.metadata:
-            yield from _walk(f.metadata[_NESTED], (*prefix, f.name))
+            yield from _walk(f.metadata[_NESTED], (*prefix, f.name), env_prefix)
             continue
         if _HELP not in f.metadata:
             continue   # derived or internal: no flag
         default = f.default if f.default is not dataclasses.MISSING else (
             f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
         yield Setting(path=(*prefix, f.name), flag=f.metadata[_FLAG] or "--" + f.name.replace("_", "-"),
-                      help=f.metadata[_HELP], default=default, type=hints[f.name], env=f.metadata[_ENV],
+                      help=f.metadata[_HELP], default=default, type=hints[f.name],
+                      env=f.metadata[_ENV] or (env_prefix + f.name.upper() if env_prefix else None),
                       metavar=f.metadata[_METAVAR], parse=f.metadata[_PARSE], extra=f.metadata[_EXTRA])
 
 
@@ -142,10 +147,11 @@ def add_arguments(parser: argparse.ArgumentParser | Any, cls: type, *, skip: tup
             if group not in groups:
                 groups[group] = parser.add_mutually_exclusive_group(required=s.extra.get("required", False))
             target = groups[group]
-        kwargs: dict[str, Any] = {"dest": s.name, "help": s.help}
-        default = env.get(s.env, s.default) if env is not None and s.env else s.default
+        kwargs: dict[str, Any] = {"dest": s.name, "help": s.help + (f" [env {s.env}]" if s.env else "")}
+        given = env.get(s.env) if env is not None and s.env else None
+        default = s.default if given is None else given
         if is_flag(s):
-            kwargs.update(action="store_true")
+            kwargs.update(action="store_true")   # (a variable for an on/off flag: not offered by argparse here)
         else:
             kwargs.update(type=_argparse_type(s.parse or scalar(s.type)), default=default)
             if s.metavar:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import ClassVar
 
 from llmgw.core.settingsgen import setting
 
@@ -21,6 +22,9 @@ UPSTREAM_TOKEN_ENV = "LLMGW_MIRROR_UPSTREAM_TOKEN"
 @dataclasses.dataclass(frozen=True, slots=True)
 class MirrorSettings:
     """``llmgw mirror``: a directory of weights served over HTTP; validated when made."""
+
+    #: Every setting without a variable of its own is also read from LLMGW_MIRROR_<NAME> (``settingsgen``).
+    ENV_PREFIX: ClassVar[str] = "LLMGW_MIRROR_"
 
     dir: Path | None = setting(None, help="The weights directory (hf/ORG/REPO/..., files/NAME/...)")
     host: str = setting("127.0.0.1", help="Address to listen on")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
+from typing import ClassVar
 
 from llmgw.core.settingsgen import nested, setting
 from llmgw.router import limits
@@ -87,6 +88,9 @@ class ProxySettings:
 @dataclasses.dataclass(frozen=True, slots=True)
 class RouterSettings:
     """``python -m llmgw.router.standalone`` and ``llmgw router``: one router process; validated when made."""
+
+    #: Every setting without a variable of its own is also read from LLMGW_ROUTER_<NAME> (``settingsgen``).
+    ENV_PREFIX: ClassVar[str] = "LLMGW_ROUTER_"
 
     table_file: Path | None = setting(None, group="source", help="a static endpoints document (JSON)")
     control: tuple[str, ...] = setting((), group="source", parse=control_urls, metavar="URL[,URL...]",

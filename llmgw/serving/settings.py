@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import ClassVar
 
 from llmgw.control.reconcile import liveness
 from llmgw.core import units
@@ -22,6 +23,9 @@ _PORT = {"min": 0, "max": 65535}
 @dataclasses.dataclass(frozen=True, slots=True)
 class ServerSettings:
     """``llmgw server``: the control plane and the router in one process; validated when made."""
+
+    #: Every setting without a variable of its own is also read from LLMGW_SERVER_<NAME> (``settingsgen``).
+    ENV_PREFIX: ClassVar[str] = "LLMGW_SERVER_"
 
     host: str = setting("127.0.0.1", help="Address to listen on (0.0.0.0 for every interface)")
     http_port: int = setting(8080, **_PORT, help="OpenAI API, REST API and /metrics")

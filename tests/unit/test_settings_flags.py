@@ -135,3 +135,42 @@ def test_the_agents_flags_are_its_settings() -> None:
         "servers": ["cp:8081"], "node_id": None, "mgmt_addr": None, "state_dir": None, "model_dirs": [],
         "heartbeat_interval": 2.0, "stop_grace": None, "stop_engines_on_exit": None, "engine_python": [],
         "insecure": None}
+
+
+def _click_envvars(*path: str) -> dict[str, str | None]:
+    command = typer.main.get_command(main.app)
+    for name in path:
+        command = command.commands[name]  # type: ignore[attr-defined]
+    return {p.name: p.envvar for p in command.params if p.name}  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("cls, command, prefix", [
+    (ServerSettings, "server", "LLMGW_SERVER_"),
+    (RouterSettings, "router", "LLMGW_ROUTER_"),
+    (MirrorSettings, "mirror", "LLMGW_MIRROR_"),
+])
+def test_every_setting_has_its_environment_variable(cls: type, command: str, prefix: str) -> None:
+    """Flags and variables come from the same fields: each setting's LLMGW_* is on its option."""
+    envvars = _click_envvars(command)
+    for s in settingsgen.settings_of(cls):
+        assert envvars[s.name] == s.env, s.name
+        assert s.env == (s.env if s.env in ("LLMGW_DATABASE", "LLMGW_TRACING_ENDPOINT") else prefix + s.name.upper())
+
+
+def test_an_environment_variable_sets_the_standalone_router_and_a_flag_overrides_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLMGW_ROUTER_CONTROL", "http://a:8080,http://b:8080")
+    monkeypatch.setenv("LLMGW_ROUTER_KEEPALIVE", "7.5")
+    got = standalone.parse_args([])
+    assert got.control == ("http://a:8080", "http://b:8080") and got.proxy.keepalive == 7.5
+    assert standalone.parse_args(["--keepalive", "2"]).proxy.keepalive == 2
+
+
+def test_an_environment_variable_sets_llmgw_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through typer, as the command reads its line: the variables' values, parsed as the flags' would be."""
+    monkeypatch.setenv("LLMGW_SERVER_NODE_GRACE", "12")
+    monkeypatch.setenv("LLMGW_SERVER_INSECURE", "true")
+    monkeypatch.setenv("LLMGW_SERVER_KEEPALIVE", "3")
+    command = typer.main.get_command(main.app).commands["server"]  # type: ignore[attr-defined]
+    ctx = command.make_context("server", [])
+    assert ctx.params["node_grace"] == 12 and ctx.params["insecure"] is True and ctx.params["keepalive"] == 3
