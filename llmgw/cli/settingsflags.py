@@ -12,6 +12,7 @@ import functools
 import inspect
 import typing
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -33,16 +34,19 @@ def options(cls: type, *, defaults: Mapping[str, Any] | None = None, fail: Calla
     """
     found = [s for s in settingsgen.settings_of(cls) if s.name not in skip]
     defaults = defaults or {}
+    prefix = getattr(cls, "ENV_PREFIX", "")   # a process's settings: a settings file too (--config)
 
     def decorate(run: Callable[..., Any]) -> Callable[..., Any]:
         own = list(inspect.signature(run, eval_str=True).parameters.values())[1:]
         @functools.wraps(run)
         def command(**given: Any) -> Any:
             ctx = given.pop("ctx", None)
-            if ctx is not None and ctx.invoked_subcommand is not None:
+            if group and ctx is not None and ctx.invoked_subcommand is not None:
                 return None
             values = {s.name: _value(s, given.pop(s.name)) for s in found}
+            config = given.pop(_CONFIG, None) if prefix else None
             try:
+                values.update(_from_file(cls, config, found, ctx))
                 settings = settingsgen.build(cls, {k: v for k, v in values.items() if v is not _KEEP})
             except ValueError as e:
                 raise fail(str(e)) from None
@@ -50,8 +54,13 @@ def options(cls: type, *, defaults: Mapping[str, Any] | None = None, fail: Calla
 
         params = [inspect.Parameter(s.name, inspect.Parameter.KEYWORD_ONLY, default=_option(s, defaults),
                                     annotation=_annotation(s)) for s in found]
+        if prefix:
+            params.append(inspect.Parameter(_CONFIG, inspect.Parameter.KEYWORD_ONLY, annotation=Path | None, default=(
+                typer.Option(None, "--config", envvar=prefix + "CONFIG", metavar="FILE",
+                             help="A settings file (YAML): each setting by its name, e.g. `keepalive: 5`; a flag "
+                                  "or a variable given beats it"))))
         params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + params
-        if group:
+        if group or prefix:
             params.insert(0, inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context))
         command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
         command.__annotations__ = {p.name: p.annotation for p in params}
@@ -63,6 +72,26 @@ def options(cls: type, *, defaults: Mapping[str, Any] | None = None, fail: Calla
 
 #: A value that leaves the field at its default.
 _KEEP = object()
+#: The settings file's parameter.
+_CONFIG = "settings_file"
+
+
+def _from_file(cls: type, path: Path | None, found: list[Setting], ctx: typer.Context | None) -> dict[str, Any]:
+    """The file's values for the settings neither a flag nor a variable gave; ValueError naming file and key."""
+    if path is None:
+        return {}
+    import yaml
+
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ValueError(f"cannot read the settings file {path}: {e}") from None
+    values = settingsgen.from_mapping(cls, doc, str(path))
+    # Given on the line or by a variable: kept. (ParameterSource by name: typer vendors its click.)
+    sources = {s.name: getattr(ctx.get_parameter_source(s.name), "name", "") if ctx is not None else ""
+               for s in found}
+    given = {name for name, source in sources.items() if source in ("COMMANDLINE", "ENVIRONMENT", "PROMPT")}
+    return {k: v for k, v in values.items() if k not in given and k in {s.name for s in found}}
 
 
 def _parsed(s: Setting) -> bool:

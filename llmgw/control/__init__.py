@@ -1,0 +1,18 @@
+"""The control plane: desired state, the control loop that makes it so, and the APIs in front of it.
+
+- ``cluster``: ``Cluster``, the control loop's front; its managers, one job each, in ``loop/``.
+- ``reconcile/``: what a pass decides (``decide.reconcile``: observe, rollout, place, orphans), pure;
+  ``placement/``: where a replica fits, pure; ``state``, ``status``, ``conditions``, ``events``: the pure
+  vocabulary they share (``events`` are the cluster's event records, never a router's reports).
+- ``store/``: the database (SQLite or PostgreSQL), ``Store`` assembled from one module per concern, its
+  migrations, and ``offloop`` (store calls on their own thread).
+- ``leader``: the lease, one leader and standbys; ``agentsvc/``: the agents' gRPC stream and the join port.
+- ``http/``: the REST API, one module per resource; ``ui/``: the admin web UI; ``auth/``: who may call.
+- ``routerreports`` (ejections, recoveries, keys used) and ``loadreports`` (load, the autoscaler's input):
+  what routers report, read through ``llmgw.api.reports``; ``keyuse``: keys' "last used".
+- Also: ``engines`` (engine wants and settings), ``fabric`` (RDMA tests), ``remotemeta`` and ``netguard``
+  (remote weights' metadata, reached safely), ``datadir`` and ``tokens`` (init and join tokens),
+  ``auditprune``.
+
+It never imports ``llmgw.agent`` or ``llmgw.router``: they meet on the wire (``llmgw.api``).
+"""

@@ -112,6 +112,64 @@ def _build(cls: type[Any], values: Mapping[str, Any]) -> Any:
     return cls(**kwargs)
 
 
+def from_mapping(cls: type, doc: Any, source: str) -> dict[str, Any]:
+    """A settings file's values (its parsed YAML or JSON) keyed by :attr:`Setting.name`.
+
+    Keys are the settings' names, as the flags without their dashes (``http_port: 8080``, ``keepalive: 5``);
+    a nested one may also be written by its path, as a mapping (``router: {keepalive: 5}``) or dotted. Text is parsed as the flag's would be; an unknown key or a bad
+    value is a ValueError naming ``source`` and the key, and nothing of the file is used.
+    """
+    if doc is None:
+        return {}
+    if not isinstance(doc, Mapping):
+        raise ValueError(f"{source}: expected a mapping of settings, got {type(doc).__name__}")
+    flat = dict(_flatten(doc, ""))
+    found = settings_of(cls)
+    by_key = {s.name: s for s in found} | {s.key: s for s in found}
+    unknown = sorted(set(flat) - set(by_key))
+    if unknown:
+        raise ValueError(f"{source}: unknown setting {unknown[0]!r} (known: {', '.join(s.name for s in found)})")
+    return {by_key[k].name: _from_file(by_key[k], v, f"{source}: {k}") for k, v in flat.items()}
+
+
+def _flatten(doc: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, Any]]:
+    for k, v in doc.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            yield from _flatten(v, key + ".")
+        else:
+            yield key, v
+
+
+def _from_file(s: Setting, value: Any, where: str) -> Any:
+    """A file's value for ``s``: text parsed as the flag's, lists for repeated ones, numbers and booleans checked."""
+    kind = scalar(s.type)
+    try:
+        if is_many(s):
+            items = value if isinstance(value, list) else [value]
+            parsed = [_one(kind, None, item) for item in items]
+            return tuple(parsed) if typing.get_origin(s.type) is tuple else parsed
+        return _one(kind, s.parse, value)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
+def _one(kind: Any, parse: Callable[[str], Any] | None, value: Any) -> Any:
+    if value is None:
+        return None
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"expected true or false, got {value!r}")
+        return value
+    if isinstance(value, bool) or (kind in (int, float) and not isinstance(value, int | float | str)):
+        raise ValueError(f"expected a {kind.__name__}, got {value!r}")
+    if parse is not None:
+        return parse(str(value))
+    if kind is int and isinstance(value, float):
+        raise ValueError(f"expected an integer, got {value!r}")
+    return kind(value)
+
+
 def scalar(tp: Any) -> Any:
     """The type a flag's one value parses to: ``Path`` for ``Path | None``, ``str`` for ``tuple[str, ...]``."""
     args = [a for a in typing.get_args(tp) if a is not type(None)]
@@ -134,9 +192,10 @@ def is_many(s: Setting) -> bool:
 
 
 def add_arguments(parser: argparse.ArgumentParser | Any, cls: type, *, skip: tuple[str, ...] = (),
-                  env: Mapping[str, str] | None = None) -> None:
+                  env: Mapping[str, str] | None = None, file: Mapping[str, Any] | None = None) -> None:
     """argparse flags for every setting (but ``skip``), each with its help and default; a setting's variable in
-    ``env`` becomes the default. A ``group`` extra puts the flag in that mutually exclusive group."""
+    ``env``, else its value in ``file`` (:func:`from_mapping`), becomes the default: a flag beats a variable,
+    which beats the file. A ``group`` extra puts the flag in that mutually exclusive group."""
     groups: dict[str, Any] = {}
     for s in settings_of(cls):
         if s.name in skip:
@@ -149,7 +208,7 @@ def add_arguments(parser: argparse.ArgumentParser | Any, cls: type, *, skip: tup
             target = groups[group]
         kwargs: dict[str, Any] = {"dest": s.name, "help": s.help + (f" [env {s.env}]" if s.env else "")}
         given = env.get(s.env) if env is not None and s.env else None
-        default = s.default if given is None else given
+        default = given if given is not None else (file or {}).get(s.name, s.default)
         if is_flag(s):
             kwargs.update(action="store_true")   # (a variable for an on/off flag: not offered by argparse here)
         else:

@@ -29,12 +29,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from llmgw.core import settingsgen
 from llmgw.router import app as app_mod
 from llmgw.router import auth, limits, reports, signals, tracing, watch
 from llmgw.router import server as server_mod
 from llmgw.router import table as table_mod
 from llmgw.router.settings import TOKEN_ENV, ProxySettings, RouterSettings
+
+#: The settings file when no --config is given (``RouterSettings.ENV_PREFIX`` + CONFIG, as ``llmgw router``).
+CONFIG_ENV = RouterSettings.ENV_PREFIX + "CONFIG"
 
 log = logging.getLogger("llmgw.router")
 
@@ -100,17 +105,27 @@ def proxied(holder: table_mod.TableHolder, proxy: ProxySettings, **parts: Any) -
                              admission_wait_s=proxy.admission_wait, **parts)
 
 
-def parser() -> argparse.ArgumentParser:
-    """The standalone router's flags, one per field of ``RouterSettings``."""
+def parser(file: Mapping[str, Any] | None = None) -> argparse.ArgumentParser:
+    """The standalone router's flags, one per field of ``RouterSettings``, and ``--config FILE``."""
     made = argparse.ArgumentParser(prog="python -m llmgw.router.standalone",
                                    description="Serve the OpenAI API, forwarding to engines.", allow_abbrev=False)
-    settingsgen.add_arguments(made, RouterSettings, env=os.environ)
+    made.add_argument("--config", metavar="FILE", type=Path, default=os.environ.get(CONFIG_ENV) or None,
+                      help=f"a settings file (YAML): each setting by its name, e.g. `keepalive: 5`; a flag or a "
+                           f"variable given beats it [env {CONFIG_ENV}]")
+    settingsgen.add_arguments(made, RouterSettings, env=os.environ, file=file)
     return made
 
 
 def parse_args(argv: list[str] | None = None) -> RouterSettings:
-    """The settings the flags give; a usage error (exit 2) naming what is wrong."""
-    made = parser()
+    """The settings the flags, the variables and the settings file give; a usage error (exit 2) naming what is wrong."""
+    first, _ = parser().parse_known_args(argv)
+    file: dict[str, Any] = {}
+    if first.config is not None:
+        try:
+            file = settingsgen.from_mapping(RouterSettings, yaml.safe_load(first.config.read_text()), str(first.config))
+        except (OSError, yaml.YAMLError, ValueError) as exc:
+            parser().error(f"settings file: {exc}")
+    made = parser(file)
     ns = made.parse_args(argv)
     if ns.table_file is None and not ns.control:
         made.error("one of the arguments --table-file --control is required")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import typer
+from typer.testing import CliRunner
 
 from llmgw.agent.flags import AgentFlags
 from llmgw.agent.settings import AgentSettings
@@ -62,7 +63,7 @@ def test_the_flags_that_existed_keep_their_names() -> None:
     assert {"--table-file", "--control", "--token-file", "--host", "--port", "--log-level", "--max-body-bytes",
             "--keepalive", "--header-timeout", "--body-timeout", "--idle-timeout", "--max-connections-per-address",
             "--graceful-shutdown", "--router-id", "--tracing-endpoint", "--admission-queue", "--admission-wait",
-            "--signals-interval"} == _argparse_flags(standalone.parser()) - {"-h", "--help"}
+            "--signals-interval", "--config"} == _argparse_flags(standalone.parser()) - {"-h", "--help"}
     assert {"--host", "--http-port", "--agent-port", "--join-port", "--data-dir", "--ports-file", "--database",
             "--advertise-address", "--lease", "--lease-renew", "--insecure", "--node-cert-validity", "--node-grace",
             "--unhealthy-grace", "--weights-gc-free-below", "--hub-endpoint", "--mirror-url", "--mirror-dir",
@@ -174,3 +175,56 @@ def test_an_environment_variable_sets_llmgw_server(monkeypatch: pytest.MonkeyPat
     command = typer.main.get_command(main.app).commands["server"]  # type: ignore[attr-defined]
     ctx = command.make_context("server", [])
     assert ctx.params["node_grace"] == 12 and ctx.params["insecure"] is True and ctx.params["keepalive"] == 3
+
+
+def test_a_settings_file_sets_what_no_flag_or_variable_gave(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file's keys are the settings' own; precedence: flag, then variable, then file, then the default."""
+    conf = tmp_path / "server.yaml"
+    conf.write_text("node_grace: 11\nrouter:\n  keepalive: 4\nmax_body_bytes: 2048\nidle_timeout: 7\n"
+                    "fetch_allow_private: [10.0.0.0/8]\n")
+    monkeypatch.setenv("LLMGW_SERVER_MAX_BODY_BYTES", "4096")
+    seen: list[ServerSettings] = []
+
+    class Built(Exception):
+        """Raised where the command, its settings made, would start logging: nothing is started."""
+
+    def stop(level: str) -> None:
+        raise Built
+
+    monkeypatch.setattr(main, "_logging", stop)
+    original = settingsgen.build
+    monkeypatch.setattr(settingsgen, "build", lambda cls, values: seen.append(original(cls, values)) or seen[-1])
+    result = CliRunner().invoke(main.app, ["server", "--config", str(conf), "--node-grace", "9"])
+    assert isinstance(result.exception, Built), result.output
+    (got,) = seen
+    assert got.node_grace == 9                       # the flag beats the file
+    assert got.router.max_body_bytes == 4096         # the variable beats the file
+    assert got.router.keepalive == 4                 # nested, as a mapping
+    assert got.router.idle_timeout == 7              # or by its name
+    assert got.fetch_allow_private == ("10.0.0.0/8",)
+    conf.write_text("node_grace: soon\n")
+    result = CliRunner().invoke(main.app, ["server", "--config", str(conf)])
+    assert result.exit_code == 1 and f"{conf}: node_grace" in result.output
+
+
+def test_a_bad_settings_file_is_refused_naming_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    conf = tmp_path / "router.yaml"
+    conf.write_text("control: http://127.0.0.1:8080\nkeepalive: soon\n")
+    with pytest.raises(SystemExit) as exit_:
+        standalone.parse_args(["--config", str(conf)])
+    assert exit_.value.code == 2
+    assert f"{conf}: keepalive" in capsys.readouterr().err
+    conf.write_text("control: http://127.0.0.1:8080\nkeep_alive: 5\n")
+    with pytest.raises(SystemExit):
+        standalone.parse_args(["--config", str(conf)])
+    assert "unknown setting 'keep_alive'" in capsys.readouterr().err
+    conf.write_text("control: http://127.0.0.1:8080, http://127.0.0.1:8081\nkeepalive: 5\n")
+    got = standalone.parse_args(["--config", str(conf), "--port", "9000"])
+    assert got.control == ("http://127.0.0.1:8080", "http://127.0.0.1:8081") and got.proxy.keepalive == 5
+    assert got.port == 9000
+
+
+def test_every_process_takes_a_settings_file() -> None:
+    for command in ("server", "router", "mirror"):
+        assert "--config" in _click_flags(command), command
+    assert "--config" in _argparse_flags(standalone.parser())
