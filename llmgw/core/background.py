@@ -8,9 +8,11 @@ cancellation; this is that pattern once. Standard library only, so every process
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Coroutine
 from typing import Any
+
+#: How long ``stop`` waits for the task to end before it cancels it again.
+_RETRY_S = 0.1
 
 
 class Background:
@@ -39,5 +41,10 @@ class Background:
         if task is None:
             return
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        # Asked again until it ends: Python 3.11's asyncio.wait_for swallows a cancellation that arrives as
+        # what it waits for completes, and a loop around such a wait (a long poll) then never ended: seen as
+        # ``llmgw server`` hanging at its stop with its in-process router's table watch still running.
+        while not (await asyncio.wait([task], timeout=_RETRY_S))[0]:
+            task.cancel()
+        if not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]

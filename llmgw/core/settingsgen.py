@@ -116,8 +116,9 @@ def from_mapping(cls: type, doc: Any, source: str) -> dict[str, Any]:
     """A settings file's values (its parsed YAML or JSON) keyed by :attr:`Setting.name`.
 
     Keys are the settings' names, as the flags without their dashes (``http_port: 8080``, ``keepalive: 5``);
-    a nested one may also be written by its path, as a mapping (``router: {keepalive: 5}``) or dotted. Text is parsed as the flag's would be; an unknown key or a bad
-    value is a ValueError naming ``source`` and the key, and nothing of the file is used.
+    a nested one may also be written by its path, as a mapping (``router: {keepalive: 5}``) or dotted. Text is
+    parsed as the flag's would be; an unknown key or a bad value is a ValueError naming ``source`` and the key,
+    and nothing of the file is used.
     """
     if doc is None:
         return {}

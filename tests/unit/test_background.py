@@ -52,3 +52,29 @@ async def _stop_raises() -> None:
     assert not bg.running
     with pytest.raises(RuntimeError, match="the loop broke"):
         await bg.stop()
+
+
+def test_stop_ends_a_task_that_swallowed_its_cancellation() -> None:
+    """A loop whose wait swallowed the cancellation (3.11's wait_for can) is cancelled again until it ends."""
+    asyncio.run(_swallowed())
+
+
+async def _swallowed() -> None:
+    rounds: list[int] = []
+
+    async def stubborn() -> None:
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                if not rounds:            # the first cancellation lost, as inside wait_for
+                    rounds.append(1)
+                    asyncio.current_task().uncancel()  # type: ignore[union-attr]
+                    continue
+                raise
+
+    bg = Background("stubborn")
+    bg.start(stubborn)
+    await asyncio.sleep(0)
+    await asyncio.wait_for(bg.stop(), 5)
+    assert rounds == [1] and not bg.running
