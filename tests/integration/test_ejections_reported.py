@@ -61,6 +61,7 @@ class ControlPlane:
 
     def _run(self) -> None:
         async def main() -> None:
+            self.loop = asyncio.get_running_loop()
             await self.cluster.table.publish()  # the table the router reads; no reconcile loop runs
             await self.server.serve()
         asyncio.run(main())
@@ -78,6 +79,8 @@ class ControlPlane:
 
     def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
+        # A long poll still open (the router's table watch) is answered now, not at its timeout.
+        asyncio.run_coroutine_threadsafe(self.cluster.close(), self.loop).result(5)
         self.thread.join(10)
         self.store.close()
 
