@@ -6,8 +6,8 @@ Answers are cached for ``CACHE_S`` (a router's long poll and a UI's refreshes wo
 put two store reads on every request); a token deleted through this process is dropped from
 the cache at once, and one deleted any other way stops working within ``CACHE_S``.
 
-The in-process router's credential is minted in memory (``mint_router_token``) and never
-stored: it lives exactly as long as the server that made it.
+The in-process router needs no credential: it reads the control plane's table as an object
+(``llmgw.router.watch.LocalWatcher``), not over HTTP.
 """
 
 from __future__ import annotations
@@ -64,7 +64,6 @@ class Auth:
         #: when admin's password changes.
         self.initial_password = initial_password
         self.limiter = limiter or passwords.Limiter()
-        self._memory: dict[str, Principal] = {}  # digest -> principal, for tokens never stored
         self._cache: dict[str, tuple[float, Principal | None]] = {}  # digest -> (looked up at, answer)
         self._touched: dict[str, float] = {}
 
@@ -72,12 +71,6 @@ class Auth:
     def insecure(cls) -> Auth:
         """No authentication (``--insecure``, and in-process tests of other things)."""
         return cls(None, insecure=True)
-
-    def mint_router_token(self, name: str) -> str:
-        """A router credential held only in this process's memory (the in-process router's)."""
-        _, token = tokens.new_token()
-        self._memory[tokens.digest(token)] = Principal("router", name, principals.ROUTER)
-        return token
 
     def forget_cached(self) -> None:
         """Drops every cached answer: called after this process deleted a token or changed a user."""
@@ -88,8 +81,6 @@ class Auth:
         if self.is_insecure:
             return principals.INSECURE
         d = tokens.digest(token)
-        if d in self._memory:
-            return self._memory[d]
         now = self._clock()
         hit = self._cache.get(d)
         if hit is not None and now - hit[0] < CACHE_S:
