@@ -36,9 +36,11 @@ from llmgw.api.reports import (
     RouterReport,
     WireError,
 )
+from llmgw.core import quota
 
 __all__ = ["AuthDoc", "AutoscaleHint", "BadReport", "BadTable", "Ejected", "EndpointDoc", "EndpointsDoc", "KeyEntry",
-           "KeyUsed", "LoadReport", "ModelEntry", "ModelLoad", "Recovered", "RouterEvent", "RouterReport",
+           "KeyUsed", "LoadReport", "ModelEntry", "ModelLoad", "ProjectEntry", "Recovered", "RouterEvent",
+           "RouterReport",
            "UnhealthyDoc", "WireError"]
 
 log = logging.getLogger(__name__)
@@ -58,9 +60,13 @@ class EndpointDoc:
     replica_id: str
     url: str  # scheme://host:port, no trailing slash once read
     api_key: str = ""
+    node: str = ""  # the node it runs on (issue 26: usage is metered per node); "": unknown
 
     def to_doc(self) -> dict[str, Any]:
-        return {"replica_id": self.replica_id, "url": self.url, "api_key": self.api_key}
+        doc = {"replica_id": self.replica_id, "url": self.url, "api_key": self.api_key}
+        if self.node:
+            doc["node"] = self.node
+        return doc
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -106,6 +112,10 @@ class ModelEntry:
     unhealthy: tuple[UnhealthyDoc, ...] = ()
     autoscale: AutoscaleHint | None = None  # None: not autoscaled
     created: int = 0
+    #: ``spec.access.projects``: the projects whose keys may use the model; empty: every project.
+    projects: tuple[str, ...] = ()
+    #: ``spec.pricing`` per 1M tokens (input, cached input, output); None: free.
+    prices: quota.Prices | None = None
 
     def to_doc(self) -> dict[str, Any]:
         limits: dict[str, int] = {"concurrency_per_replica": self.concurrency_per_replica}
@@ -122,6 +132,10 @@ class ModelEntry:
             doc["autoscale"] = self.autoscale.to_doc()
         if self.created:
             doc["created"] = self.created
+        if self.projects:
+            doc["projects"] = list(self.projects)
+        if self.prices is not None:
+            doc["pricing"] = self.prices.to_doc()
         return doc
 
 
@@ -135,10 +149,30 @@ class KeyEntry:
     rpm: int = 0  # 0: unlimited
     tpm: int = 0
     priority: int = 0
+    project: str = quota.DEFAULT_PROJECT
+    user: str = ""  # the user the key was made for; "": none in particular
+    #: The key's budgets beyond rpm/tpm (``core.quota.Limits``); rpm and tpm are its requests/tokens per minute.
+    limits: quota.Limits = quota.Limits()
 
     def to_doc(self) -> dict[str, Any]:
-        return {"id": self.id, "sha256": self.sha256, "models": list(self.models), "rpm": self.rpm,
-                "tpm": self.tpm, "priority": self.priority}
+        doc: dict[str, Any] = {"id": self.id, "sha256": self.sha256, "models": list(self.models), "rpm": self.rpm,
+                               "tpm": self.tpm, "priority": self.priority, "project": self.project}
+        if self.user:
+            doc["user"] = self.user
+        if self.limits.any:
+            doc["limits"] = self.limits.to_doc()
+        return doc
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ProjectEntry:
+    """A project with budgets: routers enforce them on every key of the project together."""
+
+    name: str
+    limits: quota.Limits = quota.Limits()
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"name": self.name, "limits": self.limits.to_doc()}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -147,9 +181,14 @@ class AuthDoc:
 
     required: bool = False
     keys: tuple[KeyEntry, ...] = ()
+    #: The projects that have budgets (a project without one is not listed).
+    projects: tuple[ProjectEntry, ...] = ()
 
     def to_doc(self) -> dict[str, Any]:
-        return {"required": self.required, "keys": [k.to_doc() for k in self.keys]}
+        doc: dict[str, Any] = {"required": self.required, "keys": [k.to_doc() for k in self.keys]}
+        if self.projects:
+            doc["projects"] = [p.to_doc() for p in self.projects]
+        return doc
 
     @classmethod
     def from_doc(cls, doc: Any) -> AuthDoc:
@@ -233,7 +272,29 @@ def _model(where: str, raw: Any) -> ModelEntry:
         concurrency=concurrency if _is_int(concurrency) and concurrency > 0 else 0,
         state=_str(where, raw, "state", default=""), message=_str(where, raw, "message", default=""),
         endpoints=endpoints, unhealthy=unhealthy, autoscale=_autoscale(where, raw),
-        created=created if _is_int(created) else 0)
+        created=created if _is_int(created) else 0, projects=_projects_allowed(where, raw),
+        prices=_prices(where, raw))
+
+
+def _projects_allowed(where: str, raw: Mapping[str, Any]) -> tuple[str, ...]:
+    # Strict: read wrongly, a model restricted to one project would be open to every project.
+    value = raw.get("projects")
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not value or not all(isinstance(p, str) and p for p in value):
+        raise BadTable(f"{where}.projects: expected a non-empty list of project names")
+    return tuple(value)
+
+
+def _prices(where: str, raw: Mapping[str, Any]) -> quota.Prices | None:
+    value = raw.get("pricing")
+    if value is None:
+        return None
+    try:
+        return quota.Prices.from_doc(value)
+    except (quota.BadLimits, TypeError) as exc:
+        log.warning("%s.pricing: %s; the model is metered without a price", where, exc)
+        return None
 
 
 def _endpoints(where: str, raw: Mapping[str, Any]) -> tuple[EndpointDoc, ...]:
@@ -250,8 +311,10 @@ def _endpoints(where: str, raw: Mapping[str, Any]) -> tuple[EndpointDoc, ...]:
         url = _str(ep_where, ep, "url").rstrip("/")
         if not url.startswith(("http://", "https://")):
             raise BadTable(f"{ep_where}.url: expected http:// or https://, got {url!r}")
+        node = ep.get("node")
         out.append(EndpointDoc(replica_id=_str(ep_where, ep, "replica_id"), url=url,
-                               api_key=_str(ep_where, ep, "api_key", default="")))
+                               api_key=_str(ep_where, ep, "api_key", default=""),
+                               node=node if isinstance(node, str) else ""))
     return tuple(out)
 
 
@@ -324,8 +387,26 @@ def _auth(doc: Any) -> AuthDoc:
             id=str(raw.get("id", "")), sha256=raw["sha256"],
             models=tuple(m for m in models if isinstance(m, str)) if isinstance(models, list) else (),
             rpm=_positive(raw.get("rpm")), tpm=_positive(raw.get("tpm")),
-            priority=priority if _is_int(priority) else 0))
-    return AuthDoc(required=bool(doc.get("required")), keys=tuple(keys))
+            priority=priority if _is_int(priority) else 0,
+            project=raw["project"] if isinstance(raw.get("project"), str) and raw["project"] else quota.DEFAULT_PROJECT,
+            user=raw["user"] if isinstance(raw.get("user"), str) else "",
+            limits=_limits(f"auth.keys[{raw.get('id', '')}]", raw.get("limits"))))
+    projects = []
+    raw_projects = doc.get("projects")
+    for raw in raw_projects if isinstance(raw_projects, list) else ():
+        if isinstance(raw, Mapping) and isinstance(raw.get("name"), str):
+            projects.append(ProjectEntry(name=raw["name"], limits=_limits(f"auth.projects[{raw['name']}]",
+                                                                          raw.get("limits"))))
+    return AuthDoc(required=bool(doc.get("required")), keys=tuple(keys), projects=tuple(projects))
+
+
+def _limits(where: str, value: Any) -> quota.Limits:
+    try:
+        return quota.Limits.from_doc(value)
+    except (quota.BadLimits, TypeError) as exc:
+        # Not silently "no limit": a limit the router cannot read is warned about each table.
+        log.warning("%s.limits: %s; its limits are not applied", where, exc)
+        return quota.Limits()
 
 
 def _positive(value: Any) -> int:

@@ -26,7 +26,7 @@ def test_migrations_create_the_schema(tmp_path: Path) -> None:
     assert {"models", "nodes", "replicas", "api_keys", "events", "bootstrap_tokens", "users", "audit", "api_tokens",
             "node_certs", "engine_wants", "settings", "leases", "controlplanes", "autoscale",
             "cluster_settings"} <= tables
-    assert rev == "0013"
+    assert rev == "0014"
     store.close()
 
 
