@@ -70,7 +70,7 @@ class RouterApp:
                                              max_endpoints=max_endpoints, holder=holder, events=events)
         self._events = events  # ejections and recoveries, for the control plane
         self._tracing = tracing  # None: the untraced path, no SDK call anywhere
-        self._models_cache: tuple[RouteTable, dict[frozenset[str], bytes]] | None = None
+        self._models_cache: tuple[RouteTable, dict[tuple[frozenset[str], str], bytes]] | None = None
         self._admission = admission.Admission(max_queue=admission_queue, max_wait_s=admission_wait_s)
         # The autoscaler's signals (None: not reported); it reads per-replica in flight and the queue itself.
         self._signals = signals
@@ -151,7 +151,8 @@ class RouterApp:
         if self._models_cache is None or self._models_cache[0] is not table:
             self._models_cache = (table, {})
         cache = self._models_cache[1]
-        if key.models not in cache:
+        scope = (key.models, key.project)
+        if scope not in cache:
             # Each id once, owned by the model a lookup of it finds: a name two models claim
             # would otherwise be listed twice, once for a model that never gets its traffic.
             # A model at zero is listed, and routable: its first request is held while a replica starts.
@@ -159,8 +160,8 @@ class RouterApp:
                     | ({"llmgw": {"state": "cold"}} if model.cold else {})
                     for model in table.auth.visible(key, table.models) for name in model.public_names()
                     if table.lookup(name) is model]
-            cache[key.models] = json.dumps({"object": "list", "data": data}).encode()
-        return cache[key.models]
+            cache[scope] = json.dumps({"object": "list", "data": data}).encode()
+        return cache[scope]
 
     async def _lifespan(self, receive: asgi.Receive, send: asgi.Send) -> None:
         while True:

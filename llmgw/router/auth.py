@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from llmgw.api import routing
+from llmgw.core import quota
 from llmgw.router import errors
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,10 @@ class KeyInfo:
     rpm: int = 0  # 0: unlimited
     tpm: int = 0  # 0: unlimited
     priority: int = 0
+    project: str = ""  # "": no key (none exist), which every model is open to
+    user: str = ""
+    #: The key's budgets beyond rpm/tpm (issue 26).
+    limits: quota.Limits = quota.Limits()
 
     def allows(self, *names: str) -> bool:
         """Whether the key may use a model known by any of ``names`` (its name, served name, aliases)."""
@@ -56,17 +61,21 @@ ANONYMOUS = KeyInfo(id="")
 class Authenticator:
     required: bool = False
     by_hash: Mapping[str, KeyInfo] = dataclasses.field(default_factory=dict)
+    #: The budgets of the projects that have any, by project name.
+    projects: Mapping[str, quota.Limits] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_doc(cls, doc: routing.AuthDoc | Any) -> Authenticator:
         """From the table's keys (``AuthDoc``, or its JSON: tolerant, a missing or malformed one is no keys)."""
         auth = routing.AuthDoc.from_doc(doc)
         by_hash = {k.sha256.lower(): KeyInfo(id=k.id, models=frozenset(k.models), rpm=k.rpm, tpm=k.tpm,
-                                             priority=k.priority) for k in auth.keys}
+                                             priority=k.priority, project=k.project, user=k.user, limits=k.limits)
+                   for k in auth.keys}
         # `required` as the control plane says it, even with no usable key: it says so while any key
         # exists, and with every key disabled that is everyone refused, which is what disabling means.
         # Following the usable keys instead opened the API to anyone the moment the last one was disabled.
-        return cls(required=auth.required, by_hash=by_hash)
+        return cls(required=auth.required, by_hash=by_hash,
+                   projects={p.name: p.limits for p in auth.projects if p.limits.any})
 
     def identify(self, authorization: bytes | None) -> KeyInfo | errors.ApiError:
         """The caller behind an ``Authorization`` header, scope not yet checked."""
@@ -95,8 +104,12 @@ class Authenticator:
                                code="model_not_allowed", param="model")
 
     def visible(self, key: KeyInfo, models: Iterable[Any]) -> list[Any]:
-        """The ``ModelRoute``s (anything with ``name``, ``served_name``, ``aliases``) ``key`` may use."""
-        return [m for m in models if key.allows(m.name, m.served_name, *m.aliases)]
+        """The ``ModelRoute``s (anything with ``name``, ``served_name``, ``aliases``) ``key`` may use.
+
+        A model restricted to other projects is not among them: it is not even said to exist.
+        """
+        return [m for m in models if key.allows(m.name, m.served_name, *m.aliases)
+                and (not key.project or m.open_to(key.project))]
 
 
 def check_listen(host: str, auth_required: bool, *, allow_no_auth: bool) -> list[str]:

@@ -71,6 +71,8 @@ class Completions:
         if key.id and self._events is not None:
             self._events.key_used(key.id)  # the keys page's "last used"; a dict update, reported every few seconds
         route = table.lookup(req.model)
+        if route is not None and key.project and not route.open_to(key.project):
+            route = None  # restricted to other projects: answered as a model that does not exist, not a 403
         if route is None:
             raise errors.model_not_found(req.model, [n for m in table.auth.visible(key, table.models)
                                                      for n in m.public_names()])

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from llmgw.api import routing
+from llmgw.core import quota
 from llmgw.core.errors import LlmgwError
 from llmgw.router import pick
 from llmgw.router.auth import Authenticator
@@ -68,6 +69,14 @@ class ModelRoute:
     #: Set when the control plane scales the model (it may be at zero): a request that finds no
     #: endpoint is then held for a replica to start (``app``), not refused. None: not autoscaled.
     autoscale: RouteAutoscale | None = None
+    #: ``spec.access.projects``: the projects whose keys may use it; empty: every project.
+    projects: frozenset[str] = frozenset()
+    #: Its prices per 1M tokens (``spec.pricing``), for spend; None: free.
+    prices: quota.Prices | None = None
+
+    def open_to(self, project: str) -> bool:
+        """Whether a key of ``project`` may see and use the model (a request without a key may: no keys exist)."""
+        return not self.projects or project in self.projects
 
     @property
     def cold(self) -> bool:
@@ -187,4 +196,4 @@ def _route(where: str, entry: routing.ModelEntry) -> ModelRoute:
         name=entry.name, served_name=entry.served_name or entry.name, aliases=entry.aliases, state=entry.state,
         message=entry.message, endpoints=entry.endpoints, created=entry.created, routing=routing_name,
         replica_limit=entry.concurrency_per_replica, engine=entry.engine, unhealthy=entry.unhealthy,
-        autoscale=entry.autoscale)
+        autoscale=entry.autoscale, projects=frozenset(entry.projects), prices=entry.prices)

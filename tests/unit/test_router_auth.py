@@ -60,7 +60,7 @@ def test_unknown_key_is_401() -> None:
 def test_known_key_in_scope() -> None:
     """A known key gets its id, limits and priority; the scheme is case-insensitive."""
     key = auth.Authenticator.from_doc(DOC).check(f"bearer  {SECRET}".encode(), "qwen")
-    assert key == auth.KeyInfo(id="key-000001", models=frozenset({"qwen"}), rpm=10, tpm=0, priority=5)
+    assert key == auth.KeyInfo(id="key-000001", models=frozenset({"qwen"}), rpm=10, tpm=0, priority=5, project="default")
 
 
 def test_scope_is_403_naming_allowed_models() -> None:
@@ -89,7 +89,7 @@ def test_malformed_keys_are_skipped() -> None:
     a = auth.Authenticator.from_doc({"required": True, "keys": [
         {"id": "x"}, "junk", {"id": "key-3", "sha256": _sha(SECRET), "rpm": "ten", "models": "qwen"}]})
     key = a.check(_bearer(SECRET), "anything")
-    assert key == auth.KeyInfo(id="key-3")
+    assert key == auth.KeyInfo(id="key-3", project="default")
 
 
 def test_check_listen_warns_only_beyond_loopback_without_keys() -> None:
