@@ -50,7 +50,7 @@ CONTROL_DOC: dict[str, Any] = {
          "endpoints": [], "unhealthy": []},
     ],
     "auth": {"required": True, "keys": [{"id": "key-a", "sha256": "ab" * 32, "models": ["qwen"], "rpm": 60,
-                                         "tpm": 0, "priority": 2}]},
+                                         "tpm": 0, "priority": 2, "project": "default"}]},
 }
 
 ENDPOINTS = EndpointsDoc(
