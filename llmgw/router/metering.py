@@ -12,9 +12,10 @@ The tokens are the engine's own count (``usage``), never the router's guess, fou
   decoded once, when the stream ends. When the client did not ask for usage
   (``stream_options.include_usage``), the router asks the engine for it (``ask_usage``) with
   ``continuous_usage_stats`` (vLLM's extension, and the sim's: usage so far on every chunk), and
-  strips the usage-only last chunk (``"choices":[]``) from what the client gets; a client that
-  asked gets the stream as the engine wrote it. The usage-only chunk is stripped when it arrives
-  whole in one read (an engine writes each event at once); one split across reads passes through.
+  strips what it asked for from what the client gets: the usage-only last chunk (``"choices":[]``)
+  and the ``usage`` field closing each chunk (a byte splice, no parse); a client that asked gets the
+  stream as the engine wrote it. Stripped when the event arrives whole in one read (an engine writes
+  each event at once); an event split across reads passes through.
 - a client that leaves mid-stream is charged for what was generated: the last usage seen (with
   continuous usage, what was generated up to the last chunk relayed), else prompt unknown (0) and
   one completion token per content event relayed.
@@ -33,6 +34,7 @@ from llmgw.router.table import Endpoint, ModelRoute
 
 _USAGE = b'"usage"'
 _NO_CHOICES = b'"choices":[]'
+_USAGE_FIELD = b',"usage":'
 _DATA = b"data:"
 _DONE_END = b"[DONE]\n\n"
 _DECODER = json.JSONDecoder()
@@ -89,21 +91,39 @@ class Metered:
 
     # -- the answer's bytes -----------------------------------------------------------------------------
     def feed(self, chunk: bytes) -> bytes:
-        """One stream read: remembered if it carries usage; returned without the usage-only chunk if asked."""
+        """One stream read: remembered if it carries usage; without the usage the router asked for, if it did."""
         self.events += chunk.count(_DATA)
         if chunk.endswith(_DONE_END):
             self.done = 1
         at = chunk.rfind(_USAGE)
-        if at >= 0 and _object_at(chunk, at) >= 0:
+        if at < 0:
+            return chunk
+        if _object_at(chunk, at) >= 0:
             self._prev, self._last = self._last, (chunk, at)
-            if self.strip:
-                cut = chunk.find(_NO_CHOICES)
-                if cut >= 0:
-                    start, end = chunk.rfind(_DATA, 0, cut), chunk.find(b"\n\n", cut)
-                    if start >= 0 and end >= 0:
-                        self.events -= 1
-                        return chunk[:start] + chunk[end + 2:]
-        return chunk
+        return self._stripped(chunk) if self.strip else chunk
+
+    def _stripped(self, chunk: bytes) -> bytes:
+        """``chunk`` without the usage-only event and the ``usage`` field ending each other event."""
+        cut = chunk.find(_NO_CHOICES)
+        if cut >= 0:
+            start, end = chunk.rfind(_DATA, 0, cut), chunk.find(b"\n\n", cut)
+            if start >= 0 and end >= 0:
+                self.events -= 1
+                chunk = chunk[:start] + chunk[end + 2:]
+        # Continuous usage: a field at the end of each chunk's object (vLLM's and the sim's order); a
+        # usage elsewhere in the object is left as it is.
+        parts: list[bytes] = []
+        pos = 0
+        while (at := chunk.find(_USAGE_FIELD, pos)) >= 0:
+            end = _field_end(chunk, at + len(_USAGE_FIELD))
+            if end < 0:
+                break
+            parts.append(chunk[pos:at])
+            pos = end
+        if not parts:
+            return chunk
+        parts.append(chunk[pos:])
+        return b"".join(parts)
 
     def whole(self, body: bytes) -> None:
         """A whole answer: its usage, found from the end."""
@@ -176,6 +196,23 @@ def _object_at(data: bytes, at: int) -> int:
     while i < end and data[i] in b" :\t":
         i += 1
     return i if i < len(data) and data[i] == 0x7B else -1  # "{"
+
+
+def _field_end(chunk: bytes, start: int) -> int:
+    """Where the usage object at ``start`` ends when it is its event's last field (the object's ``}`` follows),
+    else -1. A usage object nests at most one object (``prompt_tokens_details``) and holds no strings with braces,
+    so a few ``find``s tell, without a parse."""
+    if chunk[start:start + 1] != b"{":
+        return -1
+    close = chunk.find(b"}", start)
+    if close < 0:
+        return -1
+    if chunk.find(b"{", start + 1, close) >= 0:  # nested: the usage closes at the next "}"
+        close = chunk.find(b"}", close + 1)
+        if close < 0:
+            return -1
+    end = close + 1
+    return end if chunk[end:end + 3] == b"}\n\n" else -1
 
 
 def _usage(data: bytes, at: int) -> tuple[int, int, int] | None:

@@ -71,6 +71,7 @@ class Proxy:
                 body, progress = asked, True
         trace.series.in_flight.inc()
         if cancels:
+            gone = False
             # The server cancels this task when the client goes, which cancels the relay
             # where it waits and closes the upstream connection: no watcher needed.
             try:
@@ -78,10 +79,11 @@ class Proxy:
                                     progress=progress, shape=shape, started=started)
             except asyncio.CancelledError:
                 log.info("client left during a %s request for %r; upstream request cancelled", path, req.model)
+                gone = True
                 raise
             finally:
                 trace.series.in_flight.dec()
-                _finish(trace, time.perf_counter())
+                _finish(trace, time.perf_counter(), gone=gone)
             return
         forward = asyncio.ensure_future(self._forward(route, path, body, send, trace, stream=req.stream,
                                                       affinity=affinity, progress=progress, shape=shape,
@@ -94,12 +96,13 @@ class Proxy:
             # Whichever finished first, the other must not outlive the request; this also
             # runs when the server cancels this handler at shutdown.
             watch.cancel()
-            if not forward.done():
+            gone = not forward.done()
+            if gone:
                 forward.cancel()
                 log.info("client left during a %s request for %r; upstream request cancelled", path, req.model)
             await asyncio.gather(forward, watch, return_exceptions=True)
             trace.series.in_flight.dec()
-            _finish(trace, time.perf_counter())
+            _finish(trace, time.perf_counter(), gone=gone)
         if not forward.cancelled():
             forward.result()  # re-raise what went wrong in the relay, if anything did
 
@@ -199,7 +202,8 @@ class Proxy:
         return started, opened
 
 
-def _finish(trace: metrics.Trace, now: float) -> None:
+def _finish(trace: metrics.Trace, now: float, *, gone: bool = False) -> None:
+    """The request's metrics, and its outcome to its metering (``gone``: the client left, metered as 499)."""
     trace.finish(now)
     if trace.meter is not None:
-        trace.meter.ended(trace.status, trace.replica, trace.ttft, now - trace.arrived)
+        trace.meter.ended(499 if gone else trace.status, trace.replica, trace.ttft, now - trace.arrived)

@@ -57,6 +57,7 @@ def test_a_stream_without_include_usage_is_asked_for_it_and_the_client_never_see
     body = json.loads(metered.ask_usage(req, "/v1/chat/completions", req.body))
     assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
     relayed = [metered.feed(chunk(i, usage(12, i + 1, cached=8))) for i in range(3)]
+    assert relayed[:3] == [chunk(i) for i in range(3)]  # the usage asked for is not the client's
     final = chunk(0, usage(12, 3, cached=8), choices=False) + b"data: [DONE]\n\n"
     relayed.append(metered.feed(final))
     assert relayed[-1] == b"data: [DONE]\n\n"  # the usage-only chunk is gone, [DONE] stays

@@ -293,6 +293,8 @@ class SimEngine:
 
         async def send(choice: Json | None) -> None:
             chunk = base | {"choices": [choice] if choice is not None else []}
+            if "usage" in chunk:
+                chunk["usage"] = chunk.pop("usage")  # last, as vLLM writes it
             await response.write(b"data: " + dumps(chunk).encode() + b"\n\n")
 
         def choice(i: int, text: str, finish: str | None) -> Json:
