@@ -45,6 +45,8 @@ QuotaTransport = Callable[[wire.QuotaSync], Awaitable[wire.QuotaAnswer]]
 
 SYNC_EVERY_S = 1.0
 IDLE_RETURN_S = 5.0
+#: How old the x-ratelimit headers of an answer may be.
+HEADERS_FOR_S = 0.1
 #: Syncs one request may wait for while grants come in slices smaller than its need.
 MAX_ROUNDS = 12
 _REQUESTS, _TOKENS, _SPEND, _SLOTS = 0, 1, 2, 3
@@ -56,7 +58,8 @@ class Budget:
     """One budget as this router sees it."""
 
     __slots__ = ("id", "scope", "kind", "cls", "limit", "reset_at", "lease", "reserved", "consumed", "returned",
-                 "free", "charged", "granted", "known", "unlimited", "used_at", "recent", "waiting")
+                 "free", "charged", "granted", "known", "unlimited", "used_at", "taken", "win_at", "win_taken", "rate",
+                 "waiting")
 
     def __init__(self, bid: str, scope: str, kind: str, limit: int, reset_at: float) -> None:
         self.id, self.scope, self.kind, self.cls = bid, scope, kind, _CLASS[kind]
@@ -65,7 +68,20 @@ class Budget:
         self.free = self.charged = self.granted = 0
         self.known = self.unlimited = False
         self.used_at = 0.0
-        self.recent = self.waiting = 0
+        self.taken = self.win_taken = self.waiting = 0  # taken: units admitted, ever (a rate's numerator)
+        self.win_at = 0.0
+        self.rate = 0.0  # units admitted per second over the last second or more
+
+    def want(self, now: float, every_s: float) -> int:
+        """What to ask for: the waiters' need and what ``2 * every_s`` of use at the recent rate takes."""
+        if not self.win_at:
+            self.win_at = now
+        elif now - self.win_at >= 1.0:
+            self.rate = (self.taken - self.win_taken) / (now - self.win_at)
+            self.win_at, self.win_taken = now, self.taken
+        # Within a window, at least what it took so far: a lease that ran out doubles at each sync.
+        use = max(math.ceil(self.rate * 2 * every_s), self.taken - self.win_taken)
+        return max(0, self.waiting + use - max(0, self.avail))
 
     @property
     def avail(self) -> int:
@@ -127,6 +143,7 @@ class QuotaClient:
         self._plans: dict[str, tuple[Any, float, tuple[Budget, ...]]] = {}
         self._inflight: asyncio.Future[None] | None = None
         self._started = 0  # syncs started, so a waiter knows whether one included its need
+        self._shown: dict[int, tuple[tuple[Budget, ...], float, list[tuple[bytes, bytes]]]] = {}
         self.down = False  # the last sync failed: the control plane is unreachable
         self._loop: asyncio.Task[None] | None = None  # the background sync, running while anything is held
         #: Syncs answered, for tests.
@@ -209,7 +226,7 @@ class QuotaClient:
         now = self._clock()
         for b, n in takes:
             b.reserved += n
-            b.recent += n
+            b.taken += n
             b.used_at = now
         if self._loop is None or self._loop.done():
             self._loop = asyncio.ensure_future(self._run())
@@ -254,14 +271,14 @@ class QuotaClient:
             give = b.avail if b.avail > 0 and not b.waiting and (over or idle) else 0
             b.lease -= give
             b.returned += give
-            want = 0 if over or closing else max(0, b.waiting + b.recent - max(0, b.avail))
+            want = 0 if over or closing else b.want(now, self._every_s)
             if not (b.consumed or b.returned or want or b.lease > 0):
                 if over and not b.reserved:
                     del self._budgets[b.id]
                 continue
             items.append(wire.QuotaItem(b.id, b.consumed, b.returned, want))
             sent.append((b, b.consumed, b.returned))
-            b.consumed = b.returned = b.recent = 0
+            b.consumed = b.returned = 0
         if not items:
             return
         try:
@@ -313,9 +330,24 @@ class QuotaClient:
 
     # -- what the client is told ------------------------------------------------------------------------
     def headers(self, plan: tuple[Budget, ...]) -> list[tuple[bytes, bytes]]:
+        """OpenAI's ``x-ratelimit-*`` for ``plan``, as they stood at most ``HEADERS_FOR_S`` ago.
+
+        Made once per key every so often rather than per answer (a few microseconds each): remaining is
+        an estimate anyway, the control plane's last word plus what this router holds.
+        """
+        now = self._clock()
+        shown = self._shown.get(id(plan))
+        if shown is not None and shown[0] is plan and now - shown[1] < HEADERS_FOR_S:
+            return shown[2]
+        if len(self._shown) > 10_000:
+            self._shown.clear()
+        made = self.headers_now(plan, now)
+        self._shown[id(plan)] = (plan, now, made)
+        return made
+
+    def headers_now(self, plan: tuple[Budget, ...], now: float) -> list[tuple[bytes, bytes]]:
         """OpenAI's ``x-ratelimit-*`` for the tightest requests and tokens budget of ``plan``."""
         out: list[tuple[bytes, bytes]] = []
-        now = self._clock()
         for cls, name in ((_REQUESTS, b"requests"), (_TOKENS, b"tokens")):
             found = [b for b in plan if b.cls == cls and not b.unlimited]
             if not found:
@@ -336,7 +368,8 @@ class QuotaClient:
         if self.down and b.avail < need:
             message = (f"The budget service (the control plane) is unreachable and this router holds none of "
                        f"{who} {b.kind} (limit {b.limit}{unit}); retry in a few seconds.")
-            return BudgetRefused(message, code="rate_limit_exceeded", retry_after_s=1, extra=self.headers(plan))
+            return BudgetRefused(message, code="rate_limit_exceeded", retry_after_s=1,
+                                 extra=self.headers_now(plan, now))
         if b.cls == _SLOTS:
             when = "when one of its requests ends"
         else:
@@ -347,7 +380,7 @@ class QuotaClient:
             message += (f", and it reserves {need}{unit} (its prompt and max_tokens; a lower max_tokens "
                         "needs less)")
         message += f". It resets {when}."
-        return BudgetRefused(message, code=code, retry_after_s=wait, extra=self.headers(plan))
+        return BudgetRefused(message, code=code, retry_after_s=wait, extra=self.headers_now(plan, now))
 
 
 def _with_minute(limits: quota.Limits, rpm: int, tpm: int) -> quota.Limits:

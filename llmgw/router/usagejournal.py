@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -58,13 +59,13 @@ class _Journal:
     def __init__(self, jid: str, *, current: bool = False) -> None:
         self.id = jid
         self.current = current  # its last segment is the one being written: kept until the next one starts
-        self.pending: collections.deque[dict[str, Any]] = collections.deque()
+        self.pending: collections.deque[tuple[Any, ...]] = collections.deque()  # UsageRecord's fields, seq first
         self.segments: list[tuple[int, Path]] = []  # (last seq written to it, path), oldest first
         self.acked = 0
 
     def ack(self, through: int, directory: Path | None) -> None:
         self.acked = max(self.acked, through)
-        while self.pending and self.pending[0]["seq"] <= through:
+        while self.pending and self.pending[0][0] <= through:
             self.pending.popleft()
         while self.segments and self.segments[0][0] <= through and (len(self.segments) > 1 or not self.current):
             with contextlib.suppress(FileNotFoundError):
@@ -94,6 +95,8 @@ class UsageJournal:
         self._clock = clock
         self._current = _Journal(secrets.token_hex(8), current=True)
         self._seq = 0
+        self._lines: list[bytes] = []
+        self._write_soon = False
         self._fd = -1
         self._segment_at = 0.0
         self._replay: list[_Journal] = []
@@ -113,34 +116,48 @@ class UsageJournal:
     def pending(self) -> int:
         return sum(len(j.pending) for j in (*self._replay, self._current))
 
-    def append(self, record: dict[str, Any]) -> None:
-        """Numbers ``record`` (``UsageRecord.to_doc()`` without seq), writes it down and queues it."""
+    def append(self, record: tuple[Any, ...]) -> None:
+        """Numbers ``record`` (``metering.Record``: UsageRecord's fields without seq), writes it down, queues it."""
         self._seq += 1
-        record["seq"] = self._seq
+        numbered = (self._seq, *record)
         journal = self._current
         if self._dir is not None:
-            now = self._clock()
-            if self._fd < 0 or now - self._segment_at >= self._interval_s:
-                self._new_segment(now)
-            os.write(self._fd, json.dumps(record, separators=(",", ":")).encode() + b"\n")
-            journal.segments[-1] = (self._seq, journal.segments[-1][1])
+            self._lines.append(_line(numbered))
+            if not self._write_soon:
+                # Written once the callbacks ready now have run (the answers being sent): one os.write for
+                # the records of one turn of the event loop, in the kernel before the loop polls again.
+                self._write_soon = True
+                asyncio.get_running_loop().call_soon(self._write)
         if len(journal.pending) >= self._max_pending:
             journal.pending.popleft()
             if self._dir is None:
                 log.warning("usage not reaching the control plane: dropping the oldest record (%d waiting)",
                             self._max_pending)
-        journal.pending.append(record)
+        journal.pending.append(numbered)
         if len(journal.pending) >= self._batch:
             self._wake.set()
 
-    def _new_segment(self, now: float) -> None:
+    def _write(self) -> None:
+        self._write_soon = False
+        if not self._lines:
+            return
+        now = self._clock()
+        if self._fd < 0 or now - self._segment_at >= self._interval_s:
+            self._new_segment(now, self._seq - len(self._lines) + 1)
+        data = b"".join(self._lines)
+        self._lines.clear()
+        while data:
+            data = data[os.write(self._fd, data):]
+        self._current.segments[-1] = (self._seq, self._current.segments[-1][1])
+
+    def _new_segment(self, now: float, first: int) -> None:
         assert self._dir is not None
         if self._fd >= 0:
             os.close(self._fd)
-        path = self._dir / f"{self._current.id}-{self._seq:012d}{SUFFIX}"
+        path = self._dir / f"{self._current.id}-{first:012d}{SUFFIX}"
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self._segment_at = now
-        self._current.segments.append((self._seq, path))
+        self._current.segments.append((first, path))
 
     @staticmethod
     def _read_segments(directory: Path) -> list[_Journal]:
@@ -154,17 +171,16 @@ class UsageJournal:
             last = 0
             for line in path.read_bytes().splitlines():
                 try:
-                    record = wire.UsageRecord.from_doc(str(path), json.loads(line)).to_doc()
+                    record = wire.UsageRecord.from_doc(str(path), json.loads(line))
                 except (ValueError, BadReport):
                     continue  # a line cut short by a crash mid-write: never acknowledged, never counted
-                journal.pending.append(record)
-                last = max(last, record["seq"])
+                journal.pending.append(tuple(getattr(record, f) for f in _FIELDS))
+                last = max(last, record.seq)
             journal.segments.append((last, path))
         for journal in journals.values():
             with contextlib.suppress(OSError, ValueError):
                 journal.acked = int((directory / f"{journal.id}{ACK_SUFFIX}").read_text())
-            journal.pending = collections.deque(sorted((r for r in journal.pending if r["seq"] > journal.acked),
-                                                       key=lambda r: r["seq"]))
+            journal.pending = collections.deque(sorted(r for r in journal.pending if r[0] > journal.acked))
             if journal.pending:
                 log.info("usage journal %s: %d records from before the restart to send again", journal.id,
                          len(journal.pending))
@@ -181,6 +197,7 @@ class UsageJournal:
     async def stop(self, *, flush_s: float = 2.0) -> None:
         """Stop sending after one last try (at most ``flush_s``); what is not acknowledged stays on disk."""
         await self._task.stop()
+        self._write()
         if self._transport is not None and self.pending:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.flush(), flush_s)
@@ -190,6 +207,8 @@ class UsageJournal:
 
     async def flush(self) -> None:
         """Send batches until nothing waits; raises what the transport raised."""
+        if self._dir is not None:
+            self._write()
         while True:
             journal = next((j for j in (*self._replay, self._current) if j.pending), None)
             if journal is None:
@@ -199,7 +218,7 @@ class UsageJournal:
     async def _send(self, journal: _Journal) -> None:
         assert self._transport is not None
         records = [journal.pending[i] for i in range(min(len(journal.pending), wire.MAX_RECORDS_PER_BATCH))]
-        batch = wire.UsageBatch(self.router_id, journal.id, tuple(wire.UsageRecord(**r) for r in records))
+        batch = wire.UsageBatch(self.router_id, journal.id, tuple(wire.UsageRecord(*r) for r in records))
         ack = await self._transport(batch)
         if ack.journal != journal.id:
             raise ValueError(f"usage ack for journal {ack.journal!r}, sent {journal.id!r}")
@@ -228,3 +247,22 @@ class UsageJournal:
             if failing:
                 log.info("usage records reach the control plane again")
             failing, backoff = False, self._interval_s
+
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(wire.UsageRecord))
+_TEXT_FIELDS = slice(2, 8)  # project, key, user, model, node, replica
+_NUMBERS = (b',"prompt_tokens":%d,"cached_tokens":%d,"completion_tokens":%d,"spend_micros":%d,"status":%d,'
+            b'"ttft_ms":%.3f,"duration_ms":%.3f}\n')
+_prefixes: dict[tuple[str, ...], bytes] = {}
+
+
+def _line(r: tuple[Any, ...]) -> bytes:
+    """``r`` as one JSON line; the names part (the same for every request of a key on a replica) made once."""
+    names = r[_TEXT_FIELDS]
+    prefix = _prefixes.get(names)
+    if prefix is None:
+        if len(_prefixes) > 10_000:
+            _prefixes.clear()
+        prefix = _prefixes[names] = b"".join(
+            b',"%s":%s' % (f.encode(), json.dumps(v).encode()) for f, v in zip(_FIELDS[2:8], names, strict=True))
+    return b'{"seq":%d,"at":%.6f' % (r[0], r[1]) + prefix + _NUMBERS % r[8:]

@@ -30,7 +30,7 @@ class SimLedger:
     """Budgets and usage for any number of routers sharing it; ``fail`` makes it unreachable."""
 
     def __init__(self, limits: dict[tuple[str, str], int] | None = None, *,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, keep_records: bool = True) -> None:
         #: (scope, kind) -> limit in units, e.g. ("key:k1", "requests_per_day") -> 100.
         self.limits = dict(limits or {})
         self._clock = clock
@@ -40,6 +40,8 @@ class SimLedger:
         self.records: list[wire.UsageRecord] = []
         self.fail = False
         self.syncs = 0
+        self._keep = keep_records  # False: only counted (a bench), so memory stays flat
+        self.stored = 0
 
     async def sync(self, s: wire.QuotaSync) -> wire.QuotaAnswer:
         if self.fail:
@@ -76,7 +78,9 @@ class SimLedger:
         mark = self.marks[batch.journal]
         for record in batch.records:
             if record.seq == mark + 1:
-                self.records.append(record)
+                if self._keep:
+                    self.records.append(record)
+                self.stored += 1
                 mark = record.seq
         self.marks[batch.journal] = mark
         return wire.UsageAck(batch.journal, mark)

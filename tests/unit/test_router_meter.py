@@ -45,9 +45,9 @@ def stream_req(options: dict[str, Any] | None = None) -> request.CompletionReque
     return request.parse(json.dumps(doc).encode())
 
 
-def meter() -> tuple[metering.Meter, list[dict[str, Any]]]:
-    kept: list[dict[str, Any]] = []
-    return metering.Meter(kept.append), kept
+def meter() -> tuple[metering.Meter, list[wire.UsageRecord]]:
+    kept: list[wire.UsageRecord] = []
+    return metering.Meter(lambda record: kept.append(wire.UsageRecord(1, *record))), kept
 
 
 def test_a_stream_without_include_usage_is_asked_for_it_and_the_client_never_sees_it() -> None:
@@ -65,11 +65,10 @@ def test_a_stream_without_include_usage_is_asked_for_it_and_the_client_never_see
     metered.ended(200, "m-1", 0.05, 0.2)
     m.close(metered)
     record, = kept
-    assert (record["prompt_tokens"], record["cached_tokens"], record["completion_tokens"]) == (12, 8, 3)
-    assert record["spend_micros"] == 4 * 1 + 8 * 0.5 + 3 * 2
-    assert (record["project"], record["key"], record["user"], record["model"]) == ("team-a", "k1", "ann", "m")
-    assert (record["node"], record["replica"], record["status"], record["ttft_ms"]) == ("node-a", "m-1", 200, 50.0)
-    wire.UsageRecord(seq=1, **record)  # the wire's shape
+    assert (record.prompt_tokens, record.cached_tokens, record.completion_tokens) == (12, 8, 3)
+    assert record.spend_micros == 4 * 1 + 8 * 0.5 + 3 * 2
+    assert (record.project, record.key, record.user, record.model) == ("team-a", "k1", "ann", "m")
+    assert (record.node, record.replica, record.status, record.ttft_ms) == ("node-a", "m-1", 200, 50.0)
 
 
 def test_stream_options_without_include_usage_are_kept_and_completed() -> None:
@@ -89,7 +88,7 @@ def test_a_client_that_asked_for_usage_gets_the_stream_as_the_engine_wrote_it() 
     assert metered.feed(final) == final
     metered.ended(200, "m-1", 0.01, 0.02)
     m.close(metered)
-    assert (kept[0]["prompt_tokens"], kept[0]["completion_tokens"]) == (5, 2)
+    assert (kept[0].prompt_tokens, kept[0].completion_tokens) == (5, 2)
 
 
 def test_a_client_that_leaves_is_charged_the_last_usage_seen() -> None:
@@ -99,7 +98,7 @@ def test_a_client_that_leaves_is_charged_the_last_usage_seen() -> None:
         metered.feed(chunk(i, usage(30, i + 1)))
     metered.ended(200, "m-1", 0.01, 0.5)  # cancelled mid-stream: no final chunk, no [DONE]
     m.close(metered)
-    assert (kept[0]["prompt_tokens"], kept[0]["completion_tokens"]) == (30, 4)
+    assert (kept[0].prompt_tokens, kept[0].completion_tokens) == (30, 4)
 
 
 def test_a_client_that_leaves_a_stream_without_usage_is_charged_one_token_per_event() -> None:
@@ -109,7 +108,7 @@ def test_a_client_that_leaves_a_stream_without_usage_is_charged_one_token_per_ev
         metered.feed(chunk(i, None))
     metered.ended(499, "m-1", 0.01, 0.5)
     m.close(metered)
-    assert (kept[0]["prompt_tokens"], kept[0]["completion_tokens"], kept[0]["status"]) == (0, 3, 499)
+    assert (kept[0].prompt_tokens, kept[0].completion_tokens, kept[0].status) == (0, 3, 499)
 
 
 def test_a_whole_answer_s_usage_is_found_from_its_end() -> None:
@@ -120,7 +119,7 @@ def test_a_whole_answer_s_usage_is_found_from_its_end() -> None:
     metered.whole(body)
     metered.ended(200, "m-1", 0.1, 0.1)
     m.close(metered)
-    assert (kept[0]["prompt_tokens"], kept[0]["cached_tokens"], kept[0]["completion_tokens"]) == (7, 4, 9)
+    assert (kept[0].prompt_tokens, kept[0].cached_tokens, kept[0].completion_tokens) == (7, 4, 9)
 
 
 def test_a_request_never_forwarded_has_no_record_and_counters_are_bounded() -> None:
@@ -133,10 +132,8 @@ def test_a_request_never_forwarded_has_no_record_and_counters_are_bounded() -> N
     assert b"llmgw_router_project_tokens_total" in metrics.render()[0]
 
 
-def _record(i: int) -> dict[str, Any]:
-    return {"at": 1.0 + i, "project": "team-a", "key": "k1", "user": "", "model": "m", "node": "", "replica": "r",
-            "prompt_tokens": i, "cached_tokens": 0, "completion_tokens": 1, "spend_micros": 0, "status": 200,
-            "ttft_ms": 1.0, "duration_ms": 2.0}
+def _record(i: int) -> tuple[Any, ...]:
+    return (1.0 + i, "team-a", "k1", "", "m", "", "r", i, 0, 1, 0, 200, 1.0, 2.0)
 
 
 def test_a_journal_replays_after_a_crash_with_the_same_seqs_and_is_counted_once(tmp_path: Path) -> None:
@@ -150,6 +147,7 @@ def test_a_journal_replays_after_a_crash_with_the_same_seqs_and_is_counted_once(
         for i in range(5, 8):
             first.append(_record(i))
         crashed = first.journal_id
+        await asyncio.sleep(0)  # the turn of the event loop that ended those requests ends: they are written
         del first  # kill -9: never stopped, 6-8 never acknowledged
         second = usagejournal.UsageJournal("r1", ledger.ingest, tmp_path)
         assert second.journal_id != crashed and second.pending == 3
