@@ -55,8 +55,9 @@ def table(upstream: str) -> dict[str, object]:
                      "projects": [{"name": "bench", "limits": {"tokens_per_month": HUGE}}]}}
 
 
-def serve(table_file: Path, port: int, journal_dir: Path) -> int:
-    """The "on" router: the standalone router's app and server, with the sim ledger as its control plane."""
+def serve(table_file: Path, port: int, journal_dir: Path, mode: str) -> int:
+    """The "on" router (``mode`` "meter": metering only, no budgets): the standalone router's app and server,
+    with the sim ledger as its control plane."""
     from llmgw.router import standalone
     from llmgw.router import table as table_mod
     from llmgw.router.settings import ProxySettings
@@ -67,7 +68,8 @@ def serve(table_file: Path, port: int, journal_dir: Path) -> int:
     holder = table_mod.TableHolder()
     holder.swap(table_mod.RouteTable.from_doc(json.loads(table_file.read_text())))
     proxy = ProxySettings()
-    app = standalone.proxied(holder, proxy, source=str(table_file), serve_metrics=True, quota=ledger.sync,
+    app = standalone.proxied(holder, proxy, source=str(table_file), serve_metrics=True,
+                             quota=ledger.sync if mode == "on" else None,
                              usage=ledger.ingest, usage_journal_dir=journal_dir, router_id="bench")
     import uvloop
 
@@ -83,10 +85,10 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--latency", type=int, default=1000, help="streamed requests for TTFT (0: skip)")
-    parser.add_argument("--serve", nargs=3, metavar=("TABLE", "PORT", "JOURNAL_DIR"), help=argparse.SUPPRESS)
+    parser.add_argument("--serve", nargs=4, metavar=("TABLE", "PORT", "JOURNAL_DIR", "MODE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        return serve(Path(args.serve[0]), int(args.serve[1]), Path(args.serve[2]))
+        return serve(Path(args.serve[0]), int(args.serve[1]), Path(args.serve[2]), args.serve[3])
     if not shutil.which("wrk"):
         print("wrk is not installed (apt-get install wrk)", file=sys.stderr)
         return 2
@@ -103,12 +105,12 @@ def main() -> int:
     routers: dict[str, tuple[str, int]] = {}
     try:
         procs[0].wait_http(upstream_url + "/health", timeout=30)
-        for name in ("off", "on"):
+        for name in ("off", "meter", "on"):
             port = free_port()
             argv = ([py, "-m", "llmgw.router.standalone", "--port", str(port), "--table-file", str(table_file),
                      "--log-level", "warning"] if name == "off" else
                     [py, str(HERE / "metering_cost.py"), "--serve", str(table_file), str(port),
-                     str(workdir / "journal")])
+                     str(workdir / f"journal-{name}"), name])
             proc = Proc.start([*router_peers.pin(0), *argv], log_path=workdir / f"{name}.log")
             procs.append(proc)
             url = f"http://127.0.0.1:{port}"
@@ -145,19 +147,22 @@ def main() -> int:
 
 
 def report(rows: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
-    off, on = rows["off"], rows["on"]
-    print(f"\nmedians of {args.rounds} rounds of wrk -t1 -c{args.connections} -d{args.seconds:g}s; router on core 0")
-    for k, label in (("rps", "req/s"), ("streams", "streams/s"), ("cpu_rps", "req per CPU-s"),
-                     ("cpu_streams", "streams per CPU-s")):
-        cost = (1 - on[k] / off[k]) * 100 if off[k] else 0.0
-        print(f"{label:18} off {off[k]:9.0f}  on {on[k]:9.0f}  on/off {on[k] / off[k] if off[k] else 0:5.3f}  "
-              f"cost {cost:5.1f} %")
-    if "p50" in on:
-        print(f"{'TTFT p50 (ms)':18} off {off['p50']:9.3f}  on {on['p50']:9.3f}  added {on['p50'] - off['p50']:6.3f}")
-        print(f"{'TTFT p99 (ms)':18} off {off['p99']:9.3f}  on {on['p99']:9.3f}  added {on['p99'] - off['p99']:6.3f}")
-    bad = on.get("bad", 0) + off.get("bad", 0)
-    if bad:
-        print(f"({bad:.0f} failed or incomplete)")
+    off = rows["off"]
+    print(f"\nmedians of {args.rounds} rounds of wrk -t1 -c{args.connections} -d{args.seconds:g}s; router on core 0; "
+          "meter: metering and the journal, no budgets; on: metering and budgets")
+    for name in ("meter", "on"):
+        on = rows[name]
+        for k, label in (("rps", "req/s"), ("streams", "streams/s"), ("cpu_rps", "req per CPU-s"),
+                         ("cpu_streams", "streams per CPU-s")):
+            cost = (1 - on[k] / off[k]) * 100 if off[k] else 0.0
+            print(f"{label:18} off {off[k]:9.0f}  {name:5} {on[k]:9.0f}  x off {on[k] / off[k] if off[k] else 0:5.3f}  "
+                  f"cost {cost:5.1f} %")
+        if "p50" in on:
+            for p in ("p50", "p99"):
+                label = f"TTFT {p} (ms)"
+                print(f"{label:18} off {off[p]:9.3f}  {name:5} {on[p]:9.3f}  added {on[p] - off[p]:6.3f}")
+        if on.get("bad"):
+            print(f"({on['bad']:.0f} failed or incomplete)")
 
 
 if __name__ == "__main__":

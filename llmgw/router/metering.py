@@ -24,6 +24,7 @@ The tokens are the engine's own count (``usage``), never the router's guess, fou
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -38,6 +39,8 @@ _USAGE_FIELD = b',"usage":'
 _DATA = b"data:"
 _DONE_END = b"[DONE]\n\n"
 _DECODER = json.JSONDecoder()
+#: The counts of a usage object (prompt/completion, the Responses API's input/output, cached), by name.
+_COUNTS = re.compile(rb'"(prompt|completion|cached|input|output)_tokens"\s*:\s*(\d+)')
 #: The paths whose streams take ``stream_options`` (the Responses API reports usage in its last event anyway).
 STREAM_OPTION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 _ASK = b'"stream_options":{"include_usage":true,"continuous_usage_stats":true},'
@@ -217,7 +220,8 @@ def _usage(data: bytes, at: int) -> tuple[int, int, int] | None:
     """Prompt, cached and completion tokens of the usage object at ``at``; None when it is not readable.
 
     Each count found by name inside the object's bytes (a usage object holds only numbers and one nested
-    object of them), a third of a ``raw_decode``'s cost; an object cut short is read by ``raw_decode``.
+    object of them) by one regular expression, a third of a ``raw_decode``'s cost; ``raw_decode`` reads
+    one that lacks them.
     """
     start = _object_at(data, at)
     if start < 0:
@@ -225,12 +229,13 @@ def _usage(data: bytes, at: int) -> tuple[int, int, int] | None:
     end = data.find(b"}", start)
     if end >= 0 and data.find(b"{", start + 1, end) >= 0:
         end = data.find(b"}", end + 1)
-    if end >= 0 and data[end + 1:end + 2] in (b"}", b",", b" ", b"\n"):
-        prompt = _count(data, start, end, b'"prompt_tokens":', b'"input_tokens":')
-        completion = _count(data, start, end, b'"completion_tokens":', b'"output_tokens":')
-        if prompt >= 0 and completion >= 0:
-            cached = max(0, _count(data, start, end, b'"cached_tokens":', b'"cached_tokens":'))
-            return prompt, min(cached, prompt), completion
+    if end >= 0:
+        counts = dict(_COUNTS.findall(data, start, end))
+        prompt, completion = counts.get(b"prompt", counts.get(b"input")), counts.get(b"completion",
+                                                                                    counts.get(b"output"))
+        if prompt is not None and completion is not None:
+            p = int(prompt)
+            return p, min(int(counts.get(b"cached", 0)), p), int(completion)
     try:
         usage, _ = _DECODER.raw_decode(data[start:start + 4096].decode("utf-8", "replace"))
     except ValueError:
@@ -242,23 +247,6 @@ def _usage(data: bytes, at: int) -> tuple[int, int, int] | None:
     details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details")
     cached = _int(details.get("cached_tokens")) if isinstance(details, dict) else 0
     return prompt, min(cached, prompt), completion
-
-
-def _count(data: bytes, start: int, end: int, name: bytes, other: bytes) -> int:
-    """The whole number after ``name`` (or ``other``) in ``data[start:end]``; -1 when neither is there."""
-    at = data.find(name, start, end)
-    if at < 0:
-        at = data.find(other, start, end)
-        name = other
-    if at < 0:
-        return -1
-    i = at + len(name)
-    while data[i:i + 1] == b" ":
-        i += 1
-    j = i
-    while j < end and 48 <= data[j] <= 57:
-        j += 1
-    return int(data[i:j]) if j > i else 0
 
 
 def _int(value: Any) -> int:

@@ -155,10 +155,14 @@ class QuotaClient:
         if not key.id:
             return ()
         project = projects.get(key.project) if key.project else None
-        sig = (key.limits, key.rpm, key.tpm, project)
         now = self._clock()
         cached = self._plans.get(key.id)
-        if cached is not None and now < cached[1] and (cached[0] is sig or cached[0] == sig):
+        if cached is not None and now < cached[1] and cached[0][0] is key.limits and cached[0][3] is project \
+                and cached[0][1] == key.rpm and cached[0][2] == key.tpm:
+            return cached[2]  # the same limits objects (the same table): no tuple made, no comparison
+        sig = (key.limits, key.rpm, key.tpm, project)
+        if cached is not None and now < cached[1] and cached[0] == sig:
+            self._plans[key.id] = (sig, cached[1], cached[2])
             return cached[2]
         made: list[Budget] = []
         until = math.inf

@@ -149,3 +149,45 @@ def test_a_client_that_leaves_mid_stream_is_charged_for_what_was_generated(tmp_p
         assert json.loads(json.dumps(record.to_doc()))["key"] == "k1"
 
     run(tmp_path, test)
+
+
+def test_the_standalone_router_s_http_transports_reach_the_control_plane() -> None:
+    """``usagehttp.ControlCalls``: QuotaSync and UsageBatch POSTed with the router's credential, answers read back."""
+    from llmgw.api import usage as wire
+    from llmgw.router import usagehttp
+
+    ledger = SimLedger({("key:k1", "requests_per_day"): 10})
+    seen: list[str] = []
+
+    async def quota_route(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Authorization", ""))
+        answer = await ledger.sync(wire.QuotaSync.from_doc(await request.json()))
+        return web.json_response(answer.to_doc())
+
+    async def usage_route(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Authorization", ""))
+        ack = await ledger.ingest(wire.UsageBatch.from_doc(await request.json()))
+        return web.json_response(ack.to_doc())
+
+    async def main() -> None:
+        control = web.Application()
+        control.router.add_post(wire.QUOTA_PATH, quota_route)
+        control.router.add_post(wire.USAGE_PATH, usage_route)
+        runner = web.AppRunner(control)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        calls = usagehttp.ControlCalls(lambda: f"http://127.0.0.1:{port}", headers={"Authorization": "Bearer rt"})
+        try:
+            answer = await calls.quota(wire.QuotaSync("r1", (wire.QuotaItem("key:k1/requests_per_day/2026-12-04",
+                                                                            want=4),)))
+            assert answer.items[0].granted >= 1 and answer.items[0].limit == 10
+            record = wire.UsageRecord(1, 1.0, "team-a", "k1", "", "m", "", "m-1", 3, 0, 2, 0, 200, 1.0, 2.0)
+            ack = await calls.usage(wire.UsageBatch("r1", "j1", (record,)))
+            assert ack == wire.UsageAck("j1", 1) and ledger.records == [record]
+        finally:
+            await calls.stop()
+            await runner.cleanup()
+        assert seen == ["Bearer rt", "Bearer rt"]
+
+    asyncio.run(asyncio.wait_for(main(), 30))
