@@ -17,7 +17,6 @@ import json
 from llmgw.router import (
     admission,
     asgi,
-    auth,
     cold,
     errors,
     pick,
@@ -33,7 +32,7 @@ from llmgw.router import signals as router_signals
 from llmgw.router import tracing as router_tracing
 from llmgw.router.asgi import CANCELS, authorization, header_value
 from llmgw.router.policies import KEYED
-from llmgw.router.table import ModelRoute, RouteTable, TableHolder
+from llmgw.router.table import RouteTable, TableHolder
 
 
 class Completions:
@@ -100,12 +99,43 @@ class Completions:
             if ticket is not None:
                 send = _with_headers(send, self._quota, ticket.plan)
         metered = self._meter.start(key, route) if self._meter is not None else None
-        if metered is None and ticket is None:
-            await self._forward(scope, path, arrived, receive, send, req, key, route, table, header, None)
-            return
         try:
-            await self._forward(scope, path, arrived, receive, send, req, key, route, table, header, metered)
+            counts = self._signals.arrived(route.name, arrived) if self._signals is not None else None
+            started = held = False
+            if not route.endpoints and route.autoscale is not None:
+                # A model at zero: held here, not refused, until a replica is Ready (or its cold-start timeout).
+                waited = await self._cold.hold(route, req, key, arrived, send, counts)
+                if waited is None:
+                    return  # answered already: the timeout's 503, or the model went away
+                route, started = waited
+                held = True
+                table = self.holder.current
+            self.apply_limits(table)
+            # Hashing the prompt's blocks is for the routings that use them; round-robin skips it.
+            affinity = (prefix.request_key(req.doc, session_header=header_value(scope, b"x-llmgw-session"))
+                        if route.routing in KEYED else pick.NO_KEY)
+            spans = router_tracing.CURRENT.get()
+            if spans is not None:
+                spans.admission_start()
+            if (self._signals is not None and not self._admission.queued(route.name)
+                    and self._admission.would_wait(route.name)):
+                self._signals.queue_forming()  # the autoscaler hears of a queue as it forms, not an interval later
+            async with self._admission.slot(route.name, priority=key.priority):
+                if spans is not None:
+                    spans.admitted(route.name)
+                if self.holder.current is not table:
+                    # It waited in the queue while the table changed: the slot it got may be one a new
+                    # replica brought (the limit is per endpoint), which the route it read on arrival
+                    # lacks. Picking among the old endpoints then found them all full, and it got a 429
+                    # (seen in bench/autoscale.py, every request admitted as a scale-up's replicas came).
+                    fresh = self.holder.current.lookup(req.model)
+                    if fresh is not None and fresh.name == route.name:
+                        route = fresh
+                await self._proxy.serve(route, req, path, arrived, receive, send, affinity,
+                                        cancels=CANCELS in scope.get("extensions", ()), counts=counts,
+                                        started=started, held=held, metered=metered)
         finally:
+            # What it used: metered (its record kept) and charged to its budgets, what it reserved beyond back.
             if metered is not None:
                 self._meter.close(metered)  # type: ignore[union-attr]
             if ticket is not None:
@@ -114,45 +144,6 @@ class Completions:
                     self._quota.settle(ticket, 0, 0)
                 else:
                     self._quota.settle(ticket, metered.tokens, metered.spend_micros)
-
-    async def _forward(self, scope: asgi.Scope, path: str, arrived: float, receive: asgi.Receive, send: asgi.Send,
-                       req: request.CompletionRequest, key: auth.KeyInfo, route: ModelRoute, table: RouteTable,
-                       header: bytes | None, metered: router_metering.Metered | None) -> None:
-        """Admitted by the key and its budgets: held for a cold model, queued for a slot, forwarded."""
-        counts = self._signals.arrived(route.name, arrived) if self._signals is not None else None
-        started = held = False
-        if not route.endpoints and route.autoscale is not None:
-            # A model at zero: held here, not refused, until a replica is Ready (or its cold-start timeout).
-            waited = await self._cold.hold(route, req, key, arrived, send, counts)
-            if waited is None:
-                return  # answered already: the timeout's 503, or the model went away
-            route, started = waited
-            held = True
-            table = self.holder.current
-        self.apply_limits(table)
-        # Hashing the prompt's blocks is for the routings that use them; round-robin skips it.
-        affinity = (prefix.request_key(req.doc, session_header=header_value(scope, b"x-llmgw-session"))
-                    if route.routing in KEYED else pick.NO_KEY)
-        spans = router_tracing.CURRENT.get()
-        if spans is not None:
-            spans.admission_start()
-        if (self._signals is not None and not self._admission.queued(route.name)
-                and self._admission.would_wait(route.name)):
-            self._signals.queue_forming()  # the autoscaler hears of a queue as it forms, not an interval later
-        async with self._admission.slot(route.name, priority=key.priority):
-            if spans is not None:
-                spans.admitted(route.name)
-            if self.holder.current is not table:
-                # It waited in the queue while the table changed: the slot it got may be one a new
-                # replica brought (the limit is per endpoint), which the route it read on arrival
-                # lacks. Picking among the old endpoints then found them all full, and it got a 429
-                # (seen in bench/autoscale.py, every request admitted as a scale-up's replicas came).
-                fresh = self.holder.current.lookup(req.model)
-                if fresh is not None and fresh.name == route.name:
-                    route = fresh
-            await self._proxy.serve(route, req, path, arrived, receive, send, affinity,
-                                    cancels=CANCELS in scope.get("extensions", ()), counts=counts,
-                                    started=started, held=held, metered=metered)
 
     def _counting(self, send: asgi.Send, key_id: str) -> asgi.Send:
         """``send``, also counting the tokens of the answer's usage for the key's tokens-per-minute.
