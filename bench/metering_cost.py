@@ -15,7 +15,12 @@ wrk runs and CPU-second counts, ``router_peers``' TTFT at concurrency 1):
 The transports are in-process calls, as inside ``llmgw server``; a standalone router's HTTP POSTs come once a
 second (a sync, a batch), not per request. Figures: medians of the rounds, and on/off ratios.
 
+``--inproc N``: the router's own CPU per request, without sockets: N non-streamed requests straight through
+the app (its ASGI entry, a canned upstream answer), off / meter / on in turn, the best of five runs each;
+steadier than wrk on a machine whose other load comes and goes, and it is what metering adds per request.
+
     .venv/bin/python bench/metering_cost.py [--rounds 3] [--seconds 4] [--latency 1000]
+    .venv/bin/python bench/metering_cost.py --inproc 20000
 """
 
 from __future__ import annotations
@@ -85,10 +90,14 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--latency", type=int, default=1000, help="streamed requests for TTFT (0: skip)")
+    parser.add_argument("--inproc", type=int, default=0, metavar="N",
+                        help="measure the app's CPU per request in process, N requests a run, and stop")
     parser.add_argument("--serve", nargs=4, metavar=("TABLE", "PORT", "JOURNAL_DIR", "MODE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         return serve(Path(args.serve[0]), int(args.serve[1]), Path(args.serve[2]), args.serve[3])
+    if args.inproc:
+        return asyncio.run(inproc(args.inproc))
     if not shutil.which("wrk"):
         print("wrk is not installed (apt-get install wrk)", file=sys.stderr)
         return 2
@@ -143,6 +152,79 @@ def main() -> int:
     finally:
         for proc in reversed(procs):
             proc.stop()
+    return 0
+
+
+async def inproc(n: int) -> int:
+    """The app's CPU per request (process time), off / meter / on, each the best of five runs of ``n``."""
+    import tempfile as tmp
+
+    from llmgw.router import app as app_mod
+    from llmgw.router import table as table_mod
+    from llmgw.router.asgi import CANCELS
+    from llmgw.sim.ledger import SimLedger
+
+    answer = json.dumps({"id": "x", "object": "chat.completion", "created": 1, "model": MODEL,
+                         "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
+                                      "finish_reason": "length"}],
+                         "usage": {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10}}).encode()
+
+    class Canned:
+        status = 200
+        headers = {"Content-Type": "application/json"}
+
+        async def read(self) -> bytes:
+            return answer
+
+        def close(self) -> None:
+            pass
+
+    class Upstream:
+        async def open(self, route: object, path: str, body: bytes, **_: object) -> tuple[object, Canned]:
+            return route.endpoints[0], Canned()  # type: ignore[attr-defined]
+
+    body = json.dumps({"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]}).encode()
+    scope = {"type": "http", "path": "/v1/chat/completions", "method": "POST",
+             "headers": [(b"authorization", b"Bearer " + SECRET.encode())], "extensions": {CANCELS: {}}}
+
+    async def receive() -> dict[str, object]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict[str, object]) -> None:
+        pass
+
+    results: dict[str, list[float]] = {"off": [], "meter": [], "on": []}
+    for mode in ("off", "meter", "on") * 2:
+        holder = table_mod.TableHolder()
+        holder.swap(table_mod.RouteTable.from_doc(table("http://127.0.0.1:9")))
+        parts: dict[str, object] = {}
+        if mode != "off":
+            ledger = SimLedger({("key:kbench", "requests_per_day"): HUGE, ("key:kbench", "tokens_per_day"): HUGE,
+                                ("project:bench", "tokens_per_month"): HUGE}, keep_records=False)
+            parts = {"usage": ledger.ingest, "usage_journal_dir": Path(tmp.mkdtemp(prefix="llmgw-journal-")),
+                     "router_id": "bench", "quota": ledger.sync if mode == "on" else None}
+        app = app_mod.RouterApp(holder, **parts)  # type: ignore[arg-type]
+        app._proxy.forwarder = Upstream()  # type: ignore[assignment]
+        if app.journal is not None:
+            await app.journal.start()
+        for _ in range(2000):
+            await app(dict(scope), receive, send)
+        for _ in range(5):
+            start = time.process_time()
+            for i in range(n):
+                await app(dict(scope), receive, send)
+                if i % 256 == 0:
+                    await asyncio.sleep(0)  # the journal's and the budgets' tasks run, as between requests
+            results[mode].append((time.process_time() - start) / n * 1e6)
+        if app.quota is not None:
+            await app.quota.stop()
+        if app.journal is not None:
+            await app.journal.stop()
+    best = {mode: min(v) for mode, v in results.items()}
+    print(f"the app's CPU per non-streamed request, in process (best of {len(results['off'])} runs of {n}):")
+    for mode in ("off", "meter", "on"):
+        added = best[mode] - best["off"]
+        print(f"  {mode:6} {best[mode]:6.2f} us" + (f"  (+{added:.2f} us)" if mode != "off" else ""))
     return 0
 
 
