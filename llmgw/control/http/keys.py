@@ -29,12 +29,12 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import pydantic
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 
 from llmgw.control.auth.projectaccess import limits_refusal
 from llmgw.control.http import schemas
 from llmgw.control.http.apierrors import NotFound, Unavailable
-from llmgw.control.http.projects import access_of, denied, limits_from, no_project
+from llmgw.control.http.projects import access_of, denied, gate, limits_from, no_project
 from llmgw.control.store.offloop import StoreThread
 from llmgw.control.store.store import KeyIdTaken, StoredKey, UnknownProject
 from llmgw.core import quota
@@ -144,7 +144,7 @@ def _missing(key_id: str) -> NotFound:
 
 def router(db: StoreThread, cluster: _Kicker, *, new_id: Callable[[], str] = new_key_id) -> APIRouter:
     """``new_id`` draws a key's id (a test gives one that clashes)."""
-    r = APIRouter()
+    r = APIRouter(dependencies=[Depends(gate(db))])
 
     async def mine(request: Request, key_id: str) -> StoredKey:
         """The key, when the caller may change it; else 404 (not seen) or 403 (seen, not theirs to change)."""
@@ -163,6 +163,8 @@ def router(db: StoreThread, cluster: _Kicker, *, new_id: Callable[[], str] = new
         project, user = body.project.strip(), body.user.strip()
         if not access.sees_project(project):
             raise no_project(project)
+        if not user and not access.manages_project(project):
+            user = access.user  # a member's key is its own: saying so is not needed
         if not access.makes_key(project, user):
             raise denied(access.why_not("creating a key", project))
         limits = limits_from(body.limits)

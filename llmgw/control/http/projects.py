@@ -13,13 +13,14 @@ the rest stay. A bad value is 422 naming the field, and nothing is changed.
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pydantic
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 
 from llmgw.control.auth import principals
-from llmgw.control.auth.middleware import PRINCIPAL
+from llmgw.control.auth.middleware import PRINCIPAL, forbidden_message
 from llmgw.control.auth.projectaccess import Access, limits_refusal
 from llmgw.control.http import schemas
 from llmgw.control.http.apierrors import ApiError, Conflict, NotFound, Unprocessable
@@ -27,13 +28,37 @@ from llmgw.control.store.offloop import StoreThread
 from llmgw.control.store.store import ProjectRefused, StoredProject, UnknownProject
 from llmgw.core import quota
 
+_ACCESS = "llmgw.access"
+
 
 async def access_of(request: Request, db: StoreThread) -> Access:
     """The caller and its project roles (a request that came past no auth middleware is insecure mode's)."""
+    if (known := request.scope.get(_ACCESS)) is not None:
+        return known  # type: ignore[no-any-return]
     p: principals.Principal = request.scope.get(PRINCIPAL) or principals.INSECURE
     if p.kind == "insecure" or p.role in (principals.OPERATOR, principals.ADMIN):
-        return Access(p)
-    return Access(p, await db.call(db.store.project_roles_of, p.name))
+        access = Access(p)
+    else:
+        access = Access(p, await db.call(db.store.project_roles_of, p.name))
+    request.scope[_ACCESS] = access
+    return access
+
+
+def gate(db: StoreThread) -> Callable[[Request], Awaitable[None]]:
+    """A dependency of the keys' and projects' routes, run before the body is read: a change asked by a user
+    who is neither an operator nor in any project is refused as the permission table refused it before
+    projects existed (403 naming the role), whatever the body."""
+
+    async def check(request: Request) -> None:
+        if request.method in ("GET", "HEAD"):
+            return
+        access = await access_of(request, db)
+        if not access.manager and not access.roles:
+            p = access.principal
+            message = forbidden_message(p, principals.Need(principals.OPERATOR), request.method, request.url.path)
+            raise denied(f"{message}; or a project's owner can make them a member (`llmgw project add-member`)")
+
+    return check
 
 
 def denied(message: str) -> ApiError:
@@ -102,7 +127,7 @@ def project_doc(p: StoredProject, access: Access) -> dict[str, Any]:
 
 def router(db: StoreThread, cluster: Any) -> APIRouter:
     """``cluster`` is kicked after a change of limits, so routers get them in the next table."""
-    r = APIRouter()
+    r = APIRouter(dependencies=[Depends(gate(db))])
 
     async def visible(request: Request, name: str) -> tuple[Access, StoredProject]:
         access = await access_of(request, db)
