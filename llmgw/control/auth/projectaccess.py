@@ -64,7 +64,8 @@ class Access:
     def why_not(self, action: str, project: str) -> str:
         """The sentence of a refusal: who, what they are in the project, and who may do it."""
         role = self.roles.get(project)
-        said = f"user {self.user} is {'a ' + role if role else 'not a member'} of project {project!r}"
+        a = "an" if role == OWNER else "a"
+        said = f"user {self.user} is {f'{a} {role}' if role else 'not a member'} of project {project!r}"
         return (f"{said}; {action} needs the project's owner (a member may do it for its own keys) or a cluster "
                 "operator; an owner can change roles with "
                 f"`llmgw project add-member {project} {self.user} --role owner`")
