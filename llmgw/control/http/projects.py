@@ -84,6 +84,15 @@ def limits_from(doc: dict[str, Any] | None, base: quota.Limits = quota.Limits())
         raise Unprocessable(f"limits: {e}", code="invalid_limits", param="limits") from None
 
 
+def printable(value: Any) -> Any:
+    """Text (or a list of it) without control characters or lone surrogates, which no store or log can encode
+    (found by the REST fuzz, tests/integration/test_rest_fuzz.py, as a 500)."""
+    for text in [value] if isinstance(value, str) else value or ():
+        if any(0xD800 <= ord(c) <= 0xDFFF or ord(c) < 0x20 for c in text):
+            raise ValueError("must be printable text (no control characters or lone surrogates)")
+    return value
+
+
 class ProjectCreate(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid")
 
@@ -91,12 +100,16 @@ class ProjectCreate(pydantic.BaseModel):
     description: str = pydantic.Field(default="", max_length=500)
     limits: dict[str, Any] = pydantic.Field(default_factory=dict, description="A partial core.quota.Limits document")
 
+    _printable = pydantic.field_validator("name", "description")(printable)
+
 
 class MemberPut(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid")
 
     user: str = pydantic.Field(min_length=1, max_length=63)
     role: str = pydantic.Field(description="owner, member or viewer")
+
+    _printable = pydantic.field_validator("user", "role")(printable)
 
 
 class Member(schemas.Body):
