@@ -9,6 +9,7 @@ lists nor uses a model open only to project B (404 ``model_not_found``, as if it
 
 from __future__ import annotations
 
+import json
 import subprocess
 from typing import Any
 
@@ -111,6 +112,18 @@ def test_owners_members_and_outsiders_get_what_their_role_allows(system: System)
     assert patched.status_code == 200 and patched.json()["limits"] == {"requests_per_day": 100}
     assert _as(system, owner, "PATCH", f"/api/v1/keys/{own.json()['id']}",
                json={"limits": {"requests_per_day": 1000}}).status_code == 403
+
+    # The CLI: a key for a member with its own budget, then updated; listed by project.
+    cli = _cli(system, "key", "create", "cli-key", "--project", "team-a", "--user", "mike", "--tokens-per-day", "500")
+    assert cli.returncode == 0 and cli.stdout.strip().startswith("llmgw-"), cli.stderr
+    (cli_key,) = [k for k in system.get("/api/v1/keys?project=team-a")["items"] if k["name"] == "cli-key"]
+    assert (cli_key["user"], cli_key["limits"]) == ("mike", {"tokens_per_day": 500})
+    upd = _cli(system, "key", "update", cli_key["id"], "--requests-per-day", "7", "--tokens-per-day", "0", "--rpm", "9")
+    assert upd.returncode == 0, upd.stderr
+    listed = _cli(system, "key", "list", "--project", "team-a", "-o", "json")
+    (row,) = [k for k in json.loads(listed.stdout) if k["id"] == cli_key["id"]]
+    assert (row["limits"], row["rpm"]) == ({"requests_per_day": 7}, 9)
+    assert _cli(system, "key", "update", cli_key["id"], "--tokens-per-day", "5", token=member).returncode == 1
 
     # A project with keys is not deleted (the sentence says what to do); default never.
     busy = system.request("DELETE", "/api/v1/projects/team-a")
