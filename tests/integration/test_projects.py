@@ -147,8 +147,15 @@ def test_a_key_cannot_list_or_use_a_model_open_only_to_another_project(system: S
     """spec.access.projects [team-b]: team-b's key lists and uses it; team-a's gets 404 model_not_found."""
     for name in ("team-a", "team-b"):
         assert system.request("POST", "/api/v1/projects", json={"name": name}).status_code == 201
+    priced = sim_model("sim-priced")
+    priced["spec"]["pricing"] = {"input_per_1m": "cheap"}
+    refused = system.request("POST", "/api/v1/models", json=priced)
+    assert refused.status_code in (400, 422) and refused.json()["error"]["param"] == "spec.pricing.input_per_1m", \
+        refused.text
+    assert system.request("GET", "/api/v1/models/sim-priced").status_code == 404  # nothing changed
     closed = sim_model("sim-b")
     closed["spec"]["access"] = {"projects": ["team-b"]}
+    closed["spec"]["pricing"] = {"input_per_1m": 0.5, "output_per_1m": 1.5}
     system.apply(closed)
     system.apply(sim_model("sim-open"))
     for name in ("sim-b", "sim-open"):
@@ -164,6 +171,8 @@ def test_a_key_cannot_list_or_use_a_model_open_only_to_another_project(system: S
                                                       headers={"Authorization": f"Bearer {secret}"}).json()["data"])
 
     assert listed(b) == ["sim-b", "sim-open"] and listed(a) == ["sim-open"]
+    spec = system.get("/api/v1/models/sim-b")["spec"]
+    assert spec["access"] == {"projects": ["team-b"]} and spec["pricing"]["output_per_1m"] == 1.5
     assert _chat(system, b, "sim-b") and _chat(system, a, "sim-open")
     with pytest.raises(openai.NotFoundError) as e:
         _chat(system, a, "sim-b")
