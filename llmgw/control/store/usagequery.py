@@ -1,0 +1,207 @@
+"""Reading usage: the rollups summed by project, key, model, user, node, day or hour, in SQL.
+
+The ingest (``usage``) writes each request into its minute, hour and day row of ``usage_rollups``; this
+mixin only reads them. A view reads one grain, the finest that its window allows without scanning
+more rows than a month of day rows would: minute rows for a window of up to 2 hours, hour rows up to
+7 days, day rows beyond (``grain_for``). Since a row covers its whole bucket, the window's start is
+rounded down to the start of its bucket at that grain (``window``): "the last 30 days" is 30 UTC days
+and the part of the day before them that has begun. The sums are exact at every grain; only the
+window's edge moves.
+
+Summing is done by the database (GROUP BY, SUM), so the answer's size is the number of groups, not of
+rows. TTFT percentiles come from the rows' histograms (``core.quota.TTFT_BUCKETS_MS``), merged per
+group: on SQLite in SQL too (``json_each``), elsewhere by reading each group's histograms.
+
+Who sees what is the caller's to decide (``projects_visible``: None for everything, else a set of
+project names); ``projects_of`` answers it for a user from ``project_members``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+
+from llmgw.core import quota
+from llmgw.control.store.base import StoreBase
+from llmgw.control.store.tables import ProjectMemberRow, UsageRollupRow
+
+#: What a view groups by: a column of the rollups, or a time bucket.
+DIMENSIONS = ("project", "key", "model", "user", "node", "day", "hour")
+#: (grain, its bucket in seconds, the longest window read at it).
+GRAINS: tuple[tuple[str, int, float], ...] = (("m", 60, 2 * 3600.0), ("h", 3600, 7 * 86400.0),
+                                              ("d", 86400, float("inf")))
+_BUCKET_S = {"day": 86400, "hour": 3600}
+_HIST_LEN = len(quota.TTFT_BUCKETS_MS) + 1
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UsageRow:
+    """One group's usage: its value(s) and the sums; ``start`` is the bucket's first second for day/hour."""
+
+    group: str
+    requests: int
+    errors: int
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    spend: float  # currency units (micros / 1e6)
+    ttft_p50_ms: float
+    ttft_p90_ms: float
+    duration_ms_mean: float
+    start: int | None = None
+    #: The second dimension's value in a time series (``time_series``' ``group_by``); "" otherwise.
+    series: str = ""
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UsageView:
+    """A view's answer: the window actually read (``since`` rounded down to its grain), the grain, the rows."""
+
+    since: int
+    until: float
+    grain: str
+    rows: list[UsageRow]
+
+
+def grain_for(since: float, until: float) -> tuple[str, int]:
+    """The grain a window ``[since, until)`` is read at, and its bucket in seconds."""
+    for grain, step, longest in GRAINS:
+        if until - since <= longest:
+            return grain, step
+    raise AssertionError("the last grain takes any window")
+
+
+def window(since: float, until: float) -> tuple[str, int]:
+    """The grain, and ``since`` rounded down to the start of its bucket at that grain (UTC)."""
+    grain, step = grain_for(since, until)
+    return grain, int(since) // step * step
+
+
+def _day(start: int) -> str:
+    return time.strftime("%Y-%m-%d", time.gmtime(start))
+
+
+def _hour(start: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:00Z", time.gmtime(start))
+
+
+class UsageQueryStore(StoreBase):
+    """Read-only views over ``usage_rollups`` and who belongs to which project."""
+
+    def projects_of(self, user: str) -> set[str]:
+        """The projects ``user`` has a role in (owner, member or viewer)."""
+        with self._session() as s:
+            return set(s.scalars(sa.select(ProjectMemberRow.project).where(ProjectMemberRow.user == user)))
+
+    def usage(self, since: float, until: float | None = None, by: str = "project", *, project: str = "",
+              key: str = "", model: str = "", projects_visible: set[str] | None = None) -> UsageView:
+        """Usage in ``[since, until)`` (until: now) grouped by ``by`` (a ``DIMENSIONS`` member), largest first
+        for a column, oldest first for day/hour.
+
+        ``since`` is rounded down to the start of its minute (window ≤ 2 h), hour (≤ 7 d) or UTC day (longer):
+        the grain read (``window``). ``project``/``key``/``model`` filter ("" : all); ``projects_visible``
+        None reads every project, a set only those (an empty set: nothing).
+        """
+        until = time.time() if until is None else until
+        return self._view(since, until, (by,), project=project, key=key, model=model, visible=projects_visible)
+
+    def time_series(self, since: float, until: float | None = None, bucket: str = "day", group_by: str = "",
+                    *, project: str = "", key: str = "", model: str = "",
+                    projects_visible: set[str] | None = None) -> UsageView:
+        """Usage per ``bucket`` (day or hour) and, with ``group_by``, per that column too (``UsageRow.series``):
+        what the charts draw. Rows oldest first; the window and grain as ``usage``'s. An hour bucket over a
+        window read at day grain is the day's first hour (the rows know no finer time)."""
+        if bucket not in _BUCKET_S:
+            raise ValueError(f"bucket {bucket!r}: expected day or hour")
+        until = time.time() if until is None else until
+        dims = (bucket, group_by) if group_by else (bucket,)
+        return self._view(since, until, dims, project=project, key=key, model=model, visible=projects_visible)
+
+    # -- the query -----------------------------------------------------------------
+    def _view(self, since: float, until: float, dims: Sequence[str], *, project: str, key: str, model: str,
+              visible: set[str] | None) -> UsageView:
+        for d in dims:
+            if d not in DIMENSIONS:
+                raise ValueError(f"by {d!r}: expected one of {', '.join(DIMENSIONS)}")
+        grain, start = window(since, until)
+        if visible is not None and not visible:
+            return UsageView(start, until, grain, [])
+        r = UsageRollupRow
+        where = [r.grain == grain, r.start >= start, r.start < until]
+        for column, value in ((r.project, project), (r.key, key), (r.model, model)):
+            if value:
+                where.append(column == value)
+        if visible is not None:
+            where.append(r.project.in_(sorted(visible)))
+        groups = [self._dim(d) for d in dims]
+        sums = sa.select(*groups, sa.func.sum(r.requests), sa.func.sum(r.errors), sa.func.sum(r.prompt_tokens),
+                         sa.func.sum(r.cached_tokens), sa.func.sum(r.completion_tokens),
+                         sa.func.sum(r.spend_micros), sa.func.sum(r.duration_ms_sum)).where(*where).group_by(*groups)
+        with self._session() as s:
+            summed = s.execute(sums).all()
+            hists = self._hists(s, groups, where)
+        n = len(dims)
+        rows = [self._row(dims, tuple(g[:n]), g[n:], hists.get(tuple(g[:n]), [0] * _HIST_LEN)) for g in summed]
+        if dims[0] in _BUCKET_S:
+            rows.sort(key=lambda u: (u.start or 0, u.series))
+        else:
+            rows.sort(key=lambda u: (-u.total_tokens, -u.requests, u.group))
+        return UsageView(start, until, grain, rows)
+
+    @staticmethod
+    def _dim(d: str) -> Any:
+        if d in _BUCKET_S:
+            step = _BUCKET_S[d]
+            return ((UsageRollupRow.start // step) * step).label(d)
+        return getattr(UsageRollupRow, d).label(d)
+
+    def _hists(self, s: Any, groups: list[Any], where: list[Any]) -> dict[tuple[Any, ...], list[int]]:
+        """Each group's merged TTFT histogram (rows without a first token left out)."""
+        r = UsageRollupRow
+        where = [*where, r.ttft_count > 0]
+        out: dict[tuple[Any, ...], list[int]] = {}
+        n = len(groups)
+        if self.engine.dialect.name == "sqlite":
+            each = sa.func.json_each(r.ttft_hist).table_valued("key", "value").alias("h")
+            q = (sa.select(*groups, each.c.key, sa.func.sum(each.c.value)).select_from(r).join(each, sa.true())
+                 .where(*where).group_by(*groups, each.c.key))
+            for g in s.execute(q):
+                hist = out.setdefault(tuple(g[:n]), [0] * _HIST_LEN)
+                i = int(g[n])
+                if 0 <= i < _HIST_LEN:
+                    hist[i] += int(g[n + 1] or 0)
+            return out
+        for g in s.execute(sa.select(*groups, r.ttft_hist).where(*where)):
+            k = tuple(g[:n])
+            out[k] = quota.add_hist(out.get(k, [0] * _HIST_LEN), list(g[n] or []))
+        return out
+
+    @staticmethod
+    def _row(dims: Sequence[str], group: tuple[Any, ...], sums: Sequence[Any], hist: list[int]) -> UsageRow:
+        requests, errors, prompt, cached, completion, micros, duration = (s or 0 for s in sums)
+        start = int(group[0]) if dims[0] in _BUCKET_S else None
+        label = (_day if dims[0] == "day" else _hour)(start) if start is not None else str(group[0])
+        return UsageRow(group=label, requests=int(requests), errors=int(errors), prompt_tokens=int(prompt),
+                        cached_tokens=int(cached), completion_tokens=int(completion), spend=int(micros) / quota.MICROS,
+                        ttft_p50_ms=float(quota.hist_percentile(hist, 50)),
+                        ttft_p90_ms=float(quota.hist_percentile(hist, 90)),
+                        duration_ms_mean=float(duration) / int(requests) if requests else 0.0, start=start,
+                        series=str(group[1]) if len(group) > 1 else "")
+
+
+def totals(rows: Iterable[UsageRow]) -> dict[str, float]:
+    """The sums of ``rows`` (percentiles do not add, so they are left out)."""
+    out = {"requests": 0.0, "errors": 0.0, "prompt_tokens": 0.0, "cached_tokens": 0.0, "completion_tokens": 0.0,
+           "spend": 0.0}
+    for u in rows:
+        for k in out:
+            out[k] += getattr(u, k)
+    return out

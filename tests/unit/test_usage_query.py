@@ -1,0 +1,154 @@
+"""The usage views over a real SQLite store, rows put straight into ``usage_rollups``: exact sums per grouping,
+the grain each window reads, the window's rounding, the filters and who sees which project."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llmgw.control.store import usagequery
+from llmgw.control.store.store import Store
+from llmgw.control.store.tables import ProjectMemberRow, UsageRollupRow
+from llmgw.core import quota
+
+DAY, HOUR = 86400, 3600
+#: A fixed "now": 2026-12-04 12:30:00 UTC.
+NOW = 1796387400.0
+TODAY = int(NOW) // DAY * DAY
+HIST_LEN = len(quota.TTFT_BUCKETS_MS) + 1
+
+
+def hist(**at: int) -> list[int]:
+    """A TTFT histogram with ``n`` requests in the bucket whose edge is ``ms``: ``hist(b25=3)``."""
+    h = [0] * HIST_LEN
+    for name, n in at.items():
+        h[quota.TTFT_BUCKETS_MS.index(int(name[1:]))] += n
+    return h
+
+
+def put(store: Store, grain: str, start: int, project: str, key: str = "k1", model: str = "m1", user: str = "",
+        node: str = "n1", **sums: Any) -> None:
+    row = {"requests": 1, "errors": 0, "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0,
+           "spend_micros": 0, "ttft_ms_sum": 0.0, "ttft_count": 0, "duration_ms_sum": 0.0, "ttft_hist": [], **sums}
+    with store._session.begin() as s:
+        s.add(UsageRollupRow(grain=grain, start=start, project=project, key=key, model=model, user=user, node=node,
+                             **row))
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = Store.open(tmp_path)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def test_an_hour_is_read_from_minute_rows_and_summed_exactly_per_each_grouping(store: Store) -> None:
+    """Two projects' minute rows in the last hour are summed per project, key, model, user and node; the hour
+    and day rows (other numbers on purpose) are not read, nor a minute row before the window."""
+    minute = int(NOW) // 60 * 60
+    put(store, "m", minute - 120, "a", key="k1", model="m1", user="ann", node="n1", requests=3, errors=1,
+        prompt_tokens=100, cached_tokens=40, completion_tokens=20, spend_micros=1_250_000, duration_ms_sum=300.0,
+        ttft_count=3, ttft_hist=hist(b25=2, b100=1))
+    put(store, "m", minute - 60, "a", key="k2", model="m2", user="bob", node="n2", requests=1, prompt_tokens=7,
+        completion_tokens=3, spend_micros=10, duration_ms_sum=50.0, ttft_count=1, ttft_hist=hist(b500=1))
+    put(store, "m", minute, "b", key="k3", model="m1", user="ann", node="n1", requests=2, errors=2, prompt_tokens=5,
+        duration_ms_sum=10.0)
+    put(store, "m", minute - 2 * HOUR, "a", requests=1000, prompt_tokens=1000)  # before the window
+    put(store, "h", minute // HOUR * HOUR, "a", requests=999, prompt_tokens=999)
+    put(store, "d", TODAY, "a", requests=999, prompt_tokens=999)
+
+    v = store.usage(NOW - HOUR, NOW + 1, "project")
+    assert v.grain == "m" and v.since == int(NOW - HOUR) // 60 * 60
+    a, b = v.rows
+    assert (a.group, a.requests, a.errors, a.prompt_tokens, a.cached_tokens, a.completion_tokens) == \
+        ("a", 4, 1, 107, 40, 23)
+    assert a.spend == 1.25001 and a.duration_ms_mean == 350.0 / 4 and a.total_tokens == 130
+    assert (a.ttft_p50_ms, a.ttft_p90_ms) == (25.0, 500.0)  # 4 first tokens: 25, 25, 100, 500
+    assert (b.group, b.requests, b.errors, b.prompt_tokens, b.ttft_p90_ms) == ("b", 2, 2, 5, 0.0)
+
+    def sums(by: str) -> dict[str, tuple[int, int]]:
+        return {u.group: (u.requests, u.prompt_tokens) for u in store.usage(NOW - HOUR, NOW + 1, by).rows}
+
+    assert sums("key") == {"k1": (3, 100), "k2": (1, 7), "k3": (2, 5)}
+    assert sums("model") == {"m1": (5, 105), "m2": (1, 7)}
+    assert sums("user") == {"ann": (5, 105), "bob": (1, 7)}
+    assert sums("node") == {"n1": (5, 105), "n2": (1, 7)}
+    assert sums("day") == {"2026-12-04": (6, 112)}
+
+
+def test_the_grain_follows_the_window_and_since_is_rounded_down_to_its_bucket() -> None:
+    """Minute rows up to 2 h, hour rows up to 7 days, day rows beyond; ``since`` to the bucket's start (UTC)."""
+    assert usagequery.grain_for(NOW - 2 * HOUR, NOW) == ("m", 60)
+    assert usagequery.grain_for(NOW - 2 * HOUR - 1, NOW) == ("h", HOUR)
+    assert usagequery.grain_for(NOW - 7 * DAY, NOW) == ("h", HOUR)
+    assert usagequery.grain_for(NOW - 7 * DAY - 1, NOW) == ("d", DAY)
+    assert usagequery.window(NOW - 30 * DAY, NOW) == ("d", TODAY - 30 * DAY)
+    assert usagequery.window(NOW - DAY, NOW) == ("h", int(NOW - DAY) // HOUR * HOUR)
+    assert usagequery.window(NOW - 90, NOW) == ("m", int(NOW - 90) // 60 * 60)
+
+
+def test_thirty_days_read_day_rows_from_the_first_whole_day_and_until_is_exclusive(store: Store) -> None:
+    """A 30-day window reads day rows from the start of the day 30 days ago (rounded down), not the day before
+    it, nor the day that starts at ``until``; a 3-day window reads the hour rows."""
+    for day in range(-31, 1):
+        put(store, "d", TODAY + day * DAY, "a", requests=1, prompt_tokens=day + 100)
+    put(store, "h", TODAY - HOUR, "a", requests=5)
+    v = store.usage(NOW - 30 * DAY, NOW, "day")
+    assert v.grain == "d" and [u.start for u in v.rows] == [TODAY + d * DAY for d in range(-30, 1)]
+    assert sum(u.requests for u in v.rows) == 31
+    assert store.usage(NOW - 30 * DAY, float(TODAY), "project").rows[0].requests == 30
+    assert [u.requests for u in store.usage(NOW - 3 * DAY, NOW).rows] == [5]
+
+
+def test_filters_and_the_visible_projects_narrow_what_is_summed(store: Store) -> None:
+    """``project``/``key``/``model`` filter; ``projects_visible`` keeps its projects only, an empty set none."""
+    start = int(NOW) // HOUR * HOUR
+    put(store, "h", start, "a", key="k1", model="m1", requests=1)
+    put(store, "h", start, "a", key="k2", model="m2", requests=2)
+    put(store, "h", start, "b", key="k3", model="m1", requests=4)
+    put(store, "h", start, "c", key="k4", model="m1", requests=8)
+
+    def groups(**kw: Any) -> dict[str, int]:
+        by = kw.pop("by", "project")
+        return {u.group: u.requests for u in store.usage(NOW - DAY, NOW + 1, by, **kw).rows}
+
+    assert groups() == {"a": 3, "b": 4, "c": 8}
+    assert groups(project="a") == {"a": 3}
+    assert groups(key="k2") == {"a": 2}
+    assert groups(model="m1", by="model") == {"m1": 13}
+    assert groups(projects_visible={"a", "b"}) == {"a": 3, "b": 4}
+    assert groups(projects_visible={"a"}, by="model") == {"m1": 1, "m2": 2}
+    assert groups(projects_visible={"a"}, project="c") == {}
+    assert groups(projects_visible=set()) == {}
+    with pytest.raises(ValueError, match="by 'colour'"):
+        store.usage(NOW - DAY, NOW, "colour")
+
+
+def test_time_series_per_day_and_project_merges_each_days_histograms(store: Store) -> None:
+    """Per day and per project, oldest first; each bucket's TTFT p90 comes from its rows' merged histograms."""
+    for day, project, n, ms in ((-2, "a", 1, "b50"), (-2, "a", 9, "b250"), (-2, "b", 2, "b10"), (0, "a", 4, "b1000")):
+        put(store, "h", TODAY + day * DAY + HOUR, project, key=f"k{n}", requests=n, completion_tokens=10 * n,
+            ttft_count=n, ttft_hist=hist(**{ms: n}))
+    v = store.time_series(NOW - 3 * DAY, NOW + 1, "day", "project")
+    assert v.grain == "h"
+    assert [(u.group, u.series, u.requests, u.completion_tokens, u.ttft_p90_ms) for u in v.rows] == [
+        ("2026-12-02", "a", 10, 100, 250.0), ("2026-12-02", "b", 2, 20, 10.0), ("2026-12-04", "a", 4, 40, 1000.0)]
+    hourly = store.time_series(NOW - DAY, NOW + 1, "hour")
+    assert [(u.group, u.requests) for u in hourly.rows] == [("2026-12-04T01:00Z", 4)]
+    with pytest.raises(ValueError, match="bucket"):
+        store.time_series(NOW - DAY, NOW, "week")
+
+
+def test_projects_of_lists_the_users_projects_whatever_the_role(store: Store) -> None:
+    with store._session.begin() as s:
+        s.add_all([ProjectMemberRow(project="a", user="ann", role="owner"),
+                   ProjectMemberRow(project="b", user="ann", role="viewer"),
+                   ProjectMemberRow(project="b", user="bob", role="member")])
+    assert store.projects_of("ann") == {"a", "b"}
+    assert store.projects_of("bob") == {"b"}
+    assert store.projects_of("nobody") == set()
