@@ -25,9 +25,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from llmgw.core import quota
 from llmgw.control.store.base import StoreBase
 from llmgw.control.store.tables import ProjectMemberRow, UsageRollupRow
+from llmgw.core import quota
 
 #: What a view groups by: a column of the rollups, or a time bucket.
 DIMENSIONS = ("project", "key", "model", "user", "node", "day", "hour")
