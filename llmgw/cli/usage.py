@@ -112,4 +112,6 @@ def register(app: typer.Typer) -> None:
             if not doc["rows"]:
                 print("no usage in this window: no request was metered for what you may see", file=sys.stderr)
                 return
-            Console(soft_wrap=True, highlight=False).print(table(doc), markup=False)
+            # Piped (to less, grep, a file), the table keeps its full width rather than the 80 columns assumed.
+            width = None if sys.stdout.isatty() else 200
+            Console(soft_wrap=True, highlight=False, width=width).print(table(doc), markup=False)

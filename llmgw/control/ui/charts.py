@@ -121,7 +121,7 @@ def stacked_bar(labels: Sequence[str], series: Mapping[str, Sequence[float]], *,
             h = ph * value / top
             base -= h
             out.append(f'<rect class="bar" x="{x:.1f}" y="{base:.1f}" width="{width:.1f}" height="{h:.1f}" '
-                       f'fill="{PALETTE[k % len(PALETTE)]}"><title>{_e(label)} · {_e(name)}: '
+                       f'fill="{PALETTE[k % len(PALETTE)]}"><title>{_e(label)}{" · " + _e(name) if name else ""}: '
                        f"{_e(compact(value) + unit)}</title></rect>")
     if len(names) > 1 or (names and names[0]):
         out += _legend(names)
