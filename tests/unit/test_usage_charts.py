@@ -98,3 +98,13 @@ def test_no_data_draws_an_empty_chart_that_says_so() -> None:
 def test_a_series_of_the_wrong_length_is_refused() -> None:
     with pytest.raises(ValueError, match="series 'a' has 1 values for 2 labels"):
         charts.stacked_bar(["d1", "d2"], {"a": [1.0]}, title="t")
+
+
+def test_a_line_leaves_a_gap_where_there_is_no_data() -> None:
+    """None is no data (no request that day), not 0: no dot there, and the line is two runs around it."""
+    root = parse(charts.line([("a", 100), ("b", 200), ("c", None), ("d", 300), ("e", 50)], title="t"))
+    runs = [p.get("points", "").split() for p in root.iter(f"{SVG}polyline")]
+    assert [len(r) for r in runs] == [2, 2]
+    assert len(list(root.iter(f"{SVG}circle"))) == 4
+    lone = parse(charts.line([("a", None), ("b", 5), ("c", None)], title="t"))
+    assert list(lone.iter(f"{SVG}polyline")) == [] and len(list(lone.iter(f"{SVG}circle"))) == 1

@@ -134,19 +134,27 @@ def bar(points: Sequence[tuple[str, float]], *, title: str, unit: str = "") -> M
     return stacked_bar([p[0] for p in points], {"": [p[1] for p in points]}, title=title, unit=unit)
 
 
-def line(points: Sequence[tuple[str, float]], *, title: str, unit: str = "") -> Markup:
-    """A line through ``(label, value)`` points, a dot at each (its tooltip says the value)."""
+def line(points: Sequence[tuple[str, float | None]], *, title: str, unit: str = "") -> Markup:
+    """A line through ``(label, value)`` points, a dot at each (its tooltip says the value); a None value (no
+    data there, which is not 0) leaves a gap: the line stops before it and starts again after it."""
     labels = [p[0] for p in points]
-    top = nice_top(max((p[1] for p in points), default=0.0))
+    top = nice_top(max((p[1] for p in points if p[1] is not None), default=0.0))
     out = _frame(title, top, labels, unit)
     pw, ph = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
     slot = pw / max(1, len(points))
-    xy = [(LEFT + slot * (i + 0.5), TOP + ph - ph * v / top) for i, (_, v) in enumerate(points)]
-    if len(xy) > 1:
-        path = " ".join(f"{x:.1f},{y:.1f}" for x, y in xy)
-        out.append(f'<polyline class="line" points="{path}" fill="none" stroke="{PALETTE[0]}" stroke-width="2"/>')
-    for (x, y), (label, value) in zip(xy, points, strict=True):
+    runs: list[list[tuple[float, float]]] = [[]]
+    for i, (label, value) in enumerate(points):
+        if value is None:
+            runs.append([])
+            continue
+        x, y = LEFT + slot * (i + 0.5), TOP + ph - ph * value / top
+        runs[-1].append((x, y))
         out.append(f'<circle class="point" cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{PALETTE[0]}"><title>{_e(label)}: '
                    f"{_e(compact(value) + unit)}</title></circle>")
+    for run in runs:
+        if len(run) > 1:
+            path = " ".join(f"{x:.1f},{y:.1f}" for x, y in run)
+            out.append(f'<polyline class="line" points="{path}" fill="none" stroke="{PALETTE[0]}" '
+                       'stroke-width="2"/>')
     out.append("</svg>")
     return Markup("".join(out))

@@ -55,10 +55,12 @@ def stacks(rows: Sequence[dict[str, Any]], starts: list[int], field: str) -> dic
     return kept
 
 
-def _per_bucket(rows: Sequence[dict[str, Any]], starts: list[int], field: str) -> list[float]:
-    values = dict.fromkeys(starts, 0.0)
+def _per_bucket(rows: Sequence[dict[str, Any]], starts: list[int], field: str, *,
+                missing: float | None = 0.0) -> list[float | None]:
+    """``field`` per bucket; ``missing`` where no row is (None for a TTFT: no request is not 0 ms)."""
+    values: dict[int, float | None] = dict.fromkeys(starts, missing)
     for r in rows:
-        if int(r["start"]) in values:
+        if int(r["start"]) in values and (missing is not None or r["ttft_p90_ms"] > 0):
             values[int(r["start"])] = float(r[field])
     return [values[s] for s in starts]
 
@@ -95,9 +97,11 @@ async def usage(ui: common.Ui, request: Request) -> Response:
                                                          title=f"Tokens per {per}, by project")),
                 ("tokens-by-model", charts.stacked_bar(labels, stacks(answers["model"], starts, "total_tokens"),
                                                        title=f"Tokens per {per}, by model")),
-                ("requests", charts.bar(list(zip(labels, _per_bucket(total, starts, "requests"), strict=True)),
+                ("requests", charts.bar([(label, v or 0.0) for label, v in
+                                         zip(labels, _per_bucket(total, starts, "requests"), strict=True)],
                                         title=f"Requests per {per}")),
-                ("ttft-p90", charts.line(list(zip(labels, _per_bucket(total, starts, "ttft_p90_ms"), strict=True)),
+                ("ttft-p90", charts.line(list(zip(labels, _per_bucket(total, starts, "ttft_p90_ms", missing=None),
+                                                  strict=True)),
                                          title=f"Time to first token, p90 per {per}", unit=" ms")),
             ]
         ctx["rows"] = table.doc["rows"]
