@@ -78,14 +78,15 @@ class ControlPlane:
 
 
 def put(store: Store, project: str, key: str, model: str, **sums: Any) -> None:
-    start = int(time.time()) // HOUR * HOUR - HOUR  # an hour row of the last day
+    start = int(time.time()) // HOUR * HOUR - HOUR  # in the hour before this one
     hist = [0] * (len(quota.TTFT_BUCKETS_MS) + 1)
     hist[quota.ttft_bucket(120)] = sums.get("requests", 1)
     row = {"requests": 1, "errors": 0, "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0,
            "spend_micros": 0, "ttft_ms_sum": 120.0, "ttft_count": sums.get("requests", 1), "duration_ms_sum": 0.0,
            "ttft_hist": hist, **sums}
-    with store._session.begin() as s:
-        s.add(UsageRollupRow(grain="h", start=start, project=project, key=key, model=model, user="", node="n1", **row))
+    with store._session.begin() as s:  # its minute, hour and day rows, as the ingest writes them
+        s.add_all([UsageRollupRow(grain=grain, start=start // step * step, project=project, key=key, model=model,
+                                  user="", node="n1", **row) for grain, step in (("m", 60), ("h", HOUR), ("d", 86400))])
 
 
 @pytest.fixture(scope="module")

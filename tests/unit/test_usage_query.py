@@ -38,6 +38,23 @@ def put(store: Store, grain: str, start: int, project: str, key: str = "k1", mod
                              **row))
 
 
+def meter(store: Store, requests: list[tuple[float, str, str, int, int]]) -> None:
+    """Each ``(at, project, model, prompt_tokens, ttft_ms)`` request added to its minute, hour and day rows, as
+    the ingest writes them (one key per project)."""
+    rows: dict[tuple[str, int, str, str], dict[str, Any]] = {}
+    for at, project, model, prompt, ttft in requests:
+        for grain, step in (("m", 60), ("h", HOUR), ("d", DAY)):
+            r = rows.setdefault((grain, int(at) // step * step, project, model), {
+                "requests": 0, "prompt_tokens": 0, "ttft_count": 0, "ttft_hist": [0] * HIST_LEN})
+            r["requests"] += 1
+            r["prompt_tokens"] += prompt
+            r["ttft_count"] += 1
+            r["ttft_hist"][quota.ttft_bucket(ttft)] += 1
+    with store._session.begin() as s:
+        s.add_all([UsageRollupRow(grain=g, start=start, project=p, key=f"key-{p}", model=m, user="", node="n1",
+                                  **sums) for (g, start, p, m), sums in rows.items()])
+
+
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[Store]:
     s = Store.open(tmp_path)
@@ -84,9 +101,10 @@ def test_an_hour_is_read_from_minute_rows_and_summed_exactly_per_each_grouping(s
 def test_the_grain_follows_the_window_and_since_is_rounded_down_to_its_bucket() -> None:
     """Minute rows up to 2 h, hour rows up to 7 days, day rows beyond; ``since`` to the bucket's start (UTC)."""
     assert usagequery.grain_for(NOW - 2 * HOUR, NOW) == ("m", 60)
-    assert usagequery.grain_for(NOW - 2 * HOUR - 1, NOW) == ("h", HOUR)
-    assert usagequery.grain_for(NOW - 7 * DAY, NOW) == ("h", HOUR)
-    assert usagequery.grain_for(NOW - 7 * DAY - 1, NOW) == ("d", DAY)
+    assert usagequery.grain_for(NOW - 2 * HOUR - 59, NOW) == ("m", 60)  # "2h" computed a moment before now
+    assert usagequery.grain_for(NOW - 2 * HOUR - 61, NOW) == ("h", HOUR)
+    assert usagequery.grain_for(NOW - 7 * DAY - 59, NOW) == ("h", HOUR)
+    assert usagequery.grain_for(NOW - 7 * DAY - 61, NOW) == ("d", DAY)
     assert usagequery.window(NOW - 30 * DAY, NOW) == ("d", TODAY - 30 * DAY)
     assert usagequery.window(NOW - DAY, NOW) == ("h", int(NOW - DAY) // HOUR * HOUR)
     assert usagequery.window(NOW - 90, NOW) == ("m", int(NOW - 90) // 60 * 60)
@@ -94,15 +112,53 @@ def test_the_grain_follows_the_window_and_since_is_rounded_down_to_its_bucket() 
 
 def test_thirty_days_read_day_rows_from_the_first_whole_day_and_until_is_exclusive(store: Store) -> None:
     """A 30-day window reads day rows from the start of the day 30 days ago (rounded down), not the day before
-    it, nor the day that starts at ``until``; a 3-day window reads the hour rows."""
-    for day in range(-31, 1):
-        put(store, "d", TODAY + day * DAY, "a", requests=1, prompt_tokens=day + 100)
-    put(store, "h", TODAY - HOUR, "a", requests=5)
-    v = store.usage(NOW - 30 * DAY, NOW, "day")
+    it; ``until`` is exclusive: a bucket starting at it is not read, one starting before it is, whole."""
+    meter(store, [(TODAY + day * DAY + 12 * HOUR, "a", "m1", day + 100, 20) for day in range(-31, 0)]
+          + [(TODAY + HOUR, "a", "m1", 1, 20)])
+    v = store.usage(NOW - 30 * DAY, NOW, "day", now=NOW)
     assert v.grain == "d" and [u.start for u in v.rows] == [TODAY + d * DAY for d in range(-30, 1)]
-    assert sum(u.requests for u in v.rows) == 31
-    assert store.usage(NOW - 30 * DAY, float(TODAY), "project").rows[0].requests == 30
-    assert [u.requests for u in store.usage(NOW - 3 * DAY, NOW).rows] == [5]
+    assert sum(u.requests for u in v.rows) == 31 and v.rows[0].prompt_tokens == 70
+    assert store.usage(NOW - 30 * DAY, TODAY, "project", now=NOW).rows[0].requests == 30
+    assert store.usage(NOW - 30 * DAY, TODAY + 1, "project", now=NOW).rows[0].requests == 31  # a bucket cut counts
+
+
+def test_whole_hours_and_days_inside_the_window_are_read_from_coarser_rows() -> None:
+    """The ranges read: finer rows up to the first whole coarser bucket, coarser rows while whole ones fit,
+    finer rows after the last; the bucket holding ``until`` counts whole when ``until`` is now."""
+    start = int(NOW - 7 * DAY) // HOUR * HOUR  # 2026-11-27 12:00
+    assert usagequery.spans("h", start, NOW, now=NOW) == [("h", start, TODAY - 6 * DAY),
+                                                          ("d", TODAY - 6 * DAY, TODAY + DAY)]
+    assert usagequery.spans("h", start, NOW, now=NOW + DAY) == [
+        ("h", start, TODAY - 6 * DAY), ("d", TODAY - 6 * DAY, TODAY), ("h", TODAY, NOW)]
+    assert usagequery.spans("h", start, NOW, now=NOW, finest=HOUR) == [("h", start, NOW)]  # per hour: hour rows
+    m = int(NOW - HOUR - 600) // 60 * 60  # 11:20 to 12:30, read at minutes: 11:20-12:00 and the hour 12:00
+    assert usagequery.spans("m", m, NOW, now=NOW) == [("m", m, TODAY + 12 * HOUR),
+                                                      ("h", TODAY + 12 * HOUR, TODAY + 13 * HOUR)]
+    assert usagequery.spans("m", m, NOW - 1800, now=NOW) == [("m", m, NOW - 1800)]  # no whole hour inside
+    assert usagequery.spans("d", TODAY - 30 * DAY, NOW, now=NOW) == [("d", TODAY - 30 * DAY, NOW)]
+
+
+def test_a_week_read_from_hour_and_day_rows_sums_what_hour_rows_alone_sum(store: Store) -> None:
+    """Requests every 37 minutes over 10 days: the 7-day view (hours before the first midnight, then days)
+    equals the sum of the requests in its window at hour precision, per model, TTFT percentiles included."""
+    requests = [(NOW - i * 37 * 60, "a" if i % 3 else "b", f"m{i % 4}", i % 50, 10 * (i % 40)) for i in range(390)]
+    meter(store, requests)
+    v = store.usage(NOW - 7 * DAY, NOW + 1, "model", now=NOW + 1)
+    start = int(NOW - 7 * DAY) // HOUR * HOUR
+    assert v.grain == "h" and v.since == start
+    inside = [r for r in requests if start <= r[0] < NOW + 1]
+    assert 0 < len(inside) < len(requests)
+    for u in v.rows:
+        mine = [r for r in inside if r[2] == u.group]
+        hist = [0] * HIST_LEN
+        for r in mine:
+            hist[quota.ttft_bucket(r[4])] += 1
+        assert (u.requests, u.prompt_tokens) == (len(mine), sum(r[3] for r in mine))
+        assert (u.ttft_p50_ms, u.ttft_p90_ms) == (quota.hist_percentile(hist, 50), quota.hist_percentile(hist, 90))
+    assert sum(u.requests for u in v.rows) == len(inside)
+    per_day = store.time_series(NOW - 7 * DAY, NOW + 1, "day", now=NOW + 1)
+    per_hour = store.time_series(NOW - 7 * DAY, NOW + 1, "hour", now=NOW + 1)
+    assert sum(u.requests for u in per_day.rows) == sum(u.requests for u in per_hour.rows) == len(inside)
 
 
 def test_filters_and_the_visible_projects_narrow_what_is_summed(store: Store) -> None:
@@ -131,14 +187,13 @@ def test_filters_and_the_visible_projects_narrow_what_is_summed(store: Store) ->
 
 def test_time_series_per_day_and_project_merges_each_days_histograms(store: Store) -> None:
     """Per day and per project, oldest first; each bucket's TTFT p90 comes from its rows' merged histograms."""
-    for day, project, n, ms in ((-2, "a", 1, "b50"), (-2, "a", 9, "b250"), (-2, "b", 2, "b10"), (0, "a", 4, "b1000")):
-        put(store, "h", TODAY + day * DAY + HOUR, project, key=f"k{n}", requests=n, completion_tokens=10 * n,
-            ttft_count=n, ttft_hist=hist(**{ms: n}))
-    v = store.time_series(NOW - 3 * DAY, NOW + 1, "day", "project")
+    meter(store, [(TODAY - 2 * DAY + HOUR, "a", "m1", 10, 40)] + [(TODAY - 2 * DAY + 2 * HOUR, "a", "m2", 10, 200)] * 9
+          + [(TODAY - 2 * DAY + HOUR, "b", "m1", 10, 5)] * 2 + [(TODAY + HOUR, "a", "m1", 10, 900)] * 4)
+    v = store.time_series(NOW - 3 * DAY, NOW + 1, "day", "project", now=NOW + 1)
     assert v.grain == "h"
-    assert [(u.group, u.series, u.requests, u.completion_tokens, u.ttft_p90_ms) for u in v.rows] == [
+    assert [(u.group, u.series, u.requests, u.prompt_tokens, u.ttft_p90_ms) for u in v.rows] == [
         ("2026-12-02", "a", 10, 100, 250.0), ("2026-12-02", "b", 2, 20, 10.0), ("2026-12-04", "a", 4, 40, 1000.0)]
-    hourly = store.time_series(NOW - DAY, NOW + 1, "hour")
+    hourly = store.time_series(NOW - DAY, NOW + 1, "hour", now=NOW + 1)
     assert [(u.group, u.requests) for u in hourly.rows] == [("2026-12-04T01:00Z", 4)]
     with pytest.raises(ValueError, match="bucket"):
         store.time_series(NOW - DAY, NOW, "week")

@@ -1,12 +1,15 @@
 """Reading usage: the rollups summed by project, key, model, user, node, day or hour, in SQL.
 
 The ingest (``usage``) writes each request into its minute, hour and day row of ``usage_rollups``; this
-mixin only reads them. A view reads one grain, the finest that its window allows without scanning
-more rows than a month of day rows would: minute rows for a window of up to 2 hours, hour rows up to
-7 days, day rows beyond (``grain_for``). Since a row covers its whole bucket, the window's start is
-rounded down to the start of its bucket at that grain (``window``): "the last 30 days" is 30 UTC days
-and the part of the day before them that has begun. The sums are exact at every grain; only the
-window's edge moves.
+mixin only reads them. A window's precision is the finest grain that its length allows (each grain has its
+own retention, so minute rows are not there a month back): minutes for a window of up to 2 hours, hours up
+to 7 days, days beyond (``grain_for``). Since a row covers its whole bucket, the window's start is rounded
+down to the start of its bucket at that grain (``window``): "the last 30 days" is 30 UTC days and the part
+of the day before them that has begun; "the last 7 days" starts at the top of the hour 168 hours ago.
+Inside the window, whole hours and days are read from the coarser rows (``spans``): 7 days are the hours
+before the first midnight and then 7 day rows per key and model, not 168 hour rows. Each grain is exact
+(the ingest writes all three in one transaction), so the sums are the same either way; only fewer rows
+are read (a week of 100 keys × 20 models: 60,000 rows instead of 336,000).
 
 Summing is done by the database (GROUP BY, SUM), so the answer's size is the number of groups, not of
 rows. TTFT percentiles come from the rows' histograms (``core.quota.TTFT_BUCKETS_MS``), summed per group
@@ -71,10 +74,16 @@ class UsageView:
     rows: list[UsageRow]
 
 
+#: How far past a grain's longest window a window may run and still be read at that grain: "7d" asked for
+#: is ``now - 7 d`` computed a moment before the store's ``now``, and must not fall to day rows for it.
+SLACK_S = 60.0
+
+
 def grain_for(since: float, until: float) -> tuple[str, int]:
-    """The grain a window ``[since, until)`` is read at, and its bucket in seconds."""
+    """The grain a window ``[since, until)`` is read at (its length within ``SLACK_S`` of the limit counts as
+    within it), and its bucket in seconds."""
     for grain, step, longest in GRAINS:
-        if until - since <= longest:
+        if until - since <= longest + SLACK_S:
             return grain, step
     raise AssertionError("the last grain takes any window")
 
@@ -83,6 +92,25 @@ def window(since: float, until: float) -> tuple[str, int]:
     """The grain, and ``since`` rounded down to the start of its bucket at that grain (UTC)."""
     grain, step = grain_for(since, until)
     return grain, int(since) // step * step
+
+
+def spans(grain: str, start: int, until: float, *, now: float, finest: int = 86400) -> list[tuple[str, int, float]]:
+    """The rows that read ``[start, until)`` at ``grain``'s precision: ``(grain, from, to)`` ranges of bucket
+    starts, coarser rows wherever whole coarser buckets fit (up to buckets of ``finest`` seconds, the time
+    grouping's), so a week is 7 day rows per key and model, not 168 hour rows, plus the hours before the first
+    whole day. A coarser bucket that holds ``until`` counts whole when ``until`` is now (within ``SLACK_S``:
+    nothing is stored after now), else its part is read at the finer grain."""
+    level = next(i for i, g in enumerate(GRAINS) if g[0] == grain)
+    if level + 1 == len(GRAINS) or GRAINS[level + 1][1] > finest:
+        return [(grain, start, until)]
+    step = GRAINS[level + 1][1]
+    first = -(-start // step) * step
+    last = -(-int(until) // step) * step if until >= now - SLACK_S else int(until) // step * step
+    if first >= last:
+        return [(grain, start, until)]
+    head = [(grain, start, float(first))] if start < first else []
+    tail = [(grain, last, until)] if last < until else []
+    return head + spans(GRAINS[level + 1][0], first, float(last), now=now, finest=finest) + tail
 
 
 def _day(start: int) -> str:
@@ -102,32 +130,38 @@ class UsageQueryStore(StoreBase):
             return set(s.scalars(sa.select(ProjectMemberRow.project).where(ProjectMemberRow.user == user)))
 
     def usage(self, since: float, until: float | None = None, by: str = "project", *, project: str = "",
-              key: str = "", model: str = "", projects_visible: set[str] | None = None) -> UsageView:
+              key: str = "", model: str = "", projects_visible: set[str] | None = None,
+              now: float | None = None) -> UsageView:
         """Usage in ``[since, until)`` (until: now) grouped by ``by`` (a ``DIMENSIONS`` member), largest first
-        for a column, oldest first for day/hour.
+        for a column, oldest first for day/hour. A bucket that starts before ``until`` is read whole.
 
         ``since`` is rounded down to the start of its minute (window ≤ 2 h), hour (≤ 7 d) or UTC day (longer):
-        the grain read (``window``). ``project``/``key``/``model`` filter ("" : all); ``projects_visible``
-        None reads every project, a set only those (an empty set: nothing).
+        the grain read (``window``); whole hours and days inside the window are read from hour and day rows
+        (``spans``). ``project``/``key``/``model`` filter ("" : all); ``projects_visible`` None reads every
+        project, a set only those (an empty set: nothing). ``now``: the clock (tests).
         """
-        until = time.time() if until is None else until
-        return self._view(since, until, (by,), project=project, key=key, model=model, visible=projects_visible)
+        now = time.time() if now is None else now
+        until = now if until is None else until
+        return self._view(since, until, (by,), project=project, key=key, model=model, visible=projects_visible,
+                          now=now)
 
     def time_series(self, since: float, until: float | None = None, bucket: str = "day", group_by: str = "",
                     *, project: str = "", key: str = "", model: str = "",
-                    projects_visible: set[str] | None = None) -> UsageView:
+                    projects_visible: set[str] | None = None, now: float | None = None) -> UsageView:
         """Usage per ``bucket`` (day or hour) and, with ``group_by``, per that column too (``UsageRow.series``):
         what the charts draw. Rows oldest first; the window and grain as ``usage``'s. An hour bucket over a
         window read at day grain is the day's first hour (the rows know no finer time)."""
         if bucket not in _BUCKET_S:
             raise ValueError(f"bucket {bucket!r}: expected day or hour")
-        until = time.time() if until is None else until
+        now = time.time() if now is None else now
+        until = now if until is None else until
         dims = (bucket, group_by) if group_by else (bucket,)
-        return self._view(since, until, dims, project=project, key=key, model=model, visible=projects_visible)
+        return self._view(since, until, dims, project=project, key=key, model=model, visible=projects_visible,
+                          now=now)
 
     # -- the query -----------------------------------------------------------------
     def _view(self, since: float, until: float, dims: Sequence[str], *, project: str, key: str, model: str,
-              visible: set[str] | None) -> UsageView:
+              visible: set[str] | None, now: float) -> UsageView:
         for d in dims:
             if d not in DIMENSIONS:
                 raise ValueError(f"by {d!r}: expected one of {', '.join(DIMENSIONS)}")
@@ -135,7 +169,9 @@ class UsageQueryStore(StoreBase):
         if visible is not None and not visible:
             return UsageView(start, until, grain, [])
         r = UsageRollupRow
-        where = [r.grain == grain, r.start >= start, r.start < until]
+        finest = min((_BUCKET_S[d] for d in dims if d in _BUCKET_S), default=86400)
+        parts = spans(grain, start, until, now=now, finest=finest)
+        where = [sa.or_(*(sa.and_(r.grain == g, r.start >= lo, r.start < hi) for g, lo, hi in parts))]
         for column, value in ((r.project, project), (r.key, key), (r.model, model)):
             if value:
                 where.append(column == value)
