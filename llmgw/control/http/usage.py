@@ -66,8 +66,8 @@ def when(text: str, param: str, *, now: float) -> float:
     try:
         at = datetime.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
-        raise Unprocessable(f"{param} {text[:40]!r} is not a time: give {_WHEN_HINT}", code="invalid_time",
-                            param=param) from None
+        raise Unprocessable(f"query parameter {param}: {text[:40]!r} is not a time; give {_WHEN_HINT}",
+                            code="invalid_time", param=param) from None
     if at.tzinfo is None:
         at = at.replace(tzinfo=datetime.UTC)
     return at.timestamp()
@@ -78,15 +78,16 @@ def _window(since: str, until: str) -> tuple[float, float]:
     start = when(since, "since", now=now)
     end = when(until, "until", now=now) if until.strip() else now
     if end <= start:
-        raise Unprocessable(f"until ({until!r}) is not after since ({since!r}): the window is empty; give an "
-                            "earlier since or a later until", code="invalid_time", param="until")
+        raise Unprocessable(f"query parameter until: {until[:40]!r} is not after since ({since[:40]!r}), so the "
+                            "window is empty; give an earlier since or a later until", code="invalid_time",
+                            param="until")
     return start, end
 
 
 def _choice(value: str, allowed: tuple[str, ...], param: str) -> str:
     if value not in allowed:
-        raise Unprocessable(f"{param} {value[:40]!r} is not one of {', '.join(allowed)}", code=f"invalid_{param}",
-                            param=param)
+        raise Unprocessable(f"query parameter {param}: {value[:40]!r} is not one of {', '.join(allowed)}",
+                            code=f"invalid_{param}", param=param)
     return value
 
 
