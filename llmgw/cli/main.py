@@ -31,6 +31,7 @@ from llmgw.cli import onboard as onboard_mod
 from llmgw.cli import projects as projects_mod
 from llmgw.cli import settings as settings_mod
 from llmgw.cli import sim as sim_mod
+from llmgw.cli import usage as usage_mod
 from llmgw.cli import users as users_mod
 from llmgw.core.errors import LlmgwError
 from llmgw.router.settings import RouterSettings
@@ -244,6 +245,7 @@ fabric_mod.register(app)
 login_mod.register(app)
 contexts_mod.register(app)
 users_mod.register(app)
+usage_mod.register(app)
 
 
 def main() -> None:

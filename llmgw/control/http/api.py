@@ -38,6 +38,7 @@ from llmgw.control.http import (
 )
 from llmgw.control.http import audit as audit_http
 from llmgw.control.http import forward as forward_http
+from llmgw.control.http import usage as usage_http
 from llmgw.control.http.errors import REFUSALS, install
 from llmgw.control.routerreports import RouterEvents
 from llmgw.control.store.offloop import StoreThread
@@ -77,5 +78,6 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extr
                  nodes.router(db, cluster),
                  projects.router(db, cluster)):
         app.include_router(part, responses=REFUSALS)
+    app.include_router(usage_http.router(db), responses=REFUSALS)
     app.include_router(metrics.router(db, cluster, reports, extra_registries))  # text, and refuses nothing itself
     return app

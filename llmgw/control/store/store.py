@@ -15,7 +15,8 @@ through the fenced transaction of ``base.StoreBase``:
 - ``projects``: projects, their members and limits (issue 26);
 - ``history``: events and the audit log;
 - ``leadership``: the leader lease and the control plane instances;
-- ``clusterwide``: engine wants, settings, the autoscaler's state.
+- ``clusterwide``: engine wants, settings, the autoscaler's state;
+- ``usagequery``: usage read from the rollups, and who belongs to which project.
 
 The records and errors are importable from here, where callers have always found them.
 """
@@ -48,6 +49,7 @@ from llmgw.control.store.history import AUDIT_OUTCOMES, EVENTS_KEPT, AuditEntry,
 from llmgw.control.store.leadership import LeadershipStore, Lease, StoredControlPlane
 from llmgw.control.store.nodes import NodeStore, StoredNode, StoredNodeCert
 from llmgw.control.store.projects import ProjectRefused, ProjectStore, StoredProject, UnknownProject
+from llmgw.control.store.usagequery import UsageQueryStore
 from llmgw.control.store.workloads import StoredModel, WorkloadStore
 
 __all__ = [
@@ -60,7 +62,7 @@ __all__ = [
 
 
 class Store(WorkloadStore, NodeStore, CredentialStore, ProjectStore, HistoryStore, LeadershipStore,
-            ClusterwideStore, StoreBase):
+            ClusterwideStore, UsageQueryStore, StoreBase):
     """The cluster's state in SQLite or PostgreSQL: open with ``Store.open``/``Store.open_url``.
 
     ``fence`` (``StoreBase``) guards every write of the cluster's state; see ``base.StoreBase._tx``.

@@ -26,6 +26,7 @@ from llmgw.control.ui import (
     overview_page,
     playground_page,
     projects_page,
+    usage_page,
     users_page,
 )
 from llmgw.control.ui.common import HERE, SessionEnded, Ui
@@ -62,6 +63,7 @@ def create_ui(api: ASGIApp) -> ASGIApp:
         *playground_page.routes(ui),
         *audit_page.routes(ui),
         *users_page.routes(ui),
+        *usage_page.routes(ui),
         Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
     ])
     # The security headers outermost, so the bare-path redirect and the guard's own answers carry them too.
