@@ -14,7 +14,9 @@ through the fenced transaction of ``base.StoreBase``:
 - ``credentials``: API keys, bootstrap tokens, users, REST tokens;
 - ``history``: events and the audit log;
 - ``leadership``: the leader lease and the control plane instances;
-- ``clusterwide``: engine wants, settings, the autoscaler's state.
+- ``clusterwide``: engine wants, settings, the autoscaler's state;
+- ``usage``: routers' usage rollups, applied once per record;
+- ``quotas``: the quota ledger and routers' leases.
 
 The records and errors are importable from here, where callers have always found them.
 """
@@ -46,6 +48,8 @@ from llmgw.control.store.credentials import (
 from llmgw.control.store.history import AUDIT_OUTCOMES, EVENTS_KEPT, AuditEntry, HistoryStore
 from llmgw.control.store.leadership import LeadershipStore, Lease, StoredControlPlane
 from llmgw.control.store.nodes import NodeStore, StoredNode, StoredNodeCert
+from llmgw.control.store.quotas import QuotaStore
+from llmgw.control.store.usage import UsageStore
 from llmgw.control.store.workloads import StoredModel, WorkloadStore
 
 __all__ = [
@@ -57,7 +61,7 @@ __all__ = [
 
 
 class Store(WorkloadStore, NodeStore, CredentialStore, HistoryStore, LeadershipStore, ClusterwideStore,
-            StoreBase):
+            UsageStore, QuotaStore, StoreBase):
     """The cluster's state in SQLite or PostgreSQL: open with ``Store.open``/``Store.open_url``.
 
     ``fence`` (``StoreBase``) guards every write of the cluster's state; see ``base.StoreBase._tx``.
