@@ -76,7 +76,7 @@ class QuotaStore(StoreBase):
             for i, item, scope, kind, period_id in sorted(parsed, key=lambda p: p[1].budget):
                 limit = max(0, int(limits_of(scope, kind)))
                 answers[i] = self._sync_one(s, router_id, item, scope, kind, period_id, limit, now, crossings)
-        return Synced(tuple(answers[i] for i in range(len(items))), tuple(crossings))
+        return Synced(tuple(answers[i] for i in range(len(parsed))), tuple(crossings))
 
     def _sync_one(self, s: Session, router_id: str, item: QuotaItem, scope: str, kind: str, period_id: str,
                   limit: int, now: float, crossings: list[Crossing]) -> QuotaGrant:
