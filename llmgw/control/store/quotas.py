@@ -18,6 +18,8 @@ Unfenced, like the usage rollups: any control plane answers routers, so a failov
 from __future__ import annotations
 
 import dataclasses
+import logging
+import time
 from collections.abc import Callable, Sequence
 
 import sqlalchemy as sa
@@ -25,10 +27,11 @@ from sqlalchemy.orm import Session
 
 from llmgw.api.usage import QuotaGrant, QuotaItem
 from llmgw.control.store.base import StoreBase
-from llmgw.control.store.tables import QuotaLeaseRow, QuotaLedgerRow
+from llmgw.control.store.tables import ApiKeyRow, AuditRow, EventRow, ProjectRow, QuotaLeaseRow, QuotaLedgerRow
 from llmgw.control.store.usage import _insert, locked_retry
 from llmgw.core import quota
 
+log = logging.getLogger(__name__)
 #: Ledger rows are kept this long past their period's end (a late sync still finds them), then pruned.
 LEDGER_KEPT_S = 86400.0
 
@@ -44,6 +47,18 @@ class Crossing:
     limit: int
     charged: int
     reset_at: float
+
+    @property
+    def object(self) -> str:
+        """The event's object: ``key/ID`` or ``project/NAME``."""
+        return self.scope.replace(":", "/", 1)
+
+    def message(self) -> str:
+        spend = self.kind == quota.SPEND_KIND
+        used = f"{self.charged / quota.MICROS:.2f} of {self.limit / quota.MICROS:.2f}" if spend \
+            else f"{self.charged} of {self.limit}"
+        reset = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.reset_at))
+        return f"{self.scope} reached {self.percent}% of its {self.kind} budget: {used} used; it resets at {reset}"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -132,8 +147,15 @@ class QuotaStore(StoreBase):
         others = sum(r.held for r in leases.values())
         if not concurrency and ledger.limit > 0:
             newly, ledger.marks = quota.crossed(ledger.limit, charged_before, ledger.charged, ledger.marks)
-            crossings.extend(Crossing(budget, scope, kind, pct, ledger.limit, ledger.charged, ledger.period_end)
-                             for pct in newly)
+            for pct in newly:
+                crossing = Crossing(budget, scope, kind, pct, ledger.limit, ledger.charged, ledger.period_end)
+                crossings.append(crossing)
+                # In the transaction that set the mark: each threshold's event and audit row once a period,
+                # whichever control plane answered.
+                s.add(EventRow(time=now, kind="Warning" if pct >= 100 else "Normal", reason="BudgetThreshold",
+                               object=crossing.object[:320], model="", node="", message=crossing.message()))
+                s.add(AuditRow(at=now, actor="quota ledger", action="budget threshold", object=budget[:320],
+                               outcome="ok", detail=crossing.message()[:2000]))
         if not in_force:
             return QuotaGrant(budget, 0, 0, 0 if limit == 0 else ledger.limit, ledger.charged,
                               max(0, ledger.limit - ledger.charged - others), ledger.period_end)
@@ -149,6 +171,24 @@ class QuotaStore(StoreBase):
             held = {r.router: r.held for r in s.scalars(sa.select(QuotaLeaseRow).where(QuotaLeaseRow.budget == budget))}
             return row.limit, row.charged, held
 
+    def quota_limits(self) -> tuple[dict[str, quota.Limits], dict[str, quota.Limits]]:
+        """Every key's limits (its ``rpm``/``tpm`` as ``requests_per_minute``/``tokens_per_minute`` when its
+        limits do not say them) and every project's, for ``control.usage``'s cache."""
+        keys: dict[str, quota.Limits] = {}
+        projects: dict[str, quota.Limits] = {}
+        with self._session() as s:
+            for key_id, rpm, tpm, limits in s.execute(sa.select(ApiKeyRow.id, ApiKeyRow.rpm, ApiKeyRow.tpm,
+                                                                ApiKeyRow.limits)):
+                doc = dict(limits or {})
+                if rpm:
+                    doc.setdefault("requests_per_minute", rpm)
+                if tpm:
+                    doc.setdefault("tokens_per_minute", tpm)
+                keys[key_id] = _limits(doc)
+            for name, limits in s.execute(sa.select(ProjectRow.name, ProjectRow.limits)):
+                projects[name] = _limits(limits)
+        return keys, projects
+
     def prune_quota(self, *, now: float) -> int:
         """Drops ledger rows whose period ended over ``LEDGER_KEPT_S`` ago, and their leases; how many rows."""
         with self._session.begin() as s:
@@ -158,3 +198,12 @@ class QuotaStore(StoreBase):
                                   .where(QuotaLedgerRow.period_end < now - LEDGER_KEPT_S)).rowcount)
         return gone
 
+
+
+def _limits(doc: object) -> quota.Limits:
+    """A stored limits document; one the store holds but this version cannot read is no limit (logged)."""
+    try:
+        return quota.Limits.from_doc(doc)
+    except quota.BadLimits as e:
+        log.warning("stored limits ignored: %s", e)
+        return quota.Limits()

@@ -101,9 +101,14 @@ class UsageStore(StoreBase):
 
         ``request_log``: also one ``UsageRequestRow`` per record (the optional per-request log).
         """
+        return self.apply_usage_records(batch, now=now, request_log=request_log)[0]
+
+    def apply_usage_records(self, batch: UsageBatch, *, now: float,
+                            request_log: bool = False) -> tuple[int, list[UsageRecord]]:
+        """``apply_usage``, with the records it stored (none of a batch already stored), for metrics."""
         return locked_retry(lambda: self._apply_usage(batch, now, request_log))
 
-    def _apply_usage(self, batch: UsageBatch, now: float, request_log: bool) -> int:
+    def _apply_usage(self, batch: UsageBatch, now: float, request_log: bool) -> tuple[int, list[UsageRecord]]:
         with self._session.begin() as s:
             insert = _insert(s)
             # First a write: it takes SQLite's write lock, and on PostgreSQL a concurrent first sight of
@@ -115,7 +120,7 @@ class UsageStore(StoreBase):
                              .with_for_update()).scalar_one()
             fresh = [r for r in batch.records if r.seq > mark.applied_through]
             if not fresh:
-                return mark.applied_through
+                return mark.applied_through, []
             for key, add in sorted(sums_of(fresh).items()):
                 self._add_rollup(s, insert, key, add)
             if request_log:
@@ -128,7 +133,7 @@ class UsageStore(StoreBase):
             mark.applied_through = max(r.seq for r in fresh)
             mark.router = batch.router_id[:253]
             mark.updated_at = now
-            return mark.applied_through
+            return mark.applied_through, fresh
 
     @staticmethod
     def _add_rollup(s: Session, insert: type[sa.Insert], key: _RowKey, add: _Sums) -> None:
