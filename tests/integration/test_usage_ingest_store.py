@@ -241,3 +241,30 @@ def test_prune_quota_drops_ended_periods_and_their_leases(opened: Callable[[], S
     assert store.prune_quota(now=NOW + 60) == 0
     assert store.prune_quota(now=NOW + 60 + 86400 + 1) == 2
     assert store.quota_ledger(b) is None
+
+
+def test_two_control_planes_tell_each_threshold_once(opened: Callable[[], Store]) -> None:
+    """Routers consuming one budget through two stores at once: each threshold is crossed in one sync only,
+    and its event is written once."""
+    stores = [opened(), opened()]
+    b = budget("tokens_per_day", "project:p")
+    crossings: list[int] = []
+    errors: list[BaseException] = []
+
+    def router(n: int) -> None:
+        try:
+            for _ in range(25):
+                got = stores[n % 2].quota_sync(f"r{n}", [QuotaItem(b, consumed=1)], lambda *_: 100, now=NOW)
+                crossings.extend(c.percent for c in got.crossings)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=router, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert sorted(crossings) == [80, 100]
+    assert [e.reason for e in stores[0].list_events(obj="project/p")] == ["BudgetThreshold"] * 2
+    assert stores[0].quota_ledger(b) == (100, 150, {})
