@@ -343,7 +343,8 @@ class _Tasks:
             asyncio.create_task(agentsvc_collector.manage()),
             asyncio.create_task(auditprune.run(cp.db, retention_s=cfg.audit_retention_s,
                                                leading=lambda: cp.cluster.leading)),
-            asyncio.create_task(usageprune.run(cp.db, cfg.usage, leading=lambda: cp.cluster.leading))))
+            asyncio.create_task(usageprune.run(cp.db, cfg.usage, leading=lambda: cp.cluster.leading)),
+            asyncio.create_task(cp.usage.follow(cp.cluster.wait_table))))
 
     async def stop(self, leadership: leader_mod.Leadership, lease_task: asyncio.Task[None]) -> None:
         self.reconcile.cancel()

@@ -44,6 +44,12 @@ def test_limits_come_from_the_key_its_rpm_tpm_and_the_project(tmp_path: Path) ->
         assert [g.limit for g in answer.items] == [7, 500, 3, 2_500_000, 0, 0]
         with pytest.raises(BadReport, match=r"^items\[0\]\.budget: "):
             await service.sync(QuotaSync("r1", (QuotaItem("key:k1/per_fortnight/x"),)))
+        # A limit changed in the store is read at the next sync once invalidated (the table changed).
+        with store._session.begin() as s:
+            s.get(ApiKeyRow, "k1").limits = {"tokens_per_minute": 50}  # type: ignore[union-attr]
+        service.invalidate()
+        again = await service.sync(QuotaSync("r1", items[1:2]))
+        assert again.items[0].limit == 50
 
     try:
         asyncio.run(main())

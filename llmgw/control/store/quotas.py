@@ -145,7 +145,7 @@ class QuotaStore(StoreBase):
             s.delete(mine)
         ledger.updated_at = now
         others = sum(r.held for r in leases.values())
-        if not concurrency and ledger.limit > 0:
+        if not concurrency and limit > 0 and ledger.limit > 0:  # a limit removed announces nothing
             newly, ledger.marks = quota.crossed(ledger.limit, charged_before, ledger.charged, ledger.marks)
             for pct in newly:
                 crossing = Crossing(budget, scope, kind, pct, ledger.limit, ledger.charged, ledger.period_end)

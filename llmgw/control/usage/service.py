@@ -6,7 +6,8 @@ store call runs on the store's thread (``StoreThread``), never on the event loop
 
 A budget's limit is the control plane's to know, never the router's word: ``limits_of`` reads the key's
 and the project's limits from a cache of the store refreshed at most every ``LIMITS_TTL_S`` (and at once
-after ``invalidate``, which the cluster's change of keys or projects calls), so a sync costs one
+after ``invalidate``, which ``follow`` calls when the routers' table, which carries keys' and projects'
+limits, changes), so a sync costs one
 transaction and not three.
 
 What each control plane stored is also counted for Prometheus per project and model
@@ -18,11 +19,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import prometheus_client
 
 from llmgw.api.reports import BadReport
+from llmgw.api.routing import EndpointsDoc
 from llmgw.api.usage import QuotaAnswer, QuotaSync, UsageAck, UsageBatch, UsageRecord
 from llmgw.control.store.offloop import StoreThread
 from llmgw.control.store.quotas import Synced
@@ -86,6 +88,16 @@ class UsageService:
     def invalidate(self) -> None:
         """Keys or projects changed: the next sync reads their limits afresh."""
         self._limits_at = -LIMITS_TTL_S
+
+    async def follow(self, wait_table: Callable[..., Awaitable[EndpointsDoc]]) -> None:
+        """Invalidates the limits whenever the routers' table changes (a key's or a project's limits are in it),
+        until cancelled; ``wait_table`` is ``Cluster.wait_table``."""
+        version: int | None = None
+        while True:
+            doc = await wait_table(after=version, timeout=25.0)
+            if doc.version != version:
+                version = doc.version
+                self.invalidate()
 
     async def close(self) -> None:
         if self.thresholds.webhook is not None:
