@@ -99,16 +99,19 @@ def test_a_batch_sent_twice_and_overlapping_replays_count_once(opened: Callable[
     assert store.usage_mark("j1") == 300
 
 
-def test_journals_applied_at_once_by_two_control_planes_sum_exactly(opened: Callable[[], Store]) -> None:
-    """8 journals, each a thread, alternating between two Store objects, each batch sent twice."""
+@pytest.mark.parametrize("per_batch", [50, 400])
+def test_journals_applied_at_once_by_two_control_planes_sum_exactly(opened: Callable[[], Store],
+                                                                   per_batch: int) -> None:
+    """8 journals, each a thread, alternating between two Store objects, each batch sent twice (batches of
+    400 records spread over 4 hours are several chunks of rollup rows each)."""
     stores = [opened(), opened()]
     journals = {f"j{j}": records(400, seed=j) for j in range(8)}
     errors: list[BaseException] = []
 
     def send(j: int, name: str, recs: list[UsageRecord]) -> None:
         try:
-            for start in range(0, len(recs), 50):
-                batch = UsageBatch(f"router{j % 2}", name, tuple(recs[start:start + 50]))
+            for start in range(0, len(recs), per_batch):
+                batch = UsageBatch(f"router{j % 2}", name, tuple(recs[start:start + per_batch]))
                 for s in (stores[j % 2], stores[(j + 1) % 2]):  # the retry lands on the other control plane
                     s.apply_usage(batch, now=NOW)
         except BaseException as e:  # noqa: BLE001  (the assertion below says what)

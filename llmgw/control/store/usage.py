@@ -16,6 +16,7 @@ mark makes it exact), not a decision only the leader may take.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
@@ -31,6 +32,7 @@ from llmgw.core import quota
 #: The grains, each with its bucket's length in seconds (a day is the UTC day: 86400 s from the epoch's).
 GRAINS: tuple[tuple[str, int], ...] = (("m", 60), ("h", 3600), ("d", 86400))
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 _PK = ("grain", "start", "project", "key", "model", "user", "node")
 _ZERO = dict(requests=0, errors=0, prompt_tokens=0, cached_tokens=0, completion_tokens=0, spend_micros=0,
@@ -81,15 +83,18 @@ def sums_of(records: Iterable[UsageRecord]) -> dict[_RowKey, _Sums]:
 
 
 def locked_retry(fn: Callable[[], T], *, tries: int = 5) -> T:
-    """``fn()`` (one whole transaction), again when SQLite said "database is locked": its busy timeout ran
-    out behind other writers (the CLI, a burst). The transaction was rolled back, so running it again
-    is exact; PostgreSQL waits on its row locks instead and never says so."""
+    """``fn()`` (one whole transaction), again when SQLite said "database is locked" (its busy timeout ran
+    out behind other writers: the CLI, a burst) or PostgreSQL chose it as a deadlock's victim (the rows
+    are locked in one order, so this is a safety net). The transaction was rolled back, so running it
+    again is exact."""
     for attempt in range(tries):
         try:
             return fn()
         except sa.exc.OperationalError as e:
-            if "database is locked" not in str(e.orig) or attempt == tries - 1:
+            if not any(m in str(e.orig) for m in ("database is locked", "deadlock detected")) \
+                    or attempt == tries - 1:
                 raise
+            log.info("a usage or quota transaction is run again: %s", str(e.orig).splitlines()[0])
     raise AssertionError("unreachable")
 
 
@@ -150,10 +155,13 @@ class UsageStore(StoreBase):
         """
         keys = sorted(sums)
         pk = [getattr(UsageRollupRow, c) for c in _PK]
-        for at in range(0, len(keys), _CHUNK):
-            chunk = keys[at:at + _CHUNK]
+        chunks = [keys[at:at + _CHUNK] for at in range(0, len(keys), _CHUNK)]
+        # Every insert before any lock: a transaction that inserted a high row and then waited to lock a
+        # low one another holds, while that other waits to insert the same high row, is a deadlock.
+        for chunk in chunks:
             s.execute(insert(UsageRollupRow).on_conflict_do_nothing(),
                       [{**dict(zip(_PK, k, strict=True)), **_ZERO} for k in chunk])
+        for chunk in chunks:
             rows = s.scalars(sa.select(UsageRollupRow).where(sa.tuple_(*pk).in_(chunk)).order_by(*pk)
                              .with_for_update())
             for row in rows:
