@@ -32,6 +32,8 @@ from llmgw.control.store.usage import _insert, locked_retry
 from llmgw.core import quota
 
 log = logging.getLogger(__name__)
+#: Ledger rows per statement.
+_CHUNK = 500
 #: Ledger rows are kept this long past their period's end (a late sync still finds them), then pruned.
 LEDGER_KEPT_S = 86400.0
 
@@ -87,29 +89,45 @@ class QuotaStore(StoreBase):
               now: float) -> Synced:
         answers: dict[int, QuotaGrant] = {}
         crossings: list[Crossing] = []
+        budgets = sorted({p[1].budget for p in parsed})
+        fresh = sorted({(p[1].budget, p[3]) for p in parsed if p[4] == quota.period(p[3], now).id})
         with self._session.begin() as s:
+            # Every ledger row made where missing (sorted) before any is locked (sorted), as the usage
+            # rollups are (``usage._add_rollups`` says why); the first statement a write, for SQLite.
+            if fresh:
+                for at in range(0, len(fresh), _CHUNK):
+                    s.execute(_insert(s)(QuotaLedgerRow).on_conflict_do_nothing(), [
+                        dict(budget=b, limit=0, charged=0, period_end=quota.period(kind, now).end, marks=0,
+                             updated_at=now) for b, kind in fresh[at:at + _CHUNK]])
+            else:  # only periods gone by: their rows are only ever updated
+                s.execute(sa.update(QuotaLedgerRow).where(QuotaLedgerRow.budget.in_(budgets[:_CHUNK]))
+                          .values(updated_at=now))
+            ledgers: dict[str, QuotaLedgerRow] = {}
+            leases: dict[str, dict[str, QuotaLeaseRow]] = {b: {} for b in budgets}
+            for at in range(0, len(budgets), _CHUNK):
+                chunk = budgets[at:at + _CHUNK]
+                ledgers.update((r.budget, r) for r in s.scalars(
+                    sa.select(QuotaLedgerRow).where(QuotaLedgerRow.budget.in_(chunk))
+                    .order_by(QuotaLedgerRow.budget).with_for_update()))
+                for lease in s.scalars(sa.select(QuotaLeaseRow).where(QuotaLeaseRow.budget.in_(chunk))
+                                       .order_by(QuotaLeaseRow.budget, QuotaLeaseRow.router).with_for_update()):
+                    leases[lease.budget][lease.router] = lease
             for i, item, scope, kind, period_id in sorted(parsed, key=lambda p: p[1].budget):
                 limit = max(0, int(limits_of(scope, kind)))
-                answers[i] = self._sync_one(s, router_id, item, scope, kind, period_id, limit, now, crossings)
+                answers[i] = self._sync_one(s, router_id, item, scope, kind, period_id, limit, now, crossings,
+                                            ledgers.get(item.budget), leases[item.budget])
         return Synced(tuple(answers[i] for i in range(len(parsed))), tuple(crossings))
 
     def _sync_one(self, s: Session, router_id: str, item: QuotaItem, scope: str, kind: str, period_id: str,
-                  limit: int, now: float, crossings: list[Crossing]) -> QuotaGrant:
+                  limit: int, now: float, crossings: list[Crossing], ledger: QuotaLedgerRow | None,
+                  held_by: dict[str, QuotaLeaseRow]) -> QuotaGrant:
+        """One item, on its budget's locked ledger row and leases (``held_by``, kept up to date for an item
+        of the same budget later in the sync)."""
         current = quota.period(kind, now)
         budget = item.budget
         concurrency = kind == quota.CONCURRENCY_KIND
-        if period_id == current.id:
-            # Made if missing, first as a write (see the module's docstring), then locked.
-            s.execute(_insert(s)(QuotaLedgerRow).values(budget=budget, limit=limit, charged=0,
-                                                        period_end=current.end, marks=0, updated_at=now)
-                      .on_conflict_do_nothing())
-        else:  # still a write first, for SQLite's lock (a past period's row is only ever updated)
-            s.execute(sa.update(QuotaLedgerRow).where(QuotaLedgerRow.budget == budget).values(updated_at=now))
-        ledger = s.execute(sa.select(QuotaLedgerRow).where(QuotaLedgerRow.budget == budget)
-                           .with_for_update()).scalar_one_or_none()
-        leases = {r.router: r for r in s.execute(sa.select(QuotaLeaseRow).where(QuotaLeaseRow.budget == budget)
-                                                 .order_by(QuotaLeaseRow.router).with_for_update()).scalars()}
-        mine = leases.pop(router_id, None)
+        leases = {r: lease for r, lease in held_by.items() if r != router_id}
+        mine = held_by.pop(router_id, None)
         if ledger is None:  # a past period nobody keeps any more: nothing to apply or grant
             if mine is not None:
                 s.delete(mine)
@@ -120,7 +138,7 @@ class QuotaStore(StoreBase):
             if not concurrency:
                 ledger.charged += other.held
             s.delete(other)
-            del leases[other.router]
+            del leases[other.router], held_by[other.router]
         held = mine.held if mine is not None else 0
         if not concurrency:
             # Consumed beyond what it held is charged all the same: the overshoot the bound allows.
@@ -138,9 +156,11 @@ class QuotaStore(StoreBase):
             held = 0  # not in force (or a period gone by): the router admits freely, nothing is held
         if held > 0:
             if mine is None:
-                s.add(QuotaLeaseRow(budget=budget, router=router_id, held=held, expires_at=now + quota.LEASE_TTL_S))
+                mine = QuotaLeaseRow(budget=budget, router=router_id, held=held, expires_at=now + quota.LEASE_TTL_S)
+                s.add(mine)
             else:
                 mine.held, mine.expires_at = held, now + quota.LEASE_TTL_S
+            held_by[router_id] = mine
         elif mine is not None:
             s.delete(mine)
         ledger.updated_at = now
