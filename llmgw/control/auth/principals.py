@@ -85,6 +85,10 @@ def required(method: str, path: str) -> Need | None:
         return Need(ADMIN)
     if _under(path, "/api/v1/tokens"):  # join tokens make nodes: an admin's, as `llmgw token create` was on the host
         return Need(ADMIN)
+    if _under(path, "/api/v1/projects") or _under(path, "/api/v1/keys"):
+        # Issue 26: a project's owner and members manage keys there too; the handlers make the fine checks
+        # (``projectaccess``), as only the store knows who belongs to which project.
+        return Need(VIEWER)
     if method in ("GET", "HEAD"):
         if path == "/api/v1/endpoints":  # every engine's address and bearer key: routers only
             return Need(router=True)

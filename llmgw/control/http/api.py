@@ -27,6 +27,7 @@ from llmgw.control.http import (
     models,
     nodecerts,
     nodes,
+    projects,
     replicas,
     routercreds,
     routers,
@@ -77,7 +78,8 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extr
                  events.router(db), weights.router(db, cluster), fabric.router(cluster),
                  engines.router(db, cluster), settings.router(db), meta.router(leadership),
                  models.router(db, cluster), replicas.router(db, cluster, reports), routers.router(cluster, reports),
-                 nodes.router(db, cluster), routerusage.router(usage or UsageService(db))):
+                 nodes.router(db, cluster),
+                 projects.router(db, cluster), routerusage.router(usage or UsageService(db))):
         app.include_router(part, responses=REFUSALS)
     app.include_router(metrics.router(db, cluster, reports, extra_registries))  # text, and refuses nothing itself
     return app

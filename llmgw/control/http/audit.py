@@ -80,6 +80,12 @@ AUDITED: tuple[Audited, ...] = (
     _route("DELETE", "/api/v1/keys/{name}", "key delete", "key"),
     _route("POST", "/api/v1/keys/{name}/disable", "key disable", "key"),
     _route("POST", "/api/v1/keys/{name}/enable", "key enable", "key"),
+    _route("PATCH", "/api/v1/keys/{name}", "key update", "key"),
+    _route("POST", "/api/v1/projects", "project create", "project"),  # the name is in the body
+    _route("DELETE", "/api/v1/projects/{name}", "project delete", "project"),
+    _route("PUT", "/api/v1/projects/{name}/members", "project member set", "project"),
+    _route("DELETE", "/api/v1/projects/{name}/members/[^/]+", "project member remove", "project"),
+    _route("PUT", "/api/v1/projects/{name}/limits", "project set-limits", "project"),
     _route("POST", "/api/v1/users", "user create", "user"),  # the name is in the body
     _route("PUT", "/api/v1/users/{name}", "user change", "user"),
     _route("DELETE", "/api/v1/users/{name}", "user delete", "user"),

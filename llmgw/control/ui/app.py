@@ -25,6 +25,7 @@ from llmgw.control.ui import (
     nodes_page,
     overview_page,
     playground_page,
+    projects_page,
     users_page,
 )
 from llmgw.control.ui.common import HERE, SessionEnded, Ui
@@ -55,6 +56,7 @@ def create_ui(api: ASGIApp) -> ASGIApp:
         *overview_page.routes(ui),
         *login_page.routes(ui),
         *keys_page.routes(ui),
+        *projects_page.routes(ui),
         *models_page.routes(ui),
         *nodes_page.routes(ui),
         *playground_page.routes(ui),
