@@ -20,6 +20,8 @@ from llmgw.api.usage import QuotaItem, UsageBatch, UsageRecord
 from llmgw.control.store import store as store_mod
 from llmgw.control.store.store import Store
 from llmgw.control.store.tables import UsageRequestRow, UsageRollupRow
+from llmgw.control.usage import prune as usageprune
+from llmgw.control.usage.config import UsageConfig
 from llmgw.core import quota
 from llmgw.testing.postgres import Postgres
 
@@ -131,8 +133,10 @@ def test_journals_applied_at_once_by_two_control_planes_sum_exactly(opened: Call
 def test_prune_drops_each_grain_past_its_retention(opened: Callable[[], Store]) -> None:
     store = opened()
     store.apply_usage(UsageBatch("r1", "j1", tuple(records(50))), now=NOW, request_log=True)
-    store.prune_usage(now=NOW + 3 * 86400, minute_retention_s=2 * 86400, hour_retention_s=90 * 86400,
-                      day_retention_s=400 * 86400, request_log_retention_s=0)
+    cfg = UsageConfig(request_log_retention_s=86400.0)
+    usageprune.prune(store, cfg, now=NOW + 3600)  # nothing is old enough yet
+    assert totals(store, "m")[0] == 50
+    usageprune.prune(store, cfg, now=NOW + 3 * 86400)  # the leader's pass, with the defaults
     assert totals(store, "m")[0] == 0
     assert totals(store, "h")[0] == totals(store, "d")[0] == 50
     with store.engine.connect() as c:
