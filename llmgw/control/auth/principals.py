@@ -97,7 +97,8 @@ def required(method: str, path: str) -> Need | None:
         if path == "/api/v1/controlplanes":  # who leads and where (`llmgw get controlplanes`): every user role
             return Need(VIEWER)
         return Need(VIEWER)
-    if method == "POST" and path in ("/api/v1/router/events", "/api/v1/router/signals"):
+    if method == "POST" and path in ("/api/v1/router/events", "/api/v1/router/signals", "/api/v1/router/usage",
+                                     "/api/v1/router/quota"):
         return Need(router=True)
     if method == "POST" and path == "/api/v1/logout":  # anyone logged in may end their own token
         return Need(VIEWER)

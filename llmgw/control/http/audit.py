@@ -106,6 +106,10 @@ NOT_AUDITED: dict[tuple[str, str], str] = {
                                        "no desired state, and the events log keeps it",
     ("POST", "/api/v1/router/signals"): "a router's load report, every 2 s from each router; it changes no desired "
                                         "state, and each change of count it leads to is an Autoscaled event",
+    ("POST", "/api/v1/router/usage"): "a router's metered requests, every few seconds from each router; the usage "
+                                      "rollups are their record",
+    ("POST", "/api/v1/router/quota"): "a router's quota sync, every second or so from each router; a budget's "
+                                      "thresholds are audited as they are crossed",
 }
 
 

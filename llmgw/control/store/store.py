@@ -17,6 +17,8 @@ through the fenced transaction of ``base.StoreBase``:
 - ``leadership``: the leader lease and the control plane instances;
 - ``clusterwide``: engine wants, settings, the autoscaler's state;
 - ``usagequery``: usage read from the rollups, and who belongs to which project.
+- ``usage``: routers' usage rollups, applied once per record;
+- ``quotas``: the quota ledger and routers' leases.
 
 The records and errors are importable from here, where callers have always found them.
 """
@@ -50,6 +52,8 @@ from llmgw.control.store.leadership import LeadershipStore, Lease, StoredControl
 from llmgw.control.store.nodes import NodeStore, StoredNode, StoredNodeCert
 from llmgw.control.store.projects import ProjectRefused, ProjectStore, StoredProject, UnknownProject
 from llmgw.control.store.usagequery import UsageQueryStore
+from llmgw.control.store.quotas import QuotaStore
+from llmgw.control.store.usage import UsageStore
 from llmgw.control.store.workloads import StoredModel, WorkloadStore
 
 __all__ = [
@@ -62,7 +66,7 @@ __all__ = [
 
 
 class Store(WorkloadStore, NodeStore, CredentialStore, ProjectStore, HistoryStore, LeadershipStore,
-            ClusterwideStore, UsageQueryStore, StoreBase):
+            ClusterwideStore, UsageStore, QuotaStore, UsageQueryStore, StoreBase):
     """The cluster's state in SQLite or PostgreSQL: open with ``Store.open``/``Store.open_url``.
 
     ``fence`` (``StoreBase``) guards every write of the cluster's state; see ``base.StoreBase._tx``.
