@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Protocol
 
 from llmgw.router import (
@@ -32,11 +33,14 @@ from llmgw.router import (
     cold,
     completions,
     errors,
+    metering,
     metrics,
     proxying,
     ratelimit,
     upstream,
+    usagejournal,
 )
+from llmgw.router import quota as router_quota
 from llmgw.router import reports as router_events
 from llmgw.router import signals as router_signals
 from llmgw.router import tracing as router_tracing
@@ -61,7 +65,11 @@ class RouterApp:
                  max_endpoints: int = 3, max_body_bytes: int = 32 << 20, keepalive_s: float = 15.0,
                  serve_metrics: bool = False, admission_queue: int = 100, admission_wait_s: float = 30.0,
                  events: router_events.Sink | None = None, tracing: router_tracing.Tracing | None = None,
-                 signals: router_signals.Reporter | None = None) -> None:
+                 signals: router_signals.Reporter | None = None,
+                 quota: router_quota.QuotaTransport | None = None, usage: usagejournal.UsageTransport | None = None,
+                 usage_journal_dir: Path | None = None, router_id: str = "router") -> None:
+        """``quota``/``usage``: the control plane's budget and usage services (None: the per-router rpm/tpm
+        window, and nothing metered); ``usage_journal_dir``: where unsent usage survives a ``kill -9``."""
         self.holder = holder
         self._watcher = watcher
         self._serve_metrics = serve_metrics
@@ -79,11 +87,20 @@ class RouterApp:
         self._proxy = proxying.Proxy(self._forwarder, keepalive_s=keepalive_s)
         # Requests held for a model at zero, each woken by the next table.
         self._cold = cold.ColdHold(holder, keepalive_s=keepalive_s, signals=signals)
+        self._metering(router_id, quota, usage, usage_journal_dir)
         self._completions = completions.Completions(
             holder, proxy=self._proxy, cold_hold=self._cold, admission=self._admission,
             limiter=ratelimit.RateLimiter(), source=source, max_body_bytes=max_body_bytes, events=events,
-            signals=signals)
+            signals=signals, meter=self.meter, quota=self.quota)
         self._complete = self._completions.complete
+
+    def _metering(self, router_id: str, quota: router_quota.QuotaTransport | None,
+                  usage: usagejournal.UsageTransport | None, journal_dir: Path | None) -> None:
+        """The meter (with a usage or a quota service) and the budgets (with a quota service)."""
+        self.journal = usagejournal.UsageJournal(router_id, usage, journal_dir) if usage is not None else None
+        self.quota = router_quota.QuotaClient(router_id, quota) if quota is not None else None
+        self.meter = (metering.Meter(self.journal.append if self.journal is not None else None)
+                      if usage is not None or quota is not None else None)
 
     async def startup(self) -> None:
         await self._forwarder.start()
@@ -91,10 +108,17 @@ class RouterApp:
             await self._events.start()
         if self._signals is not None:
             await self._signals.start()
+        if self.journal is not None:
+            await self.journal.start()
         if self._watcher is not None:
             await self._watcher.start()
 
     async def shutdown(self) -> None:
+        # What is held goes back and what is metered goes out while the control plane is still followed.
+        if self.quota is not None:
+            await self.quota.stop()
+        if self.journal is not None:
+            await self.journal.stop()
         if self._watcher is not None:
             await self._watcher.stop()
         await self._forwarder.close()
@@ -125,10 +149,13 @@ class RouterApp:
             elif path == MODELS_PATH:
                 if method not in ("GET", "HEAD"):
                     raise errors.method_not_allowed(method, path, "GET")
-                key = self.holder.current.auth.identify(authorization(scope))
+                auth_now = self.holder.current.auth
+                key = auth_now.identify(authorization(scope))
                 if isinstance(key, errors.ApiError):
                     raise key
-                await asgi.send_bytes(send, 200, self._models_body(key))
+                # A key with requests or tokens budgets learns where they stand here too.
+                extra = self.quota.headers(self.quota.plan(key, auth_now.projects)) if self.quota is not None else None
+                await asgi.send_bytes(send, 200, self._models_body(key), extra=extra or None)
             elif path == METRICS_PATH and self._serve_metrics and method in ("GET", "HEAD"):
                 body, content_type = metrics.render()
                 await asgi.send_bytes(send, 200, body, content_type=content_type.encode())

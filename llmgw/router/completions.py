@@ -17,6 +17,7 @@ import json
 from llmgw.router import (
     admission,
     asgi,
+    auth,
     cold,
     errors,
     pick,
@@ -25,12 +26,14 @@ from llmgw.router import (
     ratelimit,
     request,
 )
+from llmgw.router import metering as router_metering
+from llmgw.router import quota as router_quota
 from llmgw.router import reports as router_events
 from llmgw.router import signals as router_signals
 from llmgw.router import tracing as router_tracing
 from llmgw.router.asgi import CANCELS, authorization, header_value
 from llmgw.router.policies import KEYED
-from llmgw.router.table import RouteTable, TableHolder
+from llmgw.router.table import ModelRoute, RouteTable, TableHolder
 
 
 class Completions:
@@ -38,7 +41,8 @@ class Completions:
 
     def __init__(self, holder: TableHolder, *, proxy: proxying.Proxy, cold_hold: cold.ColdHold,
                  admission: admission.Admission, limiter: ratelimit.RateLimiter, source: str, max_body_bytes: int,
-                 events: router_events.Sink | None = None, signals: router_signals.Reporter | None = None) -> None:
+                 events: router_events.Sink | None = None, signals: router_signals.Reporter | None = None,
+                 meter: router_metering.Meter | None = None, quota: router_quota.QuotaClient | None = None) -> None:
         self.holder = holder
         self._proxy = proxy
         self._cold = cold_hold
@@ -48,6 +52,8 @@ class Completions:
         self._max_body = max_body_bytes
         self._events = events
         self._signals = signals
+        self._meter = meter  # None: nothing metered (no control plane to tell)
+        self._quota = quota  # None: the per-router rpm/tpm window (``ratelimit``) instead of cluster budgets
         self._limits_seen: object = None
         # A new table's limits apply as it arrives: applied by the next request only, a replica that
         # turned Ready admitted nobody waiting until someone else came (and then a burst at once).
@@ -80,11 +86,39 @@ class Completions:
             refused = table.auth.check(header, req.model, names=(route.name, route.served_name, *route.aliases))
             if isinstance(refused, errors.ApiError):
                 raise refused
-        throttled = self._limiter.admit(key)
-        if throttled is not None:
-            raise throttled
-        if key.tpm:
-            send = self._counting(send, key.id)
+        if self._quota is None:
+            throttled = self._limiter.admit(key)
+            if throttled is not None:
+                raise throttled
+            if key.tpm:
+                send = self._counting(send, key.id)
+            ticket = None
+        else:
+            ticket = self._quota.take(key, table.auth.projects, route, req)  # no budget: None, no await
+            if isinstance(ticket, router_quota.Pending):
+                ticket = await self._quota.wait(ticket)
+            if ticket is not None:
+                send = _with_headers(send, self._quota, ticket.plan)
+        metered = self._meter.start(key, route) if self._meter is not None else None
+        if metered is None and ticket is None:
+            await self._forward(scope, path, arrived, receive, send, req, key, route, table, header, None)
+            return
+        try:
+            await self._forward(scope, path, arrived, receive, send, req, key, route, table, header, metered)
+        finally:
+            if metered is not None:
+                self._meter.close(metered)  # type: ignore[union-attr]
+            if ticket is not None:
+                assert self._quota is not None
+                if metered is None:
+                    self._quota.settle(ticket, 0, 0)
+                else:
+                    self._quota.settle(ticket, metered.tokens, metered.spend_micros)
+
+    async def _forward(self, scope: asgi.Scope, path: str, arrived: float, receive: asgi.Receive, send: asgi.Send,
+                       req: request.CompletionRequest, key: auth.KeyInfo, route: ModelRoute, table: RouteTable,
+                       header: bytes | None, metered: router_metering.Metered | None) -> None:
+        """Admitted by the key and its budgets: held for a cold model, queued for a slot, forwarded."""
         counts = self._signals.arrived(route.name, arrived) if self._signals is not None else None
         started = held = False
         if not route.endpoints and route.autoscale is not None:
@@ -118,7 +152,7 @@ class Completions:
                     route = fresh
             await self._proxy.serve(route, req, path, arrived, receive, send, affinity,
                                     cancels=CANCELS in scope.get("extensions", ()), counts=counts,
-                                    started=started, held=held)
+                                    started=started, held=held, metered=metered)
 
     def _counting(self, send: asgi.Send, key_id: str) -> asgi.Send:
         """``send``, also counting the tokens of the answer's usage for the key's tokens-per-minute.
@@ -146,6 +180,19 @@ class Completions:
             await send(message)
 
         return counting
+
+
+def _with_headers(send: asgi.Send, budgets: router_quota.QuotaClient,
+                  plan: tuple[router_quota.Budget, ...]) -> asgi.Send:
+    """``send``, adding the ``x-ratelimit-*`` headers of ``plan`` (as they stand then) to the answer's start."""
+    async def sending(message: asgi.Message) -> None:
+        if message["type"] == "http.response.start":
+            extra = budgets.headers(plan)
+            if extra:
+                message = {**message, "headers": [*message.get("headers", ()), *extra]}
+        await send(message)
+
+    return sending
 
 
 def _usage_of(body: bytes) -> int:

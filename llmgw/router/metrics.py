@@ -41,6 +41,7 @@ import prometheus_client as prom
 from prometheus_client import metrics_core
 
 if TYPE_CHECKING:  # signals imports the table, which imports admission, which imports this module
+    from llmgw.router.metering import Metered
     from llmgw.router.signals import ModelCounts
 
 REGISTRY = prom.CollectorRegistry()
@@ -126,6 +127,8 @@ DURATION = _HistogramFamily("llmgw_router_request_duration_seconds",
                             "Arrival at the router to the last byte sent to the client", DURATION_BUCKETS)
 REQUESTS_DOC = ("Requests answered, by model, the replica that answered (empty: the router itself) and "
                 "HTTP status (499: the client left first)")
+USAGE_REQUESTS_DOC = "Metered requests, by project and model (past 1000 pairs: project=model=\"other\")"
+USAGE_TOKENS_DOC = "Tokens the engines reported (usage), by project, model and kind (prompt, completion)"
 IN_FLIGHT_DOC = "Requests being forwarded now"
 OVERHEAD_DOC = ("The router's own time per request: arrival to the upstream request, plus the first "
                 "upstream byte to the first byte sent to the client")
@@ -175,6 +178,27 @@ def series(model: str) -> Series:
     return found
 
 
+#: Label pairs (project, model) the usage counters keep; past it, new pairs count under ("other", "other").
+MAX_USAGE_PAIRS = 1000
+OTHER = ("other", "other")
+_usage: dict[tuple[str, str], list[int]] = {}  # (project, model) -> [requests, prompt tokens, completion tokens]
+
+
+def count_usage(project: str, model: str, prompt: int, completion: int) -> None:
+    """One metered request of ``project`` for ``model`` (a table name): bounded to ``MAX_USAGE_PAIRS`` pairs."""
+    pair = (project, model)
+    child = _usage.get(pair)
+    if child is None:
+        if len(_usage) >= MAX_USAGE_PAIRS:
+            pair = OTHER
+            child = _usage.get(pair)
+        if child is None:
+            child = _usage[pair] = [0, 0, 0]
+    child[0] += 1
+    child[1] += prompt
+    child[2] += completion
+
+
 def count_request(model: str, replica: str, code: int) -> None:
     key = (model, replica, code)
     child = _requests.get(key)
@@ -195,6 +219,16 @@ class _Collector:
         for (model, replica, code), child in list(_requests.items()):
             requests.add_metric([model, replica, str(code)], child[0])
         yield requests
+        used = metrics_core.CounterMetricFamily("llmgw_router_project_requests", USAGE_REQUESTS_DOC,
+                                                labels=["project", "model"])
+        tokens = metrics_core.CounterMetricFamily("llmgw_router_project_tokens", USAGE_TOKENS_DOC,
+                                                  labels=["project", "model", "kind"])
+        for (project, model), child in list(_usage.items()):
+            used.add_metric([project, model], child[0])
+            tokens.add_metric([project, model, "prompt"], child[1])
+            tokens.add_metric([project, model, "completion"], child[2])
+        yield used
+        yield tokens
         all_series = list(_series.items())
         for family, pick in ((TTFT, _ttft), (ITL, _itl), (DURATION, _duration)):
             out = metrics_core.HistogramMetricFamily(family.name, family.doc, labels=["model"])
@@ -235,7 +269,7 @@ class Trace:
     """
 
     __slots__ = ("model", "series", "arrived", "upstream_at", "own", "status", "replica", "signals", "tokens",
-                 "held")
+                 "held", "ttft", "meter")
 
     def __init__(self, model: str, arrived: float) -> None:
         self.model = model
@@ -248,6 +282,8 @@ class Trace:
         self.signals: ModelCounts | None = None  # the model's counters for the autoscaler, when reported
         self.tokens = 0  # output tokens of the answer (the relay's count), for ``signals``
         self.held = False  # held for a model at zero: its first token ends a cold start
+        self.ttft = 0.0  # seconds from arrival to the first token (a whole answer: to the answer); 0: none
+        self.meter: Metered | None = None  # the request's metering (``metering``), when metered
 
     def sent_upstream(self, now: float) -> None:
         self.upstream_at = now
@@ -257,7 +293,8 @@ class Trace:
         return self.upstream_at - self.arrived if self.upstream_at else 0.0
 
     def first_chunk(self, received: float, sent: float) -> None:
-        self.series.ttft.observe(sent - self.arrived)
+        self.ttft = sent - self.arrived
+        self.series.ttft.observe(self.ttft)
         self.own += sent - received
         if self.signals is not None:
             self.signals.first_token(sent - self.arrived)

@@ -20,7 +20,7 @@ import asyncio
 import logging
 import time
 
-from llmgw.router import asgi, errors, metrics, openai_shape, pick, relay, request, upstream
+from llmgw.router import asgi, errors, metering, metrics, openai_shape, pick, relay, request, upstream
 from llmgw.router import signals as router_signals
 from llmgw.router.client import Response
 from llmgw.router.table import Endpoint, ModelRoute
@@ -40,10 +40,14 @@ class Proxy:
     async def serve(self, route: ModelRoute, req: request.CompletionRequest, path: str, arrived: float,
                     receive: asgi.Receive, send: asgi.Send, affinity: pick.RequestKey, *,
                     cancels: bool = False, counts: router_signals.ModelCounts | None = None, started: bool = False,
-                    held: bool = False) -> None:
-        """Forward to one of the route's endpoints; ``started``: a held stream's 200 went out already."""
+                    held: bool = False, metered: metering.Metered | None = None) -> None:
+        """Forward to one of the route's endpoints; ``started``: a held stream's 200 went out already.
+
+        ``metered``: the request's metering; it learns the endpoint, the answer's usage and the outcome.
+        """
         trace = metrics.Trace(route.name, arrived)
         trace.signals = counts
+        trace.meter = metered
         if held:
             trace.held = True
             if started:
@@ -53,9 +57,11 @@ class Proxy:
             refusal = errors.no_ready_endpoint(req.model, route.state, route.message)
             trace.status = refusal.status
             await asgi.send_error(send, refusal)
-            trace.finish(time.perf_counter())
+            _finish(trace, time.perf_counter())
             return
         body = request.for_engine(req, route.served_name)
+        if metered is not None:
+            body = metered.ask_usage(req, path, body)  # a stream's usage, asked of the engine if the client did not
         # What the engine's answer needs to be OpenAI's shape (llama.cpp's); None for engines that conform.
         shape = openai_shape.plan(route.engine, path, req.doc)
         progress = False
@@ -65,6 +71,7 @@ class Proxy:
                 body, progress = asked, True
         trace.series.in_flight.inc()
         if cancels:
+            gone = False
             # The server cancels this task when the client goes, which cancels the relay
             # where it waits and closes the upstream connection: no watcher needed.
             try:
@@ -72,10 +79,11 @@ class Proxy:
                                     progress=progress, shape=shape, started=started)
             except asyncio.CancelledError:
                 log.info("client left during a %s request for %r; upstream request cancelled", path, req.model)
+                gone = True
                 raise
             finally:
                 trace.series.in_flight.dec()
-                trace.finish(time.perf_counter())
+                _finish(trace, time.perf_counter(), gone=gone)
             return
         forward = asyncio.ensure_future(self._forward(route, path, body, send, trace, stream=req.stream,
                                                       affinity=affinity, progress=progress, shape=shape,
@@ -88,12 +96,13 @@ class Proxy:
             # Whichever finished first, the other must not outlive the request; this also
             # runs when the server cancels this handler at shutdown.
             watch.cancel()
-            if not forward.done():
+            gone = not forward.done()
+            if gone:
                 forward.cancel()
                 log.info("client left during a %s request for %r; upstream request cancelled", path, req.model)
             await asyncio.gather(forward, watch, return_exceptions=True)
             trace.series.in_flight.dec()
-            trace.finish(time.perf_counter())
+            _finish(trace, time.perf_counter(), gone=gone)
         if not forward.cancelled():
             forward.result()  # re-raise what went wrong in the relay, if anything did
 
@@ -120,6 +129,8 @@ class Proxy:
                 await asgi.send_error(send, opened)
             return
         endpoint, response = opened
+        if trace.meter is not None:
+            trace.meter.served_by(endpoint)
         try:
             if response.headers.get("Content-Type", "").startswith("text/event-stream"):
                 await relay.stream(endpoint, response, send, trace, keepalive_s=self._keepalive_s,
@@ -189,3 +200,10 @@ class Proxy:
                 opened[1].close()
             raise
         return started, opened
+
+
+def _finish(trace: metrics.Trace, now: float, *, gone: bool = False) -> None:
+    """The request's metrics, and its outcome to its metering (``gone``: the client left, metered as 499)."""
+    trace.finish(now)
+    if trace.meter is not None:
+        trace.meter.ended(499 if gone else trace.status, trace.replica, trace.ttft, now - trace.arrived)

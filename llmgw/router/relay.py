@@ -104,6 +104,7 @@ async def stream(endpoint: Endpoint, response: client.Response, send: asgi.Send,
     content = response.content
     events = 0
     tail = b""
+    meter = trace.meter
     try:
         first = await _first_chunk(content, send, keepalive_s)
         # From here the engine is generating: wait on it with the idle timeout, not the first-byte one.
@@ -116,6 +117,8 @@ async def stream(endpoint: Endpoint, response: client.Response, send: asgi.Send,
             ended = getattr(content, "ended", None)
             received = time.perf_counter()
             final = ended is not None and ended()
+            if meter is not None:
+                first = meter.feed(first)  # the usage seen; the usage-only chunk the router asked for taken out
             if shaper is not None:
                 first = shaper.feed(first) + (shaper.end() if final else b"")
             await send({"type": "http.response.body", "body": first, "more_body": not final})
@@ -128,10 +131,12 @@ async def stream(endpoint: Endpoint, response: client.Response, send: asgi.Send,
                 tail = chunk
                 events += chunk.count(_DATA)
                 final = ended is not None and ended()
+                if meter is not None:
+                    chunk = meter.feed(chunk)
                 if shaper is not None:
                     chunk = shaper.feed(chunk) + (shaper.end() if final else b"")
-                    if not chunk and not final:
-                        continue  # only part of a line came: the shaper keeps it until the rest arrives
+                if not chunk and not final:
+                    continue  # only part of a line came (the shaper keeps it), or only the usage asked for
                 await send({"type": "http.response.body", "body": chunk, "more_body": not final})
                 now = time.perf_counter()
                 itl.observe(now - last)
@@ -173,6 +178,8 @@ async def whole(route: ModelRoute, endpoint: Endpoint, response: client.Response
         content_type = asgi.JSON
     elif shape is not None and response.status == 200:
         body = shape.body(body)
+    if trace.meter is not None and response.status == 200:
+        trace.meter.whole(body)
     trace.status = response.status
     overhead = trace.before_upstream() + time.perf_counter() - received
     await asgi.send_bytes(send, response.status, body, content_type=content_type,
@@ -180,6 +187,7 @@ async def whole(route: ModelRoute, endpoint: Endpoint, response: client.Response
                                  (b"x-llmgw-overhead-ms", _ms(overhead))])
     sent = time.perf_counter()
     trace.own += sent - received
+    trace.ttft = sent - trace.arrived
     if trace.signals is not None and response.status == 200:
         trace.tokens = completion_tokens(body) or 0
     if trace.held:

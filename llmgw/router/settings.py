@@ -107,6 +107,10 @@ class RouterSettings:
                                        help="how long open streams may finish after SIGTERM before they are cut")
     router_id: str = setting("", help="this router's name in the ejections and load it reports to the control "
                                       "plane [default: the hostname]")
+    usage_journal_dir: Path | None = setting(None, metavar="DIR",
+                                             help="keep the usage records not yet stored by the control plane in "
+                                                  "files here, sent again after a restart, so a kill -9 loses none "
+                                                  "[default: in memory only: a kill -9 loses up to the last second]")
     proxy: ProxySettings = nested(ProxySettings)
 
     def __post_init__(self) -> None:

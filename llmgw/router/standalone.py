@@ -33,7 +33,7 @@ import yaml
 
 from llmgw.core import settingsgen
 from llmgw.router import app as app_mod
-from llmgw.router import auth, limits, reports, signals, tracing, watch
+from llmgw.router import auth, limits, reports, signals, tracing, usagehttp, watch
 from llmgw.router import server as server_mod
 from llmgw.router import table as table_mod
 from llmgw.router.settings import TOKEN_ENV, ProxySettings, RouterSettings
@@ -69,7 +69,8 @@ def build(settings: RouterSettings, *, token: str = "") -> app_mod.RouterApp:
     for a model at zero. Keyless tables get a warning unless ``host`` is loopback.
     """
     holder = table_mod.TableHolder()
-    watcher: watch.TableWatcher | None = None
+    watcher: app_mod.Lifecycle | None = None
+    metered: dict[str, Any] = {}
     sink: reports.Sink | None = None
     reporter: signals.Reporter | None = None
     guard = auth.ListenGuard(settings.host)
@@ -81,10 +82,14 @@ def build(settings: RouterSettings, *, token: str = "") -> app_mod.RouterApp:
     elif settings.control:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         following = watch.TableWatcher(settings.control, holder, listen_guard=guard, headers=headers)
-        watcher = following
         # Reports go where the table comes from: a control plane that answers now, not the
         # first one given, which may be the one that is down.
         name = settings.router_id or socket.gethostname()
+        # Budgets and usage too: the quota and usage services of the control plane followed now.
+        calls = usagehttp.ControlCalls(lambda: following.current_url, headers=headers)
+        watcher = _Together(following, calls)
+        metered = {"quota": calls.quota, "usage": calls.usage, "usage_journal_dir": settings.usage_journal_dir,
+                   "router_id": name}
         sink = reports.HttpSink(name, lambda: following.current_url, headers=headers)
         reporter = signals.Reporter(name, control_url=lambda: following.current_url, headers=headers,
                                     interval_s=proxy.signals_interval)
@@ -94,7 +99,23 @@ def build(settings: RouterSettings, *, token: str = "") -> app_mod.RouterApp:
     else:
         raise ValueError("give a table file or a control-plane URL")
     # serve_metrics: alone, nothing else serves the router's metrics; its own app does.
-    return proxied(holder, proxy, watcher=watcher, source=source, serve_metrics=True, events=sink, signals=reporter)
+    return proxied(holder, proxy, watcher=watcher, source=source, serve_metrics=True, events=sink, signals=reporter,
+                   **metered)
+
+
+class _Together:
+    """Several parts started in order and stopped in reverse, as one ``watcher``."""
+
+    def __init__(self, *parts: app_mod.Lifecycle) -> None:
+        self._parts = parts
+
+    async def start(self) -> None:
+        for part in self._parts:
+            await part.start()
+
+    async def stop(self) -> None:
+        for part in reversed(self._parts):
+            await part.stop()
 
 
 def proxied(holder: table_mod.TableHolder, proxy: ProxySettings, **parts: Any) -> app_mod.RouterApp:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import array
 import asyncio
 import base64
+import collections
 import dataclasses
+import hashlib
 import os
 import sys
 import time
@@ -56,6 +58,8 @@ class SimEngine:
         self.stats = Stats()
         self.ready_at = clock() + config.startup_delay
         self.created = int(time.time())
+        # Prompts seen lately, so a repeated one reports its blocks as cached (``prompt_tokens_details``).
+        self._seen: collections.OrderedDict[bytes, None] = collections.OrderedDict()
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._gate])
@@ -200,6 +204,7 @@ class SimEngine:
         if isinstance(parsed, web.Response):
             return parsed
         body, n_prompt, n_out = parsed
+        cached = self._cached(body, n_prompt, chat=chat)
         self.stats.total += 1
         traceparent = request.headers.get("traceparent")
         if traceparent is not None:
@@ -210,9 +215,10 @@ class SimEngine:
         self.stats.arrivals.append(arrival)
         try:
             if body.get("stream"):
-                response = await self._stream(request, body, n_prompt, n_out, chat=chat, arrival=arrival)
+                response = await self._stream(request, body, n_prompt, n_out, chat=chat, arrival=arrival,
+                                              cached=cached)
             else:
-                response = await self._whole(n_prompt, n_out, chat=chat)
+                response = await self._whole(n_prompt, n_out, chat=chat, cached=cached)
         except (asyncio.CancelledError, ConnectionResetError):
             # The client went away: the handler was cancelled (waiting, prefilling or between
             # tokens), or a write found the connection closed.
@@ -243,11 +249,22 @@ class SimEngine:
         return {"id": f"{prefix}-sim{uuid.uuid4().hex[:24]}", "object": kind, "created": int(time.time()),
                 "model": self.config.model, "system_fingerprint": "llmgw-sim"}
 
-    @staticmethod
-    def _usage(n_prompt: int, n_out: int) -> Json:
-        return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
+    def _cached(self, body: Json, n_prompt: int, *, chat: bool) -> int:
+        """Prompt tokens an engine's prefix cache would hold: whole 16-token blocks of a prompt seen lately."""
+        digest = hashlib.blake2b(dumps(body.get("messages" if chat else "prompt")).encode(), digest_size=16).digest()
+        seen = digest in self._seen
+        self._seen[digest] = None
+        self._seen.move_to_end(digest)
+        if len(self._seen) > 4096:
+            self._seen.popitem(last=False)
+        return n_prompt // 16 * 16 if seen else 0
 
-    async def _whole(self, n_prompt: int, n_out: int, *, chat: bool) -> web.Response:
+    @staticmethod
+    def _usage(n_prompt: int, n_out: int, cached: int = 0) -> Json:
+        return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out,
+                "prompt_tokens_details": {"cached_tokens": cached}}
+
+    async def _whole(self, n_prompt: int, n_out: int, *, chat: bool, cached: int = 0) -> web.Response:
         async with self.slots.held():
             until = self._pace(n_prompt)
             await until(n_out - 1)
@@ -257,13 +274,15 @@ class SimEngine:
             choice: Json = {"index": 0, "message": message, "logprobs": None, "finish_reason": "length"}
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
-        out = self._envelope(chat, chunk=False) | {"choices": [choice], "usage": self._usage(n_prompt, n_out)}
+        out = self._envelope(chat, chunk=False) | {"choices": [choice], "usage": self._usage(n_prompt, n_out, cached)}
         return web.json_response(out, dumps=dumps)
 
     async def _stream(self, request: web.Request, body: Json, n_prompt: int, n_out: int, *,
-                      chat: bool, arrival: dict[str, Any] | None = None) -> web.StreamResponse:
+                      chat: bool, arrival: dict[str, Any] | None = None, cached: int = 0) -> web.StreamResponse:
         options = body.get("stream_options")
         include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        # vLLM's extension: with include_usage, usage so far on every chunk, not only on the last.
+        continuous = include_usage and bool(options.get("continuous_usage_stats"))  # type: ignore[union-attr]
         base = self._envelope(chat, chunk=True)
         if include_usage:
             # The spec: with include_usage, every chunk but the last carries "usage": null.
@@ -274,6 +293,8 @@ class SimEngine:
 
         async def send(choice: Json | None) -> None:
             chunk = base | {"choices": [choice] if choice is not None else []}
+            if "usage" in chunk:
+                chunk["usage"] = chunk.pop("usage")  # last, as vLLM writes it
             await response.write(b"data: " + dumps(chunk).encode() + b"\n\n")
 
         def choice(i: int, text: str, finish: str | None) -> Json:
@@ -286,11 +307,13 @@ class SimEngine:
             until = self._pace(n_prompt)
             for i in range(n_out):
                 await until(i)
+                if continuous:
+                    base["usage"] = self._usage(n_prompt, i + 1, cached)
                 await send(choice(i, f" tok{i}", "length" if i == n_out - 1 else None))
                 if i == 0 and arrival is not None:
                     arrival["first"] = time.monotonic()
         if include_usage:
-            base["usage"] = self._usage(n_prompt, n_out)
+            base["usage"] = self._usage(n_prompt, n_out, cached)
             await send(None)
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()

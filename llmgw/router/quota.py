@@ -1,0 +1,434 @@
+"""Budgets that hold across every router: this router's side of ``core.quota``'s leases (issue 26).
+
+A request's budgets are its key's (``KeyInfo.limits``, with ``rpm``/``tpm`` as requests/tokens per
+minute) and its project's (``Authenticator.projects``). A key and project with none cost nothing
+here: ``admit`` returns None without an allocation or an await.
+
+Otherwise each budget (``core.quota.budget_id``) has a local ``Budget``: the *lease* this router
+holds (what the control plane granted, less what was consumed or given back since), what requests in
+flight *reserve* of it, and what to report. Admission takes, out of the lease, 1 from each requests
+budget, the token reservation (``core.quota.reserve_tokens``) from each tokens budget, that many
+tokens at the output price from spend (nothing when the model has no price) and a slot from
+concurrency. When a lease cannot cover its part, the request waits for one sync (``QuotaSync``
+through the ``QuotaTransport``; one at a time, every waiter's need in it, plus what was used since
+the last); when the answer still cannot cover it and the control plane granted nothing more, the
+request is refused: a 429 in OpenAI's shape naming the budget, its limit, what is used and when it
+resets, with ``Retry-After``. When the answer ends, ``settle`` charges what it used (the engine's
+prompt + completion, its spend) and what it reserved beyond that goes back to the lease.
+
+Every ``sync_every_s`` while anything is held, a background sync reports what was consumed, gives
+back what sat unused for ``idle_return_s`` (concurrency slots not in use at once), and so renews
+the leases (the control plane charges a lease not renewed for ``core.quota.LEASE_TTL_S``). With the
+control plane unreachable, a budget whose lease is empty refuses, saying so (fail closed); the
+others go on out of what is held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from llmgw.api import usage as wire
+from llmgw.core import quota
+from llmgw.router import ratelimit, request
+from llmgw.router.auth import KeyInfo
+from llmgw.router.table import ModelRoute
+
+log = logging.getLogger(__name__)
+
+QuotaTransport = Callable[[wire.QuotaSync], Awaitable[wire.QuotaAnswer]]
+
+SYNC_EVERY_S = 1.0
+IDLE_RETURN_S = 5.0
+#: How old the x-ratelimit headers of an answer may be.
+HEADERS_FOR_S = 0.1
+#: Syncs one request may wait for while grants come in slices smaller than its need.
+MAX_ROUNDS = 12
+_REQUESTS, _TOKENS, _SPEND, _SLOTS = 0, 1, 2, 3
+_CLASS = {**dict.fromkeys(quota.REQUEST_KINDS, _REQUESTS), **dict.fromkeys(quota.TOKEN_KINDS, _TOKENS),
+          quota.SPEND_KIND: _SPEND, quota.CONCURRENCY_KIND: _SLOTS}
+
+
+class Budget:
+    """One budget as this router sees it."""
+
+    __slots__ = ("id", "scope", "kind", "cls", "limit", "reset_at", "lease", "reserved", "consumed", "returned",
+                 "free", "charged", "granted", "known", "unlimited", "used_at", "taken", "win_at", "win_taken", "rate",
+                 "waiting")
+
+    def __init__(self, bid: str, scope: str, kind: str, limit: int, reset_at: float) -> None:
+        self.id, self.scope, self.kind, self.cls = bid, scope, kind, _CLASS[kind]
+        self.limit, self.reset_at = limit, reset_at  # the table's, until the control plane answers
+        self.lease = self.reserved = self.consumed = self.returned = 0
+        self.free = self.charged = self.granted = 0
+        self.known = self.unlimited = False
+        self.used_at = 0.0
+        self.taken = self.win_taken = self.waiting = 0  # taken: units admitted, ever (a rate's numerator)
+        self.win_at = 0.0
+        self.rate = 0.0  # units admitted per second over the last second or more
+
+    def want(self, now: float, every_s: float) -> int:
+        """What to ask for: the waiters' need and what ``2 * every_s`` of use at the recent rate takes."""
+        if not self.win_at:
+            self.win_at = now
+        elif now - self.win_at >= 1.0:
+            self.rate = (self.taken - self.win_taken) / (now - self.win_at)
+            self.win_at, self.win_taken = now, self.taken
+        # Within a window, at least what it took so far: a lease that ran out doubles at each sync.
+        use = max(math.ceil(self.rate * 2 * every_s), self.taken - self.win_taken)
+        return max(0, self.waiting + use - max(0, self.avail))
+
+    @property
+    def avail(self) -> int:
+        return self.lease - self.reserved
+
+    def remaining(self) -> int:
+        """Free for everyone as last said, plus what this router holds unused."""
+        if not self.known:
+            return self.limit
+        return max(0, self.free + self.avail)
+
+
+class Ticket:
+    """What one admitted request took; ``QuotaClient.settle`` gives it back as it was used."""
+
+    __slots__ = ("takes", "plan")
+
+    def __init__(self, takes: list[tuple[Budget, int]], plan: tuple[Budget, ...]) -> None:
+        self.takes = takes
+        self.plan = plan
+
+
+class Pending:
+    """A request whose share the leases held do not cover: ``QuotaClient.wait`` syncs for it."""
+
+    __slots__ = ("takes", "plan")
+
+    def __init__(self, takes: list[tuple[Budget, int]], plan: tuple[Budget, ...]) -> None:
+        self.takes = takes
+        self.plan = plan
+
+
+class BudgetRefused(ratelimit.Throttled):
+    """A 429 naming the budget; its headers carry ``Retry-After`` and the ``x-ratelimit-*`` ones."""
+
+    def __init__(self, message: str, *, code: str, retry_after_s: int, extra: list[tuple[bytes, bytes]]) -> None:
+        super().__init__(message, retry_after_s=retry_after_s)
+        self.code = code
+        self.type = "rate_limit_exceeded" if code == "rate_limit_exceeded" else "insufficient_quota"
+        self._extra = extra
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        return [*super().headers(), *self._extra]
+
+
+class QuotaClient:
+    """Admits requests out of this router's leases and keeps the leases in step with the control plane."""
+
+    def __init__(self, router_id: str, transport: QuotaTransport, *, clock: Callable[[], float] = time.time,
+                 sync_every_s: float = SYNC_EVERY_S, idle_return_s: float = IDLE_RETURN_S,
+                 max_rounds: int = MAX_ROUNDS) -> None:
+        self.router_id = router_id
+        self._transport = transport
+        self._clock = clock
+        self._every_s = sync_every_s
+        self._idle_s = idle_return_s
+        self._rounds = max_rounds
+        self._budgets: dict[str, Budget] = {}
+        self._plans: dict[str, tuple[Any, float, tuple[Budget, ...]]] = {}
+        self._inflight: asyncio.Future[None] | None = None
+        self._started = 0  # syncs started, so a waiter knows whether one included its need
+        self._shown: dict[int, tuple[tuple[Budget, ...], float, list[tuple[bytes, bytes]]]] = {}
+        self.down = False  # the last sync failed: the control plane is unreachable
+        self._loop: asyncio.Task[None] | None = None  # the background sync, running while anything is held
+        #: Syncs answered, for tests.
+        self.syncs = 0
+
+    # -- which budgets ----------------------------------------------------------------------------------
+    def plan(self, key: KeyInfo, projects: Mapping[str, quota.Limits]) -> tuple[Budget, ...]:
+        """The budgets in force for ``key`` now (empty: none, nothing to do)."""
+        if not key.id:
+            return ()
+        project = projects.get(key.project) if key.project else None
+        now = self._clock()
+        cached = self._plans.get(key.id)
+        if cached is not None and now < cached[1] and cached[0][0] is key.limits and cached[0][3] is project \
+                and cached[0][1] == key.rpm and cached[0][2] == key.tpm:
+            return cached[2]  # the same limits objects (the same table): no tuple made, no comparison
+        sig = (key.limits, key.rpm, key.tpm, project)
+        if cached is not None and now < cached[1] and cached[0] == sig:
+            self._plans[key.id] = (sig, cached[1], cached[2])
+            return cached[2]
+        made: list[Budget] = []
+        until = math.inf
+        scopes = [(f"key:{key.id}", _with_minute(key.limits, key.rpm, key.tpm))]
+        if project is not None:
+            scopes.append((f"project:{key.project}", project))
+        for scope, limits in scopes:
+            for kind in limits.in_force():
+                p = quota.period(kind, now)
+                until = min(until, p.end)
+                bid = quota.budget_id(scope, kind, p.id)
+                budget = self._budgets.get(bid)
+                if budget is None:
+                    budget = self._budgets[bid] = Budget(bid, scope, kind, limits.units(kind), p.end)
+                elif cached is not None and cached[0] != sig:
+                    budget.unlimited = False  # the limits changed: ask the control plane again
+                    budget.limit = limits.units(kind)
+                made.append(budget)
+        self._plans[key.id] = (sig, until, tuple(made))
+        return tuple(made)
+
+    # -- admission --------------------------------------------------------------------------------------
+    def take(self, key: KeyInfo, projects: Mapping[str, quota.Limits], route: ModelRoute,
+             req: request.CompletionRequest) -> Ticket | Pending | None:
+        """This request's share of each budget out of what is held, or what to ``wait`` for; None: no budget."""
+        plan = self.plan(key, projects)
+        if not plan:
+            return None
+        takes = _needs(plan, route, req)
+        return self._take(takes, plan) or Pending(takes, plan)
+
+    async def admit(self, key: KeyInfo, projects: Mapping[str, quota.Limits], route: ModelRoute,
+                    req: request.CompletionRequest) -> Ticket | None:
+        """``take``, waiting for a sync when what is held does not cover it; raises ``BudgetRefused``."""
+        taken = self.take(key, projects, route, req)
+        return await self.wait(taken) if isinstance(taken, Pending) else taken
+
+    async def wait(self, pending: Pending) -> Ticket:
+        """Sync until ``pending``'s share is held, or refuse it (``BudgetRefused``)."""
+        takes, plan = pending.takes, pending.plan
+        short = [(b, n) for b, n in takes if not b.unlimited and b.avail < n]
+        for b, n in short:
+            b.waiting += n
+        try:
+            mark = self._started
+            for _ in range(self._rounds):
+                included = await self._synced(mark)
+                ticket = self._take(takes, plan)
+                if ticket is not None:
+                    return ticket
+                if included:
+                    for b, n in takes:
+                        if not b.unlimited and b.avail < n and (self.down or not b.granted):
+                            raise self._refusal(b, n, plan)
+            b, n = next(((b, n) for b, n in takes if not b.unlimited and b.avail < n), short[0])
+            raise self._refusal(b, n, plan)
+        finally:
+            for b, n in short:
+                b.waiting -= n
+
+    def _take(self, takes: list[tuple[Budget, int]], plan: tuple[Budget, ...]) -> Ticket | None:
+        for b, n in takes:
+            if not b.unlimited and b.lease - b.reserved < n:
+                return None
+        now = self._clock()
+        for b, n in takes:
+            b.reserved += n
+            b.taken += n
+            b.used_at = now
+        if self._loop is None or self._loop.done():
+            self._loop = asyncio.ensure_future(self._run())
+        return Ticket(takes, plan)
+
+    def settle(self, ticket: Ticket, tokens: int, spend_micros: int) -> None:
+        """The request ended having used ``tokens`` (prompt + completion) and ``spend_micros``."""
+        for b, n in ticket.takes:
+            b.reserved -= n
+            used = n if b.cls == _REQUESTS else tokens if b.cls == _TOKENS else spend_micros if b.cls == _SPEND else 0
+            b.lease -= used
+            b.consumed += used
+        if self._loop is None or self._loop.done():
+            self._loop = asyncio.ensure_future(self._run())
+
+    # -- syncing ----------------------------------------------------------------------------------------
+    async def _synced(self, mark: int) -> bool:
+        """Wait for a sync; True when it started after ``mark`` (so it carried this waiter's need)."""
+        if self._inflight is None:
+            self._inflight = asyncio.ensure_future(self._sync())
+            self._started += 1
+        number, sync = self._started, self._inflight
+        with contextlib.suppress(Exception):
+            await asyncio.shield(sync)
+        return number > mark
+
+    async def _sync(self) -> None:
+        try:
+            await self._exchange()
+        finally:
+            self._inflight = None
+
+    async def _exchange(self, *, closing: bool = False) -> None:
+        now = self._clock()
+        items: list[wire.QuotaItem] = []
+        sent: list[tuple[Budget, int, int]] = []
+        for b in list(self._budgets.values()):
+            if b.unlimited and not b.consumed:
+                continue
+            over = b.reset_at <= now
+            idle = now - b.used_at >= (self._every_s if b.cls == _SLOTS else self._idle_s)
+            give = b.avail if b.avail > 0 and not b.waiting and (over or idle) else 0
+            b.lease -= give
+            b.returned += give
+            want = 0 if over or closing else b.want(now, self._every_s)
+            if not (b.consumed or b.returned or want or b.lease > 0):
+                if over and not b.reserved:
+                    del self._budgets[b.id]
+                continue
+            items.append(wire.QuotaItem(b.id, b.consumed, b.returned, want))
+            sent.append((b, b.consumed, b.returned))
+            b.consumed = b.returned = 0
+        if not items:
+            return
+        try:
+            answer = await self._transport(wire.QuotaSync(self.router_id, tuple(items)))
+        except Exception as exc:
+            for b, consumed, returned in sent:  # told again next time
+                b.consumed += consumed
+                b.returned += returned
+            if not self.down:
+                log.warning("the budget service (control plane) is unreachable: %s; admitting only out of what "
+                            "this router holds", str(exc) or type(exc).__name__)
+            self.down = True
+            raise
+        if self.down:
+            log.info("the budget service answers again")
+        self.down = False
+        self.syncs += 1
+        for g in answer.items:
+            b = self._budgets.get(g.budget)
+            if b is None:
+                continue
+            # What happened while the sync was in flight is still to be told: the lease is the answer's less it.
+            b.lease = g.held - b.consumed - b.returned
+            b.granted, b.free, b.charged, b.reset_at = g.granted, g.free, g.charged, g.reset_at
+            b.known = True
+            b.unlimited = g.limit == 0
+            if g.limit:
+                b.limit = g.limit
+
+    async def _run(self) -> None:
+        """While anything is held or to be told: a sync every ``sync_every_s``."""
+        while True:
+            await asyncio.sleep(self._every_s)
+            if not any(b.lease > 0 or b.consumed or b.returned or b.reserved for b in self._budgets.values()):
+                return  # nothing held: started again by the next admission
+            with contextlib.suppress(Exception):
+                await self._synced(self._started)
+
+    async def stop(self) -> None:
+        """Give back what is held (one try), then stop."""
+        if self._loop is not None:
+            self._loop.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop
+        for b in self._budgets.values():
+            b.used_at = -math.inf
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._exchange(closing=True), 2.0)
+
+    # -- what the client is told ------------------------------------------------------------------------
+    def headers(self, plan: tuple[Budget, ...]) -> list[tuple[bytes, bytes]]:
+        """OpenAI's ``x-ratelimit-*`` for ``plan``, as they stood at most ``HEADERS_FOR_S`` ago.
+
+        Made once per key every so often rather than per answer (a few microseconds each): remaining is
+        an estimate anyway, the control plane's last word plus what this router holds.
+        """
+        now = self._clock()
+        shown = self._shown.get(id(plan))
+        if shown is not None and shown[0] is plan and now - shown[1] < HEADERS_FOR_S:
+            return shown[2]
+        if len(self._shown) > 10_000:
+            self._shown.clear()
+        made = self.headers_now(plan, now)
+        self._shown[id(plan)] = (plan, now, made)
+        return made
+
+    def headers_now(self, plan: tuple[Budget, ...], now: float) -> list[tuple[bytes, bytes]]:
+        """OpenAI's ``x-ratelimit-*`` for the tightest requests and tokens budget of ``plan``."""
+        out: list[tuple[bytes, bytes]] = []
+        for cls, name in ((_REQUESTS, b"requests"), (_TOKENS, b"tokens")):
+            found = [b for b in plan if b.cls == cls and not b.unlimited]
+            if not found:
+                continue
+            b = min(found, key=Budget.remaining)
+            out += [(b"x-ratelimit-limit-" + name, b"%d" % b.limit),
+                    (b"x-ratelimit-remaining-" + name, b"%d" % b.remaining()),
+                    (b"x-ratelimit-reset-" + name, duration(b.reset_at - now).encode())]
+        return out
+
+    def _refusal(self, b: Budget, need: int, plan: tuple[Budget, ...]) -> BudgetRefused:
+        scope, _, name = b.scope.partition(":")
+        who = f"API key {name}'s" if scope == "key" else f"project {name}'s"
+        now = self._clock()
+        wait = 1 if b.cls == _SLOTS else max(1, math.ceil(b.reset_at - now))
+        code = "rate_limit_exceeded" if b.kind.endswith("_per_minute") or b.cls == _SLOTS else "budget_exceeded"
+        unit = "" if b.cls != _SPEND else " micros"
+        if self.down and b.avail < need:
+            message = (f"The budget service (the control plane) is unreachable and this router holds none of "
+                       f"{who} {b.kind} (limit {b.limit}{unit}); retry in a few seconds.")
+            return BudgetRefused(message, code="rate_limit_exceeded", retry_after_s=1,
+                                 extra=self.headers_now(plan, now))
+        if b.cls == _SLOTS:
+            when = "when one of its requests ends"
+        else:
+            at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(b.reset_at))
+            when = f"at {at} (in {duration(b.reset_at - now)})"
+        message = f"This request exceeds {who} {b.kind}: limit {b.limit}{unit}, used {b.charged}{unit}"
+        if b.cls in (_TOKENS, _SPEND):
+            message += (f", and it reserves {need}{unit} (its prompt and max_tokens; a lower max_tokens "
+                        "needs less)")
+        message += f". It resets {when}."
+        return BudgetRefused(message, code=code, retry_after_s=wait, extra=self.headers_now(plan, now))
+
+
+def _with_minute(limits: quota.Limits, rpm: int, tpm: int) -> quota.Limits:
+    """A key's limits with its ``rpm``/``tpm`` as requests/tokens per minute where its limits set none."""
+    if (not rpm or limits.requests_per_minute) and (not tpm or limits.tokens_per_minute):
+        return limits
+    changes = {}
+    if rpm and not limits.requests_per_minute:
+        changes["requests_per_minute"] = rpm
+    if tpm and not limits.tokens_per_minute:
+        changes["tokens_per_minute"] = tpm
+    return limits.merged(changes)
+
+
+def _needs(plan: tuple[Budget, ...], route: ModelRoute, req: request.CompletionRequest) -> list[tuple[Budget, int]]:
+    """What the request takes of each budget of ``plan``."""
+    takes: list[tuple[Budget, int]] = []
+    tokens = spend = -1
+    for b in plan:
+        if b.cls == _TOKENS or b.cls == _SPEND:
+            if tokens < 0:
+                limit = req.doc.get("max_tokens") or req.doc.get("max_completion_tokens") or 0
+                tokens = quota.reserve_tokens(len(req.body), limit if isinstance(limit, int) else 0)
+                prices = route.prices
+                spend = round(tokens * prices.output_per_1m) if prices is not None else 0
+            if b.cls == _SPEND and not spend:
+                continue  # no price: the request costs nothing
+            takes.append((b, tokens if b.cls == _TOKENS else spend))
+        else:
+            takes.append((b, 1))
+    return takes
+
+
+def duration(seconds: float) -> str:
+    """OpenAI's reset format: ``1s``, ``6m0s``, ``1h30m0s``, ``20ms``."""
+    if not math.isfinite(seconds):
+        return "0s"
+    if seconds < 1:
+        return f"{max(0, round(seconds * 1000))}ms"
+    whole = math.ceil(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes}m{secs}s"
+    if minutes:
+        return f"{minutes}m{secs}s"
+    return f"{secs}s"
