@@ -51,9 +51,9 @@ from llmgw.control.store.history import AUDIT_OUTCOMES, EVENTS_KEPT, AuditEntry,
 from llmgw.control.store.leadership import LeadershipStore, Lease, StoredControlPlane
 from llmgw.control.store.nodes import NodeStore, StoredNode, StoredNodeCert
 from llmgw.control.store.projects import ProjectRefused, ProjectStore, StoredProject, UnknownProject
-from llmgw.control.store.usagequery import UsageQueryStore
 from llmgw.control.store.quotas import QuotaStore
 from llmgw.control.store.usage import UsageStore
+from llmgw.control.store.usagequery import UsageQueryStore
 from llmgw.control.store.workloads import StoredModel, WorkloadStore
 
 __all__ = [
