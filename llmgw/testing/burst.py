@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -141,12 +141,12 @@ class StandaloneRouter:
                                 str(self.port), "--control", self.controls, "--token-file", str(self.token_file),
                                 "--router-id", self.name, "--usage-journal-dir", str(self.journal)],
                                log_path=self.root / f"{self.name}.log")
-        self.proc.wait_http(self.url + "/healthz", timeout=30)
+        self.proc.wait_http(self.url + "/metrics", timeout=30)
 
     def kill(self) -> None:
         assert self.proc is not None
-        os.kill(self.proc.pid, 9)
-        self.proc.proc.wait(timeout=10)
+        self.proc.signal(signal.SIGKILL)
+        self.proc.stop(timeout=10)  # reaps it
 
     def stop(self) -> None:
         if self.proc is not None:

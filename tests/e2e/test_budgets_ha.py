@@ -88,8 +88,8 @@ def test_a_control_plane_killed_mid_burst_loses_nothing_and_grants_nothing_twice
 
     def check() -> bool:
         nonlocal last
-        items = b.get("/api/v1/usage?since=1d&by=key")["items"]
-        last = next((i for i in items if i.get("key") == keys["id"]), {})
+        items = b.get("/api/v1/usage?since=1d&by=key")["rows"]
+        last = next((i for i in items if i.get("group") == keys["id"]), {})
         return (last.get("requests"), last.get("prompt_tokens"), last.get("completion_tokens")) == want
 
     try:
