@@ -42,6 +42,8 @@ from llmgw.control.routerreports import RouterEvents
 from llmgw.control.store import store as store_mod
 from llmgw.control.store.offloop import StoreThread
 from llmgw.control.store.store import Store
+from llmgw.control.usage import prune as usageprune
+from llmgw.control.usage.service import UsageService
 from llmgw.core import pki
 from llmgw.core.errors import LlmgwError
 from llmgw.mirror import app as mirror_app
@@ -139,6 +141,8 @@ class _ControlPlane:
     reports: RouterEvents
     load_signals: loadreports.RouterSignals
     key_uses: keyuse.Writer
+    #: Routers' usage batches and quota syncs (issue 26), the in-process router's and standalone ones' alike.
+    usage: UsageService
 
 
 def _open_store(cfg: ServerConfig) -> Store:
@@ -174,7 +178,7 @@ def _control_plane(cfg: ServerConfig, store: Store, hub: decide.Hub) -> _Control
     # Keys' "last used", as routers report it, written by the leader every few seconds per key at most.
     key_uses = keyuse.Writer(db, leading=lambda: cluster.leading)
     reports.on_key_used = key_uses.note
-    return _ControlPlane(store, db, cluster, reports, load_signals, key_uses)
+    return _ControlPlane(store, db, cluster, reports, load_signals, key_uses, UsageService(db, cfg.usage))
 
 
 def _leadership(cfg: ServerConfig, cp: _ControlPlane, me: leader_mod.Me) -> leader_mod.Leadership:
@@ -215,7 +219,11 @@ def _router(cfg: ServerConfig, cp: _ControlPlane) -> RouterApp:
     return proxied(holder, cfg.router, watcher=watcher, source="this control plane",
                    events=router_events.CallbackSink("server", cp.reports.record),
                    signals=router_signals.Reporter("server", deliver=cp.load_signals.record,
-                                                   interval_s=cfg.router.signals_interval))
+                                                   interval_s=cfg.router.signals_interval),
+                   # Budgets and usage through the same service standalone routers reach over HTTP; the
+                   # router's id is this instance's, so two servers' in-process routers hold separate leases.
+                   quota=cp.usage.sync, usage=cp.usage.ingest, usage_journal_dir=cfg.data_dir / "usage-journal",
+                   router_id=f"server-{leader_mod.instance_id(cfg.data_dir)}")
 
 
 async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
@@ -248,8 +256,9 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
     auth = Auth(cp.db, insecure=cfg.insecure, initial_password=datadir.initial_password_file(cfg.data_dir))
     router = _router(cfg, cp)
     api = create_api(cp.db, cp.cluster, auth=auth,
-                     extra_registries=(router_metrics.REGISTRY, agentsvc_metrics.REGISTRY),
-                     router_events=cp.reports, leadership=leadership, join=_join_point(cfg, advertised, join_port))
+                     extra_registries=(router_metrics.REGISTRY, agentsvc_metrics.REGISTRY, cp.usage.registry),
+                     router_events=cp.reports, leadership=leadership, join=_join_point(cfg, advertised, join_port),
+                     usage=cp.usage)
     # A standby answers routers' tables, /healthz, /metrics and the control planes' list itself, and
     # forwards the rest of the REST API to the leader (which has the agents: node liveness, logs).
     rest = forward_http.standby(api, leadership)
@@ -292,6 +301,7 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
             await mirror.state.mirror.aclose()
         await _stop_grpc(grpc_server)
         await tasks.stop(leadership, lease_task)
+        await cp.usage.close()
         cp.key_uses.close()  # the last uses the router flushed at its shutdown, queued before the store closes
         await asyncio.to_thread(cp.db.close)  # the writes still queued (the agents' disconnects) first
         # Then the lease, given up at once: a standby leads without waiting it out.
@@ -332,7 +342,9 @@ class _Tasks:
             asyncio.create_task(agentsvc_metrics.watch_loop_lag()),
             asyncio.create_task(agentsvc_collector.manage()),
             asyncio.create_task(auditprune.run(cp.db, retention_s=cfg.audit_retention_s,
-                                               leading=lambda: cp.cluster.leading))))
+                                               leading=lambda: cp.cluster.leading)),
+            asyncio.create_task(usageprune.run(cp.db, cfg.usage, leading=lambda: cp.cluster.leading)),
+            asyncio.create_task(cp.usage.follow(cp.cluster.wait_table))))
 
     async def stop(self, leadership: leader_mod.Leadership, lease_task: asyncio.Task[None]) -> None:
         self.reconcile.cancel()

@@ -1,8 +1,11 @@
-"""``llmgw key create|list|disable|enable|delete``: API keys for the router's clients, over ``/api/v1/keys``.
+"""``llmgw key create|list|update|disable|enable|delete``: API keys for the router's clients, over ``/api/v1/keys``.
 
 The secret is printed once, by ``create``, on a line of its own so a script can
 take it with ``| tail -1``; the control plane keeps only its hash, so a lost key
 is replaced (delete it, create another), never shown again.
+
+A key belongs to a project (``--project``, ``default`` unless said) and optionally a user (``--user``);
+its budgets are the ``--tokens-per-day``-style flags (``cli.limitflags``), set by operators and admins.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from llmgw.cli import client as client_mod
+from llmgw.cli.limitflags import limits_cell, with_limit_flags
 from llmgw.core import units
 from llmgw.core.errors import LlmgwError
 
@@ -25,11 +29,12 @@ err_console = Console(stderr=True, soft_wrap=True, highlight=False)
 
 def table(items: list[dict[str, Any]], *, now: float | None = None) -> Table:
     now = time.time() if now is None else now
-    t = Table("ID", "NAME", "MODELS", "RPM", "TPM", "PRIORITY", "DISABLED", "LAST USED")
+    t = Table("ID", "NAME", "PROJECT", "USER", "MODELS", "RPM", "TPM", "PRIORITY", "LIMITS", "DISABLED", "LAST USED")
     for k in items:
-        t.add_row(k["id"], k["name"], ", ".join(k["models"]) or "all", str(k["rpm"] or "unlimited"),
-                  str(k["tpm"] or "unlimited"), str(k["priority"]), "yes" if k.get("disabled") else "no",
-                  units.format_ago(float(k.get("last_used_at") or 0), now=now))
+        t.add_row(k["id"], k["name"], k.get("project", "default"), k.get("user") or "-",
+                  ", ".join(k["models"]) or "all", str(k["rpm"] or "unlimited"),
+                  str(k["tpm"] or "unlimited"), str(k["priority"]), limits_cell(k.get("limits") or {}),
+                  "yes" if k.get("disabled") else "no", units.format_ago(float(k.get("last_used_at") or 0), now=now))
     return t
 
 
@@ -51,17 +56,21 @@ def register(app: typer.Typer) -> None:
     url_opt = typer.Option(None, "--url", help=f"Control plane URL [env LLMGW_URL, default {client_mod.DEFAULT_URL}]")
 
     @key_app.command("create")
+    @with_limit_flags
     def create(
         name: str = typer.Argument(..., help="What the key is for (a person, a service)"),
         models: str = typer.Option("", "--models", help="Comma-separated models it may use [default: all]"),
         rpm: int = typer.Option(0, "--rpm", min=0, help="Requests a minute [0: unlimited]"),
         tpm: int = typer.Option(0, "--tpm", min=0, help="Tokens a minute [0: unlimited]"),
         priority: int = typer.Option(0, "--priority", help="Higher is admitted first when a model is busy"),
+        project: str = typer.Option("default", "--project", help="The project the key belongs to"),
+        user: str = typer.Option("", "--user", help="The user the key is for [default: none in particular]"),
         url: str = url_opt,
+        *, limits: dict[str, Any],
     ) -> None:
         """Create a key and print its secret, this once."""
         body = {"name": name, "models": [m.strip() for m in models.split(",") if m.strip()], "rpm": rpm,
-                "tpm": tpm, "priority": priority}
+                "tpm": tpm, "priority": priority, "project": project, "user": user, "limits": limits}
         try:
             _, doc = _client(url).request("POST", "/api/v1/keys", json=body)
         except LlmgwError as e:
@@ -69,12 +78,38 @@ def register(app: typer.Typer) -> None:
         err_console.print(f"key/{doc['id']} created. Store the key now: it will not be shown again.")
         print(doc["key"], flush=True)  # plain print: a script reads it, Rich could wrap it
 
+    @key_app.command("update")
+    @with_limit_flags
+    def update(
+        key_id: str = typer.Argument(..., help="The key's id, as `llmgw key list` shows it"),
+        models: str | None = typer.Option(None, "--models", help="Comma-separated models it may use ('': all)"),
+        rpm: int | None = typer.Option(None, "--rpm", min=0, help="Requests a minute [0: unlimited]"),
+        tpm: int | None = typer.Option(None, "--tpm", min=0, help="Tokens a minute [0: unlimited]"),
+        url: str = url_opt,
+        *, limits: dict[str, Any],
+    ) -> None:
+        """Change a key's models, rpm, tpm or budgets (budgets: operators and admins); the rest stays."""
+        body: dict[str, Any] = {"rpm": rpm, "tpm": tpm}
+        if models is not None:
+            body["models"] = [m.strip() for m in models.split(",") if m.strip()]
+        if limits:
+            body["limits"] = limits
+        body = {k: v for k, v in body.items() if v is not None}
+        if not body:
+            raise _fail("nothing to change: give --models, --rpm, --tpm or a limit such as --tokens-per-day")
+        try:
+            _, doc = _client(url).request("PATCH", f"/api/v1/keys/{key_id}", json=body)
+        except LlmgwError as e:
+            raise _fail(str(e)) from None
+        console.print(f"key/{key_id} updated: limits {limits_cell(doc['limits'])}")
+
     @key_app.command("list")
     def list_(output: str = typer.Option("table", "-o", "--output", help="table or json"),
+              project: str = typer.Option("", "--project", help="Only this project's keys"),
               url: str = url_opt) -> None:
-        """List keys (never their secrets)."""
+        """List the keys you may see (never their secrets)."""
         try:
-            items = _client(url).get("/api/v1/keys")["items"]
+            items = _client(url).get(f"/api/v1/keys?project={project}" if project else "/api/v1/keys")["items"]
         except LlmgwError as e:
             raise _fail(str(e)) from None
         if output == "json":

@@ -28,8 +28,10 @@ from llmgw.cli import logs as logs_mod
 from llmgw.cli import mirror as mirror_mod
 from llmgw.cli import nodes as nodes_mod
 from llmgw.cli import onboard as onboard_mod
+from llmgw.cli import projects as projects_mod
 from llmgw.cli import settings as settings_mod
 from llmgw.cli import sim as sim_mod
+from llmgw.cli import usage as usage_mod
 from llmgw.cli import users as users_mod
 from llmgw.core.errors import LlmgwError
 from llmgw.router.settings import RouterSettings
@@ -231,6 +233,7 @@ describe_mod.register(app)
 engines_mod.register(app)
 settings_mod.register(app)
 keys_mod.register(app)
+projects_mod.register(app)
 audit_mod.register(app)
 sim_mod.register(app)
 mirror_mod.register(app)
@@ -242,6 +245,7 @@ fabric_mod.register(app)
 login_mod.register(app)
 contexts_mod.register(app)
 users_mod.register(app)
+usage_mod.register(app)
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from llmgw.core import autoscale as autoscale_mod
+from llmgw.core import quota
 from llmgw.core.specplace import Gpus, Resources, resources_doc
 from llmgw.core.specscale import Rollout, autoscale_doc, count_doc
 
@@ -55,12 +56,17 @@ class ModelSpec:
     #: Bounds, targets and windows of the autoscaler; None: ``replicas`` is set by hand. With it,
     #: ``replicas`` is min_replicas, only a floor: the count in force is the autoscaler's.
     autoscale: autoscale_mod.Autoscale | None = None
+    #: ``access.projects``: the projects whose keys may use the model; (): every project. Router-side only.
+    projects: tuple[str, ...] = ()
+    #: ``pricing``: per 1M tokens, turning usage into spend; None: not priced. Router-side only.
+    prices: quota.Prices | None = None
 
     def fingerprint(self) -> str:
         """A short hash of everything that changes the engine process (not replicas, aliases, routing or rollout)."""
         doc = dataclasses.asdict(self)
         # autoscale only moves the count: changing a target or a window must never restart an engine.
-        for key in ("replicas", "aliases", "routing", "rollout", "max_concurrency_per_replica", "autoscale"):
+        for key in ("replicas", "aliases", "routing", "rollout", "max_concurrency_per_replica", "autoscale",
+                    "projects", "prices"):
             doc.pop(key)
         # placement and priority only order future decisions: rolling every
         # replica because a tie-break changed would restart engines for nothing.
@@ -123,4 +129,8 @@ class Model:
             # replicas is the autoscaler's to set: written back, it would be refused as a manual count.
             del spec["replicas"]
             spec["autoscale"] = autoscale_doc(s.autoscale)
+        if s.projects:
+            spec["access"] = {"projects": list(s.projects)}
+        if s.prices is not None:
+            spec["pricing"] = s.prices.to_doc()
         return {"apiVersion": API_VERSION, "kind": "Model", "metadata": {"name": self.name}, "spec": spec}

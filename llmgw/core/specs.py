@@ -79,6 +79,7 @@ from typing import Any
 from llmgw.core import engines as engines_mod
 from llmgw.core import units
 from llmgw.core.errors import SpecError
+from llmgw.core.specaccess import parse_access, parse_pricing
 from llmgw.core.specengine import (
     DTYPES,
     ENV_NAME_RE,
@@ -126,7 +127,7 @@ _META_FIELDS = ("name", "labels")
 _SPEC_FIELDS = ("engine", "served_name", "source", "replicas", "resources", "startup_timeout",
                 "engine_args", "env", "aliases", "routing", "rollout",
                 "max_concurrency_per_replica", "dtype", "context_length", "source_file", "source_sha256",
-                "autoscale")
+                "autoscale", "access", "pricing")
 _PLACEMENT_FIELDS = ("engine_version", "node_selector", "pool", "placement", "priority")
 
 
@@ -168,6 +169,8 @@ def parse_manifest(doc: Any, *, stored: bool = False) -> Model:
         priority=integer(spec_doc.get("priority", 0), "spec.priority", lo=-MAX_PRIORITY, hi=MAX_PRIORITY),
         dtype=parse_dtype(spec_doc.get("dtype")),
         context_length=integer(or_zero(spec_doc.get("context_length")), "spec.context_length", lo=0, hi=MAX_CONTEXT),
+        projects=parse_access(spec_doc.get("access")),
+        prices=parse_pricing(spec_doc.get("pricing")),
     )
     spec = dataclasses.replace(spec, source_file=parse_source_file(spec_doc.get("source_file"), spec.source),
                                source_sha256=parse_source_sha256(spec_doc.get("source_sha256"), spec.source))

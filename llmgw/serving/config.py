@@ -15,6 +15,7 @@ from pathlib import Path
 
 from llmgw.control import leader as leader_mod
 from llmgw.control.reconcile import decide
+from llmgw.control.usage.config import UsageConfig, usage_config
 from llmgw.core.errors import LlmgwError
 from llmgw.mirror import settings as mirror_settings
 from llmgw.router.settings import ProxySettings
@@ -72,6 +73,8 @@ class ServerConfig:
     lease: leader_mod.Timing = leader_mod.Timing()
     #: The in-process router's settings: body size, keepalive, admission, tracing, the HTTP server's limits.
     router: ProxySettings = ProxySettings()
+    #: Usage retention per grain, the request log's, the budget webhook (``control.usage.config``).
+    usage: UsageConfig = UsageConfig()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -151,7 +154,8 @@ def config_of(settings: ServerSettings, env: Mapping[str, str], *, default_data_
                         engine_find_links=settings.engine_find_links, model_installs=settings.model_installs,
                         engine_os_packages=settings.engine_os_packages, database=settings.database,
                         advertise=settings.advertise_address, lease=lease,
-                        fetch_allow_private=settings.fetch_allow_private, router=settings.router)
+                        fetch_allow_private=settings.fetch_allow_private, router=settings.router,
+                        usage=usage_config(settings))
 
 
 #: Every REST answer of an ``--insecure`` server carries this header; the CLI warns on seeing it.

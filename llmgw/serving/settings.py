@@ -92,6 +92,16 @@ class ServerSettings:
     router: ProxySettings = nested(ProxySettings)
     audit_retention: str = setting("90d", help="How long the audit log keeps an entry, e.g. 90d, 720h; the leader "
                                                "deletes older ones")
+    usage_minute_retention: str = setting("2d", help="How long per-minute usage rollups are kept, e.g. 2d, 48h")
+    usage_hour_retention: str = setting("90d", help="How long per-hour usage rollups are kept")
+    usage_day_retention: str = setting("400d", help="How long per-day usage rollups are kept")
+    request_log_retention: str = setting("0s", help="How long the per-request usage log keeps a request, e.g. 7d "
+                                                    "[default 0s: no per-request log, only rollups]")
+    budget_webhook_url: str = setting("", help="POST each budget's crossing of 80 and 100 percent of its limit "
+                                               "as JSON to this URL, retried with backoff [default: no webhook]")
+    budget_webhook_secret_file: Path | None = setting(None, help="A file holding the secret the budget webhook's "
+                                                      "body is signed with (X-Llmgw-Signature: sha256=HMAC); a "
+                                                      "secret is never given on the command line")
     log_level: str = setting("info", help="The log level: debug, info, warning, error")
 
     def __post_init__(self) -> None:
@@ -108,6 +118,14 @@ class ServerSettings:
         if self.audit_retention_s <= 0:
             raise ValueError("--audit-retention must be longer than 0s, e.g. 90d")
         self.lease_s, self.lease_renew_s  # noqa: B018  (ValueError naming the flag)
+        for flag, seconds in (("--usage-minute-retention", self.usage_minute_retention_s),
+                              ("--usage-hour-retention", self.usage_hour_retention_s),
+                              ("--usage-day-retention", self.usage_day_retention_s)):
+            if seconds <= 0:
+                raise ValueError(f"{flag} must be longer than 0s, e.g. 2d")
+        self.request_log_retention_s  # noqa: B018
+        if self.budget_webhook_url and not self.budget_webhook_url.startswith(("http://", "https://")):
+            raise ValueError(f"--budget-webhook-url {self.budget_webhook_url!r}: expected an http(s):// URL")
         if self.engine_find_links and self.engine_index is None:
             raise ValueError("--engine-find-links says what --engine-index is: give --engine-index URL with it")
         if self.engine_index and not self.engine_index.startswith(("http://", "https://", "file:")):
@@ -127,6 +145,22 @@ class ServerSettings:
     @property
     def audit_retention_s(self) -> float:
         return _seconds("--audit-retention", self.audit_retention)
+
+    @property
+    def usage_minute_retention_s(self) -> float:
+        return _seconds("--usage-minute-retention", self.usage_minute_retention)
+
+    @property
+    def usage_hour_retention_s(self) -> float:
+        return _seconds("--usage-hour-retention", self.usage_hour_retention)
+
+    @property
+    def usage_day_retention_s(self) -> float:
+        return _seconds("--usage-day-retention", self.usage_day_retention)
+
+    @property
+    def request_log_retention_s(self) -> float:
+        return _seconds("--request-log-retention", self.request_log_retention)
 
     @property
     def lease_s(self) -> float:

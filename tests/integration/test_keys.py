@@ -72,7 +72,7 @@ def test_keys_over_rest_and_cli_reach_the_endpoints_doc(system: System) -> None:
     assert doc["version"] > version0 and doc["auth"]["required"] is True
     by_id = {k["id"]: k for k in doc["auth"]["keys"]}
     assert by_id[made["id"]] == {"id": made["id"], "sha256": hashlib.sha256(made["key"].encode()).hexdigest(),
-                                 "models": ["sim-a"], "rpm": 60, "tpm": 1000, "priority": 5}
+                                 "models": ["sim-a"], "rpm": 60, "tpm": 1000, "priority": 5, "project": "default"}
     assert by_id[batch_id]["sha256"] == hashlib.sha256(secret.encode()).hexdigest()
     assert made["key"] not in json.dumps(doc) and secret not in json.dumps(doc)
 

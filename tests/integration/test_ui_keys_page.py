@@ -102,27 +102,31 @@ def test_refusal_is_shown_in_words(system: System, browser: Browser) -> None:
 
 
 def test_viewer_sees_keys_without_controls_and_is_refused(system: System, browser: Browser) -> None:
-    """A viewer sees the key list with no [data-mutating] control; a create or disable it posts anyway gets the 403
-    sentence and changes nothing."""
+    """A viewer sees the keys it may (issue 26: a project viewer its own) with no [data-mutating] control; a create or
+    disable it posts anyway gets the 403 sentence and changes nothing."""
     made = system.request("POST", "/api/v1/users", json={"name": "vik", "role": "viewer"})
     assert made.status_code == 201, made.text
+    assert system.request("PUT", "/api/v1/projects/default/members", json={"user": "vik", "role": "viewer"}
+                          ).status_code == 200
+    theirs = system.request("POST", "/api/v1/keys", json={"name": "viks", "user": "vik"})
+    assert theirs.status_code == 201, theirs.text
     browser.log_in("vik", made.json()["password"])
     resp = browser.request("GET", "/ui/keys")
     doc = page(resp)
     assert resp.status_code == 200 and "llmgw · Keys" in resp.text
-    assert any(r.text.startswith("key-") and "standing" in r.text for r in key_rows(doc).values())
+    rows = key_rows(doc)
+    assert theirs.json()["id"] in rows and not any("standing" in r.text for r in rows.values())  # not theirs
     assert not mutating(doc)
     before = len(system.get("/api/v1/keys")["items"])
     refused = browser.request("POST", "/ui/keys", data={"name": "sneaky", "models": "", "rpm": "0", "tpm": "0"})
     error = page(refused).by_id("keys-error")
     assert refused.status_code == 403 and error is not None
-    assert "user vik has role viewer" in error.text and "llmgw user set-role vik" in error.text
+    assert "user vik is a viewer of project 'default'" in error.text and "llmgw project add-member" in error.text
     assert len(system.get("/api/v1/keys")["items"]) == before
-    standing = next(k for k in system.get("/api/v1/keys")["items"] if k["name"] == "standing")
-    switched = browser.request("POST", f"/ui/keys/{standing['id']}/disable")
+    switched = browser.request("POST", f"/ui/keys/{theirs.json()['id']}/disable")
     error = page(switched).by_id("keys-error")
-    assert switched.status_code == 403 and error is not None and "user vik has role viewer" in error.text
-    assert next(k for k in system.get("/api/v1/keys")["items"] if k["id"] == standing["id"])["disabled"] is False
+    assert switched.status_code == 403 and error is not None and "user vik is a viewer" in error.text
+    assert next(k for k in system.get("/api/v1/keys")["items"] if k["id"] == theirs.json()["id"])["disabled"] is False
 
 
 def test_key_disabled_and_enabled_through_the_page_with_its_last_use(system: System, browser: Browser) -> None:

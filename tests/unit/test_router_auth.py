@@ -60,7 +60,8 @@ def test_unknown_key_is_401() -> None:
 def test_known_key_in_scope() -> None:
     """A known key gets its id, limits and priority; the scheme is case-insensitive."""
     key = auth.Authenticator.from_doc(DOC).check(f"bearer  {SECRET}".encode(), "qwen")
-    assert key == auth.KeyInfo(id="key-000001", models=frozenset({"qwen"}), rpm=10, tpm=0, priority=5, project="default")
+    assert key == auth.KeyInfo(id="key-000001", models=frozenset({"qwen"}), rpm=10, tpm=0, priority=5,
+                               project="default")
 
 
 def test_scope_is_403_naming_allowed_models() -> None:

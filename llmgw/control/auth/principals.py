@@ -85,6 +85,10 @@ def required(method: str, path: str) -> Need | None:
         return Need(ADMIN)
     if _under(path, "/api/v1/tokens"):  # join tokens make nodes: an admin's, as `llmgw token create` was on the host
         return Need(ADMIN)
+    if _under(path, "/api/v1/projects") or _under(path, "/api/v1/keys"):
+        # Issue 26: a project's owner and members manage keys there too; the handlers make the fine checks
+        # (``projectaccess``), as only the store knows who belongs to which project.
+        return Need(VIEWER)
     if method in ("GET", "HEAD"):
         if path == "/api/v1/endpoints":  # every engine's address and bearer key: routers only
             return Need(router=True)
@@ -93,7 +97,8 @@ def required(method: str, path: str) -> Need | None:
         if path == "/api/v1/controlplanes":  # who leads and where (`llmgw get controlplanes`): every user role
             return Need(VIEWER)
         return Need(VIEWER)
-    if method == "POST" and path in ("/api/v1/router/events", "/api/v1/router/signals"):
+    if method == "POST" and path in ("/api/v1/router/events", "/api/v1/router/signals", "/api/v1/router/usage",
+                                     "/api/v1/router/quota"):
         return Need(router=True)
     if method == "POST" and path == "/api/v1/logout":  # anyone logged in may end their own token
         return Need(VIEWER)

@@ -6,7 +6,8 @@
 - ``replicas``; ``events``; ``weights``; ``engines``; ``fabric`` (RDMA tests).
 - ``routers``: what routers read and report (endpoints table, ejections, load signals);
   ``routercreds``: routers' credentials.
-- ``keys`` (the OpenAI API's keys), ``users``, ``login``, ``tokens`` (join tokens), ``settings``, ``audit``.
+- ``keys`` (the OpenAI API's keys, each in a project), ``projects`` (projects, members, limits), ``users``,
+  ``login``, ``tokens`` (join tokens), ``settings``, ``audit``.
 - ``meta``: health, whoami, control planes; ``metrics``: Prometheus.
 
 Shared: ``schemas`` (response models), ``apierrors`` (the refusals; ``errors``: their JSON shape),

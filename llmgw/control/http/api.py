@@ -27,9 +27,11 @@ from llmgw.control.http import (
     models,
     nodecerts,
     nodes,
+    projects,
     replicas,
     routercreds,
     routers,
+    routerusage,
     settings,
     tokens,
     users,
@@ -37,15 +39,17 @@ from llmgw.control.http import (
 )
 from llmgw.control.http import audit as audit_http
 from llmgw.control.http import forward as forward_http
+from llmgw.control.http import usage as usage_http
 from llmgw.control.http.errors import REFUSALS, install
 from llmgw.control.routerreports import RouterEvents
 from llmgw.control.store.offloop import StoreThread
 from llmgw.control.store.store import Store
+from llmgw.control.usage.service import UsageService
 
 
 def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extra_registries: tuple[Any, ...] = (),
                router_events: RouterEvents | None = None, leadership: forward_http.View | None = None,
-               join: tokens.JoinPoint | None = None) -> FastAPI:
+               join: tokens.JoinPoint | None = None, usage: UsageService | None = None) -> FastAPI:
     """The REST app; ``extra_registries`` (the in-process router's) are served on the same /metrics.
 
     Every store call is awaited on the store's thread (``store.offloop``), never made on the
@@ -55,6 +59,8 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extr
     keyword so that no caller gets an open API by leaving it out. ``leadership`` (``leader.Leadership``)
     is what ``/api/v1/controlplanes`` lists; None (a single server): an empty list. ``join``: where agents
     join this server, for the command ``POST /api/v1/tokens`` answers; None: no join port (``--insecure``).
+    ``usage``: what answers routers' usage and quota documents (the server's, which its in-process router
+    shares); a fresh one over ``store`` when not given.
     """
     reports = router_events if router_events is not None else RouterEvents()
     app = FastAPI(title="llmgw control plane", version="v1", docs_url=None, redoc_url=None,
@@ -73,7 +79,9 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extr
                  events.router(db), weights.router(db, cluster), fabric.router(cluster),
                  engines.router(db, cluster), settings.router(db), meta.router(leadership),
                  models.router(db, cluster), replicas.router(db, cluster, reports), routers.router(cluster, reports),
-                 nodes.router(db, cluster)):
+                 nodes.router(db, cluster),
+                 projects.router(db, cluster), routerusage.router(usage or UsageService(db))):
         app.include_router(part, responses=REFUSALS)
+    app.include_router(usage_http.router(db), responses=REFUSALS)
     app.include_router(metrics.router(db, cluster, reports, extra_registries))  # text, and refuses nothing itself
     return app

@@ -80,6 +80,12 @@ AUDITED: tuple[Audited, ...] = (
     _route("DELETE", "/api/v1/keys/{name}", "key delete", "key"),
     _route("POST", "/api/v1/keys/{name}/disable", "key disable", "key"),
     _route("POST", "/api/v1/keys/{name}/enable", "key enable", "key"),
+    _route("PATCH", "/api/v1/keys/{name}", "key update", "key"),
+    _route("POST", "/api/v1/projects", "project create", "project"),  # the name is in the body
+    _route("DELETE", "/api/v1/projects/{name}", "project delete", "project"),
+    _route("PUT", "/api/v1/projects/{name}/members", "project member set", "project"),
+    _route("DELETE", "/api/v1/projects/{name}/members/[^/]+", "project member remove", "project"),
+    _route("PUT", "/api/v1/projects/{name}/limits", "project set-limits", "project"),
     _route("POST", "/api/v1/users", "user create", "user"),  # the name is in the body
     _route("PUT", "/api/v1/users/{name}", "user change", "user"),
     _route("DELETE", "/api/v1/users/{name}", "user delete", "user"),
@@ -100,6 +106,10 @@ NOT_AUDITED: dict[tuple[str, str], str] = {
                                        "no desired state, and the events log keeps it",
     ("POST", "/api/v1/router/signals"): "a router's load report, every 2 s from each router; it changes no desired "
                                         "state, and each change of count it leads to is an Autoscaled event",
+    ("POST", "/api/v1/router/usage"): "a router's metered requests, every few seconds from each router; the usage "
+                                      "rollups are their record",
+    ("POST", "/api/v1/router/quota"): "a router's quota sync, every second or so from each router; a budget's "
+                                      "thresholds are audited as they are crossed",
 }
 
 

@@ -11,6 +11,11 @@ no listing ever carries either. Any change kicks the cluster, whose next table
 disabled key is left out of it, so routers refuse it (401) as they do a deleted
 one, and enabling it puts it back with the same secret.
 
+Keys belong to a project (``default`` unless said) and optionally a user (issue 26). Any logged-in
+user reaches these paths; ``auth.projectaccess`` decides the rest: operators and admins every key, a
+project's owner every key of the project, a member its own (``user`` itself) there. Only operators and
+admins set a key's ``limits``. A key the caller may not see is answered as one that does not exist.
+
 ``last_used_at`` is when a router last let the key call the OpenAI API, as routers
 report it (``control.keyuse``); 0 means never.
 """
@@ -24,12 +29,15 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import pydantic
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Depends, Request, Response
 
+from llmgw.control.auth.projectaccess import limits_refusal
 from llmgw.control.http import schemas
 from llmgw.control.http.apierrors import NotFound, Unavailable
+from llmgw.control.http.projects import access_of, denied, gate, limits_from, no_project, printable
 from llmgw.control.store.offloop import StoreThread
-from llmgw.control.store.store import KeyIdTaken, StoredKey
+from llmgw.control.store.store import KeyIdTaken, StoredKey, UnknownProject
+from llmgw.core import quota
 
 SECRET_PREFIX = "llmgw-"
 
@@ -60,16 +68,24 @@ class KeyCreate(pydantic.BaseModel):
     rpm: int = pydantic.Field(default=0, ge=0, le=_MAX_LIMIT)
     tpm: int = pydantic.Field(default=0, ge=0, le=_MAX_LIMIT)
     priority: int = pydantic.Field(default=0, ge=-1000, le=1000)
+    project: str = pydantic.Field(default=quota.DEFAULT_PROJECT, max_length=63)
+    user: str = pydantic.Field(default="", max_length=63, description="The user the key is for; '': the project's")
+    limits: dict[str, Any] = pydantic.Field(default_factory=dict, description="A partial core.quota.Limits document")
 
-    @pydantic.field_validator("name", "models")
-    @classmethod
-    def _text(cls, value: str | list[str]) -> str | list[str]:
-        # JSON may carry lone surrogates ("\udb8b"), which no store or log can encode: found by the
-        # REST fuzz (tests/integration/test_rest_fuzz.py) as a 500.
-        for text in [value] if isinstance(value, str) else value:
-            if any(0xD800 <= ord(c) <= 0xDFFF or ord(c) < 0x20 for c in text):
-                raise ValueError("must be printable text (no control characters or lone surrogates)")
-        return value
+    _printable = pydantic.field_validator("name", "models", "project", "user")(printable)
+
+
+class KeyUpdate(pydantic.BaseModel):
+    """What ``PATCH /api/v1/keys/{id}`` changes; a field left out stays as it is."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    models: list[str] | None = pydantic.Field(default=None, max_length=1000)
+    rpm: int | None = pydantic.Field(default=None, ge=0, le=_MAX_LIMIT)
+    tpm: int | None = pydantic.Field(default=None, ge=0, le=_MAX_LIMIT)
+    limits: dict[str, Any] | None = pydantic.Field(default=None, description="Partial: 0 or null removes a kind")
+
+    _printable = pydantic.field_validator("models")(printable)
 
 
 class Key(schemas.Body):
@@ -84,6 +100,9 @@ class Key(schemas.Body):
     created_at: schemas.Number
     disabled: bool
     last_used_at: schemas.Number
+    project: str
+    user: str
+    limits: dict[str, schemas.Number]
 
 
 class KeyCreated(Key):
@@ -109,7 +128,8 @@ def key_doc(key: StoredKey) -> dict[str, Any]:
     """A key as the REST API lists it: never the secret, never the hash."""
     return {"id": key.id, "name": key.name, "models": list(key.models), "rpm": key.rpm, "tpm": key.tpm,
             "priority": key.priority, "created_at": key.created_at, "disabled": key.disabled,
-            "last_used_at": key.last_used_at}
+            "last_used_at": key.last_used_at, "project": key.project, "user": key.user,
+            "limits": key.limits.to_doc()}
 
 
 def _missing(key_id: str) -> NotFound:
@@ -118,21 +138,45 @@ def _missing(key_id: str) -> NotFound:
 
 def router(db: StoreThread, cluster: _Kicker, *, new_id: Callable[[], str] = new_key_id) -> APIRouter:
     """``new_id`` draws a key's id (a test gives one that clashes)."""
-    r = APIRouter()
+    r = APIRouter(dependencies=[Depends(gate(db))])
+
+    async def mine(request: Request, key_id: str) -> StoredKey:
+        """The key, when the caller may change it; else 404 (not seen) or 403 (seen, not theirs to change)."""
+        access = await access_of(request, db)
+        key = await db.call(db.store.get_key, key_id)
+        if key is None or not access.sees_key(key.project, key.user):
+            raise _missing(key_id)
+        if not access.changes_key(key.project, key.user):
+            raise denied(access.why_not(f"changing key {key_id}", key.project))
+        return key
 
     @r.post("/api/v1/keys", status_code=201, response_model=KeyCreated)
-    async def create_key(body: KeyCreate, response: Response) -> dict[str, Any]:
-        """Creates a key; the answer's ``key`` is the secret, shown this once."""
+    async def create_key(body: KeyCreate, response: Response, request: Request) -> dict[str, Any]:
+        """Creates a key in a project (``default`` unless said); the answer's ``key`` is the secret, shown once."""
+        access = await access_of(request, db)
+        project, user = body.project.strip(), body.user.strip()
+        if not access.sees_project(project):
+            raise no_project(project)
+        if not user and not access.manages_project(project):
+            user = access.user  # a member's key is its own: saying so is not needed
+        if not access.makes_key(project, user):
+            raise denied(access.why_not("creating a key", project))
+        limits = limits_from(body.limits)
+        if limits.any and not access.manager:
+            raise denied(limits_refusal(access.principal))
         models = [m.strip() for m in body.models if m.strip()]
         secret = new_secret()
         for _ in range(ID_TRIES):
             try:
                 key = await db.add_key(StoredKey(id=new_id(), name=body.name.strip(), sha256=hash_secret(secret),
                                                  models=tuple(models), rpm=body.rpm, tpm=body.tpm,
-                                                 priority=body.priority, created_at=time.time()))
+                                                 priority=body.priority, created_at=time.time(), project=project,
+                                                 user=user, limits=limits))
                 break
             except KeyIdTaken:
                 continue
+            except UnknownProject:
+                raise no_project(project) from None
         else:
             raise Unavailable(f"no free key id in {ID_TRIES} draws; try again, and if it persists report it",
                               code="key_id_taken")
@@ -141,17 +185,40 @@ def router(db: StoreThread, cluster: _Kicker, *, new_id: Callable[[], str] = new
         return {**key_doc(key), "key": secret}
 
     @r.get("/api/v1/keys", response_model=KeyList)
-    async def list_keys() -> dict[str, Any]:
-        return {"items": [key_doc(k) for k in await db.list_keys()]}
+    async def list_keys(request: Request, project: str = "") -> dict[str, Any]:
+        """The keys the caller may see (operators and admins: all; an owner: its projects'; others: their own);
+        ``project`` keeps one project's."""
+        access = await access_of(request, db)
+        return {"items": [key_doc(k) for k in await db.list_keys()
+                          if access.sees_key(k.project, k.user) and (not project or k.project == project)]}
+
+    @r.patch("/api/v1/keys/{key_id}", response_model=Key)
+    async def update_key(key_id: str, body: KeyUpdate, request: Request) -> dict[str, Any]:
+        """Changes a key's models, rpm, tpm or limits (limits: operators and admins only); routers follow."""
+        key = await mine(request, key_id)
+        limits = None
+        if body.limits is not None:
+            access = await access_of(request, db)
+            if not access.manager:
+                raise denied(limits_refusal(access.principal))
+            limits = limits_from(body.limits, key.limits)
+        models = None if body.models is None else tuple(m.strip() for m in body.models if m.strip())
+        changed = await db.call(db.store.update_key, key_id, models=models, rpm=body.rpm, tpm=body.tpm, limits=limits)
+        if changed is None:
+            raise _missing(key_id)
+        cluster.kick()
+        return key_doc(changed)
 
     @r.delete("/api/v1/keys/{key_id}", response_model=schemas.Deleted)
-    async def delete_key(key_id: str) -> dict[str, Any]:
+    async def delete_key(key_id: str, request: Request) -> dict[str, Any]:
+        await mine(request, key_id)
         if not await db.delete_key(key_id):
             raise _missing(key_id)
         cluster.kick()
         return {"deleted": key_id}
 
-    async def set_disabled(key_id: str, disabled: bool) -> dict[str, Any]:
+    async def set_disabled(request: Request, key_id: str, disabled: bool) -> dict[str, Any]:
+        await mine(request, key_id)
         key = await db.set_key_disabled(key_id, disabled)
         if key is None:
             raise _missing(key_id)
@@ -159,13 +226,13 @@ def router(db: StoreThread, cluster: _Kicker, *, new_id: Callable[[], str] = new
         return key_doc(key)
 
     @r.post("/api/v1/keys/{key_id}/disable", response_model=Key)
-    async def disable_key(key_id: str) -> dict[str, Any]:
+    async def disable_key(key_id: str, request: Request) -> dict[str, Any]:
         """Disables a key: routers refuse it (401) from their next table on; it stays listed, to enable again."""
-        return await set_disabled(key_id, True)
+        return await set_disabled(request, key_id, True)
 
     @r.post("/api/v1/keys/{key_id}/enable", response_model=Key)
-    async def enable_key(key_id: str) -> dict[str, Any]:
+    async def enable_key(key_id: str, request: Request) -> dict[str, Any]:
         """Enables a disabled key again, with the same secret."""
-        return await set_disabled(key_id, False)
+        return await set_disabled(request, key_id, False)
 
     return r

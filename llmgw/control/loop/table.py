@@ -33,7 +33,7 @@ def _model_route(spec: specs.ModelSpec, name: str, in_force_spec: specs.ModelSpe
         # Read by the router's admission; 0 is no limit.
         concurrency_per_replica=spec.max_concurrency_per_replica,
         state=st.state, message=st.message,
-        endpoints=tuple(routing.EndpointDoc(r.id, r.endpoint, r.api_key)
+        endpoints=tuple(routing.EndpointDoc(r.id, r.endpoint, r.api_key, node=r.node_id or "")
                         for r in mine if r.phase is Phase.READY and r.endpoint),
         # Replicas out of routing because their engine stopped answering (``router.hung``): a router gives
         # up the requests still waiting for their first byte there and sends them to another replica.
@@ -42,6 +42,8 @@ def _model_route(spec: specs.ModelSpec, name: str, in_force_spec: specs.ModelSpe
         # A model at zero with this is held by the router, not refused.
         autoscale=None if auto is None else routing.AutoscaleHint(auto.min_replicas, auto.max_replicas,
                                                                   auto.cold_start_timeout_s),
+        # Issue 26: keys of other projects get 404 for it; its prices turn usage into spend.
+        projects=spec.projects, prices=spec.prices,
     )
 
 
@@ -57,12 +59,16 @@ def build_endpoints_doc(store: Store, now: float) -> routing.EndpointsDoc:
         models.append(_model_route(m.spec, m.name, in_force({m.name: m.spec}, states)[m.name],
                                    by_model.get(m.name, []), now))
     stored_keys = store.list_keys()
-    keys = tuple(routing.KeyEntry(k.id, k.sha256, tuple(k.models), k.rpm, k.tpm, k.priority)
+    keys = tuple(routing.KeyEntry(k.id, k.sha256, tuple(k.models), k.rpm, k.tpm, k.priority, project=k.project,
+                                  user=k.user, limits=k.limits)
                  for k in stored_keys if not k.disabled)
+    # Only projects with budgets: the rest need nothing from a router but their name, which each key carries.
+    projects = tuple(routing.ProjectEntry(name, limits) for name, limits in sorted(store.project_limits().items()))
     # Required only once a key exists, so a fresh `make up` keeps answering without one. A disabled
     # key counts: with every key disabled everyone is refused, where following the enabled keys
     # opened the API to anyone the moment the last one was disabled.
-    return routing.EndpointsDoc(models=tuple(models), auth=routing.AuthDoc(required=bool(stored_keys), keys=keys))
+    return routing.EndpointsDoc(models=tuple(models), auth=routing.AuthDoc(required=bool(stored_keys), keys=keys,
+                                                                                    projects=projects))
 
 
 class TablePublisher:

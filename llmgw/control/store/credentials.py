@@ -8,7 +8,9 @@ from collections.abc import Iterable, Mapping
 import sqlalchemy as sa
 
 from llmgw.control.store.base import StoreBase
-from llmgw.control.store.tables import ApiKeyRow, ApiTokenRow, TokenRow, UserRow
+from llmgw.control.store.projects import UnknownProject
+from llmgw.control.store.tables import ApiKeyRow, ApiTokenRow, ProjectMemberRow, ProjectRow, TokenRow, UserRow
+from llmgw.core import quota
 from llmgw.core.errors import LlmgwError
 
 
@@ -30,6 +32,9 @@ class StoredKey:
     created_at: float = 0.0
     disabled: bool = False
     last_used_at: float = 0.0  # 0: never used
+    project: str = quota.DEFAULT_PROJECT
+    user: str = ""  # the user the key was made for; "": the project's, no one's in particular
+    limits: quota.Limits = quota.Limits()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -71,7 +76,8 @@ class StoredApiToken:
 def _key_from_row(row: ApiKeyRow) -> StoredKey:
     return StoredKey(id=row.id, name=row.name, sha256=row.sha256, models=tuple(row.models or ()), rpm=row.rpm,
                      tpm=row.tpm, priority=row.priority, created_at=row.created_at, disabled=row.disabled,
-                     last_used_at=row.last_used_at or 0.0)
+                     last_used_at=row.last_used_at or 0.0, project=row.project or quota.DEFAULT_PROJECT,
+                     user=row.user or "", limits=quota.Limits.from_doc(row.limits or {}))
 
 
 def _api_token(r: ApiTokenRow) -> StoredApiToken:
@@ -83,12 +89,16 @@ class CredentialStore(StoreBase):
 
     # -- API keys ----------------------------------------------------------------
     def add_key(self, key: StoredKey) -> StoredKey:
-        """Stores a new key; KeyIdTaken when another key has its id (the caller draws another id)."""
+        """Stores a new key; KeyIdTaken when another key has its id (the caller draws another id),
+        UnknownProject when its project does not exist."""
         try:
             with self._tx() as s:
+                if s.get(ProjectRow, key.project) is None:
+                    raise UnknownProject(key.project)
                 s.add(ApiKeyRow(id=key.id, name=key.name, sha256=key.sha256, models=list(key.models), rpm=key.rpm,
                                 tpm=key.tpm, priority=key.priority, created_at=key.created_at,
-                                disabled=key.disabled))
+                                disabled=key.disabled, project=key.project, user=key.user,
+                                limits=key.limits.to_doc()))
         except sa.exc.IntegrityError:
             with self._session() as s:
                 if s.get(ApiKeyRow, key.id) is None:
@@ -100,6 +110,28 @@ class CredentialStore(StoreBase):
         with self._session() as s:
             rows = s.scalars(sa.select(ApiKeyRow).order_by(ApiKeyRow.created_at, ApiKeyRow.id))
             return [_key_from_row(r) for r in rows]
+
+    def get_key(self, key_id: str) -> StoredKey | None:
+        with self._session() as s:
+            row = s.get(ApiKeyRow, key_id)
+            return None if row is None else _key_from_row(row)
+
+    def update_key(self, key_id: str, *, models: tuple[str, ...] | None = None, rpm: int | None = None,
+                   tpm: int | None = None, limits: quota.Limits | None = None) -> StoredKey | None:
+        """Changes what is given (None: unchanged); the key as it is now, or None when no such key exists."""
+        with self._tx() as s:
+            row = s.get(ApiKeyRow, key_id)
+            if row is None:
+                return None
+            if models is not None:
+                row.models = list(models)
+            if rpm is not None:
+                row.rpm = rpm
+            if tpm is not None:
+                row.tpm = tpm
+            if limits is not None:
+                row.limits = limits.to_doc()
+            return _key_from_row(row)
 
     def delete_key(self, key_id: str) -> bool:
         with self._tx() as s:
@@ -178,6 +210,7 @@ class CredentialStore(StoreBase):
                 return False
             s.execute(sa.delete(ApiTokenRow).where(ApiTokenRow.subject == name,
                                                    ApiTokenRow.kind.in_(("user", "session"))))
+            s.execute(sa.delete(ProjectMemberRow).where(ProjectMemberRow.user == name))
             s.delete(row)
             return True
 

@@ -12,9 +12,13 @@ through the fenced transaction of ``base.StoreBase``:
 - ``workloads``: models, replicas and their conditions;
 - ``nodes``: nodes and their certificates;
 - ``credentials``: API keys, bootstrap tokens, users, REST tokens;
+- ``projects``: projects, their members and limits (issue 26);
 - ``history``: events and the audit log;
 - ``leadership``: the leader lease and the control plane instances;
-- ``clusterwide``: engine wants, settings, the autoscaler's state.
+- ``clusterwide``: engine wants, settings, the autoscaler's state;
+- ``usagequery``: usage read from the rollups, and who belongs to which project.
+- ``usage``: routers' usage rollups, applied once per record;
+- ``quotas``: the quota ledger and routers' leases.
 
 The records and errors are importable from here, where callers have always found them.
 """
@@ -46,18 +50,23 @@ from llmgw.control.store.credentials import (
 from llmgw.control.store.history import AUDIT_OUTCOMES, EVENTS_KEPT, AuditEntry, HistoryStore
 from llmgw.control.store.leadership import LeadershipStore, Lease, StoredControlPlane
 from llmgw.control.store.nodes import NodeStore, StoredNode, StoredNodeCert
+from llmgw.control.store.projects import ProjectRefused, ProjectStore, StoredProject, UnknownProject
+from llmgw.control.store.quotas import QuotaStore
+from llmgw.control.store.usage import UsageStore
+from llmgw.control.store.usagequery import UsageQueryStore
 from llmgw.control.store.workloads import StoredModel, WorkloadStore
 
 __all__ = [
     "AUDIT_OUTCOMES", "EVENTS_KEPT", "MIGRATIONS", "MIGRATION_LOCK_KEY", "STANDBY", "URL_SCHEMES",
     "AuditEntry", "Fenced", "KeyIdTaken", "Lease", "Store", "StoreUnreachable", "StoreUrlRefused",
     "StoredApiToken", "StoredAutoscale", "StoredControlPlane", "StoredKey", "StoredModel", "StoredNode",
-    "StoredNodeCert", "StoredToken", "StoredUser", "check_url", "sqlite_url", "unreachable",
+    "StoredNodeCert", "StoredToken", "StoredUser", "check_url",
+    "ProjectRefused", "StoredProject", "UnknownProject", "sqlite_url", "unreachable",
 ]
 
 
-class Store(WorkloadStore, NodeStore, CredentialStore, HistoryStore, LeadershipStore, ClusterwideStore,
-            StoreBase):
+class Store(WorkloadStore, NodeStore, CredentialStore, ProjectStore, HistoryStore, LeadershipStore,
+            ClusterwideStore, UsageStore, QuotaStore, UsageQueryStore, StoreBase):
     """The cluster's state in SQLite or PostgreSQL: open with ``Store.open``/``Store.open_url``.
 
     ``fence`` (``StoreBase``) guards every write of the cluster's state; see ``base.StoreBase._tx``.

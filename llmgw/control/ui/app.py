@@ -25,6 +25,8 @@ from llmgw.control.ui import (
     nodes_page,
     overview_page,
     playground_page,
+    projects_page,
+    usage_page,
     users_page,
 )
 from llmgw.control.ui.common import HERE, SessionEnded, Ui
@@ -55,11 +57,13 @@ def create_ui(api: ASGIApp) -> ASGIApp:
         *overview_page.routes(ui),
         *login_page.routes(ui),
         *keys_page.routes(ui),
+        *projects_page.routes(ui),
         *models_page.routes(ui),
         *nodes_page.routes(ui),
         *playground_page.routes(ui),
         *audit_page.routes(ui),
         *users_page.routes(ui),
+        *usage_page.routes(ui),
         Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
     ])
     # The security headers outermost, so the bare-path redirect and the guard's own answers carry them too.

@@ -3,7 +3,9 @@ this once, with a copy button), scoped to models and limited; disable, enable or
 
 Every action is the REST API's (``/api/v1/keys``) called with the browser's own credential, so a
 viewer's refusal is the API's 403 sentence and the page never needs its own permission rules; the
-controls are only left out for a viewer so that nobody is offered a button that would be refused.
+controls are only left out for a viewer in no project (as owner or member) so that nobody is offered
+a button that would be refused. The list is what the API lets the caller see (issue 26: an owner its
+projects' keys, a member its own), each with its project and user.
 """
 
 from __future__ import annotations
@@ -50,7 +52,11 @@ def _when(at: float) -> str:
 async def _render(ui: common.Ui, request: Request, *, status_code: int = 200, error: str = "",
                   created: dict[str, Any] | None = None, form: dict[str, str] | None = None) -> Response:
     answer, _ = await ui.call(request, "GET", "/api/v1/keys")
+    projects, _ = await ui.call(request, "GET", "/api/v1/projects")
     who = await ui.who(request)
+    # The projects a key may be made in: every one for an operator, an owner's or member's own for others.
+    makes_in = [p["name"] for p in projects.doc.get("items", [])
+                if who[1] in EDITORS or p.get("role") in ("owner", "member")]
     now = time.time()
     items = [{**k, "created": time.strftime("%Y-%m-%d %H:%M", time.localtime(float(k.get("created_at", 0)))),
               "last_used": units.format_ago(float(k.get("last_used_at") or 0), now=now),
@@ -58,7 +64,7 @@ async def _render(ui: common.Ui, request: Request, *, status_code: int = 200, er
              for k in answer.doc.get("items", [])]
     return ui.page(request, "keys.html", status_code=status_code, title="Keys", who=who, keys=items,
                    list_error=answer.error, error=error, created=created,
-                   form=form or {}, editable=who[1] in EDITORS)
+                   form=form or {}, editable=who[1] in EDITORS or bool(makes_in), projects=makes_in)
 
 
 async def keys(ui: common.Ui, request: Request) -> Response:
@@ -73,7 +79,8 @@ async def create(ui: common.Ui, request: Request) -> Response:
     if rpm_error or tpm_error or priority_error:
         return await _render(ui, request, status_code=422, error=rpm_error or tpm_error or priority_error, form=form)
     body = {"name": form.get("name", "").strip(), "rpm": rpm, "tpm": tpm, "priority": priority,
-            "models": [m.strip() for m in form.get("models", "").split(",") if m.strip()]}
+            "models": [m.strip() for m in form.get("models", "").split(",") if m.strip()],
+            "project": form.get("project", "").strip() or "default", "user": form.get("user", "").strip()}
     answer, _ = await ui.call(request, "POST", "/api/v1/keys", json=body)
     if answer.error:
         return await _render(ui, request, status_code=answer.status, error=answer.error, form=form)
