@@ -97,3 +97,5 @@ def test_a_control_plane_killed_mid_burst_loses_nothing_and_grants_nothing_twice
     except TimeoutError:
         pass
     assert (last.get("requests"), last.get("prompt_tokens"), last.get("completion_tokens")) == want, (last, s)
+    print(f"\ncontrol plane killed mid-burst: served {s.served} of {REQUESTS_PER_DAY}, refused {s.refused}; "
+          f"stored {last.get('requests')} requests, {last.get('completion_tokens')} completion tokens")
