@@ -139,7 +139,9 @@ class StandaloneRouter:
     def start(self) -> None:
         self.proc = Proc.start([sys.executable, "-m", "llmgw.router.standalone", "--host", "127.0.0.1", "--port",
                                 str(self.port), "--control", self.controls, "--token-file", str(self.token_file),
-                                "--router-id", self.name, "--usage-journal-dir", str(self.journal)],
+                                "--router-id", self.name, "--usage-journal-dir", str(self.journal),
+                                # The burst comes from one address, with more connections than the default cap.
+                                "--max-connections-per-address", "0"],
                                log_path=self.root / f"{self.name}.log")
         self.proc.wait_http(self.url + "/metrics", timeout=30)
 

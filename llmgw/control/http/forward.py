@@ -5,8 +5,9 @@ fabric tests and every change (which must pass the leader's fence and reach its 
 live only on the leader. ``standby(app, leadership)`` wraps the REST app: while this instance leads
 every request goes to ``app``; while it stands by, only what reads the shared database the same way
 on any instance is answered here (health, metrics, the routers' endpoints document, the list of
-control planes) and every other request is forwarded to the leader's HTTP URL and its answer
-streamed back chunk by chunk, so ``llmgw events -f`` and ``llmgw logs -f`` work through a standby.
+control planes, and routers' usage and quota POSTs) and every other request is forwarded to the
+leader's HTTP URL and its answer streamed back chunk by chunk, so ``llmgw events -f`` and
+``llmgw logs -f`` work through a standby.
 
 Forwarded: method, path, query string, body and the request headers that carry meaning for the
 API (credentials, content negotiation, the CLI's audit actor); never ``Host`` (the leader's own
@@ -39,6 +40,11 @@ FORWARDED_BY = "x-llmgw-forwarded-by"
 #: Answered by a standby itself (GET and HEAD): each reads only the shared database (or nothing), the
 #: same on every instance.
 LOCAL_PATHS = frozenset({"/healthz", "/metrics", "/api/v1/endpoints", "/api/v1/controlplanes"})
+#: POSTs a standby answers itself: a router's usage batches and quota syncs (issue 26) each write the shared
+#: database in one transaction of their own (the journal's mark, the ledger's rows under a lock), the same on
+#: every instance. Forwarded, they failed with the leader: a failover left every budget without a grant
+#: until a new leader was elected, and its routers refused all traffic of keys with budgets meanwhile.
+LOCAL_POSTS = frozenset({"/api/v1/router/usage", "/api/v1/router/quota"})
 #: Request headers the API reads; nothing else is forwarded (``Host`` above all: the leader's is its own).
 REQUEST_HEADERS = ("authorization", "cookie", "content-type", "accept", "accept-encoding", "origin", "user-agent",
                    "x-llmgw-actor")
@@ -147,7 +153,8 @@ class Standby:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (scope["type"] != "http" or self.view.leading
-                or (scope.get("method") in ("GET", "HEAD") and scope.get("path", "") in LOCAL_PATHS)):
+                or (scope.get("method") in ("GET", "HEAD") and scope.get("path", "") in LOCAL_PATHS)
+                or (scope.get("method") == "POST" and scope.get("path", "") in LOCAL_POSTS)):
             await self.app(scope, receive, send)
             return
         me = self.view.me.id
