@@ -417,7 +417,11 @@ def _needs(plan: tuple[Budget, ...], route: ModelRoute, req: request.CompletionR
                 spend = round(tokens * prices.output_per_1m) if prices is not None else 0
             if b.cls == _SPEND and not spend:
                 continue  # no price: the request costs nothing
-            takes.append((b, tokens if b.cls == _TOKENS else spend))
+            need = tokens if b.cls == _TOKENS else spend
+            # Never more than the whole budget: a reservation above it could never be covered, and a key with
+            # tokens_per_minute 5 refused every request for good. Capped, the request that crosses the line is
+            # let through (charged what it used), as core.quota's bound says.
+            takes.append((b, min(need, b.limit) if b.limit > 0 else need))
         else:
             takes.append((b, 1))
     return takes
