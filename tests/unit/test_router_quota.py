@@ -215,3 +215,51 @@ def test_headers_show_the_tightest_budget_and_openai_durations() -> None:
     assert headers[b"x-ratelimit-limit-tokens"] == b"5000"
     assert headers[b"x-ratelimit-reset-tokens"].endswith(b"s")
     assert quota.duration(90) == "1m30s" and quota.duration(0.02) == "20ms" and quota.duration(3600) == "1h0m0s"
+
+
+def test_a_request_waits_for_reservations_in_flight_to_settle_instead_of_being_refused() -> None:
+    # 1,000 tokens a day; each request reserves its prompt estimate + 100 and uses 20. Taken all at once, the
+    # reservations fill the budget; those that arrive then are served as the first ones settle, not refused.
+    ledger = SimLedger({("key:k1", "tokens_per_day"): 1000})
+    client = quota.QuotaClient("r1", ledger.sync, settle_wait_s=2.0)
+    k = key(tokens_per_day=1000)
+    r = req(max_tokens=100)
+
+    async def one() -> int:
+        try:
+            ticket = await client.admit(k, {}, ROUTE, r)
+        except quota.BudgetRefused:
+            return 0
+        assert ticket is not None
+        await asyncio.sleep(0.01)
+        client.settle(ticket, 20, 0)
+        return 20
+
+    async def main() -> list[int]:
+        got = await asyncio.gather(*(one() for _ in range(80)))
+        await client.stop()
+        return got
+
+    served = run(main())
+    # Without waiting, at most 1000 // reservation (< 10) would be served; each settlement frees room for more.
+    assert sum(1 for s in served if s) >= 40, served
+    # The bound holds: never more charged than the limit (every request used less than it reserved).
+    assert ledger.charged("key:k1", "tokens_per_day") == sum(served) <= 1000
+    assert ledger.held("key:k1", "tokens_per_day") == 0
+
+
+def test_a_request_nothing_in_flight_could_make_room_for_is_refused_at_once() -> None:
+    ledger = SimLedger({("key:k1", "tokens_per_day"): 1000})
+    client = quota.QuotaClient("r1", ledger.sync, settle_wait_s=30.0)
+    k = key(tokens_per_day=1000)
+
+    async def main() -> float:
+        held = await client.admit(k, {}, ROUTE, req(max_tokens=100))
+        assert held is not None
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        with pytest.raises(quota.BudgetRefused):  # more than the whole budget: no settlement can cover it
+            await client.admit(k, {}, ROUTE, req(max_tokens=5000))
+        return loop.time() - start
+
+    assert run(main()) < 5.0
