@@ -441,6 +441,23 @@ class QuotaClient:
         return BudgetRefused(message, code=code, retry_after_s=wait, extra=self.headers_now(plan, now))
 
 
+def with_headers(send: Callable[[dict[str, Any]], Awaitable[None]],
+                 headers: Callable[[], list[tuple[bytes, bytes]]]) -> Callable[[dict[str, Any]], Awaitable[None]]:
+    """``send``, adding ``headers()`` (the ``x-ratelimit-*``, as they stand then) to the answer's start.
+
+    For the answers whose start is not made by ``relay.whole`` (streams, errors, cold holds); a whole answer
+    carries them on its start (``metrics.Trace.ratelimit``) without a coroutine per message.
+    """
+    async def sending(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            extra = headers()
+            if extra:
+                message = {**message, "headers": [*message.get("headers", ()), *extra]}
+        await send(message)
+
+    return sending
+
+
 def _with_minute(limits: quota.Limits, rpm: int, tpm: int) -> quota.Limits:
     """A key's limits with its ``rpm``/``tpm`` as requests/tokens per minute where its limits set none."""
     if (not rpm or limits.requests_per_minute) and (not tpm or limits.tokens_per_minute):
