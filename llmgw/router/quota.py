@@ -475,15 +475,21 @@ def _needs(plan: tuple[Budget, ...], route: ModelRoute, req: request.CompletionR
     takes: list[tuple[Budget, int]] = []
     tokens = spend = -1
     for b in plan:
-        if b.cls == _TOKENS or b.cls == _SPEND:
+        cls = b.cls
+        if cls == _TOKENS or cls == _SPEND:
             if tokens < 0:
-                limit = req.doc.get("max_tokens") or req.doc.get("max_completion_tokens") or 0
-                tokens = quota.reserve_tokens(len(req.body), limit if isinstance(limit, int) else 0)
+                doc = req.doc
+                limit = doc.get("max_tokens") or doc.get("max_completion_tokens") or 0
+                # ``core.quota.reserve_tokens``, inline: once per request.
+                tokens = max(1, len(req.body) // 4 + (limit if isinstance(limit, int) and limit > 0 else 0))
+            if cls == _TOKENS:
+                takes.append((b, tokens))
+                continue
+            if spend < 0:
                 prices = route.prices
                 spend = round(tokens * prices.output_per_1m) if prices is not None else 0
-            if b.cls == _SPEND and not spend:
-                continue  # no price: the request costs nothing
-            takes.append((b, tokens if b.cls == _TOKENS else spend))
+            if spend:
+                takes.append((b, spend))  # no price: the request costs nothing
         else:
             takes.append((b, 1))
     return takes
