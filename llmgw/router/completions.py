@@ -12,6 +12,7 @@ request's arrival (and a queue as it forms) go to the autoscaler's counts.
 
 from __future__ import annotations
 
+import functools
 import json
 
 from llmgw.router import (
@@ -91,19 +92,21 @@ class Completions:
                 raise throttled
             if key.tpm:
                 send = self._counting(send, key.id)
-            ticket = None
+            ticket = ratelimit = None
         else:
             ticket = self._quota.take(key, table.auth.projects, route, req)  # no budget: None, no await
             if isinstance(ticket, router_quota.Pending):
                 ticket = await self._quota.wait(ticket)
-            if ticket is not None:
-                send = _with_headers(send, self._quota, ticket.plan)
+            # The x-ratelimit-* headers ride on the answer's start (``proxying``), made as it is sent.
+            ratelimit = functools.partial(self._quota.headers, ticket.plan) if ticket is not None else None
         metered = self._meter.start(key, route) if self._meter is not None else None
         try:
             counts = self._signals.arrived(route.name, arrived) if self._signals is not None else None
             started = held = False
             if not route.endpoints and route.autoscale is not None:
                 # A model at zero: held here, not refused, until a replica is Ready (or its cold-start timeout).
+                if ratelimit is not None:
+                    send, ratelimit = router_quota.with_headers(send, ratelimit), None
                 waited = await self._cold.hold(route, req, key, arrived, send, counts)
                 if waited is None:
                     return  # answered already: the timeout's 503, or the model went away
@@ -133,7 +136,7 @@ class Completions:
                         route = fresh
                 await self._proxy.serve(route, req, path, arrived, receive, send, affinity,
                                         cancels=CANCELS in scope.get("extensions", ()), counts=counts,
-                                        started=started, held=held, metered=metered)
+                                        started=started, held=held, metered=metered, ratelimit=ratelimit)
         finally:
             # What it used: metered (its record kept) and charged to its budgets, what it reserved beyond back.
             if metered is not None:
@@ -171,19 +174,6 @@ class Completions:
             await send(message)
 
         return counting
-
-
-def _with_headers(send: asgi.Send, budgets: router_quota.QuotaClient,
-                  plan: tuple[router_quota.Budget, ...]) -> asgi.Send:
-    """``send``, adding the ``x-ratelimit-*`` headers of ``plan`` (as they stand then) to the answer's start."""
-    async def sending(message: asgi.Message) -> None:
-        if message["type"] == "http.response.start":
-            extra = budgets.headers(plan)
-            if extra:
-                message = {**message, "headers": [*message.get("headers", ()), *extra]}
-        await send(message)
-
-    return sending
 
 
 def _usage_of(body: bytes) -> int:

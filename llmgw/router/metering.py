@@ -44,6 +44,10 @@ _COUNTS = re.compile(rb'"(prompt|completion|cached|input|output)_tokens"\s*:\s*(
 #: The paths whose streams take ``stream_options`` (the Responses API reports usage in its last event anyway).
 STREAM_OPTION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 _ASK = b'"stream_options":{"include_usage":true,"continuous_usage_stats":true},'
+#: A usage object without a nested one (so no cached tokens), its prompt's count before its completion's (OpenAI's
+#: order and vLLM's), from where ``_object_at`` finds its start: both counts in one match.
+_FLAT = re.compile(rb'"usage"[ :\t]{0,8}\{[^{}]*?"prompt_tokens"\s*:\s*(\d+)[^{}]*?"completion_tokens"\s*:\s*(\d+)'
+                   rb'[^{}]*\}')
 
 #: A finished request's record: ``UsageRecord``'s fields in order, without ``seq`` (the journal numbers it).
 #: A tuple, not the dataclass or a dict: made once per request, where a microsecond is a percent of capacity.
@@ -153,8 +157,12 @@ class Metered:
                 break
         else:  # no usage: one token per event relayed, [DONE] not one
             self.completion = max(0, self.events - self.done)
-        if self.prices is not None:
-            self.spend_micros = self.prices.spend_micros(self.prompt, self.cached, self.completion)
+        prices = self.prices
+        if prices is not None:
+            # ``Prices.spend_micros`` inline (counts here are >= 0 and cached <= prompt): per request.
+            cached = self.cached
+            self.spend_micros = round((self.prompt - cached) * prices.input_per_1m
+                                      + cached * prices.cached_input_per_1m + self.completion * prices.output_per_1m)
 
     @property
     def tokens(self) -> int:
@@ -223,6 +231,9 @@ def _usage(data: bytes, at: int) -> tuple[int, int, int] | None:
     object of them) by one regular expression, a third of a ``raw_decode``'s cost; ``raw_decode`` reads
     one that lacks them.
     """
+    flat = _FLAT.match(data, at)
+    if flat is not None and data.find(b"cached", at, flat.end()) < 0:
+        return int(flat[1]), 0, int(flat[2])  # {"prompt_tokens":9,"completion_tokens":1,"total_tokens":10}
     start = _object_at(data, at)
     if start < 0:
         return None

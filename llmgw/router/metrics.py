@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import prometheus_client as prom
@@ -269,7 +269,7 @@ class Trace:
     """
 
     __slots__ = ("model", "series", "arrived", "upstream_at", "own", "status", "replica", "signals", "tokens",
-                 "held", "ttft", "meter")
+                 "held", "ttft", "meter", "ratelimit")
 
     def __init__(self, model: str, arrived: float) -> None:
         self.model = model
@@ -284,6 +284,8 @@ class Trace:
         self.held = False  # held for a model at zero: its first token ends a cold start
         self.ttft = 0.0  # seconds from arrival to the first token (a whole answer: to the answer); 0: none
         self.meter: Metered | None = None  # the request's metering (``metering``), when metered
+        #: The answer's x-ratelimit-* headers, made when its start is sent (``router.quota``); None: none to add.
+        self.ratelimit: Callable[[], list[tuple[bytes, bytes]]] | None = None
 
     def sent_upstream(self, now: float) -> None:
         self.upstream_at = now

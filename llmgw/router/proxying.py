@@ -19,8 +19,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 from llmgw.router import asgi, errors, metering, metrics, openai_shape, pick, relay, request, upstream
+from llmgw.router import quota as router_quota
 from llmgw.router import signals as router_signals
 from llmgw.router.client import Response
 from llmgw.router.table import Endpoint, ModelRoute
@@ -40,14 +42,21 @@ class Proxy:
     async def serve(self, route: ModelRoute, req: request.CompletionRequest, path: str, arrived: float,
                     receive: asgi.Receive, send: asgi.Send, affinity: pick.RequestKey, *,
                     cancels: bool = False, counts: router_signals.ModelCounts | None = None, started: bool = False,
-                    held: bool = False, metered: metering.Metered | None = None) -> None:
+                    held: bool = False, metered: metering.Metered | None = None,
+                    ratelimit: Callable[[], list[tuple[bytes, bytes]]] | None = None) -> None:
         """Forward to one of the route's endpoints; ``started``: a held stream's 200 went out already.
 
         ``metered``: the request's metering; it learns the endpoint, the answer's usage and the outcome.
+        ``ratelimit``: makes the answer's ``x-ratelimit-*`` headers, added to its start as it is sent.
         """
         trace = metrics.Trace(route.name, arrived)
         trace.signals = counts
         trace.meter = metered
+        if ratelimit is not None:
+            if req.stream or held or not route.endpoints:
+                send = router_quota.with_headers(send, ratelimit)  # the starts made elsewhere: added as they pass
+            else:
+                trace.ratelimit = ratelimit  # a whole answer's start, or its error's, carries them (``_forward``)
         if held:
             trace.held = True
             if started:
@@ -126,12 +135,16 @@ class Proxy:
                 await relay.error_event(send, opened.body())
             else:
                 trace.status = opened.status
-                await asgi.send_error(send, opened)
+                extra = trace.ratelimit() if trace.ratelimit is not None else None
+                await asgi.send_bytes(send, opened.status, opened.body(), extra=extra or None)
             return
         endpoint, response = opened
         if trace.meter is not None:
             trace.meter.served_by(endpoint)
         try:
+            if trace.ratelimit is not None and (started or response.headers.get("Content-Type", "").startswith(
+                    "text/event-stream")):
+                send, trace.ratelimit = router_quota.with_headers(send, trace.ratelimit), None
             if response.headers.get("Content-Type", "").startswith("text/event-stream"):
                 await relay.stream(endpoint, response, send, trace, keepalive_s=self._keepalive_s,
                                    started=started, shape=shape)

@@ -11,8 +11,10 @@ budget, the token reservation (``core.quota.reserve_tokens``) from each tokens b
 tokens at the output price from spend (nothing when the model has no price) and a slot from
 concurrency. When a lease cannot cover its part, the request waits for one sync (``QuotaSync``
 through the ``QuotaTransport``; one at a time, every waiter's need in it, plus what was used since
-the last); when the answer still cannot cover it and the control plane granted nothing more, the
-request is refused: a 429 in OpenAI's shape naming the budget, its limit, what is used and when it
+the last); when the answer still cannot cover it and the control plane granted nothing more, a
+tokens or spend request whose lease would cover it once this router's requests in flight on that
+budget settle waits for their settlements (``settle_wait_s`` at most); otherwise the request is
+refused: a 429 in OpenAI's shape naming the budget, its limit, what is used and when it
 resets, with ``Retry-After``. When the answer ends, ``settle`` charges what it used (the engine's
 prompt + completion, its spend) and what it reserved beyond that goes back to the lease.
 
@@ -50,6 +52,10 @@ IDLE_RETURN_S = 5.0
 HEADERS_FOR_S = 0.1
 #: Syncs one request may wait for while grants come in slices smaller than its need.
 MAX_ROUNDS = 12
+#: How long a request whose tokens (or spend) the budget cannot cover now waits for this router's requests
+#: in flight on that budget to settle (each gives back what it reserved beyond what it used) before it is
+#: refused.
+SETTLE_WAIT_S = 5.0
 _REQUESTS, _TOKENS, _SPEND, _SLOTS = 0, 1, 2, 3
 _CLASS = {**dict.fromkeys(quota.REQUEST_KINDS, _REQUESTS), **dict.fromkeys(quota.TOKEN_KINDS, _TOKENS),
           quota.SPEND_KIND: _SPEND, quota.CONCURRENCY_KIND: _SLOTS}
@@ -133,7 +139,7 @@ class QuotaClient:
 
     def __init__(self, router_id: str, transport: QuotaTransport, *, clock: Callable[[], float] = time.time,
                  sync_every_s: float = SYNC_EVERY_S, idle_return_s: float = IDLE_RETURN_S,
-                 max_rounds: int = MAX_ROUNDS) -> None:
+                 max_rounds: int = MAX_ROUNDS, settle_wait_s: float = SETTLE_WAIT_S) -> None:
         # The leases are this process's, not the router name's: a router restarted after kill -9 under the
         # same name was handed the lease its previous life held (units it had spent on requests in flight and
         # never reported) and spent them again: 106 served of a 100-a-day budget in tests/e2e/test_budgets.py.
@@ -144,6 +150,8 @@ class QuotaClient:
         self._every_s = sync_every_s
         self._idle_s = idle_return_s
         self._rounds = max_rounds
+        self._settle_wait_s = settle_wait_s
+        self._settled: asyncio.Future[None] | None = None  # resolved by the next ``settle``: waiters try again
         self._budgets: dict[str, Budget] = {}
         self._plans: dict[str, tuple[Any, float, tuple[Budget, ...]]] = {}
         self._inflight: asyncio.Future[None] | None = None
@@ -218,15 +226,47 @@ class QuotaClient:
                 ticket = self._take(takes, plan)
                 if ticket is not None:
                     return ticket
-                if included:
-                    for b, n in takes:
-                        if not b.unlimited and b.avail < n and (self.down or not b.granted):
-                            raise self._refusal(b, n, plan)
+                if included and any(not b.unlimited and b.avail < n and (self.down or not b.granted)
+                                    for b, n in takes):
+                    break  # the budget granted nothing more
+            # What this router's requests in flight reserved beyond their use comes back as they end (with 300
+            # at once, a sixth of a tokens budget sat in reservations and the rest were refused): wait for
+            # that (and for grants), bounded, before refusing.
+            ticket = await self._settlements(takes, plan)
+            if ticket is not None:
+                return ticket
             b, n = next(((b, n) for b, n in takes if not b.unlimited and b.avail < n), short[0])
             raise self._refusal(b, n, plan)
         finally:
             for b, n in short:
                 b.waiting -= n
+
+    @staticmethod
+    def _may_free(b: Budget, need: int) -> bool:
+        """Requests in flight on ``b`` may give back enough for ``need``: a tokens or spend budget whose lease
+        (with what the control plane last said was free) covers it once what is reserved comes back (requests
+        and slots are used whole, or refused at once)."""
+        return (b.cls == _TOKENS or b.cls == _SPEND) and b.reserved > 0 and b.lease + max(0, b.free) >= need
+
+    async def _settlements(self, takes: list[tuple[Budget, int]], plan: tuple[Budget, ...]) -> Ticket | None:
+        """Wait for requests in flight to settle (or a sync's grant) until ``takes`` is covered, or None: nothing
+        in flight could free enough, or ``settle_wait_s`` passed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._settle_wait_s
+        while True:
+            ticket = self._take(takes, plan)
+            if ticket is not None:
+                return ticket
+            short = next(((b, n) for b, n in takes if not b.unlimited and b.avail < n), None)
+            left = deadline - loop.time()
+            if short is None or left <= 0 or not self._may_free(*short):
+                return None
+            if self._settled is None or self._settled.done():
+                self._settled = loop.create_future()
+            try:
+                await asyncio.wait_for(asyncio.shield(self._settled), left)
+            except TimeoutError:
+                return None
 
     def _take(self, takes: list[tuple[Budget, int]], plan: tuple[Budget, ...]) -> Ticket | None:
         for b, n in takes:
@@ -248,8 +288,16 @@ class QuotaClient:
             used = n if b.cls == _REQUESTS else tokens if b.cls == _TOKENS else spend_micros if b.cls == _SPEND else 0
             b.lease -= used
             b.consumed += used
+        if self._settled is not None:
+            self._wake()
         if self._loop is None or self._loop.done():
             self._loop = asyncio.ensure_future(self._run())
+
+    def _wake(self) -> None:
+        """Requests waiting for settlements try again."""
+        settled, self._settled = self._settled, None
+        if settled is not None and not settled.done():
+            settled.set_result(None)
 
     # -- syncing ----------------------------------------------------------------------------------------
     async def _synced(self, mark: int) -> bool:
@@ -316,6 +364,7 @@ class QuotaClient:
             b.unlimited = g.limit == 0
             if g.limit:
                 b.limit = g.limit
+        self._wake()  # a grant: requests waiting for settlements try again
 
     async def _run(self) -> None:
         """While anything is held or to be told: a sync every ``sync_every_s``."""
@@ -392,6 +441,23 @@ class QuotaClient:
         return BudgetRefused(message, code=code, retry_after_s=wait, extra=self.headers_now(plan, now))
 
 
+def with_headers(send: Callable[[dict[str, Any]], Awaitable[None]],
+                 headers: Callable[[], list[tuple[bytes, bytes]]]) -> Callable[[dict[str, Any]], Awaitable[None]]:
+    """``send``, adding ``headers()`` (the ``x-ratelimit-*``, as they stand then) to the answer's start.
+
+    For the answers whose start is not made by ``relay.whole`` (streams, errors, cold holds); a whole answer
+    carries them on its start (``metrics.Trace.ratelimit``) without a coroutine per message.
+    """
+    async def sending(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            extra = headers()
+            if extra:
+                message = {**message, "headers": [*message.get("headers", ()), *extra]}
+        await send(message)
+
+    return sending
+
+
 def _with_minute(limits: quota.Limits, rpm: int, tpm: int) -> quota.Limits:
     """A key's limits with its ``rpm``/``tpm`` as requests/tokens per minute where its limits set none."""
     if (not rpm or limits.requests_per_minute) and (not tpm or limits.tokens_per_minute):
@@ -409,19 +475,24 @@ def _needs(plan: tuple[Budget, ...], route: ModelRoute, req: request.CompletionR
     takes: list[tuple[Budget, int]] = []
     tokens = spend = -1
     for b in plan:
-        if b.cls == _TOKENS or b.cls == _SPEND:
+        cls = b.cls
+        if cls == _TOKENS or cls == _SPEND:
             if tokens < 0:
-                limit = req.doc.get("max_tokens") or req.doc.get("max_completion_tokens") or 0
-                tokens = quota.reserve_tokens(len(req.body), limit if isinstance(limit, int) else 0)
-                prices = route.prices
-                spend = round(tokens * prices.output_per_1m) if prices is not None else 0
-            if b.cls == _SPEND and not spend:
-                continue  # no price: the request costs nothing
-            need = tokens if b.cls == _TOKENS else spend
+                doc = req.doc
+                limit = doc.get("max_tokens") or doc.get("max_completion_tokens") or 0
+                # ``core.quota.reserve_tokens``, inline: once per request.
+                tokens = max(1, len(req.body) // 4 + (limit if isinstance(limit, int) and limit > 0 else 0))
             # Never more than the whole budget: a reservation above it could never be covered, and a key with
             # tokens_per_minute 5 refused every request for good. Capped, the request that crosses the line is
             # let through (charged what it used), as core.quota's bound says.
-            takes.append((b, min(need, b.limit) if b.limit > 0 else need))
+            if cls == _TOKENS:
+                takes.append((b, tokens if tokens <= b.limit or b.limit <= 0 else b.limit))
+                continue
+            if spend < 0:
+                prices = route.prices
+                spend = round(tokens * prices.output_per_1m) if prices is not None else 0
+            if spend:  # no price: the request costs nothing
+                takes.append((b, spend if spend <= b.limit or b.limit <= 0 else b.limit))
         else:
             takes.append((b, 1))
     return takes

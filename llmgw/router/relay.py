@@ -169,7 +169,8 @@ async def whole(route: ModelRoute, endpoint: Endpoint, response: client.Response
         failed = errors.upstream_failed(route.served_name, [f"{endpoint.replica_id} at {endpoint.url}: "
                                                             f"body cut short: {exc}"])
         trace.status = failed.status
-        await asgi.send_error(send, failed)
+        extra = trace.ratelimit() if trace.ratelimit is not None else None
+        await asgi.send_bytes(send, failed.status, failed.body(), extra=extra or None)
         return
     received = time.perf_counter()
     content_type = response.headers.get("Content-Type", "application/json").encode("latin-1", "replace")
@@ -182,9 +183,10 @@ async def whole(route: ModelRoute, endpoint: Endpoint, response: client.Response
         trace.meter.whole(body)
     trace.status = response.status
     overhead = trace.before_upstream() + time.perf_counter() - received
-    await asgi.send_bytes(send, response.status, body, content_type=content_type,
-                          extra=[(b"x-llmgw-upstream", endpoint.replica_id.encode()),
-                                 (b"x-llmgw-overhead-ms", _ms(overhead))])
+    extra = [(b"x-llmgw-upstream", endpoint.replica_id.encode()), (b"x-llmgw-overhead-ms", _ms(overhead))]
+    if trace.ratelimit is not None:
+        extra += trace.ratelimit()  # the x-ratelimit-* headers (router.quota), as they stand now
+    await asgi.send_bytes(send, response.status, body, content_type=content_type, extra=extra)
     sent = time.perf_counter()
     trace.own += sent - received
     trace.ttft = sent - trace.arrived

@@ -215,3 +215,134 @@ def test_headers_show_the_tightest_budget_and_openai_durations() -> None:
     assert headers[b"x-ratelimit-limit-tokens"] == b"5000"
     assert headers[b"x-ratelimit-reset-tokens"].endswith(b"s")
     assert quota.duration(90) == "1m30s" and quota.duration(0.02) == "20ms" and quota.duration(3600) == "1h0m0s"
+
+
+def test_a_request_waits_for_reservations_in_flight_to_settle_instead_of_being_refused() -> None:
+    # 1,000 tokens a day; each request reserves its prompt estimate + 100 and uses 20. Taken all at once, the
+    # reservations fill the budget; those that arrive then are served as the first ones settle, not refused.
+    ledger = SimLedger({("key:k1", "tokens_per_day"): 1000})
+    client = quota.QuotaClient("r1", ledger.sync, settle_wait_s=2.0)
+    k = key(tokens_per_day=1000)
+    r = req(max_tokens=100)
+
+    async def one() -> int:
+        try:
+            ticket = await client.admit(k, {}, ROUTE, r)
+        except quota.BudgetRefused:
+            return 0
+        assert ticket is not None
+        await asyncio.sleep(0.01)
+        client.settle(ticket, 20, 0)
+        return 20
+
+    async def main() -> list[int]:
+        got = await asyncio.gather(*(one() for _ in range(80)))
+        await client.stop()
+        return got
+
+    served = run(main())
+    # Without waiting, at most 1000 // reservation (< 10) would be served; each settlement frees room for more.
+    assert sum(1 for s in served if s) >= 40, served
+    # The bound holds: never more charged than the limit (every request used less than it reserved).
+    assert ledger.charged("key:k1", "tokens_per_day") == sum(served) <= 1000
+    assert ledger.held("key:k1", "tokens_per_day") == 0
+
+
+def test_a_request_nothing_in_flight_could_make_room_for_is_refused_at_once() -> None:
+    ledger = SimLedger({("key:k1", "tokens_per_day"): 1000})
+    client = quota.QuotaClient("r1", ledger.sync, settle_wait_s=30.0)
+    k = key(tokens_per_day=1000)
+
+    async def main() -> float:
+        held = await client.admit(k, {}, ROUTE, req(max_tokens=100))
+        assert held is not None
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        with pytest.raises(quota.BudgetRefused):  # more than the whole budget: no settlement can cover it
+            await client.admit(k, {}, ROUTE, req(max_tokens=5000))
+        return loop.time() - start
+
+    assert run(main()) < 5.0
+
+
+@pytest.mark.parametrize(("status", "content_type", "stream"), [(200, "application/json", False),
+                                                                (500, "application/json", False),
+                                                                (200, "text/event-stream", True)])
+def test_every_answer_start_carries_the_ratelimit_headers(status: int, content_type: str, stream: bool) -> None:
+    # A whole answer carries them on its start (relay.whole), an engine's error too, a stream through
+    # quota.with_headers: the same headers each way.
+    import hashlib
+
+    from llmgw.router import app as app_mod
+    from llmgw.router import table as table_mod
+    from llmgw.router.asgi import CANCELS
+
+    secret = "sk-headers"
+    usage = b'"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}'
+    answer = (b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}],' + usage + b'}\n\ndata: [DONE]\n\n'
+              if stream else b'{"choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}],' + usage + b'}'
+              if status == 200 else b'{"error":{"message":"boom"}}')
+
+    class Canned:
+        headers = {"Content-Type": content_type}
+
+        def __init__(self) -> None:
+            self.status = status
+
+        async def read(self) -> bytes:
+            return answer
+
+        @property
+        def content(self) -> Canned:
+            return self
+
+        async def readany(self) -> bytes:
+            return answer
+
+        def ended(self) -> bool:
+            return True
+
+        def body_started(self) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+    class Upstream:
+        async def open(self, route: Any, path: str, body: bytes, **_: Any) -> tuple[Any, Canned]:
+            return route.endpoints[0], Canned()
+
+    doc = {"version": 1, "models": [{"name": "m", "served_name": "m", "state": "Ready", "routing": "round_robin",
+                                     "endpoints": [{"replica_id": "r1", "url": "http://127.0.0.1:9", "node": "n"}]}],
+           "auth": {"required": True, "keys": [{"id": "k1", "sha256": hashlib.sha256(secret.encode()).hexdigest(),
+                                                "project": "team-a", "limits": {"requests_per_day": 1000}}],
+                    "projects": [{"name": "team-a"}]}}
+    ledger = SimLedger({("key:k1", "requests_per_day"): 1000})
+    body = json.dumps({"model": "m", "stream": stream, "messages": [{"role": "user", "content": "hi"}]}).encode()
+    scope = {"type": "http", "path": "/v1/chat/completions", "method": "POST",
+             "headers": [(b"authorization", b"Bearer " + secret.encode())], "extensions": {CANCELS: {}}}
+    starts: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            starts.append(message)
+
+    async def main() -> None:
+        holder = table_mod.TableHolder()
+        holder.swap(table_mod.RouteTable.from_doc(doc))
+        app = app_mod.RouterApp(holder, quota=ledger.sync, usage=ledger.ingest, router_id="r")
+        app._proxy.forwarder = Upstream()  # type: ignore[assignment]
+        await app(dict(scope), receive, send)
+        assert app.quota is not None
+        await app.quota.stop()
+
+    run(main())
+    (start,) = starts
+    headers = dict(start["headers"])
+    assert start["status"] == status
+    assert headers[b"x-ratelimit-limit-requests"] == b"1000"
+    assert int(headers[b"x-ratelimit-remaining-requests"]) < 1000
+    assert b"x-ratelimit-reset-requests" in headers
