@@ -12,8 +12,9 @@ slices that shrink as the budget nears its limit. So:
 
 - requests and concurrency never pass their limit (each request takes one unit before it is sent);
 - tokens and spend are known only when the answer ends. A request takes its *reservation*
-  (``reserve_tokens``: its prompt's length / 4 plus its ``max_tokens``, at most the whole limit, so a
-  request larger than the budget is the one that crosses the line) out of the lease before it
+  (``reserve_tokens``: its prompt's length / 4 plus its ``max_tokens``; at most the whole limit when the
+  prompt's estimate takes it past, so that request is the one that crosses the line, while a ``max_tokens``
+  above the whole limit is refused) out of the lease before it
   is sent and is charged what the engine reports when it ends; a request whose reservation the
   lease cannot cover waits for a grant, and one the budget cannot cover is refused. A budget is
   therefore passed by at most what the requests in flight use beyond their reservations (with

@@ -473,7 +473,7 @@ def _with_minute(limits: quota.Limits, rpm: int, tpm: int) -> quota.Limits:
 def _needs(plan: tuple[Budget, ...], route: ModelRoute, req: request.CompletionRequest) -> list[tuple[Budget, int]]:
     """What the request takes of each budget of ``plan``."""
     takes: list[tuple[Budget, int]] = []
-    tokens = spend = -1
+    tokens = spend = asked = -1
     for b in plan:
         cls = b.cls
         if cls == _TOKENS or cls == _SPEND:
@@ -481,18 +481,20 @@ def _needs(plan: tuple[Budget, ...], route: ModelRoute, req: request.CompletionR
                 doc = req.doc
                 limit = doc.get("max_tokens") or doc.get("max_completion_tokens") or 0
                 # ``core.quota.reserve_tokens``, inline: once per request.
-                tokens = max(1, len(req.body) // 4 + (limit if isinstance(limit, int) and limit > 0 else 0))
-            # Never more than the whole budget: a reservation above it could never be covered, and a key with
-            # tokens_per_minute 5 refused every request for good. Capped, the request that crosses the line is
-            # let through (charged what it used), as core.quota's bound says.
+                asked = limit if isinstance(limit, int) and limit > 0 else 0
+                tokens = max(1, len(req.body) // 4 + asked)
+            # Never more than the whole budget because of the prompt's estimate: such a reservation could never
+            # be covered, and a key with tokens_per_minute 5 was refused every request for good. Capped, the
+            # request that crosses the line is let through (charged what it used), as core.quota's bound says.
+            # A max_tokens above the whole budget is the client's own ask: refused, naming it.
             if cls == _TOKENS:
-                takes.append((b, tokens if tokens <= b.limit or b.limit <= 0 else b.limit))
+                takes.append((b, b.limit if 0 < b.limit < tokens and asked <= b.limit else tokens))
                 continue
             if spend < 0:
                 prices = route.prices
                 spend = round(tokens * prices.output_per_1m) if prices is not None else 0
             if spend:  # no price: the request costs nothing
-                takes.append((b, spend if spend <= b.limit or b.limit <= 0 else b.limit))
+                takes.append((b, b.limit if 0 < b.limit < spend else spend))
         else:
             takes.append((b, 1))
     return takes
