@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import dataclasses
+import itertools
 import json
 import logging
 import os
@@ -59,7 +59,7 @@ class _Journal:
     def __init__(self, jid: str, *, current: bool = False) -> None:
         self.id = jid
         self.current = current  # its last segment is the one being written: kept until the next one starts
-        self.pending: collections.deque[tuple[Any, ...]] = collections.deque()  # UsageRecord's fields, seq first
+        self.pending: collections.deque[wire.UsageRow] = collections.deque()  # what a batch carries, as it is
         self.segments: list[tuple[int, Path]] = []  # (last seq written to it, path), oldest first
         self.acked = 0
 
@@ -119,7 +119,7 @@ class UsageJournal:
     def append(self, record: tuple[Any, ...]) -> None:
         """Numbers ``record`` (``metering.Record``: UsageRecord's fields without seq), writes it down, queues it."""
         self._seq += 1
-        numbered = (self._seq, *record)
+        numbered = _row(wire.UsageRow, (self._seq, *record))
         journal = self._current
         if self._dir is not None:
             self._lines.append(_line(numbered))
@@ -174,7 +174,7 @@ class UsageJournal:
                     record = wire.UsageRecord.from_doc(str(path), json.loads(line))
                 except (ValueError, BadReport):
                     continue  # a line cut short by a crash mid-write: never acknowledged, never counted
-                journal.pending.append(tuple(getattr(record, f) for f in _FIELDS))
+                journal.pending.append(_row(wire.UsageRow, tuple(getattr(record, f) for f in _FIELDS)))
                 last = max(last, record.seq)
             journal.segments.append((last, path))
         for journal in journals.values():
@@ -217,8 +217,9 @@ class UsageJournal:
 
     async def _send(self, journal: _Journal) -> None:
         assert self._transport is not None
-        records = [journal.pending[i] for i in range(min(len(journal.pending), wire.MAX_RECORDS_PER_BATCH))]
-        batch = wire.UsageBatch(self.router_id, journal.id, tuple(wire.UsageRecord(*r) for r in records))
+        # The rows as they wait: no object made per record (``UsageRow``s read like ``UsageRecord``s).
+        records = tuple(itertools.islice(journal.pending, wire.MAX_RECORDS_PER_BATCH))
+        batch = wire.UsageBatch(self.router_id, journal.id, records)
         ack = await self._transport(batch)
         if ack.journal != journal.id:
             raise ValueError(f"usage ack for journal {ack.journal!r}, sent {journal.id!r}")
@@ -249,7 +250,9 @@ class UsageJournal:
             failing, backoff = False, self._interval_s
 
 
-_FIELDS = tuple(f.name for f in dataclasses.fields(wire.UsageRecord))
+_FIELDS = wire.RECORD_FIELDS
+#: ``tuple.__new__(UsageRow, values)``: a row made in C, not through the named tuple's ``__new__``.
+_row = tuple.__new__
 _TEXT_FIELDS = slice(2, 8)  # project, key, user, model, node, replica
 _NUMBERS = (b',"prompt_tokens":%d,"cached_tokens":%d,"completion_tokens":%d,"spend_micros":%d,"status":%d,'
             b'"ttft_ms":%.3f,"duration_ms":%.3f}\n')
