@@ -118,8 +118,8 @@ class UsageJournal:
 
     def append(self, record: tuple[Any, ...]) -> None:
         """Numbers ``record`` (``metering.Record``: UsageRecord's fields without seq), writes it down, queues it."""
-        self._seq += 1
-        numbered = _row(wire.UsageRow, (self._seq, *record))
+        seq = self._seq = self._seq + 1
+        numbered = _row(wire.UsageRow, (seq, *record))
         journal = self._current
         if self._dir is not None:
             self._lines.append(_line(numbered))
@@ -253,19 +253,20 @@ class UsageJournal:
 _FIELDS = wire.RECORD_FIELDS
 #: ``tuple.__new__(UsageRow, values)``: a row made in C, not through the named tuple's ``__new__``.
 _row = tuple.__new__
-_TEXT_FIELDS = slice(2, 8)  # project, key, user, model, node, replica
-_NUMBERS = (b',"prompt_tokens":%d,"cached_tokens":%d,"completion_tokens":%d,"spend_micros":%d,"status":%d,'
-            b'"ttft_ms":%.3f,"duration_ms":%.3f}\n')
+_LINE = (b'{"seq":%d,"at":%.6f%s,"prompt_tokens":%d,"cached_tokens":%d,"completion_tokens":%d,"spend_micros":%d,'
+         b'"status":%d,"ttft_ms":%.3f,"duration_ms":%.3f}\n')
 _prefixes: dict[tuple[str, ...], bytes] = {}
 
 
 def _line(r: tuple[Any, ...]) -> bytes:
-    """``r`` as one JSON line; the names part (the same for every request of a key on a replica) made once."""
-    names = r[_TEXT_FIELDS]
+    """``r`` as one JSON line, by one ``%``; the names part (the same for every request of a key on a replica)
+    made once."""
+    seq, at, project, key, user, model, node, replica, prompt, cached, completion, spend, status, ttft, took = r
+    names = (project, key, user, model, node, replica)
     prefix = _prefixes.get(names)
     if prefix is None:
         if len(_prefixes) > 10_000:
             _prefixes.clear()
         prefix = _prefixes[names] = b"".join(
             b',"%s":%s' % (f.encode(), json.dumps(v).encode()) for f, v in zip(_FIELDS[2:8], names, strict=True))
-    return b'{"seq":%d,"at":%.6f' % (r[0], r[1]) + prefix + _NUMBERS % r[8:]
+    return _LINE % (seq, at, prefix, prompt, cached, completion, spend, status, ttft, took)
