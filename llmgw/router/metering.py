@@ -144,8 +144,10 @@ class Metered:
         """The request's outcome, as ``proxying`` saw it."""
         self.status = status
         self.replica = self.replica or replica
-        self.ttft_ms = round(ttft_s * 1000, 3)
-        self.duration_ms = round(duration_s * 1000, 3)
+        # Milliseconds to 3 decimals: a whole number of microseconds over 1000 (the float nearest that decimal,
+        # as ``round(ms, 3)`` gives, without its decimal conversion: a quarter of a microsecond per request).
+        self.ttft_ms = round(ttft_s * 1e6) / 1000
+        self.duration_ms = round(duration_s * 1e6) / 1000
 
     # -- the count --------------------------------------------------------------------------------------
     def count(self) -> None:
