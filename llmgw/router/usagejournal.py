@@ -65,8 +65,11 @@ class _Journal:
 
     def ack(self, through: int, directory: Path | None) -> None:
         self.acked = max(self.acked, through)
-        while self.pending and self.pending[0][0] <= through:
-            self.pending.popleft()
+        pending = self.pending
+        if pending and pending[-1][0] <= through:
+            pending.clear()  # the usual ack: the whole batch sent, and nothing came since
+        while pending and pending[0][0] <= through:
+            pending.popleft()
         while self.segments and self.segments[0][0] <= through and (len(self.segments) > 1 or not self.current):
             with contextlib.suppress(FileNotFoundError):
                 self.segments[0][1].unlink()
