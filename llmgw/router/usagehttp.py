@@ -10,7 +10,6 @@ server`` the same two callables are the control plane's ``UsageService`` methods
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -63,10 +62,13 @@ class ControlCalls:
             return await resp.json()
 
 
-_FIELDS = tuple(f.name for f in dataclasses.fields(wire.UsageRecord))
+_FIELDS = wire.RECORD_FIELDS
 
 
 def batch_doc(batch: wire.UsageBatch) -> dict[str, Any]:
-    """``batch.to_doc()``, at a fifth of its cost: a record's fields read one by one, not ``dataclasses.asdict``."""
+    """``batch.to_doc()``, at a fraction of its cost: a ``UsageRow`` zipped with the field names, a
+    ``UsageRecord``'s fields read one by one, not ``dataclasses.asdict``."""
+    row = wire.UsageRow
     return {"router": batch.router_id, "journal": batch.journal,
-            "records": [{f: getattr(r, f) for f in _FIELDS} for r in batch.records]}
+            "records": [dict(zip(_FIELDS, r, strict=True)) if type(r) is row else {f: getattr(r, f) for f in _FIELDS}
+                        for r in batch.records]}

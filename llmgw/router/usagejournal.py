@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import dataclasses
+import itertools
 import json
 import logging
 import os
@@ -59,14 +59,17 @@ class _Journal:
     def __init__(self, jid: str, *, current: bool = False) -> None:
         self.id = jid
         self.current = current  # its last segment is the one being written: kept until the next one starts
-        self.pending: collections.deque[tuple[Any, ...]] = collections.deque()  # UsageRecord's fields, seq first
+        self.pending: collections.deque[wire.UsageRow] = collections.deque()  # what a batch carries, as it is
         self.segments: list[tuple[int, Path]] = []  # (last seq written to it, path), oldest first
         self.acked = 0
 
     def ack(self, through: int, directory: Path | None) -> None:
         self.acked = max(self.acked, through)
-        while self.pending and self.pending[0][0] <= through:
-            self.pending.popleft()
+        pending = self.pending
+        if pending and pending[-1][0] <= through:
+            pending.clear()  # the usual ack: the whole batch sent, and nothing came since
+        while pending and pending[0][0] <= through:
+            pending.popleft()
         while self.segments and self.segments[0][0] <= through and (len(self.segments) > 1 or not self.current):
             with contextlib.suppress(FileNotFoundError):
                 self.segments[0][1].unlink()
@@ -118,8 +121,8 @@ class UsageJournal:
 
     def append(self, record: tuple[Any, ...]) -> None:
         """Numbers ``record`` (``metering.Record``: UsageRecord's fields without seq), writes it down, queues it."""
-        self._seq += 1
-        numbered = (self._seq, *record)
+        seq = self._seq = self._seq + 1
+        numbered = _row(wire.UsageRow, (seq, *record))
         journal = self._current
         if self._dir is not None:
             self._lines.append(_line(numbered))
@@ -174,7 +177,7 @@ class UsageJournal:
                     record = wire.UsageRecord.from_doc(str(path), json.loads(line))
                 except (ValueError, BadReport):
                     continue  # a line cut short by a crash mid-write: never acknowledged, never counted
-                journal.pending.append(tuple(getattr(record, f) for f in _FIELDS))
+                journal.pending.append(_row(wire.UsageRow, tuple(getattr(record, f) for f in _FIELDS)))
                 last = max(last, record.seq)
             journal.segments.append((last, path))
         for journal in journals.values():
@@ -217,8 +220,9 @@ class UsageJournal:
 
     async def _send(self, journal: _Journal) -> None:
         assert self._transport is not None
-        records = [journal.pending[i] for i in range(min(len(journal.pending), wire.MAX_RECORDS_PER_BATCH))]
-        batch = wire.UsageBatch(self.router_id, journal.id, tuple(wire.UsageRecord(*r) for r in records))
+        # The rows as they wait: no object made per record (``UsageRow``s read like ``UsageRecord``s).
+        records = tuple(itertools.islice(journal.pending, wire.MAX_RECORDS_PER_BATCH))
+        batch = wire.UsageBatch(self.router_id, journal.id, records)
         ack = await self._transport(batch)
         if ack.journal != journal.id:
             raise ValueError(f"usage ack for journal {ack.journal!r}, sent {journal.id!r}")
@@ -249,20 +253,23 @@ class UsageJournal:
             failing, backoff = False, self._interval_s
 
 
-_FIELDS = tuple(f.name for f in dataclasses.fields(wire.UsageRecord))
-_TEXT_FIELDS = slice(2, 8)  # project, key, user, model, node, replica
-_NUMBERS = (b',"prompt_tokens":%d,"cached_tokens":%d,"completion_tokens":%d,"spend_micros":%d,"status":%d,'
-            b'"ttft_ms":%.3f,"duration_ms":%.3f}\n')
+_FIELDS = wire.RECORD_FIELDS
+#: ``tuple.__new__(UsageRow, values)``: a row made in C, not through the named tuple's ``__new__``.
+_row = tuple.__new__
+_LINE = (b'{"seq":%d,"at":%.6f%s,"prompt_tokens":%d,"cached_tokens":%d,"completion_tokens":%d,"spend_micros":%d,'
+         b'"status":%d,"ttft_ms":%.3f,"duration_ms":%.3f}\n')
 _prefixes: dict[tuple[str, ...], bytes] = {}
 
 
 def _line(r: tuple[Any, ...]) -> bytes:
-    """``r`` as one JSON line; the names part (the same for every request of a key on a replica) made once."""
-    names = r[_TEXT_FIELDS]
+    """``r`` as one JSON line, by one ``%``; the names part (the same for every request of a key on a replica)
+    made once."""
+    seq, at, project, key, user, model, node, replica, prompt, cached, completion, spend, status, ttft, took = r
+    names = (project, key, user, model, node, replica)
     prefix = _prefixes.get(names)
     if prefix is None:
         if len(_prefixes) > 10_000:
             _prefixes.clear()
         prefix = _prefixes[names] = b"".join(
             b',"%s":%s' % (f.encode(), json.dumps(v).encode()) for f, v in zip(_FIELDS[2:8], names, strict=True))
-    return b'{"seq":%d,"at":%.6f' % (r[0], r[1]) + prefix + _NUMBERS % r[8:]
+    return _LINE % (seq, at, prefix, prompt, cached, completion, spend, status, ttft, took)

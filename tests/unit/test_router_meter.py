@@ -191,3 +191,33 @@ def test_a_batch_sent_again_is_not_counted_twice(tmp_path: Path) -> None:
     asyncio.run(asyncio.wait_for(main(), 30))
     assert [r.seq for r in sent[0].records] == [r.seq for r in sent[1].records] == [1, 2, 3]
     assert len(ledger.records) == 3
+
+
+def test_a_journal_s_rows_make_the_same_document_as_records() -> None:
+    """The journal hands ``UsageRow``s (no object per record); on the wire they are ``UsageRecord``s' documents,
+    byte for byte, and the control plane reads them back strictly as ``UsageRecord``s."""
+    from llmgw.router import usagehttp
+
+    sent: list[wire.UsageBatch] = []
+
+    async def keep(batch: wire.UsageBatch) -> wire.UsageAck:
+        sent.append(batch)
+        return wire.UsageAck(batch.journal, batch.records[-1].seq)
+
+    async def main() -> None:
+        journal = usagejournal.UsageJournal("r1", keep, None)
+        for i in range(3):
+            journal.append(_record(i))
+        await journal.flush()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+    (batch,) = sent
+    assert all(type(r) is wire.UsageRow for r in batch.records)
+    records = tuple(wire.UsageRecord(*r) for r in batch.records)
+    as_records = wire.UsageBatch(batch.router_id, batch.journal, records)
+    expected = json.dumps(as_records.to_doc())
+    assert json.dumps(batch.to_doc()) == json.dumps(usagehttp.batch_doc(batch)) == expected
+    assert json.dumps(usagehttp.batch_doc(as_records)) == expected
+    assert wire.UsageBatch.from_doc(json.loads(expected)) == as_records
+    assert [(r.seq, r.at, r.prompt_tokens, r.ttft_ms) for r in batch.records] == \
+        [(r.seq, r.at, r.prompt_tokens, r.ttft_ms) for r in records]
