@@ -8,8 +8,11 @@ A request's path, in order:
 * ``app``: ``RouterApp``, the front: it owns the parts below and sends each path to its job
   (``asgi``: the raw ASGI helpers; ``errors``: the router's own OpenAI-shaped refusals);
 * ``completions``: one forwarded request up to its slot: ``request`` reads the body, ``auth`` the
-  key, ``ratelimit`` its limits, ``cold`` holds a request for a model scaled to zero, ``admission``
-  queues it;
+  key, ``quota`` its budgets held across routers (``budgets``: one budget's lease, a request's share, the
+  ``x-ratelimit-*`` headers and the 429; ``ratelimit``: the per-router window when no control plane
+  keeps them), ``cold`` holds a request for a model scaled to zero, ``admission`` queues it;
+  ``metering`` makes each request's usage record, ``usagejournal`` keeps and sends them
+  (``usagehttp``: the standalone router's transports);
 * ``proxying``: the admitted request's trip: ``upstream.Forwarder`` picks the endpoint and retries,
   ``relay`` relays the answer, ``openai_shape`` and ``openai_errors`` put llama.cpp's answers and every
   engine's errors in OpenAI's shape;
