@@ -68,15 +68,21 @@ def python_for_project() -> str:
     return str(PROJECT_PY) if PROJECT_PY.exists() else sys.executable
 
 
-def find(name: str, *, upstream: str, model: str, workdir: Path, policy: str) -> Contender | str:
-    """The contender called ``name`` forwarding to ``upstream``, or why it cannot run here."""
+def find(name: str, *, upstream: str | list[str], model: str, workdir: Path, policy: str) -> Contender | str:
+    """The contender called ``name`` forwarding to ``upstream`` (one URL or several), or why it cannot run here.
+
+    LiteLLM takes one ``api_base`` per model entry: with several upstreams it gets the first.
+    """
+    upstreams = [upstream] if isinstance(upstream, str) else list(upstream)
+    upstream = upstreams[0]
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     if name == "llmgw":
         # The peers' policy under llmgw's name for it; an llmgw routing name passes as it is.
         routing = LLMGW_ROUTING.get(policy, policy)
         table = {"version": 1, "models": [{"name": model, "served_name": model, "state": "Ready", "routing": routing,
-                                           "endpoints": [{"replica_id": "r-bench", "url": upstream}]}]}
+                                           "endpoints": [{"replica_id": f"r-bench-{i}", "url": u}
+                                                         for i, u in enumerate(upstreams)]}]}
         path = workdir / "llmgw-table.json"
         path.write_text(json.dumps(table))
         return Contender(name, [python_for_project(), "-m", "llmgw.router.standalone", "--port", str(port),
@@ -102,12 +108,12 @@ def find(name: str, *, upstream: str, model: str, workdir: Path, policy: str) ->
     metrics = str(free_port())
     if name == "sglang-router":
         return Contender(name, [str(binary), "launch", "--host", "127.0.0.1", "--port", str(port),
-                                "--worker-urls", upstream, "--policy", policy,
+                                "--worker-urls", *upstreams, "--policy", policy,
                                 "--prometheus-host", "127.0.0.1", "--prometheus-port", metrics,
                                 "--log-level", "warn"],
                          url, "/health", note=f"launch --worker-urls <sim> --policy {policy}")
     return Contender(name, [str(binary), "--host", "127.0.0.1", "--port", str(port),
-                            "--worker-urls", upstream, "--policy", policy,
+                            "--worker-urls", *upstreams, "--policy", policy,
                             "--prometheus-host", "127.0.0.1", "--prometheus-port", metrics,
                             "--log-level", "warning"],
                      url, "/health", note=f"--worker-urls <sim> --policy {policy}")

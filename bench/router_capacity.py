@@ -94,9 +94,9 @@ def lua(workdir: Path, key: str, *, stream: bool) -> Path:
     return path
 
 
-def wrk(url: str, script: Path, *, seconds: float, connections: int) -> dict[str, float]:
+def wrk(url: str, script: Path, *, seconds: float, connections: int, threads: int = 1) -> dict[str, float]:
     """req/s, non-2xx answers, socket errors and (streams) incomplete streams from one wrk run on core 1."""
-    argv = [*router_peers.pin(1), "wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s", "-s", str(script),
+    argv = [*router_peers.pin(1), "wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds:g}s", "-s", str(script),
             url + "/v1/chat/completions"]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 30, check=True).stdout
     found = {"rps": re.search(r"Requests/sec:\s+([\d.]+)", out),
@@ -124,7 +124,7 @@ def per_cpu_second(url: str, script: Path, args: argparse.Namespace, pid: int | 
     compare across a busy machine's rounds: the one-core capacity if it had the core alone.
     """
     before = cpu_seconds(pid) if pid else 0.0
-    result = wrk(url, script, seconds=args.seconds, connections=args.connections)
+    result = wrk(url, script, seconds=args.seconds, connections=args.connections, threads=args.threads)
     spent = cpu_seconds(pid) - before if pid else 0.0
     result["per_cpu_s"] = result["requests"] / spent if spent > 0 else 0.0
     return result
@@ -143,13 +143,27 @@ def measure(url: str, key: str, args: argparse.Namespace, workdir: Path, *, warm
     post, stream = lua(workdir, key, stream=False), lua(workdir, key, stream=True)
     if warm:
         ready(url, post)
-        wrk(url, post, seconds=args.warmup, connections=args.connections)
+        wrk(url, post, seconds=args.warmup, connections=args.connections, threads=args.threads)
     whole = per_cpu_second(url, post, args, pid)
     streamed = per_cpu_second(url, stream, args, pid)
-    return {"rps": whole["rps"], "streams": streamed["rps"],
+    return {"rps": whole["rps"], "streams": streamed["rps"], "rss_mib": rss_mib(pid) if pid else 0.0,
             "cpu_rps": whole["per_cpu_s"], "cpu_streams": streamed["per_cpu_s"],
             "bad": whole["non2xx"] + streamed["non2xx"] + whole["socket_errors"] + streamed["socket_errors"]
             + streamed["incomplete"]}
+
+
+def rss_mib(pid: int) -> float:
+    """Resident memory of process ``pid`` and its children (a router's workers), in MiB, from /proc."""
+    total = 0
+    pids = [pid]
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    if children.exists():
+        pids += [int(c) for c in children.read_text().split()]
+    for one in pids:
+        for line in Path(f"/proc/{one}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1])
+    return total / 1024
 
 
 def latency(url: str, key: str, n: int) -> dict[str, float]:
@@ -163,18 +177,19 @@ def median_row(rounds: list[dict[str, float]]) -> dict[str, float]:
     # The best round too: the machine's other load only ever takes capacity away.
     row.update({f"best_{k}": max(r[k] for r in rounds) for k in ("rps", "streams")})
     row["bad"] = sum(r["bad"] for r in rounds)
+    row["rss_mib"] = max(r.get("rss_mib", 0.0) for r in rounds)
     return row
 
 
 def report(rows: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
     direct = [r for n, r in rows.items() if n.startswith("direct")]
     ours = rows.get("llmgw")
-    print(f"\nmedians of {args.rounds} rounds of wrk -t1 -c{args.connections} -d{args.seconds:g}s; router on core 0, "
-          f"upstream and wrk on core 1"
+    print(f"\nmedians of {args.rounds} rounds of wrk -t{args.threads} -c{args.connections} -d{args.seconds:g}s; "
+          f"router on core 0, {args.upstreams} upstream(s) and wrk on core 1"
           f"{f'; TTFT over {args.latency} streamed requests at concurrency 1' if args.latency else ''}")
     head = (f"{'':16} {'req/s':>8} {'x llmgw':>8} {'x direct':>8} {'streams/s':>10} {'x llmgw':>8} {'x direct':>8}"
             f" {'best req/s':>10} {'x llmgw':>8} {'best str/s':>10} {'x llmgw':>8}")
-    head += f" {'req/cpu-s':>10} {'x llmgw':>8} {'str/cpu-s':>10} {'x llmgw':>8}"
+    head += f" {'req/cpu-s':>10} {'x llmgw':>8} {'str/cpu-s':>10} {'x llmgw':>8} {'RSS MiB':>8} {'x llmgw':>8}"
     if args.latency:
         head += f" {'ttft p50':>9} {'ttft p99':>9} {'+p50':>7} {'+p99':>7}"
     print(head)
@@ -185,7 +200,8 @@ def report(rows: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
         line = (f"{name:16} {row['rps']:8.0f} {ratio('rps', ours)} {ratio('rps', base)} {row['streams']:10.0f} "
                 f"{ratio('streams', ours)} {ratio('streams', base)} {row['best_rps']:10.0f} {ratio('best_rps', ours)} "
                 f"{row['best_streams']:10.0f} {ratio('best_streams', ours)} {row['cpu_rps']:10.0f} "
-                f"{ratio('cpu_rps', ours)} {row['cpu_streams']:10.0f} {ratio('cpu_streams', ours)}")
+                f"{ratio('cpu_rps', ours)} {row['cpu_streams']:10.0f} {ratio('cpu_streams', ours)}"
+                f" {row.get('rss_mib', 0):8.1f} {ratio('rss_mib', ours)}")
         if args.latency and "p50" in row:
             added = ("" if name.startswith("direct") or not base else
                      f" {row['p50'] - base['p50']:7.3f} {row['p99'] - base['p99']:7.3f}")
@@ -196,43 +212,45 @@ def report(rows: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
 
 
 def llmgw_variant(found: peers.Contender, name: str, args: argparse.Namespace,
-                  workdir: Path) -> tuple[peers.Contender, Path | None]:
+                  workdir: Path, engine: str) -> tuple[peers.Contender, Path | None]:
     """llmgw's contender with ``--engine`` in its table, run from ``--tree`` (``llmgw-before``: ``--before``)."""
     argv = list(found.argv)
     at = argv.index("--table-file") + 1
     table = json.loads(Path(argv[at]).read_text())
     for model in table["models"]:
-        model["engine"] = args.engine
-    argv[at] = str(workdir / f"{name}-table.json")
+        model["engine"] = engine
+    argv[at] = str(workdir / f"{name}-{engine or 'none'}-table.json")
     Path(argv[at]).write_text(json.dumps(table))
     other = args.before if name == "llmgw-before" else args.tree
+    # The worker count by variable, not flag: a checkout from before ``--workers`` ignores it.
+    workers = {"LLMGW_ROUTER_WORKERS": str(args.workers)}
     if not other:
-        return dataclasses.replace(found, name=name, argv=argv), None
+        return dataclasses.replace(found, name=name, argv=argv, env={**(found.env or os.environ), **workers}), None
     tree = Path(other).resolve()
     # PYTHONPATH before the venv's editable install, and the tree as the working directory
     # (``-m`` puts it first on sys.path): the router's modules come from the other checkout.
-    env = {**(found.env or os.environ), "PYTHONPATH": str(tree)}
+    env = {**(found.env or os.environ), "PYTHONPATH": str(tree), **workers}
     return dataclasses.replace(found, name=name, argv=argv, env=env), tree
 
 
-def run_group(names: list[str], args: argparse.Namespace, upstream_url: str, workdir: Path, *,
-              rounds: int) -> dict[str, dict[str, float]]:
+def run_group(names: list[str], args: argparse.Namespace, upstream_urls: list[str], workdir: Path, *,
+              rounds: int, engine: str = "") -> dict[str, dict[str, float]]:
     """Start ``names`` together, let them settle, measure each in interleaved rounds, stop them."""
     procs: list[Proc] = []
     contenders: dict[str, tuple[str, str, int | None]] = {}
     try:
         for name in names:
             if name == "direct":
-                contenders[name] = (upstream_url, "", None)
+                contenders[name] = (upstream_urls[0], "", None)
                 continue
             kind = "llmgw" if name.startswith("llmgw") else name
-            found = peers.find(kind, upstream=upstream_url, model=MODEL, workdir=workdir, policy=args.policy)
+            found = peers.find(kind, upstream=upstream_urls, model=MODEL, workdir=workdir, policy=args.policy)
             if isinstance(found, str):
                 print(f"skipping {name}: {found}")
                 continue
             cwd = None
             if kind == "llmgw":
-                found, cwd = llmgw_variant(found, name, args, workdir)
+                found, cwd = llmgw_variant(found, name, args, workdir, engine)
             proc = Proc.start([*router_peers.pin(0), *found.argv], env=found.env, log_path=workdir / f"{name}.log",
                               cwd=cwd)
             procs.append(proc)
@@ -277,11 +295,16 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="rounds over every contender; figures are medians")
     parser.add_argument("--settle", type=float, default=5.0, help="seconds between start-up and measuring")
     parser.add_argument("--warmup", type=float, default=2.0)
-    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--connections", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=2, help="wrk's threads (all on core 1)")
+    parser.add_argument("--upstreams", type=int, default=2, help="fast upstreams behind every router (round robin)")
     parser.add_argument("--latency", type=int, default=1000, help="streamed requests for TTFT (0: skip)")
     parser.add_argument("--policy", default="round_robin",
                         help="the peers' --policy and llmgw's routing (llmgw's default is prefix_cache)")
-    parser.add_argument("--engine", default="", help="the engine llmgw's table names (llamacpp: its splices)")
+    parser.add_argument("--engine", nargs="*", default=[""],
+                        help="the engine(s) llmgw's table names, one run each (llamacpp: its splices; the "
+                             "upstreams then write llama.cpp's bytes, for the peers too)")
+    parser.add_argument("--workers", type=int, default=1, help="llmgw's --workers (LLMGW_ROUTER_WORKERS)")
     parser.add_argument("--before", metavar="TREE",
                         help="also measure llmgw from this checkout (a git worktree) as llmgw-before")
     parser.add_argument("--tree", metavar="TREE",
@@ -294,31 +317,45 @@ def main() -> int:
     if router_peers.pin(1):
         os.sched_setaffinity(0, {1})  # this script's latency client shares core 1, never the router's core 0
     workdir = Path(tempfile.mkdtemp(prefix="llmgw-capacity-"))
-    port = free_port()
-    upstream_url = f"http://127.0.0.1:{port}"
-    upstream = Proc.start([*router_peers.pin(1), peers.python_for_project(), str(HERE / "fast_upstream.py"),
-                           "--port", str(port), "--model", MODEL,
-                           # llama.cpp's own bytes when llmgw treats the upstream as llama.cpp.
-                           "--order", "llamacpp" if args.engine == "llamacpp" else "openai"],
-                          log_path=workdir / "upstream.log")
-    rows: dict[str, dict[str, float]] = {}
+    for engine in args.engine:
+        if len(args.engine) > 1:
+            print(f"\n== the table's engine: {engine or '(none)'}", flush=True)
+        one_engine(args, workdir, engine)
+    print(f"logs in {workdir}")
+    return 0
+
+
+def one_engine(args: argparse.Namespace, workdir: Path, engine: str) -> None:
+    """Every contender in front of ``args.upstreams`` fast upstreams writing ``engine``'s bytes."""
+    upstreams: list[Proc] = []
+    urls: list[str] = []
     try:
-        upstream.wait_http(upstream_url + "/health", timeout=30)
+        for i in range(args.upstreams):
+            port = free_port()
+            urls.append(f"http://127.0.0.1:{port}")
+            upstreams.append(Proc.start(
+                [*router_peers.pin(1), peers.python_for_project(), str(HERE / "fast_upstream.py"), "--port",
+                 str(port), "--model", MODEL,
+                 # llama.cpp's own bytes when llmgw treats the upstream as llama.cpp.
+                 "--order", "llamacpp" if engine == "llamacpp" else "openai"],
+                log_path=workdir / f"upstream-{engine or 'none'}-{i}.log"))
+        for proc, url in zip(upstreams, urls, strict=True):
+            proc.wait_http(url + "/health", timeout=30)
+        rows: dict[str, dict[str, float]] = {}
         # LiteLLM measured alone, after the others: idle, it still runs background work on
         # core 0 for a while after it starts, which took up to a third off the others' first round.
         together = [n for n in args.only if n not in SOLO]
         if args.before and "llmgw" in together:
             together.insert(together.index("llmgw") + 1, "llmgw-before")
-        rows.update(run_group(["direct", *together], args, upstream_url, workdir, rounds=args.rounds))
+        rows.update(run_group(["direct", *together], args, urls, workdir, rounds=args.rounds, engine=engine))
         for name in args.only:
             if name in SOLO:
-                rows.update(run_group([name], args, upstream_url, workdir, rounds=1))
+                rows.update(run_group([name], args, urls, workdir, rounds=1, engine=engine))
         if rows:
             report(rows, args)
-        print(f"logs in {workdir}")
     finally:
-        upstream.stop()
-    return 0
+        for proc in upstreams:
+            proc.stop()
 
 
 if __name__ == "__main__":

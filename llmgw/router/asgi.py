@@ -29,6 +29,12 @@ class ClientGone(Exception):
 
 async def read_body(receive: Receive, *, limit: int) -> bytes:
     """The whole request body; raise ``ClientGone`` on disconnect, a 413 ``ApiError`` past ``limit``."""
+    # The router's own server (``connection.Connection``) has the body whole already: taken without a message.
+    take = getattr(getattr(receive, "__self__", None), "take_body", None)
+    if take is not None and (body := take()) is not None:
+        if len(body) > limit:
+            raise errors.body_too_large(limit)
+        return body
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -81,6 +87,13 @@ def start_message(status: int, content_type: bytes, *, length: int | None = None
 
 async def send_bytes(send: Send, status: int, body: bytes, *, content_type: bytes = JSON,
                      extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    # The router's own server (``httphead.ResponseWriter``, whose bound ``_send`` this is when nothing wraps it)
+    # writes a whole answer in one call, without the two messages (issue 27). A wrapped ``send`` (headers
+    # added, tokens counted) is a plain function: it gets the messages.
+    whole = getattr(getattr(send, "__self__", None), "send_whole", None)
+    if whole is not None:
+        await whole(status, content_type, body, extra)
+        return
     await send(start_message(status, content_type, length=len(body), extra=extra))
     await send({"type": "http.response.body", "body": body, "more_body": False})
 

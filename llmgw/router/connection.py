@@ -262,6 +262,15 @@ class Connection(httphead.ResponseWriter, asyncio.Protocol):
         else:
             self.idle_since = self._loop.time()
 
+    def take_body(self) -> bytes | None:
+        """The request's body, read whole already, without a ``receive`` message (``asgi.read_body``); None once
+        taken."""
+        if self._delivered:
+            return None
+        self._delivered = True
+        body, self._request_body = self._request_body, b""
+        return body
+
     async def _receive(self) -> dict[str, Any]:
         if not self._delivered:
             self._delivered = True

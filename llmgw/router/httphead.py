@@ -99,6 +99,35 @@ class ResponseWriter:
             self._drain = self._loop.create_future()
             await self._drain
 
+    async def send_whole(self, status: int, content_type: bytes, body: bytes,
+                         extra: list[tuple[bytes, bytes]] | None) -> None:
+        """A whole answer, head and body in one write: what ``asgi.send_bytes``'s two messages make, without them.
+
+        ``extra``: headers besides the content type and length (never ``connection`` or ``content-length``:
+        the router's own, such as ``x-llmgw-upstream`` and the ``x-ratelimit-*`` ones).
+        """
+        if self._head_sent or self._status:
+            raise RuntimeError("http.response.start sent twice")
+        self._status = status
+        if self._lost or self.transport is None:
+            return
+        self._head_sent = self._complete = True
+        parts = [status_line(status), b"content-type: ", content_type, b"\r\ncontent-length: %d\r\n" % len(body)]
+        if extra:
+            for name, value in extra:
+                parts += (name, b": ", value, b"\r\n")
+        if not self._keep_alive:
+            parts.append(b"connection: close\r\n")
+        parts += (self.server.clock.date(), b"\r\n")
+        if not self._head_only:
+            parts.append(body)
+        self.transport.write(b"".join(parts))
+        if self._gone is not None and not self._gone.done():
+            self._gone.set_result(None)
+        if self._paused and not self._lost:
+            self._drain = self._loop.create_future()
+            await self._drain
+
     def _head(self, body: bytes, more: bool) -> bytes:
         if not self._status:
             raise RuntimeError("http.response.body sent before http.response.start")

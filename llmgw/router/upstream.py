@@ -82,6 +82,8 @@ log = logging.getLogger(__name__)
 #: is the engine refusing the key the control plane gave the router, not the client's key
 #: (which never reaches an engine): relayed, it would tell the client its own key is wrong.
 RETRY_STATUSES = frozenset({401, 502, 503, 504})
+#: What a first attempt with nothing ejected, hung or full excludes (never mutated).
+_NOTHING: frozenset[str] = frozenset()
 
 
 class _AttemptFailed(Exception):
@@ -263,10 +265,12 @@ class Forwarder:
 
         Raises ``Overloaded`` when every replica is at its concurrency limit before any attempt.
         """
-        load = self.loads.of(ids)
+        load = self.loads.of(ids) if policy.uses_load else policies.NO_LOAD
         # Replicas at their concurrency limit are never picked, ejected or not.
         full = pick.at_limit(ids, self.loads.in_flight, route.replica_limit)
-        endpoint, lacking = policy.pick(route.name, route.endpoints, load=load, key=key, exclude=tried | ejected | full)
+        # The usual first attempt excludes nothing: no set is built for it.
+        exclude = tried | ejected | full if tried or ejected or full else _NOTHING
+        endpoint, lacking = policy.pick(route.name, route.endpoints, load=load, key=key, exclude=exclude)
         if endpoint is None and ejected:
             # Every endpoint left is ejected: trying one beats failing the request.
             endpoint, lacking = policy.pick(route.name, route.endpoints, load=load, key=key, exclude=tried | full)

@@ -367,3 +367,43 @@ def test_a_large_body_survives_the_read_pause() -> None:
             pool.close()
             srv.close()
     run(main())
+
+
+async def whole_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """The router's own helpers: ``asgi.read_body`` (the server hands the body over without a message) and
+    ``asgi.send_bytes`` (the server writes the answer in one call, without the two messages)."""
+    try:
+        body = await asgi.read_body(receive, limit=8)
+    except Exception as exc:  # the 413 the router's app would answer
+        await asgi.send_bytes(send, getattr(exc, "status", 500), b'{"error":"too large"}')
+        return
+    await asgi.send_bytes(send, 201, b"got " + body, content_type=b"text/plain",
+                          extra=[(b"x-llmgw-upstream", b"r0"), (b"retry-after", b"3")])
+
+
+def test_whole_answers_written_in_one_call_keep_every_header_and_framing() -> None:
+    """The fast path (issue 27) writes what the message path wrote: status, type, length, extra headers, date;
+    HEAD without a body; ``connection: close`` when the client asked; the body limit still refuses."""
+    async def main() -> None:
+        http, port = await _serving(whole_app)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"POST /w HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n\r\nhello")
+            status, headers, body = await _read_response(reader)
+            assert status == b"HTTP/1.1 201 Created" and body == b"got hello"
+            assert headers[b"content-type"] == b"text/plain" and headers[b"content-length"] == b"9"
+            assert headers[b"x-llmgw-upstream"] == b"r0" and headers[b"retry-after"] == b"3"
+            assert b"date" in headers and b"connection" not in headers
+            writer.write(b"HEAD /w HTTP/1.1\r\nHost: t\r\n\r\n")
+            head = await reader.readuntil(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 201") and b"content-length: 4\r\n" in head
+            writer.write(b"POST /w HTTP/1.1\r\nHost: t\r\nContent-Length: 9\r\n\r\ntoo large")
+            status, _, body = await _read_response(reader)
+            assert status.startswith(b"HTTP/1.1 413") and b"too large" in body
+            writer.write(b"POST /w HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+            status, headers, body = await _read_response(reader)
+            assert body == b"got ok" and headers[b"connection"] == b"close"
+            assert await reader.read() == b""  # HEAD's answer had no body, and the server closed after the close
+        finally:
+            await http.shutdown(1)
+    run(main())

@@ -245,3 +245,22 @@ def test_prefix_cache_charges_a_routed_request_until_done() -> None:
     policy.done(ticket)  # once only
     assert policy.cache.pending == {}
     assert policy.routed("m", "vllm", "r0", 0, pick.NO_KEY, stream=False) is None  # nothing to charge or wait on
+
+
+@pytest.mark.parametrize("name", list(policies.REGISTRY))
+def test_a_policy_that_says_it_reads_no_load_picks_the_same_whatever_the_load(name: str) -> None:
+    """``uses_load = False`` spares the router a map of every endpoint's load per request (issue 27); a policy
+    whose picks the load moves must therefore say it reads it, or it would be handed ``NO_LOAD`` and pick blind."""
+    heavy = {"r0": 50.0, "r1": 0.0, "r2": 50.0}
+    light = {"r0": 0.0, "r1": 50.0, "r2": 0.0}
+    key = pick.RequestKey(session="s", blocks=(1, 2))
+    one, other = policies.create()[name], policies.create()[name]
+    picks = [(ids([one.pick("m", EPS, load=heavy, key=key)[0]]), ids([other.pick("m", EPS, load=light, key=key)[0]]))
+             for _ in range(6)]
+    moved = any(a != b for a, b in picks)
+    if not policies.REGISTRY[name].uses_load:
+        assert not moved, (name, picks)
+    if name == "least_outstanding":
+        assert moved and policies.REGISTRY[name].uses_load
+    if name == "round_robin":
+        assert not policies.REGISTRY[name].uses_load

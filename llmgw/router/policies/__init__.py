@@ -13,7 +13,7 @@ name in ``specs.ROUTING_POLICIES``.
 from __future__ import annotations
 
 from llmgw.router.pick import DEFAULT_ROUTING
-from llmgw.router.policies.base import Options, Policy, Ticket
+from llmgw.router.policies.base import NO_LOAD, Options, Policy, Ticket
 from llmgw.router.policies.least_outstanding import LeastOutstanding
 from llmgw.router.policies.prefix_cache import PrefixCache
 from llmgw.router.policies.round_robin import RoundRobin
@@ -34,5 +34,5 @@ def create(options: Options = Options()) -> dict[str, Policy]:
     return {name: cls(options) for name, cls in REGISTRY.items()}
 
 
-__all__ = ["DEFAULT", "KEYED", "REGISTRY", "Options", "Policy", "Ticket", "create",
+__all__ = ["DEFAULT", "KEYED", "NO_LOAD", "REGISTRY", "Options", "Policy", "Ticket", "create",
            "LeastOutstanding", "PrefixCache", "RoundRobin", "SessionAffinity"]

@@ -56,6 +56,9 @@ class Policy:
     name: ClassVar[str]
     #: Whether ``pick`` reads the request's affinity key (prompt blocks, session).
     keyed: ClassVar[bool] = False
+    #: Whether ``pick`` reads the endpoints' load: a policy that does not is given ``NO_LOAD``, and the router
+    #: builds no per-request map of every endpoint's load for it (issue 27: a feature pays only when used).
+    uses_load: ClassVar[bool] = True
 
     def __init__(self, options: Options = Options()) -> None:
         self.options = options

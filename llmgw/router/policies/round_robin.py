@@ -11,6 +11,7 @@ from llmgw.router.policies.base import NO_LOAD, Options, Policy
 
 class RoundRobin(Policy):
     name = "round_robin"
+    uses_load = False
 
     def __init__(self, options: Options = Options()) -> None:
         super().__init__(options)
