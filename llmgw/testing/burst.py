@@ -141,7 +141,7 @@ class StandaloneRouter:
                                 str(self.port), "--control", self.controls, "--token-file", str(self.token_file),
                                 "--router-id", self.name, "--usage-journal-dir", str(self.journal),
                                 # The burst comes from one address, with more connections than the default cap.
-                                "--max-connections-per-address", "0"],
+                                "--max-connections-per-address", "0", "--workers", "1"],
                                log_path=self.root / f"{self.name}.log")
         self.proc.wait_http(self.url + "/metrics", timeout=30)
 
