@@ -23,7 +23,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -106,13 +106,20 @@ def describe(status: int) -> str:
     return f"exit {status}"
 
 
-class Supervisor:
-    """Runs one process per config file, restarting any that exits until ``stop``."""
+def worker_argv(config: Path) -> list[str]:
+    """The command of the worker whose settings file is ``config``."""
+    return [sys.executable, "-m", "llmgw.router.standalone", "--config", str(config)]
 
-    def __init__(self, configs: list[Path], env: Mapping[str, str], *, grace_s: float) -> None:
+
+class Supervisor:
+    """Runs one process per config file (``argv(config)``), restarting any that exits until ``stop``."""
+
+    def __init__(self, configs: list[Path], env: Mapping[str, str], *, grace_s: float,
+                 argv: Callable[[Path], list[str]] = worker_argv, extra_grace_s: float = EXTRA_GRACE_S) -> None:
         self._configs = configs
         self._env = dict(env)
-        self._grace_s = grace_s
+        self._argv = argv
+        self._grace_s = grace_s + extra_grace_s
         self._procs: dict[int, asyncio.subprocess.Process] = {}
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -129,8 +136,8 @@ class Supervisor:
                        for i in range(len(self._configs))]
 
     async def _spawn(self, index: int) -> asyncio.subprocess.Process:
-        argv = [sys.executable, "-m", "llmgw.router.standalone", "--config", str(self._configs[index])]
-        proc = await asyncio.create_subprocess_exec(*argv, env=self._env, stdin=asyncio.subprocess.DEVNULL)
+        proc = await asyncio.create_subprocess_exec(*self._argv(self._configs[index]), env=self._env,
+                                                    stdin=asyncio.subprocess.DEVNULL)
         self._procs[index] = proc
         self.starts[index] += 1
         return proc
@@ -145,6 +152,9 @@ class Supervisor:
             except OSError as exc:
                 status, proc_pid = f"could not start: {exc}", 0
             else:
+                if self._stopping.is_set():  # started while ``stop`` was signalling the others
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.send_signal(signal.SIGTERM)
                 status, proc_pid = describe(await proc.wait()), proc.pid
             if self._stopping.is_set():
                 return
@@ -157,21 +167,21 @@ class Supervisor:
     async def stop(self) -> None:
         """SIGTERM to every worker, up to the grace period (and a little) to drain, then SIGKILL to those left."""
         self._stopping.set()
-        running = [p for p in self._procs.values() if p.returncode is None]
-        for proc in running:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
-        if running:
-            _, left = await asyncio.wait([asyncio.create_task(p.wait()) for p in running],
-                                         timeout=self._grace_s + EXTRA_GRACE_S)
-            for proc in running:
-                if proc.returncode is None:
-                    log.warning("worker pid %d still running after %gs: killing it", proc.pid,
-                                self._grace_s + EXTRA_GRACE_S)
-                    with contextlib.suppress(ProcessLookupError):
-                        proc.kill()
-            if left:
-                await asyncio.gather(*left, return_exceptions=True)
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for proc in self._procs.values():
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGTERM)
+        if not self._tasks:
+            return
+        # Each worker's task ends once its process exited (or, between two starts, at once).
+        _, left = await asyncio.wait(self._tasks, timeout=self._grace_s)
+        for proc in self._procs.values():
+            if proc.returncode is None:
+                log.warning("worker pid %d still running after %gs: killing it", proc.pid, self._grace_s)
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+        if left:
+            _, stuck = await asyncio.wait(left, timeout=5.0)
+            for task in stuck:
+                task.cancel()
+            await asyncio.gather(*left, return_exceptions=True)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import stat
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -56,3 +60,33 @@ def test_a_workers_environment_has_the_hubs_secret_and_pid_and_none_of_the_route
                               "LLMGW_ROUTER_WORKERS": "4", "LLMGW_TRACING_ENDPOINT": "http://otel:4318"},
                              secret="s", hub_pid=77)
     assert env == {"PATH": "/bin", "LLMGW_TRACING_ENDPOINT": "http://otel:4318", TOKEN_ENV: "s", HUB_PID_ENV: "77"}
+
+
+def _python(code: str) -> Callable[[Path], list[str]]:
+    return lambda config: [sys.executable, "-c", code]
+
+
+def test_the_supervisor_restarts_a_worker_that_exits_and_kills_one_that_ignores_sigterm(tmp_path: Path) -> None:
+    """Real child processes: one exits 3 at once (started again, with the backoff between), one ignores SIGTERM
+    (killed once the grace period is over)."""
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); " \
+               "time.sleep(60)"
+
+    async def scenario() -> tuple[list[int], list[int], float]:
+        crashing = workers.Supervisor([tmp_path / "a"], {}, grace_s=0.5, extra_grace_s=0.0,
+                                      argv=_python("import sys; sys.exit(3)"))
+        crashing.start()
+        await asyncio.sleep(2.6)  # starts at 0, ~0.6, ~1.7 (0.5 then 1 s of backoff), the next not before ~3.8
+        await crashing.stop()
+        holding = workers.Supervisor([tmp_path / "b"], {}, grace_s=0.5, extra_grace_s=0.0, argv=_python(stubborn))
+        holding.start()
+        await asyncio.sleep(0.5)
+        pids = holding.pids
+        t0 = time.monotonic()
+        await holding.stop()
+        return crashing.starts, pids, time.monotonic() - t0
+
+    starts, pids, took = asyncio.run(scenario())
+    assert starts == [3]
+    assert len(pids) == 1 and not os.path.exists(f"/proc/{pids[0]}")
+    assert 0.5 <= took < 3.0
