@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -230,3 +231,27 @@ def test_over_a_static_table_the_hub_grants_a_keys_rpm_across_workers_exactly() 
         return got
 
     assert asyncio.run(scenario()) == 50
+
+
+def test_the_hub_holds_the_port_its_workers_listen_on_beside_it() -> None:
+    """Port 0 chooses one and holds it (bound, not listening); a worker's SO_REUSEPORT listener binds beside it,
+    and a port another program listens on is refused at the start."""
+    held = hub.hold_port("127.0.0.1", 0)
+    try:
+        port = held.getsockname()[1]
+        assert port > 0
+        worker = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        worker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        worker.bind(("127.0.0.1", port))
+        worker.listen()
+        worker.close()
+    finally:
+        held.close()
+    other = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        with pytest.raises(OSError):
+            hub.hold_port("127.0.0.1", other.getsockname()[1]).close()
+    finally:
+        other.close()
