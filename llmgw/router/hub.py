@@ -236,6 +236,9 @@ def run(settings: RouterSettings) -> int:
     except (OSError, ValueError, table_mod.TableError) as exc:
         print(f"llmgw router: {exc}", file=sys.stderr)
         return 2
+    if settings.control and not token:
+        log.warning("no router credential (--token-file or LLMGW_ROUTER_TOKEN): a secure control plane will refuse "
+                    "this router its routes; `llmgw router-token create NAME` makes one")
     try:
         held = hold_port(settings.host, settings.port)
     except OSError as exc:
