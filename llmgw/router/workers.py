@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from llmgw.api.reports import MAX_ROUTER_ID
 from llmgw.core import settingsgen
 from llmgw.router.settings import HUB_PID_ENV, TOKEN_ENV, RouterSettings
 
@@ -70,7 +71,9 @@ def worker_settings(settings: RouterSettings, index: int, *, hub_url: str, port:
         values[s.name] = str(value) if isinstance(value, Path) else value
     values.pop("table_file", None)
     values.pop("token_file", None)
-    values |= {"control": hub_url, "router_id": f"{name}.w{index}", "port": port, "workers": 1}
+    suffix = f".w{index}"  # the name cut so the worker's id stays one the control plane takes
+    values |= {"control": hub_url, "router_id": name[:MAX_ROUTER_ID - len(suffix)] + suffix, "port": port,
+               "workers": 1}
     if settings.usage_journal_dir is not None:
         values["usage_journal_dir"] = str(settings.usage_journal_dir / f"w{index}")
     return values
