@@ -214,7 +214,7 @@ def main() -> int:
                  "endpoints": [{"replica_id": "r-1", "url": f"http://127.0.0.1:{engine_port}"}]}]}))
             procs.append(Proc.start([sys.executable, "-m", "llmgw.router.standalone", "--host", "127.0.0.1",
                                      "--port", str(router_port), "--table-file", str(table), "--log-level",
-                                     "warning"], log_path=Path(tmp) / "router.log"))
+                                     "warning", "--workers", "1"], log_path=Path(tmp) / "router.log"))
             procs[-1].wait_http(f"http://127.0.0.1:{router_port}/v1/models", timeout=30)
             slots = SimStats(engine_port) if args.engine == "sim" else Slots(engine_port)
             results: dict[str, list[float]] = {"direct mid": [], "router mid": [], "direct early": [],

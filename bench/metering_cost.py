@@ -117,7 +117,7 @@ def main() -> int:
         for name in ("off", "meter", "on"):
             port = free_port()
             argv = ([py, "-m", "llmgw.router.standalone", "--port", str(port), "--table-file", str(table_file),
-                     "--log-level", "warning"] if name == "off" else
+                     "--log-level", "warning", "--workers", "1"] if name == "off" else
                     [py, str(HERE / "metering_cost.py"), "--serve", str(table_file), str(port),
                      str(workdir / f"journal-{name}"), name])
             proc = Proc.start([*router_peers.pin(0), *argv], log_path=workdir / f"{name}.log")

@@ -409,7 +409,7 @@ def router_argv(contender: str, upstreams: list[str], workdir: Path, port: int, 
         python = REPO / ".venv" / "bin" / "python"
         return [*pin, str(python if python.exists() else sys.executable), "-m",
                 "llmgw.router.standalone", "--port", str(port), "--table-file", str(path),
-                "--log-level", "warning"], "/v1/models"
+                "--log-level", "warning", "--workers", "1"], "/v1/models"
     binary = PEERS_BIN / "sglang-router"
     if not binary.exists():
         return f"{binary} is missing; run `make bench-peers`"

@@ -108,7 +108,8 @@ def main() -> int:
                                  "--api-key", KEY, "--decode-tps", str(args.decode_tps), "--prefill-tps", "1e7",
                                  "--parallel", str(max(8, args.concurrency))], log_path=logs / "sim.log"))
         procs.append(Proc.start([sys.executable, "-m", "llmgw.router.standalone", "--port", str(router_port),
-                                 "--table-file", str(logs / "table.json"), "--log-level", "warning"],
+                                 "--table-file", str(logs / "table.json"), "--log-level", "warning",
+                                 "--workers", "1"],
                                 log_path=logs / "router.log"))
         procs[0].wait_http(sim_url + "/health", timeout=30)
         procs[1].wait_http(router_url + "/v1/models", timeout=30)

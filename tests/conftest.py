@@ -24,6 +24,12 @@ from pathlib import Path
 
 import pytest
 
+# A router started by a test (``python -m llmgw.router.standalone``, ``llmgw router``) serves from one process,
+# as every test but the workers' own was written for: ``--workers`` defaults to one per core, and a hub with
+# workers would make each such test start several processes and read its router's /metrics from any one of
+# them. The workers' tests give ``--workers`` themselves (a flag beats the variable).
+os.environ.setdefault("LLMGW_ROUTER_WORKERS", "1")
+
 _OURS: Path | None = None
 _FAILED = False
 _PREFIX = "llmgw-tests-"

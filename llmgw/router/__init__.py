@@ -31,7 +31,10 @@ Beside the path:
   ``signals``: the autoscaler's load signals;
 * ``metrics``: the Prometheus registry; ``tracing``: OpenTelemetry spans, only when asked for;
 * ``settings``: the router's one settings object (``RouterSettings``, its flags generated from it);
-  ``standalone``: ``python -m llmgw.router.standalone`` for a router on its own.
+  ``standalone``: ``python -m llmgw.router.standalone`` for a router on its own;
+* ``hub``: ``--workers N``, N such routers on one port (SO_REUSEPORT) behind one hub that follows the control
+  plane once and serves them its router-facing API (or, over a static table, their limits from ``ledger``,
+  the in-memory budget ledger); ``workers``: how the hub starts, restarts and stops them.
 
 The router never imports ``llmgw.control`` or ``llmgw.agent``: they meet on the wire.
 """

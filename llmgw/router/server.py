@@ -61,9 +61,12 @@ class Server:
         self._servers: list[asyncio.AbstractServer] = []
         self._sweeper: asyncio.TimerHandle | None = None
 
-    async def start(self, host: str, port: int) -> asyncio.AbstractServer:
+    async def start(self, host: str, port: int, *, reuse_port: bool = False) -> asyncio.AbstractServer:
+        """Listen on ``host:port``; ``reuse_port``: with SO_REUSEPORT, so the router's workers (``router.hub``)
+        each listen on the same port and the kernel spreads new connections over them."""
         loop = asyncio.get_running_loop()
-        return self._started(await loop.create_server(lambda: Connection(self), host, port, backlog=2048))
+        return self._started(await loop.create_server(lambda: Connection(self), host, port, backlog=2048,
+                                                      reuse_port=reuse_port or None))
 
     async def start_on(self, sock: socket.socket) -> asyncio.AbstractServer:
         """Serve on ``sock``, a listening socket already bound (its port known before the server starts)."""

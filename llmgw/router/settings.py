@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from pathlib import Path
 from typing import ClassVar
 
@@ -23,6 +24,14 @@ from llmgw.router import limits
 TOKEN_ENV = "LLMGW_ROUTER_TOKEN"
 #: Where the OTLP collector's URL comes from when no --tracing-endpoint is given.
 TRACING_ENV = "LLMGW_TRACING_ENDPOINT"
+#: Set in a worker's environment by its hub (``router.hub``): the hub's pid. A worker listens with SO_REUSEPORT
+#: and stops once its parent is not that pid. Not a setting (no ``LLMGW_ROUTER_`` prefix): no one gives it.
+HUB_PID_ENV = "LLMGW_HUB_PID"
+#: ``--workers 0`` (the default) serves with one process per core, at most this many: past it, the hub's
+#: relay and the engines, not the routers' CPU, are what limits a machine.
+AUTO_WORKERS_CAP = 8
+#: The most ``--workers`` takes.
+MAX_WORKERS = 256
 
 
 def control_urls(value: str) -> tuple[str, ...]:
@@ -111,13 +120,24 @@ class RouterSettings:
                                              help="keep the usage records not yet stored by the control plane in "
                                                   "files here, sent again after a restart, so a kill -9 loses none "
                                                   "[default: in memory only: a kill -9 loses up to the last second]")
+    workers: int = setting(0, metavar="N", min=0, max=MAX_WORKERS,
+                           help="processes serving the port together (SO_REUSEPORT), sharing one table, one "
+                                "control-plane subscription and exact limits through a hub (router.hub); 1: one "
+                                f"process, no hub [default 0: the number of cores, at most {AUTO_WORKERS_CAP}]")
     proxy: ProxySettings = nested(ProxySettings)
 
     def __post_init__(self) -> None:
+        if not 0 <= self.workers <= MAX_WORKERS:
+            raise ValueError(f"--workers: expected 0 (one per core) to {MAX_WORKERS}, got {self.workers}")
         if self.table_file is not None and self.control:
             raise ValueError("give a table file or a control-plane URL, not both")
         if isinstance(self.control, str):   # one URL given as a string: the tuple it stands for
             object.__setattr__(self, "control", control_urls(self.control))
+
+    @property
+    def worker_count(self) -> int:
+        """How many processes serve: ``workers``, or with 0 the number of cores, at most ``AUTO_WORKERS_CAP``."""
+        return self.workers or max(1, min(os.cpu_count() or 1, AUTO_WORKERS_CAP))
 
     @property
     def source(self) -> str:

@@ -13,6 +13,10 @@ does. Alone, the router serves its own ``GET /metrics``.
 SIGTERM or SIGINT stops listening at once, lets open requests (streams) finish
 for ``--graceful-shutdown`` seconds, then cuts them. The flags are ``RouterSettings``'s fields
 (``router.settings``).
+
+With ``--workers`` other than 1 the process started is a hub (``router.hub``) that serves nothing itself and
+runs that many of these as its workers; a worker (``HUB_PID_ENV`` names its hub) listens with SO_REUSEPORT
+and stops, as on SIGTERM, once its hub is gone.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from llmgw.router import app as app_mod
 from llmgw.router import auth, limits, reports, signals, tracing, usagehttp, watch
 from llmgw.router import server as server_mod
 from llmgw.router import table as table_mod
-from llmgw.router.settings import TOKEN_ENV, ProxySettings, RouterSettings
+from llmgw.router.settings import HUB_PID_ENV, TOKEN_ENV, ProxySettings, RouterSettings
 
 #: The settings file when no --config is given (``RouterSettings.ENV_PREFIX`` + CONFIG, as ``llmgw router``).
 CONFIG_ENV = RouterSettings.ENV_PREFIX + "CONFIG"
@@ -163,7 +167,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(settings: RouterSettings) -> int:
     """Serve as ``settings`` say until SIGTERM/SIGINT; the exit status."""
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    hub_pid = _hub_pid(os.environ)
+    # A worker's lines name it: its hub's log is theirs too (they share its stderr).
+    who = f" [{settings.router_id}]" if hub_pid is not None else ""
+    logging.basicConfig(level=settings.log_level.upper(),
+                        format=f"%(asctime)s %(levelname)s %(name)s{who}: %(message)s")
+    if hub_pid is None and settings.worker_count > 1:
+        from llmgw.router import hub  # the workers' parent: only when there are workers
+
+        return hub.run(settings)
     try:
         token = read_token(settings.token_file, os.environ) if settings.control else ""
     except ValueError as exc:
@@ -186,28 +198,53 @@ def run(settings: RouterSettings) -> int:
     try:
         return run_loop(serve(router, host=settings.host, port=settings.port,
                               max_body_bytes=settings.proxy.max_body_bytes, grace_s=settings.graceful_shutdown,
-                              http_limits=settings.proxy.limits, source=settings.source))
+                              http_limits=settings.proxy.limits, source=settings.source, hub_pid=hub_pid))
     except KeyboardInterrupt:
         return 0
 
 
+def _hub_pid(env: Mapping[str, str]) -> int | None:
+    """The pid of the hub this process is a worker of (``HUB_PID_ENV``), None when it is not one."""
+    value = env.get(HUB_PID_ENV, "")
+    return int(value) if value.isdigit() else None
+
+
+async def _orphaned(hub_pid: int, stop: asyncio.Event, every_s: float = 1.0) -> None:
+    """Set ``stop`` once this worker's parent is no longer ``hub_pid`` (the hub died, even by kill -9)."""
+    while not stop.is_set():
+        if os.getppid() != hub_pid:
+            log.warning("the hub (pid %d) is gone: stopping", hub_pid)
+            stop.set()
+            return
+        await asyncio.sleep(every_s)
+
+
 async def serve(router: app_mod.RouterApp, *, host: str, port: int, max_body_bytes: int, grace_s: float,
-                source: str, http_limits: limits.Limits | None = None) -> int:
-    """Open the pools, listen until SIGTERM/SIGINT, drain for ``grace_s``, close the pools."""
+                source: str, http_limits: limits.Limits | None = None, hub_pid: int | None = None) -> int:
+    """Open the pools, listen until SIGTERM/SIGINT, drain for ``grace_s``, close the pools.
+
+    ``hub_pid``: this is a worker of that hub: it listens with SO_REUSEPORT beside the other workers, and
+    stops as on SIGTERM once its parent is not that hub any more.
+    """
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await router.startup()
     http = server_mod.Server(router, max_body_bytes=max_body_bytes, limits=http_limits or limits.Limits())
+    orphan: asyncio.Task[None] | None = None
     try:
         try:
-            await http.start(host, port)
+            await http.start(host, port, reuse_port=hub_pid is not None)
         except OSError as exc:
             print(f"llmgw router: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
             return 2
         log.info("router on http://%s:%d, routes from %s", host, port, source)
+        if hub_pid is not None:
+            orphan = asyncio.create_task(_orphaned(hub_pid, stop))
         await stop.wait()
+        if orphan is not None:
+            orphan.cancel()
         log.info("stopping: no new connections; open requests have %gs to finish", grace_s)
         await http.shutdown(grace_s)
     finally:

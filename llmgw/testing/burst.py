@@ -120,7 +120,8 @@ async def burst(routers: Sequence[str | Callable[[], str]], key: str, model: str
 class StandaloneRouter:
     """A standalone router process with its own credential and journal; restartable on the same journal."""
 
-    def __init__(self, system: System, root: Path, name: str, *, controls: Sequence[str] = ()) -> None:
+    def __init__(self, system: System, root: Path, name: str, *, controls: Sequence[str] = (),
+                 workers: int = 1) -> None:
         made = system.request("POST", "/api/v1/routers", json={"name": name})
         assert made.status_code == 201, made.text
         self.token_file = root / f"{name}.token"
@@ -130,6 +131,7 @@ class StandaloneRouter:
         self.root, self.name = root, name
         self.journal = root / f"{name}-journal"
         self.port = free_port()
+        self.workers = workers  # 1: one process; more: a hub and its workers (router.hub)
         self.proc: Proc | None = None
 
     @property
@@ -141,7 +143,7 @@ class StandaloneRouter:
                                 str(self.port), "--control", self.controls, "--token-file", str(self.token_file),
                                 "--router-id", self.name, "--usage-journal-dir", str(self.journal),
                                 # The burst comes from one address, with more connections than the default cap.
-                                "--max-connections-per-address", "0"],
+                                "--max-connections-per-address", "0", "--workers", str(self.workers)],
                                log_path=self.root / f"{self.name}.log")
         self.proc.wait_http(self.url + "/metrics", timeout=30)
 

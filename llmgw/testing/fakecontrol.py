@@ -2,8 +2,9 @@
 
 ``serve`` runs any AgentService servicer on a loopback port (agent tests). ``RouterControl`` serves what a
 router reads and posts: the ``EndpointsDoc`` with the real long poll (``GET /api/v1/endpoints`` held while
-``after`` is the current version), and the load reports (``POST /api/v1/router/signals``), on a loop in a
-thread of its own, so tests driving a router process stay synchronous.
+``after`` is the current version), the load reports (``POST /api/v1/router/signals``), the events, and the
+usage and quota services over an in-memory ledger (``router.ledger``), on a loop in a thread of its own, so
+tests driving a router process stay synchronous.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from typing import Any
 import grpc
 from aiohttp import web
 
+from llmgw.api import usage as wire
 from llmgw.api.routing import EndpointsDoc
 from llmgw.api.v1 import agent_pb2_grpc
+from llmgw.router.ledger import Ledger
 from llmgw.testing.procs import free_port
 
 
@@ -49,9 +52,12 @@ class RouterControl:
     the polls held; ``close()`` ends the thread. What it saw: ``polls``, ``queries`` ((after, timeout) of each
     poll), ``held`` (polls held open now) and ``reports`` (the load reports, as posted). With
     ``refuse_signals`` a load report is answered 500 (counted in ``refused``), as a control plane in trouble.
+    Usage and quota syncs go to ``ledger`` (its limits: ``limits``); ``stored_by_router`` counts the usage records
+    stored per router id, and ``authorizations`` holds each ``Authorization`` header a caller gave.
     """
 
-    def __init__(self, doc: EndpointsDoc | Mapping[str, Any], *, port: int | None = None) -> None:
+    def __init__(self, doc: EndpointsDoc | Mapping[str, Any], *, port: int | None = None,
+                 limits: dict[tuple[str, str], int] | None = None) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.doc: EndpointsDoc | Mapping[str, Any] = doc
@@ -61,6 +67,9 @@ class RouterControl:
         self.reports: list[dict[str, Any]] = []
         self.refuse_signals = False
         self.refused = 0
+        self.ledger = Ledger(limits)
+        self.stored_by_router: dict[str, int] = {}
+        self.authorizations: set[str] = set()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._changed: asyncio.Event | None = None
@@ -71,6 +80,7 @@ class RouterControl:
         return self.doc.version if isinstance(self.doc, EndpointsDoc) else self.doc.get("version")
 
     async def _endpoints(self, request: web.Request) -> web.Response:
+        self.authorizations.add(request.headers.get("Authorization", ""))
         self.polls += 1
         assert self._changed is not None
         after, timeout = int(request.query.get("after", "-1")), float(request.query.get("timeout", "30"))
@@ -92,6 +102,22 @@ class RouterControl:
         self.reports.append(doc)
         return web.json_response({"applied": len(doc["models"])})
 
+    async def _usage(self, request: web.Request) -> web.Response:
+        self.authorizations.add(request.headers.get("Authorization", ""))
+        batch = wire.UsageBatch.from_doc(await request.json())
+        before = self.ledger.stored
+        ack = await self.ledger.ingest(batch)
+        self.stored_by_router[batch.router_id] = (self.stored_by_router.get(batch.router_id, 0)
+                                                  + self.ledger.stored - before)
+        return web.json_response(ack.to_doc())
+
+    async def _quota(self, request: web.Request) -> web.Response:
+        self.authorizations.add(request.headers.get("Authorization", ""))
+        return web.json_response((await self.ledger.sync(wire.QuotaSync.from_doc(await request.json()))).to_doc())
+
+    async def _events(self, request: web.Request) -> web.Response:
+        return web.json_response({"applied": len((await request.json()).get("events", []))})
+
     def _call(self, fn: Callable[[], Any]) -> Any:
         async def run() -> Any:
             result = fn()
@@ -103,6 +129,9 @@ class RouterControl:
         app = web.Application()
         app.router.add_get("/api/v1/endpoints", self._endpoints)
         app.router.add_post("/api/v1/router/signals", self._signals)
+        app.router.add_post(wire.USAGE_PATH, self._usage)
+        app.router.add_post(wire.QUOTA_PATH, self._quota)
+        app.router.add_post("/api/v1/router/events", self._events)
         # A short shutdown: a stopped control plane drops the polls it holds instead of answering them.
         self._runner = web.AppRunner(app, shutdown_timeout=0.1)
         await self._runner.setup()

@@ -34,7 +34,8 @@ class Spawner:
         ``expect`` decides which answer counts (default: 200, the table is served).
         """
         port = free_port()
-        argv = [sys.executable, "-m", "llmgw.router.standalone", "--host", "127.0.0.1", "--port", str(port)]
+        argv = [sys.executable, "-m", "llmgw.router.standalone", "--host", "127.0.0.1", "--port", str(port),
+                "--workers", "1"]
         if table is not None:
             table_file = self.tmp_path / f"table-{port}.json"
             table_file.write_text(json.dumps(table))

@@ -63,7 +63,7 @@ def test_the_flags_that_existed_keep_their_names() -> None:
     assert {"--table-file", "--control", "--token-file", "--host", "--port", "--log-level", "--max-body-bytes",
             "--keepalive", "--header-timeout", "--body-timeout", "--idle-timeout", "--max-connections-per-address",
             "--graceful-shutdown", "--router-id", "--tracing-endpoint", "--admission-queue", "--admission-wait",
-            "--signals-interval", "--config", "--usage-journal-dir"} \
+            "--signals-interval", "--config", "--usage-journal-dir", "--workers"} \
         == _argparse_flags(standalone.parser()) - {"-h", "--help"}
     assert {"--host", "--http-port", "--agent-port", "--join-port", "--data-dir", "--ports-file", "--database",
             "--advertise-address", "--lease", "--lease-renew", "--insecure", "--node-cert-validity", "--node-grace",
@@ -101,6 +101,7 @@ def test_the_settings_are_validated_when_made() -> None:
 
 def test_the_standalone_router_takes_its_settings_whole(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LLMGW_TRACING_ENDPOINT", "http://collector:4318")
+    monkeypatch.delenv("LLMGW_ROUTER_WORKERS", raising=False)  # conftest's one process: the default is compared here
     st = standalone.parse_args(["--control", "http://cp:8080", "--admission-queue", "7", "--idle-timeout", "0"])
     assert st == RouterSettings(control=("http://cp:8080",), proxy=ProxySettings(
         admission_queue=7, idle_timeout=0.0, tracing_endpoint="http://collector:4318"))
@@ -229,3 +230,16 @@ def test_every_process_takes_a_settings_file() -> None:
     for command in ("server", "router", "mirror"):
         assert "--config" in _click_flags(command), command
     assert "--config" in _argparse_flags(standalone.parser())
+
+
+def test_workers_is_a_setting_of_both_routers_and_zero_means_one_per_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LLMGW_ROUTER_WORKERS", raising=False)
+    assert "--workers" in _click_flags("router")
+    assert standalone.parse_args(["--table-file", "t.json"]).workers == 0
+    assert standalone.parse_args(["--table-file", "t.json", "--workers", "3"]).worker_count == 3
+    monkeypatch.setattr("os.cpu_count", lambda: 64)
+    assert RouterSettings(table_file=Path("t.json")).worker_count == 8  # capped
+    monkeypatch.setattr("os.cpu_count", lambda: None)
+    assert RouterSettings(table_file=Path("t.json")).worker_count == 1
+    monkeypatch.setenv("LLMGW_ROUTER_WORKERS", "2")
+    assert standalone.parse_args(["--table-file", "t.json"]).workers == 2
