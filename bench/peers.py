@@ -86,8 +86,10 @@ def find(name: str, *, upstream: str | list[str], model: str, workdir: Path, pol
         path = workdir / "llmgw-table.json"
         path.write_text(json.dumps(table))
         return Contender(name, [python_for_project(), "-m", "llmgw.router.standalone", "--port", str(port),
-                                "--table-file", str(path), "--log-level", "warning", "--workers", "1"],
-                         url, "/v1/models", note=f"standalone, static table, one endpoint, routing {routing}")
+                                "--table-file", str(path), "--log-level", "warning"],
+                         url, "/v1/models", note=f"standalone, static table, one endpoint, routing {routing}",
+                         # One process (one core), by variable: a checkout from before --workers ignores it.
+                         env={**os.environ, "LLMGW_ROUTER_WORKERS": "1"})
     binary = PEERS_BIN / {"litellm": "litellm", "sglang-router": "sglang-router",
                           "vllm-router": "vllm-router"}[name]
     if not binary.exists():
