@@ -99,7 +99,9 @@ class Completions:
                 ticket = await self._quota.wait(ticket)
             # The x-ratelimit-* headers ride on the answer's start (``proxying``), made as it is sent.
             ratelimit = functools.partial(self._quota.headers, ticket.plan) if ticket is not None else None
-        metered = self._meter.start(key, route) if self._meter is not None else None
+        # Metered when its record is kept, or its budgets settle on what it used; else nothing (issue 27).
+        metered = (self._meter.start(key, route) if self._meter is not None and (self._meter.keeps or ticket)
+                   else None)
         try:
             counts = self._signals.arrived(route.name, arrived) if self._signals is not None else None
             started = held = False

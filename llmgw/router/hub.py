@@ -289,7 +289,8 @@ async def _serve(settings: RouterSettings, token: str, doc: Mapping[str, Any] | 
         n = settings.worker_count
         configs = [workers.write_config(private, i, workers.worker_settings(
             settings, i, hub_url=f"http://127.0.0.1:{hub_port}", port=port)) for i in range(n)]
-        crew = workers.Supervisor(configs, workers.worker_env(os.environ, secret=secret, hub_pid=os.getpid()),
+        crew = workers.Supervisor(configs, workers.worker_env(os.environ, secret=secret, hub_pid=os.getpid(),
+                                                            static=settings.table_file is not None),
                                   grace_s=settings.graceful_shutdown)
         crew.start()
         log.info("router on http://%s:%d with %d workers (hub pid %d), routes from %s", settings.host, port, n,

@@ -184,6 +184,8 @@ class Meter:
                  clock: Callable[[], float] = time.time) -> None:
         self._sink = sink
         self._clock = clock
+        #: Whether closed requests are kept: without a sink, only a request with budgets to settle is metered.
+        self.keeps = sink is not None
 
     def start(self, key: KeyInfo, route: ModelRoute) -> Metered:
         return Metered(key, route, self._clock())

@@ -27,6 +27,9 @@ TRACING_ENV = "LLMGW_TRACING_ENDPOINT"
 #: Set in a worker's environment by its hub (``router.hub``): the hub's pid. A worker listens with SO_REUSEPORT
 #: and stops once its parent is not that pid. Not a setting (no ``LLMGW_ROUTER_`` prefix): no one gives it.
 HUB_PID_ENV = "LLMGW_HUB_PID"
+#: Set (to "1") by a hub serving a static table: its workers send no usage records, load reports or events,
+#: which nobody there would store or read (metering alone is a quarter of a core at capacity: issue 26).
+HUB_STATIC_ENV = "LLMGW_HUB_STATIC"
 #: ``--workers 0`` (the default) serves with one process per core, at most this many: past it, the hub's
 #: relay and the engines, not the routers' CPU, are what limits a machine.
 AUTO_WORKERS_CAP = 8

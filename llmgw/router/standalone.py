@@ -40,7 +40,7 @@ from llmgw.router import app as app_mod
 from llmgw.router import auth, limits, reports, signals, tracing, usagehttp, watch
 from llmgw.router import server as server_mod
 from llmgw.router import table as table_mod
-from llmgw.router.settings import HUB_PID_ENV, TOKEN_ENV, ProxySettings, RouterSettings
+from llmgw.router.settings import HUB_PID_ENV, HUB_STATIC_ENV, TOKEN_ENV, ProxySettings, RouterSettings
 
 #: The settings file when no --config is given (``RouterSettings.ENV_PREFIX`` + CONFIG, as ``llmgw router``).
 CONFIG_ENV = RouterSettings.ENV_PREFIX + "CONFIG"
@@ -64,13 +64,14 @@ def read_token(token_file: Path | None, env: Mapping[str, str]) -> str:
     return token
 
 
-def build(settings: RouterSettings, *, token: str = "") -> app_mod.RouterApp:
+def build(settings: RouterSettings, *, token: str = "", static_hub: bool = False) -> app_mod.RouterApp:
     """A RouterApp over a static table or one followed from a control plane, serving its own /metrics.
 
     Following a control plane (one URL, or several tried in turn), it reports ejections and the
     autoscaler's load signals to the one it follows as ``router_id``, and proves itself to it with
     ``token`` (a router credential), every ``signals_interval`` and at once when it holds a request
-    for a model at zero. Keyless tables get a warning unless ``host`` is loopback.
+    for a model at zero. Keyless tables get a warning unless ``host`` is loopback. ``static_hub``: it follows
+    a hub serving a static table (``HUB_STATIC_ENV``): budgets only, no usage, load reports or events.
     """
     holder = table_mod.TableHolder()
     watcher: app_mod.Lifecycle | None = None
@@ -94,9 +95,12 @@ def build(settings: RouterSettings, *, token: str = "") -> app_mod.RouterApp:
         watcher = _Together(following, calls)
         metered = {"quota": calls.quota, "usage": calls.usage, "usage_journal_dir": settings.usage_journal_dir,
                    "router_id": name}
-        sink = reports.HttpSink(name, lambda: following.current_url, headers=headers)
-        reporter = signals.Reporter(name, control_url=lambda: following.current_url, headers=headers,
-                                    interval_s=proxy.signals_interval)
+        if static_hub:
+            del metered["usage"], metered["usage_journal_dir"]
+        else:
+            sink = reports.HttpSink(name, lambda: following.current_url, headers=headers)
+            reporter = signals.Reporter(name, control_url=lambda: following.current_url, headers=headers,
+                                        interval_s=proxy.signals_interval)
         urls = settings.control
         source = (f"the control plane at {urls[0]}" if len(urls) == 1
                   else f"the control planes at {', '.join(urls)}")
@@ -185,7 +189,7 @@ def run(settings: RouterSettings) -> int:
         log.warning("no router credential (--token-file or %s): a secure control plane will refuse this router "
                     "its routes; `llmgw router-token create NAME` makes one", TOKEN_ENV)
     try:
-        router = build(settings, token=token)
+        router = build(settings, token=token, static_hub=hub_pid is not None and os.environ.get(HUB_STATIC_ENV) == "1")
     except (OSError, ValueError, table_mod.TableError) as exc:
         print(f"llmgw router: cannot load the route table: {exc}", file=sys.stderr)
         return 2

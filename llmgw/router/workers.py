@@ -31,7 +31,7 @@ import yaml
 
 from llmgw.api.reports import MAX_ROUTER_ID
 from llmgw.core import settingsgen
-from llmgw.router.settings import HUB_PID_ENV, TOKEN_ENV, RouterSettings
+from llmgw.router.settings import HUB_PID_ENV, HUB_STATIC_ENV, TOKEN_ENV, RouterSettings
 
 log = logging.getLogger("llmgw.router.hub")
 
@@ -79,10 +79,11 @@ def worker_settings(settings: RouterSettings, index: int, *, hub_url: str, port:
     return values
 
 
-def worker_env(env: Mapping[str, str], *, secret: str, hub_pid: int) -> dict[str, str]:
-    """A worker's environment: ``env`` without the router's variables, with the hub's secret and pid."""
-    kept = {k: v for k, v in env.items() if not k.startswith(RouterSettings.ENV_PREFIX)}
-    return kept | {TOKEN_ENV: secret, HUB_PID_ENV: str(hub_pid)}
+def worker_env(env: Mapping[str, str], *, secret: str, hub_pid: int, static: bool = False) -> dict[str, str]:
+    """A worker's environment: ``env`` without the router's variables, with the hub's secret and pid (and, over
+    a static table, ``HUB_STATIC_ENV``)."""
+    kept = {k: v for k, v in env.items() if not k.startswith(RouterSettings.ENV_PREFIX) and k != HUB_STATIC_ENV}
+    return kept | {TOKEN_ENV: secret, HUB_PID_ENV: str(hub_pid)} | ({HUB_STATIC_ENV: "1"} if static else {})
 
 
 def write_config(directory: Path, index: int, values: Mapping[str, Any]) -> Path:

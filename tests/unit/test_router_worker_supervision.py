@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from llmgw.router import standalone, workers
-from llmgw.router.settings import HUB_PID_ENV, TOKEN_ENV, ProxySettings, RouterSettings
+from llmgw.router.settings import HUB_PID_ENV, HUB_STATIC_ENV, TOKEN_ENV, ProxySettings, RouterSettings
 
 
 def test_a_worker_that_keeps_dying_waits_longer_each_time_and_one_that_ran_a_while_starts_at_once() -> None:
@@ -60,6 +60,22 @@ def test_a_workers_environment_has_the_hubs_secret_and_pid_and_none_of_the_route
                               "LLMGW_ROUTER_WORKERS": "4", "LLMGW_TRACING_ENDPOINT": "http://otel:4318"},
                              secret="s", hub_pid=77)
     assert env == {"PATH": "/bin", "LLMGW_TRACING_ENDPOINT": "http://otel:4318", TOKEN_ENV: "s", HUB_PID_ENV: "77"}
+
+
+
+def test_workers_of_a_static_table_meter_and_report_nothing_but_keep_their_budgets() -> None:
+    """Over a static table nobody stores usage or reads load reports: the hub says so (``HUB_STATIC_ENV``) and its
+    workers keep only the budgets' leases (issue 27: metering was a quarter of each worker's core)."""
+    env = workers.worker_env({"PATH": "/bin", HUB_STATIC_ENV: "1"}, secret="s", hub_pid=7, static=False)
+    assert HUB_STATIC_ENV not in env  # only the hub decides
+    assert workers.worker_env({}, secret="s", hub_pid=7, static=True)[HUB_STATIC_ENV] == "1"
+    settings = RouterSettings(control=("http://127.0.0.1:9",), router_id="edge.w0")
+    static = standalone.build(settings, token="s", static_hub=True)
+    assert static.quota is not None and static.journal is None and static.meter is not None
+    assert not static.meter.keeps and static._signals is None and static._events is None
+    following = standalone.build(settings, token="s")
+    assert following.journal is not None and following.meter is not None and following.meter.keeps
+    assert following._signals is not None and following._events is not None
 
 
 def _python(code: str) -> Callable[[Path], list[str]]:
