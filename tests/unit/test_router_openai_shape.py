@@ -9,6 +9,7 @@ the text in them. Every result is checked against the vendored OpenAI schemas.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -312,3 +313,56 @@ def test_several_events_in_one_chunk_are_spliced_even_when_text_says_data() -> N
     tricky = _chunk({"content": "a"}) + _chunk({"content": 'data: {"x"'}) + b"data: [DONE]\n\n"
     for raw in (plain, tricky):
         assert _shape(CHAT, [raw]) == raw.replace(b'{"choices":[{', b'{"choices":[{"logprobs":null,')
+
+
+# -- one created per stream, on llama.cpp's own bytes --
+
+#: Streams recorded from xllamacpp 2026.10 (SmolLM2-135M, 100-120 tokens at temperature 0), cut to the
+#: events around each change of second; llama.cpp stamps every chunk with the second it wrote it.
+LLAMACPP_SSE = Path(__file__).resolve().parents[1] / "fixtures" / "llamacpp_sse"
+
+
+def _created(stream: bytes) -> list[int]:
+    return [e["created"] for e in _events(stream) if isinstance(e, dict)]
+
+
+def _cuts(raw: bytes) -> list[list[bytes]]:
+    """The stream as llama.cpp sends it (an event a read), all at once, and cut at arbitrary bytes."""
+    events = [e + b"\n\n" for e in raw[:-2].split(b"\n\n")]
+    return [events, [raw], [raw[i:i + 97] for i in range(0, len(raw), 97)],
+            [b"".join(events[:3]), *events[3:]]]
+
+
+@pytest.mark.parametrize(("name", "plan", "schema"), [
+    ("chat.sse", CHAT, "chat_chunk"),
+    ("chat.sse", Plan(chat=True, logprobs=True, include_usage=False, prompt_list=False), "chat_chunk"),
+    ("chat_include_usage.sse", Plan(chat=True, logprobs=False, include_usage=True, prompt_list=False), "chat_chunk"),
+    ("completion.sse", COMPLETION, "completion_chunk"),
+    ("completion.sse", Plan(chat=False, logprobs=False, include_usage=True, prompt_list=False), "completion_chunk"),
+])
+def test_every_chunk_of_a_llamacpp_stream_carries_its_first_created(name: str, plan: Plan, schema: str) -> None:
+    """llama.cpp's created changes mid-stream; out of the router every event has the first one, whatever the
+    reads, and nothing else in the events changes but the splices."""
+    raw = (LLAMACPP_SSE / name).read_bytes()
+    before = _created(raw)
+    assert len(set(before)) > 1, "the recording must cross a second"
+    outs = [_shape(plan, chunks) for chunks in _cuts(raw)]
+    assert all(out == outs[0] for out in outs)
+    events = [e for e in _events(outs[0]) if isinstance(e, dict)]
+    assert {e["created"] for e in events} == {before[0]}
+    for event in events:
+        openai_schema.validate(schema, event)
+    texts = [c.get("text") or (c.get("delta") or {}).get("content") for e in events for c in e["choices"]]
+    assert texts == [c.get("text") or (c.get("delta") or {}).get("content") for e in _events(raw)
+                     if isinstance(e, dict) for c in e["choices"]]
+
+
+def test_created_with_other_spacing_is_the_first_too() -> None:
+    """An event not written as llama.cpp writes it takes the line-by-line way and is stamped all the same."""
+    first = _chunk({"content": "a"}).replace(b'"created":1', b'"created":1796160739')
+    odd = (b'data: { "choices": [ { "index": 0, "delta": {"content": "b"}}], "created" : 1796160741,'
+           b' "id": "c", "object": "chat.completion.chunk", "model": "m"}\n\n')
+    usual = _chunk({"content": "c"}).replace(b'"created":1', b'"created":1796160742')
+    assert _created(_shape(CHAT, [first, odd, usual, b"data: [DONE]\n\n"])) == [1796160739] * 3
+    # The first event may be the odd one: its created is the stream's.
+    assert _created(_shape(CHAT, [odd, first, usual])) == [1796160741] * 3
