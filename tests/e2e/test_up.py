@@ -115,6 +115,11 @@ def test_up_serves_llamacpp_and_sigterm_stops_everything(tmp_path: Path) -> None
         comp = c.completions.create(model="tiny", prompt="a b c", max_tokens=4, temperature=0,
                                     extra_body={"ignore_eos": True})
         assert comp.usage and comp.usage.completion_tokens == 4
+        # Its engine_args lack --embeddings: /v1/models says it does not embed, and the router says how to.
+        listed = httpx.get(f"http://127.0.0.1:{http_port}/v1/models", timeout=10).json()["data"]
+        assert [m.get("llmgw") for m in listed if m["id"] == "tiny"] == [{"embeddings": False}]
+        with pytest.raises(openai.BadRequestError, match="--embeddings"):
+            c.embeddings.create(model="tiny", input="hi")
         t0 = time.monotonic()
         up.signal(signal.SIGTERM)
         code = up.popen.wait(timeout=15)
@@ -162,7 +167,8 @@ def test_up_default_model_embeds_and_chats(tmp_path: Path) -> None:
         assert found and "model:           smollm2-135m" in out, out
         family = {p.pid for p in psutil.Process(up.pid).children(recursive=True)}
         c = openai.OpenAI(base_url=found.group(1), api_key="x", max_retries=0, timeout=60)
-        assert "smollm2-135m" in [m.id for m in c.models.list().data]
+        listed = httpx.get(found.group(1) + "/models", timeout=10).json()["data"]
+        assert [m.get("llmgw") for m in listed if m["id"] == "smollm2-135m"] == [{"embeddings": True}]
         one = c.embeddings.create(model="smollm2-135m", input="GPUs are fast.")
         openai_schema.validate("embedding", one.model_dump(mode="json", exclude_unset=True))
         assert len(one.data) == 1 and len(one.data[0].embedding) == 576
