@@ -47,6 +47,16 @@ def test_llamacpp_errors_keep_their_message_and_gain_param_and_a_string_or_null_
     assert prompt["param"] == "prompt"
 
 
+def test_an_input_over_llamacpps_batch_is_the_clients_to_shorten() -> None:
+    """llama.cpp's 500 for an embedding input longer than its physical batch (relayed as a 400 by ``upstream``):
+    invalid_request_error, context_length_exceeded, param input; its words kept."""
+    body = (b'{"error":{"code":500,"message":"input (201 tokens) is too large to process. increase the physical '
+            b'batch size (current batch size: 64)","type":"server_error"}}')
+    err = _error(400, body)
+    assert (err["type"], err["code"], err["param"]) == ("invalid_request_error", "context_length_exceeded", "input")
+    assert err["message"].startswith("input (201 tokens) is too large to process")
+
+
 def test_context_overflow_gets_openais_code_and_keeps_the_engines_numbers() -> None:
     """exceed_context_size_error is OpenAI's context_length_exceeded; n_ctx and n_prompt_tokens stay."""
     err = _error(400, LLAMA_CONTEXT)
