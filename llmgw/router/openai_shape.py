@@ -19,7 +19,8 @@ do; its whole chat answers lose the keys it sends as null, ``drop_null_keys``):
 * one ``created`` per stream (OpenAI: "each chunk has the same timestamp"):
   llama.cpp stamps each chunk with the second it was written, so a stream that
   crosses a second changes it; every chunk gets its stream's first one (vLLM
-  stamps once per stream and is relayed untouched).
+  stamps once per stream; SGLang, relayed untouched too, stamps each chunk, its
+  serving_chat.py's ``created=int(time.time())``: not mended here).
 
 These are byte splices at known positions, not parse-and-dump: the common chunk
 (one event, as llama.cpp writes it) costs a ``find``, a ``startswith``, a slice
