@@ -46,6 +46,7 @@ def cases() -> list[tuple[str, Callable[[], object]]]:
     later.feed(CHUNK)
     next_second = CHUNK.replace(b'"created":1796160739', b'"created":1796160740')
     five = CHUNK * 4 + b"data: [DONE]\n\n"
+    five_later = next_second * 4 + b"data: [DONE]\n\n"
     return [
         ("baseline: a call that returns its argument", lambda: (lambda c: c)(CHUNK)),
         ("plan(), a llamacpp chat request (per request)", lambda: openai_shape.plan("llamacpp", "/v1/chat/completions",
@@ -55,6 +56,7 @@ def cases() -> list[tuple[str, Callable[[], object]]]:
         ("a chat chunk, include_usage: usage and logprobs null", lambda: usage_shaper.feed(CHUNK)),
         ("a chat chunk a second later: the first created too", lambda: later.feed(next_second)),
         ("four chat events and [DONE] read as one chunk", lambda: shaper.feed(five)),
+        ("the same a second later", lambda: later.feed(five_later)),
         ("a completions chunk: only created checked", lambda: completion_shaper.feed(COMPLETION_CHUNK)),
         ("a whole chat answer: logprobs and refusal (per request)", lambda: chat.body(BODY)),
         ("for scale: json.loads + json.dumps of the chat chunk",

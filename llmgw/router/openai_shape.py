@@ -302,8 +302,12 @@ class Shaper:
                 # string (its quotes would be escaped); text with "data:" in it only costs the slow way.
                 usual = chunk.count(_DATA_CHOICE)
                 if usual + chunk.endswith(_DONE) == chunk.count(b"data:"):
-                    if chunk.count(self._created_key) != usual:  # each of llama.cpp's has one created
-                        chunk = self._stamp_all(chunk)
+                    known = chunk.count(self._created_key)  # each of llama.cpp's has one created
+                    if known != usual:
+                        if known + chunk.count(self._engine_key) == usual:  # a later second's, all known
+                            chunk = chunk.replace(self._engine_key, self._created_key)
+                        else:
+                            chunk = self._stamp_all(chunk)
                     return chunk if start is _DATA_CHOICE else chunk.replace(_DATA_CHOICE, start)
             return b"".join([self._event(e + b"\n\n") for e in chunk[:-2].split(b"\n\n")])
         return self._lines(chunk)
