@@ -337,10 +337,11 @@ def _created(stream: bytes) -> list[int]:
 
 
 def _cuts(raw: bytes) -> list[list[bytes]]:
-    """The stream as llama.cpp sends it (an event a read), all at once, and cut at arbitrary bytes."""
+    """The stream as llama.cpp sends it (an event a read), all at once, cut at arbitrary bytes, and its first and
+    last events read several at once (the last ones: of a later second, after one such was seen alone)."""
     events = [e + b"\n\n" for e in raw[:-2].split(b"\n\n")]
     return [events, [raw], [raw[i:i + 97] for i in range(0, len(raw), 97)],
-            [b"".join(events[:3]), *events[3:]]]
+            [b"".join(events[:3]), *events[3:]], [*events[:-4], b"".join(events[-4:])]]
 
 
 @pytest.mark.parametrize(("name", "plan", "schema"), [
