@@ -2,9 +2,10 @@
 
 Times ``llmgw.router.openai_shape`` on llama.cpp's own bytes (xllamacpp 2026.10, copied
 from a real engine): the splice of a chat chunk as the relay calls it, the same with
-``include_usage``, several events read at once, a completions chunk (which needs
-nothing), a whole chat answer, the per-request plan; and, for scale, parsing and
-dumping the same chunk with ``json``. Each figure is the best of ``--repeat`` runs
+``include_usage``, a chat chunk written a second after the stream's first (its
+``created`` put back to the first's), several events read at once, a completions
+chunk (only its ``created`` checked), a whole chat answer, the per-request plan;
+and, for scale, parsing and dumping the same chunk with ``json``. Each figure is the best of ``--repeat`` runs
 of ``--number`` calls: other load on the machine only ever adds time.
 
     .venv/bin/python bench/openai_shape_cost.py
@@ -40,7 +41,12 @@ def cases() -> list[tuple[str, Callable[[], object]]]:
     completion = openai_shape.plan("llamacpp", "/v1/completions", {"model": "m", "prompt": "hi", "stream": True})
     assert chat is not None and usage is not None and completion is not None
     shaper, usage_shaper, completion_shaper = chat.shaper("r"), usage.shaper("r"), completion.shaper("r")
+    # A stream past its first second: llama.cpp's chunk carries a later created than the stream's first.
+    later = chat.shaper("r")
+    later.feed(CHUNK)
+    next_second = CHUNK.replace(b'"created":1796160739', b'"created":1796160740')
     five = CHUNK * 4 + b"data: [DONE]\n\n"
+    five_later = next_second * 4 + b"data: [DONE]\n\n"
     return [
         ("baseline: a call that returns its argument", lambda: (lambda c: c)(CHUNK)),
         ("plan(), a llamacpp chat request (per request)", lambda: openai_shape.plan("llamacpp", "/v1/chat/completions",
@@ -48,8 +54,10 @@ def cases() -> list[tuple[str, Callable[[], object]]]:
         ("plan(), a vllm request: None (per request)", lambda: openai_shape.plan("vllm", "/v1/chat/completions", CHAT)),
         ("a chat chunk: logprobs null (per chunk)", lambda: shaper.feed(CHUNK)),
         ("a chat chunk, include_usage: usage and logprobs null", lambda: usage_shaper.feed(CHUNK)),
+        ("a chat chunk a second later: the first created too", lambda: later.feed(next_second)),
         ("four chat events and [DONE] read as one chunk", lambda: shaper.feed(five)),
-        ("a completions chunk: nothing to do", lambda: completion_shaper.feed(COMPLETION_CHUNK)),
+        ("the same a second later", lambda: later.feed(five_later)),
+        ("a completions chunk: only created checked", lambda: completion_shaper.feed(COMPLETION_CHUNK)),
         ("a whole chat answer: logprobs and refusal (per request)", lambda: chat.body(BODY)),
         ("for scale: json.loads + json.dumps of the chat chunk",
          lambda: json.dumps(json.loads(CHUNK[6:]), separators=(",", ":")).encode()),

@@ -116,6 +116,8 @@ class ModelEntry:
     projects: tuple[str, ...] = ()
     #: ``spec.pricing`` per 1M tokens (input, cached input, output); None: free.
     prices: quota.Prices | None = None
+    #: Whether it answers ``/v1/embeddings`` (``core.engines.embeds``); None: its spec does not say.
+    embeddings: bool | None = None
 
     def to_doc(self) -> dict[str, Any]:
         limits: dict[str, int] = {"concurrency_per_replica": self.concurrency_per_replica}
@@ -136,6 +138,8 @@ class ModelEntry:
             doc["projects"] = list(self.projects)
         if self.prices is not None:
             doc["pricing"] = self.prices.to_doc()
+        if self.embeddings is not None:
+            doc["embeddings"] = self.embeddings
         return doc
 
 
@@ -263,6 +267,7 @@ def _model(where: str, raw: Any) -> ModelEntry:
     limits = raw.get("limits")
     limits = limits if isinstance(limits, Mapping) else {}
     concurrency = limits.get("concurrency")
+    embeddings = raw.get("embeddings")
     return ModelEntry(
         name=name, served_name=_str(where, raw, "served_name", default=name), aliases=tuple(aliases),
         # Not checked against the policies here (the router knows them): an unknown one is its to warn about.
@@ -273,7 +278,7 @@ def _model(where: str, raw: Any) -> ModelEntry:
         state=_str(where, raw, "state", default=""), message=_str(where, raw, "message", default=""),
         endpoints=endpoints, unhealthy=unhealthy, autoscale=_autoscale(where, raw),
         created=created if _is_int(created) else 0, projects=_projects_allowed(where, raw),
-        prices=_prices(where, raw))
+        prices=_prices(where, raw), embeddings=embeddings if isinstance(embeddings, bool) else None)
 
 
 def _projects_allowed(where: str, raw: Mapping[str, Any]) -> tuple[str, ...]:

@@ -19,6 +19,9 @@ DEFAULT_MODEL: dict[str, Any] = {
         "replicas": 1,
         "resources": {"memory": "512MiB"},
         "startup_timeout": "5m",
-        "engine_args": ["--ctx-size", "8192", "--parallel", "4"],
+        # Embeddings too (/v1/embeddings, the playground's tab), mean-pooled: SmolLM2 is a chat model and has
+        # no pooling of its own. Chat and completions are served as without; on a CPU an input embeds whole in
+        # one batch, so at most 64 tokens (the adapter's --batch-size there, agent/engines/llamacpp.py).
+        "engine_args": ["--ctx-size", "8192", "--parallel", "4", "--embeddings", "--pooling", "mean"],
     },
 }

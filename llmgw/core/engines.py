@@ -101,6 +101,11 @@ class Engine:
     #: Values that make a code flag safe, by flag: vLLM's ``--generation-config auto`` or ``vllm``
     #: name no path (anything else is a directory it reads).
     code_flag_safe_values: tuple[tuple[str, frozenset[str]], ...] = ()
+    #: Whether it answers ``/v1/embeddings`` without being told: True, False, or None when the
+    #: weights decide (vLLM and SGLang run a pooling model as one), which a spec does not say.
+    embeds_by_default: bool | None = None
+    #: The flags in ``engine_args`` that turn its ``/v1/embeddings`` on (llama-server's ``--embeddings``).
+    embeddings_flags: tuple[str, ...] = ()
 
 
 #: What Python engines (vLLM, SGLang) read from the libraries they run on: NCCL, CUDA, OpenMP, MKL,
@@ -150,6 +155,10 @@ _LLAMACPP = Engine(
         "--lookup-cache-dynamic", "-lcd", "--models-dir", "--models-preset", "--media-path",
         "--override-kv",
     }),
+    # Without --embeddings it answers /v1/embeddings 501; with it, chat and completions stay served
+    # (xllamacpp 2026.10, llmgw.agent.engines.llamacpp_launcher).
+    embeds_by_default=False,
+    embeddings_flags=("--embedding", "--embeddings"),
 )
 
 _SIM = Engine(
@@ -176,6 +185,7 @@ _SIM = Engine(
     # It reads no knob of its own; OpenMP's and Python's harmless ones, so a test can set something.
     env_prefixes=("OMP_",),
     env_names=_PYTHON_ENV_NAMES,
+    embeds_by_default=True,
 )
 
 # The flags each adapter sets (``llmgw.agent.engines.vllm`` / ``sglang``), in every spelling the
@@ -359,6 +369,17 @@ def context_tokens(engine: str, args: Iterable[str]) -> int:
             if text.isdigit() and int(text) > 0:
                 return int(text)
     return found.context_default
+
+
+def embeds(engine: str, args: Iterable[str]) -> bool | None:
+    """Whether a model of ``engine`` run with ``args`` answers ``/v1/embeddings``; None when its spec cannot
+    say (the weights decide, or llmgw knows nothing of the engine)."""
+    found = ENGINES.get(engine)
+    if found is None:
+        return None
+    if found.embeddings_flags and any(_flag(a) in found.embeddings_flags for a in args):
+        return True
+    return found.embeds_by_default
 
 
 def version_matches(have: str, want: str) -> bool:

@@ -6,7 +6,9 @@
   ``completions`` (the key, the model, rate limits, a model at zero held by ``cold``, admission),
   then ``proxying`` (the engine's response opened by ``upstream``, relayed by ``relay``, the client's
   disconnect watched);
-* ``GET /v1/models``: from the route table, only the models the key may use, cached per table;
+* ``GET /v1/models``: from the route table, only the models the key may use, cached per table, each
+  with ``llmgw.embeddings`` where its spec says whether it embeds (``completions`` refuses
+  ``/v1/embeddings`` for one that does not, saying how to turn them on);
 * ``GET /metrics`` with ``serve_metrics`` (the standalone router); in the server process the
   control plane's ``/metrics`` carries ``metrics.REGISTRY`` instead.
 
@@ -24,7 +26,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from llmgw.router import (
     admission,
@@ -45,7 +47,7 @@ from llmgw.router import reports as router_events
 from llmgw.router import signals as router_signals
 from llmgw.router import tracing as router_tracing
 from llmgw.router.asgi import authorization
-from llmgw.router.table import RouteTable, TableHolder
+from llmgw.router.table import ModelRoute, RouteTable, TableHolder
 
 FORWARD_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"})
 MODELS_PATH = "/v1/models"
@@ -183,8 +185,7 @@ class RouterApp:
             # Each id once, owned by the model a lookup of it finds: a name two models claim
             # would otherwise be listed twice, once for a model that never gets its traffic.
             # A model at zero is listed, and routable: its first request is held while a replica starts.
-            data = [{"id": name, "object": "model", "created": model.created, "owned_by": "llmgw"}
-                    | ({"llmgw": {"state": "cold"}} if model.cold else {})
+            data = [{"id": name, "object": "model", "created": model.created, "owned_by": "llmgw"} | _ours(model)
                     for model in table.auth.visible(key, table.models) for name in model.public_names()
                     if table.lookup(name) is model]
             cache[scope] = json.dumps({"object": "list", "data": data}).encode()
@@ -204,3 +205,13 @@ class RouterApp:
                 await self.shutdown()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+def _ours(model: ModelRoute) -> dict[str, Any]:
+    """What ``/v1/models`` adds to OpenAI's fields under ``llmgw``: held at zero, and whether it embeds if known."""
+    ours: dict[str, Any] = {}
+    if model.cold:
+        ours["state"] = "cold"
+    if model.embeddings is not None:
+        ours["embeddings"] = model.embeddings
+    return {"llmgw": ours} if ours else {}

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import json
 
+from llmgw.core import engines
 from llmgw.router import (
     admission,
     asgi,
@@ -34,6 +35,8 @@ from llmgw.router import tracing as router_tracing
 from llmgw.router.asgi import CANCELS, authorization, header_value
 from llmgw.router.policies import KEYED
 from llmgw.router.table import RouteTable, TableHolder
+
+EMBEDDINGS_PATH = "/v1/embeddings"
 
 
 class Completions:
@@ -86,6 +89,11 @@ class Completions:
             refused = table.auth.check(header, req.model, names=(route.name, route.served_name, *route.aliases))
             if isinstance(refused, errors.ApiError):
                 raise refused
+        if route.embeddings is False and path == EMBEDDINGS_PATH:
+            # Said here, not by the engine's 501 (llama.cpp: "start it with --embeddings", a flag a client cannot set).
+            found = engines.record(route.engine)
+            raise errors.embeddings_not_served(req.model, route.engine,
+                                               found.embeddings_flags[-1] if found and found.embeddings_flags else "")
         if self._quota is None:
             throttled = self._limiter.admit(key)
             if throttled is not None:

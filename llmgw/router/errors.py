@@ -46,6 +46,15 @@ def model_not_found(name: str, available: Sequence[str]) -> ApiError:
                     code="model_not_found", param="model")
 
 
+def embeddings_not_served(name: str, engine: str, flag: str) -> ApiError:
+    how = (f"add {flag!r} to its spec.engine_args (and '--pooling', 'mean' for a chat model)" if flag
+           else "serve a model that embeds")
+    return ApiError(400, f"The model {name!r} does not serve embeddings: its engine ({engine or 'unknown'}) was "
+                         f"started without them. To embed with it, {how}; `GET /v1/models` says which models "
+                         "embed (llmgw.embeddings).", type="invalid_request_error",
+                    code="embeddings_not_supported", param="model")
+
+
 def no_ready_endpoint(name: str, state: str, message: str) -> ApiError:
     why = f"{state}: {message}" if message else (state or "no replica is Ready")
     return ApiError(503, f"The model {name!r} has no ready replica ({why}). Retry later, or check "

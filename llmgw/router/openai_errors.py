@@ -17,6 +17,9 @@ the HTTP status is the relay's and stays. Decisions:
   becomes its string;
 * ``code`` null and llama.cpp's ``exceed_context_size_error`` type: OpenAI's
   ``context_length_exceeded``, what clients look for to trim a conversation;
+* llama.cpp's "input (N tokens) is too large to process" (an input over its physical
+  batch; the router relays that 500 as a 400, ``upstream``): type
+  ``invalid_request_error``, code ``context_length_exceeded``, param ``input``;
 * ``param`` missing: the field llama.cpp's message names ("'messages' is
   required", "Field 'max_tokens': ..."), else null;
 * ``type`` missing: the one OpenAI uses for the status (400 invalid_request_error,
@@ -42,6 +45,8 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permi
 _CODES = {"exceed_context_size_error": "context_length_exceeded"}
 #: Where llama.cpp's messages name the request field at fault.
 _PARAMS = (re.compile(r"^'(\w+)' is required"), re.compile(r"^Field '(\w+)'"), re.compile(r"key '(\w+)' not found"))
+#: llama.cpp's message for an input longer than its physical batch (an embedding input, mostly).
+_TOO_LARGE = re.compile(r"^input \(\d+ tokens\) is too large to process")
 _TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.I | re.S)
 _TAGS = re.compile(r"<(script|style)\b.*?</\1>|<[^>]+>", re.I | re.S)
 _SPACE = re.compile(r"\s+")
@@ -123,6 +128,8 @@ def _from_fields(status: int, fields: Mapping[str, Any], where: str) -> dict[str
         code = json.dumps(code)
     if code is None and type_ in _CODES:
         code = _CODES[type_]
+    if _TOO_LARGE.match(message):
+        type_, code, param = "invalid_request_error", code or "context_length_exceeded", param or "input"
     extra = {k: v for k, v in fields.items() if k not in ("message", "type", "param", "code", "object")}
     return {**extra, **_error(status, message, type=type_, param=param, code=code)}
 

@@ -15,11 +15,16 @@ do; its whole chat answers lose the keys it sends as null, ``drop_null_keys``):
   validate): ``"logprobs":null`` in every chat chunk's choice, and with
   ``stream_options.include_usage`` ``"usage":null`` on every chunk but the
   last and, for completions, the usage in a final ``"choices":[]`` chunk
-  (llama.cpp puts it on the last choice's chunk).
+  (llama.cpp puts it on the last choice's chunk);
+* one ``created`` per stream (OpenAI: "each chunk has the same timestamp"):
+  llama.cpp stamps each chunk with the second it was written, so a stream that
+  crosses a second changes it; every chunk gets its stream's first one (vLLM
+  stamps once per stream; SGLang, relayed untouched too, stamps each chunk, its
+  serving_chat.py's ``created=int(time.time())``: not mended here).
 
 These are byte splices at known positions, not parse-and-dump: the common chunk
-(one event, as llama.cpp writes it) costs a ``find``, a ``startswith`` and a
-concatenation, ~0.3 us against ~6 us to parse and dump it (bench/README.md,
+(one event, as llama.cpp writes it) costs a ``find``, a ``startswith``, a slice
+compared and a concatenation, ~0.4 us against ~6 us to parse and dump it (bench/README.md,
 "OpenAI shape"). A chunk with something unusual (an error, usage, logprobs, other
 spacing) goes line by line, and only the completions chunk whose usage moves is
 parsed (once per stream). ``plan`` decides once per request what applies; an
@@ -148,6 +153,13 @@ _KEY_LOGPROBS = re.compile(rb'"logprobs"\s*:')
 _KEY_REFUSAL = re.compile(rb'"refusal"\s*:')
 _KEY_USAGE = re.compile(rb'"usage"\s*:')
 _EMPTY_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')
+# ``"created":`` cannot occur inside a JSON string (its quotes would be escaped), so the first one is the key.
+_CREATED = b'"created":'
+_CREATED_LEN = len(_CREATED)
+_CREATED_ANY = re.compile(rb'("created"\s*:\s*)(\d+)')
+_DIGITS = re.compile(rb"\d+")
+#: ``Shaper._created_key`` until the stream's first ``created`` is seen: matches no chunk.
+_NO_CREATED = b"\0"
 
 
 def chat_body(body: bytes) -> bytes:
@@ -229,6 +241,13 @@ class Shaper:
     logprobs, other spacing, ``[DONE]``) goes line by line. A line is spliced whole:
     the bytes after a chunk's last newline wait for the next chunk (a part of an
     event, which no SSE client could use yet).
+
+    Every event's ``created`` becomes the stream's first. llama.cpp writes the same
+    keys after it in each chunk of a stream, so it lies at the same distance from the
+    chunk's end: a slice and a comparison find it unchanged, and a chunk written in a
+    later second is one more comparison and a concatenation (a ``find`` and a check
+    of the digits once a second, or for a chunk laid out otherwise). A later value
+    that starts with the first's digits and has more would pass: ten times later.
     """
 
     def __init__(self, plan: Plan, replica_id: str) -> None:
@@ -245,6 +264,13 @@ class Shaper:
         # A chat chunk that carries usage must not get a second ``"usage":null`` (llama.cpp sends
         # usage only in a ``"choices":[]`` chunk, which the fast path never matches, but be sure).
         self._check_usage = plan.chat and plan.include_usage
+        # ``"created":`` and the stream's first value as llama.cpp wrote it (_NO_CREATED until seen), its
+        # digits alone, and where it lies as negative indices: llama.cpp writes the same keys after it in
+        # every chunk of a stream (id, model, object). 0, 0 until seen: an empty slice, matching no key.
+        self._created_key, self._created = _NO_CREATED, b""
+        self._created_at = self._created_to = 0
+        #: The later ``"created":`` value llama.cpp writes now, seen in that place: replaced without a check.
+        self._engine_key = _NO_CREATED
 
     def feed(self, chunk: bytes) -> bytes:
         if self._carry:
@@ -253,7 +279,15 @@ class Shaper:
             start = self._start
             if (start is not None and chunk.startswith(_DATA_CHOICE)
                     and not (self._check_usage and b'"usage"' in chunk)):
-                return chunk if start is _DATA_CHOICE else start + chunk[_DATA_CHOICE_LEN:]
+                # _usual inlined (the hot path): created where llama.cpp writes it, the first's or a known later one.
+                at, to = self._created_at, self._created_to
+                created = chunk[at:to]
+                if created == self._created_key:
+                    return chunk if start is _DATA_CHOICE else start + chunk[_DATA_CHOICE_LEN:]
+                if created == self._engine_key:
+                    head = chunk[:at] if start is _DATA_CHOICE else start + chunk[_DATA_CHOICE_LEN:at]
+                    return head + self._created_key + chunk[to:]
+                return self._usual(chunk, start)
             return self._event(chunk)
         if not chunk.endswith(b"\n"):
             cut = chunk.rfind(b"\n") + 1
@@ -268,6 +302,12 @@ class Shaper:
                 # string (its quotes would be escaped); text with "data:" in it only costs the slow way.
                 usual = chunk.count(_DATA_CHOICE)
                 if usual + chunk.endswith(_DONE) == chunk.count(b"data:"):
+                    known = chunk.count(self._created_key)  # each of llama.cpp's has one created
+                    if known != usual:
+                        if known + chunk.count(self._engine_key) == usual:  # a later second's, all known
+                            chunk = chunk.replace(self._engine_key, self._created_key)
+                        else:
+                            chunk = self._stamp_all(chunk)
                     return chunk if start is _DATA_CHOICE else chunk.replace(_DATA_CHOICE, start)
             return b"".join([self._event(e + b"\n\n") for e in chunk[:-2].split(b"\n\n")])
         return self._lines(chunk)
@@ -277,10 +317,48 @@ class Shaper:
         start = self._start
         if (start is not None and event.startswith(_DATA_CHOICE)
                 and not (self._check_usage and b'"usage"' in event)):
-            return event if start is _DATA_CHOICE else start + event[_DATA_CHOICE_LEN:]
+            return self._usual(event, start)
         if event == _DONE:
             return event
         return self._lines(event)
+
+    def _usual(self, event: bytes, start: bytes) -> bytes:
+        """One event as llama.cpp writes it (``data: {"choices":[{``...), its start and created spliced."""
+        if event[self._created_at:self._created_to] != self._created_key:
+            event = self._stamp(event)
+        return event if start is _DATA_CHOICE else start + event[_DATA_CHOICE_LEN:]
+
+    def _stamp(self, event: bytes) -> bytes:
+        """One usual ``event`` with the stream's first ``created``; the first is remembered."""
+        n = len(event)
+        at, to = self._created_at, self._created_to
+        if (self._created and event[at:at + _CREATED_LEN] == _CREATED and event[at + _CREATED_LEN:to].isdigit()
+                and not event[to:to + 1].isdigit()):  # to is at most -3: the event ends ``}\n\n``
+            self._engine_key = event[at:to]  # where the first was: a later second, the same until the next
+            return event[:at] + self._created_key + event[to:]
+        at = event.find(_CREATED, _DATA_CHOICE_LEN)
+        digits = _DIGITS.match(event, at + _CREATED_LEN) if at > 0 else None
+        if digits is None:
+            return event  # no created, or not a number: not llama.cpp's, left alone
+        first = not self._created
+        if first:
+            self._created_key, self._created = event[at:digits.end()], digits.group()
+        if first or not self._created_at and digits.end() - digits.start() == len(self._created):
+            self._created_at, self._created_to = at - n, digits.end() - n
+        if first:
+            return event
+        return event[:at + _CREATED_LEN] + self._created + event[digits.end():]
+
+    def _stamp_all(self, data: bytes) -> bytes:
+        """``data`` (any number of events, any spacing) with every ``created`` the stream's first."""
+        if not self._created:
+            found = _CREATED_ANY.search(data)
+            if found is None:
+                return data
+            self._created = found.group(2)
+            self._created_key = _CREATED + self._created  # its place from the end is found by _stamp
+        created = self._created
+        return _CREATED_ANY.sub(lambda m: m.group(1) + created, data)
 
     def end(self) -> bytes:
         """What is left at the end of the stream (a last line without its newline), spliced."""
@@ -313,9 +391,9 @@ class Shaper:
             return b"data: " + _error_event(data, self._replica_id)
         plan = self._plan
         if plan.chat:
-            return b"data: " + chat_data(data, include_usage=plan.include_usage)
+            return b"data: " + self._stamp_all(chat_data(data, include_usage=plan.include_usage))
         events = completion_data(data, include_usage=plan.include_usage)
-        return b"\n\n".join(b"data: " + e for e in events)
+        return b"\n\n".join(b"data: " + self._stamp_all(e) for e in events)
 
 
 def _error_event(data: bytes, replica_id: str) -> bytes:

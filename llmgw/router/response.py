@@ -191,6 +191,12 @@ class Response:
             self._chunks.appendleft(data)
             self._size += len(data)
 
+    def arrived(self) -> bytes | None:
+        """The whole body when all of it has arrived and none was read (a look that takes nothing); else None."""
+        if not self._eof or self._error is not None:
+            return None
+        return b"".join(self._chunks)
+
     def ended(self) -> bool:
         """The body arrived whole and has all been read: the next read would say so."""
         return self._eof and not self._chunks and self._error is None

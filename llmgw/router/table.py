@@ -73,6 +73,8 @@ class ModelRoute:
     projects: frozenset[str] = frozenset()
     #: Its prices per 1M tokens (``spec.pricing``), for spend; None: free.
     prices: quota.Prices | None = None
+    #: Whether it answers ``/v1/embeddings``; None: its spec does not say (the request goes to the engine).
+    embeddings: bool | None = None
 
     def open_to(self, project: str) -> bool:
         """Whether a key of ``project`` may see and use the model (a request without a key may: no keys exist)."""
@@ -196,4 +198,5 @@ def _route(where: str, entry: routing.ModelEntry) -> ModelRoute:
         name=entry.name, served_name=entry.served_name or entry.name, aliases=entry.aliases, state=entry.state,
         message=entry.message, endpoints=entry.endpoints, created=entry.created, routing=routing_name,
         replica_limit=entry.concurrency_per_replica, engine=entry.engine, unhealthy=entry.unhealthy,
-        autoscale=entry.autoscale, projects=frozenset(entry.projects), prices=entry.prices)
+        autoscale=entry.autoscale, projects=frozenset(entry.projects), prices=entry.prices,
+        embeddings=entry.embeddings)

@@ -84,6 +84,10 @@ log = logging.getLogger(__name__)
 RETRY_STATUSES = frozenset({401, 502, 503, 504})
 #: What a first attempt with nothing ejected, hung or full excludes (never mutated).
 _NOTHING: frozenset[str] = frozenset()
+#: In llama.cpp's 500 for an input longer than its physical batch (an embedding on a CPU replica's
+#: 64-token batch, ``agent/engines/llamacpp.py``): the client's to shorten, so relayed as a 400 and not
+#: counted against the replica (three in a row, one openai call and its two retries, would eject it).
+_INPUT_TOO_LARGE = b") is too large to process"
 
 
 class _AttemptFailed(Exception):
@@ -288,8 +292,10 @@ class Forwarder:
             # A whole response's body follows its headers at once: from here on, idle.
             response.body_started()
         if response.status in health.FAILURE_STATUSES:  # a 500: relayed, and counted
-            self._failed(route, endpoint, f"HTTP {response.status}")
-            return
+            if not _input_too_large(route, response):
+                self._failed(route, endpoint, f"HTTP {response.status}")
+                return
+            response.status = 400
         if self.outliers.succeeded(endpoint.replica_id) or endpoint.replica_id in self._failing:
             self._failing.discard(endpoint.replica_id)
             log.info("replica %s at %s answers again", endpoint.replica_id, endpoint.url)
@@ -335,6 +341,12 @@ class Forwarder:
 
 
 #: What marks one of llama.cpp's prefill progress events (``"return_progress": true``).
+def _input_too_large(route: ModelRoute, response: client.Response) -> bool:
+    """llama.cpp's 500 refusing an input over its physical batch, when its body came with the headers."""
+    body = response.arrived() if route.engine == "llamacpp" and response.status == 500 else None
+    return body is not None and _INPUT_TOO_LARGE in body
+
+
 _PROGRESS_EVENT = b'"prompt_progress"'
 #: Bytes read ahead without finding where an event ends: not the SSE expected, so it is all relayed.
 _LOOKAHEAD_LIMIT = 65536

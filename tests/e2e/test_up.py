@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -31,10 +32,28 @@ def _env(tmp_path: Path) -> dict[str, str]:
     return {**env, "XDG_CONFIG_HOME": str(tmp_path / "config")}
 
 
-def _up(model: Path, data: Path, log: Path, *, http_port: int = 0, agent_port: int = 0) -> Proc:
-    return Proc.start([sys.executable, "-m", "llmgw", "up", "--model", str(model), "--http-port", str(http_port),
+def _up(model: Path | None, data: Path, log: Path, *, http_port: int = 0, agent_port: int = 0) -> Proc:
+    """`llmgw up` with ``model``'s file, or with none: the model `make up` serves."""
+    chosen = ["--model", str(model)] if model is not None else []
+    return Proc.start([sys.executable, "-m", "llmgw", "up", *chosen, "--http-port", str(http_port),
                        "--agent-port", str(agent_port), "--data-dir", str(data), "--wait", "90"], log_path=log,
                       env=_env(data.parent))
+
+
+def _stream(create: Any, **kw: Any) -> tuple[list[Any], float]:
+    """A stream's chunks, and the seconds of the clock its chunks arrived over."""
+    chunks, arrived = [], []
+    for chunk in create(stream=True, **kw):
+        chunks.append(chunk)
+        arrived.append(time.time())
+    return chunks, arrived[-1] - arrived[0] if arrived else 0.0
+
+
+def _crossed_a_second(chunks: list[Any], took: float) -> bool:
+    """Asserts every chunk of a stream carries the same ``created`` (OpenAI's); True when the stream took long
+    enough that llama.cpp's own stamps, one a chunk, changed in it (more than a second: always)."""
+    assert chunks and len({ch.created for ch in chunks}) == 1, sorted({ch.created for ch in chunks})
+    return took > 1.0
 
 
 def _files_containing(root: Path, secret: str) -> list[str]:
@@ -90,11 +109,17 @@ def test_up_serves_llamacpp_and_sigterm_stops_everything(tmp_path: Path) -> None
         for ch in chunks:
             openai_schema.validate("chat_chunk", ch.model_dump(mode="json", exclude_unset=True))
         assert sum(1 for ch in chunks if ch.choices and ch.choices[0].delta.content is not None) >= 1
+        assert len({ch.created for ch in chunks}) == 1  # one stream, one created (OpenAI's)
         # The router asked llama.cpp for prefill progress events (to notice a client leaving); none reach the client.
         assert not any("prompt_progress" in ch.model_dump() for ch in chunks)
         comp = c.completions.create(model="tiny", prompt="a b c", max_tokens=4, temperature=0,
                                     extra_body={"ignore_eos": True})
         assert comp.usage and comp.usage.completion_tokens == 4
+        # Its engine_args lack --embeddings: /v1/models says it does not embed, and the router says how to.
+        listed = httpx.get(f"http://127.0.0.1:{http_port}/v1/models", timeout=10).json()["data"]
+        assert [m.get("llmgw") for m in listed if m["id"] == "tiny"] == [{"embeddings": False}]
+        with pytest.raises(openai.BadRequestError, match="--embeddings"):
+            c.embeddings.create(model="tiny", input="hi")
         t0 = time.monotonic()
         up.signal(signal.SIGTERM)
         code = up.popen.wait(timeout=15)
@@ -120,6 +145,58 @@ def test_up_serves_llamacpp_and_sigterm_stops_everything(tmp_path: Path) -> None
         up.stop(timeout=15)
         if again is not None:
             again.stop(timeout=15)
+        for pid in family:
+            try:
+                psutil.Process(pid).kill()
+            except psutil.Error:
+                pass
+
+
+def test_up_default_model_embeds_and_chats(tmp_path: Path) -> None:
+    """The model `make up` serves (SmolLM2-135M on llama.cpp) answers /v1/embeddings through the router with
+    vectors of its width, 576, and still chats; every chunk of a stream carries one created, also when the
+    stream crosses a second (llama.cpp stamps each chunk with its own second)."""
+    up = _up(None, tmp_path / "data", tmp_path / "up.log")
+    family: set[int] = set()
+    try:
+        wait_for(lambda: "llmgw is up" in up.log_tail(200) or up.poll() is not None, timeout=300, interval=0.5,
+                 what="llmgw up with the default model")
+        out = up.log_tail(200)
+        assert up.poll() is None, out
+        found = re.search(r"OpenAI base URL: (http://127\.0\.0\.1:\d+/v1)", out)
+        assert found and "model:           smollm2-135m" in out, out
+        family = {p.pid for p in psutil.Process(up.pid).children(recursive=True)}
+        c = openai.OpenAI(base_url=found.group(1), api_key="x", max_retries=0, timeout=60)
+        listed = httpx.get(found.group(1) + "/models", timeout=10).json()["data"]
+        assert [m.get("llmgw") for m in listed if m["id"] == "smollm2-135m"] == [{"embeddings": True}]
+        one = c.embeddings.create(model="smollm2-135m", input="GPUs are fast.")
+        openai_schema.validate("embedding", one.model_dump(mode="json", exclude_unset=True))
+        assert len(one.data) == 1 and len(one.data[0].embedding) == 576
+        assert one.usage.prompt_tokens > 0
+        two = c.embeddings.create(model="smollm2-135m", input=["GPUs are fast.", "Cats sleep a lot."],
+                                  encoding_format="float")
+        assert [len(d.embedding) for d in two.data] == [576, 576] and [d.index for d in two.data] == [0, 1]
+        assert two.data[0].embedding == pytest.approx(one.data[0].embedding, abs=1e-4)
+        assert two.data[0].embedding != pytest.approx(two.data[1].embedding, abs=1e-3)
+        chat = c.chat.completions.create(model="smollm2-135m", messages=[{"role": "user", "content": "hi"}],
+                                         max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
+        assert chat.usage and chat.usage.completion_tokens == 6 and chat.choices[0].message.content
+        crossed = False
+        for _ in range(5):  # on a fast machine a stream may take under a second: another, until one does not
+            chunks, took = _stream(c.chat.completions.create, model="smollm2-135m", max_tokens=300, temperature=0,
+                                   messages=[{"role": "user", "content": "Tell me a long story."}],
+                                   extra_body={"ignore_eos": True})
+            for ch in chunks:
+                openai_schema.validate("chat_chunk", ch.model_dump(mode="json", exclude_unset=True))
+            crossed = _crossed_a_second(chunks, took)
+            texts, took = _stream(c.completions.create, model="smollm2-135m", prompt="Once upon a time",
+                                  max_tokens=300, temperature=0, extra_body={"ignore_eos": True})
+            crossed = _crossed_a_second(texts, took) and crossed
+            if crossed:
+                break
+        assert crossed, "no stream took more than a second: the created check proved nothing"
+    finally:
+        up.stop(timeout=15)
         for pid in family:
             try:
                 psutil.Process(pid).kill()

@@ -192,6 +192,9 @@ async def _watch_burst(served: Served, n: int) -> tuple[float, loadwatch.EngineL
                     # Tokens, not chunks: a byte-level token that ends mid-character streams as no text.
                     usage = a.result()[-1].usage
                     assert usage is not None and usage.completion_tokens == 400
+                    # vLLM stamps a stream once (its serving code's created_time), and the router relays its
+                    # chunks untouched: one created a stream, as OpenAI's, however long it ran (issue 27).
+                    assert len({ch.created for ch in a.result()}) == 1
             for _ in range(200):  # the next scrapes see the engine idle again
                 last = loads.engine.get(rid)
                 if last is not None and last.running == 0 and last.waiting == 0:

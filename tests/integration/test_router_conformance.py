@@ -136,6 +136,37 @@ def test_llamacpp_context_overflow_says_context_length_exceeded(llama: str) -> N
     assert got.json()["error"]["code"] == "context_length_exceeded"
 
 
+def test_llamacpp_embeds_through_the_router_and_an_input_over_its_batch_is_a_400(tmp_path: Path) -> None:
+    """A llama.cpp engine started with --embeddings (batch 16): an input that fits is embedded, one that does
+    not is the client's 400 context_length_exceeded (llama.cpp says 500), and repeating it ejects nothing."""
+    model = tiny_gguf.write_tiny_llama_gguf(tmp_path / "tiny.gguf")
+    port = free_port()
+    engine = Proc.start([sys.executable, "-m", "llmgw.agent.engines.llamacpp_launcher", "--model", str(model),
+                         "--port", str(port), "--alias", "m", "--threads", "1", "--ctx-size", "512",
+                         "--batch-size", "16", "--embeddings", "--pooling", "mean"], env=dict(os.environ),
+                        log_path=tmp_path / "engine.log")
+    try:
+        engine.wait_http(f"http://127.0.0.1:{port}/health", timeout=60)
+        with started(tmp_path) as procs:
+            router = procs.router([{**_model("llamacpp", f"http://127.0.0.1:{port}"), "embeddings": True}])
+            got = _post(router, "/v1/embeddings", {"model": "m", "input": "a b c", "encoding_format": "float"})
+            assert got.status_code == 200, got.text
+            openai_schema.validate("embedding", got.json())
+            assert len(got.json()["data"][0]["embedding"]) == tiny_gguf.N_EMBD
+            for _ in range(4):  # past the ejection threshold (3 in a row)
+                long = _post(router, "/v1/embeddings", {"model": "m", "input": " ".join(["a"] * 40)})
+                assert long.status_code == 400, long.text
+                openai_schema.validate("error", long.json())
+                error = long.json()["error"]
+                assert (error["code"], error["param"]) == ("context_length_exceeded", "input")
+                assert "is too large to process" in error["message"]
+            assert "ejected" not in procs.procs[-1].log_tail(200)
+            assert _post(router, "/v1/chat/completions", {"model": "m", "messages": MESSAGES,
+                                                          "max_tokens": 2}).status_code == 200
+    finally:
+        engine.stop()
+
+
 # -- a fake upstream writing what no engine should --
 
 #: case name -> (status, content type, body); the request's "case" field picks one.

@@ -81,6 +81,28 @@ def test_llamacpp_launcher_reads_the_key_from_the_environment(monkeypatch: pytes
     assert list(params.api_keys) == ["sk-env"]
 
 
+def test_llamacpp_launcher_turns_embeddings_on_as_the_default_model_asks() -> None:
+    """``--embeddings --pooling mean`` (the model `up` serves) reach llama.cpp's params; a pooling llama-server
+    does not know is refused; without the flags embeddings stay off and the model's pooling stands."""
+    import xllamacpp
+
+    from llmgw.agent.engines import llamacpp_launcher as launcher
+    from llmgw.cli.defaults import DEFAULT_MODEL
+
+    args = tuple(DEFAULT_MODEL["spec"]["engine_args"])
+    argv = launch(llamacpp.LlamaCpp(which=no_binary), dataclasses.replace(SPEC, args=args)).argv
+    assert argv[:3] == ["/venv/bin/python", "-m", llamacpp.LAUNCHER_MODULE]
+    params = launcher.build_params(launcher.parse_args(argv[3:]), xllamacpp)
+    assert params.embedding is True
+    assert params.pooling_type == xllamacpp.llama_pooling_type.LLAMA_POOLING_TYPE_MEAN
+    assert params.n_batch == params.n_ubatch == llamacpp.CPU_BATCH  # the longest input it embeds
+    plain = launcher.build_params(launcher.parse_args(["--model", "m.gguf", "--embedding"]), xllamacpp)
+    assert plain.embedding is True and plain.pooling_type == xllamacpp.CommonParams().pooling_type
+    assert launcher.build_params(launcher.parse_args(["--model", "m.gguf"]), xllamacpp).embedding is False
+    with pytest.raises(SystemExit):
+        launcher.parse_args(["--model", "m.gguf", "--embeddings", "--pooling", "max"])
+
+
 def test_llamacpp_context_length_and_dtype() -> None:
     """context_length becomes --ctx-size; a dtype is refused, since a .gguf file holds its own types."""
     got = launch(llamacpp.LlamaCpp(which=no_binary), dataclasses.replace(SPEC, context_length=8192)).argv

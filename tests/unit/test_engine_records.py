@@ -11,6 +11,7 @@ import pytest
 
 from llmgw.agent import engines as adapters
 from llmgw.agent.engines import base, llamacpp
+from llmgw.cli.defaults import DEFAULT_MODEL
 from llmgw.control.placement import needs
 from llmgw.core import engines, specs
 from llmgw.core.errors import SpecError
@@ -190,3 +191,16 @@ def test_reserved_flags_are_the_engines_own(name: str, fixture: str) -> None:
     assert record.takes_abbreviations == parser["allow_abbrev"]
     assert all(engines.reserved_in(name, [flag]) == [] for flag in known - record.reserved_flags), \
         [f for f in known - record.reserved_flags if engines.reserved_in(name, [f])]
+
+
+def test_whether_a_model_embeds_is_read_from_its_engine_and_args() -> None:
+    """llama.cpp embeds only when its args turn it on (either spelling, before or after other flags); the sim
+    always; vLLM and SGLang by their weights, which a spec does not say (None); an unknown engine: None."""
+    assert engines.embeds("llamacpp", ["--ctx-size", "8192"]) is False
+    assert engines.embeds("llamacpp", ["--ctx-size", "8192", "--embeddings", "--pooling", "mean"]) is True
+    assert engines.embeds("llamacpp", ["--embedding"]) is True
+    assert engines.embeds("sim", []) is True
+    assert engines.embeds("vllm", ["--runner", "pooling"]) is None and engines.embeds("sglang", []) is None
+    assert engines.embeds("nope", ["--embeddings"]) is None
+    default = specs.parse_manifest(DEFAULT_MODEL).spec
+    assert engines.embeds(default.engine, default.engine_args) is True  # `make up`'s model

@@ -120,6 +120,7 @@ def test_the_table_carries_projects_prices_nodes_and_key_scopes(tmp_path: Path) 
     doc = build_endpoints_doc(store, 0.0)
     (entry,) = doc.models
     assert entry.projects == ("team-b",) and entry.prices == quota.Prices(1.0, 0.0, 2.5)
+    assert entry.embeddings is True  # a sim model embeds, and its entry says so (core.engines.embeds)
     (key,) = doc.auth.keys
     assert (key.project, key.user, key.limits) == ("team-b", "bob", quota.Limits(tokens_per_day=20_000))
     assert [(p.name, p.limits) for p in doc.auth.projects] == [("team-b", quota.Limits(requests_per_day=100))]

@@ -9,6 +9,7 @@ the text in them. Every result is checked against the vendored OpenAI schemas.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -44,6 +45,16 @@ def test_llamacpp_errors_keep_their_message_and_gain_param_and_a_string_or_null_
     prompt = _error(400, b'{"error":{"code":400,"message":"[json.exception.out_of_range.403] key \'prompt\' not '
                          b'found","type":"invalid_request_error"}}')
     assert prompt["param"] == "prompt"
+
+
+def test_an_input_over_llamacpps_batch_is_the_clients_to_shorten() -> None:
+    """llama.cpp's 500 for an embedding input longer than its physical batch (relayed as a 400 by ``upstream``):
+    invalid_request_error, context_length_exceeded, param input; its words kept."""
+    body = (b'{"error":{"code":500,"message":"input (201 tokens) is too large to process. increase the physical '
+            b'batch size (current batch size: 64)","type":"server_error"}}')
+    err = _error(400, body)
+    assert (err["type"], err["code"], err["param"]) == ("invalid_request_error", "context_length_exceeded", "input")
+    assert err["message"].startswith("input (201 tokens) is too large to process")
 
 
 def test_context_overflow_gets_openais_code_and_keeps_the_engines_numbers() -> None:
@@ -312,3 +323,57 @@ def test_several_events_in_one_chunk_are_spliced_even_when_text_says_data() -> N
     tricky = _chunk({"content": "a"}) + _chunk({"content": 'data: {"x"'}) + b"data: [DONE]\n\n"
     for raw in (plain, tricky):
         assert _shape(CHAT, [raw]) == raw.replace(b'{"choices":[{', b'{"choices":[{"logprobs":null,')
+
+
+# -- one created per stream, on llama.cpp's own bytes --
+
+#: Streams recorded from xllamacpp 2026.10 (SmolLM2-135M, 100-120 tokens at temperature 0), cut to the
+#: events around each change of second; llama.cpp stamps every chunk with the second it wrote it.
+LLAMACPP_SSE = Path(__file__).resolve().parents[1] / "fixtures" / "llamacpp_sse"
+
+
+def _created(stream: bytes) -> list[int]:
+    return [e["created"] for e in _events(stream) if isinstance(e, dict)]
+
+
+def _cuts(raw: bytes) -> list[list[bytes]]:
+    """The stream as llama.cpp sends it (an event a read), all at once, cut at arbitrary bytes, and its first and
+    last events read several at once (the last ones: of a later second, after one such was seen alone)."""
+    events = [e + b"\n\n" for e in raw[:-2].split(b"\n\n")]
+    return [events, [raw], [raw[i:i + 97] for i in range(0, len(raw), 97)],
+            [b"".join(events[:3]), *events[3:]], [*events[:-4], b"".join(events[-4:])]]
+
+
+@pytest.mark.parametrize(("name", "plan", "schema"), [
+    ("chat.sse", CHAT, "chat_chunk"),
+    ("chat.sse", Plan(chat=True, logprobs=True, include_usage=False, prompt_list=False), "chat_chunk"),
+    ("chat_include_usage.sse", Plan(chat=True, logprobs=False, include_usage=True, prompt_list=False), "chat_chunk"),
+    ("completion.sse", COMPLETION, "completion_chunk"),
+    ("completion.sse", Plan(chat=False, logprobs=False, include_usage=True, prompt_list=False), "completion_chunk"),
+])
+def test_every_chunk_of_a_llamacpp_stream_carries_its_first_created(name: str, plan: Plan, schema: str) -> None:
+    """llama.cpp's created changes mid-stream; out of the router every event has the first one, whatever the
+    reads, and nothing else in the events changes but the splices."""
+    raw = (LLAMACPP_SSE / name).read_bytes()
+    before = _created(raw)
+    assert len(set(before)) > 1, "the recording must cross a second"
+    outs = [_shape(plan, chunks) for chunks in _cuts(raw)]
+    assert all(out == outs[0] for out in outs)
+    events = [e for e in _events(outs[0]) if isinstance(e, dict)]
+    assert {e["created"] for e in events} == {before[0]}
+    for event in events:
+        openai_schema.validate(schema, event)
+    texts = [c.get("text") or (c.get("delta") or {}).get("content") for e in events for c in e["choices"]]
+    assert texts == [c.get("text") or (c.get("delta") or {}).get("content") for e in _events(raw)
+                     if isinstance(e, dict) for c in e["choices"]]
+
+
+def test_created_with_other_spacing_is_the_first_too() -> None:
+    """An event not written as llama.cpp writes it takes the line-by-line way and is stamped all the same."""
+    first = _chunk({"content": "a"}).replace(b'"created":1', b'"created":1796160739')
+    odd = (b'data: { "choices": [ { "index": 0, "delta": {"content": "b"}}], "created" : 1796160741,'
+           b' "id": "c", "object": "chat.completion.chunk", "model": "m"}\n\n')
+    usual = _chunk({"content": "c"}).replace(b'"created":1', b'"created":1796160742')
+    assert _created(_shape(CHAT, [first, odd, usual, b"data: [DONE]\n\n"])) == [1796160739] * 3
+    # The first event may be the odd one: its created is the stream's.
+    assert _created(_shape(CHAT, [odd, first, usual])) == [1796160741] * 3

@@ -64,6 +64,8 @@ def test_for_engine_rewrites_an_alias() -> None:
     errors.method_not_allowed("GET", "/v1/completions", "POST"),
     errors.body_too_large(10),
     errors.failed_mid_stream("r-1", "connection reset"),
+    errors.embeddings_not_served("x", "llamacpp", "--embeddings"),
+    errors.embeddings_not_served("x", "", ""),
 ])
 def test_error_bodies_match_openai_schema(error: errors.ApiError) -> None:
     """Each of the router's refusals is a valid OpenAI ErrorResponse."""

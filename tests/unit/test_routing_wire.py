@@ -58,8 +58,9 @@ ENDPOINTS = EndpointsDoc(
     models=(ModelEntry(name="m", served_name="m-served", aliases=("a", "b"), routing="least_outstanding",
                        engine="sglang", concurrency_per_replica=2, concurrency=5, state="Ready", message="ok",
                        endpoints=(EndpointDoc("m-1", "http://h:1", "secret"),),
-                       unhealthy=(UnhealthyDoc("m-2", "hung"),), autoscale=AutoscaleHint(1, 4, 12.5), created=17),
-            ModelEntry(name="bare")),
+                       unhealthy=(UnhealthyDoc("m-2", "hung"),), autoscale=AutoscaleHint(1, 4, 12.5), created=17,
+                       embeddings=True),
+            ModelEntry(name="chat-only", engine="llamacpp", embeddings=False), ModelEntry(name="bare")),
     auth=AuthDoc(required=True, keys=(KeyEntry("k", "cd" * 32, ("m",), rpm=1, tpm=2, priority=-1),)))
 
 ROUTER_REPORT = RouterReport("r1", (
@@ -145,6 +146,9 @@ def test_the_router_refuses_only_what_it_cannot_route_and_names_it() -> None:
     read = EndpointsDoc.from_doc(odd)
     assert read.models[0].routing == "fastest-please" and read.models[0].concurrency_per_replica == 0
     assert [k.id for k in read.auth.keys] == ["key-a"]
+    odd["models"][0]["embeddings"] = "yes"  # not a boolean: not known, so the engine is asked and answers itself
+    assert EndpointsDoc.from_doc(odd).models[0].embeddings is None
+    assert "embeddings" not in EndpointsDoc.from_doc(CONTROL_DOC).models[0].to_doc()  # unknown: not sent
 
 
 # -- the control plane is strict -----------------------------------------------------------------------------

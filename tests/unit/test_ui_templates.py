@@ -1,4 +1,5 @@
-"""The UI's templates rendered on their own (no server): the node row the overview and the Nodes page share."""
+"""The UI's templates rendered on their own (no server): the node row the overview and the Nodes page share, and
+the playground's embeddings tab."""
 
 from __future__ import annotations
 
@@ -58,3 +59,37 @@ def test_each_table_pages_to_its_own_address() -> None:
     assert [a for a in overview.links() if "page=" in a] == ["/ui/?page=1", "/ui/?page=3"]
     assert [a for a in page.links() if "page=" in a] == ["/ui/nodes?page=1", "/ui/nodes?page=3"]
     assert len(page.find_all(lambda n: n.tag == "tr" and "data-node" in n.attrs)) == 3
+
+
+def model_item(name: str, engine: str, args: list[str], state: str = "Ready") -> dict[str, Any]:
+    """One entry of GET /api/v1/models, as the API writes it (the manifest and its status)."""
+    return {"metadata": {"name": name}, "spec": {"engine": engine, "engine_args": args},
+            "status": {"state": state, "ready_replicas": 1 if state == "Ready" else 0}}
+
+
+def test_the_embeddings_tab_lists_the_ready_models_that_embed_or_may() -> None:
+    """A llama.cpp model without --embeddings is left out of the tab (its chat stays), one with it is in, vLLM's
+    (its weights decide) is in; with Ready models of which none embeds, the tab says what to add."""
+    from llmgw.control.ui import playground_page
+
+    items = [model_item("smol", "llamacpp", ["--embeddings", "--pooling", "mean"]),
+             model_item("chat-only", "llamacpp", ["--ctx-size", "512"]), model_item("big", "vllm", []),
+             model_item("later", "sim", [], state="Pending")]
+    assert playground_page.ready_models(items) == ["big", "chat-only", "smol"]
+    assert playground_page.embedding_models(items) == ["big", "smol"]
+
+    def page(listed: list[dict[str, Any]]) -> Node:
+        html = ui_common.templates.get_template("playground.html").render(
+            base="/ui", user="admin", role="admin", title="Playground", api_root="", list_error="",
+            models=playground_page.ready_models(listed), embed_models=playground_page.embedding_models(listed))
+        return Tree(html).root
+
+    both = page(items)
+    select = both.by_id("embed-model")
+    assert select is not None and [o.attrs["value"] for o in select.find_all(lambda n: n.tag == "option")] == \
+        ["big", "smol"]
+    assert both.by_id("no-embed-model") is None
+    none = page([items[1]])
+    warning, send = none.by_id("no-embed-model"), none.by_id("embed-send")
+    assert warning is not None and '"--embeddings"' in warning.text
+    assert send is not None and "disabled" in send.attrs

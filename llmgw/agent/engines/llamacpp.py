@@ -31,6 +31,14 @@ one thread (``bench/disconnect_abort.py``): aborted 0.5 s after the disconnect a
 2048 (at 32: 12.1 s, so not lower). On a GPU a 2048-token batch takes milliseconds
 and a smaller one only costs throughput, so GPU replicas keep llama.cpp's default.
 
+That batch also bounds embeddings: a model started with ``--embeddings`` (engine args)
+embeds an input in one physical batch (at most ``--batch-size``) and answers a longer
+one 500 "input (N tokens) is too large to process" (the router relays it as the client's
+400, ``context_length_exceeded``), so a CPU replica embeds at most 64 tokens unless its
+engine args raise ``--batch-size``. The 64 stays for embedding models
+too: at 512 a routed client's leave stopped a 400-token prefill after 5.2 s (p50), at 64
+after 0.68 s (``bench/disconnect_abort.py --trials 3``, one thread, 2026-12-05).
+
 Threads default to half the CPUs, not llama.cpp's all of them: two busy
 llama.cpp servers each spinning on all 8 vCPUs fell to 0.8 tok/s apiece, where
 at 4 threads they kept 5.5.

@@ -26,6 +26,15 @@ Facts about xllamacpp this is built on (2026.10):
   ``--[no-]cache-idle-slots`` set the llama.cpp parameters of those names
   (``n_batch``, ``n_ubatch``, ``cache_ram_mib``, ``cache_idle_slots``); unset, the
   library's defaults stay (2048, 512, 8192 MiB, on).
+* ``--embeddings`` (``params.embedding``) with ``--pooling mean`` (``params.pooling_type``)
+  serves ``/v1/embeddings`` and still serves chat and completions, the same text
+  token for token: checked on SmolLM2-135M. (llama.cpp documents the flag as
+  restricting the server to embeddings, and some builds of mid-2024 refused
+  completions with it, ggml-org/llama.cpp#3815; this one does not.) Without a
+  pooling a model that has none in its GGUF (a chat model) answers 400 "Pooling
+  type 'none' is not OAI compatible". An input must fit one physical batch
+  (``--ubatch-size``, at most ``--batch-size``), or llama.cpp answers 500 "input
+  (N tokens) is too large to process".
 """
 
 from __future__ import annotations
@@ -41,6 +50,8 @@ import sys
 from typing import Any
 
 PROG = "llamacpp_launcher"
+#: ``--pooling`` values, as llama-server takes them; each is ``llama_pooling_type.LLAMA_POOLING_TYPE_<NAME>``.
+POOLINGS = ("none", "mean", "cls", "last", "rank")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -71,6 +82,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("-cram", "--cache-ram", type=int, default=None,
                         help="MiB of RAM for the prompt cache (llama.cpp's default 8192; 0 off, -1 no limit)")
     parser.add_argument("--metrics", action="store_true", help="serve /metrics")
+    parser.add_argument("--embedding", "--embeddings", dest="embeddings", action="store_true",
+                        help="serve /v1/embeddings too (chat and completions stay served)")
+    parser.add_argument("--pooling", choices=POOLINGS, default=None,
+                        help="how a text's token vectors become one (default: the model's own; a chat "
+                             "model has none, so give mean)")
     parser.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", default=None,
                         help="layers on the GPU: a number, 'auto' or 'all'")
     args = parser.parse_args(argv)
@@ -166,6 +182,9 @@ def build_params(args: argparse.Namespace, xllamacpp: Any) -> Any:
     if args.ubatch_size is not None:
         params.n_ubatch = args.ubatch_size
     params.endpoint_metrics = args.metrics
+    params.embedding = args.embeddings
+    if args.pooling is not None:
+        params.pooling_type = getattr(xllamacpp.llama_pooling_type, f"LLAMA_POOLING_TYPE_{args.pooling.upper()}")
     if args.alias:
         params.model_alias = {args.alias}
     if args.api_key:
@@ -219,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     version = importlib.metadata.version("xllamacpp")
     print(f"{PROG}: listening on {server.listening_address} serving {args.alias or args.model!r} "
-          f"(xllamacpp {version}, threads {args.threads}, parallel {args.parallel})", flush=True)
+          f"(xllamacpp {version}, threads {args.threads}, parallel {args.parallel}"
+          f"{', embeddings' if args.embeddings else ''})", flush=True)
     received = wait_for_stop()
     print(f"{PROG}: {signal.Signals(received).name} received; stopping", flush=True)
     del server  # The destructor stops llama.cpp's loop and joins its threads.

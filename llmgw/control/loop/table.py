@@ -18,7 +18,7 @@ from llmgw.control.state import Phase, ReplicaRecord
 from llmgw.control.status import summarize
 from llmgw.control.store import store as store_mod
 from llmgw.control.store.store import Store
-from llmgw.core import specs
+from llmgw.core import engines, specs
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,8 @@ def _model_route(spec: specs.ModelSpec, name: str, in_force_spec: specs.ModelSpe
                                                                   auto.cold_start_timeout_s),
         # Issue 26: keys of other projects get 404 for it; its prices turn usage into spend.
         projects=spec.projects, prices=spec.prices,
+        # /v1/models says it, and the router refuses /v1/embeddings itself for a model that does not.
+        embeddings=engines.embeds(spec.engine, spec.engine_args),
     )
 
 

@@ -16,6 +16,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from llmgw.control.ui import common
+from llmgw.core import engines
 
 #: The UI's mount below the server's root; the OpenAI API lives at the root (``/v1``), not below it.
 UI_MOUNT = "/ui"
@@ -31,12 +32,28 @@ def ready_models(items: list[dict[str, Any]]) -> list[str]:
     return sorted(n for n in names if n)
 
 
+def embedding_models(items: list[dict[str, Any]]) -> list[str]:
+    """The Ready models the embeddings tab lists: all but those whose spec says they do not embed (a llama.cpp
+    model without ``--embeddings``, ``core.engines.embeds``), which would only answer with a refusal."""
+    ready = set(ready_models(items))
+    names = []
+    for m in items:
+        name = str((m.get("metadata") or {}).get("name", ""))
+        spec = m.get("spec") or {}
+        args = spec.get("engine_args") or []
+        args = [str(a) for a in args] if isinstance(args, list) else []
+        if name in ready and engines.embeds(str(spec.get("engine", "")), args) is not False:
+            names.append(name)
+    return sorted(names)
+
+
 async def playground(ui: common.Ui, request: Request) -> Response:
     answer, _ = await ui.call(request, "GET", "/api/v1/models")
     base = request.scope.get("root_path", "")
     api_root = base[:-len(UI_MOUNT)] if base.endswith(UI_MOUNT) else ""
+    items = list(answer.doc.get("items", []))
     return ui.page(request, "playground.html", title="Playground", who=await ui.who(request),
-                   models=ready_models(list(answer.doc.get("items", []))), list_error=answer.error,
+                   models=ready_models(items), embed_models=embedding_models(items), list_error=answer.error,
                    api_root=api_root)
 
 
