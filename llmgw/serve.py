@@ -356,10 +356,15 @@ class _Tasks:
             asyncio.create_task(cp.usage.follow(cp.cluster.wait_table))))
 
     async def stop(self, leadership: leader_mod.Leadership, lease_task: asyncio.Task[None]) -> None:
-        self.reconcile.cancel()
         leadership.stop()
         lease_task.cancel()
         for task in self.others:
             task.cancel()
+        # Cancelled again until it ends: on Python 3.11 ``asyncio.wait_for`` drops a cancellation that arrives as
+        # its inner future completes (gh-86296), and the loop's wait for a kick is one. A server stopped while its
+        # agents were connected hung here: their streams, closed just before, kick the loop as it is cancelled.
+        while not self.reconcile.done():
+            self.reconcile.cancel()
+            await asyncio.wait([self.reconcile], timeout=0.5)
         with contextlib.suppress(asyncio.CancelledError):
             await self.reconcile
