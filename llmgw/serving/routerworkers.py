@@ -180,10 +180,11 @@ class RouterWorkers:
     async def start(self) -> None:
         cfg = self._cfg
         secret = secrets.token_urlsafe(32)
-        # Every passed request comes from 127.0.0.1: no cap per address there; the workers applied the client's.
+        # Every passed request comes from 127.0.0.1: no cap per address there (the workers applied the client's),
+        # and no idle timeout: a worker's pooled connection closed as it sends on it would fail a client's request.
         self._internal = router_server.Server(
             Internal(secret, self._front, self._services), max_body_bytes=cfg.router.max_body_bytes,
-            limits=dataclasses.replace(cfg.router.limits, max_per_address=0))
+            limits=dataclasses.replace(cfg.router.limits, max_per_address=0, idle_timeout_s=0.0))
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.bind(("127.0.0.1", 0))
         sock.setblocking(False)
