@@ -56,7 +56,7 @@ from llmgw.router.app import RouterApp
 from llmgw.router.standalone import proxied
 from llmgw.router.table import TableHolder
 from llmgw.router.watch import LocalWatcher
-from llmgw.serving import front
+from llmgw.serving import front, routerworkers
 from llmgw.serving.config import (
     HUB_TOKEN_ENV,
     INSECURE_HEADER,
@@ -238,7 +238,7 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
     _init_if_needed(cfg)
     store = _open_store(cfg)
     # Bound before the settings are made: a mounted mirror's URL, which nodes fetch from, has its port.
-    http_sock = front.listen(cfg.host, cfg.http_port)
+    http_sock = front.listen(cfg.host, cfg.http_port, reuse_port=cfg.router_processes > 1)
     http_port = http_sock.getsockname()[1]
     cp = _control_plane(cfg, store, front.own_mirror_hub(cfg, http_port) if cfg.mirror is not None else cfg.hub)
     cp.db.watch_loop()
@@ -268,7 +268,9 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
               if cfg.mirror is not None else None)
     # The router's own HTTP server, as a standalone router has (router/server.py): uvicorn's
     # per-request machinery cost the router more than its own work.
-    web = router_server.Server(front.dispatch(router, rest, mirror=mirror), max_body_bytes=cfg.router.max_body_bytes,
+    served = front.dispatch(router, rest, mirror=mirror)
+    # Only a router worker sets the headers the internal listener reads; a client's are dropped.
+    web = router_server.Server(routerworkers.untrusting(served), max_body_bytes=cfg.router.max_body_bytes,
                                limits=cfg.router.limits)
     lease_task = asyncio.create_task(leadership.run())
     # The first lease round before the first request: a server alone leads at once, and a client that
@@ -278,21 +280,28 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
     await web.start_on(http_sock)
     tasks = _Tasks.start(cfg, cp)
     await router.startup()
-    log.info("llmgw server %s: HTTP on %s:%d (OpenAI API /v1, REST /api/v1), agents on %s:%d (%s), %s, data in %s; "
-             "advertised as %s and %s", me.id, cfg.host, http_port, cfg.host, agent_port,
+    crew = None
+    if cfg.router_processes > 1:
+        crew = routerworkers.RouterWorkers(cfg, http_port=http_port, front=served, router_id=f"server-{me.id}",
+                                           services=routerworkers.Services(cp.cluster, cp.reports, cp.usage))
+        await crew.start()
+    log.info("llmgw server %s: HTTP on %s:%d (OpenAI API /v1, REST /api/v1) in %d router process%s, agents on "
+             "%s:%d (%s), %s, data in %s; advertised as %s and %s", me.id, cfg.host, http_port,
+             cfg.router_processes, "" if cfg.router_processes == 1 else "es", cfg.host, agent_port,
              "plaintext" if cfg.insecure else "mutual TLS",
              f"joins on {cfg.host}:{join_port}" if join_port else "no join port", cfg.data_dir, me.http_url,
              me.agent_addr)
     if cfg.ports_file:
         cfg.ports_file.write_text(json.dumps({"http_port": http_port, "agent_port": agent_port,
-                                              "join_port": join_port}))
+                                              "join_port": join_port, "router_processes": cfg.router_processes}))
     try:
         await _until_stopped(stop, tasks.reconcile, lease_task)
     finally:
         log.info("llmgw server stopping")
         await cp.cluster.close()
-        # Open long polls (a watching router, `llmgw events -f`) get 3 s, then are cut.
-        await web.shutdown(3.0)
+        # Open long polls (a watching router, `llmgw events -f`) and streams get 3 s, then are cut: here and in
+        # the router workers, which stop listening with this process and finish theirs meanwhile.
+        await asyncio.gather(web.shutdown(routerworkers.GRACE_S), *([crew.stop()] if crew is not None else []))
         await rest.close()
         await router.shutdown()
         if mirror is not None:
@@ -347,10 +356,15 @@ class _Tasks:
             asyncio.create_task(cp.usage.follow(cp.cluster.wait_table))))
 
     async def stop(self, leadership: leader_mod.Leadership, lease_task: asyncio.Task[None]) -> None:
-        self.reconcile.cancel()
         leadership.stop()
         lease_task.cancel()
         for task in self.others:
             task.cancel()
+        # Cancelled again until it ends: on Python 3.11 ``asyncio.wait_for`` drops a cancellation that arrives as
+        # its inner future completes (gh-86296), and the loop's wait for a kick is one. A server stopped while its
+        # agents were connected hung here: their streams, closed just before, kick the loop as it is cancelled.
+        while not self.reconcile.done():
+            self.reconcile.cancel()
+            await asyncio.wait([self.reconcile], timeout=0.5)
         with contextlib.suppress(asyncio.CancelledError):
             await self.reconcile

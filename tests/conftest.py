@@ -29,6 +29,11 @@ import pytest
 # workers would make each such test start several processes and read its router's /metrics from any one of
 # them. The workers' tests give ``--workers`` themselves (a flag beats the variable).
 os.environ.setdefault("LLMGW_ROUTER_WORKERS", "1")
+# The same for `llmgw server`: with ``--router-workers`` at its default (one process per core) every test's server
+# would start several router processes on a machine the tests already share; its /metrics would be the server's
+# in-process router's alone while the workers serve part of the traffic. The tests of the server's router workers
+# give the flag themselves.
+os.environ.setdefault("LLMGW_SERVER_ROUTER_WORKERS", "1")
 
 _OURS: Path | None = None
 _FAILED = False

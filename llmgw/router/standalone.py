@@ -16,7 +16,8 @@ for ``--graceful-shutdown`` seconds, then cuts them. The flags are ``RouterSetti
 
 With ``--workers`` other than 1 the process started is a hub (``router.hub``) that serves nothing itself and
 runs that many of these as its workers; a worker (``HUB_PID_ENV`` names its hub) listens with SO_REUSEPORT
-and stops, as on SIGTERM, once its hub is gone.
+and stops, as on SIGTERM, once its hub is gone. A worker of ``llmgw server --router-workers`` is also given
+the server's internal URL (``passthrough.PASSTHROUGH_ENV``) and passes it every request but ``/v1/...``.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import yaml
 
 from llmgw.core import settingsgen
 from llmgw.router import app as app_mod
-from llmgw.router import auth, limits, reports, signals, tracing, usagehttp, watch
+from llmgw.router import auth, limits, passthrough, reports, signals, tracing, usagehttp, watch
 from llmgw.router import server as server_mod
 from llmgw.router import table as table_mod
 from llmgw.router.settings import HUB_PID_ENV, HUB_STATIC_ENV, TOKEN_ENV, ProxySettings, RouterSettings
@@ -193,6 +194,9 @@ def run(settings: RouterSettings) -> int:
     except (OSError, ValueError, table_mod.TableError) as exc:
         print(f"llmgw router: cannot load the route table: {exc}", file=sys.stderr)
         return 2
+    # A worker of `llmgw server --router-workers`: what is not the OpenAI API goes to the server.
+    passed_to = os.environ.get(passthrough.PASSTHROUGH_ENV, "").strip() if hub_pid is not None else ""
+    front = passthrough.Passthrough(router, passed_to, secret=token) if passed_to else router
     try:
         import uvloop
     except ImportError:  # the stock loop works, at fewer requests per second
@@ -200,7 +204,7 @@ def run(settings: RouterSettings) -> int:
     else:
         run_loop = uvloop.run
     try:
-        return run_loop(serve(router, host=settings.host, port=settings.port,
+        return run_loop(serve(front, host=settings.host, port=settings.port,
                               max_body_bytes=settings.proxy.max_body_bytes, grace_s=settings.graceful_shutdown,
                               http_limits=settings.proxy.limits, source=settings.source, hub_pid=hub_pid))
     except KeyboardInterrupt:
@@ -223,8 +227,9 @@ async def _orphaned(hub_pid: int, stop: asyncio.Event, every_s: float = 1.0) -> 
         await asyncio.sleep(every_s)
 
 
-async def serve(router: app_mod.RouterApp, *, host: str, port: int, max_body_bytes: int, grace_s: float,
-                source: str, http_limits: limits.Limits | None = None, hub_pid: int | None = None) -> int:
+async def serve(router: app_mod.RouterApp | passthrough.Passthrough, *, host: str, port: int, max_body_bytes: int,
+                grace_s: float, source: str, http_limits: limits.Limits | None = None,
+                hub_pid: int | None = None) -> int:
     """Open the pools, listen until SIGTERM/SIGINT, drain for ``grace_s``, close the pools.
 
     ``hub_pid``: this is a worker of that hub: it listens with SO_REUSEPORT beside the other workers, and

@@ -73,6 +73,9 @@ class ServerConfig:
     lease: leader_mod.Timing = leader_mod.Timing()
     #: The in-process router's settings: body size, keepalive, admission, tracing, the HTTP server's limits.
     router: ProxySettings = ProxySettings()
+    #: Processes accepting on ``http_port``: this one and ``router_processes - 1`` router workers
+    #: (``serving.routerworkers``); 1: this one alone.
+    router_processes: int = 1
     #: Usage retention per grain, the request log's, the budget webhook (``control.usage.config``).
     usage: UsageConfig = UsageConfig()
 
@@ -155,7 +158,7 @@ def config_of(settings: ServerSettings, env: Mapping[str, str], *, default_data_
                         engine_os_packages=settings.engine_os_packages, database=settings.database,
                         advertise=settings.advertise_address, lease=lease,
                         fetch_allow_private=settings.fetch_allow_private, router=settings.router,
-                        usage=usage_config(settings))
+                        router_processes=settings.router_worker_count, usage=usage_config(settings))
 
 
 #: Every REST answer of an ``--insecure`` server carries this header; the CLI warns on seeing it.

@@ -63,10 +63,15 @@ def admin_check(auth: Auth) -> Callable[[str], Awaitable[bool]]:
     return is_admin
 
 
-def listen(host: str, port: int) -> socket.socket:
+def listen(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+    """The HTTP port's listening socket; ``reuse_port``: with SO_REUSEPORT, so the server's router workers
+    (``serving.routerworkers``) accept on the same port (never otherwise: a second server started on the port
+    by mistake must fail, not share it)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError as e:

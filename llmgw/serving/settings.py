@@ -9,13 +9,14 @@ the two take the same flags. Light on purpose: the CLI imports it to make its fl
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import ClassVar
 
 from llmgw.control.reconcile import liveness
 from llmgw.core import units
 from llmgw.core.settingsgen import nested, setting
-from llmgw.router.settings import ProxySettings
+from llmgw.router.settings import AUTO_WORKERS_CAP, MAX_WORKERS, ProxySettings
 
 _PORT = {"min": 0, "max": 65535}
 
@@ -90,6 +91,12 @@ class ServerSettings:
                                               "them with the command [given: stored, and wins; default: the stored "
                                               "value, else no]")
     router: ProxySettings = nested(ProxySettings)
+    router_workers: int = setting(0, metavar="N", min=0, max=MAX_WORKERS,
+                                  help="Processes accepting on the HTTP port together (SO_REUSEPORT): this one and "
+                                       "N-1 router workers, which serve the OpenAI API themselves and pass every "
+                                       "other request to this one; one table, exact limits and metering across "
+                                       f"them; 1: this process alone [default 0: the number of cores, at most "
+                                       f"{AUTO_WORKERS_CAP}]")
     audit_retention: str = setting("90d", help="How long the audit log keeps an entry, e.g. 90d, 720h; the leader "
                                                "deletes older ones")
     usage_minute_retention: str = setting("2d", help="How long per-minute usage rollups are kept, e.g. 2d, 48h")
@@ -106,6 +113,8 @@ class ServerSettings:
 
     def __post_init__(self) -> None:
         """ValueError with the sentence the CLI prints, naming the flag."""
+        if not 0 <= self.router_workers <= MAX_WORKERS:
+            raise ValueError(f"--router-workers: expected 0 (one per core) to {MAX_WORKERS}, got {self.router_workers}")
         if self.node_grace < 0:
             raise ValueError("--node-grace cannot be negative")
         if self.unhealthy_grace < 0:
@@ -137,6 +146,11 @@ class ServerSettings:
         if self.mirror_upstream and not self.mirror_upstream.startswith(("http://", "https://")):
             raise ValueError(f"--mirror-upstream {self.mirror_upstream!r}: expected http(s)://HOST[:PORT], e.g. "
                              "https://huggingface.co")
+
+    @property
+    def router_worker_count(self) -> int:
+        """How many processes accept on the HTTP port: ``router_workers``, or with 0 the cores, at most the cap."""
+        return self.router_workers or max(1, min(os.cpu_count() or 1, AUTO_WORKERS_CAP))
 
     @property
     def node_cert_validity_s(self) -> float:

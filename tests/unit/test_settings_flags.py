@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from pathlib import Path
 
 import pytest
@@ -243,3 +244,12 @@ def test_workers_is_a_setting_of_both_routers_and_zero_means_one_per_core(monkey
     assert RouterSettings(table_file=Path("t.json")).worker_count == 1
     monkeypatch.setenv("LLMGW_ROUTER_WORKERS", "2")
     assert standalone.parse_args(["--table-file", "t.json"]).workers == 2
+
+
+def test_the_servers_router_workers_default_to_one_per_core_at_most_eight(tmp_path: Path) -> None:
+    assert ServerSettings().router_worker_count == max(1, min(os.cpu_count() or 1, 8))
+    assert ServerSettings(router_workers=1).router_worker_count == 1
+    with pytest.raises(ValueError, match="--router-workers"):
+        ServerSettings(router_workers=-1)
+    made = config.config_of(ServerSettings(router_workers=3), {}, default_data_dir=tmp_path)
+    assert made.router_processes == 3
