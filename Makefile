@@ -17,7 +17,7 @@ BASE   := .made-from-$(subst /,_,$(PYTHON))
 # True when venv $(1) was made from $(PYTHON): its pyvenv.cfg's home is that Python's directory.
 made_from = [ -x $(1)/bin/python ] && [ "$$(sed -n 's/^home = //p' $(1)/pyvenv.cfg)" = "$$(dirname "$$(command -v $(PYTHON))")" ]
 
-.PHONY: up test test-e2e test-engines lint bench clean-venv postgres chromium
+.PHONY: up test test-e2e test-engines lint bench bench-costs bench-peers clean-venv postgres chromium
 
 # A venv already made from this Python (its pyvenv.cfg's home is the Python's directory) is kept.
 $(VENV)/$(BASE):
@@ -98,6 +98,13 @@ chromium:
 
 bench: $(VENV)/.test-deps
 	$(PY) bench/router_overhead.py
+
+# The router's regression guard (issue 27): µs per request by stage and the ratio to a pure relay. Not a test:
+# it prints figures for review (wrk from apt when missing, py-spy from pip into .venv).
+bench-costs: $(VENV)/.test-deps
+	$(VENV)/bin/python -m pip --disable-pip-version-check -q install py-spy
+	command -v wrk >/dev/null || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && apt-get install -y -q wrk; }
+	$(PY) bench/router_costs.py $(BENCH_ARGS)
 
 clean-venv:
 	rm -rf $(VENV) $(VLLM_VENV)
