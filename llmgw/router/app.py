@@ -95,6 +95,8 @@ class RouterApp:
             limiter=ratelimit.RateLimiter(), source=source, max_body_bytes=max_body_bytes, events=events,
             signals=signals, meter=self.meter, quota=self.quota)
         self._complete = self._completions.complete
+        #: ``http`` scopes straight to their handler, for a server that knows (``server.Server``): no ``__call__``.
+        self.asgi_http = self._http
 
     def _metering(self, router_id: str, quota: router_quota.QuotaTransport | None,
                   usage: usagejournal.UsageTransport | None, journal_dir: Path | None) -> None:

@@ -225,7 +225,7 @@ class Connection(httphead.ResponseWriter, asyncio.Protocol):
 
     async def _run(self, scope: dict[str, Any]) -> None:
         try:
-            await self.server.app(scope, self._receive, self._send)
+            await self.server.http_app(scope, self._receive, self._send)
         except asyncio.CancelledError:
             if not self._lost:  # cancelled at shutdown, not by the client's leaving
                 self._keep_alive = False

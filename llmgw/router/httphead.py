@@ -76,12 +76,13 @@ class ResponseWriter:
             self._status = message["status"]
             self._response_headers = message.get("headers", [])
             return
-        if kind != "http.response.body":
-            return
+        if kind == "http.response.body":
+            await self.send_body(message.get("body", b""), message.get("more_body", False))
+
+    async def send_body(self, body: bytes, more: bool) -> None:
+        """What an ``http.response.body`` message does, called without one (``relay`` streams through it)."""
         if self._lost or self._complete or self.transport is None:
             return
-        body = message.get("body", b"")
-        more = message.get("more_body", False)
         if not self._head_sent:
             data = self._head(body, more)
         else:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 from llmgw.router import asgi, client, errors, metrics, openai_errors, openai_shape
 from llmgw.router.table import Endpoint, ModelRoute
@@ -64,6 +65,19 @@ async def error_event(send: asgi.Send, body: bytes) -> None:
     """End a started stream with ``body`` (an OpenAI error object) as its last event."""
     await send({"type": "http.response.body", "body": b"data: " + body + b"\n\n", "more_body": True})
     await send(_END)
+
+
+def body_sender(send: asgi.Send) -> Callable[[bytes, bool], Awaitable[None]]:
+    """``send_body(body, more)``: the router's own server's writer called directly (no message per chunk, issue
+    27), or, for any other ``send`` (a wrapped one, another server), the ``http.response.body`` message."""
+    direct = getattr(getattr(send, "__self__", None), "send_body", None)
+    if direct is not None:
+        return direct  # type: ignore[no-any-return]
+
+    async def via_message(body: bytes, more: bool) -> None:
+        await send({"type": "http.response.body", "body": body, "more_body": more})
+
+    return via_message
 
 
 async def _first_chunk(content: client.Response, send: asgi.Send, keepalive_s: float) -> bytes:
@@ -105,6 +119,7 @@ async def stream(endpoint: Endpoint, response: client.Response, send: asgi.Send,
     events = 0
     tail = b""
     meter = trace.meter
+    out = body_sender(send)
     try:
         first = await _first_chunk(content, send, keepalive_s)
         # From here the engine is generating: wait on it with the idle timeout, not the first-byte one.
@@ -121,7 +136,7 @@ async def stream(endpoint: Endpoint, response: client.Response, send: asgi.Send,
                 first = meter.feed(first)  # the usage seen; the usage-only chunk the router asked for taken out
             if shaper is not None:
                 first = shaper.feed(first) + (shaper.end() if final else b"")
-            await send({"type": "http.response.body", "body": first, "more_body": not final})
+            await out(first, not final)
             last = time.perf_counter()
             trace.first_chunk(received, last)
             if final:
@@ -137,7 +152,7 @@ async def stream(endpoint: Endpoint, response: client.Response, send: asgi.Send,
                     chunk = shaper.feed(chunk) + (shaper.end() if final else b"")
                 if not chunk and not final:
                     continue  # only part of a line came (the shaper keeps it), or only the usage asked for
-                await send({"type": "http.response.body", "body": chunk, "more_body": not final})
+                await out(chunk, not final)
                 now = time.perf_counter()
                 itl.observe(now - last)
                 last = now
