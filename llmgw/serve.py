@@ -49,6 +49,7 @@ from llmgw.core.errors import LlmgwError
 from llmgw.mirror import app as mirror_app
 from llmgw.router import auth as router_auth
 from llmgw.router import metrics as router_metrics
+from llmgw.router import metricsmerge
 from llmgw.router import reports as router_events
 from llmgw.router import server as router_server
 from llmgw.router import signals as router_signals
@@ -255,8 +256,11 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
     # Who may call the REST API.
     auth = Auth(cp.db, insecure=cfg.insecure, initial_password=datadir.initial_password_file(cfg.data_dir))
     router = _router(cfg, cp)
+    # The router workers' metrics (--router-workers), summed with the in-process router's into one set of families.
+    worker_metrics = metricsmerge.Snapshots()
     api = create_api(cp.db, cp.cluster, auth=auth,
-                     extra_registries=(router_metrics.REGISTRY, agentsvc_metrics.REGISTRY, cp.usage.registry),
+                     extra_registries=(metricsmerge.Merged(router_metrics.REGISTRY, worker_metrics),
+                                       agentsvc_metrics.REGISTRY, cp.usage.registry),
                      router_events=cp.reports, leadership=leadership, join=_join_point(cfg, advertised, join_port),
                      usage=cp.usage)
     # A standby answers routers' tables, /healthz, /metrics and the control planes' list itself, and
@@ -283,7 +287,8 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
     crew = None
     if cfg.router_processes > 1:
         crew = routerworkers.RouterWorkers(cfg, http_port=http_port, front=served, router_id=f"server-{me.id}",
-                                           services=routerworkers.Services(cp.cluster, cp.reports, cp.usage))
+                                           services=routerworkers.Services(cp.cluster, cp.reports, cp.usage,
+                                                                           worker_metrics))
         await crew.start()
     log.info("llmgw server %s: HTTP on %s:%d (OpenAI API /v1, REST /api/v1) in %d router process%s, agents on "
              "%s:%d (%s), %s, data in %s; advertised as %s and %s", me.id, cfg.host, http_port,

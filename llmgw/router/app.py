@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -69,12 +70,15 @@ class RouterApp:
                  events: router_events.Sink | None = None, tracing: router_tracing.Tracing | None = None,
                  signals: router_signals.Reporter | None = None,
                  quota: router_quota.QuotaTransport | None = None, usage: usagejournal.UsageTransport | None = None,
-                 usage_journal_dir: Path | None = None, router_id: str = "router") -> None:
+                 usage_journal_dir: Path | None = None, router_id: str = "router",
+                 metrics_source: Callable[[], Awaitable[tuple[bytes, str]]] | None = None) -> None:
         """``quota``/``usage``: the control plane's budget and usage services (None: the per-router rpm/tpm
-        window, and nothing metered); ``usage_journal_dir``: where unsent usage survives a ``kill -9``."""
+        window, and nothing metered); ``usage_journal_dir``: where unsent usage survives a ``kill -9``;
+        ``metrics_source``: what ``GET /metrics`` answers (a hub's worker: every worker's sum), else ``render()``."""
         self.holder = holder
         self._watcher = watcher
         self._serve_metrics = serve_metrics
+        self._metrics_source = metrics_source
         # With the holder, the forwarder scrapes every endpoint's load, not only those already asked.
         self._forwarder = upstream.Forwarder(connect_timeout_s=connect_timeout_s,
                                              max_endpoints=max_endpoints, holder=holder, events=events)
@@ -161,7 +165,8 @@ class RouterApp:
                 extra = self.quota.headers(self.quota.plan(key, auth_now.projects)) if self.quota is not None else None
                 await asgi.send_bytes(send, 200, self._models_body(key), extra=extra or None)
             elif path == METRICS_PATH and self._serve_metrics and method in ("GET", "HEAD"):
-                body, content_type = metrics.render()
+                body, content_type = (await self._metrics_source() if self._metrics_source is not None
+                                      else metrics.render())
                 await asgi.send_bytes(send, 200, body, content_type=content_type.encode())
             else:
                 raise errors.path_not_found(method, path)

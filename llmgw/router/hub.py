@@ -31,8 +31,14 @@ limits hold across them (per UTC minute, where one router alone keeps a sliding 
 and events have no one to go to there and are answered 200 and dropped.
 
 Only the workers may call: each is given a random bearer secret through ``LLMGW_ROUTER_TOKEN`` (its
-environment, never its argv); any other caller is answered 401. ``/metrics`` is each worker's own: a
-scrape through the public port reads the worker that accepted it (no aggregation).
+environment, never its argv); any other caller is answered 401.
+
+``/metrics`` through the public port is every worker's sum, whichever worker accepted the scrape: each worker
+pushes its metrics here (``POST metricsmerge.PUSH_PATH?router=ID``, every ``metricsmerge.PUSH_INTERVAL_S`` and
+at its stop), the hub keeps the latest of each (``metricsmerge.Snapshots``: a restarted worker's replace its old
+one, a worker silent for ``metricsmerge.STALE_S`` is dropped) and answers ``GET metricsmerge.MERGED_PATH`` with
+their sum, which a worker's ``/metrics`` serves (``metricspush``). So a scrape lags the requests by up to one
+push interval.
 """
 
 from __future__ import annotations
@@ -57,7 +63,7 @@ import aiohttp
 from aiohttp import web
 
 from llmgw.api import usage as wire
-from llmgw.router import budgets, ledger, reports, signals, watch, workers
+from llmgw.router import budgets, ledger, metricsmerge, reports, signals, watch, workers
 from llmgw.router import table as table_mod
 from llmgw.router.settings import RouterSettings
 
@@ -68,6 +74,7 @@ RELAYED = (wire.USAGE_PATH, wire.QUOTA_PATH, signals.SIGNALS_PATH, reports.EVENT
 #: The longest a worker's long poll is held, whatever it asks.
 MAX_HOLD_S = 60.0
 RELAY_TIMEOUT_S = 10.0
+_EXPOSITION = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class Feed:
@@ -180,8 +187,10 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": {"message": message}}, status=status)
 
 
-def app(secret: str, feed: Feed, calls: Handler) -> web.Application:
-    """The workers' API: the long poll on ``feed``, the router's POSTs handed to ``calls``, for ``secret`` only."""
+def app(secret: str, feed: Feed, calls: Handler, snapshots: metricsmerge.Snapshots | None = None) -> web.Application:
+    """The workers' API: the long poll on ``feed``, the router's POSTs handed to ``calls``, the workers' metrics
+    kept in ``snapshots`` and served summed; for ``secret`` only."""
+    kept = snapshots if snapshots is not None else metricsmerge.Snapshots()
     expected = f"Bearer {secret}".encode()
 
     @web.middleware
@@ -206,7 +215,22 @@ def app(secret: str, feed: Feed, calls: Handler) -> web.Application:
     async def post(request: web.Request) -> web.Response:
         return await calls(request.path, await request.read())
 
+    async def push(request: web.Request) -> web.Response:
+        router_id = request.query.get("router", "")
+        if not router_id:
+            return _error(400, "router: the pushing worker's router id is required")
+        try:
+            kept.put(router_id, (await request.read()).decode())
+        except ValueError as exc:  # not an exposition (UnicodeDecodeError is one)
+            return _error(400, f"not Prometheus text: {exc}")
+        return web.json_response({})
+
+    async def merged(request: web.Request) -> web.Response:
+        return web.Response(body=kept.merged(), headers={"Content-Type": _EXPOSITION})
+
     made = web.Application(middlewares=[only_workers], client_max_size=64 << 20)
+    made.router.add_post(metricsmerge.PUSH_PATH, push)
+    made.router.add_get(metricsmerge.MERGED_PATH, merged)
     made.router.add_get("/api/v1/endpoints", endpoints)
     for path in RELAYED:
         made.router.add_post(path, post)

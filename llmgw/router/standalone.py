@@ -38,7 +38,7 @@ import yaml
 
 from llmgw.core import settingsgen
 from llmgw.router import app as app_mod
-from llmgw.router import auth, limits, passthrough, reports, signals, tracing, usagehttp, watch
+from llmgw.router import auth, limits, metricspush, passthrough, reports, signals, tracing, usagehttp, watch
 from llmgw.router import server as server_mod
 from llmgw.router import table as table_mod
 from llmgw.router.settings import HUB_PID_ENV, HUB_STATIC_ENV, TOKEN_ENV, ProxySettings, RouterSettings
@@ -65,7 +65,8 @@ def read_token(token_file: Path | None, env: Mapping[str, str]) -> str:
     return token
 
 
-def build(settings: RouterSettings, *, token: str = "", static_hub: bool = False) -> app_mod.RouterApp:
+def build(settings: RouterSettings, *, token: str = "", static_hub: bool = False,
+          worker: bool = False) -> app_mod.RouterApp:
     """A RouterApp over a static table or one followed from a control plane, serving its own /metrics.
 
     Following a control plane (one URL, or several tried in turn), it reports ejections and the
@@ -73,6 +74,8 @@ def build(settings: RouterSettings, *, token: str = "", static_hub: bool = False
     ``token`` (a router credential), every ``signals_interval`` and at once when it holds a request
     for a model at zero. Keyless tables get a warning unless ``host`` is loopback. ``static_hub``: it follows
     a hub serving a static table (``HUB_STATIC_ENV``): budgets only, no usage, load reports or events.
+    ``worker``: it is a hub's worker (``HUB_PID_ENV``): it pushes its metrics to the hub, and its ``/metrics``
+    answers every worker's sum (``metricspush``).
     """
     holder = table_mod.TableHolder()
     watcher: app_mod.Lifecycle | None = None
@@ -93,9 +96,15 @@ def build(settings: RouterSettings, *, token: str = "", static_hub: bool = False
         name = settings.router_id or socket.gethostname()
         # Budgets and usage too: the quota and usage services of the control plane followed now.
         calls = usagehttp.ControlCalls(lambda: following.current_url, headers=headers)
-        watcher = _Together(following, calls)
-        metered = {"quota": calls.quota, "usage": calls.usage, "usage_journal_dir": settings.usage_journal_dir,
-                   "router_id": name}
+        parts: list[app_mod.Lifecycle] = [following, calls]
+        if worker:
+            # Stopped with the router, after the drain: its last push has every request's counts.
+            pushes = metricspush.MetricsPush(name, lambda: following.current_url, headers=headers)
+            parts.append(pushes)
+            metered["metrics_source"] = pushes.scrape
+        watcher = _Together(*parts)
+        metered |= {"quota": calls.quota, "usage": calls.usage, "usage_journal_dir": settings.usage_journal_dir,
+                    "router_id": name}
         if static_hub:
             del metered["usage"], metered["usage_journal_dir"]
         else:
@@ -190,7 +199,8 @@ def run(settings: RouterSettings) -> int:
         log.warning("no router credential (--token-file or %s): a secure control plane will refuse this router "
                     "its routes; `llmgw router-token create NAME` makes one", TOKEN_ENV)
     try:
-        router = build(settings, token=token, static_hub=hub_pid is not None and os.environ.get(HUB_STATIC_ENV) == "1")
+        router = build(settings, token=token, static_hub=hub_pid is not None and os.environ.get(HUB_STATIC_ENV) == "1",
+                       worker=hub_pid is not None)
     except (OSError, ValueError, table_mod.TableError) as exc:
         print(f"llmgw router: cannot load the route table: {exc}", file=sys.stderr)
         return 2

@@ -15,6 +15,9 @@ is answered 401 (``Internal``). On that listener:
   ledger is the one the in-process router and every standalone router draw from, so limits and metering stay
   exact across the processes (``router.hub`` says why). Each worker is a router of its own, ``server-ID.wI``,
   with its own usage journal under the data directory;
+- ``POST metricsmerge.PUSH_PATH?router=ID``: a worker's router metrics (``metricspush``), kept in the
+  ``metricsmerge.Snapshots`` the server's ``/metrics`` sums with its in-process router's (``metricsmerge.Merged``
+  in place of the router's registry, ``llmgw.serve``): the server's scrape has every process's requests;
 - every other request, carrying the secret in ``passthrough.SECRET_HEADER``: a request a worker accepted that
   is not the OpenAI API (``router.passthrough``), served by the server's own front (REST, UI, mirror,
   ``/healthz``, ``/metrics``) with the client's address from ``passthrough.FORWARDED_FOR_HEADER`` as the
@@ -46,7 +49,7 @@ from llmgw.api.usage import QUOTA_PATH, USAGE_PATH, QuotaSync, UsageBatch
 from llmgw.control.cluster import Cluster
 from llmgw.control.routerreports import RouterEvents
 from llmgw.control.usage.service import UsageService
-from llmgw.router import asgi, hub, passthrough, reports, signals, workers
+from llmgw.router import asgi, hub, metricsmerge, passthrough, reports, signals, workers
 from llmgw.router import server as router_server
 from llmgw.router.settings import RouterSettings
 from llmgw.serving.config import ServerConfig
@@ -79,6 +82,8 @@ class Services:
     cluster: Cluster
     reports: RouterEvents
     usage: UsageService
+    #: The workers' router metrics, as they push them.
+    metrics: metricsmerge.Snapshots = dataclasses.field(default_factory=metricsmerge.Snapshots)
 
 
 def _header(scope: asgi.Scope, wanted: bytes) -> bytes | None:
@@ -120,6 +125,8 @@ class Internal:
         try:
             if path == "/api/v1/endpoints" and method == "GET":
                 doc = await self._endpoints(scope)
+            elif path == metricsmerge.PUSH_PATH and method == "POST":
+                doc = self._metrics(scope, await asgi.read_body(receive, limit=64 << 20))
             elif path in hub.RELAYED and method == "POST":
                 doc = await self._post(path, json.loads(await asgi.read_body(receive, limit=64 << 20)))
             else:
@@ -131,6 +138,13 @@ class Internal:
         except asgi.ClientGone:
             return
         await asgi.send_bytes(send, 200, json.dumps(doc).encode())
+
+    def _metrics(self, scope: asgi.Scope, body: bytes) -> dict[str, Any]:
+        router_id = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("router", [""])[0]
+        if not router_id:
+            raise ValueError("router: the pushing worker's router id is required")
+        self._services.metrics.put(router_id, body.decode())  # ValueError: not an exposition
+        return {}
 
     async def _endpoints(self, scope: asgi.Scope) -> dict[str, Any]:
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))

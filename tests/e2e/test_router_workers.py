@@ -6,7 +6,8 @@
 - SIGTERM to the hub: a stream in flight finishes, and every process exits within the grace period;
 - SIGKILL to the hub: the workers notice and exit by themselves;
 - a key's 50 requests a minute over a static table: at most 50 served across the workers (the hub's ledger);
-- a key's 50 requests a day at a real ``llmgw server``: at most 50 served, the usage stored equal to it.
+- a key's 50 requests a day at a real ``llmgw server``: at most 50 served, the usage stored equal to it;
+- ``/metrics`` through the public port: every scrape, whichever worker it lands on, counts every worker's requests.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 import httpx
 import psutil
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from llmgw.testing.burst import StandaloneRouter, burst, summary
 from llmgw.testing.fakecontrol import RouterControl
@@ -190,6 +192,37 @@ def test_the_workers_exit_by_themselves_when_the_hub_is_killed(tmp_path: Path, s
         assert hub.proc.log_tail(50).count("is gone: stopping") == 2
     finally:
         hub.proc.stop()  # the group: anything left
+
+
+def scraped_requests(url: str) -> float:
+    """``llmgw_router_requests_total`` for the model, as one scrape on a new connection reads it."""
+    with httpx.Client(timeout=10, trust_env=False) as client:
+        resp = client.get(url + "/metrics")
+    assert resp.status_code == 200, resp.text
+    assert "one worker's" not in resp.text, resp.text[:300]
+    total = 0.0
+    for family in text_string_to_metric_families(resp.text):
+        for sample in family.samples:
+            if sample.name == "llmgw_router_requests_total" and sample.labels.get("model") == MODEL:
+                total += sample.value
+    return total
+
+
+def test_a_scrape_through_the_public_port_counts_every_workers_requests(tmp_path: Path, sim: str) -> None:
+    control = RouterControl(table(sim)).start()
+    hub: Hub | None = None
+    try:
+        hub = Hub(tmp_path, ["--control", control.url])
+        n = 40
+        assert [chat(hub.url) for _ in range(n)] == [200] * n
+        wait_for(lambda: sum(control.stored_by_router.values()) == n, timeout=15, what=f"{n} usage records stored")
+        assert set(control.stored_by_router) == {"edge.w0", "edge.w1"}, control.stored_by_router  # both served
+        time.sleep(3.0)  # a push interval and some
+        assert [scraped_requests(hub.url) for _ in range(12)] == [n] * 12
+    finally:
+        if hub is not None:
+            hub.proc.stop()
+        control.close()
 
 
 def _minute_to_spare(seconds: float = 15.0) -> None:
