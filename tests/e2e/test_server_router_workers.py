@@ -6,6 +6,7 @@ knows the worker took its share:
 
 - OpenAI requests, REST calls (the admin's ``GET /api/v1/models``, a login, ``/healthz``) are answered alike
   whichever process accepted them, and a key's usage is metered exactly across the two;
+- ``/metrics``, whichever process accepted the scrape, counts both processes' requests (the worker's pushed);
 - a REST stream (a node's log, followed) runs through the worker, its first batch arriving while it is open;
 - the worker, killed with SIGKILL, is started again and serves;
 - SIGTERM to the server: a stream in flight on the worker finishes, and every process exits within the grace.
@@ -25,6 +26,7 @@ from typing import Any
 
 import psutil
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from llmgw.testing.procs import wait_for
 from llmgw.testing.system import System, sim_model
@@ -101,6 +103,14 @@ def on_worker(system: System, pids: list[int], worker: int) -> Call:
     raise AssertionError("60 connections and none accepted by the worker")
 
 
+def scraped_requests(text: str) -> float:
+    """``llmgw_router_requests_total`` for the model in one exposition (each family at most once in it)."""
+    names = [family.name for family in text_string_to_metric_families(text)]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == "llmgw_router_requests_total" and sample.labels.get("model") == MODEL)
+
+
 def chat(max_tokens: int = 4, stream: bool = False) -> dict[str, Any]:
     return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens,
             "stream": stream}
@@ -165,6 +175,16 @@ def test_the_server_and_its_worker_share_the_port_rest_and_openai_alike(system: 
         return int(next((r for r in rows if r.get("group") == key_id), {}).get("requests", 0))
 
     wait_for(lambda: stored() == 30, timeout=30, interval=0.5, what="30 requests stored")
+
+    # The server's /metrics: the in-process router's and the worker's requests summed, one family each.
+    time.sleep(3.0)  # a push interval (2 s) and some
+    scraped: set[int] = set()
+    for _ in range(12):
+        pid, status, body = once(system, pids, "GET", "/metrics", token=system.token)
+        assert status == 200, body[:300]
+        assert scraped_requests(body.decode()) == 30, body.decode()[:2000]
+        scraped.add(pid)
+    assert scraped == set(pids), scraped
 
     # A REST stream through the worker: the follow of a node's log, its first batch while it stays open.
     call = on_worker(system, pids, worker)
