@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -21,6 +21,7 @@ from llmgw.api import usage as wire
 from llmgw.core import quota
 from llmgw.router import hub, usagehttp, watch
 from llmgw.router.table import TableHolder
+from llmgw.testing.aioserve import serving
 
 SECRET = "s3cret-of-the-hub"
 WORKER = {"Authorization": f"Bearer {SECRET}"}
@@ -33,18 +34,6 @@ def table(model: str, *, version: int = 7, keys: list[dict[str, Any]] | None = N
     if keys is not None:
         doc["auth"] = {"required": True, "keys": keys}
     return doc
-
-
-@contextlib.asynccontextmanager
-async def serving(made: web.Application) -> AsyncIterator[str]:
-    runner = web.AppRunner(made, shutdown_timeout=0.1)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        host, port = runner.addresses[0][:2]
-        yield f"http://{host}:{port}"
-    finally:
-        await runner.cleanup()
 
 
 async def until(test: Callable[[], object], what: str) -> None:

@@ -7,8 +7,6 @@ rendered as a worker's push would be; then a hub with a real ``MetricsPush`` on 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 
 import aiohttp
 import prometheus_client as prom
@@ -17,23 +15,12 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmgw.router import hub, metrics, metricsmerge, metricspush
+from llmgw.testing.aioserve import serving
 
 SECRET = "s3cret-of-the-hub"
 WORKER = {"Authorization": f"Bearer {SECRET}"}
 
 ODD = 'a "quoted" \\ model\nwith a newline, {braces} and ünïcode'
-
-
-@contextlib.asynccontextmanager
-async def serving(made: web.Application) -> AsyncIterator[str]:
-    runner = web.AppRunner(made, shutdown_timeout=0.1)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        host, port = runner.addresses[0][:2]
-        yield f"http://{host}:{port}"
-    finally:
-        await runner.cleanup()
 
 
 async def nothing(path: str, body: bytes) -> web.Response:
