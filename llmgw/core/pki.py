@@ -113,14 +113,7 @@ def _leaf(ca: Issued, subject: x509.Name, public_key: ec.EllipticCurvePublicKey,
 def server_cert(ca: Issued, hosts: list[str], *, now: datetime.datetime | None = None,
                 validity: datetime.timedelta = SERVER_VALIDITY) -> Issued:
     """The control plane's certificate: ``hosts`` (names or IP addresses) and the loopback names as SANs."""
-    names: list[x509.GeneralName] = []
-    for h in [*hosts, *LOOPBACK_NAMES]:
-        try:
-            gn: x509.GeneralName = x509.IPAddress(ipaddress.ip_address(h))
-        except ValueError:
-            gn = x509.DNSName(h)
-        if gn not in names:
-            names.append(gn)
+    names = _alt_names([*hosts, *LOOPBACK_NAMES])
     key = new_key()
     _, ca_key = _ca(ca)
     cert = (_leaf(ca, _name(hosts[0] if hosts else "localhost"), key.public_key(), validity, now)
@@ -160,6 +153,58 @@ def sign_csr(ca: Issued, csr_pem: bytes, node_id: str, *, now: datetime.datetime
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
             .sign(ca_key, hashes.SHA256()))
     return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def _alt_names(hosts: list[str]) -> list[x509.GeneralName]:
+    names: list[x509.GeneralName] = []
+    for h in hosts:
+        try:
+            gn: x509.GeneralName = x509.IPAddress(ipaddress.ip_address(h.strip("[]")))
+        except ValueError:
+            gn = x509.DNSName(h)
+        if gn not in names:
+            names.append(gn)
+    return names
+
+
+def sign_engine_csr(ca: Issued, csr_pem: bytes, node_id: str, hosts: list[str], *,
+                    now: datetime.datetime | None = None, validity: datetime.timedelta = NODE_VALIDITY) -> bytes:
+    """The certificate a node's engines serve TLS with (PEM): CN = ``node_id``, server auth only, ``hosts`` as SANs.
+
+    Its own key, never the node's: an engine runs as its own user and may run a model's code, and the node's
+    key (client auth, the agent stream) must stay the agent's. Server auth only, so it cannot open an agent
+    stream; routers check CN = the node the table says the endpoint is on, so one node's engine certificate
+    cannot pass for another node's engine.
+    """
+    try:
+        csr = x509.load_pem_x509_csr(csr_pem)
+    except ValueError as e:
+        raise PkiError(f"not a PEM certificate request ({e}); the agent sends one it made itself") from None
+    if not csr.is_signature_valid:
+        raise PkiError("the certificate request's signature does not match its key; make a new request")
+    public_key = csr.public_key()
+    if not isinstance(public_key, ec.EllipticCurvePublicKey) or public_key.curve.name != "secp256r1":
+        raise PkiError("the certificate request's key is not EC P-256; the agent makes its key with "
+                       "llmgw.core.pki.new_key()")
+    if not node_id:
+        raise PkiError("an engine certificate needs a node id for its common name")
+    _, ca_key = _ca(ca)
+    builder = (_leaf(ca, _name(node_id), public_key, validity, now)
+               .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False))
+    names = _alt_names(hosts)
+    if names:
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+    return builder.sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)
+
+
+def not_after(cert_pem: bytes) -> datetime.datetime:
+    """When the certificate expires (UTC)."""
+    return load_cert(cert_pem).not_valid_after_utc
+
+
+def not_before(cert_pem: bytes) -> datetime.datetime:
+    """When the certificate starts to be valid (UTC)."""
+    return load_cert(cert_pem).not_valid_before_utc
 
 
 def common_name(cert_pem: bytes) -> str:

@@ -123,3 +123,27 @@ def test_check_ca_hash_accepts_the_right_one_and_refuses_others(ca: pki.Issued) 
     for bad in (right[:-1], right.removeprefix("sha256:"), "md5:" + right[7:]):
         with pytest.raises(pki.PkiError, match="expected sha256: and 64 hex digits"):
             pki.check_ca_hash(ca.cert_pem, bad)
+
+
+
+def test_engine_certificate_serves_tls_only_for_its_node() -> None:
+    """An engine's certificate: CN = the node, server auth only (it cannot open an agent stream), the SANs given."""
+    ca = pki.create_ca()
+    pem = pki.sign_engine_csr(ca, pki.create_csr("i-claim-another-node", pki.new_key()), "node-7",
+                              ["10.1.2.3", "n7.lan"])
+    assert pki.common_name(pem) == "node-7"
+    assert pki.subject_alt_names(pem) == ["10.1.2.3", "n7.lan"]
+    eku = pki.load_cert(pem).extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(eku) == [ExtendedKeyUsageOID.SERVER_AUTH]
+    assert pki.not_before(pem) < pki.not_after(pem)
+
+
+def test_engine_certificate_refuses_a_request_of_another_curve() -> None:
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.x509.oid import NameOID
+
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "n")])
+    csr = (x509.CertificateSigningRequestBuilder().subject_name(name)
+           .sign(ec.generate_private_key(ec.SECP384R1()), hashes.SHA256()).public_bytes(serialization.Encoding.PEM))
+    with pytest.raises(pki.PkiError, match="P-256"):
+        pki.sign_engine_csr(pki.create_ca(), csr, "n", [])
