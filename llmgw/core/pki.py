@@ -167,14 +167,20 @@ def _alt_names(hosts: list[str]) -> list[x509.GeneralName]:
     return names
 
 
-def sign_engine_csr(ca: Issued, csr_pem: bytes, node_id: str, hosts: list[str], *,
-                    now: datetime.datetime | None = None, validity: datetime.timedelta = NODE_VALIDITY) -> bytes:
-    """The certificate a node's engines serve TLS with (PEM): CN = ``node_id``, server auth only, ``hosts`` as SANs.
+#: The organizational unit of an engine's certificate: routers take an engine to be a node's only when its
+#: certificate says it is one (an API or node certificate of the same CA, whatever its CN, is not).
+ENGINE_UNIT = "llmgw-engine"
+
+
+def sign_engine_csr(ca: Issued, csr_pem: bytes, node_id: str, *, now: datetime.datetime | None = None,
+                    validity: datetime.timedelta = NODE_VALIDITY) -> bytes:
+    """The certificate a node's engines serve TLS with (PEM): CN = ``node_id``, OU = ``ENGINE_UNIT``, server auth.
 
     Its own key, never the node's: an engine runs as its own user and may run a model's code, and the node's
     key (client auth, the agent stream) must stay the agent's. Server auth only, so it cannot open an agent
-    stream; routers check CN = the node the table says the endpoint is on, so one node's engine certificate
-    cannot pass for another node's engine.
+    stream. No subject alternative name, on purpose: a node could otherwise ask for the control plane's name or
+    address and pass for it to every client that trusts the cluster CA; routers check the subject instead
+    (:func:`engine_node`), so one node's engine certificate cannot pass for another node's engine either.
     """
     try:
         csr = x509.load_pem_x509_csr(csr_pem)
@@ -189,12 +195,20 @@ def sign_engine_csr(ca: Issued, csr_pem: bytes, node_id: str, hosts: list[str], 
     if not node_id:
         raise PkiError("an engine certificate needs a node id for its common name")
     _, ca_key = _ca(ca)
-    builder = (_leaf(ca, _name(node_id), public_key, validity, now)
-               .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False))
-    names = _alt_names(hosts)
-    if names:
-        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
-    return builder.sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)
+    subject = x509.Name([x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, ENGINE_UNIT),
+                         x509.NameAttribute(NameOID.COMMON_NAME, node_id)])
+    return (_leaf(ca, subject, public_key, validity, now)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM))
+
+
+def engine_node(cert: x509.Certificate) -> str | None:
+    """The node an engine certificate was issued for; None when it is not an engine certificate."""
+    units = cert.subject.get_attributes_for_oid(NameOID.ORGANIZATIONAL_UNIT_NAME)
+    names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    if len(units) != 1 or units[0].value != ENGINE_UNIT or len(names) != 1:
+        return None
+    return str(names[0].value)
 
 
 def not_after(cert_pem: bytes) -> datetime.datetime:

@@ -129,10 +129,10 @@ def test_check_ca_hash_accepts_the_right_one_and_refuses_others(ca: pki.Issued) 
 def test_engine_certificate_serves_tls_only_for_its_node() -> None:
     """An engine's certificate: CN = the node, server auth only (it cannot open an agent stream), the SANs given."""
     ca = pki.create_ca()
-    pem = pki.sign_engine_csr(ca, pki.create_csr("i-claim-another-node", pki.new_key()), "node-7",
-                              ["10.1.2.3", "n7.lan"])
+    pem = pki.sign_engine_csr(ca, pki.create_csr("i-claim-another-node", pki.new_key()), "node-7")
     assert pki.common_name(pem) == "node-7"
-    assert pki.subject_alt_names(pem) == ["10.1.2.3", "n7.lan"]
+    assert pki.engine_node(pki.load_cert(pem)) == "node-7"
+    assert pki.subject_alt_names(pem) == []  # no name a client could take it for the control plane's
     eku = pki.load_cert(pem).extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     assert list(eku) == [ExtendedKeyUsageOID.SERVER_AUTH]
     assert pki.not_before(pem) < pki.not_after(pem)
@@ -146,4 +146,10 @@ def test_engine_certificate_refuses_a_request_of_another_curve() -> None:
     csr = (x509.CertificateSigningRequestBuilder().subject_name(name)
            .sign(ec.generate_private_key(ec.SECP384R1()), hashes.SHA256()).public_bytes(serialization.Encoding.PEM))
     with pytest.raises(pki.PkiError, match="P-256"):
-        pki.sign_engine_csr(pki.create_ca(), csr, "n", [])
+        pki.sign_engine_csr(pki.create_ca(), csr, "n")
+
+
+def test_a_server_or_node_certificate_is_no_engine_certificate() -> None:
+    ca = pki.create_ca()
+    assert pki.engine_node(pki.load_cert(pki.server_cert(ca, ["node-7"]).cert_pem)) is None
+    assert pki.engine_node(pki.load_cert(pki.sign_csr(ca, pki.create_csr("node-7", pki.new_key()), "node-7"))) is None
