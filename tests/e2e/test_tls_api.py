@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
 import ssl
@@ -44,6 +45,7 @@ def serial_of_new_connection(port: int, ca_file: Path) -> int:
     return x509.load_der_x509_certificate(der).serial_number
 
 
+@contextlib.contextmanager
 def _serving(root: Path, *, args: list[str], https: bool = True, ca_file: Path | None = None,
              model: bool = True) -> Iterator[System]:
     s = System(root, server_args=args, https=https, ca_file=ca_file)
@@ -61,7 +63,8 @@ def _serving(root: Path, *, args: list[str], https: bool = True, ca_file: Path |
 
 @pytest.fixture(scope="module")
 def tls_system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
-    yield from _serving(tmp_path_factory.mktemp("tls"), args=["--tls", "--router-workers", "1"])
+    with _serving(tmp_path_factory.mktemp("tls"), args=["--tls", "--router-workers", "1"]) as s:
+        yield s
 
 
 def test_curl_without_the_cluster_ca_is_refused_and_with_it_served(tls_system: System) -> None:
@@ -115,7 +118,7 @@ def test_https_answers_carry_hsts_and_the_session_cookie_is_secure(tls_system: S
 
 
 def test_plain_loopback_has_neither_hsts_nor_a_secure_cookie(tmp_path: Path) -> None:
-    for s in _serving(tmp_path, args=["--router-workers", "1"], https=False, model=False):
+    with _serving(tmp_path, args=["--router-workers", "1"], https=False, model=False) as s:
         r = s.request("POST", "/api/v1/login", json={"username": "admin", "password": s.admin_password,
                                                       "session": True})
         assert r.status_code == 200, r.text
@@ -147,7 +150,7 @@ def test_the_operators_certificate_rotated_under_load_fails_no_request_and_both_
     first = _operator_pair(certs, public)
     (certs / "server.key").chmod(0o600)
     args = ["--tls-cert", str(certs / "server.pem"), "--tls-key", str(certs / "server.key"), "--router-workers", "2"]
-    for s in _serving(tmp_path / "sys", args=args, ca_file=certs / "ca.crt"):
+    with _serving(tmp_path / "sys", args=args, ca_file=certs / "ca.crt") as s:
         assert serial_of_new_connection(s.http_port, certs / "ca.crt") == first
         ctx = ssl.create_default_context(cafile=str(certs / "ca.crt"))
         # 4 clients, each a request every 80 ms on a new connection: ~50 requests/s, half streamed.
@@ -167,7 +170,7 @@ def test_the_operators_certificate_rotated_under_load_fails_no_request_and_both_
 
 def test_a_cluster_ca_certificate_past_two_thirds_is_issued_again_under_load(tmp_path: Path) -> None:
     args = ["--tls", "--tls-cert-validity", "12s", "--router-workers", "2"]
-    for s in _serving(tmp_path, args=args):
+    with _serving(tmp_path, args=args) as s:
         api_crt = s.data_dir / "pki" / "api.crt"
         first = pki.load_cert(api_crt.read_bytes()).serial_number
         with Load(s.url, MODEL, clients=2, verify=s.ssl_context() or True, pace_s=0.1,

@@ -71,7 +71,8 @@ class _Client:
     async def get(self, path: str = "/") -> tuple[bytes, bytes]:
         self.writer.write(b"GET " + path.encode() + b" HTTP/1.1\r\nhost: x\r\n\r\n")
         head = await self.reader.readuntil(b"\r\n\r\n")
-        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length"))
         return head, await self.reader.readexactly(length)
 
     async def close(self) -> None:
