@@ -152,6 +152,9 @@ def test_the_operators_certificate_rotated_under_load_fails_no_request_and_both_
     args = ["--tls-cert", str(certs / "server.pem"), "--tls-key", str(certs / "server.key"), "--router-workers", "2"]
     with _serving(tmp_path / "sys", args=args, ca_file=certs / "ca.crt") as s:
         assert serial_of_new_connection(s.http_port, certs / "ca.crt") == first
+        # The worker listening (it loaded the first pair) before the files change.
+        wait_for(lambda: "router on https://" in s.server.log_tail(2000), timeout=30,  # type: ignore[union-attr]
+                 what="the worker up")
         ctx = ssl.create_default_context(cafile=str(certs / "ca.crt"))
         # 4 clients, each a request every 80 ms on a new connection: ~50 requests/s, half streamed.
         with Load(s.url, MODEL, clients=4, verify=ctx, pace_s=0.08, fresh_connections=True) as load:

@@ -77,6 +77,8 @@ def test_a_router_with_workers_serves_https_and_every_worker_reloads_a_renewed_c
         assert raw.parse().choices[0].message.content
         assert raw.headers["strict-transport-security"] == "max-age=31536000"
     assert _serial(port, tmp_path / "ca.crt") == first
+    # Both workers listening (each loaded the first pair) before the files change.
+    wait_for(lambda: router.log_tail(500).count("router on https://") >= 2, timeout=30, what="both workers up")
     second = _pair(tmp_path, ca)
 
     def reloaded() -> int:
