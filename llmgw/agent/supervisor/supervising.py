@@ -50,7 +50,7 @@ from typing import Any, Protocol
 import aiohttp
 import psutil
 
-from llmgw.agent import engines, weights
+from llmgw.agent import engines, enginetls, weights
 from llmgw.agent.discovery import files as weight_files
 from llmgw.agent.discovery import host as host_facts
 from llmgw.agent.fetch import records as fetch_records
@@ -97,7 +97,7 @@ class Supervisor:
                  worker_settle_s: float = watching.WORKER_SETTLE_S,
                  fetcher: fetching.Fetcher | None = None,
                  on_weights_changed: Callable[[], None] = lambda: None,
-                 users: identity.Users | None = None) -> None:
+                 users: identity.Users | None = None, engine_tls: enginetls.EngineTls | None = None) -> None:
         # Absolute, and resolved once: it is the marker in every engine's
         # environment, and the next agent must spell it the same way.
         self._run_dir, self._host = Path(run_dir).resolve(), host
@@ -123,6 +123,8 @@ class Supervisor:
         # Who each engine runs as (the agent passes its engine_user policy): by default engine_user auto,
         # so no engine runs as root however the supervisor was made.
         self._users = users or identity.Users(identity.resolve(identity.AUTO))
+        # TLS on engines (engine_tls): None or off, every engine is plain HTTP.
+        self._engine_tls = engine_tls
 
     def status(self, shard_id: str) -> ShardStatus | None:
         rec = self._recs.get(shard_id)
@@ -205,8 +207,9 @@ class Supervisor:
             adapter.validate(spec, node=node, model=model)
             user = self._users.take(spec.shard_id, live={r.status.shard_id for r in self._recs.all()
                                                          if r.status.state in S.live()})
+            tls = await self._engine_tls.material() if enginetls.wanted_by(self._engine_tls, self._host) else None
             plan = launching.plan(spec, adapter, host=self._host, model_path=model_path,
-                                  cpu_count=self._cpu_count, run_dir=self._run_dir, node=node, user=user)
+                                  cpu_count=self._cpu_count, run_dir=self._run_dir, node=node, user=user, tls=tls)
             # Asked before the spawn: an adapter that raised here after it would
             # leave a running engine that no watcher follows.
             in_flight = draining.probe_of(adapter)
@@ -221,7 +224,8 @@ class Supervisor:
                                           f"{type(exc).__name__}: {exc}; see the agent's log")
         rec.plan = plan
         rec.engine = process.EngineProcess(spec, plan, http=self._http, log_offset=log_offset, child=child,
-                                           in_flight_probe=in_flight, poll_s=self._interval_s)
+                                           in_flight_probe=in_flight, poll_s=self._interval_s,
+                                           peer=enginetls.peer_check(self._engine_tls))
         # Right after the spawn, with no await in between: the watcher that
         # could report an early exit (and remove the file) starts below.
         self._save(rec, spec, plan, child.pid)
@@ -408,7 +412,8 @@ class Supervisor:
                               user=self._users.keep(spec.shard_id, saved.uid, saved.gid))
         engine = process.EngineProcess(spec, plan, http=self._http, log_offset=saved.log_offset,
                                        orphan=orphans.Orphan(d.seen), poll_s=self._interval_s,
-                                       in_flight_probe=draining.probe_of(adapter) if adapter else None)
+                                       in_flight_probe=draining.probe_of(adapter) if adapter else None,
+                                       peer=enginetls.peer_check(self._engine_tls))
         rec = records.Shard(ShardStatus(spec.shard_id, spec.replica_id, S.STARTING, message=message,
                                         endpoint=saved.endpoint, pid=saved.pid, spec=spec, adopted=True),
                             started_at=self._clock(), engine=engine, plan=plan if adapter else None,
@@ -453,5 +458,7 @@ class Supervisor:
         if self._session is None or self._session.closed:
             # trust_env stays off: an HTTP_PROXY in the agent's environment
             # would send probes of loopback engines to the proxy.
-            self._session = aiohttp.ClientSession()
+            # https engines: the cluster CA, no host name (the probes check the node, ``enginetls.peer_check``).
+            ssl = enginetls.client_ssl(self._engine_tls)
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ssl))
         return self._session
