@@ -255,6 +255,12 @@ class AgentSettings(_Strict):
                                                   "known": " or ".join(sorted(engines.PYTHON_ENGINES))})
         return v
 
+    @pydantic.field_validator("engine_tls", mode="before")
+    @classmethod
+    def _engine_tls(cls, v: object) -> object:
+        # YAML reads a bare on/off as true/false: `engine_tls: off` means off.
+        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
+
     @pydantic.field_validator("engine_user")
     @classmethod
     def _engine_user(cls, v: str) -> str:
