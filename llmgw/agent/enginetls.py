@@ -13,7 +13,7 @@ Each engine gets a copy of both in its shard's private work dir (0600, its own u
 
 Who connects to an engine checks the certificate chains to the cluster CA and that ``pki.engine_node`` of it is
 the node the endpoint is on; not the host name (there is none in the certificate). The agent's own probes do
-(``client_context`` and ``peer_problem``), as routers do.
+(``client_context``: both in the TLS handshake), as routers do.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import enum
 import ipaddress
 import os
 import ssl
-from collections.abc import Callable
 from pathlib import Path
 
 from cryptography import x509
@@ -78,12 +77,29 @@ def peer_problem(der: bytes | None, node_id: str) -> str | None:
     return None
 
 
-def client_context(ca_pem: bytes) -> ssl.SSLContext:
-    """Verifies an engine against the cluster CA only; no host name (engine certificates have none: check
-    ``peer_problem`` on the peer's certificate instead)."""
+class _EngineTlsObject(ssl.SSLObject):
+    """An ``SSLObject`` whose handshake also fails unless the peer shows ``node``'s engine certificate."""
+
+    node = ""
+
+    def do_handshake(self) -> None:
+        super().do_handshake()
+        why = peer_problem(self.getpeercert(binary_form=True), self.node)
+        if why:
+            raise ssl.SSLCertVerificationError(why)
+
+
+def client_context(ca_pem: bytes, node_id: str) -> ssl.SSLContext:
+    """Verifies an engine at each handshake: its certificate chains to the cluster CA, and it is ``node_id``'s
+    engine certificate (``peer_problem``); no host name (engine certificates carry none).
+
+    The node check is in the handshake (``SSLContext.sslobject_class``, which asyncio's TLS uses), so every
+    connection is checked before a byte of a request goes over it, whatever client library sits on top.
+    """
     ctx = ssl.create_default_context(cadata=ca_pem.decode())
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_REQUIRED
+    ctx.sslobject_class = type("EngineTlsObject", (_EngineTlsObject,), {"node": node_id})
     return ctx
 
 
@@ -93,16 +109,8 @@ def wanted_by(tls: EngineTls | None, host: str) -> bool:
 
 
 def client_ssl(tls: EngineTls | None) -> ssl.SSLContext | bool:
-    """What the agent's probes verify https engines with: the cluster CA (True, the system's, without one)."""
-    return client_context(tls.ca_pem()) if tls is not None and tls.usable() else True
-
-
-def peer_check(tls: EngineTls | None) -> Callable[[bytes | None], str | None] | None:
-    """The probes' check of an https engine's certificate: this node's engine certificate; None without TLS."""
-    if tls is None:
-        return None
-    node_id = tls.node_id
-    return lambda der: peer_problem(der, node_id)
+    """What the agent's probes verify https engines with (``client_context``; True, the system's, without TLS)."""
+    return client_context(tls.ca_pem(), tls.node_id) if tls is not None and tls.usable() else True
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

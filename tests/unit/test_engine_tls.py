@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import os
+import ssl
 import stat
 import sys
 from pathlib import Path
@@ -14,7 +15,6 @@ from typing import Any
 
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from llmgw.agent import config, enginetls, nodepki, settingsload
@@ -269,15 +269,42 @@ def test_the_control_plane_signs_an_engine_certificate_for_the_streams_node_what
         join.engine_cert(CA, node_id=NODE, csr_pem=b"junk", validity_s=3600, now=now)
 
 
-def test_peer_check_accepts_only_this_nodes_engine_certificate() -> None:
+def test_the_agents_client_context_accepts_only_this_nodes_engine_certificate(tmp_path: Path) -> None:
+    """Over real TLS on loopback: this node's engine certificate passes the handshake; another node's, a node
+    (client) certificate and the control plane's certificate of the same CA, and an engine certificate of
+    another CA fail it, saying why."""
     key = pki.new_key()
-    mine = pki.load_cert(pki.sign_engine_csr(CA, pki.create_csr(NODE, key), NODE))
-    other = pki.load_cert(pki.sign_engine_csr(CA, pki.create_csr("n2", key), "n2"))
-    node_cert = pki.load_cert(pki.sign_csr(CA, pki.create_csr(NODE, key), NODE))
-    der = [c.public_bytes(serialization.Encoding.DER) for c in (mine, other, node_cert)]
-    check = enginetls.peer_check(enginetls.EngineTls(mode="on", pki_dir=None, node_id=NODE))
-    assert check is not None
-    assert check(der[0]) is None
-    assert "node 'n2'" in (check(der[1]) or "")
-    assert "not an llmgw engine certificate" in (check(der[2]) or "")
-    assert "no certificate" in (check(None) or "")
+    other_ca = pki.create_ca()
+    certs = {"mine": pki.sign_engine_csr(CA, pki.create_csr(NODE, key), NODE),
+             "other node": pki.sign_engine_csr(CA, pki.create_csr("n2", key), "n2"),
+             "node cert": pki.sign_csr(CA, pki.create_csr(NODE, key), NODE),
+             "other CA": pki.sign_engine_csr(other_ca, pki.create_csr(NODE, key), NODE)}
+    api = pki.server_cert(CA, ["127.0.0.1"])  # the control plane's: server auth, same CA, not an engine's
+    client = enginetls.client_context(CA.cert_pem, NODE)
+
+    async def handshake(cert_pem: bytes, key_pem: bytes = pki.key_pem(key)) -> str | None:
+        (tmp_path / "c.pem").write_bytes(cert_pem)
+        (tmp_path / "k.pem").write_bytes(key_pem)
+        server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server_ctx.load_cert_chain(tmp_path / "c.pem", tmp_path / "k.pem")
+
+        async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            w.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=server_ctx)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            _, w = await asyncio.open_connection("127.0.0.1", port, ssl=client, server_hostname="")
+            w.close()
+            return None
+        except ssl.SSLError as e:
+            return str(e)
+        finally:
+            server.close()
+
+    got = {name: asyncio.run(handshake(pem)) for name, pem in certs.items()}
+    assert got["mine"] is None
+    assert "node 'n2'" in (got["other node"] or "")
+    assert "unsuitable certificate purpose" in (got["node cert"] or "")  # client auth only
+    assert "not an llmgw engine certificate" in (asyncio.run(handshake(api.cert_pem, api.key_pem)) or "")
+    assert "certificate verify failed" in (got["other CA"] or "")

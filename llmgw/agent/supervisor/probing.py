@@ -11,10 +11,6 @@ cheap health path only, and the reason in words when it does not answer 200
 (``liveness`` decides what that means). ``in_flight`` asks an engine how many
 requests it holds, for a drain; where to ask and how to read the answer are
 the adapter's (``in_flight_probe``).
-
-An engine serving TLS (an ``https://`` endpoint) is verified by the session's context (the cluster CA) and,
-answer by answer, by ``peer``: the peer's certificate must be this node's engine certificate
-(``enginetls.peer_problem``); an engine with another certificate is not ready and not live, whatever it says.
 """
 
 from __future__ import annotations
@@ -25,29 +21,13 @@ import aiohttp
 
 PROBE_TIMEOUT_S = 2.0
 
-#: Why the engine's certificate (DER, None when it showed none) is not the one it must show; None when it is.
-PeerCheck = Callable[[bytes | None], str | None]
-
-
-def peer_problem(r: aiohttp.ClientResponse, peer: PeerCheck | None) -> str | None:
-    """``peer``'s verdict on the certificate ``r`` came over; None over plain HTTP or without ``peer``."""
-    if peer is None or r.url.scheme != "https":
-        return None
-    conn = r.connection
-    tls = conn.transport.get_extra_info("ssl_object") if conn is not None and conn.transport is not None else None
-    if tls is None:
-        return peer(None)
-    return peer(tls.getpeercert(binary_form=True))
-
 
 async def probe(session: aiohttp.ClientSession, endpoint: str, *, health_path: str, served_name: str,
-                api_key: str = "", timeout_s: float = PROBE_TIMEOUT_S, peer: PeerCheck | None = None) -> str | None:
+                api_key: str = "", timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
     """None when the engine is ready; otherwise what it is not doing yet, in words."""
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     try:
         async with session.get(endpoint + health_path, timeout=timeout) as r:
-            if bad := peer_problem(r, peer):
-                return bad
             if r.status != 200:
                 return f"{health_path} answered {r.status}"
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -67,7 +47,7 @@ async def probe(session: aiohttp.ClientSession, endpoint: str, *, health_path: s
 
 
 async def health(session: aiohttp.ClientSession, endpoint: str, *, health_path: str, api_key: str = "",
-                 timeout_s: float = PROBE_TIMEOUT_S, peer: PeerCheck | None = None) -> str | None:
+                 timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
     """None when the engine answers ``health_path`` with 200 within ``timeout_s``; otherwise why not, in words.
 
     The key goes along when the shard has one: llama.cpp leaves /health open,
@@ -78,8 +58,6 @@ async def health(session: aiohttp.ClientSession, endpoint: str, *, health_path: 
     try:
         async with session.get(endpoint + health_path, headers=headers,
                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
-            if bad := peer_problem(r, peer):
-                return bad
             if r.status != 200:
                 return f"{health_path} answered {r.status} {r.reason or ''}".rstrip()
             await r.read()
@@ -97,8 +75,7 @@ async def health(session: aiohttp.ClientSession, endpoint: str, *, health_path: 
 
 
 async def in_flight(session: aiohttp.ClientSession, endpoint: str, path: str, parse: Callable[[bytes], int | None],
-                    *, api_key: str = "", timeout_s: float = PROBE_TIMEOUT_S,
-                    peer: PeerCheck | None = None) -> tuple[int | None, str]:
+                    *, api_key: str = "", timeout_s: float = PROBE_TIMEOUT_S) -> tuple[int | None, str]:
     """How many requests the engine has running or queued, and in words why when that is unknown (None).
 
     The adapter's parser sees only the body of a 200: an engine that answers
@@ -109,8 +86,6 @@ async def in_flight(session: aiohttp.ClientSession, endpoint: str, path: str, pa
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         async with session.get(endpoint + path, headers=headers, timeout=timeout) as r:
-            if bad := peer_problem(r, peer):
-                return None, bad
             if r.status != 200:
                 return None, f"{path} answered {r.status}"
             body = await r.read()

@@ -35,14 +35,12 @@ class EngineProcess:
     def __init__(self, spec: ShardSpec, plan: launching.Plan, *, http: Callable[[], aiohttp.ClientSession],
                  log_offset: int = 0, child: asyncio.subprocess.Process | None = None,
                  orphan: orphans.Orphan | None = None, in_flight_probe: engines.InFlightProbe | None = None,
-                 poll_s: float = 0.5, peer: probing.PeerCheck | None = None) -> None:
+                 poll_s: float = 0.5) -> None:
         if (child is None) == (orphan is None):
             raise ValueError("an engine process is either our child or an adopted one")
         self.spec, self.plan, self.log_offset = spec, plan, log_offset
         self._http, self._child, self._orphan = http, child, orphan
         self._in_flight_probe, self._poll_s = in_flight_probe, poll_s
-        #: Checks an https engine's certificate is this node's engine certificate (``probing.peer_problem``).
-        self._peer = peer
 
     @property
     def pid(self) -> int:
@@ -92,12 +90,12 @@ class EngineProcess:
         """None once the engine answers its health path and lists its served model; else what is missing."""
         return await probing.probe(self._http(), self.plan.endpoint, health_path=self.plan.health_path,
                                    served_name=self.spec.served_name, api_key=self.spec.api_key,
-                                   timeout_s=timeout_s, peer=self._peer)
+                                   timeout_s=timeout_s)
 
     async def probe(self, *, timeout_s: float) -> str | None:
         """The liveness probe: None when its health path answers 200 in time; else why not, in words."""
         return await probing.health(self._http(), self.plan.endpoint, health_path=self.plan.health_path,
-                                    api_key=self.spec.api_key, timeout_s=timeout_s, peer=self._peer)
+                                    api_key=self.spec.api_key, timeout_s=timeout_s)
 
     async def in_flight(self, *, timeout_s: float) -> tuple[int | None, str]:
         """Requests the engine holds, or None and in words why that is unknown."""
@@ -105,7 +103,7 @@ class EngineProcess:
             return None, "its engine's adapter has no in-flight probe"
         path, parse = self._in_flight_probe
         return await probing.in_flight(self._http(), self.plan.endpoint, path, parse, api_key=self.spec.api_key,
-                                       timeout_s=timeout_s, peer=self._peer)
+                                       timeout_s=timeout_s)
 
     async def terminate(self, *, grace_s: float) -> bool:
         """SIGTERM the group, SIGKILL it after ``grace_s``; True when it had to be killed.

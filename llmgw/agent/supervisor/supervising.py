@@ -224,8 +224,7 @@ class Supervisor:
                                           f"{type(exc).__name__}: {exc}; see the agent's log")
         rec.plan = plan
         rec.engine = process.EngineProcess(spec, plan, http=self._http, log_offset=log_offset, child=child,
-                                           in_flight_probe=in_flight, poll_s=self._interval_s,
-                                           peer=enginetls.peer_check(self._engine_tls))
+                                           in_flight_probe=in_flight, poll_s=self._interval_s)
         # Right after the spawn, with no await in between: the watcher that
         # could report an early exit (and remove the file) starts below.
         self._save(rec, spec, plan, child.pid)
@@ -412,8 +411,7 @@ class Supervisor:
                               user=self._users.keep(spec.shard_id, saved.uid, saved.gid))
         engine = process.EngineProcess(spec, plan, http=self._http, log_offset=saved.log_offset,
                                        orphan=orphans.Orphan(d.seen), poll_s=self._interval_s,
-                                       in_flight_probe=draining.probe_of(adapter) if adapter else None,
-                                       peer=enginetls.peer_check(self._engine_tls))
+                                       in_flight_probe=draining.probe_of(adapter) if adapter else None)
         rec = records.Shard(ShardStatus(spec.shard_id, spec.replica_id, S.STARTING, message=message,
                                         endpoint=saved.endpoint, pid=saved.pid, spec=spec, adopted=True),
                             started_at=self._clock(), engine=engine, plan=plan if adapter else None,
@@ -458,7 +456,7 @@ class Supervisor:
         if self._session is None or self._session.closed:
             # trust_env stays off: an HTTP_PROXY in the agent's environment
             # would send probes of loopback engines to the proxy.
-            # https engines: the cluster CA, no host name (the probes check the node, ``enginetls.peer_check``).
+            # https engines: the cluster CA and this node's engine certificate, checked at each handshake.
             ssl = enginetls.client_ssl(self._engine_tls)
             self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ssl))
         return self._session
