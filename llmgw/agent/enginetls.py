@@ -89,17 +89,31 @@ class _EngineTlsObject(ssl.SSLObject):
             raise ssl.SSLCertVerificationError(why)
 
 
+class _EngineTlsSocket(ssl.SSLSocket):
+    """The same check for blocking sockets (``wrap_socket``: urllib, httpx's sync client)."""
+
+    node = ""
+
+    def do_handshake(self, block: bool = False) -> None:
+        super().do_handshake(block)
+        why = peer_problem(self.getpeercert(binary_form=True), self.node)
+        if why:
+            raise ssl.SSLCertVerificationError(why)
+
+
 def client_context(ca_pem: bytes, node_id: str) -> ssl.SSLContext:
     """Verifies an engine at each handshake: its certificate chains to the cluster CA, and it is ``node_id``'s
     engine certificate (``peer_problem``); no host name (engine certificates carry none).
 
-    The node check is in the handshake (``SSLContext.sslobject_class``, which asyncio's TLS uses), so every
-    connection is checked before a byte of a request goes over it, whatever client library sits on top.
+    The node check is in the handshake (``SSLContext.sslobject_class``, which asyncio's TLS uses, and
+    ``sslsocket_class`` for blocking sockets), so every connection is checked before a byte of a request goes
+    over it, whatever client library sits on top.
     """
     ctx = ssl.create_default_context(cadata=ca_pem.decode())
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_REQUIRED
     ctx.sslobject_class = type("EngineTlsObject", (_EngineTlsObject,), {"node": node_id})
+    ctx.sslsocket_class = type("EngineTlsSocket", (_EngineTlsSocket,), {"node": node_id})
     return ctx
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import os
+import socket
 import ssl
 import stat
 import sys
@@ -293,12 +294,23 @@ def test_the_agents_client_context_accepts_only_this_nodes_engine_certificate(tm
 
         server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=server_ctx)
         port = server.sockets[0].getsockname()[1]
+        def blocking() -> str | None:  # the same check on a blocking socket (urllib, httpx's sync client)
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=10) as raw, client.wrap_socket(raw):
+                    return None
+            except ssl.SSLError as e:
+                return str(e)
+
         try:
-            _, w = await asyncio.open_connection("127.0.0.1", port, ssl=client, server_hostname="")
-            w.close()
-            return None
-        except ssl.SSLError as e:
-            return str(e)
+            sync_said = await asyncio.to_thread(blocking)
+            try:
+                _, w = await asyncio.open_connection("127.0.0.1", port, ssl=client, server_hostname="")
+                w.close()
+                said = None
+            except ssl.SSLError as e:
+                said = str(e)
+            assert (said is None) == (sync_said is None), (said, sync_said)
+            return said
         finally:
             server.close()
 
