@@ -168,6 +168,10 @@ class EngineTls:
         return self.pki_dir / CERT_FILE
 
     def wanted(self, host: str) -> bool:
+        """Whether engines on ``host`` serve TLS; auto without certificates (--insecure) is plain, as the agent
+        warned at start (on without them is refused at start)."""
+        if self.mode is Mode.AUTO and self.pki_dir is None:
+            return False
         return wanted(self.mode, host)
 
     def usable(self) -> bool:

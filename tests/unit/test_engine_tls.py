@@ -131,6 +131,7 @@ def test_a_start_waits_for_the_certificate_and_is_refused_with_the_reason_when_n
         assert got.key_pem == tls.key_path.read_bytes() and got.cert_pem == tls.cert_pem()
 
     asyncio.run(run())
+    assert not enginetls.EngineTls(mode="auto", pki_dir=None, node_id=NODE).wanted("10.0.0.5")  # --insecure: plain
     off = enginetls.EngineTls(mode="on", pki_dir=None, node_id=NODE)
     with pytest.raises(EngineError, match="no certificates.*engine_tls to off"):
         asyncio.run(off.material())

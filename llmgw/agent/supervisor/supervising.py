@@ -205,9 +205,10 @@ class Supervisor:
                 model_path = await asyncio.to_thread(self._resolve, spec.source) if spec.source else None
             model = await asyncio.to_thread(self._model_meta, model_path) if model_path else None
             adapter.validate(spec, node=node, model=model)
+            # Before a user is taken: a start refused for want of a certificate holds nothing.
+            tls = await self._engine_tls.material() if enginetls.wanted_by(self._engine_tls, self._host) else None
             user = self._users.take(spec.shard_id, live={r.status.shard_id for r in self._recs.all()
                                                          if r.status.state in S.live()})
-            tls = await self._engine_tls.material() if enginetls.wanted_by(self._engine_tls, self._host) else None
             plan = launching.plan(spec, adapter, host=self._host, model_path=model_path,
                                   cpu_count=self._cpu_count, run_dir=self._run_dir, node=node, user=user, tls=tls)
             # Asked before the spawn: an adapter that raised here after it would
