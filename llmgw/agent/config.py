@@ -15,7 +15,7 @@ import os
 import socket
 from pathlib import Path
 
-from llmgw.agent import nodepki
+from llmgw.agent import enginetls, nodepki
 from llmgw.agent.settings import DEFAULT_AGENT_PORT, AgentSettings, DiscoverySettings
 from llmgw.agent.supervisor import identity as engine_identity
 from llmgw.agent.supervisor import liveness
@@ -71,6 +71,8 @@ class AgentConfig:
     saquery: str = _DISCOVERY.saquery
     #: This node's certificates for mutual TLS (``nodepki``); None: plaintext, ``--insecure``.
     tls: nodepki.NodePki | None = None
+    #: settings.engine_tls: auto, on or off (``enginetls``).
+    engine_tls: str = "auto"
     #: Who engines run as (settings.engine_user and engine_uids, resolved on this node): never root.
     engine_users: engine_identity.Policy = dataclasses.field(
         default_factory=lambda: engine_identity.resolve(engine_identity.AUTO))
@@ -167,7 +169,14 @@ def from_settings(st: AgentSettings) -> AgentConfig:
         engines_dir=st.engines_dir, engine_recheck_s=st.engine_recheck_s, own_python_engines=st.own_python_engines,
         prefer_nvml=st.discovery.prefer_nvml, nvidia_smi=st.discovery.nvidia_smi,
         sysfs_root=st.discovery.sysfs_root, sminfo=st.discovery.sminfo, saquery=st.discovery.saquery, tls=tls,
-        engine_users=engine_identity.resolve(st.engine_user, st.engine_uids))
+        engine_users=engine_identity.resolve(st.engine_user, st.engine_uids), engine_tls=st.engine_tls)
+    if tls is None and enginetls.wanted(st.engine_tls, found_addr):
+        if st.engine_tls == "on":
+            raise LlmgwError("engine_tls is on, and this agent has no certificates (--insecure, or not joined) to "
+                             "get an engine certificate with; join the node (`llmgw agent join`) or set engine_tls "
+                             "to off")
+        log.warning("agent: engines listen on %s in plain HTTP: engine_tls is auto, and an --insecure agent gets "
+                    "no engine certificate", found_addr)
     for name, python in cfg.engine_python:
         if os.path.isfile(python) and os.access(python, os.X_OK):
             log.info("agent: engine %s runs with %s", name, python)

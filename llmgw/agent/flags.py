@@ -37,6 +37,8 @@ class AgentFlags:
     engine_python: tuple[str, ...] = setting((), help="ENGINE=PYTHON: the Python that has a Python engine "
                                              "installed, e.g. vllm=/opt/vllm/bin/python (repeatable) [env "
                                              "LLMGW_AGENT_VLLM_PYTHON, ...; default: the agent's own]")
+    engine_tls: str | None = setting(None, help="TLS on engines: auto (when they listen beyond loopback), on, off "
+                                                "[auto; env LLMGW_AGENT_ENGINE_TLS]")
     log_level: str = setting("info", help="The log level: debug, info, warning, error")
 
     def settings(self) -> dict[str, Any]:
@@ -45,4 +47,5 @@ class AgentFlags:
                 "state_dir": self.state_dir.resolve() if self.state_dir else None,
                 "model_dirs": [p.resolve() for p in self.model_dirs], "heartbeat_interval": self.heartbeat_interval,
                 "stop_grace": self.stop_grace, "stop_engines_on_exit": True if self.stop_engines_on_exit else None,
-                "engine_python": list(self.engine_python), "insecure": True if self.insecure else None}
+                "engine_python": list(self.engine_python), "insecure": True if self.insecure else None,
+                "engine_tls": self.engine_tls}

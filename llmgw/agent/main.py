@@ -25,7 +25,7 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-from llmgw.agent import discovery, engines, fabric, fetch, privfile, provision, sourcepaths, weights
+from llmgw.agent import discovery, engines, enginetls, fabric, fetch, privfile, provision, sourcepaths, weights
 from llmgw.agent import logs as logs_mod
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.discovery import deltas, fabrics, files, nvlink, sm
@@ -241,7 +241,10 @@ async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Ev
             session.report(status)
 
     run_dir = cfg.state_dir / "shards"
+    engine_tls = enginetls.EngineTls(mode=cfg.engine_tls, pki_dir=cfg.tls.dir if cfg.tls else None,
+                                     node_id=cfg.node_id)
     supervisor = Supervisor(run_dir=run_dir, host=cfg.mgmt_addr, on_status=on_status, grace_s=cfg.stop_grace_s,
+                            engine_tls=engine_tls,
                             adopt_timeout_s=cfg.adopt_ready_timeout_s, live=cfg.probes,
                             node=found.node_facts, fetcher=fetcher, on_weights_changed=found.weights.expire,
                             users=users,
@@ -271,7 +274,7 @@ async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Ev
     session = Session(cfg, inventory=found.inventory, heartbeat=lambda: found.heartbeat(supervisor.pids()),
                       on_register=found.registered,
                       commands=_commands(cfg, supervisor, installer, ring, run_dir, session=lambda: session),
-                      agent_version=agent_version())
+                      agent_version=agent_version(), engine_tls=engine_tls)
     versions = asyncio.create_task(found.engines.run(), name="probe engine versions")
     installing = asyncio.create_task(installer.run(), name="engine installer")
     stream = asyncio.create_task(session.run_forever())

@@ -24,7 +24,7 @@ import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import pydantic
 from pydantic_core import PydanticCustomError
@@ -221,6 +221,8 @@ class AgentSettings(_Strict):
     engine_user: str = identity.AUTO
     #: The uids ``auto`` hands out, LOW-HIGH (the gid is the same number; no /etc/passwd entry is needed).
     engine_uids: UidRange = identity.DEFAULT_UIDS
+    #: TLS on the engines (``enginetls``): auto (when they listen beyond loopback), on (always), off (never).
+    engine_tls: Literal["auto", "on", "off"] = "auto"
     discovery: DiscoverySettings = pydantic.Field(default_factory=DiscoverySettings)
 
     @pydantic.field_validator("node_id")
@@ -252,6 +254,12 @@ class AgentSettings(_Strict):
                                       "{known}", {"names": ", ".join(unknown),
                                                   "known": " or ".join(sorted(engines.PYTHON_ENGINES))})
         return v
+
+    @pydantic.field_validator("engine_tls", mode="before")
+    @classmethod
+    def _engine_tls(cls, v: object) -> object:
+        # YAML reads a bare on/off as true/false: `engine_tls: off` means off.
+        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
 
     @pydantic.field_validator("engine_user")
     @classmethod

@@ -125,7 +125,7 @@ _LLAMACPP = Engine(
     runnable=True,
     needs_source=True,
     reserved_flags=frozenset({"--host", "--port", "--model", "-m", "--api-key", "--alias", "-a",
-                              "--threads", "-t", "--api-key-file"}),
+                              "--threads", "-t", "--api-key-file", "--ssl-key-file", "--ssl-cert-file"}),
     context_flags=("--ctx-size", "-c"),
     # llama-server's own default for --ctx-size.
     context_default=4096,
@@ -166,7 +166,7 @@ _SIM = Engine(
     description="llmgw's simulated OpenAI-compatible engine, for tests and local runs",
     runnable=True,
     needs_source=False,
-    reserved_flags=frozenset({"--host", "--port", "--model", "--api-key",
+    reserved_flags=frozenset({"--host", "--port", "--model", "--api-key", "--ssl-keyfile", "--ssl-certfile",
                               "--nnodes", "--rank", "--leader-addr", "--leader-port"}),
     # It holds no KV cache and refuses any context flag (llmgw.sim.engine's parser).
     context_flags=(),
@@ -202,6 +202,8 @@ _VLLM = Engine(
         "--nnodes", "-n", "--node-rank", "-r", "--master-addr", "--master-port", "--headless",
         # Picks physical GPUs past CUDA_VISIBLE_DEVICES: it could take GPUs given to another replica.
         "--device-ids",
+        # The node's engine key and certificate (engine_tls).
+        "--ssl-keyfile", "--ssl-certfile",
     }),
     context_flags=("--max-model-len",),
     context_default=0,
@@ -256,7 +258,7 @@ _SGLANG = Engine(
         "--model-path", "--model", "--served-model-name", "--host", "--port", "--api-key",
         "--tp-size", "--tensor-parallel-size", "--pp-size", "--pipeline-parallel-size",
         "--nnodes", "--node-rank", "--dist-init-addr", "--nccl-init-addr", "--mem-fraction-static",
-        "--dtype", "--config",
+        "--dtype", "--config", "--ssl-keyfile", "--ssl-certfile",
     }),
     context_flags=("--context-length",),
     context_default=0,

@@ -43,6 +43,9 @@ PROFILES: dict[str, shards.ShardSpec] = {
     "two-nodes-rank1": dataclasses.replace(TWO_NODES, rank=1),
 }
 
+#: The engine key and certificate engine_tls copies into the work dir.
+TLS = base.TlsFiles(key="/run/llmgw/x.d/engine.key", cert="/run/llmgw/x.d/engine.crt")
+
 #: Run in vLLM's python: parse each argv of the JSON list on stdin, print the dests of each.
 SCRIPT = r"""
 import json, sys
@@ -80,6 +83,9 @@ def parsed(vllm_python: str) -> dict[str, dict[str, Any]]:
                                                            model_path="/models/llama", cpu_count=2, node=NODE,
                                                            work_dir="/run/llmgw/x.d")
                 for name, spec in PROFILES.items()}
+    launches["cpu-tls"] = vllm.Vllm(python=vllm_python).launch(
+        SPEC, host="10.0.0.5", port=8011, model_path="/models/llama", cpu_count=2, node=NODE,
+        work_dir="/run/llmgw/x.d", tls=TLS)
     argvs = [module_and_args(launch)[1] for launch in launches.values()]
     done = subprocess.run([vllm_python, "-c", SCRIPT], input=json.dumps(argvs), capture_output=True, text=True,
                           timeout=300)
@@ -134,3 +140,11 @@ def test_two_nodes(parsed: dict[str, dict[str, Any]]) -> None:
     assert module_and_args(worker["launch"])[0] == vllm.CLI_MODULE
     assert worker["args"]["headless"] is True and worker["args"]["model_tag"] == "/models/llama"
     assert not worker["launch"].serves_http
+
+
+def test_tls(parsed: dict[str, dict[str, Any]]) -> None:
+    """engine_tls: vLLM reads the node's engine key and certificate from its work dir; no CA, no client auth."""
+    args = parsed["cpu-tls"]["args"]
+    assert (args["ssl_keyfile"], args["ssl_certfile"]) == (TLS.key, TLS.cert)
+    assert args["ssl_ca_certs"] is None and args["host"] == "10.0.0.5"
+    assert parsed["cpu"]["args"]["ssl_keyfile"] is None

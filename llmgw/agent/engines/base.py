@@ -42,6 +42,15 @@ class Launch:
     cwd: str = ""
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class TlsFiles:
+    """The engine's own copy of the node's engine key and certificate (PEM files in its work dir), when it
+    serves TLS (``llmgw.agent.enginetls``)."""
+
+    key: str
+    cert: str
+
+
 #: (path, parser): the parser turns the body of a 200 answer into the number of
 #: requests running or queued, or None when the body does not say.
 InFlightProbe = tuple[str, Callable[[bytes], int | None]]
@@ -63,8 +72,9 @@ class Adapter(Protocol):
 
     def launch(self, spec: shards.ShardSpec, *, host: str, port: int, model_path: str | None,
                cpu_count: int, node: enginecheck.NodeFacts = enginecheck.NodeFacts(), work_dir: str = "",
-               python: str | None = None) -> Launch:
-        """The argv and environment that run ``spec`` listening on ``host:port``.
+               python: str | None = None, tls: TlsFiles | None = None) -> Launch:
+        """The argv and environment that run ``spec`` listening on ``host:port`` (with ``tls``: serving TLS with
+        that key and certificate, else plain HTTP).
 
         ``node`` is this node's facts (GPU memory, management interface, HCAs);
         ``work_dir`` a directory the agent made for this shard alone (its TMPDIR

@@ -146,7 +146,7 @@ class LlamaCpp:
 
     def launch(self, spec: shards.ShardSpec, *, host: str, port: int, model_path: str | None,
                cpu_count: int, node: enginecheck.NodeFacts = enginecheck.NodeFacts(), work_dir: str = "",
-               python: str | None = None) -> base.Launch:
+               python: str | None = None, tls: base.TlsFiles | None = None) -> base.Launch:
         # node and work_dir are unused: llama.cpp runs one process on one node and keeps no cache.
         self.validate(spec)
         if not model_path:
@@ -164,6 +164,10 @@ class LlamaCpp:
             argv += ["--ctx-size", str(spec.context_length)]
         if not spec.gpus and not any(a in _BATCH_FLAGS or a.startswith("--batch-size=") for a in spec.args):
             argv += ["--batch-size", str(CPU_BATCH)]
+        if tls is not None:
+            # llama-server's own flags (a build with SSL serves TLS itself); the launcher takes the same and,
+            # the xllamacpp wheels being built without SSL, serves them from a relay in its process.
+            argv += ["--ssl-key-file", tls.key, "--ssl-cert-file", tls.cert]
         argv += spec.args
         # The key by environment (llama-server and the launcher both read LLAMA_API_KEY), not argv.
         return base.Launch(argv=argv, env={**base.spec_env(spec), **base.api_key_env(self.name, spec)})

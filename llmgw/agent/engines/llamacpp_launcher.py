@@ -49,6 +49,11 @@ import socket
 import sys
 from typing import Any
 
+try:  # run as a module of llmgw
+    from llmgw.agent.engines import tlsrelay
+except ImportError:  # run by its file path (an install's python without llmgw): its directory is on sys.path
+    import tlsrelay  # type: ignore[no-redef]
+
 PROG = "llamacpp_launcher"
 #: ``--pooling`` values, as llama-server takes them; each is ``llama_pooling_type.LLAMA_POOLING_TYPE_<NAME>``.
 POOLINGS = ("none", "mean", "cls", "last", "rank")
@@ -89,7 +94,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "model has none, so give mean)")
     parser.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", default=None,
                         help="layers on the GPU: a number, 'auto' or 'all'")
+    parser.add_argument("--ssl-key-file", default="", help="serve HTTPS with this PEM key (with --ssl-cert-file)")
+    parser.add_argument("--ssl-cert-file", default="", help="the PEM certificate for --ssl-key-file")
     args = parser.parse_args(argv)
+    if bool(args.ssl_key_file) != bool(args.ssl_cert_file):
+        parser.error("--ssl-key-file and --ssl-cert-file go together: give both, or neither for plain HTTP")
     if args.parallel < 1:
         parser.error(f"--parallel must be at least 1, not {args.parallel}")
     if args.slot_prompt_similarity is not None and not 0.0 <= args.slot_prompt_similarity <= 1.0:
@@ -195,6 +204,13 @@ def build_params(args: argparse.Namespace, xllamacpp: Any) -> Any:
     return params
 
 
+def inner_address(listening: str) -> tuple[str, int]:
+    """(host, port) of llama.cpp's ``listening_address`` ("http://127.0.0.1:PORT" or "127.0.0.1:PORT")."""
+    rest = listening.split("://", 1)[-1].rstrip("/")
+    host, _, port = rest.rpartition(":")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
 def wait_for_stop() -> int:
     """Block until SIGTERM or SIGINT arrives (on any thread) and return its number."""
     # llama.cpp's native threads do not block these signals, so one may be delivered to any of
@@ -229,7 +245,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: the xllamacpp wheel is not installed; pip install 'llmgw[llamacpp]' "
               "or put a llama-server binary on PATH", file=sys.stderr, flush=True)
         return 1
+    relay_ctx = None
+    if args.ssl_key_file:
+        # The wheels are built without SSL (tlsrelay says how that was found): llama.cpp serves a loopback
+        # port of its own choosing, and the relay serves TLS on the address and port asked for.
+        try:
+            relay_ctx = tlsrelay.server_context(args.ssl_key_file, args.ssl_cert_file)
+        except (OSError, ValueError) as e:
+            print(f"{PROG}: cannot load --ssl-key-file/--ssl-cert-file: {e}", file=sys.stderr, flush=True)
+            return 1
     params = build_params(args, xllamacpp)
+    if relay_ctx is not None:
+        params.hostnames, params.port = ["127.0.0.1"], 0
     try:
         server = xllamacpp.Server(params)
     except RuntimeError as e:
@@ -237,7 +264,15 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         return 1
     version = importlib.metadata.version("xllamacpp")
-    print(f"{PROG}: listening on {server.listening_address} serving {args.alias or args.model!r} "
+    listening = str(server.listening_address)
+    if relay_ctx is not None:
+        try:
+            host, port = tlsrelay.run_in_thread(args.host, args.port, relay_ctx, inner_address(listening))
+        except OSError as e:
+            print(f"{PROG}: cannot listen on {args.host}:{args.port}: {e.strerror or e}", file=sys.stderr, flush=True)
+            return 1
+        listening = f"https://{host}:{port} (TLS relay to llama.cpp on {listening})"
+    print(f"{PROG}: listening on {listening} serving {args.alias or args.model!r} "
           f"(xllamacpp {version}, threads {args.threads}, parallel {args.parallel}"
           f"{', embeddings' if args.embeddings else ''})", flush=True)
     received = wait_for_stop()

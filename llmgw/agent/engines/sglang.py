@@ -94,7 +94,7 @@ class Sglang:
 
     def launch(self, spec: shards.ShardSpec, *, host: str, port: int, model_path: str | None,
                cpu_count: int, node: enginecheck.NodeFacts = enginecheck.NodeFacts(), work_dir: str = "",
-               python: str | None = None) -> base.Launch:
+               python: str | None = None, tls: base.TlsFiles | None = None) -> base.Launch:
         self.validate(spec, node=node)
         model_path = base.require_model_dir(spec, model_path)
         worker = spec.nnodes > 1 and spec.rank > 0
@@ -116,6 +116,8 @@ class Sglang:
             path = os.path.join(work_dir, CONFIG_FILE)
             write_config(path, {"api-key": spec.api_key})
             argv += ["--config", path]
+        if tls is not None and not worker:
+            argv += ["--ssl-keyfile", tls.key, "--ssl-certfile", tls.cert]
         argv += spec.args
         env = {"HF_HUB_OFFLINE": "1", **base.work_dir_env(work_dir, (("TMPDIR", ""), ("HF_HOME", "hf")))}
         env |= base.multinode_env(spec, node)

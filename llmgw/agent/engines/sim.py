@@ -43,7 +43,7 @@ class Sim:
 
     def launch(self, spec: shards.ShardSpec, *, host: str, port: int, model_path: str | None,
                cpu_count: int, node: enginecheck.NodeFacts = enginecheck.NodeFacts(), work_dir: str = "",
-               python: str | None = None) -> base.Launch:
+               python: str | None = None, tls: base.TlsFiles | None = None) -> base.Launch:
         # model_path, cpu_count, node and work_dir are unused: the sim loads nothing, spins no
         # threads, joins no collective and writes no cache.
         self.validate(spec)
@@ -55,6 +55,8 @@ class Sim:
             # /sim/stats shows what each rank was given.
             argv += ["--nnodes", str(spec.nnodes), "--rank", str(spec.rank), "--leader-addr", spec.leader_addr,
                      "--leader-port", str(spec.leader_port)]
+        if tls is not None:
+            argv += ["--ssl-keyfile", tls.key, "--ssl-certfile", tls.cert]
         argv += spec.args
         # The key by environment (the sim reads LLMGW_SIM_API_KEY), never argv.
         return base.Launch(argv=argv, env={**base.spec_env(spec), **base.api_key_env(self.name, spec)})

@@ -129,7 +129,7 @@ class Vllm:
 
     def launch(self, spec: shards.ShardSpec, *, host: str, port: int, model_path: str | None,
                cpu_count: int, node: enginecheck.NodeFacts = enginecheck.NodeFacts(), work_dir: str = "",
-               python: str | None = None) -> base.Launch:
+               python: str | None = None, tls: base.TlsFiles | None = None) -> base.Launch:
         self.validate(spec, node=node)
         model_path = base.require_model_dir(spec, model_path)
         py = python or self.python
@@ -147,6 +147,8 @@ class Vllm:
                      "--master-addr", spec.leader_addr, "--master-port", str(spec.leader_port)]
         if worker:
             argv.append("--headless")
+        elif tls is not None:
+            argv += ["--ssl-keyfile", tls.key, "--ssl-certfile", tls.cert]
         if not spec.gpus and not any(a.split("=", 1)[0] in _COMPILE_FLAGS or a.startswith("-O")
                                      for a in spec.args):
             argv.append("--enforce-eager")

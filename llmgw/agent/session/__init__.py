@@ -4,7 +4,8 @@ One module per job: ``stream`` keeps the stream (the rounds of dialling, the bac
 standby's word to the leader), ``dial`` opens one connection, ``addresses`` keeps the rotation of control
 planes (``STATE_DIR/controlplanes.json``), ``handlers`` carries out each kind of message the control plane
 sends (a table of kind -> handler), ``fencing`` refuses a deposed leader's commands, ``heartbeats`` sends
-heartbeats and renews the node's certificate, and ``outbox`` numbers and queues what goes out. This module
+heartbeats and renews the node's certificate, ``enginecert`` asks for and takes the engines' certificate
+(engine TLS, ``llmgw.agent.enginetls``), and ``outbox`` numbers and queues what goes out. This module
 names what the rest of the agent uses.
 """
 

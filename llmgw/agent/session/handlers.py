@@ -14,6 +14,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from llmgw.agent.session.addresses import Rotation
+from llmgw.agent.session.enginecert import EngineCertRenewal
 from llmgw.agent.session.fencing import FENCED, Fence
 from llmgw.agent.session.heartbeats import Renewal
 from llmgw.agent.session.outbox import Outbox
@@ -50,9 +51,9 @@ class Handlers:
     """Carries out the control plane's messages; each handler returns whether an Ack(ok) answers it now."""
 
     def __init__(self, commands: Commands, outbox: Outbox, *, fence: Fence, rotation: Rotation,
-                 renewal: Renewal) -> None:
+                 renewal: Renewal, engine_cert: EngineCertRenewal | None = None) -> None:
         self.commands, self.outbox, self.fence = commands, outbox, fence
-        self._rotation, self._renewal = rotation, renewal
+        self._rotation, self._renewal, self._engine_cert = rotation, renewal, engine_cert
         self._tasks: set[asyncio.Task[object]] = set()
         #: The log requests being answered, by request id; cancelled when their stream ends.
         self.log_tasks: dict[str, asyncio.Task[None]] = {}
@@ -137,7 +138,11 @@ class Handlers:
         return False
 
     def cert_issued(self, msg: pb.ControlMessage) -> bool:
-        self._renewal.issued(msg.cert_issued)
+        if msg.cert_issued.purpose == pb.CERT_PURPOSE_ENGINE:
+            if self._engine_cert is not None:
+                self._engine_cert.issued(msg.cert_issued)
+        else:
+            self._renewal.issued(msg.cert_issued)
         return False
 
     def provision(self, msg: pb.ControlMessage) -> bool:

@@ -1,8 +1,9 @@
-"""What the agent sends on a timer: a heartbeat each interval, and the renewal of its certificate.
+"""What the agent sends on a timer: a heartbeat each interval, and the renewal of its certificates.
 
 The certificate is renewed over the stream, never by reconnecting: at each heartbeat, once it is in the
 last third of its life, one RenewCert goes out (a CSR made with the node's own key), and the answer
-replaces ``node.crt`` for the next connection; the stream that asked goes on.
+replaces ``node.crt`` for the next connection; the stream that asked goes on. The engines' certificate
+is asked for at the same beat once due (``enginecert``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import logging
 from collections.abc import Callable
 
 from llmgw.agent import nodepki
+from llmgw.agent.session.enginecert import EngineCertRenewal
 from llmgw.agent.session.outbox import Outbox
 from llmgw.api import convert
 from llmgw.api.v1 import agent_pb2 as pb
@@ -55,6 +57,12 @@ class Renewal:
         try:
             if pki.common_name(issued.cert_pem) != self._node_id:
                 raise LlmgwError(f"it names node {pki.common_name(issued.cert_pem)!r}, not {self._node_id!r}")
+            # A control plane older than engine certificates answers an engine request as a node one: that
+            # certificate is for the engine key, and over node.crt it would lock the node out.
+            if (pki.load_cert(issued.cert_pem).public_key().public_numbers()
+                    != self._tls.private_key().public_key().public_numbers()):
+                raise LlmgwError("it is not for this node's key (an answer to the engine key's request from a "
+                                 "control plane that predates engine certificates?)")
             self._tls.replace_cert(issued.cert_pem)
         except (LlmgwError, OSError) as e:
             log.warning("the renewed certificate was not stored: %s; the old one stays", e)
@@ -63,10 +71,13 @@ class Renewal:
                  pki.load_cert(issued.cert_pem).not_valid_after_utc.isoformat())
 
 
-async def beat(interval_s: float, heartbeat: Callable[[], Heartbeat], outbox: Outbox, renewal: Renewal) -> None:
+async def beat(interval_s: float, heartbeat: Callable[[], Heartbeat], outbox: Outbox, renewal: Renewal,
+               engine: EngineCertRenewal | None = None) -> None:
     """Sends a heartbeat every ``interval_s`` (each read in a thread, off the event loop), until cancelled."""
     while True:
         await asyncio.sleep(interval_s)
         hb = await asyncio.to_thread(heartbeat)
         outbox.send(heartbeat=convert.heartbeat_to_pb(hb))
         renewal.ask_if_due(outbox)
+        if engine is not None:
+            engine.ask_if_due(outbox)

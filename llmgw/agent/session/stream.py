@@ -22,8 +22,10 @@ import grpc
 
 from llmgw.agent import rejoin
 from llmgw.agent.config import AgentConfig
+from llmgw.agent.enginetls import EngineTls
 from llmgw.agent.session import dial, heartbeats
 from llmgw.agent.session.addresses import Rotation, control_addr
+from llmgw.agent.session.enginecert import EngineCertRenewal
 from llmgw.agent.session.fencing import Fence
 from llmgw.agent.session.handlers import Commands, Handlers
 from llmgw.agent.session.outbox import Outbox
@@ -44,7 +46,8 @@ class Session:
     """The agent's stream to the control plane: ``run_forever`` keeps one up; the agent reports through it."""
 
     def __init__(self, cfg: AgentConfig, *, inventory: Callable[[], Inventory], heartbeat: Callable[[], Heartbeat],
-                 on_register: Callable[[Inventory], None], commands: Commands, agent_version: str) -> None:
+                 on_register: Callable[[Inventory], None], commands: Commands, agent_version: str,
+                 engine_tls: EngineTls | None = None) -> None:
         self.cfg, self._inventory, self._heartbeat, self._commands = cfg, inventory, heartbeat, commands
         self._on_register = on_register
         self._agent_version = agent_version
@@ -57,8 +60,9 @@ class Session:
         self._fence = Fence()
         self._rotation = Rotation(cfg.servers, cfg.state_dir)
         self._renewal = heartbeats.Renewal(cfg.node_id, cfg.tls)
+        self._engine_cert = EngineCertRenewal(engine_tls)
         self._handlers = Handlers(commands, self.outbox, fence=self._fence, rotation=self._rotation,
-                                  renewal=self._renewal)
+                                  renewal=self._renewal, engine_cert=self._engine_cert)
 
     @property
     def servers(self) -> tuple[str, ...]:
@@ -189,10 +193,13 @@ class Session:
             log.info("registered with %s as %s (%d shards)", addr, self.cfg.node_id, len(reg.register.shards))
             self.outbox.queue = out
             self._renewal.renewing = False  # an answer the last stream never got must not block renewal for good
+            self._engine_cert.asking = False
             self.connected.set()
             writer = asyncio.create_task(self._write(call, out))
+            # At registration: an engine started with TLS waits for this certificate.
+            self._engine_cert.ask_if_due(self.outbox)
             beat = asyncio.create_task(heartbeats.beat(self.cfg.heartbeat_interval_s, self._heartbeat, self.outbox,
-                                                       self._renewal))
+                                                       self._renewal, self._engine_cert))
             try:
                 while True:
                     msg = await call.read()

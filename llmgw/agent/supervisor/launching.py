@@ -60,7 +60,7 @@ import sys
 from pathlib import Path
 from typing import BinaryIO
 
-from llmgw.agent import engines, privfile
+from llmgw.agent import engines, enginetls, privfile
 from llmgw.agent.supervisor import asuser, identity, preflight
 from llmgw.core import enginecheck, shards
 from llmgw.core.errors import EngineError, ShardIdError
@@ -98,9 +98,11 @@ class Plan:
     model_path: str | None = None
 
 
-def endpoint_of(host: str, port: int) -> str:
+def endpoint_of(host: str, port: int, *, tls: bool = False) -> str:
+    """``http://HOST:PORT``, or ``https://`` for an engine serving TLS (``enginetls``)."""
     # An IPv6 literal needs brackets in a URL, or the port reads as part of it.
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    scheme = "https" if tls else "http"
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
 
 def free_port(host: str) -> int:
@@ -174,13 +176,15 @@ def fabric_env(spec: ShardSpec, launch: engines.Launch) -> dict[str, str]:
 
 def plan(spec: ShardSpec, adapter: engines.Adapter, *, host: str, model_path: str | None,
          cpu_count: int, run_dir: Path, node: enginecheck.NodeFacts | None = None,
-         user: identity.EngineUser | None = None) -> Plan:
+         user: identity.EngineUser | None = None, tls: enginetls.Material | None = None) -> Plan:
     """The argv, environment and endpoint for ``spec``, and its work dir made; EngineError when it cannot run.
 
     ``run_dir`` must be absolute: it is the marker a later agent compares.
     ``node`` is what discovery found on this node (None: not known yet); its
     GPU indices are checked against the spec's. ``user``: who the engine runs
-    as (None: the agent's own user); its work dir is given to it.
+    as (None: the agent's own user); its work dir is given to it. ``tls``: the
+    node's engine key and certificate, copied into the work dir (0600, the
+    engine's) for the engine to serve TLS with; the endpoint is then https.
     """
     try:
         # The shard id becomes a file name under run_dir; "../x" or "a/b" would
@@ -196,8 +200,10 @@ def plan(spec: ShardSpec, adapter: engines.Adapter, *, host: str, model_path: st
     work_dir = work_dir_of(run_dir, spec.shard_id)
     make_work_dir(work_dir)
     try:
+        # Only given when there is TLS: an adapter written before it takes no tls argument.
+        extra = {"tls": enginetls.place(work_dir, tls)} if tls is not None else {}
         launch = adapter.launch(spec, host=host, port=port, model_path=model_path, cpu_count=cpu_count,
-                                node=node or enginecheck.NodeFacts(), work_dir=str(work_dir))
+                                node=node or enginecheck.NodeFacts(), work_dir=str(work_dir), **extra)
         if not launch.argv:
             raise EngineError(f"engine {spec.engine!r} produced an empty command line")
         cwd = _cwd(launch.cwd, work_dir)
@@ -235,7 +241,7 @@ def plan(spec: ShardSpec, adapter: engines.Adapter, *, host: str, model_path: st
         for key in identity.AGENT_ONLY_ENV:
             env.pop(key, None)
         env |= identity.identity_env(user, work_dir)
-    return Plan(argv=list(launch.argv), env=env, endpoint=endpoint_of(host, port),
+    return Plan(argv=list(launch.argv), env=env, endpoint=endpoint_of(host, port, tls=tls is not None),
                 health_path=adapter.health_path, log_path=log_path_of(run_dir, spec.shard_id), port=port,
                 serves_http=launch.serves_http, work_dir=work_dir, cwd=cwd, user=user, model_path=model_path)
 

@@ -50,7 +50,7 @@ from typing import Any, Protocol
 import aiohttp
 import psutil
 
-from llmgw.agent import engines, weights
+from llmgw.agent import engines, enginetls, weights
 from llmgw.agent.discovery import files as weight_files
 from llmgw.agent.discovery import host as host_facts
 from llmgw.agent.fetch import records as fetch_records
@@ -97,7 +97,7 @@ class Supervisor:
                  worker_settle_s: float = watching.WORKER_SETTLE_S,
                  fetcher: fetching.Fetcher | None = None,
                  on_weights_changed: Callable[[], None] = lambda: None,
-                 users: identity.Users | None = None) -> None:
+                 users: identity.Users | None = None, engine_tls: enginetls.EngineTls | None = None) -> None:
         # Absolute, and resolved once: it is the marker in every engine's
         # environment, and the next agent must spell it the same way.
         self._run_dir, self._host = Path(run_dir).resolve(), host
@@ -123,6 +123,8 @@ class Supervisor:
         # Who each engine runs as (the agent passes its engine_user policy): by default engine_user auto,
         # so no engine runs as root however the supervisor was made.
         self._users = users or identity.Users(identity.resolve(identity.AUTO))
+        # TLS on engines (engine_tls): None or off, every engine is plain HTTP.
+        self._engine_tls = engine_tls
 
     def status(self, shard_id: str) -> ShardStatus | None:
         rec = self._recs.get(shard_id)
@@ -203,10 +205,12 @@ class Supervisor:
                 model_path = await asyncio.to_thread(self._resolve, spec.source) if spec.source else None
             model = await asyncio.to_thread(self._model_meta, model_path) if model_path else None
             adapter.validate(spec, node=node, model=model)
+            # Before a user is taken: a start refused for want of a certificate holds nothing.
+            tls = await self._engine_tls.material() if enginetls.wanted_by(self._engine_tls, self._host) else None
             user = self._users.take(spec.shard_id, live={r.status.shard_id for r in self._recs.all()
                                                          if r.status.state in S.live()})
             plan = launching.plan(spec, adapter, host=self._host, model_path=model_path,
-                                  cpu_count=self._cpu_count, run_dir=self._run_dir, node=node, user=user)
+                                  cpu_count=self._cpu_count, run_dir=self._run_dir, node=node, user=user, tls=tls)
             # Asked before the spawn: an adapter that raised here after it would
             # leave a running engine that no watcher follows.
             in_flight = draining.probe_of(adapter)
@@ -453,5 +457,7 @@ class Supervisor:
         if self._session is None or self._session.closed:
             # trust_env stays off: an HTTP_PROXY in the agent's environment
             # would send probes of loopback engines to the proxy.
-            self._session = aiohttp.ClientSession()
+            # https engines: the cluster CA and this node's engine certificate, checked at each handshake.
+            ssl = enginetls.client_ssl(self._engine_tls)
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ssl))
         return self._session

@@ -7,6 +7,11 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class CertPurpose(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CERT_PURPOSE_NODE: _ClassVar[CertPurpose]
+    CERT_PURPOSE_ENGINE: _ClassVar[CertPurpose]
+
 class ShardState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     SHARD_STATE_UNSPECIFIED: _ClassVar[ShardState]
@@ -27,6 +32,8 @@ class InstallState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INSTALL_READY: _ClassVar[InstallState]
     INSTALL_FAILED: _ClassVar[InstallState]
     INSTALL_UNSUPPORTED: _ClassVar[InstallState]
+CERT_PURPOSE_NODE: CertPurpose
+CERT_PURPOSE_ENGINE: CertPurpose
 SHARD_STATE_UNSPECIFIED: ShardState
 SHARD_STATE_STARTING: ShardState
 SHARD_STATE_READY: ShardState
@@ -66,18 +73,22 @@ class JoinReply(_message.Message):
     def __init__(self, cert_pem: _Optional[bytes] = ..., ca_pem: _Optional[bytes] = ..., node_id: _Optional[str] = ..., agent_port: _Optional[int] = ...) -> None: ...
 
 class RenewCert(_message.Message):
-    __slots__ = ("csr_pem",)
+    __slots__ = ("csr_pem", "purpose")
     CSR_PEM_FIELD_NUMBER: _ClassVar[int]
+    PURPOSE_FIELD_NUMBER: _ClassVar[int]
     csr_pem: bytes
-    def __init__(self, csr_pem: _Optional[bytes] = ...) -> None: ...
+    purpose: CertPurpose
+    def __init__(self, csr_pem: _Optional[bytes] = ..., purpose: _Optional[_Union[CertPurpose, str]] = ...) -> None: ...
 
 class CertIssued(_message.Message):
-    __slots__ = ("cert_pem", "error")
+    __slots__ = ("cert_pem", "error", "purpose")
     CERT_PEM_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    PURPOSE_FIELD_NUMBER: _ClassVar[int]
     cert_pem: bytes
     error: str
-    def __init__(self, cert_pem: _Optional[bytes] = ..., error: _Optional[str] = ...) -> None: ...
+    purpose: CertPurpose
+    def __init__(self, cert_pem: _Optional[bytes] = ..., error: _Optional[str] = ..., purpose: _Optional[_Union[CertPurpose, str]] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
     __slots__ = ("seq", "register", "heartbeat", "shard_status", "ack", "logs_reply", "renew_cert", "fabric_result", "goodbye")

@@ -75,13 +75,30 @@ class Inbound:
         log.warning("node %s sent a second Register on one stream; ignored", link.node_id)
 
     def renew_cert(self, msg: pb.AgentMessage, link: Link) -> None:
+        engine = msg.renew_cert.purpose == pb.CERT_PURPOSE_ENGINE
+        purpose = pb.CERT_PURPOSE_ENGINE if engine else pb.CERT_PURPOSE_NODE
         if self.issuer is None:
-            link.cert_issued(error="this control plane runs with --insecure and issues no certificates")
+            link.cert_issued(error="this control plane runs with --insecure and issues no certificates; set the "
+                                   "agent's engine_tls to off, or run the control plane with TLS", purpose=purpose)
+        elif engine:
+            self._engine_cert(msg.renew_cert.csr_pem, link)
         elif not link.renewing:
             link.renewing = True
             task = asyncio.create_task(self._renew(msg.renew_cert.csr_pem, link))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    def _engine_cert(self, csr_pem: bytes, link: Link) -> None:
+        """Signs an engine certificate for the stream's node (a signature, no store step: on the loop)."""
+        assert self.issuer is not None
+        try:
+            cert_pem = self.issuer.engine(link.node_id, csr_pem)
+        except pki.PkiError as e:
+            log.warning("refused an engine certificate to node %s: %s", link.node_id, e)
+            link.cert_issued(error=str(e), purpose=pb.CERT_PURPOSE_ENGINE)
+            return
+        log.info("issued an engine certificate to node %s: serial %s", link.node_id, join_mod.serial_of(cert_pem))
+        link.cert_issued(cert_pem=cert_pem, purpose=pb.CERT_PURPOSE_ENGINE)
 
     async def _renew(self, csr_pem: bytes, link: Link) -> None:
         assert self.issuer is not None

@@ -126,6 +126,15 @@ def _renew(store: store_mod.Store, ca: pki.Issued, *, node_id: str, csr_pem: byt
     return cert_pem
 
 
+def engine_cert(ca: pki.Issued, *, node_id: str, csr_pem: bytes, validity_s: float, now: float) -> bytes:
+    """A node's engine serving certificate (``pki.sign_engine_csr``) for the stream's node id, never the CSR's.
+
+    Not stored as a node certificate: it cannot open an agent stream (server auth only), so Connect never
+    sees it; a node revoked loses its stream, and with it the renewal of this one.
+    """
+    return pki.sign_engine_csr(ca, csr_pem, node_id, now=_utc(now), validity=datetime.timedelta(seconds=validity_s))
+
+
 def _check_presented(store: store_mod.Store, cert_pem: bytes, node_id: str) -> str:
     serial = serial_of(cert_pem)
     row = store.get_node_cert(serial)
@@ -154,6 +163,11 @@ class Issuer:
         """A new certificate for ``node_id`` (the stream's, never the CSR's subject); PkiError when refused."""
         return await self.db.call(_renew, self.db.store, self.tls.ca, node_id=node_id, csr_pem=csr_pem,
                                   validity_s=self.tls.node_cert_validity_s, now=time.time())
+
+    def engine(self, node_id: str, csr_pem: bytes) -> bytes:
+        """An engine certificate for ``node_id`` (the stream's); PkiError when refused. No store step."""
+        return engine_cert(self.tls.ca, node_id=node_id, csr_pem=csr_pem,
+                           validity_s=self.tls.node_cert_validity_s, now=time.time())
 
     async def check_presented(self, cert_pem: bytes, node_id: str) -> str:
         """Why a certificate that passed the TLS handshake is refused still (unknown, revoked); empty when not."""

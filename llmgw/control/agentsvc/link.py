@@ -123,8 +123,8 @@ class Link:
     def controlplanes(self, addrs: tuple[str, ...]) -> None:
         self._put(controlplanes=pb.ControlPlanes(addrs=addrs))
 
-    def cert_issued(self, *, cert_pem: bytes = b"", error: str = "") -> None:
-        self._put(cert_issued=pb.CertIssued(cert_pem=cert_pem, error=error))
+    def cert_issued(self, *, cert_pem: bytes = b"", error: str = "", purpose: int = pb.CERT_PURPOSE_NODE) -> None:
+        self._put(cert_issued=pb.CertIssued(cert_pem=cert_pem, error=error, purpose=purpose))  # type: ignore[arg-type]
 
     def ack(self, seq: int, *, ok: bool, error: str = "", controlplanes: tuple[str, ...] = ()) -> None:
         self._put(ack=pb.Ack(seq=seq, ok=ok, error=error, term=self.term, controlplanes=controlplanes))

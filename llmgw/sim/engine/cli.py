@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import os
 import signal
+import ssl
 import sys
 
 from aiohttp import web
@@ -38,7 +39,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rank", type=int, default=0, help="its rank; only rank 0 serves /v1")
     parser.add_argument("--leader-addr", default="", help="rank 0's address")
     parser.add_argument("--leader-port", type=int, default=0, help="rank 0's rendezvous port")
+    # As vLLM's: serve TLS with this key and certificate (the agent's engine_tls gives the node's engine ones).
+    parser.add_argument("--ssl-keyfile", default="", help="serve HTTPS with this PEM key (with --ssl-certfile)")
+    parser.add_argument("--ssl-certfile", default="", help="the PEM certificate for --ssl-keyfile")
     args = parser.parse_args(argv)
+    if bool(args.ssl_keyfile) != bool(args.ssl_certfile):
+        parser.error("--ssl-keyfile and --ssl-certfile go together: give both, or neither for plain HTTP")
     if args.prefill_tps <= 0 or args.decode_tps <= 0 or args.parallel < 1:
         parser.error("--prefill-tps and --decode-tps must be > 0 and --parallel >= 1")
     if args.nnodes < 1 or not 0 <= args.rank < args.nnodes:
@@ -46,7 +52,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-async def serve(config: Config, *, host: str, port: int) -> int:
+def server_context(keyfile: str, certfile: str) -> ssl.SSLContext | None:
+    """The TLS context of ``--ssl-keyfile/--ssl-certfile``; None for plain HTTP."""
+    if not keyfile:
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(certfile, keyfile)
+    return ctx
+
+
+async def serve(config: Config, *, host: str, port: int, tls: ssl.SSLContext | None = None) -> int:
     """Serve until SIGTERM or SIGINT; the exit status (1 when the port cannot be bound)."""
     engine = SimEngine(config)
     # shutdown_timeout: aiohttp waits 60 s for open requests by default, and waits it twice
@@ -55,7 +70,7 @@ async def serve(config: Config, *, host: str, port: int) -> int:
     runner = web.AppRunner(engine.app(), handler_cancellation=True, shutdown_timeout=0.1, access_log=None)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port)
+        site = web.TCPSite(runner, host, port, ssl_context=tls)
         try:
             await site.start()
         except OSError as e:
@@ -67,7 +82,8 @@ async def serve(config: Config, *, host: str, port: int) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         bound = runner.addresses[0]
-        print(f"llmgw sim engine: listening on http://{bound[0]}:{bound[1]} serving {config.model!r}",
+        print(f"llmgw sim engine: listening on {'https' if tls else 'http'}://{bound[0]}:{bound[1]} serving "
+              f"{config.model!r}",
               flush=True)
         await stop.wait()
     finally:
@@ -81,4 +97,9 @@ def main(argv: list[str] | None = None) -> int:
                     decode_tps=args.decode_tps, parallel=args.parallel, startup_delay=args.startup_delay,
                     max_tokens_default=args.max_tokens_default, nnodes=args.nnodes, rank=args.rank,
                     leader_addr=args.leader_addr, leader_port=args.leader_port)
-    return asyncio.run(serve(config, host=args.host, port=args.port))
+    try:
+        tls = server_context(args.ssl_keyfile, args.ssl_certfile)
+    except (OSError, ssl.SSLError) as e:
+        print(f"llmgw sim engine: cannot load --ssl-keyfile/--ssl-certfile: {e}", file=sys.stderr)
+        return 1
+    return asyncio.run(serve(config, host=args.host, port=args.port, tls=tls))
