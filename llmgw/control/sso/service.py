@@ -32,7 +32,7 @@ from llmgw.control.auth.credentials import Auth
 from llmgw.control.sso import audit
 from llmgw.control.sso.config import SsoConfig
 from llmgw.control.sso.discovery import Discovery
-from llmgw.control.sso.provider import DEVICE_GRANT, ProviderClient
+from llmgw.control.sso.provider import DEVICE_GRANT, ProviderClient, TokenAnswer
 from llmgw.control.sso.refresher import Refresher
 from llmgw.control.sso.refusals import SsoRefused
 from llmgw.control.sso.signin import SignedIn, SignIn
@@ -130,7 +130,17 @@ class SsoService:
                 raise SsoRefused("sso_code_refused", f"the identity provider refused the sign-in's code "
                                  f"({answer.error}: {answer.description or 'no description'}); start the sign-in "
                                  "again")
-            return await self.signin.sign_in(answer, nonce=data["nonce"], session=session, peer=peer)
+        except SsoRefused as e:
+            await audit.refused(self.db, e, peer=peer, action="sso login")
+            raise
+        return await self.sign_in_tokens(answer, nonce=data["nonce"], session=session, peer=peer)
+
+    async def sign_in_tokens(self, answer: TokenAnswer, *, nonce: str | None, session: bool,
+                             peer: str = "") -> SignedIn:
+        """Signs in with the provider's token answer (its ID token verified, with ``nonce`` when not None);
+        SsoRefused, audited, otherwise. ``finish`` and ``device_poll`` end here."""
+        try:
+            return await self.signin.sign_in(answer, nonce=nonce, session=session, peer=peer)
         except SsoRefused as e:
             await audit.refused(self.db, e, peer=peer, action="sso login")
             raise
@@ -174,11 +184,11 @@ class SsoService:
                                  f"({answer.error}: {answer.description or 'no description'})")
             if taken is None:  # another poll with this handle signed in first
                 raise SsoRefused("sso_unknown_state", "this device sign-in finished already: refused as a replay")
-            # The device flow sends no nonce: the device code, held here only, binds the token to this sign-in.
-            return await self.signin.sign_in(answer, nonce=None, session=False, peer=peer)
         except SsoRefused as e:
             await audit.refused(self.db, e, peer=peer, action="sso login")
             raise
+        # The device flow sends no nonce: the device code, held here only, binds the token to this sign-in.
+        return await self.sign_in_tokens(answer, nonce=None, session=False, peer=peer)
 
     def describe(self) -> dict[str, Any]:
         """What the UI's login page shows: the provider's issuer (no secret)."""
