@@ -120,6 +120,8 @@ class OidcProvider:
                 if "login" in fields:
                     fields.update(login=account, password=password)
                 page = c.post(page.url.join(action), data=fields)
+                if "abort" in fields:  # refused: the provider then offers its code page again, not followed
+                    return str(page.url)
             raise AssertionError(f"the provider's pages did not end after 30 steps; last: {page.url}")
 
     # -- tokens signed with the provider's own key ---------------------------------------------------

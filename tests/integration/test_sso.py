@@ -133,6 +133,18 @@ def test_unmapped_user_refused_with_a_sentence_and_audited(system: System, idp: 
     assert lines and lines[-1]["outcome"] == "refused" and "sso_unmapped" in lines[-1]["detail"]
 
 
+def test_device_code_refused_on_the_providers_page(system: System, idp: OidcProvider) -> None:
+    with httpx.Client(base_url=system.url, timeout=30) as c:
+        dev = c.post("/api/v1/sso/device").json()
+        idp.approve(dev["verification_uri_complete"], "bob", abort=True)
+        denied = c.post("/api/v1/sso/device/token", json={"handle": dev["handle"]})
+        assert denied.status_code == 401 and denied.json()["error"]["code"] == "sso_denied", denied.text
+        assert "refused on the identity provider's page" in denied.json()["error"]["message"]
+        again = c.post("/api/v1/sso/device/token", json={"handle": dev["handle"]})
+        assert again.status_code == 401 and again.json()["error"]["code"] == "sso_unknown_state"
+    assert any("sso_denied" in e["detail"] for e in audit_lines(system, "sso login"))
+
+
 def test_provider_account_cannot_take_over_a_local_user(system: System, idp: OidcProvider) -> None:
     """An identity provider account named ``admin`` does not become the local admin."""
     taken = device_sign_in(system, idp, "admin")

@@ -34,12 +34,15 @@ from llmgw.control.sso.config import SsoConfig
 from llmgw.control.sso.discovery import Discovery
 from llmgw.control.sso.provider import DEVICE_GRANT, ProviderClient, TokenAnswer
 from llmgw.control.sso.refresher import Refresher
-from llmgw.control.sso.refusals import SsoRefused
+from llmgw.control.sso.refusals import SsoRefused, SsoUnavailable
 from llmgw.control.sso.signin import SignedIn, SignIn
 from llmgw.control.store.offloop import StoreThread
 
 log = logging.getLogger(__name__)
 CODE, DEVICE = "code", "device"
+#: Sign-ins begun and not finished, at most: beginning needs no credential, so a flood must not grow the table
+#: (or this server's calls to the provider) without end; each expires after ``pending_ttl_s`` anyway.
+MAX_PENDING = 10_000
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -100,6 +103,7 @@ class SsoService:
             raise SsoRefused("sso_bad_redirect", f"redirect_uri {redirect_uri[:100]!r} is not an http(s) URL",
                              status=400)
         meta = await self.discovery.metadata()
+        await self._room()
         state, nonce, verifier = secrets.token_urlsafe(32), secrets.token_urlsafe(32), secrets.token_urlsafe(48)
         now = self._clock()
         await self.db.call(self.db.store.put_sso_pending, _id(state), kind=CODE,
@@ -146,13 +150,19 @@ class SsoService:
             raise
 
     # -- the CLI: the device flow, brokered ----------------------------------------------------------
+    async def _room(self) -> None:
+        if await self.db.call(self.db.store.count_sso_pending, now=self._clock()) >= MAX_PENDING:
+            raise SsoUnavailable(f"{MAX_PENDING} sign-ins are begun and not finished: try again in a few minutes "
+                                 "(each expires unfinished)")
+
     async def device_start(self, *, peer: str = "") -> DeviceStarted:
+        await self._room()
         doc = await self.provider.device_authorization()
         handle = secrets.token_urlsafe(32)
         expires_in = float(doc.get("expires_in") or self.cfg.pending_ttl_s)
         interval = float(doc.get("interval") or 5)
-        nonce_free = {"device_code": str(doc["device_code"]), "interval": interval}
-        await self.db.call(self.db.store.put_sso_pending, _id(handle), kind=DEVICE, data=nonce_free,
+        data = {"device_code": str(doc["device_code"]), "interval": interval}
+        await self.db.call(self.db.store.put_sso_pending, _id(handle), kind=DEVICE, data=data,
                            expires_at=self._clock() + expires_in)
         uri = str(doc.get("verification_uri") or doc.get("verification_url") or "")
         log.info("device sign-in begun from %s", peer or "unknown")
