@@ -18,6 +18,7 @@ import html.parser
 import json
 import secrets
 import shutil
+import subprocess
 import time
 from pathlib import Path
 from types import TracebackType
@@ -40,7 +41,8 @@ class ProviderMissing(RuntimeError):
     """node or the harness's node_modules are missing; the message says how to install them."""
 
 
-def node() -> str:
+def node() -> list[str]:
+    """The argv that runs node: Debian 12's node 18 needs WebCrypto made global (later ones have it)."""
     found = shutil.which("node")
     if not found:
         raise ProviderMissing("node is not installed: `make test-deps` installs Debian's nodejs and npm (or "
@@ -48,7 +50,12 @@ def node() -> str:
     if not (HARNESS / "node_modules" / "oidc-provider").is_dir():
         raise ProviderMissing(f"the test provider's packages are missing: run `npm ci` in {HARNESS} (`make "
                               "test-deps` does)")
-    return found
+    version = subprocess.run([found, "--version"], capture_output=True, text=True, check=False).stdout.strip()
+    major = int(version.lstrip("v").split(".")[0] or 0) if version.lstrip("v")[:1].isdigit() else 0
+    if major < 18:
+        raise ProviderMissing(f"node {version or '(unknown version)'} is too old for the test provider: it needs "
+                              "node 18 or newer (Debian 12's nodejs)")
+    return [found, "--experimental-global-webcrypto"] if major == 18 else [found]
 
 
 def _private_jwk(key: rsa.RSAPrivateKey) -> dict[str, Any]:
@@ -154,7 +161,7 @@ class OidcProvider:
         }
 
     def start(self, *, timeout: float = 30.0) -> Self:
-        argv = [node(), str(HARNESS / "provider.mjs"), str(self.dir / "provider.json")]
+        argv = [*node(), str(HARNESS / "provider.mjs"), str(self.dir / "provider.json")]
         (self.dir / "provider.json").write_text(json.dumps(self._config()))
         (self.dir / "provider.json").chmod(0o600)
         self.proc = procs.Proc.start(argv, log_path=self.dir / "provider.log", cwd=HARNESS)

@@ -204,20 +204,28 @@ def test_local_users_keep_working_and_sso_required_leaves_only_break_glass(syste
     made = system.request("POST", "/api/v1/users", json={"name": "localdan", "role": "viewer"})
     assert made.status_code in (200, 201), made.text
     password = made.json()["password"]
-    assert system.request("POST", "/api/v1/login", json={"username": "localdan", "password": password}
-                          ).status_code == 200
+    before = system.request("POST", "/api/v1/login", json={"username": "localdan", "password": password})
+    assert before.status_code == 200
+    dan_token = before.json()["token"]
+    assert httpx.get(f"{system.url}/api/v1/models", headers=bearer(dan_token)).status_code == 200
     assert system.request("PUT", "/api/v1/settings", json={"sso_required": True}).status_code == 200
     try:
+        # A local user's token made before counts no more (within the policy's 1 s cache and the token's 0.5 s).
+        wait_for(lambda: httpx.get(f"{system.url}/api/v1/models", headers=bearer(dan_token)).status_code == 401,
+                 timeout=10, what="localdan's earlier token refused once SSO is required")
         refused = system.request("POST", "/api/v1/login", json={"username": "localdan", "password": password})
         assert refused.status_code == 401
         assert "requires single sign-on" in refused.json()["error"]["message"]
         assert "llmgw login --sso" in refused.json()["error"]["message"]
         admin = system.request("POST", "/api/v1/login", json={"username": "admin", "password": system.admin_password})
         assert admin.status_code == 200, admin.text  # the break-glass local admin
+        assert httpx.get(f"{system.url}/api/v1/models", headers=bearer(admin.json()["token"])).status_code == 200
     finally:
         assert system.request("PUT", "/api/v1/settings", json={"sso_required": False}).status_code == 200
     assert system.request("POST", "/api/v1/login", json={"username": "localdan", "password": password}
                           ).status_code == 200
+    wait_for(lambda: httpx.get(f"{system.url}/api/v1/models", headers=bearer(dan_token)).status_code == 200,
+             timeout=10, what="localdan's token working again once SSO is no longer required")
 
 
 def test_sso_not_configured_says_how(tmp_path: Path) -> None:

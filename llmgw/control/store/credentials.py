@@ -9,7 +9,15 @@ import sqlalchemy as sa
 
 from llmgw.control.store.base import StoreBase
 from llmgw.control.store.projects import UnknownProject
-from llmgw.control.store.tables import ApiKeyRow, ApiTokenRow, ProjectMemberRow, ProjectRow, TokenRow, UserRow
+from llmgw.control.store.tables import (
+    ApiKeyRow,
+    ApiTokenRow,
+    ProjectMemberRow,
+    ProjectRow,
+    SsoLinkRow,
+    TokenRow,
+    UserRow,
+)
 from llmgw.core import quota
 from llmgw.core.errors import LlmgwError
 
@@ -216,6 +224,7 @@ class CredentialStore(StoreBase):
             s.execute(sa.delete(ApiTokenRow).where(ApiTokenRow.subject == name,
                                                    ApiTokenRow.kind.in_(("user", "session"))))
             s.execute(sa.delete(ProjectMemberRow).where(ProjectMemberRow.user == name))
+            s.execute(sa.delete(SsoLinkRow).where(SsoLinkRow.user == name))  # a refresh must not make it again
             s.delete(row)
             return True
 
