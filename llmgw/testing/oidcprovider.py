@@ -81,7 +81,8 @@ class OidcProvider:
         self.secret_file = self.dir / "client-secret"
         self.secret_file.touch(mode=0o600)
         self.secret_file.write_text(self.client_secret + "\n")
-        self.redirect_uris = redirect_uris or [f"http://127.0.0.1:1{UI_CALLBACK}"]
+        #: Loopback URIs match on any port (the client is "native"): ``http://127.0.0.1/PATH`` is enough.
+        self.redirect_uris = redirect_uris or [f"http://127.0.0.1{UI_CALLBACK}"]
         self.proc: procs.Proc | None = None
 
     # -- the accounts (read by the provider on every lookup) ------------------------------------------
@@ -157,6 +158,9 @@ class OidcProvider:
                 "grant_types": ["authorization_code", "refresh_token",
                                 "urn:ietf:params:oauth:grant-type:device_code"],
                 "response_types": ["code"], "redirect_uris": self.redirect_uris,
+                # "native": a loopback redirect URI matches on any port (RFC 8252 7.3, as oidc-provider implements
+                # it), so a test registers the UI's callback before its server has picked its port.
+                "application_type": "native",
             }],
         }
 
