@@ -58,19 +58,21 @@ def node() -> list[str]:
     return [found, "--experimental-global-webcrypto"] if major == 18 else [found]
 
 
-def _private_jwk(key: rsa.RSAPrivateKey) -> dict[str, Any]:
+def _private_jwk(key: rsa.RSAPrivateKey, kid: str) -> dict[str, Any]:
     doc = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(key))
-    return {**doc, "kid": KID, "use": "sig", "alg": "RS256"}
+    return {**doc, "kid": kid, "use": "sig", "alg": "RS256"}
 
 
 class OidcProvider:
     """``with OidcProvider(tmp, redirect_uris=[...]) as idp: idp.issuer, idp.secret_file, ...``."""
 
     def __init__(self, directory: Path, *, redirect_uris: list[str] | None = None,
-                 accounts: dict[str, dict[str, Any]] | None = None) -> None:
+                 accounts: dict[str, dict[str, Any]] | None = None, port: int = 0, kid: str = KID) -> None:
+        """``port`` and ``kid``: another provider at the same issuer with a new key (a key rotation)."""
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.port = procs.free_port()
+        self.port = port or procs.free_port()
+        self.kid = kid
         self.issuer = f"http://127.0.0.1:{self.port}"
         self.client_id = CLIENT_ID
         self.client_secret = secrets.token_urlsafe(32)
@@ -133,8 +135,8 @@ class OidcProvider:
             raise AssertionError(f"the provider's pages did not end after 30 steps; last: {page.url}")
 
     # -- tokens signed with the provider's own key ---------------------------------------------------
-    def sign(self, claims: dict[str, Any], *, key: rsa.RSAPrivateKey | None = None, kid: str = KID) -> str:
-        return jwt.encode(claims, key or self.key, algorithm="RS256", headers={"kid": kid})
+    def sign(self, claims: dict[str, Any], *, key: rsa.RSAPrivateKey | None = None, kid: str = "") -> str:
+        return jwt.encode(claims, key or self.key, algorithm="RS256", headers={"kid": kid or self.kid})
 
     def claims(self, sub: str, *, nonce: str = "", **over: Any) -> dict[str, Any]:
         """An ID token's claims as this provider would issue them to llmgw, ``over`` changed."""
@@ -151,7 +153,7 @@ class OidcProvider:
         return {
             "issuer": self.issuer, "port": self.port, "accounts_file": str(self.accounts_file),
             "cookie_keys": [secrets.token_urlsafe(24)],
-            "jwks": {"keys": [_private_jwk(self.key)]},
+            "jwks": {"keys": [_private_jwk(self.key, self.kid)]},
             "clients": [{
                 "client_id": self.client_id, "client_secret": self.client_secret, "client_name": "llmgw",
                 "token_endpoint_auth_method": "client_secret_basic",

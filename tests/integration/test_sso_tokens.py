@@ -12,12 +12,14 @@ import asyncio
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from llmgw.control.auth import Auth
 from llmgw.control.sso import SsoConfig, SsoRefused, SsoService
 from llmgw.control.sso.config import GroupMapping
+from llmgw.control.sso.discovery import Discovery
 from llmgw.control.sso.provider import TokenAnswer
 from llmgw.control.store import store as store_mod
 from llmgw.control.store.offloop import StoreThread
@@ -102,3 +104,27 @@ def test_an_unknown_key_and_an_hmac_token_are_refused(tmp_path: Path, idp: OidcP
     code, said, details = attempt(tmp_path / "hs", idp, hs)
     assert code == "sso_bad_algorithm" and "'HS256'" in said
     assert any("sso_bad_algorithm" in d for d in details)
+
+
+def test_keys_are_fetched_again_when_the_provider_rotates_them(tmp_path: Path) -> None:
+    """A token signed with a key id the cache lacks makes the key set be read again (not more often than
+    ``min_refetch_s``): the provider restarted at the same issuer with a new key is followed."""
+    async def main() -> None:
+        first = OidcProvider(tmp_path / "a", kid="key-1").start()
+        try:
+            async with httpx.AsyncClient() as http:
+                d = Discovery(first.issuer, http, min_refetch_s=0.0)
+                assert await d.key("key-1") is not None
+                first.stop()
+                second = OidcProvider(tmp_path / "b", port=first.port, kid="key-2").start()
+                try:
+                    assert await d.key("key-1") is not None  # cached: no fetch for a known key id
+                    assert await d.key("key-2") is not None  # unknown: fetched again, found
+                    assert await d.key("key-1") is None  # the old key is gone from the new set
+                    slow = Discovery(first.issuer, http)  # the default: at most one fetch per 10 s
+                    assert await slow.key("key-2") is not None and await slow.key("key-3") is None
+                finally:
+                    second.stop()
+        finally:
+            first.stop()
+    asyncio.run(main())

@@ -34,11 +34,11 @@ class Metadata:
 class Discovery:
     """``await d.metadata()`` and ``await d.key(kid)`` for one issuer."""
 
-    def __init__(self, issuer: str, http: httpx.AsyncClient) -> None:
-        self.issuer, self.http = issuer.rstrip("/"), http
+    def __init__(self, issuer: str, http: httpx.AsyncClient, *, min_refetch_s: float = MIN_REFETCH_S) -> None:
+        self.issuer, self.http, self.min_refetch_s = issuer.rstrip("/"), http, min_refetch_s
         self._meta: Metadata | None = None
         self._keys: dict[str, Any] = {}
-        self._keys_at = -MIN_REFETCH_S
+        self._keys_at = -min_refetch_s
 
     async def _get(self, url: str, what: str) -> dict[str, Any]:
         try:
@@ -69,7 +69,7 @@ class Discovery:
 
     async def key(self, kid: str) -> Any | None:
         """The public key with this key id, fetching the key set again when it is unknown; None if still unknown."""
-        if kid not in self._keys and time.monotonic() - self._keys_at >= MIN_REFETCH_S:
+        if kid not in self._keys and time.monotonic() - self._keys_at >= self.min_refetch_s:
             meta = await self.metadata()
             doc = await self._get(meta.jwks_uri, "key set")
             self._keys_at = time.monotonic()
