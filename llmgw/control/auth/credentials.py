@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 from llmgw.control.auth import passwords, principals, tokens
 from llmgw.control.auth.principals import Principal
+from llmgw.control.store import settings as cluster_settings
 from llmgw.control.store.offloop import StoreThread
 from llmgw.control.store.store import StoredApiToken
 
@@ -34,6 +35,8 @@ SESSION_S = 12 * 3600.0
 #: ``last_used_at`` is written at most this often per token (a write per request would cost more than the request).
 TOUCH_EVERY_S = 60.0
 SESSION_COOKIE = "llmgw_session"
+#: How long the cluster settings read for ``sso_required`` are reused: turned on, it counts within this.
+POLICY_S = 1.0
 
 
 class LoginRefused(Exception):
@@ -65,6 +68,7 @@ class Auth:
         self.initial_password = initial_password
         self.limiter = limiter or passwords.Limiter()
         self._cache: dict[str, tuple[float, Principal | None]] = {}  # digest -> (looked up at, answer)
+        self._policy: tuple[float, cluster_settings.ClusterSettings | None] = (0.0, None)
         self._touched: dict[str, float] = {}
 
     @classmethod
@@ -105,11 +109,29 @@ class Auth:
             user = await self.db.call(self.db.store.get_user, row.subject)
             if user is None:
                 return None
+            if user.source == "local" and not await self._password_allowed(user.name, now):
+                return None  # sso_required: a local user's token made before it counts no more (but break-glass)
             found = Principal("user", user.name, user.role, token_id)
         if now - self._touched.get(token_id, 0.0) >= TOUCH_EVERY_S:
             self._touched[token_id] = now
             self.db.submit(self.db.store.touch_api_token, token_id, at=now)
         return found
+
+    async def policy(self, now: float, *, fresh: bool = False) -> cluster_settings.ClusterSettings:
+        """The cluster settings, read at most once per ``POLICY_S`` (sso_required is read on each user lookup);
+        ``fresh``: read now (a login, rare, sees a change at once)."""
+        assert self.db is not None
+        at, doc = self._policy
+        if fresh or doc is None or now - at >= POLICY_S:
+            doc = await self.db.call(cluster_settings.read, self.db.store)
+            self._policy = (now, doc)
+        return doc
+
+    async def _password_allowed(self, name: str, now: float, *, fresh: bool = False) -> bool:
+        """Whether a local (password) user may sign in or use a token: always, unless ``sso_required`` is on and
+        they are not its break-glass user."""
+        p = await self.policy(now, fresh=fresh)
+        return not p.sso_required or name == p.sso_break_glass
 
     async def issue(self, *, kind: str, subject: str, ttl_s: float = 0.0, label: str = "") -> tuple[str, float]:
         """A new stored token ``(token, expires_at)`` (0: until deleted) for a user, a session or a router."""
@@ -143,6 +165,11 @@ class Auth:
                                f"`llmgw user reset-password {username}`",
                                retry_after=wait)
         user = await self.db.call(self.db.store.get_user, username)
+        if not await self._password_allowed(username, self._clock(), fresh=True):
+            log.warning("password login as %r from %s refused: single sign-on is required", username, peer)
+            raise LoginRefused("this cluster requires single sign-on: sign in with `llmgw login --sso` or the UI's "
+                               "sign-in button (only the break-glass local user may log in with a password; an "
+                               "admin changes that with `llmgw settings set sso_required false`)")
         # argon2 takes tens of milliseconds of CPU: on the loop it would hold every agent stream and request.
         ok = await asyncio.to_thread(passwords.verify, user.password_hash if user else None, password)
         if user is None or not ok:

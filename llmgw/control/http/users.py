@@ -61,6 +61,7 @@ class User(schemas.Body):
     name: str
     role: str
     created_at: schemas.Number
+    source: str = pydantic.Field(default="local", description="local (a password) or sso (single sign-on)")
 
 
 class UserList(schemas.Body):
@@ -77,7 +78,7 @@ class UserChanged(schemas.Body):
 
 def user_doc(u: StoredUser) -> dict[str, Any]:
     """A user as listed: never the hash."""
-    return {"name": u.name, "role": u.role, "created_at": u.created_at}
+    return {"name": u.name, "role": u.role, "created_at": u.created_at, "source": u.source}
 
 
 def last_admin(name: str) -> Conflict:
@@ -123,10 +124,14 @@ def router(db: StoreThread, auth: Auth) -> APIRouter:
             raise last_admin(name)
         answer: dict[str, Any] = {"name": name, "role": role}
         hashed = user.password_hash
+        if body.reset_password and user.source == "sso":
+            raise BadRequest(f"user {name} signs in through single sign-on and has no password: its access comes "
+                             "from its groups at the identity provider (`llmgw user delete` ends it here)",
+                             code="sso_user", param="reset_password")
         if body.reset_password:
             answer["password"] = passwords.new_password()
             hashed = await asyncio.to_thread(passwords.hash_password, answer["password"])
-        await db.call(db.store.put_user, StoredUser(name, role, hashed, user.created_at))
+        await db.call(db.store.put_user, StoredUser(name, role, hashed, user.created_at, user.source))
         if body.reset_password:  # whoever had the old password may have made tokens with it
             await db.call(db.store.delete_api_tokens, subject=name, kinds=("user", "session"))
             if name == datadir.ADMIN:  # the first password's file holds one that no longer works
