@@ -26,9 +26,11 @@ from llmgw.control.ui import (
     overview_page,
     playground_page,
     projects_page,
+    sso_page,
     usage_page,
     users_page,
 )
+from llmgw.control.ui.callbackurl import CallbackUrls
 from llmgw.control.ui.common import HERE, SessionEnded, Ui
 
 
@@ -46,16 +48,22 @@ class _Bare:
         await self.app(scope, receive, send)
 
 
-def create_ui(api: ASGIApp) -> ASGIApp:
-    """The UI's ASGI app over the REST app ``api`` (what ``create_api`` returns); mount it at ``/ui``."""
+def create_ui(api: ASGIApp, *, sso: sso_page.SsoSignIn | None = None, callback_urls: CallbackUrls = CallbackUrls(),
+              sso_refusals: tuple[type[Exception], ...] = ()) -> ASGIApp:
+    """The UI's ASGI app over the REST app ``api`` (what ``create_api`` returns); mount it at ``/ui``.
+
+    ``sso``: the SSO service for "Sign in with SSO" (None: no SSO), whose ``sso_refusals`` are shown as sentences;
+    ``callback_urls``: which ``redirect_uri`` the provider is given (``callbackurl``)."""
     ui = Ui(api)
+    signin = sso_page.Sso(sso, callback_urls, sso_refusals)
 
     async def session_ended(request: Request, exc: Exception) -> Response:
         return ui.to_login(request)
 
     pages = Starlette(exception_handlers={SessionEnded: session_ended}, routes=[
         *overview_page.routes(ui),
-        *login_page.routes(ui),
+        *login_page.routes(ui, signin),
+        *sso_page.routes(ui, signin),
         *keys_page.routes(ui),
         *projects_page.routes(ui),
         *models_page.routes(ui),
