@@ -17,6 +17,7 @@ from typing import Any
 from llmgw.control.auth import Auth, principals
 from llmgw.control.reconcile import decide
 from llmgw.control.ui import app as ui_app
+from llmgw.control.ui.callbackurl import CallbackUrls
 from llmgw.core.errors import LlmgwError
 from llmgw.router.app import RouterApp
 from llmgw.serving.config import ServerConfig
@@ -29,9 +30,9 @@ MIRROR_PREFIX = "/mirror"
 UI_PREFIX = "/ui"
 
 
-def dispatch(router: RouterApp, api: Any, *, mirror: Any = None) -> Any:
+def dispatch(router: RouterApp, api: Any, *, mirror: Any = None, callback_urls: CallbackUrls = CallbackUrls()) -> Any:
     # The admin UI reads everything through ``api`` in-process, with the browser's own credential.
-    ui = ui_app.create_ui(api)
+    ui = ui_app.create_ui(api, callback_urls=callback_urls)
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         path = scope["path"] if scope["type"] == "http" else ""
@@ -61,6 +62,13 @@ def admin_check(auth: Auth) -> Callable[[str], Awaitable[bool]]:
         found = await auth.principal(token) if token else None
         return found is not None and found.role == principals.ADMIN
     return is_admin
+
+
+def callback_urls(cfg: ServerConfig, http_port: int) -> CallbackUrls:
+    """The UI's SSO callback address rule (``control.ui.callbackurl``): ``--sso-redirect-url``, else a browser's
+    own address when its host is one of this server's names (``--host``, ``--advertise-address``, the FQDN)."""
+    names = (cfg.host, cfg.advertise, socket.getfqdn(), socket.gethostname())
+    return CallbackUrls.of(redirect_url=cfg.sso_redirect_url, names=names, port=http_port)
 
 
 def listen(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:

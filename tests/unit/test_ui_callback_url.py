@@ -30,7 +30,7 @@ def test_a_forged_or_foreign_host_is_refused_naming_it_and_the_setting() -> None
 
 
 def test_a_configured_url_wins_whatever_the_host_said() -> None:
-    urls = CallbackUrls.of(public_url="https://llmgw.example.com/", names=("10.0.0.5",), port=8080)
+    urls = CallbackUrls.of(redirect_url="https://llmgw.example.com/ui/sso/callback", names=("10.0.0.5",), port=8080)
     for host in ("evil.example", "10.0.0.5:8080", ""):
         assert urls.for_request(scheme="http", host=host, root_path="/ui") == \
             "https://llmgw.example.com/ui/sso/callback"

@@ -48,22 +48,19 @@ class _Bare:
         await self.app(scope, receive, send)
 
 
-def create_ui(api: ASGIApp, *, sso: sso_page.SsoSignIn | None = None, callback_urls: CallbackUrls = CallbackUrls(),
-              sso_refusals: tuple[type[Exception], ...] = ()) -> ASGIApp:
+def create_ui(api: ASGIApp, *, callback_urls: CallbackUrls = CallbackUrls()) -> ASGIApp:
     """The UI's ASGI app over the REST app ``api`` (what ``create_api`` returns); mount it at ``/ui``.
 
-    ``sso``: the SSO service for "Sign in with SSO" (None: no SSO), whose ``sso_refusals`` are shown as sentences;
-    ``callback_urls``: which ``redirect_uri`` the provider is given (``callbackurl``)."""
+    ``callback_urls``: which ``redirect_uri`` an SSO sign-in gives the provider (``callbackurl``)."""
     ui = Ui(api)
-    signin = sso_page.Sso(sso, callback_urls, sso_refusals)
 
     async def session_ended(request: Request, exc: Exception) -> Response:
         return ui.to_login(request)
 
     pages = Starlette(exception_handlers={SessionEnded: session_ended}, routes=[
         *overview_page.routes(ui),
-        *login_page.routes(ui, signin),
-        *sso_page.routes(ui, signin),
+        *login_page.routes(ui),
+        *sso_page.routes(ui, callback_urls),
         *keys_page.routes(ui),
         *projects_page.routes(ui),
         *models_page.routes(ui),

@@ -3,10 +3,11 @@
 The ``redirect_uri`` of an authorization request is where the provider delivers the code; built from a
 request's ``Host`` header alone, a request with a forged ``Host`` (a client of its own, a cache or proxy that
 passes it on) would ask the provider to send a code to another server. So the address is either the one the
-operator configured (``public_url``: the URL browsers reach this server by, e.g. behind a TLS proxy), or the
-request's own scheme and host **only when the host is one of this server's known names** (its ``--host``,
-``--advertise-address``, this machine's name, loopback), on this server's own port or none. Anything else is
-refused with a sentence naming the host and the setting; nothing is sent to the provider.
+operator configured (``--sso-redirect-url``: the callback's URL as browsers reach it, e.g. behind a TLS
+proxy; what is registered at the provider), or the request's own scheme and host **only when the host is
+one of this server's known names** (its ``--host``, ``--advertise-address``, this machine's name,
+loopback), on this server's own port or none. Anything else is refused with a sentence naming the host and
+the setting; nothing is sent to the provider.
 
 Pure: standard library only, tested on plain values.
 """
@@ -47,8 +48,8 @@ def _norm(name: str) -> str:
 class CallbackUrls:
     """Which ``redirect_uri`` this server gives the provider; see the module's text for the rule."""
 
-    #: The operator's external URL of the server (``https://llmgw.example.com``), without ``/ui``; "" : none.
-    public_url: str = ""
+    #: The operator's callback URL (``https://llmgw.example.com/ui/sso/callback``), used as it is; "" : none.
+    redirect_url: str = ""
     #: This server's names (lower case, no port): a request's Host is trusted only if it is one of them.
     hosts: frozenset[str] = LOOPBACK
     #: The port this server listens on: a Host naming another port is another service on the same machine.
@@ -57,16 +58,16 @@ class CallbackUrls:
     setting: str = "--sso-redirect-url"
 
     @classmethod
-    def of(cls, *, public_url: str = "", names: tuple[str, ...] = (), port: int | None = None,
+    def of(cls, *, redirect_url: str = "", names: tuple[str, ...] = (), port: int | None = None,
            setting: str = "--sso-redirect-url") -> CallbackUrls:
         """From the server's names as configured (wildcards and empty names dropped, loopback always in)."""
         hosts = {_norm(n) for n in names if n and n not in ("0.0.0.0", "::")}
-        return cls(public_url=public_url.rstrip("/"), hosts=frozenset(hosts | LOOPBACK), port=port, setting=setting)
+        return cls(redirect_url=redirect_url, hosts=frozenset(hosts | LOOPBACK), port=port, setting=setting)
 
     def for_request(self, *, scheme: str, host: str, root_path: str) -> str:
         """The callback URL for a browser that sent ``Host: host`` over ``scheme``; UnknownHost if untrusted."""
-        if self.public_url:
-            return f"{self.public_url}{root_path}{CALLBACK}"
+        if self.redirect_url:
+            return self.redirect_url
         try:
             name, port = _split_host(host)
         except ValueError:

@@ -3,9 +3,9 @@
 The form posts to the API's ``/api/v1/login`` in-process and passes its ``set-cookie`` on; a refused login
 is shown in the API's own sentence. A server started ``--insecure`` needs no login, so both go home.
 
-With single sign-on configured (``sso_page``) the page also offers "Sign in with …"; when SSO is required, the
-password form is behind a "local administrator" link (``?local=1``, break-glass): the form is hidden, not
-refused here (which users may still use a password is the server's rule, not the page's).
+With single sign-on configured (``GET /api/v1/sso``; ``sso_page``) the page also offers "Sign in with …";
+when SSO is required, the password form is behind a "local administrator" link (``?local=1``, break-glass):
+the form is hidden, not refused here (which users may still use a password is the server's rule).
 """
 
 from __future__ import annotations
@@ -16,24 +16,24 @@ from starlette.routing import Route
 
 from llmgw.control.auth import credentials
 from llmgw.control.ui.common import Ui, read_form
-from llmgw.control.ui.sso_page import Sso
+from llmgw.control.ui.sso_page import sso_info
 
 
-def _login_page(ui: Ui, sso: Sso, request: Request, status_code: int = 200, *, error: str = "",
-                username: str = "") -> Response:
+async def _login_page(ui: Ui, request: Request, status_code: int = 200, *, error: str = "",
+                      username: str = "") -> Response:
+    sso = await sso_info(ui, request)
     return ui.page(request, "login.html", status_code=status_code, title="Log in", error=error, username=username,
-                   sso_button=sso.button(), sso_required=sso.required,
-                   local=request.query_params.get("local") == "1")
+                   sso_button=sso.button, sso_required=sso.required, local=request.query_params.get("local") == "1")
 
 
-async def login_form(ui: Ui, sso: Sso, request: Request) -> Response:
+async def login_form(ui: Ui, request: Request) -> Response:
     if await ui.opens_without_login(request):
         # The API refuses every login there ("nothing needs a login"): the form would only loop back here.
         return RedirectResponse(f"{request.scope.get('root_path', '')}/", status_code=303)
-    return _login_page(ui, sso, request)
+    return await _login_page(ui, request)
 
 
-async def login(ui: Ui, sso: Sso, request: Request) -> Response:
+async def login(ui: Ui, request: Request) -> Response:
     if await ui.opens_without_login(request):
         return RedirectResponse(f"{request.scope.get('root_path', '')}/", status_code=303)
     form = await read_form(request)
@@ -42,7 +42,7 @@ async def login(ui: Ui, sso: Sso, request: Request) -> Response:
     answer, resp = await ui.call(request, "POST", "/api/v1/login", guarded=False,
                                  json={"username": username, "password": password, "session": True})
     if answer.error:
-        return _login_page(ui, sso, request, answer.status, error=answer.error, username=username)
+        return await _login_page(ui, request, answer.status, error=answer.error, username=username)
     out = RedirectResponse(f"{request.scope.get('root_path', '')}/", status_code=303)
     for value in resp.headers.get_list("set-cookie"):
         out.headers.append("set-cookie", value)
@@ -59,16 +59,10 @@ async def logout(ui: Ui, request: Request) -> Response:
     return out
 
 
-def routes(ui: Ui, sso: Sso) -> list[Route]:
+def routes(ui: Ui) -> list[Route]:
     """The login and logout routes, below the UI's mount."""
-    async def form_route(request: Request) -> Response:
-        return await login_form(ui, sso, request)
-
-    async def login_route(request: Request) -> Response:
-        return await login(ui, sso, request)
-
     return [
-        Route("/login", form_route, methods=["GET"]),
-        Route("/login", login_route, methods=["POST"]),
+        Route("/login", ui.bind(login_form), methods=["GET"]),
+        Route("/login", ui.bind(login), methods=["POST"]),
         Route("/logout", ui.bind(logout), methods=["POST"]),
     ]

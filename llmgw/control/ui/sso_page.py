@@ -1,35 +1,39 @@
 """Sign in with SSO: the browser's half of the OpenID Connect authorization code flow with PKCE.
 
-``GET /ui/sso/start`` asks the SSO service (``llmgw.control.sso``) for an authorization request for this
-server's callback (``callbackurl``: the configured URL, or the request's host when it is one of the server's
+As every page does, it goes through the REST API in-process (``/api/v1/sso``, ``llmgw.control.http.sso``, over
+the SSO service ``llmgw.control.sso``): the UI keeps no secret and makes no token.
+
+``GET /ui/sso/start`` asks ``POST /api/v1/sso/begin`` for an authorization request for this server's callback
+(``callbackurl``: ``--sso-redirect-url``, or the request's own address when its host is one of the server's
 names) and answers 303 to the provider; the service makes and keeps the state, the nonce and the PKCE
 verifier (S256 challenge). The state is also put in a short cookie (``STATE_COOKIE``, HttpOnly,
 ``SameSite=Lax`` so the provider's redirect back carries it, path ``/ui/sso``, 10 minutes): a callback whose
 state is not that browser's own is refused before the code is exchanged, so a callback URL made by someone
 else (their code, their state) cannot sign this browser into their account (login CSRF).
 
-``GET /ui/sso/callback?code&state`` hands both to the service's ``finish``, which checks the state (once), the
-ID token (signature, issuer, audience, nonce, expiry), maps the claims to a role and issues an llmgw
-session; the session cookie is then set exactly as a password login sets it (``login_page``'s, the REST
-login's attributes), and the browser lands on the overview. A provider's ``?error=…`` and every refusal of
-the service come back as the login page with the sentence (escaped by the template) and no session.
+``GET /ui/sso/callback?code&state`` hands both to ``POST /api/v1/sso/finish``, which takes the state (once),
+exchanges the code, verifies the ID token (signature, issuer, audience, nonce, expiry), maps the claims to a
+role and answers a session cookie: passed on to the browser as the password login's is (``login_page``). A
+provider's ``?error=…`` and every refusal of the service come back as the login page with the sentence
+(escaped by the template) and no session. The finish call carries no ``Origin``/``Referer`` of the browser:
+the browser arrives from the provider's site, which the API's cross-site login check would refuse; the
+state bound to this browser is what stands for that check here.
 
 The landing is a tiny page that moves on to the overview by itself (``<meta http-equiv="refresh">``, no
 script) rather than a 303: the session cookie is ``SameSite=Strict``, and a browser arriving from the
 provider's site is on a cross-site navigation, redirects included, so a 303's next request would go
-without the new cookie and show the login again; a navigation the page itself starts is same-site.
+without the new cookie and show the login again (seen in Chromium); a navigation the page itself starts is
+same-site.
 """
 
 from __future__ import annotations
 
-import urllib.parse
-from typing import Protocol
+import dataclasses
 
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from llmgw.control.auth import credentials
 from llmgw.control.ui.callbackurl import CallbackUrls, UnknownHost
 from llmgw.control.ui.common import Ui
 
@@ -40,77 +44,63 @@ STATE_COOKIE_S = 600
 MAX_PARAM = 4096
 
 
-class SsoRefusal(Protocol):
-    """What the SSO service raises when it refuses a sign-in: a sentence saying what was wrong and what to do."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class SsoInfo:
+    """What the login page shows of single sign-on, as ``GET /api/v1/sso`` says."""
 
-    message: str
-
-
-class SsoSignIn(Protocol):
-    """What the UI needs of the SSO service; ``None`` in its place: SSO is not configured."""
-
+    enabled: bool = False
     #: The provider's name for the button ("Sign in with NAME"); "" : "Sign in with SSO".
-    display_name: str
+    name: str = ""
     #: Password logins are for the break-glass local administrator only (the form is behind a link).
-    required: bool
-
-    async def begin(self, redirect_uri: str) -> str: ...
-
-    async def finish(self, state: str, code: str, redirect_uri: str, *, peer: str) -> credentials.LoggedIn: ...
-
-
-class Sso:
-    """The SSO sign-in as the UI's pages see it: the service (or None), and how the callback URL is made."""
-
-    def __init__(self, service: SsoSignIn | None, urls: CallbackUrls, refusals: tuple[type[Exception], ...]) -> None:
-        self.service, self.urls, self.refusals = service, urls, refusals
-
-    def button(self) -> str:
-        """The sign-in button's words; "" when SSO is not configured (no button)."""
-        if self.service is None:
-            return ""
-        return f"Sign in with {self.service.display_name or 'SSO'}"
+    required: bool = False
 
     @property
-    def required(self) -> bool:
-        return self.service is not None and self.service.required
+    def button(self) -> str:
+        """The sign-in button's words; "" when SSO is not configured (no button)."""
+        return f"Sign in with {self.name or 'SSO'}" if self.enabled else ""
 
 
-def _home(request: Request) -> str:
-    return f"{request.scope.get('root_path', '')}/"
+async def sso_info(ui: Ui, request: Request) -> SsoInfo:
+    """Whether this server signs in through a provider (a server without the SSO API: no)."""
+    answer, _ = await ui.call(request, "GET", "/api/v1/sso", guarded=False)
+    if answer.error or not answer.doc.get("enabled"):
+        return SsoInfo()
+    return SsoInfo(enabled=True, name=str(answer.doc.get("name") or ""), required=bool(answer.doc.get("required")))
 
 
-def _refused(ui: Ui, sso: Sso, request: Request, sentence: str, status: int) -> Response:
+def _login(request: Request) -> Response:
+    return RedirectResponse(f"{request.scope.get('root_path', '')}/login", status_code=303)
+
+
+async def _refused(ui: Ui, request: Request, sentence: str, status: int, info: SsoInfo | None = None) -> Response:
     """The login page with ``sentence`` and no session; the SSO button stays, to try again."""
+    info = info or await sso_info(ui, request)
     return ui.page(request, "login.html", status_code=status, title="Log in", error=sentence, username="",
-                   sso_button=sso.button(), sso_required=sso.required, local=False)
+                   sso_button=info.button, sso_required=info.required, local=False)
 
 
-def _callback_url(sso: Sso, request: Request) -> str:
-    return sso.urls.for_request(scheme=request.url.scheme, host=request.headers.get("host", ""),
-                                root_path=request.scope.get("root_path", ""))
+def _callback_url(urls: CallbackUrls, request: Request) -> str:
+    return urls.for_request(scheme=request.url.scheme, host=request.headers.get("host", ""),
+                            root_path=request.scope.get("root_path", ""))
 
 
-async def start(ui: Ui, sso: Sso, request: Request) -> Response:
-    if sso.service is None:
-        return RedirectResponse(f"{request.scope.get('root_path', '')}/login", status_code=303)
+async def start(ui: Ui, urls: CallbackUrls, request: Request) -> Response:
+    info = await sso_info(ui, request)
+    if not info.enabled:
+        return _login(request)
     try:
-        redirect_uri = _callback_url(sso, request)
+        redirect_uri = _callback_url(urls, request)
     except UnknownHost as e:
-        return _refused(ui, sso, request, str(e), 400)
-    try:
-        url = await sso.service.begin(redirect_uri)
-    except sso.refusals as e:
-        return _refused(ui, sso, request, _sentence(e), 502)
-    state = urllib.parse.parse_qs(urllib.parse.urlsplit(url).query).get("state", [""])[0]
-    out = RedirectResponse(url, status_code=303)
-    out.set_cookie(STATE_COOKIE, state, max_age=STATE_COOKIE_S, path=f"{request.scope.get('root_path', '')}/sso",
-                   httponly=True, secure=request.url.scheme == "https", samesite="lax")
+        return await _refused(ui, request, str(e), 400, info)
+    answer, _ = await ui.call(request, "POST", "/api/v1/sso/begin", guarded=False,
+                              json={"redirect_uri": redirect_uri})
+    if answer.error:
+        return await _refused(ui, request, answer.error, answer.status, info)
+    out = RedirectResponse(str(answer.doc["authorize_url"]), status_code=303)
+    out.set_cookie(STATE_COOKIE, str(answer.doc["state"]), max_age=STATE_COOKIE_S,
+                   path=f"{request.scope.get('root_path', '')}/sso", httponly=True,
+                   secure=request.url.scheme == "https", samesite="lax")
     return out
-
-
-def _sentence(e: Exception) -> str:
-    return str(getattr(e, "message", "") or e) or "the sign-in was refused without a reason; try again"
 
 
 def provider_error(params: dict[str, str]) -> str:
@@ -125,42 +115,45 @@ def provider_error(params: dict[str, str]) -> str:
             "whether your account may use this application")
 
 
-async def callback(ui: Ui, sso: Sso, request: Request) -> Response:
-    if sso.service is None:
-        return RedirectResponse(f"{request.scope.get('root_path', '')}/login", status_code=303)
-    params = {k: v for k, v in request.query_params.items()}
+async def callback(ui: Ui, urls: CallbackUrls, request: Request) -> Response:
+    info = await sso_info(ui, request)
+    if not info.enabled:
+        return _login(request)
+    params = dict(request.query_params.items())
     if "error" in params:
-        return _refused(ui, sso, request, provider_error(params), 400)
+        return await _refused(ui, request, provider_error(params), 400, info)
     state, code = params.get("state", ""), params.get("code", "")
     if not state or not code or len(state) > MAX_PARAM or len(code) > MAX_PARAM:
-        return _refused(ui, sso, request, "this sign-in callback has no code or state (or one too long to be a "
-                                          "provider's); start again with the sign-in button", 400)
+        return await _refused(ui, request, "this sign-in callback has no code or state (or one too long to be a "
+                                           "provider's); start again with the sign-in button", 400, info)
     if request.cookies.get(STATE_COOKIE, "") != state:
-        return _refused(ui, sso, request, "this sign-in was not started in this browser, or was started more than "
-                                          f"{STATE_COOKIE_S // 60} minutes ago; start again with the sign-in "
-                                          "button", 400)
+        return await _refused(ui, request, "this sign-in was not started in this browser, or was started more "
+                                           f"than {STATE_COOKIE_S // 60} minutes ago; start again with the "
+                                           "sign-in button", 400, info)
     try:
-        redirect_uri = _callback_url(sso, request)
+        redirect_uri = _callback_url(urls, request)
     except UnknownHost as e:
-        return _refused(ui, sso, request, str(e), 400)
-    peer = request.client.host if request.client else "unknown"
-    try:
-        done = await sso.service.finish(state, code, redirect_uri, peer=peer)
-    except sso.refusals as e:
-        return _refused(ui, sso, request, _sentence(e), 403)
-    out = ui.page(request, "signed_in.html", title="Signed in", home=_home(request), signed_in=done.user)
-    # As ``/api/v1/login`` sets a session's (tests/integration/test_ui_sso.py compares the two).
-    out.set_cookie(credentials.SESSION_COOKIE, done.token, max_age=int(credentials.SESSION_S), path="/",
-                   httponly=True, secure=True, samesite="strict")
+        return await _refused(ui, request, str(e), 400, info)
+    # Without the browser's Origin/Referer: it comes from the provider's site (see the module's text).
+    answer, resp = await ui.call(request, "POST", "/api/v1/sso/finish", guarded=False, browser_origin=False,
+                                 json={"state": state, "code": code, "redirect_uri": redirect_uri,
+                                       "session": True})
+    if answer.error:
+        return await _refused(ui, request, answer.error, answer.status, info)
+    home = f"{request.scope.get('root_path', '')}/"
+    out = ui.page(request, "signed_in.html", title="Signed in", home=home, signed_in=str(answer.doc.get("user", "")))
+    # The API's session cookie as it set it, as the password login passes its own on.
+    for value in resp.headers.get_list("set-cookie"):
+        out.headers.append("set-cookie", value)
     return out
 
 
-def routes(ui: Ui, sso: Sso) -> list[Route]:
+def routes(ui: Ui, urls: CallbackUrls) -> list[Route]:
     """The SSO routes below the UI's mount; open to a browser without a session (``guard.SessionGuard.OPEN``)."""
     async def start_route(request: Request) -> Response:
-        return await start(ui, sso, request)
+        return await start(ui, urls, request)
 
     async def callback_route(request: Request) -> Response:
-        return await callback(ui, sso, request)
+        return await callback(ui, urls, request)
 
     return [Route("/sso/start", start_route, methods=["GET"]), Route("/sso/callback", callback_route, methods=["GET"])]
