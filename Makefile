@@ -17,7 +17,7 @@ BASE   := .made-from-$(subst /,_,$(PYTHON))
 # True when venv $(1) was made from $(PYTHON): its pyvenv.cfg's home is that Python's directory.
 made_from = [ -x $(1)/bin/python ] && [ "$$(sed -n 's/^home = //p' $(1)/pyvenv.cfg)" = "$$(dirname "$$(command -v $(PYTHON))")" ]
 
-.PHONY: up test test-e2e test-engines lint bench bench-costs bench-peers clean-venv postgres chromium
+.PHONY: up test test-e2e test-engines lint bench bench-costs bench-peers clean-venv postgres chromium oidc-provider
 
 # A venv already made from this Python (its pyvenv.cfg's home is the Python's directory) is kept.
 $(VENV)/$(BASE):
@@ -49,7 +49,7 @@ lint: $(VENV)/.test-deps
 # tests/engines need .venv-vllm (3.5 GB): `make test-engines` runs them, not this.
 # The store's PostgreSQL tests start a server of their own (llmgw/testing/postgres.py): Debian's
 # `postgresql` comes from apt when its binaries are missing and apt can be used (CI starts clean).
-test: lint postgres
+test: lint postgres oidc-provider
 	$(PY) -m llmgw.api.codegen --check
 	$(VENV)/bin/pytest -q -p no:cacheprovider --ignore=tests/engines --ignore=tests/e2e $(PYTEST_ARGS)
 
@@ -59,7 +59,7 @@ test: lint postgres
 # system tests (test_system, test_join_mtls's renewal, test_fleet, test_fabric: ~3 minutes together).
 # The UI's browser tests drive Debian's `chromium` (llmgw/testing/browser.py), never a browser Playwright
 # downloads (nothing outside the package registries is reachable): apt installs it as it does postgresql.
-test-e2e: $(VENV)/.test-deps postgres chromium
+test-e2e: $(VENV)/.test-deps postgres chromium oidc-provider
 	$(VENV)/bin/pytest -q -p no:cacheprovider tests/e2e $(PYTEST_ARGS)
 
 # vLLM in its own venv, so its torch and pins never touch .venv. The stamp names the pin: a second run
@@ -95,6 +95,19 @@ chromium:
 		{ command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && apt-get update -q && \
 		  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; } || \
 		echo "chromium not installed: the browser tests in tests/e2e will fail; install Debian's chromium package"
+
+# The single sign-on tests run a real OpenID Connect provider (the certified `oidc-provider` from the npm
+# registry, tests/oidc/, its version pinned by package-lock.json): node and npm from apt when missing, then
+# `npm ci` into tests/oidc/node_modules (gitignored), again only when the lock file changes.
+OIDC_STAMP := tests/oidc/node_modules/.ci-stamp
+oidc-provider: $(OIDC_STAMP)
+$(OIDC_STAMP): tests/oidc/package-lock.json tests/oidc/package.json
+	@command -v node >/dev/null && command -v npm >/dev/null || \
+		{ command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && apt-get update -q && \
+		  DEBIAN_FRONTEND=noninteractive apt-get install -y -q nodejs npm; } || \
+		{ echo "node and npm are not installed: the single sign-on tests need them; install Debian's nodejs and npm"; exit 1; }
+	cd tests/oidc && npm ci --no-audit --no-fund
+	@touch $@
 
 bench: $(VENV)/.test-deps
 	$(PY) bench/router_overhead.py

@@ -26,7 +26,7 @@ import socket
 import sys
 from typing import Any
 
-from llmgw.control import auditprune, datadir, engines, keyuse, loadreports, remotemeta
+from llmgw.control import auditprune, datadir, engines, keyuse, loadreports, remotemeta, sso
 from llmgw.control import leader as leader_mod
 from llmgw.control.agentsvc import collector as agentsvc_collector
 from llmgw.control.agentsvc import join as agentsvc_join
@@ -255,6 +255,8 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
     leadership = _leadership(cfg, cp, me)
     # Who may call the REST API.
     auth = Auth(cp.db, insecure=cfg.insecure, initial_password=datadir.initial_password_file(cfg.data_dir))
+    # Single sign-on (--sso-issuer): its flows for the REST API and the UI, its refresher on the leader.
+    sso_service = sso.SsoService(cfg.sso, cp.db, auth) if cfg.sso is not None and not cfg.insecure else None
     router = _router(cfg, cp)
     # The router workers' metrics (--router-workers), summed with the in-process router's into one set of families.
     worker_metrics = metricsmerge.Snapshots()
@@ -262,7 +264,7 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
                      extra_registries=(metricsmerge.Merged(router_metrics.REGISTRY, worker_metrics),
                                        agentsvc_metrics.REGISTRY, cp.usage.registry),
                      router_events=cp.reports, leadership=leadership, join=_join_point(cfg, advertised, join_port),
-                     usage=cp.usage)
+                     usage=cp.usage, sso_service=sso_service)
     # A standby answers routers' tables, /healthz, /metrics and the control planes' list itself, and
     # forwards the rest of the REST API to the leader (which has the agents: node liveness, logs).
     rest = forward_http.standby(api, leadership)
@@ -282,7 +284,7 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(leadership.settled.wait(), cfg.lease.lease_s)
     await web.start_on(http_sock)
-    tasks = _Tasks.start(cfg, cp)
+    tasks = _Tasks.start(cfg, cp, sso_service)
     await router.startup()
     crew = None
     if cfg.router_processes > 1:
@@ -315,6 +317,8 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
             await mirror.state.mirror.aclose()
         await _stop_grpc(grpc_server)
         await tasks.stop(leadership, lease_task)
+        if sso_service is not None:
+            await sso_service.aclose()
         await cp.usage.close()
         cp.key_uses.close()  # the last uses the router flushed at its shutdown, queued before the store closes
         await asyncio.to_thread(cp.db.close)  # the writes still queued (the agents' disconnects) first
@@ -351,8 +355,10 @@ class _Tasks:
     others: tuple[asyncio.Task[None], ...]
 
     @classmethod
-    def start(cls, cfg: ServerConfig, cp: _ControlPlane) -> _Tasks:
-        return cls(asyncio.create_task(cp.cluster.run()), (
+    def start(cls, cfg: ServerConfig, cp: _ControlPlane, sso_service: sso.SsoService | None = None) -> _Tasks:
+        refresher = () if sso_service is None else (
+            asyncio.create_task(sso_service.refresher.run(leading=lambda: cp.cluster.leading)),)
+        return cls(asyncio.create_task(cp.cluster.run()), (*refresher,
             asyncio.create_task(agentsvc_metrics.watch_loop_lag()),
             asyncio.create_task(agentsvc_collector.manage()),
             asyncio.create_task(auditprune.run(cp.db, retention_s=cfg.audit_retention_s,

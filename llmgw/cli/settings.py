@@ -19,7 +19,7 @@ from llmgw.core.errors import LlmgwError
 console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True, highlight=False)
 PATH = "/api/v1/settings"
-KEYS = ("allowed_env", "allow_remote_code")
+KEYS = ("allowed_env", "allow_remote_code", "sso_required", "sso_break_glass")
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 
 
@@ -44,10 +44,15 @@ def change(current: dict[str, Any], key: str, value: str | None) -> dict[str, An
                              f"allowed_env+=NAME; got {key!r} alone")
     if key not in KEYS:
         raise LlmgwError(f"unknown setting {key!r}; the settings are: {', '.join(KEYS)}")
-    if key == "allow_remote_code":
+    if key in ("allow_remote_code", "sso_required"):
         if op != "=" or value.lower() not in _TRUE + _FALSE:
-            raise LlmgwError(f"allow_remote_code is true or false, got {value!r}")
+            raise LlmgwError(f"{key} is true or false, got {value!r}")
         return {key: value.lower() in _TRUE}
+    if key == "sso_break_glass":
+        if op != "=" or not value:
+            raise LlmgwError("sso_break_glass is the name of the one local user who may log in with a password "
+                             "when sso_required is on, e.g. admin")
+        return {key: value}
     names = _names(value)
     have = list(current.get("allowed_env") or [])
     if op == "+=":
@@ -66,6 +71,9 @@ def _show(doc: dict[str, Any]) -> None:
     console.print(f"allowed_env: {', '.join(doc['allowed_env']) or '(none beyond each engine’s own knobs)'}",
                   markup=False)
     console.print(f"allow_remote_code: {'true' if doc['allow_remote_code'] else 'false'}", markup=False)
+    if "sso_required" in doc:
+        console.print(f"sso_required: {'true' if doc['sso_required'] else 'false'} (break-glass local user: "
+                      f"{doc.get('sso_break_glass', 'admin')})", markup=False)
 
 
 def register(app: typer.Typer) -> None:

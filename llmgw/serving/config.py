@@ -15,6 +15,7 @@ from pathlib import Path
 
 from llmgw.control import leader as leader_mod
 from llmgw.control.reconcile import decide
+from llmgw.control.sso import config as sso_config
 from llmgw.control.usage.config import UsageConfig, usage_config
 from llmgw.core.errors import LlmgwError
 from llmgw.mirror import settings as mirror_settings
@@ -80,6 +81,8 @@ class ServerConfig:
     router_processes: int = 1
     #: Usage retention per grain, the request log's, the budget webhook (``control.usage.config``).
     usage: UsageConfig = UsageConfig()
+    #: Single sign-on through an OpenID Connect provider (``control.sso``); None: not configured.
+    sso: sso_config.SsoConfig | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -161,7 +164,25 @@ def config_of(settings: ServerSettings, env: Mapping[str, str], *, default_data_
                         advertise=settings.advertise_address, sso_redirect_url=settings.sso_redirect_url,
                         lease=lease,
                         fetch_allow_private=settings.fetch_allow_private, router=settings.router,
-                        router_processes=settings.router_worker_count, usage=usage_config(settings))
+                        router_processes=settings.router_worker_count, usage=usage_config(settings),
+                        sso=sso_of(settings))
+
+
+def sso_of(settings: ServerSettings) -> sso_config.SsoConfig | None:
+    """Single sign-on's configuration from the ``--sso-*`` flags (the secret read from its file, which must be
+    its owner's alone); None without ``--sso-issuer``. LlmgwError naming the flag."""
+    if not settings.sso_issuer or settings.sso_client_secret_file is None:
+        return None
+    mapping = sso_config.mapping_of(settings.sso_role_map, settings.sso_project_map, settings.sso_mapping_file)
+    if not mapping.roles and not mapping.projects:
+        log.warning("single sign-on has no group mapping (--sso-role-map, --sso-project-map, --sso-mapping-file): "
+                    "every sign-in will be refused until a group maps to a role or project")
+    return sso_config.SsoConfig(
+        issuer=settings.sso_issuer.rstrip("/"), client_id=settings.sso_client_id,
+        client_secret=sso_config.read_secret(settings.sso_client_secret_file),
+        scopes=tuple(settings.sso_scopes.split()), groups_claim=settings.sso_groups_claim,
+        username_claim=settings.sso_username_claim, mapping=mapping,
+        refresh_interval_s=settings.sso_refresh_interval_s)
 
 
 #: Every REST answer of an ``--insecure`` server carries this header; the CLI warns on seeing it.

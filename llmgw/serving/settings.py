@@ -114,6 +114,28 @@ class ServerSettings:
     budget_webhook_secret_file: Path | None = setting(None, help="A file holding the secret the budget webhook's "
                                                       "body is signed with (X-Llmgw-Signature: sha256=HMAC); a "
                                                       "secret is never given on the command line")
+    sso_issuer: str = setting("", help="Single sign-on: the OpenID Connect provider's issuer URL, e.g. "
+                              "https://idp.example.com/realms/main (its /.well-known/openid-configuration is read) "
+                              "[default: no single sign-on]")
+    sso_client_id: str = setting("", help="Single sign-on: llmgw's client id at the provider")
+    sso_client_secret_file: Path | None = setting(None, help="Single sign-on: a file (mode 0600) holding the "
+                                                  "client's secret; a secret is never given on the command line")
+    sso_scopes: str = setting("openid profile email groups offline_access", help="Single sign-on: the scopes "
+                              "asked for, space-separated (openid is required)")
+    sso_groups_claim: str = setting("groups", help="Single sign-on: the ID token's claim holding the user's groups")
+    sso_username_claim: str = setting("preferred_username", help="Single sign-on: the claim a user's llmgw name "
+                                      "comes from (sub when the token lacks it)")
+    sso_role_map: tuple[str, ...] = setting((), help="Single sign-on: GROUP=ROLE (viewer, operator, admin): members "
+                                            "of GROUP get ROLE (the strongest of their groups'); repeatable")
+    sso_project_map: tuple[str, ...] = setting((), help="Single sign-on: GROUP=PROJECT[:ROLE] (viewer, member, "
+                                               "owner; default member): members of GROUP belong to PROJECT; "
+                                               "repeatable")
+    sso_mapping_file: Path | None = setting(None, help="Single sign-on: a YAML or JSON file {roles: {GROUP: ROLE}, "
+                                            "projects: {GROUP: {PROJECT: ROLE}}} (the flags win on a group both "
+                                            "name)")
+    sso_refresh_interval: str = setting("5m", help="Single sign-on: how often each user's refresh token is used; a "
+                                        "user whose provider session ended or whose groups no longer map loses "
+                                        "access within this plus a quarter of it (at most 30s) plus one pass")
     log_level: str = setting("info", help="The log level: debug, info, warning, error")
 
     def __post_init__(self) -> None:
@@ -151,6 +173,20 @@ class ServerSettings:
         if self.mirror_upstream and self.mirror_dir is None:
             raise ValueError("--mirror-upstream needs --mirror-dir: the directory the mirror keeps what it pulls "
                              "through")
+        if self.sso_refresh_interval_s <= 0:
+            raise ValueError("--sso-refresh-interval must be longer than 0s, e.g. 5m")
+        sso_given = [f for f, v in (("--sso-client-id", self.sso_client_id),
+                                    ("--sso-client-secret-file", self.sso_client_secret_file)) if v]
+        if self.sso_issuer and len(sso_given) < 2:
+            raise ValueError("--sso-issuer needs --sso-client-id and --sso-client-secret-file: the client "
+                             "registered for llmgw at the provider")
+        if sso_given and not self.sso_issuer:
+            raise ValueError(f"{sso_given[0]} needs --sso-issuer: the provider's issuer URL")
+        if self.sso_issuer and not self.sso_issuer.startswith(("https://", "http://")):
+            raise ValueError(f"--sso-issuer {self.sso_issuer!r}: expected the provider's https:// issuer URL")
+        if self.sso_issuer and "openid" not in self.sso_scopes.split():
+            raise ValueError(f"--sso-scopes {self.sso_scopes!r}: must include openid (the ID token is what "
+                             "proves the user)")
         if self.mirror_upstream and not self.mirror_upstream.startswith(("http://", "https://")):
             raise ValueError(f"--mirror-upstream {self.mirror_upstream!r}: expected http(s)://HOST[:PORT], e.g. "
                              "https://huggingface.co")
@@ -183,6 +219,10 @@ class ServerSettings:
     @property
     def request_log_retention_s(self) -> float:
         return _seconds("--request-log-retention", self.request_log_retention)
+
+    @property
+    def sso_refresh_interval_s(self) -> float:
+        return _seconds("--sso-refresh-interval", self.sso_refresh_interval)
 
     @property
     def lease_s(self) -> float:

@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 from llmgw.control.auth import passwords, principals, tokens
 from llmgw.control.auth.principals import Principal
+from llmgw.control.store import settings as cluster_settings
 from llmgw.control.store.offloop import StoreThread
 from llmgw.control.store.store import StoredApiToken
 
@@ -143,6 +144,12 @@ class Auth:
                                f"`llmgw user reset-password {username}`",
                                retry_after=wait)
         user = await self.db.call(self.db.store.get_user, username)
+        policy = await self.db.call(cluster_settings.read, self.db.store)
+        if policy.sso_required and username != policy.sso_break_glass:
+            log.warning("password login as %r from %s refused: single sign-on is required", username, peer)
+            raise LoginRefused("this cluster requires single sign-on: sign in with `llmgw login --sso` or the UI's "
+                               "sign-in button (only the break-glass local user may log in with a password; an "
+                               "admin changes that with `llmgw settings set sso_required false`)")
         # argon2 takes tens of milliseconds of CPU: on the loop it would hold every agent stream and request.
         ok = await asyncio.to_thread(passwords.verify, user.password_hash if user else None, password)
         if user is None or not ok:

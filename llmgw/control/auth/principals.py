@@ -75,6 +75,8 @@ def required(method: str, path: str) -> Need | None:
     """What ``method path`` needs; None when it needs no credential at all (health, login, the API docs)."""
     if (method in ("GET", "HEAD") and path == "/healthz") or (method == "POST" and path == "/api/v1/login"):
         return None
+    if _under(path, "/api/v1/sso"):  # single sign-on makes a credential: it cannot need one (issue 28)
+        return None
     if method in ("GET", "HEAD") and path in ("/api/docs", "/api/openapi.json"):
         return None  # the API's shape, no secret: a browser opens the docs page `make up` prints (issue 24)
     if path == "/metrics":

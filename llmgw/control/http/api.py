@@ -33,6 +33,7 @@ from llmgw.control.http import (
     routers,
     routerusage,
     settings,
+    sso,
     tokens,
     users,
     weights,
@@ -42,6 +43,7 @@ from llmgw.control.http import forward as forward_http
 from llmgw.control.http import usage as usage_http
 from llmgw.control.http.errors import REFUSALS, install
 from llmgw.control.routerreports import RouterEvents
+from llmgw.control.sso import SsoService
 from llmgw.control.store.offloop import StoreThread
 from llmgw.control.store.store import Store
 from llmgw.control.usage.service import UsageService
@@ -49,7 +51,8 @@ from llmgw.control.usage.service import UsageService
 
 def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extra_registries: tuple[Any, ...] = (),
                router_events: RouterEvents | None = None, leadership: forward_http.View | None = None,
-               join: tokens.JoinPoint | None = None, usage: UsageService | None = None) -> FastAPI:
+               join: tokens.JoinPoint | None = None, usage: UsageService | None = None,
+               sso_service: SsoService | None = None) -> FastAPI:
     """The REST app; ``extra_registries`` (the in-process router's) are served on the same /metrics.
 
     Every store call is awaited on the store's thread (``store.offloop``), never made on the
@@ -60,7 +63,8 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extr
     is what ``/api/v1/controlplanes`` lists; None (a single server): an empty list. ``join``: where agents
     join this server, for the command ``POST /api/v1/tokens`` answers; None: no join port (``--insecure``).
     ``usage``: what answers routers' usage and quota documents (the server's, which its in-process router
-    shares); a fresh one over ``store`` when not given.
+    shares); a fresh one over ``store`` when not given. ``sso_service``: single sign-on (``control.sso``);
+    None: not configured (``/api/v1/sso`` says so).
     """
     reports = router_events if router_events is not None else RouterEvents()
     app = FastAPI(title="llmgw control plane", version="v1", docs_url=None, redoc_url=None,
@@ -68,13 +72,15 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extr
     install(app)
     apidocs.install(app)  # /api/docs without Swagger UI's CDN assets
     db = store if isinstance(store, StoreThread) else StoreThread(store)
+    app.state.sso = sso_service  # the UI's sign-in button asks it (None: not configured)
     # Nothing inside the auth middleware runs for a request without the credential it needs; it puts
     # the principal it proved in the scope, refused or not.
     app.add_middleware(auth_mw.AuthMiddleware, auth=auth)
     # Every mutating route recorded in one place (audit_http.AUDITED), never per handler. Added last,
     # so outermost: a change a user's role refuses (403) is recorded with who tried it.
     app.add_middleware(audit_http.AuditMiddleware, db=db)
-    for part in (login.router(auth), users.router(db, auth), routercreds.router(db, auth), audit_http.router(db),
+    for part in (login.router(auth), sso.router(sso_service), users.router(db, auth),
+                 routercreds.router(db, auth), audit_http.router(db),
                  keys.router(db, cluster), nodecerts.router(db, cluster), tokens.router(db, join),
                  events.router(db), weights.router(db, cluster), fabric.router(cluster),
                  engines.router(db, cluster), settings.router(db), meta.router(leadership),

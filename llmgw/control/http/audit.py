@@ -108,6 +108,14 @@ NOT_AUDITED: dict[tuple[str, str], str] = {
                                         "state, and each change of count it leads to is an Autoscaled event",
     ("POST", "/api/v1/router/usage"): "a router's metered requests, every few seconds from each router; the usage "
                                       "rollups are their record",
+    ("POST", "/api/v1/sso/begin"): "a sign-in begun changes nothing; its end (or refusal) is audited by the SSO "
+                                   "service",
+    ("POST", "/api/v1/sso/finish"): "the SSO service records each sign-in and each refusal itself, with its reason "
+                                    "(control.sso.audit)",
+    ("POST", "/api/v1/sso/device"): "a device sign-in begun changes nothing; its end (or refusal) is audited by the "
+                                    "SSO service",
+    ("POST", "/api/v1/sso/device/token"): "polled every few seconds until approved: the SSO service records the "
+                                          "sign-in or its refusal once, not each 'pending'",
     ("POST", "/api/v1/router/quota"): "a router's quota sync, every second or so from each router; a budget's "
                                       "thresholds are audited as they are crossed",
 }

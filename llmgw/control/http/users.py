@@ -123,10 +123,14 @@ def router(db: StoreThread, auth: Auth) -> APIRouter:
             raise last_admin(name)
         answer: dict[str, Any] = {"name": name, "role": role}
         hashed = user.password_hash
+        if body.reset_password and user.source == "sso":
+            raise BadRequest(f"user {name} signs in through single sign-on and has no password: its access comes "
+                             "from its groups at the identity provider (`llmgw user delete` ends it here)",
+                             code="sso_user", param="reset_password")
         if body.reset_password:
             answer["password"] = passwords.new_password()
             hashed = await asyncio.to_thread(passwords.hash_password, answer["password"])
-        await db.call(db.store.put_user, StoredUser(name, role, hashed, user.created_at))
+        await db.call(db.store.put_user, StoredUser(name, role, hashed, user.created_at, user.source))
         if body.reset_password:  # whoever had the old password may have made tokens with it
             await db.call(db.store.delete_api_tokens, subject=name, kinds=("user", "session"))
             if name == datadir.ADMIN:  # the first password's file holds one that no longer works

@@ -57,6 +57,12 @@ class StoredUser:
     role: str
     password_hash: str
     created_at: float
+    #: "local" (a password) or "sso" (made by single sign-on, no password: ``control.sso``).
+    source: str = "local"
+
+
+def _user(r: UserRow) -> StoredUser:
+    return StoredUser(r.name, r.role, r.password_hash, r.created_at, r.source or "local")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -188,19 +194,18 @@ class CredentialStore(StoreBase):
             row = s.get(UserRow, user.name)
             if row is None:
                 s.add(UserRow(name=user.name, role=user.role, password_hash=user.password_hash,
-                              created_at=user.created_at))
+                              created_at=user.created_at, source=user.source))
             else:
-                row.role, row.password_hash = user.role, user.password_hash
+                row.role, row.password_hash, row.source = user.role, user.password_hash, user.source
 
     def get_user(self, name: str) -> StoredUser | None:
         with self._session() as s:
             r = s.get(UserRow, name)
-            return None if r is None else StoredUser(r.name, r.role, r.password_hash, r.created_at)
+            return None if r is None else _user(r)
 
     def list_users(self) -> list[StoredUser]:
         with self._session() as s:
-            return [StoredUser(r.name, r.role, r.password_hash, r.created_at)
-                    for r in s.scalars(sa.select(UserRow).order_by(UserRow.name))]
+            return [_user(r) for r in s.scalars(sa.select(UserRow).order_by(UserRow.name))]
 
     def delete_user(self, name: str) -> bool:
         """Deletes a user and every token and session of theirs, in one transaction."""

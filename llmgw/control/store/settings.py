@@ -1,12 +1,15 @@
 """The cluster's spec policy settings (issue 24): a typed document, read and written in the store.
 
-Two keys today, each a row of ``cluster_settings`` with a JSON value:
+Four keys today, each a row of ``cluster_settings`` with a JSON value:
 
 - ``allowed_env``: exact environment variable names a model's ``env`` may set beyond its engine's
   documented knobs (``llmgw.core.envpolicy``). A name no model may set whatever the settings (a
   loader, path or llmgw variable) is refused here too, so the list never claims what apply refuses.
 - ``allow_remote_code``: whether ``engine_args`` may carry flags that run or load code or files the
   model file names (``--trust-remote-code``, ``llmgw.core.flagpolicy``).
+- ``sso_required`` (issue 28): password logins refused for every user but ``sso_break_glass`` (a local
+  admin kept for when the identity provider is down); a cluster setting, not a server flag, so that an
+  admin changes it without a restart, for every control plane at once, audited.
 
 Functions over a ``Store`` (beside its per-concern parts: a typed document of its own), which the
 REST module runs on the store's thread (``StoreThread.call``). Writes are fenced like every other
@@ -37,6 +40,10 @@ class ClusterSettings(pydantic.BaseModel):
     allowed_env: list[str] = pydantic.Field(default_factory=list, max_length=MAX_ALLOWED_ENV)
     #: Whether engine flags that run or load code a model file names are accepted.
     allow_remote_code: bool = False
+    #: Password logins refused for everyone but ``sso_break_glass``: users sign in through single sign-on.
+    sso_required: bool = False
+    #: The one local user who may still log in with a password when ``sso_required`` is on.
+    sso_break_glass: str = pydantic.Field(default="admin", max_length=63)
 
     @pydantic.field_validator("allowed_env")
     @classmethod
@@ -55,6 +62,8 @@ class SettingsChange(pydantic.BaseModel):
 
     allowed_env: list[str] | None = pydantic.Field(default=None, max_length=MAX_ALLOWED_ENV)
     allow_remote_code: pydantic.StrictBool | None = None
+    sso_required: pydantic.StrictBool | None = None
+    sso_break_glass: str | None = pydantic.Field(default=None, min_length=1, max_length=63)
 
     def values(self) -> dict[str, Any]:
         """The keys given, validated as the document validates them."""
@@ -68,8 +77,11 @@ def read(store: Store) -> ClusterSettings:
     with store._session() as s:
         rows = {r.key: r.value for r in s.scalars(sa.select(ClusterSettingRow))}
     doc: dict[str, Any] = {}
-    if isinstance(rows.get("allow_remote_code"), bool):
-        doc["allow_remote_code"] = rows["allow_remote_code"]
+    for key in ("allow_remote_code", "sso_required"):
+        if isinstance(rows.get(key), bool):
+            doc[key] = rows[key]
+    if isinstance(rows.get("sso_break_glass"), str) and rows["sso_break_glass"]:
+        doc["sso_break_glass"] = rows["sso_break_glass"][:63]
     names = rows.get("allowed_env")
     if isinstance(names, list):
         doc["allowed_env"] = [n for n in names if isinstance(n, str) and envpolicy.allowed_env_refusal(n) is None]

@@ -18,7 +18,8 @@ through the fenced transaction of ``base.StoreBase``:
 - ``clusterwide``: engine wants, settings, the autoscaler's state;
 - ``usagequery``: usage read from the rollups, and who belongs to which project.
 - ``usage``: routers' usage rollups, applied once per record;
-- ``quotas``: the quota ledger and routers' leases.
+- ``quotas``: the quota ledger and routers' leases;
+- ``sso``: single sign-on's pending flows and its users' links (issue 28).
 
 The records and errors are importable from here, where callers have always found them.
 """
@@ -52,6 +53,7 @@ from llmgw.control.store.leadership import LeadershipStore, Lease, StoredControl
 from llmgw.control.store.nodes import NodeStore, StoredNode, StoredNodeCert
 from llmgw.control.store.projects import ProjectRefused, ProjectStore, StoredProject, UnknownProject
 from llmgw.control.store.quotas import QuotaStore
+from llmgw.control.store.sso import SsoNameTaken, SsoStore, StoredSsoLink
 from llmgw.control.store.usage import UsageStore
 from llmgw.control.store.usagequery import UsageQueryStore
 from llmgw.control.store.workloads import StoredModel, WorkloadStore
@@ -61,12 +63,12 @@ __all__ = [
     "AuditEntry", "Fenced", "KeyIdTaken", "Lease", "Store", "StoreUnreachable", "StoreUrlRefused",
     "StoredApiToken", "StoredAutoscale", "StoredControlPlane", "StoredKey", "StoredModel", "StoredNode",
     "StoredNodeCert", "StoredToken", "StoredUser", "check_url",
-    "ProjectRefused", "StoredProject", "UnknownProject", "sqlite_url", "unreachable",
+    "ProjectRefused", "SsoNameTaken", "StoredProject", "StoredSsoLink", "UnknownProject", "sqlite_url", "unreachable",
 ]
 
 
 class Store(WorkloadStore, NodeStore, CredentialStore, ProjectStore, HistoryStore, LeadershipStore,
-            ClusterwideStore, UsageStore, QuotaStore, UsageQueryStore, StoreBase):
+            ClusterwideStore, UsageStore, QuotaStore, UsageQueryStore, SsoStore, StoreBase):
     """The cluster's state in SQLite or PostgreSQL: open with ``Store.open``/``Store.open_url``.
 
     ``fence`` (``StoreBase``) guards every write of the cluster's state; see ``base.StoreBase._tx``.

@@ -156,6 +156,8 @@ class UserRow(Base):
     #: argon2id (argon2-cffi's encoded form, salt and parameters included); never the password.
     password_hash: Mapped[str] = mapped_column(String(255))
     created_at: Mapped[float] = mapped_column(Float)
+    #: "local" (a password), or "sso" (made and updated by single sign-on; no password: ``control.sso``).
+    source: Mapped[str] = mapped_column(String(16), default="local", server_default="local")
 
 
 class AuditRow(Base):
@@ -411,3 +413,34 @@ class QuotaLeaseRow(Base):
     router: Mapped[str] = mapped_column(String(253), primary_key=True)
     held: Mapped[int] = mapped_column(BigInteger, default=0)
     expires_at: Mapped[float] = mapped_column(Float)
+
+
+class SsoPendingRow(Base):
+    """A single sign-on begun and not finished: a browser's state (its nonce and PKCE verifier) or a device
+    flow's handle (its device code). Taken once; gone after ``expires_at`` (``control.sso``)."""
+
+    __tablename__ = "sso_pending"
+
+    #: sha256 hex of the state or handle: the row is found by what the client holds, which is never stored.
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    #: "code" (a browser's authorization code flow) or "device" (the CLI's device flow).
+    kind: Mapped[str] = mapped_column(String(16))
+    #: nonce, code_verifier, redirect_uri, or device_code, interval: the flow's own secrets, short-lived.
+    data: Mapped[dict[str, Any]] = mapped_column(JSON)
+    expires_at: Mapped[float] = mapped_column(Float, index=True)
+
+
+class SsoLinkRow(Base):
+    """A user single sign-on made: the provider's subject and its refresh token (sealed with a key derived from
+    the client secret; never returned), refreshed every ``--sso-refresh-interval``."""
+
+    __tablename__ = "sso_links"
+
+    user: Mapped[str] = mapped_column(String(63), primary_key=True)
+    #: ``iss`` and ``sub`` of the provider's account: one account per llmgw user.
+    subject: Mapped[str] = mapped_column(String(600))
+    refresh_token: Mapped[str] = mapped_column(Text, default="")
+    #: The groups the last ID token carried (shown in ``llmgw user list``'s detail; decisions re-read them).
+    groups: Mapped[list[str]] = mapped_column(JSON, default=list)
+    created_at: Mapped[float] = mapped_column(Float)
+    refreshed_at: Mapped[float] = mapped_column(Float)
