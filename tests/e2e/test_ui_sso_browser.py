@@ -162,3 +162,28 @@ def test_a_user_whose_groups_map_to_no_role_is_refused_in_words(sso: SsoSystem, 
     assert len(error.inner_text().split()) >= 5, error.inner_text()
     chrome.screenshot(page, "unmapped user")
     assert not _session_cookie(page)
+
+
+def test_sso_required_hides_the_password_form_behind_the_break_glass_link(sso: SsoSystem,
+                                                                           chrome: browser.Browser) -> None:
+    """With ``sso_required`` on, a phone-width login page shows "Sign in with SSO" and the "local administrator"
+    link, no password form; the link opens the form, and the break-glass admin logs in with it."""
+    assert sso.system.request("PUT", "/api/v1/settings", json={"sso_required": True}).status_code == 200
+    try:
+        page = chrome.page(base_url=sso.url, viewport=browser.PHONE)
+        page.goto("/ui/login")
+        expect(page.locator("#sso-login")).to_be_visible()
+        assert page.locator("#login-form").count() == 0
+        assert page.evaluate("document.documentElement.scrollWidth") <= browser.PHONE.width
+        chrome.screenshot(page, "sso required")
+        page.locator("#local-login").click()
+        form = page.locator("#login-form")
+        expect(form).to_be_visible()
+        form.locator("[name=username]").fill("admin")
+        form.locator("[name=password]").fill(sso.system.admin_password)
+        form.get_by_role("button").first.click()
+        page.wait_for_url(f"{sso.url}/ui/")
+        expect(page.locator("#user")).to_have_text(re.compile(r"admin\s*\(admin\)"))
+        chrome.screenshot(page, "break-glass admin")
+    finally:
+        assert sso.system.request("PUT", "/api/v1/settings", json={"sso_required": False}).status_code == 200

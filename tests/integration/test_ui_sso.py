@@ -179,3 +179,31 @@ def test_without_sso_the_login_page_has_no_sso_button_and_the_routes_go_to_the_l
         if b is not None:
             b.close()
         s.close()
+
+
+def test_when_sso_is_required_the_password_form_is_behind_the_break_glass_link(sso: Sso, client: Browser) -> None:
+    """``sso_required`` on (an admin's cluster setting): the login page offers SSO and a "local administrator"
+    link instead of the password form; that link's page has the form, and the break-glass admin logs in with it,
+    while another local user's password login is refused in the API's words. Off again: the form is back."""
+    made = sso.system.request("POST", "/api/v1/users", json={"name": "dave", "role": "viewer"})
+    assert made.status_code in (200, 201), made.text
+    dave_password = made.json()["password"]
+    assert sso.system.request("PUT", "/api/v1/settings", json={"sso_required": True}).status_code == 200
+    try:
+        login = page(client.request("GET", "/ui/login"))
+        assert login.by_id("sso-login") is not None and login.by_id("login-form") is None
+        assert login.get("local-login").attrs["href"] == "/ui/login?local=1"
+
+        local = page(client.request("GET", "/ui/login?local=1"))
+        assert local.get("login-form").attrs["action"] == "/ui/login?local=1"
+        refused = client.request("POST", "/ui/login?local=1", data={"username": "dave", "password": dave_password})
+        assert refused.status_code == 401 and "llmgw_session" not in client.cookies
+        again = page(refused)
+        assert "requires single sign-on" in again.get("login-error").text
+        assert again.by_id("login-form") is not None, "a refused break-glass login should keep its form"
+        done = client.login("admin", sso.system.admin_password)
+        assert done.status_code == 303 and client.cookies.get("llmgw_session"), done.text[:300]
+    finally:
+        assert sso.system.request("PUT", "/api/v1/settings", json={"sso_required": False}).status_code == 200
+    client.cookies.clear()
+    assert page(client.request("GET", "/ui/login")).by_id("login-form") is not None
