@@ -207,3 +207,19 @@ def test_when_sso_is_required_the_password_form_is_behind_the_break_glass_link(s
         assert sso.system.request("PUT", "/api/v1/settings", json={"sso_required": False}).status_code == 200
     client.cookies.clear()
     assert page(client.request("GET", "/ui/login")).by_id("login-form") is not None
+
+
+def test_payloads_in_the_sso_routes_come_back_escaped_with_the_security_headers(sso: Sso, client: Browser) -> None:
+    """Markup in every query parameter of both SSO routes, with and without this browser's state: never sent
+    back unescaped, always under the UI's Content-Security-Policy, never a session."""
+    payload = '"><script>alert(1)</script>'
+    _start(client)
+    mine = client.cookies["llmgw_sso_state"]
+    for path in ("/ui/sso/start", "/ui/sso/callback"):
+        for state in (payload, mine):
+            for params in ({"code": payload, "state": state}, {"error": payload, "error_description": payload,
+                                                               "state": state}, {"state": state}):
+                resp = client.request("GET", path, params=params)
+                assert resp.status_code < 500 and payload not in resp.text, (path, params, resp.status_code)
+                assert "script-src 'self'" in resp.headers["content-security-policy"], (path, params)
+                assert "llmgw_session" not in client.cookies, (path, params)
