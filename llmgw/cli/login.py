@@ -16,7 +16,7 @@ import sys
 import typer
 
 from llmgw.cli import client as client_mod
-from llmgw.cli import contexts
+from llmgw.cli import contexts, ssologin
 from llmgw.core.errors import LlmgwError
 
 
@@ -57,6 +57,8 @@ def register(app: typer.Typer) -> None:
         username: str = typer.Option("admin", "--username", "-u", help="Who to log in as"),
         password_stdin: bool = typer.Option(False, "--password-stdin", help="Read the password from stdin's "
                                             "first line instead of a prompt"),
+        sso: bool = typer.Option(False, "--sso", help="Sign in through the cluster's identity provider (single "
+                                 "sign-on): a code to enter on its page, in any browser"),
     ) -> None:
         """Log in and save a token (valid 30 days) in a context: this cluster's URLs, this user."""
         try:
@@ -65,6 +67,12 @@ def register(app: typer.Typer) -> None:
             name, urls = target(context.strip() if context else None, given, creds)
         except LlmgwError as e:
             raise _fail(str(e)) from None
+        if sso:
+            try:
+                ssologin.sign_in(name, urls, echo=typer.echo)
+            except LlmgwError as e:
+                raise _fail(str(e).split(". Run `llmgw login")[0]) from None
+            return
         if password_stdin:
             password = sys.stdin.readline().rstrip("\r\n")
         else:

@@ -101,18 +101,28 @@ class OidcProvider:
     def approve(self, url: str, account: str, *, password: str = "pw", abort: bool = False) -> str:
         """Follows the provider's pages from ``url`` (a device flow's ``verification_uri_complete`` or an
         authorization URL) as a browser would: each page's form posted (hidden fields kept; the login page's
-        name and password filled; consent given, or with ``abort`` refused). Returns the last page's URL."""
-        with httpx.Client(follow_redirects=True, timeout=10) as c:
+        name and password filled; consent given, or with ``abort`` refused), redirects followed while they stay
+        on the provider. Returns the URL it ended on: the provider's last page, or where the provider sent the
+        browser away to (an authorization's redirect_uri with its code and state), not fetched."""
+        with httpx.Client(follow_redirects=False, timeout=10) as c:
             page = c.get(url)
-            for _ in range(12):
+            for _ in range(30):
+                if page.is_redirect:
+                    target = str(page.url.join(page.headers["location"]))
+                    if not target.startswith(self.issuer):
+                        return target
+                    page = c.get(target)
+                    continue
                 form = _first_form(page.text, abort=abort)
-                if form is None or not str(page.url).startswith(self.issuer):
+                if form is None:
                     return str(page.url)
                 action, fields = form
                 if "login" in fields:
                     fields.update(login=account, password=password)
-                page = c.post(httpx.URL(str(page.url)).join(action), data=fields)
-            raise AssertionError(f"the provider's pages did not end after 12 forms; last: {page.url}")
+                page = c.post(page.url.join(action), data=fields)
+                if "abort" in fields:  # refused: the provider then offers its code page again, not followed
+                    return str(page.url)
+            raise AssertionError(f"the provider's pages did not end after 30 steps; last: {page.url}")
 
     # -- tokens signed with the provider's own key ---------------------------------------------------
     def sign(self, claims: dict[str, Any], *, key: rsa.RSAPrivateKey | None = None, kid: str = KID) -> str:

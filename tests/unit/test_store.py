@@ -25,8 +25,8 @@ def test_migrations_create_the_schema(tmp_path: Path) -> None:
         rev = c.execute(sa.text("select version_num from alembic_version")).scalar()
     assert {"models", "nodes", "replicas", "api_keys", "events", "bootstrap_tokens", "users", "audit", "api_tokens",
             "node_certs", "engine_wants", "settings", "leases", "controlplanes", "autoscale",
-            "cluster_settings"} <= tables
-    assert rev == "0014"
+            "cluster_settings", "sso_pending", "sso_links"} <= tables
+    assert rev == "0015"
     store.close()
 
 

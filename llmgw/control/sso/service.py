@@ -32,14 +32,17 @@ from llmgw.control.auth.credentials import Auth
 from llmgw.control.sso import audit
 from llmgw.control.sso.config import SsoConfig
 from llmgw.control.sso.discovery import Discovery
-from llmgw.control.sso.provider import DEVICE_GRANT, ProviderClient
+from llmgw.control.sso.provider import DEVICE_GRANT, ProviderClient, TokenAnswer
 from llmgw.control.sso.refresher import Refresher
-from llmgw.control.sso.refusals import SsoRefused
+from llmgw.control.sso.refusals import SsoRefused, SsoUnavailable
 from llmgw.control.sso.signin import SignedIn, SignIn
 from llmgw.control.store.offloop import StoreThread
 
 log = logging.getLogger(__name__)
 CODE, DEVICE = "code", "device"
+#: Sign-ins begun and not finished, at most: beginning needs no credential, so a flood must not grow the table
+#: (or this server's calls to the provider) without end; each expires after ``pending_ttl_s`` anyway.
+MAX_PENDING = 10_000
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -100,6 +103,7 @@ class SsoService:
             raise SsoRefused("sso_bad_redirect", f"redirect_uri {redirect_uri[:100]!r} is not an http(s) URL",
                              status=400)
         meta = await self.discovery.metadata()
+        await self._room()
         state, nonce, verifier = secrets.token_urlsafe(32), secrets.token_urlsafe(32), secrets.token_urlsafe(48)
         now = self._clock()
         await self.db.call(self.db.store.put_sso_pending, _id(state), kind=CODE,
@@ -130,19 +134,35 @@ class SsoService:
                 raise SsoRefused("sso_code_refused", f"the identity provider refused the sign-in's code "
                                  f"({answer.error}: {answer.description or 'no description'}); start the sign-in "
                                  "again")
-            return await self.signin.sign_in(answer, nonce=data["nonce"], session=session, peer=peer)
+        except SsoRefused as e:
+            await audit.refused(self.db, e, peer=peer, action="sso login")
+            raise
+        return await self.sign_in_tokens(answer, nonce=data["nonce"], session=session, peer=peer)
+
+    async def sign_in_tokens(self, answer: TokenAnswer, *, nonce: str | None, session: bool,
+                             peer: str = "") -> SignedIn:
+        """Signs in with the provider's token answer (its ID token verified, with ``nonce`` when not None);
+        SsoRefused, audited, otherwise. ``finish`` and ``device_poll`` end here."""
+        try:
+            return await self.signin.sign_in(answer, nonce=nonce, session=session, peer=peer)
         except SsoRefused as e:
             await audit.refused(self.db, e, peer=peer, action="sso login")
             raise
 
     # -- the CLI: the device flow, brokered ----------------------------------------------------------
+    async def _room(self) -> None:
+        if await self.db.call(self.db.store.count_sso_pending, now=self._clock()) >= MAX_PENDING:
+            raise SsoUnavailable(f"{MAX_PENDING} sign-ins are begun and not finished: try again in a few minutes "
+                                 "(each expires unfinished)")
+
     async def device_start(self, *, peer: str = "") -> DeviceStarted:
+        await self._room()
         doc = await self.provider.device_authorization()
         handle = secrets.token_urlsafe(32)
         expires_in = float(doc.get("expires_in") or self.cfg.pending_ttl_s)
         interval = float(doc.get("interval") or 5)
-        nonce_free = {"device_code": str(doc["device_code"]), "interval": interval}
-        await self.db.call(self.db.store.put_sso_pending, _id(handle), kind=DEVICE, data=nonce_free,
+        data = {"device_code": str(doc["device_code"]), "interval": interval}
+        await self.db.call(self.db.store.put_sso_pending, _id(handle), kind=DEVICE, data=data,
                            expires_at=self._clock() + expires_in)
         uri = str(doc.get("verification_uri") or doc.get("verification_url") or "")
         log.info("device sign-in begun from %s", peer or "unknown")
@@ -174,11 +194,11 @@ class SsoService:
                                  f"({answer.error}: {answer.description or 'no description'})")
             if taken is None:  # another poll with this handle signed in first
                 raise SsoRefused("sso_unknown_state", "this device sign-in finished already: refused as a replay")
-            # The device flow sends no nonce: the device code, held here only, binds the token to this sign-in.
-            return await self.signin.sign_in(answer, nonce=None, session=False, peer=peer)
         except SsoRefused as e:
             await audit.refused(self.db, e, peer=peer, action="sso login")
             raise
+        # The device flow sends no nonce: the device code, held here only, binds the token to this sign-in.
+        return await self.sign_in_tokens(answer, nonce=None, session=False, peer=peer)
 
     def describe(self) -> dict[str, Any]:
         """What the UI's login page shows: the provider's issuer (no secret)."""

@@ -52,6 +52,11 @@ class SsoStore(StoreBase):
         with self._tx() as s:
             s.add(SsoPendingRow(id=pending_id, kind=kind, data=dict(data), expires_at=expires_at))
 
+    def count_sso_pending(self, *, now: float) -> int:
+        with self._session() as s:
+            return int(s.scalar(sa.select(sa.func.count()).select_from(SsoPendingRow)
+                                .where(SsoPendingRow.expires_at > now)) or 0)
+
     def get_sso_pending(self, pending_id: str, *, kind: str, now: float) -> dict[str, Any] | None:
         """A pending flow's data, left in place (a device flow is polled); None when unknown or expired."""
         with self._session() as s:
