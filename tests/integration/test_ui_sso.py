@@ -223,3 +223,23 @@ def test_payloads_in_the_sso_routes_come_back_escaped_with_the_security_headers(
                 assert resp.status_code < 500 and payload not in resp.text, (path, params, resp.status_code)
                 assert "script-src 'self'" in resp.headers["content-security-policy"], (path, params)
                 assert "llmgw_session" not in client.cookies, (path, params)
+
+
+def test_a_replayed_callback_is_refused_by_the_server_and_audited_with_the_browsers_address(sso: Sso) -> None:
+    """The callback URL used again in the browser that signed in with it (its state cookie still there): the
+    server refuses the spent state in a sentence, sets no session, and audits the refusal with the browser's
+    own address (127.0.0.7 here), not the UI's in-process one."""
+    b = Browser(sso.url, source="127.0.0.7")
+    try:
+        params = _start(b)
+        back = sso.idp.approve(f"{sso.idp.issuer}/auth?{urllib.parse.urlencode(params)}", "bob")
+        assert b.request("GET", back.removeprefix(sso.url)).status_code == 200
+        b.cookies.pop("llmgw_session")
+        again = b.request("GET", back.removeprefix(sso.url))
+        assert again.status_code in (401, 403) and "llmgw_session" not in b.cookies, again.status_code
+        assert "used already" in page(again).get("login-error").text
+    finally:
+        b.close()
+    lines = [e for e in sso.system.get("/api/v1/audit?limit=500")["items"]
+             if e["action"] == "sso login" and e["outcome"] == "refused" and "sso_unknown_state" in e["detail"]]
+    assert [e for e in lines if e["actor"] == "sso@127.0.0.7"], lines[:3]
