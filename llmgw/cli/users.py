@@ -39,9 +39,9 @@ def _call(url: str | None, method: str, path: str, body: Any = None) -> Any:
 
 
 def users_table(items: list[dict[str, Any]]) -> Table:
-    t = Table("NAME", "ROLE")
+    t = Table("NAME", "ROLE", "SIGNS IN WITH")
     for u in items:
-        t.add_row(u["name"], u["role"])
+        t.add_row(u["name"], u["role"], "single sign-on" if u.get("source") == "sso" else "password")
     return t
 
 

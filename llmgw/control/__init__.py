@@ -7,7 +7,8 @@
 - ``store/``: the database (SQLite or PostgreSQL), ``Store`` assembled from one module per concern, its
   migrations, and ``offloop`` (store calls on their own thread).
 - ``leader``: the lease, one leader and standbys; ``agentsvc/``: the agents' gRPC stream and the join port.
-- ``http/``: the REST API, one module per resource; ``ui/``: the admin web UI; ``auth/``: who may call.
+- ``http/``: the REST API, one module per resource; ``ui/``: the admin web UI; ``auth/``: who may call;
+  ``sso/``: single sign-on through an OpenID Connect provider (the UI's and the CLI's flows, the refresher).
 - ``routerreports`` (ejections, recoveries, keys used) and ``loadreports`` (load, the autoscaler's input):
   what routers report, read through ``llmgw.api.reports``; ``keyuse``: keys' "last used".
 - Also: ``engines`` (engine wants and settings), ``fabric`` (RDMA tests), ``remotemeta`` and ``netguard``

@@ -29,7 +29,10 @@ from llmgw.testing.procs import Proc, free_port, wait_for
 from llmgw.testing.system import LLMGW
 
 MUTATING = {"post", "put", "patch", "delete"}
-PUBLIC = {("get", "/healthz"), ("post", "/api/v1/login")}
+PUBLIC = {("get", "/healthz"), ("post", "/api/v1/login"),
+          # Single sign-on makes a credential, so it needs none (tests/integration/test_sso.py).
+          ("get", "/api/v1/sso"), ("post", "/api/v1/sso/begin"), ("post", "/api/v1/sso/finish"),
+          ("post", "/api/v1/sso/device"), ("post", "/api/v1/sso/device/token")}
 
 
 def env_for(root: Path) -> dict[str, str]:

@@ -117,7 +117,10 @@ def test_groups_map_to_roles_and_projects(system: System, idp: OidcProvider) -> 
     members = dict((m["user"], m["role"]) for m in system.get("/api/v1/projects/team-a")["members"])
     assert members.get("erin") == "member" and "bob" not in members
     users = {u["name"]: u for u in system.get("/api/v1/users")["items"]}
-    assert users["bob"]["role"] == "viewer"
+    assert users["bob"]["role"] == "viewer" and users["bob"]["source"] == "sso"
+    assert users["admin"]["source"] == "local"
+    reset = system.request("PUT", "/api/v1/users/bob", json={"reset_password": True})
+    assert reset.status_code == 400 and "signs in through single sign-on" in reset.json()["error"]["message"]
     no_password = system.request("POST", "/api/v1/login", json={"username": "bob", "password": "!sso"})
     assert no_password.status_code == 401
 

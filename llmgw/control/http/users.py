@@ -61,6 +61,7 @@ class User(schemas.Body):
     name: str
     role: str
     created_at: schemas.Number
+    source: str = pydantic.Field(default="local", description="local (a password) or sso (single sign-on)")
 
 
 class UserList(schemas.Body):
@@ -77,7 +78,7 @@ class UserChanged(schemas.Body):
 
 def user_doc(u: StoredUser) -> dict[str, Any]:
     """A user as listed: never the hash."""
-    return {"name": u.name, "role": u.role, "created_at": u.created_at}
+    return {"name": u.name, "role": u.role, "created_at": u.created_at, "source": u.source}
 
 
 def last_admin(name: str) -> Conflict:
