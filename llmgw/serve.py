@@ -278,7 +278,8 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
               if cfg.mirror is not None else None)
     # The router's own HTTP server, as a standalone router has (router/server.py): uvicorn's
     # per-request machinery cost the router more than its own work.
-    served = front.dispatch(router, rest, mirror=mirror, behind_tls_proxy=cfg.tls.marked_plain)
+    served = front.dispatch(router, rest, mirror=mirror, behind_tls_proxy=cfg.tls.marked_plain,
+                            callback_urls=front.callback_urls(cfg, http_port))
     # Only a router worker sets the headers the internal listener reads; a client's are dropped.
     web = router_server.Server(routerworkers.untrusting(served), max_body_bytes=cfg.router.max_body_bytes,
                                limits=cfg.router.limits, marks=tls.marks)

@@ -70,6 +70,8 @@ class ServerConfig:
     database: str = ""
     #: The host agents and other control planes reach this one by ("": --host, or the FQDN on a wildcard).
     advertise: str = ""
+    #: The UI's SSO callback URL as registered at the provider (``--sso-redirect-url``); "": from the request.
+    sso_redirect_url: str = ""
     #: The leader lease's timings (several servers on one database; one alone takes it at once).
     lease: leader_mod.Timing = leader_mod.Timing()
     #: The in-process router's settings: body size, keepalive, admission, tracing, the HTTP server's limits.
@@ -189,7 +191,8 @@ def config_of(settings: ServerSettings, env: Mapping[str, str], *, default_data_
                         audit_retention_s=settings.audit_retention_s, engine_index=settings.engine_index,
                         engine_find_links=settings.engine_find_links, model_installs=settings.model_installs,
                         engine_os_packages=settings.engine_os_packages, database=settings.database,
-                        advertise=settings.advertise_address, lease=lease,
+                        advertise=settings.advertise_address, sso_redirect_url=settings.sso_redirect_url,
+                        lease=lease,
                         fetch_allow_private=settings.fetch_allow_private, router=settings.router,
                         router_processes=settings.router_worker_count, usage=usage_config(settings),
                         tls=tls_plan(host=settings.host, tls=settings.tls, plain_http=settings.plain_http,

@@ -17,6 +17,7 @@ from typing import Any
 from llmgw.control.auth import Auth, principals
 from llmgw.control.reconcile import decide
 from llmgw.control.ui import app as ui_app
+from llmgw.control.ui.callbackurl import CallbackUrls
 from llmgw.core.errors import LlmgwError
 from llmgw.router.app import RouterApp
 from llmgw.serving.config import ServerConfig
@@ -29,11 +30,13 @@ MIRROR_PREFIX = "/mirror"
 UI_PREFIX = "/ui"
 
 
-def dispatch(router: RouterApp, api: Any, *, mirror: Any = None, behind_tls_proxy: bool = False) -> Any:
+def dispatch(router: RouterApp, api: Any, *, mirror: Any = None, behind_tls_proxy: bool = False,
+             callback_urls: CallbackUrls = CallbackUrls()) -> Any:
     """The front app. ``behind_tls_proxy`` (``--plain-http``): the UI and REST API see the scheme ``https``, the
-    one the browser used to reach the TLS-terminating proxy, so the session cookie is ``Secure`` there too."""
+    one the browser used to reach the TLS-terminating proxy, so the session cookie is ``Secure`` there too.
+    ``callback_urls``: where the provider may send a browser back after single sign-on (``CallbackUrls``)."""
     # The admin UI reads everything through ``api`` in-process, with the browser's own credential.
-    ui = ui_app.create_ui(api)
+    ui = ui_app.create_ui(api, callback_urls=callback_urls)
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         path = scope["path"] if scope["type"] == "http" else ""
@@ -66,6 +69,14 @@ def admin_check(auth: Auth) -> Callable[[str], Awaitable[bool]]:
         found = await auth.principal(token) if token else None
         return found is not None and found.role == principals.ADMIN
     return is_admin
+
+
+def callback_urls(cfg: ServerConfig, http_port: int) -> CallbackUrls:
+    """The UI's SSO callback address rule (``control.ui.callbackurl``): ``--sso-redirect-url``, else a browser's
+    own address when its host is one of this server's names (``--host``, ``--advertise-address``, ``--tls-san``,
+    the FQDN)."""
+    names = (cfg.host, cfg.advertise, *cfg.tls.sans, socket.getfqdn(), socket.gethostname())
+    return CallbackUrls.of(redirect_url=cfg.sso_redirect_url, names=names, port=http_port)
 
 
 def listen(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:

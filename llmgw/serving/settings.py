@@ -43,6 +43,11 @@ class ServerSettings:
                                      "HOST:AGENT_PORT and a standby forwards the REST API to http(s)://HOST:HTTP_PORT "
                                      "when this one leads [default: --host, or this machine's FQDN when --host is a "
                                      "wildcard]")
+    sso_redirect_url: str = setting("", help="Where the identity provider sends browsers back after a UI sign-in "
+                                    "(single sign-on), as registered at the provider, e.g. https://llmgw.example.com"
+                                    "/ui/sso/callback [default: the browser's own address when its host is one of "
+                                    "this server's names (--host, --advertise-address, this machine's, loopback); "
+                                    "set it behind a proxy]")
     lease: str = setting("6s", help="How long the leader's lease lasts past its last renewal: a dead leader is "
                                     "replaced within about this long (several servers on one --database)")
     lease_renew: str = setting("1s", help="How often the leader renews its lease and a standby tries to take it")
@@ -172,6 +177,9 @@ class ServerSettings:
             if seconds <= 0:
                 raise ValueError(f"{flag} must be longer than 0s, e.g. 2d")
         self.request_log_retention_s  # noqa: B018
+        if self.sso_redirect_url and not self.sso_redirect_url.startswith(("http://", "https://")):
+            raise ValueError(f"--sso-redirect-url {self.sso_redirect_url!r}: expected the http(s):// URL of this "
+                             "server's /ui/sso/callback, as registered at the identity provider")
         if self.budget_webhook_url and not self.budget_webhook_url.startswith(("http://", "https://")):
             raise ValueError(f"--budget-webhook-url {self.budget_webhook_url!r}: expected an http(s):// URL")
         if self.engine_find_links and self.engine_index is None:

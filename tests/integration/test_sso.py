@@ -232,7 +232,7 @@ def test_sso_not_configured_says_how(tmp_path: Path) -> None:
     s = System(tmp_path, server_args=["--router-workers", "1"])
     try:
         s.start_server()
-        assert s.get("/api/v1/sso") == {"enabled": False, "issuer": ""}
+        assert s.get("/api/v1/sso") == {"enabled": False, "issuer": "", "required": False}
         r = httpx.post(f"{s.url}/api/v1/sso/device")
         assert r.status_code == 404 and "--sso-issuer" in r.json()["error"]["message"]
     finally:

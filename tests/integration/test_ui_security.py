@@ -91,7 +91,8 @@ def test_payloads_in_every_route_come_back_escaped_with_the_security_headers(sys
     try:
         ended = 0
         for method, path in routes():
-            if path in ("/logout", "/login"):  # the session's own end, and the login form (below)
+            # The session's own end, the login form (below) and the SSO sign-in (test_ui_sso.py): open routes.
+            if path in guard.SessionGuard.OPEN:
                 continue
             for payload in PATH_PAYLOADS:
                 params = {q: FIELD_PAYLOADS[i % len(FIELD_PAYLOADS)] for i, q in enumerate(QUERY)}
@@ -119,11 +120,12 @@ def test_payloads_in_every_route_come_back_escaped_with_the_security_headers(sys
 
 
 def test_a_cookie_that_is_no_session_goes_to_the_login_from_every_route(system: System) -> None:
-    """Any made-up cookie value (the guard checked only that one was there): every route but the login's and
-    logout's answers a 303 to the login, or HX-Redirect for htmx; the fragment's name never comes back."""
+    """Any made-up cookie value (the guard checked only that one was there): every route but the open ones (the
+    login's, logout's, SSO sign-in's) answers a 303 to the login, or HX-Redirect for htmx; the fragment's name never
+    comes back."""
     for cookie in ("x", PATH_PAYLOADS[0].replace(" ", "")):
         for method, path in routes():
-            if path in ("/logout", "/login"):
+            if path in guard.SessionGuard.OPEN:
                 continue
             for hx in (False, True):
                 b = Browser(system.url)

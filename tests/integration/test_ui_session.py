@@ -16,6 +16,7 @@ import yaml
 from starlette.routing import Route
 
 from llmgw.control.ui import app as ui_app
+from llmgw.control.ui import guard
 from llmgw.testing import system as system_mod
 from llmgw.testing.system import System, sim_model
 from llmgw.testing.uiclient import Browser, page
@@ -25,13 +26,14 @@ PARAMS = {"which": "nodes"}
 
 
 def ui_routes() -> list[tuple[str, str]]:
-    """(method, path below /ui) of every route the UI serves but the login's own."""
+    """(method, path below /ui) of every route the UI serves but those open without a session (the login's, the
+    SSO sign-in's)."""
     app: Any = ui_app.create_ui(lambda scope, receive, send: None)  # type: ignore[arg-type,return-value]
     while not hasattr(app, "routes"):
         app = app.app
     found = []
     for r in app.routes:
-        if not isinstance(r, Route) or r.path in ("/login", "/logout"):
+        if not isinstance(r, Route) or r.path in guard.SessionGuard.OPEN:
             continue
         path = re.sub(r"{(\w+)[^}]*}", lambda m: PARAMS.get(m.group(1), "x"), r.path)
         found += [(m, path) for m in sorted(r.methods or ()) if m != "HEAD"]

@@ -7,6 +7,8 @@ A login answers a user token (30 days), or with ``session`` a session cookie (12
 
 from __future__ import annotations
 
+from typing import Any
+
 import pydantic
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
@@ -64,15 +66,7 @@ def router(auth: Auth) -> APIRouter:
             raise LoginFailed(e.message) from None
         # For the audit log: a login that succeeded is recorded as the user it proved.
         request.scope[PRINCIPAL] = principals.Principal("user", done.user, done.role)
-        if not body.session:
-            return JSONResponse({"token": done.token, "user": done.user, "role": done.role,
-                                 "expires_at": done.expires_at})
-        resp = JSONResponse({"user": done.user, "role": done.role, "expires_at": done.expires_at})
-        # Secure on HTTPS (a server behind a TLS proxy with --plain-http says https too); not on plain loopback,
-        # where a browser that does not count http://127.0.0.1 as secure would drop a Secure cookie.
-        resp.set_cookie(credentials.SESSION_COOKIE, done.token, max_age=int(credentials.SESSION_S), path="/",
-                        httponly=True, secure=request.url.scheme == "https", samesite="strict")
-        return resp
+        return signed_in(request, done, session=body.session)
 
     @r.post("/api/v1/logout", response_model=LoggedOut)
     async def logout(request: Request) -> Response:
@@ -85,3 +79,17 @@ def router(auth: Auth) -> APIRouter:
         return resp
 
     return r
+
+
+def signed_in(request: Request, done: Any, *, session: bool) -> JSONResponse:
+    """The answer to a login that succeeded (a password's or single sign-on's): the token, or for a browser's
+    session the session cookie. ``done`` has ``token``, ``user``, ``role`` and ``expires_at``."""
+    if not session:
+        return JSONResponse({"token": done.token, "user": done.user, "role": done.role,
+                             "expires_at": done.expires_at})
+    resp = JSONResponse({"user": done.user, "role": done.role, "expires_at": done.expires_at})
+    # Secure on HTTPS (a server behind a TLS proxy with --plain-http says https too); not on plain loopback,
+    # where a browser that does not count http://127.0.0.1 as secure would drop a Secure cookie.
+    resp.set_cookie(credentials.SESSION_COOKIE, done.token, max_age=int(credentials.SESSION_S), path="/",
+                    httponly=True, secure=request.url.scheme == "https", samesite="strict")
+    return resp

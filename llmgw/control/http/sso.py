@@ -13,19 +13,22 @@ from __future__ import annotations
 
 import pydantic
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse
 
-from llmgw.control.auth import credentials, principals
 from llmgw.control.auth import middleware as auth_mw
+from llmgw.control.auth import principals
 from llmgw.control.auth.middleware import PRINCIPAL
 from llmgw.control.http import schemas
 from llmgw.control.http.apierrors import ApiError, Forbidden, NotFound, Unavailable
+from llmgw.control.http.login import signed_in
 from llmgw.control.sso import DevicePending, SsoRefused, SsoService, SsoUnavailable
+from llmgw.control.store import settings as cluster_settings
 
 
 class SsoInfo(schemas.Body):
     enabled: bool
     issuer: str = ""
+    #: ``sso_required`` (cluster setting): password logins only for the break-glass local user.
+    required: bool = False
 
 
 class BeginBody(pydantic.BaseModel):
@@ -107,8 +110,12 @@ def router(sso: SsoService | None) -> APIRouter:
 
     @r.get("/api/v1/sso", response_model=SsoInfo)
     async def info() -> dict[str, object]:
-        """Whether this server signs users in through an identity provider, and which (the UI's button)."""
-        return {"enabled": sso is not None, "issuer": sso.cfg.issuer if sso is not None else ""}
+        """Whether this server signs users in through an identity provider, and which (the UI's button); whether
+        it is required (the UI's login page then hides the password form behind a break-glass link)."""
+        if sso is None:
+            return {"enabled": False, "issuer": "", "required": False}
+        policy = await sso.db.call(cluster_settings.read, sso.db.store)
+        return {"enabled": True, "issuer": sso.cfg.issuer, "required": policy.sso_required}
 
     @r.post("/api/v1/sso/begin", response_model=BegunDoc)
     async def begin(body: BeginBody) -> dict[str, object]:
@@ -136,13 +143,7 @@ def router(sso: SsoService | None) -> APIRouter:
         except SsoUnavailable as e:
             raise Unavailable(str(e), code="sso_unavailable") from None
         request.scope[PRINCIPAL] = principals.Principal("user", done.user, done.role)
-        if not done.session:
-            return JSONResponse({"token": done.token, "user": done.user, "role": done.role,
-                                 "expires_at": done.expires_at})
-        resp = JSONResponse({"user": done.user, "role": done.role, "expires_at": done.expires_at})
-        resp.set_cookie(credentials.SESSION_COOKIE, done.token, max_age=int(credentials.SESSION_S), path="/",
-                        httponly=True, secure=True, samesite="strict")
-        return resp
+        return signed_in(request, done, session=done.session)
 
     @r.post("/api/v1/sso/device", response_model=DeviceDoc)
     async def device(request: Request) -> dict[str, object]:

@@ -26,9 +26,11 @@ from llmgw.control.ui import (
     overview_page,
     playground_page,
     projects_page,
+    sso_page,
     usage_page,
     users_page,
 )
+from llmgw.control.ui.callbackurl import CallbackUrls
 from llmgw.control.ui.common import HERE, SessionEnded, Ui
 
 
@@ -46,8 +48,10 @@ class _Bare:
         await self.app(scope, receive, send)
 
 
-def create_ui(api: ASGIApp) -> ASGIApp:
-    """The UI's ASGI app over the REST app ``api`` (what ``create_api`` returns); mount it at ``/ui``."""
+def create_ui(api: ASGIApp, *, callback_urls: CallbackUrls = CallbackUrls()) -> ASGIApp:
+    """The UI's ASGI app over the REST app ``api`` (what ``create_api`` returns); mount it at ``/ui``.
+
+    ``callback_urls``: which ``redirect_uri`` an SSO sign-in gives the provider (``callbackurl``)."""
     ui = Ui(api)
 
     async def session_ended(request: Request, exc: Exception) -> Response:
@@ -56,6 +60,7 @@ def create_ui(api: ASGIApp) -> ASGIApp:
     pages = Starlette(exception_handlers={SessionEnded: session_ended}, routes=[
         *overview_page.routes(ui),
         *login_page.routes(ui),
+        *sso_page.routes(ui, callback_urls),
         *keys_page.routes(ui),
         *projects_page.routes(ui),
         *models_page.routes(ui),

@@ -107,10 +107,14 @@ class Ui:
         return endpoint
 
     async def raw(self, request: Request, method: str, path: str, *, guarded: bool = True,
-                  **kw: Any) -> httpx.Response:
-        """The API's answer as it came (an NDJSON log, say); raises ``SessionEnded`` on a 401 unless not ``guarded``."""
+                  browser_origin: bool = True, **kw: Any) -> httpx.Response:
+        """The API's answer as it came (an NDJSON log, say); raises ``SessionEnded`` on a 401 unless not ``guarded``.
+
+        ``browser_origin=False`` leaves the browser's ``Origin`` and ``Referer`` out: the SSO callback's, which
+        the provider's site sent the browser to (``sso_page`` says what checks it instead)."""
         # The browser's own credential, origin and address, nothing of ours: the API decides as for the browser.
-        headers = {k: v for k in ("cookie", "origin", "referer", "host") if (v := request.headers.get(k))}
+        passed = ("cookie", "origin", "referer", "host") if browser_origin else ("cookie", "host")
+        headers = {k: v for k in passed if (v := request.headers.get(k))}
         if request.client is not None:
             headers[guard.PEER_HEADER] = request.client.host
         # Over the browser's scheme: the API sets the session cookie Secure when the browser came over HTTPS.
@@ -122,9 +126,9 @@ class Ui:
         return resp
 
     async def call(self, request: Request, method: str, path: str, *, guarded: bool = True,
-                   **kw: Any) -> tuple[ApiAnswer, httpx.Response]:
+                   browser_origin: bool = True, **kw: Any) -> tuple[ApiAnswer, httpx.Response]:
         """One JSON call as the browser; a 401 ends the page at the login (``SessionEnded``) unless not ``guarded``."""
-        resp = await self.raw(request, method, path, guarded=guarded, **kw)
+        resp = await self.raw(request, method, path, guarded=guarded, browser_origin=browser_origin, **kw)
         if resp.is_success:
             return ApiAnswer(resp.status_code, resp.json()), resp
         return ApiAnswer(resp.status_code, {}, api_message(resp)), resp

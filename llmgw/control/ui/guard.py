@@ -69,7 +69,7 @@ class SecurityHeaders:
 
 
 class SessionGuard:
-    """Every route but the login's, the logout's and the static files' needs a live session (or an
+    """Every route but the login's, the logout's, the SSO sign-in's and the static files' needs a live session (or an
     ``--insecure`` server, where the API lets anyone in and no login exists); otherwise the login.
 
     The one place that says so: with the check in each handler, a new page that forgot it would show its
@@ -77,7 +77,7 @@ class SessionGuard:
     """
 
     #: Below the mount: what a browser without a session may reach.
-    OPEN = ("/login", "/logout")
+    OPEN = ("/login", "/logout", "/sso/start", "/sso/callback")
     OPEN_UNDER = "/static/"
 
     def __init__(self, app: ASGIApp, ui: Sessions) -> None:

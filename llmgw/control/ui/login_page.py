@@ -2,6 +2,10 @@
 
 The form posts to the API's ``/api/v1/login`` in-process and passes its ``set-cookie`` on; a refused login
 is shown in the API's own sentence. A server started ``--insecure`` needs no login, so both go home.
+
+With single sign-on configured (``GET /api/v1/sso``; ``sso_page``) the page also offers "Sign in with …";
+when SSO is required, the password form is behind a "local administrator" link (``?local=1``, break-glass):
+the form is hidden, not refused here (which users may still use a password is the server's rule).
 """
 
 from __future__ import annotations
@@ -12,13 +16,21 @@ from starlette.routing import Route
 
 from llmgw.control.auth import credentials
 from llmgw.control.ui.common import Ui, read_form
+from llmgw.control.ui.sso_page import sso_info
+
+
+async def _login_page(ui: Ui, request: Request, status_code: int = 200, *, error: str = "",
+                      username: str = "") -> Response:
+    sso = await sso_info(ui, request)
+    return ui.page(request, "login.html", status_code=status_code, title="Log in", error=error, username=username,
+                   sso_button=sso.button, sso_required=sso.required, local=request.query_params.get("local") == "1")
 
 
 async def login_form(ui: Ui, request: Request) -> Response:
     if await ui.opens_without_login(request):
         # The API refuses every login there ("nothing needs a login"): the form would only loop back here.
         return RedirectResponse(f"{request.scope.get('root_path', '')}/", status_code=303)
-    return ui.page(request, "login.html", title="Log in", error="", username="")
+    return await _login_page(ui, request)
 
 
 async def login(ui: Ui, request: Request) -> Response:
@@ -30,8 +42,7 @@ async def login(ui: Ui, request: Request) -> Response:
     answer, resp = await ui.call(request, "POST", "/api/v1/login", guarded=False,
                                  json={"username": username, "password": password, "session": True})
     if answer.error:
-        return ui.page(request, "login.html", status_code=answer.status, title="Log in",
-                       error=answer.error, username=username)
+        return await _login_page(ui, request, answer.status, error=answer.error, username=username)
     out = RedirectResponse(f"{request.scope.get('root_path', '')}/", status_code=303)
     for value in resp.headers.get_list("set-cookie"):
         out.headers.append("set-cookie", value)
