@@ -64,7 +64,7 @@ def test_the_flags_that_existed_keep_their_names() -> None:
     assert {"--table-file", "--control", "--token-file", "--host", "--port", "--log-level", "--max-body-bytes",
             "--keepalive", "--header-timeout", "--body-timeout", "--idle-timeout", "--max-connections-per-address",
             "--graceful-shutdown", "--router-id", "--tracing-endpoint", "--admission-queue", "--admission-wait",
-            "--signals-interval", "--config", "--usage-journal-dir", "--workers"} \
+            "--signals-interval", "--config", "--usage-journal-dir", "--workers", "--control-ca", "--control-ca-hash"} \
         == _argparse_flags(standalone.parser()) - {"-h", "--help"}
     assert {"--host", "--http-port", "--agent-port", "--join-port", "--data-dir", "--ports-file", "--database",
             "--advertise-address", "--lease", "--lease-renew", "--insecure", "--node-cert-validity", "--node-grace",
