@@ -57,7 +57,7 @@ from llmgw.router.app import RouterApp
 from llmgw.router.standalone import proxied
 from llmgw.router.table import TableHolder
 from llmgw.router.watch import LocalWatcher
-from llmgw.serving import front, routerworkers
+from llmgw.serving import front, httptls, routerworkers
 from llmgw.serving.config import (
     HUB_TOKEN_ENV,
     INSECURE_HEADER,
@@ -237,6 +237,8 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
     # The data directory remembers its cluster's database: without --database, that one, not SQLite here.
     cfg = dataclasses.replace(cfg, database=datadir.database_for(cfg.data_dir, cfg.database))
     _init_if_needed(cfg)
+    # The HTTP port's certificate (issued from the cluster CA, or the operator's checked) before anything listens.
+    tls = httptls.prepare(cfg)
     store = _open_store(cfg)
     # Bound before the settings are made: a mounted mirror's URL, which nodes fetch from, has its port.
     http_sock = front.listen(cfg.host, cfg.http_port, reuse_port=cfg.router_processes > 1)
@@ -250,7 +252,7 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
         http_sock.close()
         raise LlmgwError(str(e)) from None
     advertised = _advertised(cfg)
-    me = leader_mod.Me(id=leader_mod.instance_id(cfg.data_dir), http_url=f"http://{advertised}:{http_port}",
+    me = leader_mod.Me(id=leader_mod.instance_id(cfg.data_dir), http_url=f"{tls.plan.scheme}://{advertised}:{http_port}",
                        agent_addr=f"{advertised}:{agent_port}", version=_version())
     leadership = _leadership(cfg, cp, me)
     # Who may call the REST API.
@@ -265,34 +267,38 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
                      usage=cp.usage, cluster_ca=None if cfg.insecure else datadir.ca_cert(cfg.data_dir).read_bytes())
     # A standby answers routers' tables, /healthz, /metrics and the control planes' list itself, and
     # forwards the rest of the REST API to the leader (which has the agents: node liveness, logs).
-    rest = forward_http.standby(api, leadership)
+    # A leader's https:// URL is verified with the cluster CA (and the system's roots, for an operator's certificate).
+    rest = forward_http.standby(api, leadership, ca_file=datadir.ca_cert(cfg.data_dir)
+                                if tls.plan.on and datadir.is_initialised(cfg.data_dir) else None)
     # The mirror's app is mounted, so its lifespan never runs: its upstream client is closed at the stop.
     mirror = (mirror_app.build(cfg.mirror.dir, upstream=cfg.mirror.upstream, admin_token=cfg.mirror.admin_token,
                                stats_auth=front.admin_check(auth))
               if cfg.mirror is not None else None)
     # The router's own HTTP server, as a standalone router has (router/server.py): uvicorn's
     # per-request machinery cost the router more than its own work.
-    served = front.dispatch(router, rest, mirror=mirror)
+    served = front.dispatch(router, rest, mirror=mirror, behind_tls_proxy=cfg.tls.marked_plain)
     # Only a router worker sets the headers the internal listener reads; a client's are dropped.
     web = router_server.Server(routerworkers.untrusting(served), max_body_bytes=cfg.router.max_body_bytes,
-                               limits=cfg.router.limits)
+                               limits=cfg.router.limits, marks=tls.marks)
     lease_task = asyncio.create_task(leadership.run())
     # The first lease round before the first request: a server alone leads at once, and a client that
     # called it as soon as it listened got a standby's 503 before.
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(leadership.settled.wait(), cfg.lease.lease_s)
-    await web.start_on(http_sock)
+    await web.start_on(http_sock, ssl=tls.context)
+    tls.start_watching()
     tasks = _Tasks.start(cfg, cp)
     await router.startup()
     crew = None
     if cfg.router_processes > 1:
         crew = routerworkers.RouterWorkers(cfg, http_port=http_port, front=served, router_id=f"server-{me.id}",
                                            services=routerworkers.Services(cp.cluster, cp.reports, cp.usage,
-                                                                           worker_metrics))
+                                                                           worker_metrics),
+                                           tls_files=tls.files)
         await crew.start()
-    log.info("llmgw server %s: HTTP on %s:%d (OpenAI API /v1, REST /api/v1) in %d router process%s, agents on "
-             "%s:%d (%s), %s, data in %s; advertised as %s and %s", me.id, cfg.host, http_port,
-             cfg.router_processes, "" if cfg.router_processes == 1 else "es", cfg.host, agent_port,
+    log.info("llmgw server %s: API at %s (OpenAI API /v1, REST /api/v1) on %s:%d, %s, in %d router process%s, "
+             "agents on %s:%d (%s), %s, data in %s; advertised as %s and %s", me.id, me.http_url, cfg.host, http_port,
+             tls.describe(), cfg.router_processes, "" if cfg.router_processes == 1 else "es", cfg.host, agent_port,
              "plaintext" if cfg.insecure else "mutual TLS",
              f"joins on {cfg.host}:{join_port}" if join_port else "no join port", cfg.data_dir, me.http_url,
              me.agent_addr)
@@ -307,6 +313,7 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
         # Open long polls (a watching router, `llmgw events -f`) and streams get 3 s, then are cut: here and in
         # the router workers, which stop listening with this process and finish theirs meanwhile.
         await asyncio.gather(web.shutdown(routerworkers.GRACE_S), *([crew.stop()] if crew is not None else []))
+        await tls.stop()
         await rest.close()
         await router.shutdown()
         if mirror is not None:

@@ -114,7 +114,7 @@ class Authenticator:
 
 def check_listen(host: str, auth_required: bool, *, allow_no_auth: bool) -> list[str]:
     """Warnings for serving the OpenAI API beyond this machine while anyone may call it."""
-    if auth_required or allow_no_auth or _loopback(host):
+    if auth_required or allow_no_auth or is_loopback(host):
         return []
     return [f"The router listens on {host}, beyond this machine, and no API key exists, so anyone who can "
             f"reach it may use every model. {HOW_TO_GET_ONE} Keys are enforced from the first one on."]
@@ -148,7 +148,7 @@ class ListenGuard:
             self._warn(warning)
 
 
-def _loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
     try:

@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 class Connection(httphead.ResponseWriter, asyncio.Protocol):
     """One client connection; requests on it are answered one at a time, in order (``ResponseWriter`` writes them)."""
 
+    #: The scope's ``scheme``: a class attribute, so a plain connection pays nothing for TLS (``TlsConnection``).
+    scheme = "http"
+
     def __init__(self, server: Server) -> None:
         self.server = server
         self.transport: asyncio.Transport | None = None
@@ -200,7 +203,7 @@ class Connection(httphead.ResponseWriter, asyncio.Protocol):
             raw_path, query, path = url, b"", url.decode("latin-1")
         version = self.parser.get_http_version()
         scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": version,
-                 "method": self.parser.get_method().decode("ascii"), "scheme": "http", "path": path,
+                 "method": self.parser.get_method().decode("ascii"), "scheme": self.scheme, "path": path,
                  "raw_path": raw_path, "query_string": query, "root_path": "", "headers": self._headers,
                  "client": self._client, "server": self._server_addr, "extensions": {CANCELS: {}}}
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
@@ -297,3 +300,9 @@ class Connection(httphead.ResponseWriter, asyncio.Protocol):
     def close(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
+
+
+class TlsConnection(Connection):
+    """A connection of a TLS listener (``asyncio`` decrypts beneath it): the same, with the scheme ``https``."""
+
+    scheme = "https"

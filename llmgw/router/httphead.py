@@ -31,18 +31,29 @@ def status_line(status: int) -> bytes:
     return line if line is not None else b"HTTP/1.1 %d Unknown\r\n" % status
 
 
-class Clock:
-    """The ``date`` header, formatted once a second rather than once a response."""
+#: On every answer of a TLS listener: browsers keep to HTTPS for this host for a year (``server.Server``'s marks).
+HSTS = (b"strict-transport-security", b"max-age=31536000")
+#: On every answer of ``llmgw server --plain-http`` (plain HTTP beyond loopback, behind a TLS proxy).
+PLAIN_HTTP_MARK = (b"x-llmgw-plain-http", b"1")
 
-    def __init__(self) -> None:
+
+class Clock:
+    """The ``date`` header, formatted once a second rather than once a response.
+
+    ``marks``: headers every answer carries (HSTS on a TLS listener), kept in the same cached bytes as the
+    date, so they cost no work per answer: the line written is the same one object either way.
+    """
+
+    def __init__(self, marks: tuple[tuple[bytes, bytes], ...] = ()) -> None:
         self.second = 0
         self.header = b""
+        self._marks = b"".join(name + b": " + value + b"\r\n" for name, value in marks)
 
     def date(self) -> bytes:
         now = int(time.time())
         if now != self.second:
             self.second = now
-            self.header = b"date: " + email.utils.formatdate(now, usegmt=True).encode() + b"\r\n"
+            self.header = b"date: " + email.utils.formatdate(now, usegmt=True).encode() + b"\r\n" + self._marks
         return self.header
 
 

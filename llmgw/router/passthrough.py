@@ -38,17 +38,21 @@ PASSTHROUGH_ENV = "LLMGW_PASSTHROUGH_URL"
 SECRET_HEADER = "x-llmgw-internal"
 #: The address of the client a passed request came from.
 FORWARDED_FOR_HEADER = "x-llmgw-forwarded-for"
+#: The scheme the client used (``https`` on a TLS listener), so the server sets ``Secure`` cookies as it would.
+FORWARDED_PROTO_HEADER = "x-llmgw-forwarded-proto"
 #: Headers that concern one connection only (RFC 9110 7.6.1), never passed on; ``expect`` was answered here.
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "upgrade", "proxy-connection",
                         "proxy-authenticate", "proxy-authorization", "te", "trailer", "expect"})
-_NOT_PASSED = HOP_BY_HOP | {SECRET_HEADER, FORWARDED_FOR_HEADER}
+_NOT_PASSED = HOP_BY_HOP | {SECRET_HEADER, FORWARDED_FOR_HEADER, FORWARDED_PROTO_HEADER}
 _NOT_RETURNED = HOP_BY_HOP | {"date"}
 #: aiohttp would add these when the client sent none (an Accept-Encoding the client never asked for).
 _NO_AUTO = ("Accept-Encoding", "User-Agent", "Content-Type")
 
 
-def passed_headers(headers: list[tuple[bytes, bytes]], *, secret: str, client: str) -> CIMultiDict[str]:
-    """The headers a passed request carries: the client's but hop-by-hop and ours, then the secret and address."""
+def passed_headers(headers: list[tuple[bytes, bytes]], *, secret: str, client: str,
+                   scheme: str = "http") -> CIMultiDict[str]:
+    """The headers a passed request carries: the client's but hop-by-hop and ours, then the secret, the address
+    and the scheme."""
     out: CIMultiDict[str] = CIMultiDict()
     for name, value in headers:
         key = name.decode("latin-1").lower()
@@ -57,6 +61,7 @@ def passed_headers(headers: list[tuple[bytes, bytes]], *, secret: str, client: s
     out[SECRET_HEADER] = secret
     if client:
         out[FORWARDED_FOR_HEADER] = client
+    out[FORWARDED_PROTO_HEADER] = scheme
     return out
 
 
@@ -103,7 +108,8 @@ class Passthrough:
         target = self._base + scope["raw_path"].decode("latin-1")
         if scope.get("query_string"):
             target += "?" + scope["query_string"].decode("latin-1")
-        headers = passed_headers(scope.get("headers", []), secret=self._secret, client=client[0] if client else "")
+        headers = passed_headers(scope.get("headers", []), secret=self._secret, client=client[0] if client else "",
+                                 scheme=scope.get("scheme", "http"))
         try:
             resp = await self._session.request(scope["method"], yarl.URL(target, encoded=True), headers=headers,
                                                data=body or None, allow_redirects=False, skip_auto_headers=_NO_AUTO)

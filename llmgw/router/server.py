@@ -38,10 +38,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 from typing import Any
 
 from llmgw.router import httphead
-from llmgw.router.connection import Connection
+from llmgw.router.connection import Connection, TlsConnection
 from llmgw.router.limits import AddressCounts, Limits
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,10 @@ log = logging.getLogger(__name__)
 class Server:
     """Serves ``app`` (an ASGI callable) on one or more listening sockets."""
 
-    def __init__(self, app: Any, *, max_body_bytes: int = 32 << 20, limits: Limits = Limits()) -> None:
+    def __init__(self, app: Any, *, max_body_bytes: int = 32 << 20, limits: Limits = Limits(),
+                 marks: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+        """``marks``: headers on every answer (``httphead.HSTS`` on TLS, ``httphead.PLAIN_HTTP_MARK``), cached with
+        the date line (``httphead.Clock``): no work per answer."""
         self.app = app
         # An app that serves HTTP through a method of its own (``RouterApp.asgi_http``) is called there, one
         # coroutine layer fewer for every resume of every request (issue 27); anything else as ASGI says.
@@ -59,22 +63,37 @@ class Server:
         self.limits = limits
         self.keepalive_s = limits.idle_timeout_s
         self.addresses = AddressCounts(limits.max_per_address)
-        self.clock = httphead.Clock()
+        self.clock = httphead.Clock(marks)
         self.connections: set[Connection] = set()
         self._servers: list[asyncio.AbstractServer] = []
         self._sweeper: asyncio.TimerHandle | None = None
 
-    async def start(self, host: str, port: int, *, reuse_port: bool = False) -> asyncio.AbstractServer:
+    async def start(self, host: str, port: int, *, reuse_port: bool = False,
+                    ssl: ssl.SSLContext | None = None) -> asyncio.AbstractServer:
         """Listen on ``host:port``; ``reuse_port``: with SO_REUSEPORT, so the router's workers (``router.hub``)
-        each listen on the same port and the kernel spreads new connections over them."""
+        each listen on the same port and the kernel spreads new connections over them. ``ssl``: HTTPS with this
+        server context (``tlslisten.CertReloader.context``; its certificate may be replaced while serving)."""
         loop = asyncio.get_running_loop()
-        return self._started(await loop.create_server(lambda: Connection(self), host, port, backlog=2048,
-                                                      reuse_port=reuse_port or None))
+        return self._started(await loop.create_server(self._protocol(ssl), host, port, backlog=2048,
+                                                      reuse_port=reuse_port or None, **self._tls(ssl)))
 
-    async def start_on(self, sock: socket.socket) -> asyncio.AbstractServer:
+    async def start_on(self, sock: socket.socket, *, ssl: ssl.SSLContext | None = None) -> asyncio.AbstractServer:
         """Serve on ``sock``, a listening socket already bound (its port known before the server starts)."""
         loop = asyncio.get_running_loop()
-        return self._started(await loop.create_server(lambda: Connection(self), sock=sock, backlog=2048))
+        return self._started(await loop.create_server(self._protocol(ssl), sock=sock, backlog=2048,
+                                                      **self._tls(ssl)))
+
+    def _protocol(self, ctx: ssl.SSLContext | None) -> Any:
+        # One class per listener, chosen here: the scope's scheme is a class attribute, not a test per request.
+        # Nagle stays off on TLS too: the event loop sets TCP_NODELAY on the socket beneath the TLS layer.
+        kind = Connection if ctx is None else TlsConnection
+        return lambda: kind(self)
+
+    def _tls(self, ctx: ssl.SSLContext | None) -> dict[str, Any]:
+        if ctx is None:
+            return {}
+        # A handshake is bounded as a request's header block is: a client that opens and stalls holds nothing long.
+        return {"ssl": ctx, "ssl_handshake_timeout": self.limits.header_timeout_s or 60.0}
 
     def _started(self, server: asyncio.AbstractServer) -> asyncio.AbstractServer:
         loop = asyncio.get_running_loop()

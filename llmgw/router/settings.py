@@ -122,6 +122,12 @@ class RouterSettings:
                                                  "environment variable]")
     host: str = setting("127.0.0.1", help="address to listen on (0.0.0.0 for every interface)")
     port: int = setting(8080, min=0, max=65535, help="the OpenAI API (/v1) and /metrics")
+    tls_cert: Path | None = setting(None, metavar="FILE", help="serve HTTPS with this certificate (PEM: the "
+                                    "router's, then its intermediates), re-read when it changes, without a restart; "
+                                    "with --tls-key [default: plain HTTP, warned beyond loopback]")
+    tls_key: Path | None = setting(None, metavar="FILE", help="the private key of --tls-cert (PEM, unencrypted, 0600)")
+    plain_http: bool = setting(False, help="plain HTTP beyond loopback on purpose (behind a TLS-terminating "
+                                           "proxy): no warning at start; every answer says so (X-Llmgw-Plain-Http)")
     log_level: str = setting("info", help="the log level: debug, info, warning, error")
     graceful_shutdown: float = setting(30.0, metavar="SECONDS",
                                        help="how long open streams may finish after SIGTERM before they are cut")
@@ -140,6 +146,11 @@ class RouterSettings:
     def __post_init__(self) -> None:
         if not 0 <= self.workers <= MAX_WORKERS:
             raise ValueError(f"--workers: expected 0 (one per core) to {MAX_WORKERS}, got {self.workers}")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("--tls-cert and --tls-key go together: give the certificate and its key, or neither")
+        if self.plain_http and self.tls_cert is not None:
+            raise ValueError("--plain-http and --tls-cert contradict each other: leave --plain-http out to serve "
+                             "HTTPS, or drop --tls-cert/--tls-key behind a TLS-terminating proxy")
         if self.table_file is not None and self.control:
             raise ValueError("give a table file or a control-plane URL, not both")
         if isinstance(self.control, str):   # one URL given as a string: the tuple it stands for

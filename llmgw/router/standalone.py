@@ -39,7 +39,20 @@ import yaml
 
 from llmgw.core import settingsgen
 from llmgw.router import app as app_mod
-from llmgw.router import auth, controltls, limits, metricspush, passthrough, reports, signals, tracing, usagehttp, watch
+from llmgw.router import (
+    auth,
+    controltls,
+    httphead,
+    limits,
+    metricspush,
+    passthrough,
+    reports,
+    signals,
+    tlslisten,
+    tracing,
+    usagehttp,
+    watch,
+)
 from llmgw.router import server as server_mod
 from llmgw.router import table as table_mod
 from llmgw.router.settings import HUB_PID_ENV, HUB_STATIC_ENV, TOKEN_ENV, ProxySettings, RouterSettings
@@ -218,6 +231,11 @@ def run(settings: RouterSettings) -> int:
     passed_to = os.environ.get(passthrough.PASSTHROUGH_ENV, "").strip() if hub_pid is not None else ""
     front = passthrough.Passthrough(router, passed_to, secret=token) if passed_to else router
     try:
+        tls = listener_tls(settings, warn=hub_pid is None)
+    except tlslisten.TlsFilesError as exc:
+        print(f"llmgw router: {exc}", file=sys.stderr)
+        return 2
+    try:
         import uvloop
     except ImportError:  # the stock loop works, at fewer requests per second
         run_loop = asyncio.run
@@ -226,9 +244,28 @@ def run(settings: RouterSettings) -> int:
     try:
         return run_loop(serve(front, host=settings.host, port=settings.port,
                               max_body_bytes=settings.proxy.max_body_bytes, grace_s=settings.graceful_shutdown,
-                              http_limits=settings.proxy.limits, source=settings.source, hub_pid=hub_pid))
+                              http_limits=settings.proxy.limits, source=settings.source, hub_pid=hub_pid, tls=tls,
+                              marks=listener_marks(settings)))
     except KeyboardInterrupt:
         return 0
+
+
+def listener_tls(settings: RouterSettings, *, warn: bool = True) -> tlslisten.CertReloader | None:
+    """The listener's TLS (``--tls-cert/--tls-key``, checked now: TlsFilesError naming the flag), or None; warns
+    when the router listens beyond loopback in plain HTTP without ``--plain-http`` saying a proxy is in front."""
+    if settings.tls_cert is not None and settings.tls_key is not None:
+        return tlslisten.CertReloader(settings.tls_cert, settings.tls_key)
+    if warn and not settings.plain_http and not auth.is_loopback(settings.host):
+        log.warning("PLAIN HTTP on %s: keys and prompts cross the network readable. Give --tls-cert/--tls-key to "
+                    "serve HTTPS, or --plain-http when a TLS-terminating proxy is in front", settings.host)
+    return None
+
+
+def listener_marks(settings: RouterSettings) -> tuple[tuple[bytes, bytes], ...]:
+    """The headers on every answer: HSTS on HTTPS, the plain-HTTP mark with ``--plain-http``."""
+    if settings.tls_cert is not None:
+        return (httphead.HSTS,)
+    return (httphead.PLAIN_HTTP_MARK,) if settings.plain_http else ()
 
 
 def _hub_pid(env: Mapping[str, str]) -> int | None:
@@ -249,7 +286,8 @@ async def _orphaned(hub_pid: int, stop: asyncio.Event, every_s: float = 1.0) -> 
 
 async def serve(router: app_mod.RouterApp | passthrough.Passthrough, *, host: str, port: int, max_body_bytes: int,
                 grace_s: float, source: str, http_limits: limits.Limits | None = None,
-                hub_pid: int | None = None) -> int:
+                hub_pid: int | None = None, tls: tlslisten.CertReloader | None = None,
+                marks: tuple[tuple[bytes, bytes], ...] = ()) -> int:
     """Open the pools, listen until SIGTERM/SIGINT, drain for ``grace_s``, close the pools.
 
     ``hub_pid``: this is a worker of that hub: it listens with SO_REUSEPORT beside the other workers, and
@@ -260,20 +298,26 @@ async def serve(router: app_mod.RouterApp | passthrough.Passthrough, *, host: st
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await router.startup()
-    http = server_mod.Server(router, max_body_bytes=max_body_bytes, limits=http_limits or limits.Limits())
+    http = server_mod.Server(router, max_body_bytes=max_body_bytes, limits=http_limits or limits.Limits(),
+                             marks=marks)
     orphan: asyncio.Task[None] | None = None
+    watch_tls: asyncio.Task[None] | None = None
     try:
         try:
-            await http.start(host, port, reuse_port=hub_pid is not None)
+            await http.start(host, port, reuse_port=hub_pid is not None, ssl=tls.context if tls else None)
         except OSError as exc:
             print(f"llmgw router: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
             return 2
-        log.info("router on http://%s:%d, routes from %s", host, port, source)
+        if tls is not None:
+            watch_tls = asyncio.create_task(tls.run())   # a renewed certificate is served without a restart
+        log.info("router on %s://%s:%d, routes from %s", "https" if tls else "http", host, port, source)
         if hub_pid is not None:
             orphan = asyncio.create_task(_orphaned(hub_pid, stop))
         await stop.wait()
         if orphan is not None:
             orphan.cancel()
+        if watch_tls is not None:
+            watch_tls.cancel()
         log.info("stopping: no new connections; open requests have %gs to finish", grace_s)
         await http.shutdown(grace_s)
     finally:

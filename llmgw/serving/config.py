@@ -78,6 +78,36 @@ class ServerConfig:
     router_processes: int = 1
     #: Usage retention per grain, the request log's, the budget webhook (``control.usage.config``).
     usage: UsageConfig = UsageConfig()
+    #: How the HTTP port is served: HTTPS (and with which certificate) or plain (``tls_plan``).
+    tls: TlsPlan = dataclasses.field(default_factory=lambda: TlsPlan())
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TlsPlan:
+    """How ``llmgw server``'s HTTP port is served, as :func:`tls_plan` decided it from the flags."""
+
+    #: HTTPS on the HTTP port (OpenAI API, REST, UI, mirror).
+    on: bool = False
+    #: The operator's certificate and key files (``--tls-cert/--tls-key``); None: one from the cluster CA.
+    cert: Path | None = None
+    key: Path | None = None
+    #: More names for the cluster-CA certificate (``--tls-san``).
+    sans: tuple[str, ...] = ()
+    #: The cluster-CA certificate's validity (``--tls-cert-validity``); issued again at two thirds.
+    validity_s: float = 90 * 86400.0
+    #: Plain HTTP beyond loopback on purpose (``--plain-http``): warned at start, every answer marked.
+    marked_plain: bool = False
+    #: The start's WARNING, when there is one.
+    warning: str = ""
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.on else "http"
+
+    @property
+    def cluster_ca(self) -> bool:
+        """HTTPS with a certificate the server issues itself from the cluster CA."""
+        return self.on and self.cert is None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -158,7 +188,10 @@ def config_of(settings: ServerSettings, env: Mapping[str, str], *, default_data_
                         engine_os_packages=settings.engine_os_packages, database=settings.database,
                         advertise=settings.advertise_address, lease=lease,
                         fetch_allow_private=settings.fetch_allow_private, router=settings.router,
-                        router_processes=settings.router_worker_count, usage=usage_config(settings))
+                        router_processes=settings.router_worker_count, usage=usage_config(settings),
+                        tls=tls_plan(host=settings.host, tls=settings.tls, plain_http=settings.plain_http,
+                                     tls_cert=settings.tls_cert, tls_key=settings.tls_key, tls_san=settings.tls_san,
+                                     insecure=settings.insecure, validity_s=settings.tls_cert_validity_s))
 
 
 #: Every REST answer of an ``--insecure`` server carries this header; the CLI warns on seeing it.
@@ -206,6 +239,46 @@ def check_advertise(host: str) -> None:
     if len(name) > 253 or not all(_LABEL.fullmatch(label) for label in name.split(".")):
         raise LlmgwError(f"{said}: not a host name (letters, digits and hyphens, in dot-separated labels of at "
                          f"most 63); {want}")
+
+
+def tls_plan(*, host: str, tls: bool = False, plain_http: bool = False, tls_cert: Path | None = None,
+             tls_key: Path | None = None, tls_san: tuple[str, ...] = (), insecure: bool = False,
+             validity_s: float = TlsPlan.validity_s) -> TlsPlan:
+    """Whether the HTTP port speaks TLS, and with which certificate; LlmgwError, naming the flag, when contradictory.
+
+    Beyond loopback (a wildcard, a name, an address other than 127/8 and ::1): HTTPS, unless ``--plain-http``
+    says a TLS-terminating proxy is in front (then warned, and every answer marked). On loopback (``make up``,
+    tests): plain, unless ``--tls``, ``--tls-cert`` or ``--tls-san`` asks for HTTPS. ``--insecure`` (loopback
+    only; no cluster CA is made in that mode) may take the operator's ``--tls-cert/--tls-key``, not a cluster-CA
+    certificate.
+    """
+    if (tls_cert is None) != (tls_key is None):
+        given, missing = ("--tls-cert", "--tls-key") if tls_cert is not None else ("--tls-key", "--tls-cert")
+        raise LlmgwError(f"{given} needs {missing}: give the certificate and its key together, or neither (the "
+                         "server then uses a certificate from the cluster CA)")
+    asked = [flag for flag, given in (("--tls", tls), ("--tls-cert", tls_cert is not None),
+                                      ("--tls-san", bool(tls_san))) if given]
+    if plain_http and asked:
+        raise LlmgwError(f"--plain-http and {asked[0]} contradict each other: leave --plain-http out to serve HTTPS, "
+                         f"or leave {asked[0]} out to serve plain HTTP behind a TLS-terminating proxy")
+    if tls_cert is not None and tls_san:
+        raise LlmgwError("--tls-san names the cluster-CA certificate's hosts; with --tls-cert the names are your "
+                         "certificate's own: leave --tls-san out")
+    if insecure and asked and tls_cert is None:
+        raise LlmgwError(f"--insecure and {asked[0]}: an --insecure server makes no cluster CA to issue the HTTP "
+                         "port's certificate from; give your own --tls-cert/--tls-key, or leave --insecure out")
+    if _is_loopback(host):
+        return TlsPlan(on=bool(asked), cert=tls_cert, key=tls_key, sans=tls_san, validity_s=validity_s)
+    if plain_http:
+        return TlsPlan(marked_plain=True, warning=(
+            f"PLAIN HTTP: --plain-http on --host {host}: logins, tokens and prompts cross the network readable unless "
+            "a TLS-terminating proxy is in front of this port; every answer says so "
+            f"({PLAIN_HTTP_HEADER}: 1). Leave --plain-http out to serve HTTPS here"))
+    return TlsPlan(on=True, cert=tls_cert, key=tls_key, sans=tls_san, validity_s=validity_s)
+
+
+#: Every answer of a server serving plain HTTP beyond loopback (``--plain-http``) carries this header.
+PLAIN_HTTP_HEADER = "X-Llmgw-Plain-Http"
 
 
 def check_mode(cfg: ServerConfig) -> None:

@@ -29,7 +29,9 @@ MIRROR_PREFIX = "/mirror"
 UI_PREFIX = "/ui"
 
 
-def dispatch(router: RouterApp, api: Any, *, mirror: Any = None) -> Any:
+def dispatch(router: RouterApp, api: Any, *, mirror: Any = None, behind_tls_proxy: bool = False) -> Any:
+    """The front app. ``behind_tls_proxy`` (``--plain-http``): the UI and REST API see the scheme ``https``, the
+    one the browser used to reach the TLS-terminating proxy, so the session cookie is ``Secure`` there too."""
     # The admin UI reads everything through ``api`` in-process, with the browser's own credential.
     ui = ui_app.create_ui(api)
 
@@ -37,7 +39,10 @@ def dispatch(router: RouterApp, api: Any, *, mirror: Any = None) -> Any:
         path = scope["path"] if scope["type"] == "http" else ""
         if path.startswith("/v1/"):
             await router(scope, receive, send)
-        elif path == UI_PREFIX or path.startswith(UI_PREFIX + "/"):
+            return
+        if behind_tls_proxy and scope["type"] == "http":
+            scope = {**scope, "scheme": "https"}
+        if path == UI_PREFIX or path.startswith(UI_PREFIX + "/"):
             await ui({**scope, "root_path": scope.get("root_path", "") + UI_PREFIX}, receive, send)
         elif path == "/" and any(k == b"accept" and b"text/html" in v for k, v in scope.get("headers", ())):
             # A browser opening the server's address lands on the UI; API clients keep what they had.
@@ -91,7 +96,9 @@ def own_mirror_hub(cfg: ServerConfig, http_port: int) -> decide.Hub:
     """
     assert cfg.mirror is not None
     host = socket.getfqdn() if cfg.host in ("0.0.0.0", "::", "") else cfg.host
-    own = (f"http://[{host}]:{http_port}" if ":" in host else f"http://{host}:{http_port}") + MIRROR_PREFIX
+    # https:// when the port serves TLS: agents trust the cluster CA for it.
+    scheme = cfg.tls.scheme
+    own = (f"{scheme}://[{host}]:{http_port}" if ":" in host else f"{scheme}://{host}:{http_port}") + MIRROR_PREFIX
     hub = dataclasses.replace(cfg.hub, endpoint=own if cfg.mirror.serves_hub else cfg.hub.endpoint,
                               mirror_url=own if cfg.mirror.serves_files else cfg.hub.mirror_url)
     log.info("weights mirror of %s at %s%s; remote weights: hf:// from %s%s, mirror:// from %s (--hub-endpoint, "

@@ -60,7 +60,8 @@ log = logging.getLogger("llmgw.serve")
 GRACE_S = 3.0
 _SECRET = passthrough.SECRET_HEADER.encode()
 _FORWARDED = passthrough.FORWARDED_FOR_HEADER.encode()
-_OURS = (_SECRET, _FORWARDED)
+_PROTO = passthrough.FORWARDED_PROTO_HEADER.encode()
+_OURS = (_SECRET, _FORWARDED, _PROTO)
 App = Callable[[asgi.Scope, asgi.Receive, asgi.Send], Awaitable[None]]
 
 
@@ -115,10 +116,13 @@ class Internal:
 
     @staticmethod
     def _as_client_sent(scope: asgi.Scope) -> asgi.Scope:
-        """The passed request as its client sent it: without our headers, from the address the worker names."""
+        """The passed request as its client sent it: without our headers, from the address the worker names, over
+        the scheme it says (the session cookie is ``Secure`` on https)."""
         address = (_header(scope, _FORWARDED) or b"").decode("latin-1").strip()
         client = (address, 0) if address else scope.get("client")
-        return {**scope, "client": client, "headers": [(n, v) for n, v in scope["headers"] if n not in _OURS]}
+        scheme = "https" if _header(scope, _PROTO) == b"https" else scope.get("scheme", "http")
+        return {**scope, "client": client, "scheme": scheme,
+                "headers": [(n, v) for n, v in scope["headers"] if n not in _OURS]}
 
     async def _hub(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
         path, method = scope["path"], scope["method"]
@@ -177,8 +181,11 @@ async def _error(send: asgi.Send, status: int, message: str) -> None:
 class RouterWorkers:
     """The internal listener and the ``count - 1`` workers of a server with ``count`` router processes."""
 
-    def __init__(self, cfg: ServerConfig, *, http_port: int, front: App, services: Services, router_id: str) -> None:
+    def __init__(self, cfg: ServerConfig, *, http_port: int, front: App, services: Services, router_id: str,
+                 tls_files: tuple[Path, Path] | None = None) -> None:
+        """``tls_files``: the certificate and key the HTTP port serves; each worker watches them itself."""
         self._cfg = cfg
+        self._tls_files = tls_files
         self._http_port = http_port
         self._front = front
         self._services = services
@@ -209,6 +216,9 @@ class RouterWorkers:
         settings = RouterSettings(control=(url,), host=cfg.host, port=self._http_port, router_id=self._router_id,
                                   log_level=level if level in ("debug", "info", "warning", "error") else "info",
                                   graceful_shutdown=GRACE_S, workers=1, proxy=cfg.router,
+                                  tls_cert=self._tls_files[0] if self._tls_files else None,
+                                  tls_key=self._tls_files[1] if self._tls_files else None,
+                                  plain_http=cfg.tls.marked_plain,
                                   usage_journal_dir=cfg.data_dir / "usage-journal-workers")
         configs = [workers.write_config(self._private, i, workers.worker_settings(settings, i, hub_url=url,
                                                                                   port=self._http_port))

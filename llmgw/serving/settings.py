@@ -49,6 +49,21 @@ class ServerSettings:
     insecure: bool = setting(False, help="Loopback development only: no authentication on the REST API, a "
                                          "plaintext agent stream, no join port (refused with a --host that is not "
                                          "loopback)")
+    tls: bool = setting(False, help="HTTPS on the HTTP port on loopback too (beyond loopback it is the default), "
+                                    "with a certificate from the cluster CA unless --tls-cert/--tls-key are given")
+    plain_http: bool = setting(False, help="Plain HTTP on a --host beyond loopback, for a server behind a "
+                                           "TLS-terminating proxy: warned at start, and every answer says so "
+                                           "(X-Llmgw-Plain-Http: 1)")
+    tls_cert: Path | None = setting(None, metavar="FILE", help="The HTTP port's certificate (PEM: the server's, "
+                                    "then its intermediates), e.g. a public one; re-read when it changes, "
+                                    "without a restart. With --tls-key [default: one from the cluster CA]")
+    tls_key: Path | None = setting(None, metavar="FILE", help="The private key of --tls-cert (PEM, unencrypted; "
+                                   "keep it 0600); re-read with it")
+    tls_san: tuple[str, ...] = setting((), metavar="NAME", help="A host name or IP address clients reach the HTTP "
+                                       "port by, put in its cluster-CA certificate beside --advertise-address, "
+                                       "--host and the loopback names; repeatable")
+    tls_cert_validity: str = setting("90d", help="How long the HTTP port's cluster-CA certificate is valid; it is "
+                                                 "issued again at two thirds, or when the names change")
     node_cert_validity: str = setting("365d", help="How long a node's certificate is valid, e.g. 720h, 30s; agents "
                                                    "renew it at two thirds, over their stream")
     node_grace: float = setting(30.0, help="Seconds a disconnected node keeps its replicas")
@@ -122,6 +137,8 @@ class ServerSettings:
         if not 0 <= self.weights_gc_free_below < 100:
             raise ValueError(f"--weights-gc-free-below {self.weights_gc_free_below:g}: a percent from 0 (never) to "
                              "below 100")
+        if self.tls_cert_validity_s <= 0:
+            raise ValueError("--tls-cert-validity must be longer than 0s, e.g. 90d")
         if self.node_cert_validity_s <= 0:
             raise ValueError("--node-cert-validity must be longer than 0s")
         if self.audit_retention_s <= 0:
@@ -151,6 +168,10 @@ class ServerSettings:
     def router_worker_count(self) -> int:
         """How many processes accept on the HTTP port: ``router_workers``, or with 0 the cores, at most the cap."""
         return self.router_workers or max(1, min(os.cpu_count() or 1, AUTO_WORKERS_CAP))
+
+    @property
+    def tls_cert_validity_s(self) -> float:
+        return _seconds("--tls-cert-validity", self.tls_cert_validity)
 
     @property
     def node_cert_validity_s(self) -> float:

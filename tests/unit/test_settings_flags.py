@@ -64,7 +64,8 @@ def test_the_flags_that_existed_keep_their_names() -> None:
     assert {"--table-file", "--control", "--token-file", "--host", "--port", "--log-level", "--max-body-bytes",
             "--keepalive", "--header-timeout", "--body-timeout", "--idle-timeout", "--max-connections-per-address",
             "--graceful-shutdown", "--router-id", "--tracing-endpoint", "--admission-queue", "--admission-wait",
-            "--signals-interval", "--config", "--usage-journal-dir", "--workers", "--control-ca", "--control-ca-hash"} \
+            "--signals-interval", "--config", "--usage-journal-dir", "--workers", "--tls-cert", "--tls-key",
+            "--plain-http", "--control-ca", "--control-ca-hash"} \
         == _argparse_flags(standalone.parser()) - {"-h", "--help"}
     assert {"--host", "--http-port", "--agent-port", "--join-port", "--data-dir", "--ports-file", "--database",
             "--advertise-address", "--lease", "--lease-renew", "--insecure", "--node-cert-validity", "--node-grace",
@@ -73,7 +74,8 @@ def test_the_flags_that_existed_keep_their_names() -> None:
             "--engine-find-links", "--model-installs", "--no-model-installs", "--engine-os-packages",
             "--no-engine-os-packages", "--header-timeout", "--body-timeout", "--idle-timeout",
             "--max-connections-per-address", "--tracing-endpoint", "--audit-retention",
-            "--log-level"} <= _click_flags("server")
+            "--log-level", "--tls", "--plain-http", "--tls-cert", "--tls-key", "--tls-san",
+            "--tls-cert-validity"} <= _click_flags("server")
     assert {"--dir", "--host", "--port", "--upstream", "--admin-token-file", "--upstream-token-file", "--tls-cert",
             "--tls-key", "--log-level"} <= _click_flags("mirror")
 

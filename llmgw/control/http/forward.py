@@ -23,7 +23,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import ssl
 import urllib.parse
+from pathlib import Path
 from typing import Any, Protocol
 
 import aiohttp
@@ -133,9 +135,14 @@ def _response_headers(headers: Any, *, me: str) -> list[tuple[bytes, bytes]]:
 class Standby:
     """The ASGI app ``standby()`` returns; owns the one HTTP client session that talks to the leader."""
 
-    def __init__(self, app: ASGIApp, view: View) -> None:
+    def __init__(self, app: ASGIApp, view: View, *, ca_file: Path | None = None) -> None:
         self.app, self.view = app, view
         self._session: aiohttp.ClientSession | None = None
+        # A leader serving HTTPS is verified: the system's roots (an operator's public certificate) and the cluster CA.
+        self._ssl: ssl.SSLContext | None = None
+        if ca_file is not None:
+            self._ssl = ssl.create_default_context()
+            self._ssl.load_verify_locations(cafile=str(ca_file))
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -143,7 +150,8 @@ class Standby:
             # leader encoded it, with its Content-Encoding and Content-Length still true of it.
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S),
-                auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar())
+                auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(),
+                connector=aiohttp.TCPConnector(ssl=self._ssl) if self._ssl is not None else None)
         return self._session
 
     async def close(self) -> None:
@@ -234,8 +242,9 @@ class Standby:
                     await task
 
 
-def standby(app: ASGIApp, leadership: View) -> Standby:
-    """``app`` while ``leadership.leading``; on a standby, the local routes from ``app``, the rest from the leader."""
-    return Standby(app, leadership)
+def standby(app: ASGIApp, leadership: View, *, ca_file: Path | None = None) -> Standby:
+    """``app`` while ``leadership.leading``; on a standby, the local routes from ``app``, the rest from the leader
+    (over https:// verified with ``ca_file``, the cluster CA, when the leader's URL says https)."""
+    return Standby(app, leadership, ca_file=ca_file)
 
 

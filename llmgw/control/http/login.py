@@ -68,8 +68,10 @@ def router(auth: Auth) -> APIRouter:
             return JSONResponse({"token": done.token, "user": done.user, "role": done.role,
                                  "expires_at": done.expires_at})
         resp = JSONResponse({"user": done.user, "role": done.role, "expires_at": done.expires_at})
+        # Secure on HTTPS (a server behind a TLS proxy with --plain-http says https too); not on plain loopback,
+        # where a browser that does not count http://127.0.0.1 as secure would drop a Secure cookie.
         resp.set_cookie(credentials.SESSION_COOKIE, done.token, max_age=int(credentials.SESSION_S), path="/",
-                        httponly=True, secure=True, samesite="strict")
+                        httponly=True, secure=request.url.scheme == "https", samesite="strict")
         return resp
 
     @r.post("/api/v1/logout", response_model=LoggedOut)
@@ -78,7 +80,8 @@ def router(auth: Auth) -> APIRouter:
         p: principals.Principal | None = request.scope.get(PRINCIPAL)
         ended = bool(p and p.token_id) and await auth.revoke(p.token_id if p else "")
         resp = JSONResponse({"logged_out": ended})
-        resp.delete_cookie(credentials.SESSION_COOKIE, path="/", httponly=True, secure=True, samesite="strict")
+        resp.delete_cookie(credentials.SESSION_COOKIE, path="/", httponly=True, secure=request.url.scheme == "https",
+                           samesite="strict")
         return resp
 
     return r

@@ -113,7 +113,9 @@ class Ui:
         headers = {k: v for k in ("cookie", "origin", "referer", "host") if (v := request.headers.get(k))}
         if request.client is not None:
             headers[guard.PEER_HEADER] = request.client.host
-        resp = await self.client.request(method, path, headers=headers, **kw)
+        # Over the browser's scheme: the API sets the session cookie Secure when the browser came over HTTPS.
+        url = path if request.url.scheme != "https" else "https://ui.internal" + path
+        resp = await self.client.request(method, url, headers=headers, **kw)
         self.insecure = self.insecure or bool(resp.headers.get(auth_mw.INSECURE_HEADER))
         if guarded and resp.status_code == 401:
             raise SessionEnded(api_message(resp))

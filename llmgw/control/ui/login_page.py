@@ -44,7 +44,8 @@ async def logout(ui: Ui, request: Request) -> Response:
     for value in resp.headers.get_list("set-cookie"):
         out.headers.append("set-cookie", value)
     # Cleared whatever the API said: a session already ended must still leave the browser logged out.
-    out.delete_cookie(credentials.SESSION_COOKIE, path="/", httponly=True, secure=True, samesite="strict")
+    out.delete_cookie(credentials.SESSION_COOKIE, path="/", httponly=True, secure=request.url.scheme == "https",
+                      samesite="strict")
     return out
 
 
