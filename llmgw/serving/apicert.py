@@ -20,7 +20,7 @@ import socket
 import tempfile
 from pathlib import Path
 
-from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 
 from llmgw.control import datadir
 from llmgw.core import pki
@@ -71,7 +71,7 @@ def why_issue(cert_pem: bytes | None, ca_pem: bytes, hosts: list[str], validity_
     try:
         cert = pki.load_cert(cert_pem)
         cert.verify_directly_issued_by(pki.load_cert(ca_pem))
-    except (pki.PkiError, ValueError, TypeError, x509.InvalidSignature):
+    except (pki.PkiError, ValueError, TypeError, InvalidSignature):
         return "it was not issued by this cluster's CA"
     if set(pki.subject_alt_names(cert_pem)) != _canonical(hosts):
         return f"the names changed (now {', '.join([*hosts, *pki.LOOPBACK_NAMES])})"

@@ -10,6 +10,7 @@ request that had none, never one whose stream had begun.
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 import time
 
@@ -21,8 +22,14 @@ from llmgw.testing.procs import wait_for
 class Load:
     """Clients sending completions through the router back to back until stopped; every failure kept."""
 
-    def __init__(self, url: str, model: str, *, clients: int = 4, timeout_s: float = 30) -> None:
-        """``timeout_s`` is each client's: a patient client (60 s) waits out a hung engine's re-send."""
+    def __init__(self, url: str, model: str, *, clients: int = 4, timeout_s: float = 30,
+                 verify: ssl.SSLContext | bool = True, pace_s: float = 0.0, fresh_connections: bool = False) -> None:
+        """``timeout_s`` is each client's: a patient client (60 s) waits out a hung engine's re-send. ``verify``: an
+        https URL's trust (a context with the CA). ``pace_s``: each client starts a request at most this often
+        (0: back to back). ``fresh_connections``: a new connection (a TLS handshake) for every request."""
+        self._verify = verify
+        self._pace_s = pace_s
+        self._fresh = fresh_connections
         self.url, self.model = url, model
         self.ok = 0  # requests served, both kinds
         self.streamed = 0  # of those, streams
@@ -58,8 +65,14 @@ class Load:
 
     def _run(self, stream: bool) -> None:
         body = {"model": self.model, "prompt": "x", "max_tokens": 8, "stream": stream}
-        with httpx.Client(timeout=self._timeout_s, trust_env=False) as c:
+        limits = httpx.Limits(max_keepalive_connections=0) if self._fresh else httpx.Limits()
+        with httpx.Client(timeout=self._timeout_s, trust_env=False, verify=self._verify, limits=limits) as c:
+            next_at = time.monotonic()
             while not self._stop.is_set():
+                if self._pace_s:   # steady: one request every pace_s per client, whatever each took
+                    if self._stop.wait(max(0.0, next_at - time.monotonic())):
+                        break
+                    next_at = max(next_at + self._pace_s, time.monotonic() - self._pace_s)
                 got = b""
                 started = time.monotonic()
                 try:

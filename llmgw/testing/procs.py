@@ -16,6 +16,7 @@ import collections
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.error
@@ -99,7 +100,8 @@ class Proc:
         return b"".join(lines).decode("utf-8", "replace")
 
     def wait_http(self, url: str, *, timeout: float = 30.0, headers: Mapping[str, str] | None = None,
-                  expect: Callable[[int, bytes], bool] = _ok) -> tuple[int, bytes]:
+                  expect: Callable[[int, bytes], bool] = _ok,
+                  context: ssl.SSLContext | None = None) -> tuple[int, bytes]:
         """Poll ``url`` until ``expect(status, body)`` holds; return (status, body).
 
         Raises TimeoutError, with the end of the log, when the process exits first or
@@ -114,7 +116,7 @@ class Proc:
                                    f"last output:\n{self.log_tail(30)}")
             request = urllib.request.Request(url, headers=dict(headers or {}))
             try:
-                with urllib.request.urlopen(request, timeout=2.0) as response:
+                with urllib.request.urlopen(request, timeout=2.0, context=context) as response:
                     status, body = response.status, response.read()
             except urllib.error.HTTPError as e:
                 status, body = e.code, e.read()

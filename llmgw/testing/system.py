@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import signal
+import ssl
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -58,13 +59,17 @@ def sim_model(name: str, *, replicas: int = 1, args: list[str] | None = None,
 class System:
     def __init__(self, root: Path, *, node_grace_s: float = 30.0, server_args: Sequence[str] = (),
                  agent_env: Mapping[str, str] | None = None, secure: bool = True, database: str = "",
-                 ca_from: Path | None = None) -> None:
+                 ca_from: Path | None = None, https: bool = False, ca_file: Path | None = None) -> None:
         """``server_args`` are added to `llmgw server`'s; ``agent_env`` to each agent's environment.
 
         ``database``: the store's URL (PostgreSQL), given to init and to the server (in LLMGW_DATABASE, as a
         URL with a password must be). ``ca_from``: another control plane of the same cluster, initialised with
         the first one's CA (its ``pki/`` directory); set ``token`` from the first before starting it.
+        ``https``: the server's HTTP port speaks TLS (``server_args`` say how); the harness verifies it with
+        ``ca_file`` (default: the cluster CA, ``DATA_DIR/pki/ca.crt``).
         """
+        self.https = https
+        self._ca_file = ca_file
         self.root = root
         self.database = database
         self.ca_from = ca_from
@@ -98,7 +103,7 @@ class System:
         doc = json.loads(str(got))
         self.http_port, self.agent_port = doc["http_port"], doc["agent_port"]
         self.join_port = int(doc.get("join_port") or 0)
-        self.server.wait_http(f"{self.url}/healthz", timeout=30)
+        self.server.wait_http(f"{self.url}/healthz", timeout=30, context=self.ssl_context())
         if self.secure and not self.token:
             resp = self.request("POST", "/api/v1/login", json={"username": "admin", "password": self.admin_password})
             assert resp.status_code == 200, f"login as admin: {resp.status_code} {resp.text}"
@@ -218,13 +223,22 @@ class System:
     # -- the API -----------------------------------------------------------------------
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
+        return f"{'https' if self.https else 'http'}://127.0.0.1:{self.http_port}"
+
+    @property
+    def ca_file(self) -> Path:
+        """What the harness trusts for an ``https`` server: the given CA file, else the cluster CA."""
+        return self._ca_file or self.data_dir / "pki" / "ca.crt"
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """A client context trusting ``ca_file`` for an ``https`` server; None for a plain one."""
+        return ssl.create_default_context(cafile=str(self.ca_file)) if self.https else None
 
     def request(self, method: str, path: str, **kw: Any) -> httpx.Response:
         """A REST call as the admin (its token sent unless ``headers`` says otherwise)."""
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         kw["headers"] = {**headers, **kw.get("headers", {})}
-        with httpx.Client(base_url=self.url, timeout=30, trust_env=False) as c:
+        with httpx.Client(base_url=self.url, timeout=30, trust_env=False, verify=self.ssl_context() or True) as c:
             return c.request(method, path, **kw)
 
     def get(self, path: str) -> Any:
