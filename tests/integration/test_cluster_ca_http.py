@@ -1,4 +1,4 @@
-"""``GET /api/v1/ca`` and ``/api/v1/ca.crt`` on a real secure server: no credential needed, the CA's
+"""``GET /api/v1/ca`` and ``/api/v1/ca.crt`` on a real secure server over HTTPS: no credential needed, the CA's
 certificate and the hash join commands carry, never a key (issue 28)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from llmgw.testing.system import System
 
 @pytest.fixture(scope="module")
 def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
-    s = System(tmp_path_factory.mktemp("ca"))
+    s = System(tmp_path_factory.mktemp("ca"), server_args=["--tls"], https=True)
     try:
         s.start_server()
         yield s
@@ -23,13 +23,7 @@ def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
 
 
 def _client(s: System) -> httpx.Client:
-    # The server's own scheme (plain on loopback, HTTPS once it serves TLS): verified with the cluster CA.
-    verify: object = True
-    if s.url.startswith("https://"):
-        import ssl
-
-        verify = ssl.create_default_context(cafile=str(s.data_dir / "pki" / "ca.crt"))
-    return httpx.Client(base_url=s.url, timeout=30, trust_env=False, verify=verify)  # type: ignore[arg-type]
+    return httpx.Client(base_url=s.url, timeout=30, trust_env=False, verify=s.ssl_context() or True)
 
 
 def test_the_ca_is_served_without_a_credential_with_its_hash_and_no_key(system: System) -> None:
