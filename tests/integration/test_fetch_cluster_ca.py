@@ -1,6 +1,7 @@
-"""The agent's fetches over TLS trust the cluster CA it joined with, beside the system's authorities (issue 28):
-weights through a real ``llmgw mirror`` serving HTTPS with a certificate of the cluster CA; refused without
-that CA; pip is given a bundle of both for an https:// index."""
+"""Fetches from the cluster's own mirror over TLS trust the cluster CA beside the system's authorities (issue 28):
+the agent's weights, and the control plane's metadata reads, through a real ``llmgw mirror`` serving HTTPS
+with a certificate of the cluster CA, each refused without that CA; pip is given a bundle of both for an
+https:// index."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ import pytest
 from llmgw.agent import fetch
 from llmgw.agent.fetch import trust
 from llmgw.agent.provision import pip
+from llmgw.control import remotemeta
 from llmgw.core import errors, pki, sources
-from llmgw.testing import hfrepo, procs
+from llmgw.testing import hfrepo, procs, tiny_gguf
 
 
 @contextlib.contextmanager
@@ -81,3 +83,16 @@ def test_pip_gets_a_bundle_of_the_system_authorities_and_the_cluster_ca(tmp_path
     plain = pip.install_argv(Path("/v/bin/python"), ("vllm",), index_url="http://cp/simple", find_links=False,
                              ca_bundle=path)
     assert "--cert" not in plain
+
+
+def test_the_control_planes_metadata_reads_of_its_own_tls_mirror_trust_the_cluster_ca(tmp_path: Path) -> None:
+    ca = pki.create_ca()
+    root = tmp_path / "mirror"
+    path = tiny_gguf.write_tiny_llama_gguf(tmp_path / "tiny.gguf")
+    hfrepo.write_files(root, "tiny", {"tiny.gguf": path.read_bytes()})
+    with _tls_mirror(tmp_path, root, ca) as url:
+        refused = remotemeta.Reader(mirror_url=url).read("mirror://tiny/tiny.gguf")
+        got = remotemeta.Reader(mirror_url=url, cluster_ca=ca.cert_pem).read("mirror://tiny/tiny.gguf")
+    assert refused.weight is None and "certificate" in refused.problem.lower(), refused.problem
+    assert got.weight is not None, got.problem
+    assert got.weight.size_bytes == path.stat().st_size and got.weight.format == "gguf"
