@@ -98,19 +98,32 @@ def check(url: str, ca_pem: str) -> None:
         raise Untrusted(refusal(url, ca_pem, failed)) from None
 
 
+#: OpenSSL's verify codes for a certificate that chains to a trusted CA but is wrong for this use.
+_NAME_MISMATCH = 62  # X509_V_ERR_HOSTNAME_MISMATCH (and 64, the IP address's)
+_DATES = (9, 10)  # X509_V_ERR_CERT_NOT_YET_VALID, X509_V_ERR_CERT_HAS_EXPIRED
+
+
 def refusal(url: str, ca_pem: str, failed: ssl.SSLCertVerificationError, *, context: str = "") -> str:
     """Why ``url``'s certificate was refused, and how to go on, as one sentence."""
     relogin = f"llmgw login --context {context}" if context else f"llmgw login --url {url}"
     why = failed.verify_message or failed.reason or str(failed)
+    code = failed.verify_code
+    if code in (_NAME_MISMATCH, 64):
+        return (f"the control plane at {url} presents a certificate that does not name {urlsplit(url).hostname} "
+                f"({why}); give a URL with a name its certificate has, or add the name on the server "
+                "(`llmgw server --tls-san NAME`)")
+    if code in _DATES:
+        return (f"the control plane at {url} presents a certificate outside its dates ({why}); check this "
+                "machine's clock, and that the server renews its certificate")
     if not ca_pem:
         return (f"the control plane at {url} presents a certificate no system authority trusts ({why}); pin the "
                 f"cluster's CA: `{relogin} --ca-hash sha256:…` with the hash `llmgw server` prints at start (or "
                 "`llmgw token create` in its join command), or --ca-file PATH for an operator's own CA")
     pinned, seen = pki.ca_hash(ca_pem.encode()), seen_hash(url)
-    if seen == pinned:  # the same CA: the certificate itself is wrong for this URL (its name, its dates)
-        return (f"the control plane at {url} presents a certificate of the pinned CA ({pinned}) that does not "
-                f"verify: {why}; give a URL with a name its certificate has, or add the name on the server "
-                "(`llmgw server --tls-san NAME`)")
+    if seen == pinned:  # it still offers the pinned CA, but its certificate is another's (an operator's own)
+        return (f"the control plane at {url} presents a certificate that is not of the CA pinned for it ({pinned}), "
+                f"though it still offers that CA ({why}); if it now serves an operator's certificate, re-pin "
+                f"with `{relogin} --ca-file PATH` (that certificate's CA)")
     return (f"the control plane at {url} no longer presents a certificate of the CA pinned for it: pinned "
             f"{pinned}, the server's CA is {seen} ({why}); if its CA was replaced on purpose, re-pin it with "
             f"`{relogin} --ca-hash {seen if seen.startswith(pki.HASH_PREFIX) else 'sha256:…'}`, otherwise "

@@ -103,7 +103,32 @@ def test_a_certificate_of_the_right_ca_that_names_another_host_is_refused(ca: pk
             trust.for_login([server.url], ca_hash=pki.ca_hash(ca.cert_pem))
         assert "GET /healthz" not in server.requests
     said = str(refused.value)
-    assert "a certificate of the pinned CA" in said and "--tls-san" in said and "127.0.0.1" in said
+    assert "presents a certificate that does not name 127.0.0.1" in said and "--tls-san NAME" in said
+
+
+def test_a_server_keeping_the_ca_but_serving_another_certificate_says_to_re_pin_by_file(
+        ca: pki.Issued, other_ca: pki.Issued) -> None:
+    """An operator's certificate (another CA) while /api/v1/ca still offers the pinned one: --ca-file, not a hash."""
+    with serving(pki.server_cert(other_ca, ["127.0.0.1"]), None) as server:
+        with pytest.raises(trust.Untrusted) as refused:
+            trust.check(server.url, ca.cert_pem.decode())
+    assert "no longer presents a certificate of the CA pinned" in str(refused.value)  # it offers no CA at all
+    with serving(pki.server_cert(other_ca, ["127.0.0.1"]), ca.cert_pem) as server:  # offers the pinned CA
+        with pytest.raises(trust.Untrusted) as refused:
+            trust.check(server.url, ca.cert_pem.decode())
+    said = str(refused.value)
+    assert "not of the CA pinned for it" in said and "though it still offers that CA" in said
+    assert "--ca-file PATH" in said
+
+
+def test_an_expired_certificate_names_the_dates(ca: pki.Issued) -> None:
+    import datetime
+
+    old = datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=30)
+    expired = pki.server_cert(ca, ["127.0.0.1"], now=old, validity=datetime.timedelta(days=1))
+    with serving(expired, ca.cert_pem) as server:
+        with pytest.raises(trust.Untrusted, match="outside its dates"):
+            trust.for_login([server.url], ca_hash=pki.ca_hash(ca.cert_pem))
 
 
 def test_plain_http_pins_nothing_and_refuses_the_flags() -> None:
