@@ -32,6 +32,8 @@ Beside the path:
 * ``reports``: ejections, recoveries and keys used (``keyuse``), told to the control plane;
   ``signals``: the autoscaler's load signals;
 * ``metrics``: the Prometheus registry; ``tracing``: OpenTelemetry spans, only when asked for;
+* ``tlslisten``: TLS on a listener of ``server``: the server context and its certificate re-read from disk when
+  the files change (new handshakes get the new one, open connections keep theirs);
 * ``settings``: the router's one settings object (``RouterSettings``, its flags generated from it);
   ``standalone``: ``python -m llmgw.router.standalone`` for a router on its own;
 * ``hub``: ``--workers N``, N such routers on one port (SO_REUSEPORT) behind one hub that follows the control

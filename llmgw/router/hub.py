@@ -267,6 +267,13 @@ def run(settings: RouterSettings) -> int:
     if settings.control and not token:
         log.warning("no router credential (--token-file or LLMGW_ROUTER_TOKEN): a secure control plane will refuse "
                     "this router its routes; `llmgw router-token create NAME` makes one")
+    from llmgw.router import standalone, tlslisten
+
+    try:   # the listener's certificate checked (and plain HTTP beyond loopback warned) once, here, not per worker
+        standalone.listener_tls(settings)
+    except tlslisten.TlsFilesError as exc:
+        print(f"llmgw router: {exc}", file=sys.stderr)
+        return 2
     try:
         # Before the token goes anywhere: whom to trust (a wrong --control-ca-hash stops the hub here).
         control_ssl = controltls.resolve(settings.control, ca_file=settings.control_ca,

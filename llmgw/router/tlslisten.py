@@ -7,8 +7,8 @@ either changed it reads both once, proves on a scratch context that the key matc
 only then calls ``load_cert_chain`` on the live context. OpenSSL copies a context's certificate into each
 connection as it is made, so new handshakes get the new certificate while open connections keep theirs:
 a renewal restarts nothing and fails no request in flight. A half-written or mismatched pair (an operator
-wrote the certificate, not yet the key) keeps the old certificate, logs one warning, and is tried again at
-the next change of either file.
+wrote the certificate, not yet the key) keeps the old certificate; once it has stood for a poll it is warned
+about, once, and tried again at the next change of either file.
 
 The key is never copied anywhere a path names on disk: the pair read is handed to OpenSSL through an
 anonymous in-memory file (``memfd``; a 0700 temporary directory where there is none), so the pair that was
@@ -28,6 +28,7 @@ import os
 import shutil
 import ssl
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -160,9 +161,15 @@ class CertReloader:
             sig, cert_pem, key_pem = self._read()
             self._check(cert_pem, key_pem)
         except TlsFilesError as e:
-            if "being written" not in str(e):
-                self._seen = now
-                log.warning("TLS certificate not reloaded, the one loaded before is kept: %s", e)
+            if "being written" in str(e):
+                return False
+            # Changed within the last poll: likely one of the two written and the other next (a renewal writes
+            # both), so looked at again next time before it is called wrong; a pair still wrong then is warned.
+            if time.time() - max(now[0][0], now[1][0]) / 1e9 < self.poll_s:
+                log.debug("TLS certificate files changed a moment ago and do not make a pair yet: %s", e)
+                return False
+            self._seen = now
+            log.warning("TLS certificate not reloaded, the one loaded before is kept: %s", e)
             return False
         _load(self.context, cert_pem, key_pem)
         self._seen = sig

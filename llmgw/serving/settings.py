@@ -40,7 +40,7 @@ class ServerSettings:
                             "postgresql+psycopg://USER[:PASSWORD]@HOST:PORT/DB (migrated at start, once under a "
                             "lock) [default: SQLite in the data directory]")
     advertise_address: str = setting("", help="The host other machines reach this server by: agents are sent to "
-                                     "HOST:AGENT_PORT and a standby forwards the REST API to http://HOST:HTTP_PORT "
+                                     "HOST:AGENT_PORT and a standby forwards the REST API to http(s)://HOST:HTTP_PORT "
                                      "when this one leads [default: --host, or this machine's FQDN when --host is a "
                                      "wildcard]")
     lease: str = setting("6s", help="How long the leader's lease lasts past its last renewal: a dead leader is "

@@ -8,7 +8,7 @@
   under steady load (~50 requests/s, half streamed, each on a new connection) with ``--router-workers 2``: no
   request fails, both processes reload, and new connections see the new certificate's serial;
 - a cluster-CA certificate past two thirds of a short ``--tls-cert-validity`` is issued again under load,
-  without a failed request, and the worker serves it too.
+  without a failed request, and the worker serves it too; logins through either process get a Secure cookie.
 """
 
 from __future__ import annotations
@@ -152,6 +152,9 @@ def test_the_operators_certificate_rotated_under_load_fails_no_request_and_both_
     args = ["--tls-cert", str(certs / "server.pem"), "--tls-key", str(certs / "server.key"), "--router-workers", "2"]
     with _serving(tmp_path / "sys", args=args, ca_file=certs / "ca.crt") as s:
         assert serial_of_new_connection(s.http_port, certs / "ca.crt") == first
+        # The worker listening (it loaded the first pair) before the files change.
+        wait_for(lambda: "router on https://" in s.server.log_tail(2000), timeout=30,  # type: ignore[union-attr]
+                 what="the worker up")
         ctx = ssl.create_default_context(cafile=str(certs / "ca.crt"))
         # 4 clients, each a request every 80 ms on a new connection: ~50 requests/s, half streamed.
         with Load(s.url, MODEL, clients=4, verify=ctx, pace_s=0.08, fresh_connections=True) as load:
@@ -187,3 +190,10 @@ def test_a_cluster_ca_certificate_past_two_thirds_is_issued_again_under_load(tmp
         assert "issued the HTTP port's certificate from the cluster CA (it is past two thirds" in \
             s.server.log_tail(2000)   # type: ignore[union-attr]
         assert (s.data_dir / "pki" / "api.key").stat().st_mode & 0o777 == 0o600
+        # Logins on new connections, whichever process accepts them (a worker passes them to the server with the
+        # scheme it was reached by): the session cookie is Secure every time.
+        for _ in range(6):
+            r = s.request("POST", "/api/v1/login", json={"username": "admin", "password": s.admin_password,
+                                                         "session": True})
+            assert r.status_code == 200 and "; secure" in r.headers["set-cookie"].lower(), r.headers
+            assert r.headers.get_list("strict-transport-security") == ["max-age=31536000"]   # once, not twice

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import ssl
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,9 @@ from llmgw.control.http import api as api_mod
 from llmgw.control.http import forward
 from llmgw.control.leader import Instance, Me
 from llmgw.control.store.store import Lease, Store, StoredControlPlane
+from llmgw.core import pki
 from llmgw.router import server as router_server
+from llmgw.router import tlslisten
 from llmgw.testing.procs import free_port
 
 ME = Me("cp-b", "http://127.0.0.1:1", "127.0.0.1:2", "0.15")
@@ -94,15 +97,15 @@ class Leader:
             raise
         return response
 
-    async def start(self) -> tuple[web.AppRunner, str]:
+    async def start(self, ssl_context: ssl.SSLContext | None = None) -> tuple[web.AppRunner, str]:
         app = web.Application()
         app.router.add_route("GET", "/stream", self.stream)
         app.router.add_route("*", "/{tail:.*}", self.echo)
         runner = web.AppRunner(app, handler_cancellation=True)
         await runner.setup()
         port = free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        return runner, f"http://127.0.0.1:{port}"
+        await web.TCPSite(runner, "127.0.0.1", port, ssl_context=ssl_context).start()
+        return runner, f"{'https' if ssl_context else 'http'}://127.0.0.1:{port}"
 
 
 async def local_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -113,8 +116,8 @@ async def local_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 @contextlib.asynccontextmanager
-async def serving(view: FakeLeadership) -> AsyncIterator[tuple[str, forward.Standby]]:
-    front = forward.standby(local_app, view)
+async def serving(view: FakeLeadership, ca_file: Path | None = None) -> AsyncIterator[tuple[str, forward.Standby]]:
+    front = forward.standby(local_app, view, ca_file=ca_file)
     http = router_server.Server(front)
     port = free_port()
     await http.start("127.0.0.1", port)
@@ -126,9 +129,9 @@ async def serving(view: FakeLeadership) -> AsyncIterator[tuple[str, forward.Stan
 
 
 @contextlib.asynccontextmanager
-async def leading_server() -> AsyncIterator[tuple[Leader, str]]:
+async def leading_server(ssl_context: ssl.SSLContext | None = None) -> AsyncIterator[tuple[Leader, str]]:
     leader = Leader()
-    runner, url = await leader.start()
+    runner, url = await leader.start(ssl_context)
     try:
         yield leader, url
     finally:
@@ -268,6 +271,32 @@ def test_a_leader_that_does_not_answer_is_a_503_naming_it() -> None:
             r = await c.post(front_url + "/api/v1/models", content=b"{}")
             _assert_503(r, f"its leader cp-a at {url} did not answer: ")
             assert "Traceback" not in r.text
+    run(main())
+
+
+def test_a_leader_on_https_is_verified_with_the_cluster_ca(tmp_path: Path) -> None:
+    """A leader serving HTTPS (llmgw server --tls) is reached when its certificate is the cluster CA's, and refused
+    (503 naming it) when the standby's CA did not issue it: the forwarder never talks to an impostor."""
+    ca, other = pki.create_ca(), pki.create_ca()
+    issued = pki.server_cert(ca, ["127.0.0.1"])
+    for name, data in (("ca.crt", ca.cert_pem), ("other.crt", other.cert_pem), ("api.crt", issued.cert_pem),
+                       ("api.key", issued.key_pem)):
+        (tmp_path / name).write_bytes(data)
+    leader_tls = tlslisten.CertReloader(tmp_path / "api.crt", tmp_path / "api.key").context
+
+    async def main() -> None:
+        async with leading_server(leader_tls) as (leader, url):
+            assert url.startswith("https://")
+            async with serving(FakeLeadership(leader=_leader_row(url)), tmp_path / "ca.crt") as (front_url, _), \
+                    httpx.AsyncClient() as c:
+                r = await c.post(front_url + "/api/v1/models", content=b'{"k": 1}')
+                assert r.status_code == 201 and r.json()["body"] == '{"k": 1}', r.text
+            async with serving(FakeLeadership(leader=_leader_row(url)), tmp_path / "other.crt") as (front_url, _), \
+                    httpx.AsyncClient() as c:
+                r = await c.post(front_url + "/api/v1/models", content=b"{}")
+                _assert_503(r, f"its leader cp-a at {url} did not answer: ")
+                assert "certificate" in r.text.lower()
+            assert leader.hits == 1
     run(main())
 
 

@@ -152,7 +152,8 @@ def test_new_connections_get_a_replaced_certificate_while_an_open_one_keeps_its_
 def test_a_half_written_or_mismatched_pair_keeps_the_old_certificate_until_the_next_change(
         tmp_path: Path, ca: pki.Issued, caplog: pytest.LogCaptureFixture) -> None:
     first = _write_pair(tmp_path, ca)
-    reloader = tlslisten.CertReloader(tmp_path / "api.crt", tmp_path / "api.key")
+    # Polled by hand; a pair changed less than poll_s ago is not judged yet: 0 here, so each poll judges it.
+    reloader = tlslisten.CertReloader(tmp_path / "api.crt", tmp_path / "api.key", poll_s=0.0)
     new = pki.server_cert(ca, ["127.0.0.1"])
 
     async def serial() -> int:
@@ -188,6 +189,20 @@ def test_a_half_written_or_mismatched_pair_keeps_the_old_certificate_until_the_n
 
     port = 0
     _run(main())
+
+
+def test_a_pair_changed_a_moment_ago_is_not_judged_until_it_stood_a_poll(tmp_path: Path, ca: pki.Issued,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """A renewal writes one file then the other: the moment between is not warned about, and not remembered."""
+    _write_pair(tmp_path, ca)
+    reloader = tlslisten.CertReloader(tmp_path / "api.crt", tmp_path / "api.key", poll_s=3600.0)
+    new = pki.server_cert(ca, ["127.0.0.1"])
+    (tmp_path / "api.crt").write_bytes(new.cert_pem + ca.cert_pem)   # the key not yet
+    with caplog.at_level(logging.WARNING, logger="llmgw.router.tlslisten"):
+        assert not reloader.poll()
+    assert not caplog.text
+    (tmp_path / "api.key").write_bytes(new.key_pem)
+    assert reloader.poll() and reloader.reloads == 1
 
 
 def test_a_pair_that_cannot_serve_is_refused_at_start_naming_the_flag(tmp_path: Path, ca: pki.Issued) -> None:

@@ -43,6 +43,7 @@ async def front(scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> No
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return
     doc = {"method": scope["method"], "path": scope["path"], "query": scope["query_string"].decode(),
+           "scheme": scope["scheme"],
            "client": list(scope["client"] or ()), "headers": [[n.decode(), v.decode()] for n, v in scope["headers"]],
            "body_sha256": hashlib.sha256(body).hexdigest(), "body_len": len(body)}
     await send({"type": "http.response.start", "status": 201, "headers": [
@@ -93,7 +94,8 @@ def test_a_passed_request_keeps_end_to_end_headers_loses_hop_by_hop_ones_and_nam
             resp = await client.post(worker + "/api/v1/things%2Fx?a=1&b=%20", content=body, headers={
                 "Authorization": "Bearer the-clients-own", "X-Custom": "kept", "Connection": "keep-alive, X-Custom",
                 "Keep-Alive": "timeout=5", "TE": "trailers", "Upgrade": "h2c", "Proxy-Authorization": "Basic x",
-                "Trailer": "X-Sum", "x-llmgw-forwarded-for": "6.6.6.6", "x-llmgw-internal": "a guess"})
+                "Trailer": "X-Sum", "x-llmgw-forwarded-for": "6.6.6.6", "x-llmgw-internal": "a guess",
+                "x-llmgw-forwarded-proto": "https"})
             assert resp.status_code == 201, resp.text
             doc = resp.json()
             got = headers_of(doc)
@@ -106,6 +108,8 @@ def test_a_passed_request_keeps_end_to_end_headers_loses_hop_by_hop_ones_and_nam
             # The client's claim of an address and of the secret never reach the front; its real address does.
             assert "x-llmgw-forwarded-for" not in got and "x-llmgw-internal" not in got
             assert doc["client"][0] == "127.0.0.1"
+            # Nor its claim of a scheme: the worker's listener is plain here, so the server sees http.
+            assert doc["scheme"] == "http" and "x-llmgw-forwarded-proto" not in got
             # The answer: end-to-end headers (each Set-Cookie), none of the front's hop-by-hop ones.
             assert resp.headers["x-answer"] == "yes" and resp.headers.get_list("set-cookie") == ["a=1", "b=2"]
             assert "proxy-authenticate" not in resp.headers and resp.headers.get("keep-alive") is None
@@ -130,8 +134,12 @@ def test_the_internal_listener_answers_only_the_secret_and_trusts_the_address_on
                 "x-llmgw-internal": SECRET, "x-llmgw-forwarded-for": "10.1.2.3", "Authorization": "Bearer user"})
             assert resp.status_code == 201
             doc = resp.json()
-            assert doc["client"] == ["10.1.2.3", 0]
+            assert doc["client"] == ["10.1.2.3", 0] and doc["scheme"] == "http"
             assert headers_of(doc)["authorization"] == ["Bearer user"]
+            # A worker on a TLS listener says https: the server then sets its session cookie Secure.
+            resp = await client.get(server + "/api/v1/models", headers={
+                "x-llmgw-internal": SECRET, "x-llmgw-forwarded-proto": "https"})
+            assert resp.json()["scheme"] == "https" and "x-llmgw-forwarded-proto" not in headers_of(resp.json())
             assert "x-llmgw-internal" not in headers_of(doc) and "x-llmgw-forwarded-for" not in headers_of(doc)
 
     asyncio.run(main())
@@ -142,11 +150,12 @@ def test_the_public_port_drops_the_headers_only_a_worker_may_set() -> None:
         async with listening(routerworkers.untrusting(front)) as public, \
                 httpx.AsyncClient(trust_env=False, timeout=10) as client:
             resp = await client.get(public + "/api/v1/login", headers={
-                "x-llmgw-forwarded-for": "10.9.9.9", "x-llmgw-internal": SECRET, "X-Other": "1"})
+                "x-llmgw-forwarded-for": "10.9.9.9", "x-llmgw-internal": SECRET, "X-Other": "1",
+                "x-llmgw-forwarded-proto": "https"})
             doc = resp.json()
             assert doc["client"][0] == "127.0.0.1"
             assert set(headers_of(doc)) >= {"x-other"}
-            assert not {"x-llmgw-internal", "x-llmgw-forwarded-for"} & set(headers_of(doc))
+            assert not {"x-llmgw-internal", "x-llmgw-forwarded-for", "x-llmgw-forwarded-proto"} & set(headers_of(doc))
 
     asyncio.run(main())
 

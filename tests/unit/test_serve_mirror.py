@@ -33,6 +33,34 @@ def test_own_mirror_is_the_default_for_what_no_flag_named(monkeypatch: pytest.Mo
     assert front.own_mirror_hub(cfg("::1"), 80).endpoint == "http://[::1]:80/mirror"
 
 
+def test_own_mirror_is_https_when_the_port_serves_tls() -> None:
+    """Nodes fetch from the URL the port really speaks: https:// with TLS (agents trust the cluster CA for it)."""
+    import dataclasses
+
+    from llmgw.serving.config import tls_plan
+
+    tls = dataclasses.replace(cfg("10.0.0.5"), tls=tls_plan(host="10.0.0.5"))
+    hub = front.own_mirror_hub(tls, 8080)
+    assert (hub.endpoint, hub.mirror_url) == ("https://10.0.0.5:8080/mirror",) * 2
+    plain = dataclasses.replace(cfg("10.0.0.5"), tls=tls_plan(host="10.0.0.5", plain_http=True))
+    assert front.own_mirror_hub(plain, 8080).endpoint == "http://10.0.0.5:8080/mirror"
+
+
+def test_plain_http_behind_a_proxy_shows_the_ui_and_rest_https_and_leaves_v1_alone() -> None:
+    """--plain-http: the UI/REST see the scheme the browser used at the TLS proxy (Secure cookies); /v1 untouched."""
+    seen: list[tuple[str, str]] = []
+
+    def app(name: str) -> Any:
+        async def call(scope: dict[str, Any], _receive: Any, _send: Any) -> None:
+            seen.append((name, scope["scheme"]))
+        return call
+
+    dispatch = front.dispatch(app("router"), app("api"), behind_tls_proxy=True)
+    for path in ("/v1/models", "/api/v1/models"):
+        asyncio.run(dispatch({"type": "http", "path": path, "scheme": "http", "headers": []}, None, None))
+    assert seen == [("router", "http"), ("api", "https")]
+
+
 def test_dispatch_sends_mirror_paths_to_the_mirror_with_its_root_path() -> None:
     """/mirror and /mirror/... reach the mirror (root_path /mirror); /mirrors, /v1/ and /api/ do not."""
     seen: list[tuple[str, str, str]] = []
