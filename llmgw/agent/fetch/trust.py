@@ -34,7 +34,7 @@ def bundle(state_dir: Path, cluster_ca: bytes | None) -> Path | None:
     if not cluster_ca:
         return None
     path = state_dir / BUNDLE
-    tmp = path.with_name(f".{BUNDLE}.{os.getpid()}")
+    tmp = path.with_name(f".{BUNDLE}.tmp")  # the state directory is the agent's (0711): no one else writes there
     tmp.write_bytes(Path(certifi.where()).read_bytes().rstrip(b"\n") + b"\n" + cluster_ca)
     tmp.chmod(0o644)
     os.replace(tmp, path)
