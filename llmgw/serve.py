@@ -168,7 +168,8 @@ def _control_plane(cfg: ServerConfig, store: Store, hub: decide.Hub) -> _Control
                                weights_gc_free_below_pct=cfg.weights_gc_free_below_pct, hub=hub)
     # Remote models' metadata is read from where their nodes will fetch them (the mirror, or the hub).
     remote_meta = remotemeta.Reader(hub_endpoint=decide_cfg.hub.endpoint, mirror_url=decide_cfg.hub.mirror_url,
-                                    token=decide_cfg.hub.token, allow_private=cfg.fetch_allow_private)
+                                    token=decide_cfg.hub.token, allow_private=cfg.fetch_allow_private,
+                                    cluster_ca=None if cfg.insecure else datadir.ca_cert(cfg.data_dir).read_bytes())
     # A standby until the lease is taken (at once when no other server holds it): only the leader
     # accepts agents, reconciles and writes (``control.leader``).
     # What routers report of each model's load, the autoscaler's input (issue 17): the in-process router's
@@ -266,7 +267,8 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
                      extra_registries=(metricsmerge.Merged(router_metrics.REGISTRY, worker_metrics),
                                        agentsvc_metrics.REGISTRY, cp.usage.registry),
                      router_events=cp.reports, leadership=leadership, join=_join_point(cfg, advertised, join_port),
-                     usage=cp.usage, sso_service=sso_service)
+                     usage=cp.usage, sso_service=sso_service,
+                     cluster_ca=None if cfg.insecure else datadir.ca_cert(cfg.data_dir).read_bytes())
     # A standby answers routers' tables, /healthz, /metrics and the control planes' list itself, and
     # forwards the rest of the REST API to the leader (which has the agents: node liveness, logs).
     # A leader's https:// URL is verified with the cluster CA (and the system's roots, for an operator's certificate).

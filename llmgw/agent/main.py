@@ -30,6 +30,7 @@ from llmgw.agent import logs as logs_mod
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.discovery import deltas, fabrics, files, nvlink, sm
 from llmgw.agent.fetch import guard as fetch_guard
+from llmgw.agent.fetch import trust as fetch_trust
 from llmgw.agent.logring import LogRing, install
 from llmgw.agent.provision import ospkg
 from llmgw.agent.session import Commands, Session
@@ -232,7 +233,10 @@ async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Ev
     privfile.make_dir(cfg.state_dir, 0o711)
     users = engine_users(cfg)
     model_dirs, cache_dir, roots = _weights_dirs(cfg)
-    fetcher = fetch.Fetcher(cache_dir, source_roots=roots, policy=fetch_guard.policy_of(cfg.fetch_allow_private))
+    # The cluster CA (from the join) beside the system's authorities: the server's own mirror over TLS verifies.
+    cluster_ca = cfg.tls.credentials()[0] if cfg.tls is not None else None
+    fetcher = fetch.Fetcher(cache_dir, source_roots=roots, policy=fetch_guard.policy_of(cfg.fetch_allow_private),
+                            tls=fetch_trust.context(cluster_ca))
     found = _Discovery(cfg, model_dirs, mark=lambda ws: fetching.mark_fetched(ws, cache_dir, fetcher.held()))
     session: Session | None = None
 
@@ -252,7 +256,8 @@ async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Ev
     installer = provision.Installer(
         cfg.engines_dir or cfg.state_dir / "engines", profile=lambda: ospkg.profile(nvidia_smi=cfg.nvidia_smi),
         recheck_s=cfg.engine_recheck_s, in_use=lambda path: running_from(path, supervisor.pids()),
-        on_change=lambda: loop.call_soon_threadsafe(installs_changed))
+        on_change=lambda: loop.call_soon_threadsafe(installs_changed),
+        ca_bundle=fetch_trust.bundle(cfg.state_dir, cluster_ca))
     found.installer = installer
     reprobes: set[asyncio.Task[object]] = set()
 

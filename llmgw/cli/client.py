@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import getpass
 import os
+import ssl
 import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from llmgw.cli import contexts
+from llmgw.cli import contexts, trust
 from llmgw.core.errors import LlmgwError
 
 DEFAULT_URL = contexts.DEFAULT_URL
@@ -88,10 +89,17 @@ def token_for(url: str) -> str:
     return os.environ.get(TOKEN_ENV, "").strip() or saved_token(url)
 
 
+def verify_for(url: str) -> ssl.SSLContext | bool:
+    """What a request to ``url`` verifies its server with: the CA its context pinned, else the system's."""
+    ctx = contexts.for_url(contexts.read(), url)
+    return trust.verify(ctx.ca if ctx is not None else "")
+
+
 class Client:
     def __init__(self, url: str, *, timeout: float = 30.0, token: str | None = None,
-                 urls: list[str] | None = None) -> None:
-        """``urls``: the control planes to try, given (``login``, ``logout``), instead of a context's."""
+                 urls: list[str] | None = None, ca: str | None = None) -> None:
+        """``urls``: the control planes to try, given (``login``, ``logout``), instead of a context's; ``ca``: the
+        CA (PEM) to verify them with, given, instead of the one the context pinned ("": the system's)."""
         self.url = contexts.normal(url)
         #: Said at the first request, inside the caller's error handling (an unknown --context, a bad file).
         self._problem = ""
@@ -108,7 +116,9 @@ class Client:
         headers = {ACTOR_HEADER: local_actor()}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
-        self._http = httpx.Client(timeout=timeout, trust_env=False, headers=headers)
+        #: Every URL of the context is verified with the one CA pinned for it (``trust``).
+        self.ca = ca if ca is not None else (self.context.ca if self.context else "")
+        self._http = httpx.Client(timeout=timeout, trust_env=False, headers=headers, verify=trust.verify(self.ca))
         self._warned = False
 
     def request(self, method: str, path: str, *, json: Any = None) -> tuple[int, Any]:
@@ -118,7 +128,10 @@ class Client:
         for base in list(self.urls):
             try:
                 resp = self._http.request(method, base + path, json=json)
-            except (httpx.ConnectError, httpx.ConnectTimeout):
+            except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+                if (failed := trust.cert_failure(e)) is not None:  # not down: not the server the context trusts
+                    raise LlmgwError(trust.refusal(base, self.ca, failed,
+                                                   context=self.context.name if self.context else "")) from None
                 continue  # down: the next control plane of the context
             except httpx.HTTPError as e:
                 raise LlmgwError(f"talking to the control plane at {base} failed: {e}") from None

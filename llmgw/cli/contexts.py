@@ -43,6 +43,8 @@ class Context:
     user: str = ""
     #: "" once logged out: the context (its URLs) stays, its credential does not.
     token: str = ""
+    #: The CA (PEM) ``llmgw login`` pinned for an https:// cluster (``trust``); "": the system's authorities.
+    ca: str = ""
 
 
 @dataclasses.dataclass
@@ -87,8 +89,9 @@ def _context(name: str, raw: object) -> Context | None:
     if not isinstance(raw, dict):
         return None
     urls = [normal(u) for u in raw.get("urls", []) if isinstance(u, str) and u.strip()]
-    user, token = raw.get("user", ""), raw.get("token", "")
-    return Context(name, urls, user if isinstance(user, str) else "", token if isinstance(token, str) else "")
+    user, token, ca = raw.get("user", ""), raw.get("token", ""), raw.get("ca", "")
+    return Context(name, urls, user if isinstance(user, str) else "", token if isinstance(token, str) else "",
+                   ca if isinstance(ca, str) else "")
 
 
 def read(path: Path | None = None) -> Credentials:
@@ -134,7 +137,7 @@ def write(creds: Credentials, path: Path | None = None) -> Path:
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(path.parent, 0o700)
     doc = {"version": VERSION, "current_context": creds.current,
-           "contexts": {c.name: {"urls": c.urls, "user": c.user, "token": c.token}
+           "contexts": {c.name: {"urls": c.urls, "user": c.user, "token": c.token, **({"ca": c.ca} if c.ca else {})}
                         for c in sorted(creds.contexts.values(), key=lambda c: c.name)}}
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)

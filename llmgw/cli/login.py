@@ -12,11 +12,12 @@ from __future__ import annotations
 import getpass
 import os
 import sys
+from pathlib import Path
 
 import typer
 
 from llmgw.cli import client as client_mod
-from llmgw.cli import contexts, ssologin
+from llmgw.cli import contexts, ssologin, trust
 from llmgw.core.errors import LlmgwError
 
 
@@ -59,17 +60,25 @@ def register(app: typer.Typer) -> None:
                                             "first line instead of a prompt"),
         sso: bool = typer.Option(False, "--sso", help="Sign in through the cluster's identity provider (single "
                                  "sign-on): a code to enter on its page, in any browser"),
+        ca_hash: str = typer.Option("", "--ca-hash", help="An https:// server's cluster CA hash (sha256:…, printed by "
+                                    "`llmgw server` at start): pin it without asking"),
+        ca_file: Path = typer.Option(None, "--ca-file", help="Trust this CA certificate (PEM) for the server: an "
+                                     "operator's own CA for --tls-cert"),
     ) -> None:
         """Log in and save a token (valid 30 days) in a context: this cluster's URLs, this user."""
         try:
             given = contexts.split_urls(url or ([os.environ["LLMGW_URL"]] if os.environ.get("LLMGW_URL") else []))
             creds = contexts.read()
             name, urls = target(context.strip() if context else None, given, creds)
+            known = creds.contexts[name].ca if name in creds.contexts and not (ca_hash or ca_file) else ""
+            # Before the password: the server must be the one trusted (trust.for_login says how it is decided).
+            ca = trust.for_login(urls, ca_hash=ca_hash, ca_file=ca_file, known=known,
+                                 ask=trust.terminal_ask if sys.stdin.isatty() and not password_stdin else None)
         except LlmgwError as e:
             raise _fail(str(e)) from None
         if sso:
             try:
-                ssologin.sign_in(name, urls, echo=typer.echo)
+                ssologin.sign_in(name, urls, echo=typer.echo, ca=ca)
             except LlmgwError as e:
                 raise _fail(str(e).split(". Run `llmgw login")[0]) from None
             return
@@ -82,7 +91,7 @@ def register(app: typer.Typer) -> None:
                 raise _fail("no password given") from None
         if not password:
             raise _fail("the password is empty")
-        c = client_mod.Client(urls[0], token="", urls=urls)  # no old token; this context's control planes
+        c = client_mod.Client(urls[0], token="", urls=urls, ca=ca)  # no old token; this context's control planes
         try:
             _, doc = c.request("POST", "/api/v1/login", json={"username": username, "password": password})
         except LlmgwError as e:
@@ -90,7 +99,7 @@ def register(app: typer.Typer) -> None:
         finally:
             c.close()
         creds = contexts.read()  # again: another login may have written it while this one waited for a password
-        creds.contexts[name] = contexts.Context(name, urls, doc["user"], doc["token"])
+        creds.contexts[name] = contexts.Context(name, urls, doc["user"], doc["token"], ca)
         creds.current = name
         path = contexts.write(creds)
         typer.echo(f"logged in to {c.url} as {doc['user']} (role {doc['role']}); context {name} (current, "
@@ -115,7 +124,8 @@ def register(app: typer.Typer) -> None:
         if ctx is None or not ctx.token:
             typer.echo(f"not logged in{f' (context {ctx.name})' if ctx else ''}")
             return
-        c = client_mod.Client(ctx.urls[0] if ctx.urls else client_mod.DEFAULT_URL, token=ctx.token, urls=ctx.urls)
+        c = client_mod.Client(ctx.urls[0] if ctx.urls else client_mod.DEFAULT_URL, token=ctx.token, urls=ctx.urls,
+                              ca=ctx.ca)
         try:
             c.request("POST", "/api/v1/logout")
         except LlmgwError as e:  # already expired or deleted there: forgetting it here is all that is left

@@ -35,7 +35,8 @@ def logs(node: str, shard: str | None, lines: int, follow: bool, url: str) -> in
     try:
         token = client_mod.token_for(base)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        with httpx.Client(base_url=base, timeout=timeout, trust_env=False, headers=headers) as http:
+        with httpx.Client(base_url=base, timeout=timeout, trust_env=False, headers=headers,
+                          verify=client_mod.verify_for(base)) as http:
             with http.stream("GET", f"/api/v1/nodes/{quote(node, safe='')}/logs", params=params) as resp:
                 if resp.status_code >= 300:
                     resp.read()

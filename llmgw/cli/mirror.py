@@ -5,12 +5,15 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import typer
 from rich.console import Console
 
+from llmgw.cli import client as client_mod
 from llmgw.cli import settingsflags
+from llmgw.core.errors import LlmgwError
 from llmgw.mirror.settings import TOKEN_ENV, UPSTREAM_TOKEN_ENV, MirrorSettings
 
 console = Console(soft_wrap=True)
@@ -71,10 +74,15 @@ def register(app: typer.Typer) -> None:
             raise _fail(f"no admin token: pass --admin-token-file FILE or set {TOKEN_ENV}")
         try:
             # No timeout: the mirror answers when every file is on its disk, which for 100 GB takes a while.
+            # A server's own /mirror: verified with the CA its context pinned (`llmgw login`), else the system's.
+            parts = urlsplit(mirror)
             r = httpx.post(mirror.rstrip("/") + "/admin/add", json={"source": source},
-                           headers={"Authorization": f"Bearer {token}"}, timeout=None)
+                           headers={"Authorization": f"Bearer {token}"}, timeout=None,
+                           verify=client_mod.verify_for(f"{parts.scheme}://{parts.netloc}"))
         except httpx.HTTPError as e:
             raise _fail(f"cannot reach the mirror at {mirror}: {e!r}") from None
+        except LlmgwError as e:  # the saved contexts could not be read
+            raise _fail(str(e)) from None
         try:
             doc = r.json()
         except ValueError:

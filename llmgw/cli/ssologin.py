@@ -17,10 +17,11 @@ from llmgw.core.errors import LlmgwError
 
 
 def sign_in(name: str, urls: list[str], *, echo: Callable[[str], None],
-            sleep: Callable[[float], None] = time.sleep) -> contexts.Context:
+            sleep: Callable[[float], None] = time.sleep, ca: str = "") -> contexts.Context:
     """Signs in through the server's identity provider and saves the token in context ``name`` (made current).
-    LlmgwError with the server's sentence when refused or expired."""
-    c = client_mod.Client(urls[0], token="", urls=urls)
+    ``ca``: the cluster CA the server was verified with (``cli.trust``), kept in the context. LlmgwError with the
+    server's sentence when refused or expired."""
+    c = client_mod.Client(urls[0], token="", urls=urls, ca=ca)
     try:
         _, start = c.request("POST", "/api/v1/sso/device")
         echo(f"To sign in, open {start['verification_uri']} in a browser and enter the code {start['user_code']}")
@@ -40,7 +41,7 @@ def sign_in(name: str, urls: list[str], *, echo: Callable[[str], None],
     finally:
         c.close()
     creds = contexts.read()
-    ctx = contexts.Context(name, urls, doc["user"], doc["token"])
+    ctx = contexts.Context(name, urls, doc["user"], doc["token"], ca)
     creds.contexts[name] = ctx
     creds.current = name
     path = contexts.write(creds)

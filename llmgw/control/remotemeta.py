@@ -23,11 +23,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import ssl
 import time
 import urllib.parse
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import certifi
 import httpx
 
 from llmgw.control import netguard
@@ -60,13 +62,19 @@ class Reader:
     def __init__(self, *, hub_endpoint: str = "https://huggingface.co", mirror_url: str = "", token: str = "",
                  timeout_s: float = 10.0, retry_s: float = 60.0, on_read: Callable[[], None] | None = None,
                  clock: Callable[[], float] = time.monotonic, transport: httpx.BaseTransport | None = None,
-                 allow_private: Iterable[str] = ()) -> None:
+                 allow_private: Iterable[str] = (), cluster_ca: bytes | None = None) -> None:
+        """``cluster_ca``: trusted beside the system's authorities, for this server's own ``/mirror`` served over
+        TLS with a certificate of the cluster CA (``https://SERVER/mirror``); None: the system's alone."""
         self.hub_endpoint, self.mirror_url = hub_endpoint.rstrip("/"), mirror_url.rstrip("/")
         # No read reaches loopback, link-local or this host's addresses (``netguard``) but the cluster's
         # own hub and mirror, trusted by configuration, and what --fetch-allow-private names.
         self.policy = netguard.policy_of(allow_private, trusted=(u for u in (self.hub_endpoint, self.mirror_url) if u))
         self._token, self.timeout_s, self.retry_s = token, timeout_s, retry_s
         self.on_read, self._clock, self._transport = on_read, clock, transport
+        self._verify: ssl.SSLContext | None = None
+        if cluster_ca:
+            self._verify = ssl.create_default_context(cafile=certifi.where())  # httpx's default, and the CA
+            self._verify.load_verify_locations(cadata=cluster_ca.decode())
         #: By the fetched source's text (``needs.fetched_source``).
         self._known: dict[str, RemoteWeights] = {}
         self._read_at: dict[str, float] = {}
@@ -110,7 +118,8 @@ class Reader:
         """The metadata of ``source`` (a fetched source's text), blocking; never raises: a failure gives the problem."""
         try:
             src = sources.parse(source)
-            guarded = netguard.Transport(self.policy, self._transport)
+            inner = self._transport or (httpx.HTTPTransport(verify=self._verify) if self._verify else None)
+            guarded = netguard.Transport(self.policy, inner)
             with httpx.Client(timeout=self.timeout_s, transport=guarded, follow_redirects=True) as http:
                 weight = _Session(http, self).read(src)
         except (Unreadable, weightmeta.BadHeader, ValueError, netpolicy.Refused) as exc:

@@ -27,6 +27,8 @@ Beside the path:
   the holder it is swapped into; ``watch``: what keeps it current: a long poll of the control plane
   (``TableWatcher``, outliving control-plane restarts) or, inside ``llmgw server``, the control
   plane's own published object (``LocalWatcher``); the document itself is ``llmgw.api.routing``;
+  ``controltls``: how every session to an https:// control plane verifies it (``--control-ca``,
+  ``--control-ca-hash``);
 * ``reports``: ejections, recoveries and keys used (``keyuse``), told to the control plane;
   ``signals``: the autoscaler's load signals;
 * ``metrics``: the Prometheus registry; ``tracing``: OpenTelemetry spans, only when asked for;

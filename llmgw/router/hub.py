@@ -53,6 +53,7 @@ import secrets
 import shutil
 import signal
 import socket
+import ssl
 import sys
 import tempfile
 from collections.abc import Awaitable, Callable, Mapping
@@ -63,7 +64,7 @@ import aiohttp
 from aiohttp import web
 
 from llmgw.api import usage as wire
-from llmgw.router import budgets, ledger, metricsmerge, reports, signals, watch, workers
+from llmgw.router import budgets, controltls, ledger, metricsmerge, reports, signals, watch, workers
 from llmgw.router import table as table_mod
 from llmgw.router.settings import RouterSettings
 
@@ -107,8 +108,9 @@ class Feed:
 class Upstream(watch.TableWatcher):
     """A ``TableWatcher`` that hands each document it reads to ``feed`` as it is."""
 
-    def __init__(self, urls: tuple[str, ...], feed: Feed, *, headers: Mapping[str, str]) -> None:
-        super().__init__(urls, table_mod.TableHolder(), headers=headers)
+    def __init__(self, urls: tuple[str, ...], feed: Feed, *, headers: Mapping[str, str],
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        super().__init__(urls, table_mod.TableHolder(), headers=headers, ssl_context=ssl_context)
         self._feed = feed
         self._doc: Mapping[str, Any] = {}
 
@@ -128,13 +130,15 @@ Handler = Callable[[str, bytes], Awaitable[web.Response]]
 class Relay:
     """A worker's POST, sent on to the control plane followed now with the hub's credential."""
 
-    def __init__(self, control_url: Callable[[], str], *, headers: Mapping[str, str]) -> None:
+    def __init__(self, control_url: Callable[[], str], *, headers: Mapping[str, str],
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self._control_url = control_url
+        self._ssl = ssl_context
         self._headers = {**headers, "Content-Type": "application/json"}
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=RELAY_TIMEOUT_S))
+        self._session = controltls.session(self._ssl, timeout=aiohttp.ClientTimeout(total=RELAY_TIMEOUT_S))
 
     async def stop(self) -> None:
         if self._session is not None:
@@ -271,13 +275,20 @@ def run(settings: RouterSettings) -> int:
         print(f"llmgw router: {exc}", file=sys.stderr)
         return 2
     try:
+        # Before the token goes anywhere: whom to trust (a wrong --control-ca-hash stops the hub here).
+        control_ssl = controltls.resolve(settings.control, ca_file=settings.control_ca,
+                                         ca_hash=settings.control_ca_hash) if settings.control else None
+    except controltls.TrustError as exc:
+        print(f"llmgw router: {exc}", file=sys.stderr)
+        return 2
+    try:
         held = hold_port(settings.host, settings.port)
     except OSError as exc:
         print(f"llmgw router: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}",
               file=sys.stderr)
         return 2
     try:
-        return asyncio.run(_serve(settings, token, doc, limits, held.getsockname()[1]))
+        return asyncio.run(_serve(settings, token, doc, limits, held.getsockname()[1], control_ssl))
     except KeyboardInterrupt:
         return 0
     finally:
@@ -291,7 +302,7 @@ def read_token(settings: RouterSettings) -> str:
 
 
 async def _serve(settings: RouterSettings, token: str, doc: Mapping[str, Any] | None,
-                 limits: dict[tuple[str, str], int], port: int) -> int:
+                 limits: dict[tuple[str, str], int], port: int, control_ssl: ssl.SSLContext | None = None) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -304,8 +315,9 @@ async def _serve(settings: RouterSettings, token: str, doc: Mapping[str, Any] | 
         feed.publish(doc)
         calls = LocalLedger(limits)
     else:
-        upstream = Upstream(settings.control, feed, headers=headers)
-        relay = Relay(lambda: upstream.current_url if upstream is not None else "", headers=headers)
+        upstream = Upstream(settings.control, feed, headers=headers, ssl_context=control_ssl)
+        relay = Relay(lambda: upstream.current_url if upstream is not None else "", headers=headers,
+                      ssl_context=control_ssl)
         calls = relay
         await relay.start()
         await upstream.start()

@@ -28,6 +28,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import ssl
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -36,7 +37,7 @@ import aiohttp
 
 from llmgw.api.routing import Ejected, KeyUsed, Recovered, RouterEvent, RouterReport
 from llmgw.core.background import Background
-from llmgw.router import keyuse
+from llmgw.router import controltls, keyuse
 
 log = logging.getLogger(__name__)
 
@@ -104,9 +105,11 @@ class HttpSink(Sink):
     """
 
     def __init__(self, router_id: str, control_url: str | Callable[[], str], *, max_backlog: int = 1000,
-                 backoff_max_s: float = 10.0, headers: Mapping[str, str] | None = None, **kw: Any) -> None:
+                 backoff_max_s: float = 10.0, headers: Mapping[str, str] | None = None,
+                 ssl_context: ssl.SSLContext | None = None, **kw: Any) -> None:
         super().__init__(router_id, **kw)
         self._control_url = control_url
+        self._ssl = ssl_context  # an https:// control plane's pinned CA (``controltls``); None: the system's
         self._backlog: collections.deque[RouterEvent] = collections.deque(maxlen=max_backlog)
         self._wake = asyncio.Event()
         self._backoff_max_s = backoff_max_s
@@ -131,7 +134,7 @@ class HttpSink(Sink):
 
     async def start(self) -> None:
         if self._session is None:  # started once until stopped
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+            self._session = controltls.session(self._ssl, timeout=aiohttp.ClientTimeout(total=10))
             self._task.start(self._run)
 
     async def stop(self) -> None:

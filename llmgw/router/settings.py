@@ -109,6 +109,14 @@ class RouterSettings:
                                        help="the control plane's base URL, e.g. http://127.0.0.1:8080; several, "
                                             "comma-separated (a leader and its standbys): the router follows one, "
                                             "and the next when it stops answering")
+    control_ca: Path | None = setting(None, metavar="FILE",
+                                      help="verify an https:// control plane with this CA certificate (PEM) alone: "
+                                           "the cluster's, or an operator's own for `llmgw server --tls-cert` "
+                                           "[default: the system's authorities]")
+    control_ca_hash: str = setting("", metavar="sha256:HEX",
+                                   help="read the cluster CA from an https:// control plane at start and verify "
+                                        "with it only if its hash is this (`llmgw server` prints it at start, "
+                                        "`llmgw token create` too); another hash stops the router")
     token_file: Path | None = setting(None, help="a file holding this router's credential for the control plane "
                                                  f"(`llmgw router-token create NAME`) [default: the {TOKEN_ENV} "
                                                  "environment variable]")
@@ -147,6 +155,7 @@ class RouterSettings:
             raise ValueError("give a table file or a control-plane URL, not both")
         if isinstance(self.control, str):   # one URL given as a string: the tuple it stands for
             object.__setattr__(self, "control", control_urls(self.control))
+        _check_control_trust(self.control, self.control_ca, self.control_ca_hash)
 
     @property
     def worker_count(self) -> int:
@@ -157,3 +166,17 @@ class RouterSettings:
     def source(self) -> str:
         """Where the routes come from, as the start's log line names it."""
         return str(self.table_file) if self.table_file is not None else ",".join(self.control)
+
+
+def _check_control_trust(urls: tuple[str, ...], ca_file: Path | None, ca_hash: str) -> None:
+    """ValueError for ``--control-ca``/``--control-ca-hash`` that cannot work (``router.controltls`` uses them)."""
+    if ca_file is not None and ca_hash:
+        raise ValueError("give --control-ca or --control-ca-hash, not both")
+    if (ca_file is not None or ca_hash) and not any(u.lower().startswith("https://") for u in urls):
+        raise ValueError("--control-ca and --control-ca-hash are for a control plane served over HTTPS: give "
+                         "--control https://HOST:PORT")
+    digits = ca_hash.removeprefix("sha256:")
+    if ca_hash and (not ca_hash.startswith("sha256:") or len(digits) != 64
+                    or any(c not in "0123456789abcdefABCDEF" for c in digits)):
+        raise ValueError(f"--control-ca-hash {ca_hash!r}: expected sha256: and 64 hex digits, as `llmgw server` "
+                         "prints it at start")

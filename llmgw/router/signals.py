@@ -35,6 +35,7 @@ import contextlib
 import dataclasses
 import inspect
 import logging
+import ssl
 import time
 from collections.abc import Callable, Mapping
 
@@ -43,6 +44,7 @@ import aiohttp
 from llmgw.api.routing import LoadReport, ModelLoad
 from llmgw.core import autoscale
 from llmgw.core.background import Background
+from llmgw.router import controltls
 from llmgw.router.table import TableHolder
 
 log = logging.getLogger(__name__)
@@ -82,8 +84,10 @@ class Reporter:
 
     def __init__(self, router_id: str, *, deliver: Callable[[LoadReport], object] | None = None,
                  control_url: str | Callable[[], str] | None = None, headers: Mapping[str, str] | None = None,
-                 interval_s: float = 2.0, timeout_s: float = 5.0, clock: Callable[[], float] = time.time) -> None:
+                 interval_s: float = 2.0, timeout_s: float = 5.0, clock: Callable[[], float] = time.time,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.router_id = router_id
+        self._ssl = ssl_context  # an https:// control plane's pinned CA (``controltls``); None: the system's
         self._deliver = deliver
         self._control_url = control_url
         self._headers = dict(headers or {})
@@ -201,7 +205,7 @@ class Reporter:
         if not url:
             return
         if self._session is None:
-            self._session = aiohttp.ClientSession()
+            self._session = controltls.session(self._ssl)
         async with self._session.post(url, json=report.to_doc(), headers=self._headers) as resp:
             if resp.status in (401, 403):
                 raise _Refused(f"HTTP {resp.status}: the control plane refused this router's credential; give it "

@@ -29,6 +29,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -40,6 +41,7 @@ from llmgw.core import settingsgen
 from llmgw.router import app as app_mod
 from llmgw.router import (
     auth,
+    controltls,
     httphead,
     limits,
     metricspush,
@@ -78,7 +80,7 @@ def read_token(token_file: Path | None, env: Mapping[str, str]) -> str:
 
 
 def build(settings: RouterSettings, *, token: str = "", static_hub: bool = False,
-          worker: bool = False) -> app_mod.RouterApp:
+          worker: bool = False, control_ssl: ssl.SSLContext | None = None) -> app_mod.RouterApp:
     """A RouterApp over a static table or one followed from a control plane, serving its own /metrics.
 
     Following a control plane (one URL, or several tried in turn), it reports ejections and the
@@ -87,7 +89,8 @@ def build(settings: RouterSettings, *, token: str = "", static_hub: bool = False
     for a model at zero. Keyless tables get a warning unless ``host`` is loopback. ``static_hub``: it follows
     a hub serving a static table (``HUB_STATIC_ENV``): budgets only, no usage, load reports or events.
     ``worker``: it is a hub's worker (``HUB_PID_ENV``): it pushes its metrics to the hub, and its ``/metrics``
-    answers every worker's sum (``metricspush``).
+    answers every worker's sum (``metricspush``). ``control_ssl``: what every session to the control plane
+    verifies with (``controltls.resolve``: ``--control-ca``/``--control-ca-hash``); None: the system's authorities.
     """
     holder = table_mod.TableHolder()
     watcher: app_mod.Lifecycle | None = None
@@ -102,12 +105,13 @@ def build(settings: RouterSettings, *, token: str = "", static_hub: bool = False
         source = str(settings.table_file)
     elif settings.control:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        following = watch.TableWatcher(settings.control, holder, listen_guard=guard, headers=headers)
+        following = watch.TableWatcher(settings.control, holder, listen_guard=guard, headers=headers,
+                                       ssl_context=control_ssl)
         # Reports go where the table comes from: a control plane that answers now, not the
         # first one given, which may be the one that is down.
         name = settings.router_id or socket.gethostname()
         # Budgets and usage too: the quota and usage services of the control plane followed now.
-        calls = usagehttp.ControlCalls(lambda: following.current_url, headers=headers)
+        calls = usagehttp.ControlCalls(lambda: following.current_url, headers=headers, ssl_context=control_ssl)
         parts: list[app_mod.Lifecycle] = [following, calls]
         if worker:
             # Stopped with the router, after the drain: its last push has every request's counts.
@@ -120,9 +124,9 @@ def build(settings: RouterSettings, *, token: str = "", static_hub: bool = False
         if static_hub:
             del metered["usage"], metered["usage_journal_dir"]
         else:
-            sink = reports.HttpSink(name, lambda: following.current_url, headers=headers)
+            sink = reports.HttpSink(name, lambda: following.current_url, headers=headers, ssl_context=control_ssl)
             reporter = signals.Reporter(name, control_url=lambda: following.current_url, headers=headers,
-                                        interval_s=proxy.signals_interval)
+                                        interval_s=proxy.signals_interval, ssl_context=control_ssl)
         urls = settings.control
         source = (f"the control plane at {urls[0]}" if len(urls) == 1
                   else f"the control planes at {', '.join(urls)}")
@@ -211,8 +215,15 @@ def run(settings: RouterSettings) -> int:
         log.warning("no router credential (--token-file or %s): a secure control plane will refuse this router "
                     "its routes; `llmgw router-token create NAME` makes one", TOKEN_ENV)
     try:
+        # Before anything is sent to the control plane: whom to trust (a wrong --control-ca-hash stops here).
+        control_ssl = controltls.resolve(settings.control, ca_file=settings.control_ca,
+                                         ca_hash=settings.control_ca_hash)
+    except controltls.TrustError as exc:
+        print(f"llmgw router: {exc}", file=sys.stderr)
+        return 2
+    try:
         router = build(settings, token=token, static_hub=hub_pid is not None and os.environ.get(HUB_STATIC_ENV) == "1",
-                       worker=hub_pid is not None)
+                       worker=hub_pid is not None, control_ssl=control_ssl)
     except (OSError, ValueError, table_mod.TableError) as exc:
         print(f"llmgw router: cannot load the route table: {exc}", file=sys.stderr)
         return 2

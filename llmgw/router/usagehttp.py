@@ -10,12 +10,14 @@ server`` the same two callables are the control plane's ``UsageService`` methods
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
 
 from llmgw.api import usage as wire
+from llmgw.router import controltls
 
 
 class CallFailed(Exception):
@@ -26,15 +28,16 @@ class ControlCalls:
     """The two transports over one HTTP session; ``start``/``stop`` with the router."""
 
     def __init__(self, control_url: str | Callable[[], str], *, headers: Mapping[str, str] | None = None,
-                 timeout_s: float = 10.0) -> None:
+                 timeout_s: float = 10.0, ssl_context: ssl.SSLContext | None = None) -> None:
         self._control_url = control_url
+        self._ssl = ssl_context  # an https:// control plane's pinned CA (``controltls``); None: the system's
         self._headers = dict(headers or {})
         self._timeout_s = timeout_s
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self._timeout_s))
+            self._session = controltls.session(self._ssl, timeout=aiohttp.ClientTimeout(total=self._timeout_s))
 
     async def stop(self) -> None:
         if self._session is not None:

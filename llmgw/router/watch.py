@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import ssl
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -44,6 +45,7 @@ import aiohttp
 
 from llmgw.api import routing
 from llmgw.core.background import Background
+from llmgw.router import controltls
 from llmgw.router.auth import ListenGuard
 from llmgw.router.table import RouteTable, TableError, TableHolder
 
@@ -116,7 +118,9 @@ class TableWatcher(_Follower):
     def __init__(self, control_urls: str | Sequence[str], holder: TableHolder, *,
                  session: aiohttp.ClientSession | None = None,
                  poll_timeout_s: float = 30.0, backoff_min_s: float = 0.2, backoff_max_s: float = 5.0,
-                 headers: Mapping[str, str] | None = None, listen_guard: ListenGuard | None = None) -> None:
+                 headers: Mapping[str, str] | None = None, listen_guard: ListenGuard | None = None,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        """``ssl_context``: an https:// control plane's pinned CA (``controltls``); None: the system's."""
         # One string is one URL, as before several were followed (never split on commas here:
         # parse_control_urls is for what a person typed).
         urls = [control_urls] if isinstance(control_urls, str) else list(control_urls)
@@ -127,6 +131,7 @@ class TableWatcher(_Follower):
         self._following = _Following(len(self._urls))
         self._session = session
         self._own_session = session is None
+        self._ssl = ssl_context
         self._poll_timeout_s = poll_timeout_s
         self._backoff_min_s = backoff_min_s
         self._backoff_max_s = backoff_max_s
@@ -138,7 +143,7 @@ class TableWatcher(_Follower):
         if self._task.running:
             return
         if self._session is None:
-            self._session = aiohttp.ClientSession()
+            self._session = controltls.session(self._ssl)
         self._task.start(self._run)
 
     async def stop(self) -> None:

@@ -71,6 +71,9 @@ def worker_settings(settings: RouterSettings, index: int, *, hub_url: str, port:
         values[s.name] = str(value) if isinstance(value, Path) else value
     values.pop("table_file", None)
     values.pop("token_file", None)
+    # Workers follow the hub over loopback HTTP; the hub alone talks to (and verifies) the control plane.
+    values.pop("control_ca", None)
+    values.pop("control_ca_hash", None)
     suffix = f".w{index}"  # the name cut so the worker's id stays one the control plane takes
     values |= {"control": hub_url, "router_id": name[:MAX_ROUTER_ID - len(suffix)] + suffix, "port": port,
                "workers": 1}

@@ -29,7 +29,8 @@ from llmgw.testing.procs import Proc, free_port, wait_for
 from llmgw.testing.system import LLMGW
 
 MUTATING = {"post", "put", "patch", "delete"}
-PUBLIC = {("get", "/healthz"), ("post", "/api/v1/login"),
+#: The cluster CA's certificate (issue 28) is public: clients read it before they trust the server.
+PUBLIC = {("get", "/healthz"), ("post", "/api/v1/login"), ("get", "/api/v1/ca"), ("get", "/api/v1/ca.crt"),
           # Single sign-on makes a credential, so it needs none (tests/integration/test_sso.py).
           ("get", "/api/v1/sso"), ("post", "/api/v1/sso/begin"), ("post", "/api/v1/sso/finish"),
           ("post", "/api/v1/sso/device"), ("post", "/api/v1/sso/device/token")}

@@ -30,6 +30,10 @@ def test_the_permission_table_by_method_and_path() -> None:
     """Reads are viewer's, changes operator's, users and routers admin's; endpoints and events routers' only."""
     assert principals.required("GET", "/healthz") is None and principals.required("POST", "/api/v1/login") is None
     assert principals.required("POST", "/healthz") is not None  # only GET/HEAD of health is open
+    # The cluster CA's certificate: read before a client trusts the server (issue 28); nothing else under it.
+    assert principals.required("GET", "/api/v1/ca") is None and principals.required("GET", "/api/v1/ca.crt") is None
+    assert principals.required("POST", "/api/v1/ca") is not None
+    assert principals.required("GET", "/api/v1/ca/x") is not None
     assert allowed("GET", "/api/v1/models") == {"ann", "otto", "vera"}
     assert allowed("HEAD", "/api/v1/nodes") == {"ann", "otto", "vera"}
     assert allowed("POST", "/api/v1/models") == {"ann", "otto"}

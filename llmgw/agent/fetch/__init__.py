@@ -1,6 +1,7 @@
 """Weights fetching on the agent: ``Fetcher`` downloads remote sources into the weights cache.
 
-See ``fetching`` for the design; ``records`` holds the plain data callers pass and get back.
+See ``fetching`` for the design; ``records`` holds the plain data callers pass and get back; ``trust``: what
+https:// fetches (and pip) verify with: the system's authorities and the cluster CA.
 """
 
 from llmgw.agent.fetch.fetching import Fetcher, free_bytes

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import shutil
+import ssl
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -69,8 +70,12 @@ class Fetcher:
                  max_attempts: int = 6, retry_base_s: float = 1.0, retry_cap_s: float = 30.0,
                  parallel_files: int = 4, free_bytes: Callable[[Path], int] = free_bytes,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
-                 policy: netpolicy.Policy | None = None, source_roots: sourcepaths.Roots | None = None) -> None:
+                 policy: netpolicy.Policy | None = None, source_roots: sourcepaths.Roots | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
+        """``tls``: what https:// fetches verify with (``trust.context``: the system's authorities and the cluster
+        CA, so the server's own mirror and hub over TLS verify); None: the system's alone."""
         self.cache_dir = Path(cache_dir)
+        self._tls = tls
         # Who may be fetched from (``guard``): by default no loopback, link-local or own address; the
         # cluster's endpoints each request names are trusted as they arrive (they come from the control plane).
         self._policy = policy or netpolicy.Policy.of(False, setting=guard.SETTING)
@@ -224,7 +229,7 @@ class Fetcher:
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
-            self._connector = guard.Connector(self._policy)
+            self._connector = guard.Connector(self._policy, ssl=self._tls if self._tls is not None else True)
             # No decompression: the bytes on disk must be the file's, or size and sha256 cannot agree.
             self._session = aiohttp.ClientSession(
                 connector=self._connector, auto_decompress=False, read_bufsize=1 << 22,
@@ -328,7 +333,8 @@ class Fetcher:
         try:
             try:
                 await self._retrying(lambda: transfer.attempt(job, sink, side, meter=meter, stall_s=self._stall_s,
-                                                              hub=hub, policy=self._policy, on_size=on_size),
+                                                              hub=hub, policy=self._policy, on_size=on_size,
+                                                              tls=self._tls),
                                      meter, what=job.url, progressed=lambda: sink.size)
             except OSError as exc:
                 # A full or failing disk: the partial bytes stay (the next ensure resumes once there is room).

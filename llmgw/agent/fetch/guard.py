@@ -92,15 +92,19 @@ def _connect(addresses: Sequence[netpolicy.Address], port: int, timeout: Any) ->
     raise last or OSError("no address to connect to")
 
 
-def connection(policy: netpolicy.Policy, url: str, *, timeout: float) -> http.client.HTTPConnection:
-    """A connection for ``url`` whose socket goes to a checked address of its host; Refused when there is none."""
+def connection(policy: netpolicy.Policy, url: str, *, timeout: float,
+               tls: ssl.SSLContext | None = None) -> http.client.HTTPConnection:
+    """A connection for ``url`` whose socket goes to a checked address of its host; Refused when there is none.
+
+    ``tls``: what an https:// URL's certificate is verified with (``trust.context``); None: the system's.
+    """
     parts = urllib.parse.urlsplit(url)
     host = parts.hostname or ""
     port = parts.port or (443 if parts.scheme == "https" else 80)
     addresses = checked(policy, url, host, port)
     conn: http.client.HTTPConnection
     if parts.scheme == "https":
-        conn = _PinnedTLS(host, port, timeout=timeout, context=ssl.create_default_context())
+        conn = _PinnedTLS(host, port, timeout=timeout, context=tls or ssl.create_default_context())
     else:
         conn = _Pinned(host, port, timeout=timeout)
     conn.addresses = addresses  # type: ignore[attr-defined]

@@ -25,6 +25,7 @@ import os
 import queue
 import re
 import socket
+import ssl
 import threading
 import urllib.parse
 from collections.abc import Callable
@@ -217,7 +218,8 @@ class _Abort:
 
 
 async def attempt(job: records.FileJob, sink: Sink, side: Sidecar, *, meter: meter_mod.Meter, stall_s: float,
-                  hub: bool, policy: netpolicy.Policy, on_size: Callable[[int], None] = lambda n: None) -> None:
+                  hub: bool, policy: netpolicy.Policy, on_size: Callable[[int], None] = lambda n: None,
+                  tls: ssl.SSLContext | None = None) -> None:
     """One GET of ``job`` into ``sink``, from where it stopped; returns when the file has all its bytes.
 
     Raises Retry for what another attempt may cure, FetchError for what it cannot (404, a token refused,
@@ -237,7 +239,8 @@ async def attempt(job: records.FileJob, sink: Sink, side: Sidecar, *, meter: met
             on_size(n)
         asyncio.run_coroutine_threadsafe(check(), loop).result()
 
-    work = loop.run_in_executor(None, _attempt, job, sink, side, stall_s, hub, policy, abort, count, grown, sized)
+    work = loop.run_in_executor(None, _attempt, job, sink, side, stall_s, hub, policy, abort, count, grown, sized,
+                                tls)
     try:
         await asyncio.shield(work)
     except asyncio.CancelledError:
@@ -255,8 +258,8 @@ async def attempt(job: records.FileJob, sink: Sink, side: Sidecar, *, meter: met
 
 
 def _attempt(job: records.FileJob, sink: Sink, side: Sidecar, stall_s: float, hub: bool, policy: netpolicy.Policy,
-             abort: _Abort,
-             count: Callable[[int], None], grown: Callable[[int], None], sized: Callable[[int], None]) -> None:
+             abort: _Abort, count: Callable[[int], None], grown: Callable[[int], None], sized: Callable[[int], None],
+             tls: ssl.SSLContext | None = None) -> None:
     host = urllib.parse.urlsplit(job.url).netloc
     if job.size and sink.size > job.size:
         _restart(sink, count)
@@ -271,7 +274,7 @@ def _attempt(job: records.FileJob, sink: Sink, side: Sidecar, stall_s: float, hu
         headers["Range"] = f"bytes={have}-"
         if part.get("etag") and not part["etag"].startswith("W/"):
             headers["If-Range"] = part["etag"]
-    conn, resp = _get(job.url, headers, stall_s=stall_s, abort=abort, policy=policy)
+    conn, resp = _get(job.url, headers, stall_s=stall_s, abort=abort, policy=policy, tls=tls)
     try:
         etag = resp.headers.get("ETag", "")
         if resp.status == 416 or (resp.status == 206 and not _continues(resp, have, job, part, etag)):
@@ -306,7 +309,8 @@ def _attempt(job: records.FileJob, sink: Sink, side: Sidecar, stall_s: float, hu
 
 
 def _get(url: str, headers: dict[str, str], *, stall_s: float, abort: _Abort,
-         policy: netpolicy.Policy) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+         policy: netpolicy.Policy,
+         tls: ssl.SSLContext | None = None) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
     """GET ``url``, following redirects (the hub sends LFS files to a CDN); Authorization only to the first host.
 
     Every hop's host is checked against ``policy`` before its connection opens (``guard.connection``).
@@ -316,7 +320,7 @@ def _get(url: str, headers: dict[str, str], *, stall_s: float, abort: _Abort,
         parts = urllib.parse.urlsplit(url)
         # Resolved, checked against the policy (loopback, link-local, this node: refused) and pinned, per hop.
         try:
-            conn = guard.connection(policy, url, timeout=stall_s)
+            conn = guard.connection(policy, url, timeout=stall_s, tls=tls)
         except OSError as exc:   # the name did not resolve: perhaps for a moment
             raise Retry(f"cannot resolve {parts.hostname}: {exc.strerror or exc}") from None
         sent = headers if parts.netloc == first else {k: v for k, v in headers.items() if k != "Authorization"}

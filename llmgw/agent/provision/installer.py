@@ -67,8 +67,10 @@ class Installer:
                  in_use: Callable[[Path], list[str]] = lambda _p: [],
                  on_change: Callable[[], None] = lambda: None,
                  choose: Callable[[prov.EngineWant, prov.NodeProfile], prov.Variant | prov.NoVariant] =
-                 prov.choose_variant) -> None:
+                 prov.choose_variant, ca_bundle: Path | None = None) -> None:
         self.dir = engines_dir
+        #: What pip verifies an https:// index with (``fetch.trust.bundle``: the system's and the cluster CA).
+        self._ca_bundle = ca_bundle
         # The variant table (``core.provision``); injected by tests that need a variant no engine has.
         self._choose = choose
         self._profile, self._recheck_s, self._clock, self._is_root = profile, recheck_s, clock, is_root
@@ -225,7 +227,8 @@ class Installer:
                               bytes_total=progress.bytes_total)
 
             log.info("installing %s (%s) into %s from %s", want, variant.name, path, index_url)
-            pip.run(pip.install_argv(python, variant.packages, index_url=index_url, find_links=find_links),
+            pip.run(pip.install_argv(python, variant.packages, index_url=index_url, find_links=find_links,
+                                     ca_bundle=self._ca_bundle),
                     on_line=on_line, what="pip install")
             if variant.uninstall_after:
                 pip.run(pip.pip_argv(python, "uninstall", "-y", *variant.uninstall_after), what="pip uninstall")

@@ -84,8 +84,12 @@ def source_args(index_url: str, find_links: bool) -> list[str]:
     return ["--index-url", index_url]
 
 
-def install_argv(python: Path, packages: tuple[str, ...], *, index_url: str, find_links: bool) -> list[str]:
-    return pip_argv(python, "install", "--no-input", "--progress-bar", "off",
+def install_argv(python: Path, packages: tuple[str, ...], *, index_url: str, find_links: bool,
+                 ca_bundle: Path | None = None) -> list[str]:
+    """``ca_bundle``: the authorities pip verifies an https:// index with (the system's and the cluster CA, so
+    the server's own mirror over TLS verifies); None: pip's own."""
+    cert = ["--cert", str(ca_bundle)] if ca_bundle is not None and index_url.lower().startswith("https://") else []
+    return pip_argv(python, "install", "--no-input", "--progress-bar", "off", *cert,
                     *source_args(index_url, find_links), *packages)
 
 

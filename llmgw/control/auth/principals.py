@@ -79,6 +79,8 @@ def required(method: str, path: str) -> Need | None:
         return None
     if method in ("GET", "HEAD") and path in ("/api/docs", "/api/openapi.json"):
         return None  # the API's shape, no secret: a browser opens the docs page `make up` prints (issue 24)
+    if method in ("GET", "HEAD") and path in ("/api/v1/ca", "/api/v1/ca.crt"):
+        return None  # the cluster CA's certificate: public, and read before a client trusts the server
     if path == "/metrics":
         return Need(VIEWER, router=True)
     if _under(path, "/api/v1/users") or _under(path, "/api/v1/routers"):

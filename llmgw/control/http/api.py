@@ -17,6 +17,7 @@ from llmgw.control.auth import middleware as auth_mw
 from llmgw.control.cluster import Cluster
 from llmgw.control.http import (
     apidocs,
+    ca,
     engines,
     events,
     fabric,
@@ -52,7 +53,7 @@ from llmgw.control.usage.service import UsageService
 def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extra_registries: tuple[Any, ...] = (),
                router_events: RouterEvents | None = None, leadership: forward_http.View | None = None,
                join: tokens.JoinPoint | None = None, usage: UsageService | None = None,
-               sso_service: SsoService | None = None) -> FastAPI:
+               sso_service: SsoService | None = None, cluster_ca: bytes | None = None) -> FastAPI:
     """The REST app; ``extra_registries`` (the in-process router's) are served on the same /metrics.
 
     Every store call is awaited on the store's thread (``store.offloop``), never made on the
@@ -64,7 +65,8 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extr
     join this server, for the command ``POST /api/v1/tokens`` answers; None: no join port (``--insecure``).
     ``usage``: what answers routers' usage and quota documents (the server's, which its in-process router
     shares); a fresh one over ``store`` when not given. ``sso_service``: single sign-on (``control.sso``);
-    None: not configured (``/api/v1/sso`` says so).
+    None: not configured (``/api/v1/sso`` says so). ``cluster_ca``: the cluster CA's certificate (PEM),
+    served unauthenticated at ``/api/v1/ca`` for clients to pin; None (``--insecure``): those answer 404.
     """
     reports = router_events if router_events is not None else RouterEvents()
     app = FastAPI(title="llmgw control plane", version="v1", docs_url=None, redoc_url=None,
@@ -86,7 +88,7 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extr
                  engines.router(db, cluster), settings.router(db), meta.router(leadership),
                  models.router(db, cluster), replicas.router(db, cluster, reports), routers.router(cluster, reports),
                  nodes.router(db, cluster),
-                 projects.router(db, cluster), routerusage.router(usage or UsageService(db))):
+                 projects.router(db, cluster), routerusage.router(usage or UsageService(db)), ca.router(cluster_ca)):
         app.include_router(part, responses=REFUSALS)
     app.include_router(usage_http.router(db), responses=REFUSALS)
     app.include_router(metrics.router(db, cluster, reports, extra_registries))  # text, and refuses nothing itself

@@ -41,7 +41,8 @@ log = logging.getLogger(__name__)
 FORWARDED_BY = "x-llmgw-forwarded-by"
 #: Answered by a standby itself (GET and HEAD): each reads only the shared database (or nothing), the
 #: same on every instance.
-LOCAL_PATHS = frozenset({"/healthz", "/metrics", "/api/v1/endpoints", "/api/v1/controlplanes"})
+LOCAL_PATHS = frozenset({"/healthz", "/metrics", "/api/v1/endpoints", "/api/v1/controlplanes", "/api/v1/ca",
+                         "/api/v1/ca.crt"})
 #: POSTs a standby answers itself: a router's usage batches and quota syncs (issue 26) each write the shared
 #: database in one transaction of their own (the journal's mark, the ledger's rows under a lock), the same on
 #: every instance. Forwarded, they failed with the leader: a failover left every budget without a grant
