@@ -2,7 +2,8 @@
 the verification context, and the router's pool on real TLS: one handshake per kept-alive connection, Nagle
 off, the load scrape through the verified pool, a connection refused before a byte of the request is sent.
 
-End to end (a router process, impostor engines, the ejection reasons): tests/integration/test_router_engine_tls.py.
+End to end (a router process, impostor engines, the ejection reasons):
+tests/integration/test_router_verifies_engines.py.
 """
 
 from __future__ import annotations
