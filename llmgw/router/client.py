@@ -21,14 +21,14 @@ timer per request cost more than parsing its response.
 A connection goes back to its pool when its response has been read to the end
 and both sides said keep-alive; anything else (a close before the end, an
 error, a cancel) closes it, which is what tells the engine to stop generating.
+A response's body is buffered up to ``response._HIGH_WATER`` before reading from the
+engine pauses, so a slow client slows its engine rather than growing the router's memory.
 
 An ``https://`` engine the route table gives a CA for (``expect``: ``enginetls.Expected`` by URL) is
 verified when a connection to it is made, before the request is written: a certificate that is not
 the cluster CA's engine certificate for its node fails the connect with ``TlsRefused``. Pool keys carry
 the expectation, so a connection is only reused for what it was verified for; plain ``http://`` pays
 nothing for it.
-A response's body is buffered up to ``response._HIGH_WATER`` before reading from the
-engine pauses, so a slow client slows its engine rather than growing the router's memory.
 """
 
 from __future__ import annotations
