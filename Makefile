@@ -17,7 +17,7 @@ BASE   := .made-from-$(subst /,_,$(PYTHON))
 # True when venv $(1) was made from $(PYTHON): its pyvenv.cfg's home is that Python's directory.
 made_from = [ -x $(1)/bin/python ] && [ "$$(sed -n 's/^home = //p' $(1)/pyvenv.cfg)" = "$$(dirname "$$(command -v $(PYTHON))")" ]
 
-.PHONY: up test test-e2e test-engines lint bench bench-costs bench-peers clean-venv postgres chromium oidc-provider
+.PHONY: up test test-e2e test-engines lint bench bench-costs bench-engine-tls bench-peers clean-venv postgres chromium oidc-provider
 
 # A venv already made from this Python (its pyvenv.cfg's home is the Python's directory) is kept.
 $(VENV)/$(BASE):
@@ -118,6 +118,12 @@ bench-costs: $(VENV)/.test-deps
 	$(VENV)/bin/python -m pip --disable-pip-version-check -q install py-spy
 	command -v wrk >/dev/null || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && apt-get install -y -q wrk; }
 	$(PY) bench/router_costs.py $(BENCH_ARGS)
+
+# The router-to-engine hop on TLS against plain HTTP, and against a TLS relay in front of a plain engine, in one
+# run (issue 28): req/s per router core, TTFT p50/p99, a fresh connection's price. wrk from apt when missing.
+bench-engine-tls: $(VENV)/.test-deps
+	command -v wrk >/dev/null || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && apt-get install -y -q wrk; }
+	$(PY) bench/engine_tls.py $(BENCH_ARGS)
 
 clean-venv:
 	rm -rf $(VENV) $(VLLM_VENV)

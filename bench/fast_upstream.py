@@ -17,7 +17,10 @@ for ``"stream": true``) and every answer a precomputed byte string.
 It expects well-behaved clients (the routers and wrk): no chunked request
 bodies, no pipelining beyond what arrives whole.
 
-    python bench/fast_upstream.py --port 9000 [--model bench-model]
+With ``--cert-file``/``--key-file`` it serves TLS (an engine's own TLS, issue 28: ``bench/engine_tls.py``,
+and the router's engine-verification tests, with a certificate from ``llmgw.core.pki``).
+
+    python bench/fast_upstream.py --port 9000 [--model bench-model] [--cert-file C --key-file K]
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import argparse
 import asyncio
 import json
 import re
+import ssl
 import sys
 
 _CL = re.compile(rb"\r\ncontent-length:[ \t]*(\d+)", re.IGNORECASE)
@@ -137,10 +141,10 @@ class Upstream(asyncio.Protocol):
         return canned["not_found"]
 
 
-async def serve(host: str, port: int, model: str, order: str = "openai") -> None:
+async def serve(host: str, port: int, model: str, order: str = "openai", tls: ssl.SSLContext | None = None) -> None:
     canned = answers(model, order=order)
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: Upstream(canned), host, port, backlog=4096)
+    server = await loop.create_server(lambda: Upstream(canned), host, port, backlog=4096, ssl=tls)
     async with server:
         await server.serve_forever()
 
@@ -152,7 +156,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="bench-model")
     parser.add_argument("--order", choices=("openai", "llamacpp"), default="openai",
                         help="the key order of the chat answers: llamacpp writes them as llama.cpp does")
+    parser.add_argument("--cert-file", help="serve TLS with this certificate (PEM; --key-file its key)")
+    parser.add_argument("--key-file")
     args = parser.parse_args(argv)
+    tls = None
+    if args.cert_file:
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls.load_cert_chain(args.cert_file, args.key_file)
     try:
         import uvloop
     except ImportError:
@@ -160,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         runner = uvloop.run
     try:
-        runner(serve(args.host, args.port, args.model, args.order))
+        runner(serve(args.host, args.port, args.model, args.order, tls))
     except KeyboardInterrupt:
         pass
     return 0

@@ -66,6 +66,7 @@ STAGES: tuple[tuple[str, tuple[str, ...] | None, str], ...] = (
                           "on_status", "on_message_begin", "on_chunk_header", "on_chunk_complete"), "read upstream"),
     ("router/response.py", None, "read upstream"),
     ("router/client.py", None, "upstream connect and reuse"),
+    ("router/enginetls.py", None, "upstream connect and reuse"),  # per connection to an https:// engine only
     ("router/upstream.py", None, "upstream connect and reuse"),
     ("router/openai_shape.py", None, "shape"),
     ("router/httphead.py", None, "write to client"),

@@ -175,8 +175,10 @@ def _control_plane(cfg: ServerConfig, store: Store, hub: decide.Hub) -> _Control
     # What routers report of each model's load, the autoscaler's input (issue 17): the in-process router's
     # reports arrive through a callback, a standalone router's through POST /api/v1/router/signals.
     load_signals = loadreports.RouterSignals()
+    # Routers verify engines serving TLS (issue 28) with the cluster CA: its certificate goes in their table.
+    engine_ca = "" if cfg.insecure else datadir.read_ca(cfg.data_dir).cert_pem.decode()
     cluster = Cluster(store, cfg=decide_cfg, ejections=reports.current, db=db, remote_meta=remote_meta, standby=True,
-                      signals=load_signals)
+                      signals=load_signals, engine_ca=engine_ca)
     # Keys' "last used", as routers report it, written by the leader every few seconds per key at most.
     key_uses = keyuse.Writer(db, leading=lambda: cluster.leading)
     reports.on_key_used = key_uses.note

@@ -4,7 +4,8 @@ Three documents cross it, each a frozen dataclass with ``to_doc()`` (the JSON-ab
 ``from_doc()`` (the dict read back):
 
 - ``EndpointsDoc``: the route table the control plane publishes (``GET /api/v1/endpoints``, long-polled):
-  every model's names, ready endpoints, unhealthy replicas, limits and autoscale bounds, and the API keys.
+  every model's names, ready endpoints, unhealthy replicas, limits and autoscale bounds, the API keys, and
+  the cluster CA engines serving TLS are verified with (``engine_ca``).
   Read by routers, so ``from_doc`` is tolerant: a field it does not know is ignored and an optional field
   that is malformed is warned about and left out (a newer control plane must not break an older router;
   refusing the table would leave the router serving an old one). What the router cannot route without
@@ -211,16 +212,22 @@ class EndpointsDoc:
     version: int = 0
     models: tuple[ModelEntry, ...] = ()
     auth: AuthDoc = AuthDoc()
+    #: The cluster CA's certificate (PEM; never its key): an ``https://`` endpoint must present an engine
+    #: certificate it issued for the endpoint's node (``llmgw.core.pki.engine_node``). "": none given.
+    engine_ca: str = ""
 
     def with_version(self, version: int) -> EndpointsDoc:
         return dataclasses.replace(self, version=version)
 
     def same_routes(self, other: EndpointsDoc) -> bool:
         """Everything but the version is equal: a key created or deleted is a change too."""
-        return self.models == other.models and self.auth == other.auth
+        return self.models == other.models and self.auth == other.auth and self.engine_ca == other.engine_ca
 
     def to_doc(self) -> dict[str, Any]:
-        return {"version": self.version, "models": [m.to_doc() for m in self.models], "auth": self.auth.to_doc()}
+        doc = {"version": self.version, "models": [m.to_doc() for m in self.models], "auth": self.auth.to_doc()}
+        if self.engine_ca:
+            doc["engine_ca"] = self.engine_ca
+        return doc
 
     @classmethod
     def from_doc(cls, doc: Any) -> EndpointsDoc:
@@ -235,8 +242,14 @@ class EndpointsDoc:
         raw_models = doc.get("models", [])
         if not isinstance(raw_models, list):
             raise BadTable("models: expected a list")
+        engine_ca = doc.get("engine_ca") or ""
+        if not isinstance(engine_ca, str):
+            # Not refused: the router still routes; an https endpoint is then refused at connect, not trusted.
+            log.warning("engine_ca: expected a PEM certificate, got %r; https:// engines are not trusted",
+                        type(engine_ca).__name__)
+            engine_ca = "not a PEM certificate"
         return cls(version=version, models=tuple(_model(f"models[{i}]", raw) for i, raw in enumerate(raw_models)),
-                   auth=AuthDoc.from_doc(doc.get("auth")))
+                   auth=AuthDoc.from_doc(doc.get("auth")), engine_ca=engine_ca)
 
 
 # -- reading a document, as a router: strict where routing depends on it, tolerant elsewhere ---------------

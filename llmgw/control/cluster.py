@@ -48,7 +48,10 @@ class Cluster:
                  cfg: decide.Config = decide.Config(), heartbeat_timeout_s: float = 20.0,
                  interval_s: float = 1.0, ejections: Callable[[], dict[str, str]] | None = None,
                  db: StoreThread | None = None, remote_meta: remotemeta.Reader | None = None,
-                 standby: bool = False, signals: loadreports.RouterSignals | None = None) -> None:
+                 standby: bool = False, signals: loadreports.RouterSignals | None = None,
+                 engine_ca: str = "") -> None:
+        """``engine_ca``: the cluster CA's certificate (PEM), published in the routers' table: they verify
+        engines serving TLS with it."""
         self.store, self.clock, self.cfg, self.db, self.interval_s = store, clock, cfg, db, interval_s
         #: Without election (unit tests, ``Cluster(store)``) it leads from the start.
         self.ctx = LoopContext(store, db, clock, cfg, self.kick, leading=not standby)
@@ -72,7 +75,7 @@ class Cluster:
         self.planner = Planner(self.ctx, autoscaling=self.autoscaling, recorder=self.recorder, executor=self.executor,
                                ejections=self.ejections, remote_meta=remote_meta,
                                provisioning_inputs=self._engine_inputs)
-        self.table = TablePublisher(self.ctx)
+        self.table = TablePublisher(self.ctx, engine_ca=engine_ca)
         #: Operators' engine wants and the cluster's engine settings (``control.engines`` rebinds them on a change).
         self.engine_wants: tuple[provisioning.ScopedWant, ...] = ()
         self.engine_settings = provisioning.EngineSettings.from_map({})

@@ -23,6 +23,12 @@ and both sides said keep-alive; anything else (a close before the end, an
 error, a cancel) closes it, which is what tells the engine to stop generating.
 A response's body is buffered up to ``response._HIGH_WATER`` before reading from the
 engine pauses, so a slow client slows its engine rather than growing the router's memory.
+
+An ``https://`` engine the route table gives a CA for (``expect``: ``enginetls.Expected`` by URL) is
+verified when a connection to it is made, before the request is written: a certificate that is not
+the cluster CA's engine certificate for its node fails the connect with ``TlsRefused``. Pool keys carry
+the expectation, so a connection is only reused for what it was verified for; plain ``http://`` pays
+nothing for it.
 """
 
 from __future__ import annotations
@@ -31,9 +37,11 @@ import asyncio
 import socket
 import ssl as ssl_mod
 import urllib.parse
+from collections.abc import Mapping
 
 import httptools
 
+from llmgw.router import enginetls
 from llmgw.router.response import (
     BodyError,
     ClientError,
@@ -42,16 +50,20 @@ from llmgw.router.response import (
     Headers,
     ReadTimeout,
     Response,
+    TlsRefused,
 )
 
 __all__ = ["BodyError", "ClientError", "ConnectFailed", "Connection", "Disconnected", "Headers", "Pool",
-           "ReadTimeout", "Response"]
+           "ReadTimeout", "Response", "TlsRefused"]
+
+#: A pool key: host, port, TLS, and for a verified engine what it must present (None: nothing checked).
+Key = tuple[str, int, bool, enginetls.Expected | None]
 
 
 class Connection(asyncio.Protocol):
     """One keep-alive connection to an engine, carrying one request at a time."""
 
-    def __init__(self, pool: Pool, key: tuple[str, int, bool]) -> None:
+    def __init__(self, pool: Pool, key: Key) -> None:
         self._pool = pool
         self.key = key
         self.transport: asyncio.Transport | None = None
@@ -209,12 +221,13 @@ class Pool:
     def __init__(self, *, connect_timeout_s: float = 5.0, read_timeout_s: float = 600.0) -> None:
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
-        self._idle_conns: dict[tuple[str, int, bool], list[Connection]] = {}
+        self._idle_conns: dict[Key, list[Connection]] = {}
         self._all: set[Connection] = set()
-        self._targets: dict[str, tuple[tuple[str, int, bool], bytes, str]] = {}
+        self._targets: dict[str, tuple[Key, bytes, str]] = {}
         # (url, path, header lines) -> the request head up to Content-Length, built once.
         self._heads: dict[tuple[str, str, bytes], bytes] = {}
         self._ssl: ssl_mod.SSLContext | None = None
+        self._expect: Mapping[str, enginetls.Expected] = {}
         self._ticker: asyncio.TimerHandle | None = None
         self._tick_s = 1.0
         self._tick_within(read_timeout_s)
@@ -231,7 +244,22 @@ class Pool:
             connection.check_timeout(now)
         self._ticker = loop.call_later(self._tick_s, self._tick) if self._all else None
 
-    def target(self, url: str) -> tuple[tuple[str, int, bool], bytes, str]:
+    def expect(self, expected: Mapping[str, enginetls.Expected]) -> None:
+        """The ``https://`` engines to verify from now on, by URL (``enginetls.expectations``, per table).
+
+        Idle connections verified for an expectation that is gone are closed; busy ones are not reused.
+        """
+        if expected == self._expect:
+            return
+        self._expect = expected
+        self._targets.clear()  # their keys carry the expectation
+        live = {id(e) for e in expected.values()}
+        for key, idle in list(self._idle_conns.items()):
+            if key[3] is not None and id(key[3]) not in live:
+                for connection in list(idle):
+                    connection.abandon()
+
+    def target(self, url: str) -> tuple[Key, bytes, str]:
         """(address, Host header value, path prefix) of a base URL, parsed once."""
         found = self._targets.get(url)
         if found is None:
@@ -240,7 +268,8 @@ class Pool:
                 raise ConnectFailed(f"cannot reach {url!r}: only http:// and https:// URLs with a host work")
             tls = parts.scheme == "https"
             port = parts.port or (443 if tls else 80)
-            found = self._targets[url] = ((parts.hostname, port, tls), parts.netloc.encode("idna"),
+            expect = self._expect.get(url) if tls else None
+            found = self._targets[url] = ((parts.hostname, port, tls, expect), parts.netloc.encode("idna"),
                                           parts.path.rstrip("/"))
         return found
 
@@ -265,7 +294,23 @@ class Pool:
             connection.abandon()  # the client left before the engine answered: stop the engine
             raise
 
-    def _take(self, key: tuple[str, int, bool]) -> Connection | None:
+    async def get(self, url: str, path: str, head_lines: bytes) -> tuple[int, bytes]:
+        """GET ``url + path`` on a pooled connection: status and body (the load scraper's, for verified engines)."""
+        key, host, prefix = self.target(url)
+        connection = self._take(key) or await self._connect(key, url)
+        waiter = connection.send(b"".join((b"GET ", (prefix + path).encode(), b" HTTP/1.1\r\nHost: ", host, b"\r\n",
+                                           head_lines, b"\r\n")), b"", self.read_timeout_s)
+        try:
+            response = await waiter
+        except asyncio.CancelledError:
+            connection.abandon()
+            raise
+        try:
+            return response.status, await response.read()
+        finally:
+            response.close()
+
+    def _take(self, key: Key) -> Connection | None:
         idle = self._idle_conns.get(key)
         while idle:
             connection = idle.pop()
@@ -273,21 +318,34 @@ class Pool:
                 return connection
         return None
 
-    async def _connect(self, key: tuple[str, int, bool], url: str) -> Connection:
-        host, port, tls = key
+    async def _connect(self, key: Key, url: str) -> Connection:
+        host, port, tls, expect = key
         loop = asyncio.get_running_loop()
-        if tls and self._ssl is None:
-            self._ssl = ssl_mod.create_default_context()
+        context: ssl_mod.SSLContext | None = None
+        if expect is not None:
+            if expect.context is None:
+                raise TlsRefused(expect.broken)
+            context = expect.context
+        elif tls:
+            if self._ssl is None:
+                self._ssl = ssl_mod.create_default_context()
+            context = self._ssl
         try:
             async with asyncio.timeout(self.connect_timeout_s or None):
-                _, protocol = await loop.create_connection(lambda: Connection(self, key), host, port,
-                                                           ssl=self._ssl if tls else None)
+                _, protocol = await loop.create_connection(lambda: Connection(self, key), host, port, ssl=context)
         except TimeoutError:
             raise ConnectFailed(f"cannot connect to {url}: no connection within {self.connect_timeout_s:g}s") \
                 from None
+        except ssl_mod.SSLError as exc:
+            if expect is not None:
+                raise TlsRefused(expect.handshake_failed(exc)) from None
+            raise ConnectFailed(f"cannot connect to {url}: {exc.strerror or exc}") from None
         except OSError as exc:
             raise ConnectFailed(f"cannot connect to {url}: {exc.strerror or exc}") from None
         transport = protocol.transport
+        if expect is not None and (why := expect.check(transport)):
+            protocol.abandon()  # closed before a byte of the request (its prompt, the engine's key) is written
+            raise TlsRefused(why)
         sock = transport.get_extra_info("socket") if transport is not None else None
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             # Without TCP_NODELAY, Nagle holds a small request until the engine's delayed

@@ -11,7 +11,9 @@ router keeps its own record of what each endpoint did to real requests:
 * ``threshold`` failures in a row (default 3) eject the endpoint for ``base_s``
   (2 s). When that passes it is on probation: it takes requests again, and one
   more failure ejects it for twice as long, up to ``max_s`` (60 s);
-* a success resets everything.
+* a success resets everything;
+* an engine that fails TLS verification (``enginetls``: not the cluster CA's engine certificate
+  for its node) is ejected at the first failure (``at_once``): retrying it cannot help.
 
 ``Outliers`` only decides; ``upstream`` skips the ejected endpoints (all of them
 ejected: tried anyway, rather than failing the request), logs each ejection once
@@ -66,8 +68,8 @@ class Outliers:
             return set()
         return {r for r in replica_ids if self.is_ejected(r)}
 
-    def failed(self, replica_id: str, reason: str) -> Ejection | None:
-        """Record a failure; return the ejection it causes, if it causes one."""
+    def failed(self, replica_id: str, reason: str, *, at_once: bool = False) -> Ejection | None:
+        """Record a failure; return the ejection it causes, if it causes one (``at_once``: this one does)."""
         now = self._clock()
         record = self._records.setdefault(replica_id, _Record())
         if now < record.until:
@@ -78,7 +80,7 @@ class Outliers:
             failures = 1
         else:
             record.failures += 1
-            if record.failures < self._threshold:
+            if record.failures < self._threshold and not at_once:
                 return None
             record.backoff_s = self._base_s
             failures = record.failures

@@ -26,12 +26,13 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 
 import aiohttp
 
 from llmgw.core import engines
 from llmgw.core.background import Background
+from llmgw.router.response import ClientError
 from llmgw.router.table import Endpoint
 
 log = logging.getLogger(__name__)
@@ -125,13 +126,17 @@ class LoadWatch:
 
     def __init__(self, loads: Loads, endpoints: Callable[[], Iterable[Endpoint]], *,
                  interval_s: float = 1.5, timeout_s: float = 1.0, stale_s: float = 6.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 verified: Callable[[Endpoint], Awaitable[tuple[int, bytes]] | None] | None = None) -> None:
+        """``verified``: an engine serving TLS the router verifies (``enginetls``) is scraped through it
+        (status and body), so its bearer key goes only to the engine the table names; None for the others."""
         self._loads = loads
         self._endpoints = endpoints
         self._interval_s = interval_s
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._stale_s = stale_s
         self._clock = clock
+        self._verified = verified
         self._task = Background("llmgw-router-loadwatch")
         self._failing: set[str] = set()  # logged once when a scrape starts failing
 
@@ -159,12 +164,21 @@ class LoadWatch:
 
     async def _scrape(self, session: aiohttp.ClientSession, endpoint: Endpoint) -> None:
         headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
+        through = self._verified(endpoint) if self._verified is not None else None
         try:
-            async with session.get(endpoint.url + "/metrics", headers=headers, timeout=self._timeout) as response:
-                if response.status != 200:
-                    raise aiohttp.ClientError(f"HTTP {response.status}")
-                text = await response.text(errors="replace")
-        except (TimeoutError, aiohttp.ClientError) as exc:
+            if through is not None:
+                async with asyncio.timeout(self._timeout.total):
+                    status, body = await through
+                if status != 200:
+                    raise aiohttp.ClientError(f"HTTP {status}")
+                text = body.decode("utf-8", "replace")
+            else:
+                async with session.get(endpoint.url + "/metrics", headers=headers,
+                                       timeout=self._timeout) as response:
+                    if response.status != 200:
+                        raise aiohttp.ClientError(f"HTTP {response.status}")
+                    text = await response.text(errors="replace")
+        except (TimeoutError, aiohttp.ClientError, ClientError) as exc:
             if endpoint.replica_id not in self._failing:
                 self._failing.add(endpoint.replica_id)
                 log.info("load scrape of %s at %s failing: %s", endpoint.replica_id, endpoint.url,

@@ -13,7 +13,8 @@ started, ``body_started``).
 Errors are ``ClientError`` subclasses, one per failure the Forwarder treats
 differently (``upstream`` explains the retry rules):
 
-* ``ConnectFailed``: refused or timed out before a connection existed;
+* ``ConnectFailed``: refused or timed out before a connection existed; ``TlsRefused``, one of them:
+  the engine's certificate is not the cluster CA's engine certificate for its node (``enginetls``);
 * ``Disconnected``: the connection closed or reset before the response's
   headers, what a pooled connection the engine has dropped looks like;
 * ``ReadTimeout``: no byte within the read timeout (first byte, then idle);
@@ -39,6 +40,10 @@ class ClientError(Exception):
 
 class ConnectFailed(ClientError):
     """No connection: refused, unreachable, or not made within the connect timeout."""
+
+
+class TlsRefused(ConnectFailed):
+    """An engine failed TLS verification (``enginetls``): not the cluster CA's engine certificate for its node."""
 
 
 class Disconnected(ClientError):

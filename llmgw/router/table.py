@@ -104,6 +104,8 @@ class RouteTable:
     #: Per-model concurrency limits for admission: ``limits.concurrency`` in the document, capped
     #: by ``limits.concurrency_per_replica`` times the model's endpoints (see ``model_limits``).
     limits: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    #: The cluster CA's certificate (PEM) ``https://`` engines are verified with (``enginetls``); "": none.
+    engine_ca: str = ""
     _by_name: Mapping[str, ModelRoute] = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -126,7 +128,7 @@ class RouteTable:
         models = tuple(_route(f"models[{i}]", m) for i, m in enumerate(endpoints.models))
         limits = {m.name: m.concurrency for m in endpoints.models if m.concurrency}
         return cls(version=endpoints.version, models=models, auth=Authenticator.from_doc(endpoints.auth),
-                   limits=model_limits(limits, models))
+                   limits=model_limits(limits, models), engine_ca=endpoints.engine_ca)
 
     def lookup(self, name: str) -> ModelRoute | None:
         """The model a client's ``model`` field names, or None."""

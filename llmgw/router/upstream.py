@@ -12,7 +12,9 @@ lives here and the relay (``proxying``, ``relay``) never retries:
 * a reset or "server disconnected" on a pooled connection: retry the same engine
   once on a fresh connection first. xllamacpp's server closes the connection
   after a streamed response while still advertising keep-alive, so the pool
-  hands out connections the engine has already dropped.
+  hands out connections the engine has already dropped;
+* an engine that fails TLS verification (``enginetls``): ejected at once, and the attempt is not
+  counted against ``max_endpoints`` (nothing was sent; the handshake took milliseconds).
 
 The endpoint is chosen by the model's ``routing`` policy (``policies``: one instance
 of each, with hooks on a request's life) from the loads ``loadwatch`` keeps,
@@ -55,13 +57,14 @@ import functools
 import json
 import logging
 import socket
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 
 import aiohttp
 
 from llmgw.router import (
     admission,
     client,
+    enginetls,
     errors,
     health,
     hung,
@@ -74,7 +77,7 @@ from llmgw.router import (
 )
 from llmgw.router import reports as router_events
 from llmgw.router import tracing as router_tracing
-from llmgw.router.table import Endpoint, ModelRoute, TableHolder
+from llmgw.router.table import Endpoint, ModelRoute, RouteTable, TableHolder
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +94,9 @@ _INPUT_TOO_LARGE = b") is too large to process"
 
 
 class _AttemptFailed(Exception):
-    pass
+    def __init__(self, why: str, *, at_once: bool = False) -> None:
+        super().__init__(why)
+        self.at_once = at_once  # the engine failed TLS verification: ejected at once (``health``)
 
 
 def _nodelay_socket(addr_info: tuple) -> socket.socket:  # type: ignore[type-arg]
@@ -145,7 +150,26 @@ class Forwarder:
             holder.listen(self.waits.follow)
         self._holder = holder
         self._seen: dict[str, ModelRoute] = {}  # model name -> its latest route, when no holder
-        self._watch = loadwatch.LoadWatch(self.loads, self._endpoints, interval_s=scrape_interval_s)
+        self._watch = loadwatch.LoadWatch(self.loads, self._endpoints, interval_s=scrape_interval_s,
+                                          verified=self._scrape_verified)
+        #: The ``https://`` engines to verify (``enginetls``), by URL, from each table's ``engine_ca``.
+        self._expected: dict[str, enginetls.Expected] = {}
+        if holder is not None:
+            holder.listen(self._follow_tls)
+            self._follow_tls(holder.current)
+
+    def _follow_tls(self, table: RouteTable) -> None:
+        self._expected = enginetls.expectations(table.engine_ca, (e for m in table.models for e in m.endpoints),
+                                                self._expected)
+        if self._pool is not None:
+            self._pool.expect(self._expected)
+
+    def _scrape_verified(self, endpoint: Endpoint) -> Awaitable[tuple[int, bytes]] | None:
+        """A verified engine's ``/metrics`` through the pool (its certificate checked before the key is sent);
+        None for the others (the scraper's own session)."""
+        if endpoint.url not in self._expected or self._pool is None:
+            return None
+        return self._pool.get(endpoint.url, "/metrics", self._head(endpoint))
 
     def _endpoints(self) -> Iterable[Endpoint]:
         routes = self._holder.current.models if self._holder is not None else tuple(self._seen.values())
@@ -166,6 +190,7 @@ class Forwarder:
         if self._pool is None:
             self._pool = client.Pool(connect_timeout_s=self._connect_timeout_s,
                                      read_timeout_s=self._first_byte_timeout_s)
+            self._pool.expect(self._expected)
             self._pooled = self._session(force_close=False)
             self._watch.start(self._pooled)
 
@@ -213,7 +238,8 @@ class Forwarder:
         ejected = self.outliers.ejected(ids) | self.waits.among(ids)
         tried: set[str] = set()
         attempts: list[str] = []
-        while len(tried) < self._max_endpoints:
+        refused = 0  # engines that failed TLS verification: refused before a byte was sent, not counted
+        while len(tried) - refused < self._max_endpoints:
             endpoint, lacking = self._pick(policy, route, ids, key, tried, ejected, retried=bool(attempts))
             if endpoint is None:
                 break
@@ -243,7 +269,8 @@ class Forwarder:
                     raise
                 attempts.append(f"{endpoint.replica_id} at {endpoint.url}: {exc}")
                 if isinstance(exc, _AttemptFailed):  # an abandoned one is out already: no ejection
-                    self._failed(route, endpoint, str(exc))
+                    self._failed(route, endpoint, str(exc), at_once=exc.at_once)
+                    refused += exc.at_once
             else:
                 if response.status not in RETRY_STATUSES:
                     if ticket is not None:
@@ -302,11 +329,12 @@ class Forwarder:
             if self.events is not None:
                 self.events.recovered(route.name, endpoint.replica_id)
 
-    def _failed(self, route: ModelRoute, endpoint: Endpoint, reason: str) -> None:
-        ejection = self.outliers.failed(endpoint.replica_id, reason)
+    def _failed(self, route: ModelRoute, endpoint: Endpoint, reason: str, *, at_once: bool = False) -> None:
+        ejection = self.outliers.failed(endpoint.replica_id, reason, at_once=at_once)
         if ejection is not None:
-            log.warning("model %r: replica %s at %s ejected for %.0fs after repeated failures (last: %s)",
-                        route.name, endpoint.replica_id, endpoint.url, ejection.for_s, reason)
+            log.warning("model %r: replica %s at %s ejected for %.0fs after %s (last: %s)", route.name,
+                        endpoint.replica_id, endpoint.url, ejection.for_s,
+                        "repeated failures" if ejection.failures > 1 else "a failure", reason)
             metrics.count_ejection(route.name, endpoint.replica_id)
             if self.events is not None:
                 self.events.ejected(route.name, endpoint.replica_id, for_s=ejection.for_s,
@@ -316,6 +344,27 @@ class Forwarder:
 
     async def _send(self, endpoint: Endpoint, path: str, body: bytes) -> client.Response:
         assert self._pool is not None
+        head = self._heads.get((endpoint.url, endpoint.api_key)) or self._head(endpoint)
+        spans = router_tracing.CURRENT.get()
+        if spans is not None:  # tracing on: the engine continues the trace under this attempt's span
+            head += b"traceparent: " + spans.upstream(endpoint.replica_id, endpoint.url).encode() + b"\r\n"
+        try:
+            return await self._pool.request(endpoint.url, path, head, body)
+        except client.Disconnected:
+            pass  # most likely a pooled connection the engine had closed: once more, fresh
+        except client.TlsRefused as exc:  # not the engine the table names (``enginetls``): out at once
+            raise _AttemptFailed(str(exc), at_once=True) from None
+        except client.ClientError as exc:  # nothing listens, or no answer in time: a fresh socket won't help
+            raise _AttemptFailed(_describe(exc)) from None
+        try:
+            return await self._pool.request(endpoint.url, path, head, body, fresh=True)
+        except client.TlsRefused as exc:
+            raise _AttemptFailed(str(exc), at_once=True) from None
+        except client.ClientError as exc:
+            raise _AttemptFailed(_describe(exc)) from None
+
+    def _head(self, endpoint: Endpoint) -> bytes:
+        """The header lines of every request to ``endpoint``, built once."""
         head = self._heads.get((endpoint.url, endpoint.api_key))
         if head is None:
             head = b"Content-Type: application/json\r\n"
@@ -325,19 +374,7 @@ class Forwarder:
             if len(self._heads) > 4096:  # endpoints come and go; the cache must not grow for ever
                 self._heads.clear()
             self._heads[(endpoint.url, endpoint.api_key)] = head
-        spans = router_tracing.CURRENT.get()
-        if spans is not None:  # tracing on: the engine continues the trace under this attempt's span
-            head += b"traceparent: " + spans.upstream(endpoint.replica_id, endpoint.url).encode() + b"\r\n"
-        try:
-            return await self._pool.request(endpoint.url, path, head, body)
-        except client.Disconnected:
-            pass  # most likely a pooled connection the engine had closed: once more, fresh
-        except client.ClientError as exc:  # nothing listens, or no answer in time: a fresh socket won't help
-            raise _AttemptFailed(_describe(exc)) from None
-        try:
-            return await self._pool.request(endpoint.url, path, head, body, fresh=True)
-        except client.ClientError as exc:
-            raise _AttemptFailed(_describe(exc)) from None
+        return head
 
 
 #: What marks one of llama.cpp's prefill progress events (``"return_progress": true``).

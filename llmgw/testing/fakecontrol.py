@@ -65,6 +65,8 @@ class RouterControl:
         self.queries: list[tuple[int, float]] = []
         self.held = 0
         self.reports: list[dict[str, Any]] = []
+        #: The router events posted (``RouterReport``'s ``events``: ejections, recoveries, keys used), in order.
+        self.events: list[dict[str, Any]] = []
         self.refuse_signals = False
         self.refused = 0
         self.ledger = Ledger(limits)
@@ -116,7 +118,9 @@ class RouterControl:
         return web.json_response((await self.ledger.sync(wire.QuotaSync.from_doc(await request.json()))).to_doc())
 
     async def _events(self, request: web.Request) -> web.Response:
-        return web.json_response({"applied": len((await request.json()).get("events", []))})
+        doc = await request.json()
+        self.events.extend(doc.get("events", []))
+        return web.json_response({"applied": len(doc.get("events", []))})
 
     def _call(self, fn: Callable[[], Any]) -> Any:
         async def run() -> Any:

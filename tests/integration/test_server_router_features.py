@@ -43,6 +43,8 @@ def test_server_router_has_the_limit_and_traces_to_the_engine(traced: tuple[Syst
     (model,) = [m for m in doc["models"] if m["name"] == "t"]
     assert model["limits"] == {"concurrency_per_replica": 3}
     assert model["engine"] == "sim"  # what the router may add for an engine (return_progress: llamacpp's)
+    # Engines serving TLS are verified with the cluster CA: its certificate (never its key) is in the table.
+    assert doc["engine_ca"] == (system.data_dir / "pki" / "ca.crt").read_text()
 
     answer = system.request("POST", "/v1/chat/completions", json={
         "model": "t", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})

@@ -220,3 +220,5 @@ class RouterTable(Body):
     version: int
     models: list[dict[str, Any]]
     auth: dict[str, Any] = pydantic.Field(default_factory=dict, description="Absent from the empty first table")
+    engine_ca: str = pydantic.Field("", description="The cluster CA's certificate (PEM) that routers verify "
+                                    "https:// engines with; absent without one (an --insecure server)")

@@ -49,8 +49,11 @@ def _model_route(spec: specs.ModelSpec, name: str, in_force_spec: specs.ModelSpe
     )
 
 
-def build_endpoints_doc(store: Store, now: float) -> routing.EndpointsDoc:
-    """The routers' table as the store holds it now: each model's routes, and the API keys (version 0)."""
+def build_endpoints_doc(store: Store, now: float, *, engine_ca: str = "") -> routing.EndpointsDoc:
+    """The routers' table as the store holds it now: each model's routes, and the API keys (version 0).
+
+    ``engine_ca``: the cluster CA's certificate (PEM, public), which routers verify ``https://`` engines with.
+    """
     by_model: dict[str, list[ReplicaRecord]] = {}
     for r in store.list_replicas():
         by_model.setdefault(r.model, []).append(r)
@@ -70,12 +73,14 @@ def build_endpoints_doc(store: Store, now: float) -> routing.EndpointsDoc:
     # key counts: with every key disabled everyone is refused, where following the enabled keys
     # opened the API to anyone the moment the last one was disabled.
     return routing.EndpointsDoc(models=tuple(models), auth=routing.AuthDoc(required=bool(stored_keys), keys=keys,
-                                                                                    projects=projects))
+                                                                                    projects=projects),
+                                engine_ca=engine_ca)
 
 
 class TablePublisher:
-    def __init__(self, ctx: LoopContext) -> None:
+    def __init__(self, ctx: LoopContext, *, engine_ca: str = "") -> None:
         self._ctx = ctx
+        self._engine_ca = engine_ca  # the cluster CA's certificate, published with every table
         self._changed = asyncio.Condition()
         self.table = routing.EndpointsDoc()
         self._published = False  # the first build is published (version 1) even when it routes nothing
@@ -83,7 +88,7 @@ class TablePublisher:
 
     def doc(self) -> routing.EndpointsDoc:
         """The document as the store holds it now (without its version); reads the store where it is called."""
-        return build_endpoints_doc(self._ctx.store, self._ctx.clock())
+        return build_endpoints_doc(self._ctx.store, self._ctx.clock(), engine_ca=self._engine_ca)
 
     async def publish(self) -> None:
         """Builds the table and, when anything but its version changed, publishes it under the next version."""
