@@ -1,6 +1,7 @@
 """Engine TLS with a real control plane and a real joined agent (``engine_tls: on``, on loopback) and a sim model:
 the table names the engine https://, the engine serves the node's engine certificate (chained to the cluster CA,
-``pki.engine_node`` = the node id), plain HTTP to it gets no answer, and the agent's own TLS probes make it Ready."""
+``pki.engine_node`` = the node id), plain HTTP to it gets no answer, the agent's own TLS probes make it Ready,
+and the server's router serves it over the verified TLS hop."""
 
 from __future__ import annotations
 
@@ -84,3 +85,17 @@ def test_a_sim_engine_serves_tls_with_the_nodes_engine_certificate(system: Syste
     assert stat.S_IMODE((state / "engine.key").stat().st_mode) == 0o600
     assert (state / "engine.key").read_bytes() != (state / "node.key").read_bytes()
     assert (state / "engine.crt").read_bytes() == cert.public_bytes(serialization.Encoding.PEM)
+
+    # Through the server's own router: it verifies the engine against the table's engine_ca and its node, and
+    # relays whole answers and streams over the TLS hop.
+    s.wait_router("tls-sim", 1, timeout=30)
+    whole = s.request("POST", "/v1/chat/completions", json={
+        "model": "tls-sim", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4})
+    assert whole.status_code == 200, whole.text
+    assert whole.json()["choices"][0]["message"]["content"]
+    streamed = s.request("POST", "/v1/chat/completions", json={
+        "model": "tls-sim", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, "stream": True})
+    assert streamed.status_code == 200, streamed.text
+    assert streamed.text.rstrip().endswith("data: [DONE]")
+    (replica,) = s.replicas("tls-sim")
+    assert replica["router_ejections"] == [], replica  # the router took the engine for the node's: none ejected

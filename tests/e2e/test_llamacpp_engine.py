@@ -206,10 +206,8 @@ def test_engine_tls_serves_chat_through_the_launchers_relay(model: Path, tmp_pat
 
 def test_a_cluster_with_engine_tls_on_runs_llamacpp_over_https(model: Path, tmp_path: Path) -> None:
     """A real control plane and a joined agent with engine_tls on: the llama.cpp replica gets Ready (the agent's
-    probes over TLS), its endpoint is https://, and it serves the node's engine certificate from the cluster CA.
-
-    Chat through the server's router needs the router to trust the cluster CA and check the node (the router's
-    side of issue 28, another branch): until then this asserts on what the agent side shows."""
+    probes over TLS), its endpoint is https://, it serves the node's engine certificate from the cluster CA, and
+    the server's router, which checks that certificate against the table's CA and node, serves a chat through it."""
     models = model.parent
     os.chmod(models, 0o755)  # the engine runs as a uid of its own and reads the model from here
     with running(tmp_path, agent_env={"LLMGW_AGENT_ENGINE_TLS": "on",
@@ -229,3 +227,8 @@ def test_a_cluster_with_engine_tls_on_runs_llamacpp_over_https(model: Path, tmp_
         assert der is not None and pki.engine_node(x509.load_der_x509_certificate(der)) == "node1"
         with httpx.Client(verify=enginetls.client_context(ca_pem, "node1"), timeout=10) as http:
             assert http.get(f"https://{url.hostname}:{url.port}/health").status_code == 200
+        s.wait_router("tiny-tls", 1, timeout=60)
+        chat = s.request("POST", "/v1/chat/completions", json={
+            "model": "tiny-tls", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8})
+        assert chat.status_code == 200, chat.text
+        assert chat.json()["usage"]["completion_tokens"] > 0

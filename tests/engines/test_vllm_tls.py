@@ -3,8 +3,8 @@ with ``engine_tls: on``; vLLM's own ``--ssl-keyfile/--ssl-certfile``.
 
 The replica gets Ready (the agent's probes over TLS, checking the cluster CA and the node), the table names it
 https:// on node1, and the openai client that trusts the cluster CA and checks the node chats with the engine
-itself, with its key from the table. Through the server's router once the router trusts the cluster CA (the
-router's side of issue 28).
+itself, with its key from the table; and the server's router, which checks the engine's certificate against the
+table's CA and node, serves a chat and a stream through it.
 """
 
 from __future__ import annotations
@@ -65,3 +65,15 @@ def test_vllm_serves_tls_with_the_nodes_engine_certificate(tls_system: System, t
         httpx.get(endpoint["url"] + "/health", verify=enginetls.client_context(ca_pem, "node2"), timeout=10)
     with pytest.raises(httpx.TransportError):
         httpx.get(endpoint["url"].replace("https://", "http://") + "/health", timeout=10)
+    # Through the server's router, over the verified TLS hop: a whole answer and a stream.
+    s.wait_router(MODEL, 1, timeout=60)
+    whole = s.request("POST", "/v1/chat/completions", json={
+        "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0,
+        "ignore_eos": True})
+    assert whole.status_code == 200, whole.text
+    assert whole.json()["usage"]["completion_tokens"] == 4
+    streamed = s.request("POST", "/v1/chat/completions", json={
+        "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True})
+    assert streamed.status_code == 200 and streamed.text.rstrip().endswith("data: [DONE]"), streamed.text
+    (replica,) = s.replicas(MODEL)
+    assert replica["router_ejections"] == [], replica
