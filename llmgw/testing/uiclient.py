@@ -106,6 +106,9 @@ class Browser:
         if self.cookies:
             headers["cookie"] = "; ".join(f"{k}={v}" for k, v in self.cookies.items())
         resp = self.client.request(method, path, headers=headers, **kw)
+        # Only the cookies kept here are sent: httpx's own jar would send them too, on ``self.client`` calls made
+        # as an anonymous caller (it kept none while the session cookie was Secure on plain HTTP too).
+        self.client.cookies.clear()
         for c in resp.headers.get_list("set-cookie"):
             name, _, rest = c.partition("=")
             value = rest.split(";", 1)[0].strip('"')

@@ -115,6 +115,12 @@ def test_https_answers_carry_hsts_and_the_session_cookie_is_secure(tls_system: S
     assert page.status_code == 303, page.text
     assert "; secure" in page.headers["set-cookie"].lower(), page.headers["set-cookie"]
     assert page.headers["strict-transport-security"] == "max-age=31536000"
+    # That session is the browser's alone: a caller with no cookie still goes to the login (the UI's one in-process
+    # client to the API keeps no cookie jar; one did, and over HTTPS it sent the last login's cookie for everyone).
+    with httpx.Client(base_url=tls_system.url, verify=str(tls_system.ca_file), trust_env=False) as anon:
+        for path in ("/ui/", "/ui/nodes", "/ui/keys"):
+            got = anon.get(path)
+            assert got.status_code == 303 and got.headers["location"] == "/ui/login", (path, got.status_code)
 
 
 def test_plain_loopback_has_neither_hsts_nor_a_secure_cookie(tmp_path: Path) -> None:

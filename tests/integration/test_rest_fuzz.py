@@ -22,7 +22,10 @@ from llmgw.testing import system as system_mod
 EXAMPLES = 25
 #: What answers without a credential by design: health, and the login that makes one.
 #: The cluster CA's certificate (issue 28) is public: clients read it before they trust the server.
-PUBLIC = {("GET", "/healthz"), ("POST", "/api/v1/login"), ("GET", "/api/v1/ca"), ("GET", "/api/v1/ca.crt")}
+PUBLIC = {("GET", "/healthz"), ("POST", "/api/v1/login"), ("GET", "/api/v1/ca"), ("GET", "/api/v1/ca.crt"),
+          # Single sign-on makes a credential, so it needs none (tests/integration/test_sso.py).
+          ("GET", "/api/v1/sso"), ("POST", "/api/v1/sso/begin"), ("POST", "/api/v1/sso/finish"),
+          ("POST", "/api/v1/sso/device"), ("POST", "/api/v1/sso/device/token")}
 
 
 def _fuzz(schema: Any, each: Callable[[schemathesis.Case], None], *, examples: int = EXAMPLES) -> tuple[list[str], int]:

@@ -89,7 +89,8 @@ def test_remote_code_is_refused_until_an_admin_allows_it_and_the_change_is_audit
     assert _as(server, operator, "GET", "/api/v1/models/remote").status_code == 404
     refused = _as(server, operator, "PUT", "/api/v1/settings", json={"allow_remote_code": True})
     assert refused.status_code == 403, refused.text
-    assert _as(server, viewer, "GET", "/api/v1/settings").json() == {"allowed_env": [], "allow_remote_code": False}
+    assert _as(server, viewer, "GET", "/api/v1/settings").json() == {"allowed_env": [], "allow_remote_code": False,
+                                                                     "sso_required": False, "sso_break_glass": "admin"}
 
     done = _settings(server, allow_remote_code=True)
     try:

@@ -104,3 +104,17 @@ def test_insecure_server_opens_every_page_without_a_login(insecure: System) -> N
         assert insecure.get("/api/v1/models/dev-ui")["spec"]["replicas"] == 1
     finally:
         b.close()
+
+
+def test_a_login_is_the_browsers_alone(system: System, browser: Browser) -> None:
+    """After one browser logs in through the UI, a caller with no cookie (another browser) is still sent to the
+    login from every page: the UI's in-process client to the API shares no cookie between callers."""
+    browser.log_in("admin", system.admin_password)
+    assert browser.request("GET", "/ui/").status_code == 200
+    other = Browser(system.url)
+    try:
+        for path in ("/ui/", "/ui/nodes", "/ui/models", "/ui/keys", "/ui/usage"):
+            got = other.request("GET", path)
+            assert got.status_code == 303 and got.headers["location"] == "/ui/login", (path, got.status_code)
+    finally:
+        other.close()

@@ -11,6 +11,7 @@ The page modules (``*_page.py``) import this one; ``app`` imports the pages and 
 from __future__ import annotations
 
 import dataclasses
+import http.cookiejar
 import time
 import urllib.parse
 from pathlib import Path
@@ -92,8 +93,13 @@ class Ui:
 
     def __init__(self, api: ASGIApp) -> None:
         # Through ``PeerFromUi``: the API sees the browser's address (the login limit, the audit log), not ours.
+        # A jar that keeps nothing: the client is shared by every browser, and a session cookie the API sets on one
+        # browser's login must reach that browser only, never ride along on the next caller's requests (each call
+        # passes its own browser's cookie header).
         self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=guard.PeerFromUi(api)),
-                                        base_url="http://ui.internal", timeout=30)
+                                        base_url="http://ui.internal", timeout=30,
+                                        cookies=http.cookiejar.CookieJar(http.cookiejar.DefaultCookiePolicy(
+                                            allowed_domains=[])))
         #: The API answers anyone as an administrator (``llmgw server --insecure``), as its own answers say
         #: (``X-Llmgw-Insecure``). Learned, never configured: a mode the process keeps for its whole life.
         self.insecure = False
