@@ -38,7 +38,7 @@ A policy is told of each attempt (``routed``), may make it wait before it is sen
 through the response's ``on_first_byte`` hook).
 
 For llama.cpp streams the router asks for prefill progress (``request.with_progress``)
-and reads and drops those events here, before returning the response: so an
+and reads and drops those events before returning the response (``lookahead``): so an
 engine failing during a prefill is still retried elsewhere, and a client that
 leaves stops the prefill within about two batches (the closed connection fails
 the engine's next progress write).
@@ -70,13 +70,13 @@ from llmgw.router import (
     hung,
     loadwatch,
     metrics,
-    openai_errors,
     pick,
     policies,
     prefix,
 )
 from llmgw.router import reports as router_events
 from llmgw.router import tracing as router_tracing
+from llmgw.router.lookahead import AttemptFailed, describe, input_too_large, past_progress, snippet
 from llmgw.router.table import Endpoint, ModelRoute, RouteTable, TableHolder
 
 log = logging.getLogger(__name__)
@@ -87,18 +87,6 @@ log = logging.getLogger(__name__)
 RETRY_STATUSES = frozenset({401, 502, 503, 504})
 #: What a first attempt with nothing ejected, hung or full excludes (never mutated).
 _NOTHING: frozenset[str] = frozenset()
-#: In llama.cpp's 500 for an input longer than its physical batch (an embedding on a CPU replica's
-#: 64-token batch, ``agent/engines/llamacpp.py``): the client's to shorten, so relayed as a 400 and not
-#: counted against the replica (three in a row, one openai call and its two retries, would eject it).
-_INPUT_TOO_LARGE = b") is too large to process"
-
-
-class _AttemptFailed(Exception):
-    def __init__(self, why: str, *, at_once: bool = False) -> None:
-        super().__init__(why)
-        self.at_once = at_once  # the engine failed TLS verification: ejected at once (``health``)
-
-
 def _nodelay_socket(addr_info: tuple) -> socket.socket:  # type: ignore[type-arg]
     # Without TCP_NODELAY, Nagle holds a small write until the peer's delayed ACK (40 ms).
     # Only the load scraper's aiohttp session uses this; ``client`` sets it on its own.
@@ -258,17 +246,17 @@ class Forwarder:
                 with self.waits.waiting(endpoint.replica_id):
                     response = await self._send(endpoint, path, body)
                     if progress and response.status == 200:
-                        await _past_progress(response)
+                        await past_progress(response)
             except BaseException as exc:
                 if ticket is not None:
                     policy.done(ticket)
                 # Cancelled too (the client left while the engine had not answered): without
                 # this the replica would count one more request in flight for ever.
                 self.loads.finished(endpoint.replica_id)
-                if not isinstance(exc, _AttemptFailed | hung.Abandoned):
+                if not isinstance(exc, AttemptFailed | hung.Abandoned):
                     raise
                 attempts.append(f"{endpoint.replica_id} at {endpoint.url}: {exc}")
-                if isinstance(exc, _AttemptFailed):  # an abandoned one is out already: no ejection
+                if isinstance(exc, AttemptFailed):  # an abandoned one is out already: no ejection
                     self._failed(route, endpoint, str(exc), at_once=exc.at_once)
                     refused += exc.at_once
             else:
@@ -282,7 +270,7 @@ class Forwarder:
                 self.loads.finished(endpoint.replica_id)  # retried elsewhere: no longer in flight
                 status = response.status
                 attempts.append(f"{endpoint.replica_id} at {endpoint.url}: HTTP {status} "
-                                f"{await _snippet(response)}")
+                                f"{await snippet(response)}")
                 if status in health.FAILURE_STATUSES:
                     self._failed(route, endpoint, f"HTTP {status}")
             if endpoint.replica_id not in self._failing:
@@ -319,7 +307,7 @@ class Forwarder:
             # A whole response's body follows its headers at once: from here on, idle.
             response.body_started()
         if response.status in health.FAILURE_STATUSES:  # a 500: relayed, and counted
-            if not _input_too_large(route, response):
+            if not input_too_large(route, response):
                 self._failed(route, endpoint, f"HTTP {response.status}")
                 return
             response.status = 400
@@ -353,15 +341,15 @@ class Forwarder:
         except client.Disconnected:
             pass  # most likely a pooled connection the engine had closed: once more, fresh
         except client.TlsRefused as exc:  # not the engine the table names (``enginetls``): out at once
-            raise _AttemptFailed(str(exc), at_once=True) from None
+            raise AttemptFailed(str(exc), at_once=True) from None
         except client.ClientError as exc:  # nothing listens, or no answer in time: a fresh socket won't help
-            raise _AttemptFailed(_describe(exc)) from None
+            raise AttemptFailed(describe(exc)) from None
         try:
             return await self._pool.request(endpoint.url, path, head, body, fresh=True)
         except client.TlsRefused as exc:
-            raise _AttemptFailed(str(exc), at_once=True) from None
+            raise AttemptFailed(str(exc), at_once=True) from None
         except client.ClientError as exc:
-            raise _AttemptFailed(_describe(exc)) from None
+            raise AttemptFailed(describe(exc)) from None
 
     def _head(self, endpoint: Endpoint) -> bytes:
         """The header lines of every request to ``endpoint``, built once."""
@@ -375,60 +363,3 @@ class Forwarder:
                 self._heads.clear()
             self._heads[(endpoint.url, endpoint.api_key)] = head
         return head
-
-
-#: What marks one of llama.cpp's prefill progress events (``"return_progress": true``).
-def _input_too_large(route: ModelRoute, response: client.Response) -> bool:
-    """llama.cpp's 500 refusing an input over its physical batch, when its body came with the headers."""
-    body = response.arrived() if route.engine == "llamacpp" and response.status == 500 else None
-    return body is not None and _INPUT_TOO_LARGE in body
-
-
-_PROGRESS_EVENT = b'"prompt_progress"'
-#: Bytes read ahead without finding where an event ends: not the SSE expected, so it is all relayed.
-_LOOKAHEAD_LIMIT = 65536
-
-
-async def _past_progress(response: client.Response) -> None:
-    """Read and drop the progress events a stream starts with; the first other event and the rest stay.
-
-    llama.cpp writes one event per prefill batch, each on its own, before the first
-    token's. Reading them here rather than in the relay keeps what reaches the client,
-    and when, exactly as without them, and an engine that fails during the prefill is
-    still retried on another replica: no byte has gone to the client. A cancel (the
-    client left) or a break closes the response, which is what makes the engine stop:
-    its next progress write fails.
-    """
-    try:
-        if not response.headers.get("Content-Type", "").startswith("text/event-stream"):
-            return
-        pending = b""
-        while chunk := await response.readany():
-            pending = pending + chunk if pending else chunk
-            while (end := pending.find(b"\n\n")) >= 0 and _PROGRESS_EVENT in pending[:end]:
-                pending = pending[end + 2:]
-            if pending.find(b"\n\n") >= 0 or len(pending) > _LOOKAHEAD_LIMIT:
-                break
-        response.unread(pending)
-    except client.ClientError as exc:
-        response.close()
-        raise _AttemptFailed(f"the stream broke during the prefill: {_describe(exc)}") from None
-    except BaseException:
-        response.close()
-        raise
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    return text if len(text) <= 200 else text[:200] + "..."
-
-
-async def _snippet(response: client.Response) -> str:
-    try:
-        text = (await response.content.read(300)).decode("utf-8", "replace").strip()
-    except client.ClientError:
-        text = ""
-    finally:
-        response.close()
-    # An HTML error page (a proxy in front of the engine) as its title, not its markup.
-    return f"({openai_errors.summary(text)})" if text else ""

@@ -13,7 +13,8 @@ import pytest
 from playwright.sync_api import expect
 
 from llmgw.control import datadir
-from llmgw.control.store.tables import ProjectMemberRow, UsageRollupRow
+from llmgw.control.store.tables import ProjectMemberRow
+from llmgw.control.store.usagetables import UsageRollupRow
 from llmgw.core import quota
 from llmgw.testing import browser, system
 

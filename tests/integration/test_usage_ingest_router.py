@@ -22,7 +22,8 @@ from aiohttp import web
 
 from llmgw.control.store import store as store_mod
 from llmgw.control.store.offloop import StoreThread
-from llmgw.control.store.tables import ApiKeyRow, ProjectRow, UsageRollupRow
+from llmgw.control.store.tables import ApiKeyRow, ProjectRow
+from llmgw.control.store.usagetables import UsageRollupRow
 from llmgw.control.usage.service import UsageService
 from llmgw.router import app as app_mod
 from llmgw.router import server, table

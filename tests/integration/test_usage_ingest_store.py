@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from llmgw.api.usage import QuotaItem, UsageBatch, UsageRecord
 from llmgw.control.store import store as store_mod
 from llmgw.control.store.store import Store
-from llmgw.control.store.tables import UsageRequestRow, UsageRollupRow
+from llmgw.control.store.usagetables import UsageRequestRow, UsageRollupRow
 from llmgw.control.usage import prune as usageprune
 from llmgw.control.usage.config import UsageConfig
 from llmgw.core import quota

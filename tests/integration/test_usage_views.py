@@ -30,7 +30,8 @@ from llmgw.control.cluster import Cluster
 from llmgw.control.http.api import create_api
 from llmgw.control.store.offloop import StoreThread
 from llmgw.control.store.store import Store, StoredUser
-from llmgw.control.store.tables import ProjectMemberRow, UsageRollupRow
+from llmgw.control.store.tables import ProjectMemberRow
+from llmgw.control.store.usagetables import UsageRollupRow
 from llmgw.core import quota
 from llmgw.testing.procs import free_port, wait_for
 

@@ -11,7 +11,8 @@ import pytest
 
 from llmgw.control.store import usagequery
 from llmgw.control.store.store import Store
-from llmgw.control.store.tables import ProjectMemberRow, UsageRollupRow
+from llmgw.control.store.tables import ProjectMemberRow
+from llmgw.control.store.usagetables import UsageRollupRow
 from llmgw.core import quota
 
 DAY, HOUR = 86400, 3600

@@ -33,6 +33,7 @@ from llmgw.agent.fetch import guard, records, transfer
 from llmgw.agent.fetch import ledger as ledger_mod
 from llmgw.agent.fetch import meter as meter_mod
 from llmgw.agent.fetch import plan as plan_mod
+from llmgw.agent.fetch.partial import Sidecar, Sink
 from llmgw.core import errors, netpolicy, sources
 
 log = logging.getLogger(__name__)
@@ -244,7 +245,7 @@ class Fetcher:
                                         meter, what=req.source.text)
             files = partial / "files"
             files.mkdir(parents=True, exist_ok=True)
-            side = transfer.Sidecar(partial / "sidecar.json", req.source.text)
+            side = Sidecar(partial / "sidecar.json", req.source.text)
             have = self._keep_partials(files, plan, side)
             total = sum(j.size for j in plan.jobs)
             self._check_disk(name, total - have)
@@ -276,7 +277,7 @@ class Fetcher:
             meter.set_state("failed", str(exc))
             raise
 
-    def _keep_partials(self, files: Path, plan: plan_mod.Plan, side: transfer.Sidecar) -> int:
+    def _keep_partials(self, files: Path, plan: plan_mod.Plan, side: Sidecar) -> int:
         """Keep the partial bytes the sidecar vouches for; delete the rest. Returns the bytes kept."""
         wanted = {j.rel for j in plan.jobs}
         for p in sorted(files.rglob("*"), reverse=True):
@@ -306,7 +307,7 @@ class Fetcher:
             raise errors.FetchError(f"needs {need / _GIB:.1f} GiB, {self.cache_dir} has {free / _GIB:.1f} GiB "
                                     f"free{extra}; free space there, or remove weights no model uses")
 
-    async def _all(self, jobs: list[records.FileJob], files: Path, side: transfer.Sidecar,
+    async def _all(self, jobs: list[records.FileJob], files: Path, side: Sidecar,
                    meter: meter_mod.Meter, *, hub: bool, on_size: Callable[[int], None]) -> None:
         gate = asyncio.Semaphore(self._parallel)
 
@@ -324,10 +325,10 @@ class Fetcher:
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
 
-    async def _file(self, job: records.FileJob, files: Path, side: transfer.Sidecar, meter: meter_mod.Meter, *,
+    async def _file(self, job: records.FileJob, files: Path, side: Sidecar, meter: meter_mod.Meter, *,
                     hub: bool, on_size: Callable[[int], None]) -> None:
         try:
-            sink = transfer.Sink(files / job.rel, want_hash=bool(job.sha256))
+            sink = Sink(files / job.rel, want_hash=bool(job.sha256))
         except OSError as exc:
             raise errors.FetchError(f"cannot write {files / job.rel}: {exc}; check the weights directory") from None
         try:

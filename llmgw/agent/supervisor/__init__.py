@@ -8,7 +8,8 @@ Ready engine's health probe means (UNHEALTHY, READY again), ``draining`` waits
 out its requests, ``ending`` signals and describes exits, and ``records``
 holds each shard and reports its transitions; ``fetching`` turns a remote
 source into the weights fetcher's request and its progress into reports. Engines
-outlive the agent: ``statefiles`` describes each on disk, ``recovering``
+outlive the agent: ``statefiles`` describes each on disk, ``adopting`` (a part
+of ``Supervisor``) writes those files and takes the engines back, ``recovering``
 decides what a restarted agent adopts or kills, and ``orphans`` watches and
 ends the processes a previous agent started.
 """

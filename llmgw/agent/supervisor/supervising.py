@@ -33,38 +33,34 @@ exit alone. Each shard's work dir goes once its process is gone.
 
 Engines outlive the agent: ``close`` leaves them running, each shard's state
 file (``statefiles``) describes it, and ``recover``, called by the next agent
-before it registers, adopts what still runs (``recovering`` decides,
-``orphans`` watches and ends what we did not start).
+before it registers, adopts what still runs (``adopting``, this class's part that
+does both; ``recovering`` decides, ``orphans`` watches and ends what we did not start).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, Protocol
 
 import aiohttp
-import psutil
 
 from llmgw.agent import engines, enginetls, weights
 from llmgw.agent.discovery import files as weight_files
 from llmgw.agent.discovery import host as host_facts
 from llmgw.agent.fetch import records as fetch_records
 from llmgw.agent.supervisor import (
+    adopting,
     draining,
     fetching,
     identity,
     launching,
     liveness,
-    orphans,
     process,
     records,
-    recovering,
-    statefiles,
     watching,
 )
 from llmgw.core import enginecheck, inventory
@@ -84,7 +80,7 @@ class Registry(Protocol):
     def get(self, name: str, version: str = "") -> engines.Adapter: ...
 
 
-class Supervisor:
+class Supervisor(adopting.Adopting):
     """Starts, watches and stops engine processes: the agent's only use of subprocesses."""
 
     def __init__(self, *, run_dir: Path, host: str, on_status: Callable[[ShardStatus], None],
@@ -243,26 +239,6 @@ class Supervisor:
     def _watch(self, rec: records.Shard) -> Coroutine[Any, Any, None]:
         return watching.watch(rec, recs=self._recs, timing=self._timing, give_up=self._give_up)
 
-    def _save(self, rec: records.Shard, spec: ShardSpec, plan: launching.Plan, pid: int) -> None:
-        """Write the shard's state file; a failure is logged, and the engine runs on undescribed."""
-        try:
-            create_time = psutil.Process(pid).create_time()
-        except psutil.Error:
-            return  # already gone, and the watcher is about to say so
-        saved = statefiles.Saved(spec=fetching.stored(spec), pid=pid, create_time=create_time, port=plan.port,
-                                 endpoint=plan.endpoint, host=self._host, log_path=plan.log_path,
-                                 log_offset=rec.engine.log_offset if rec.engine else 0, argv=tuple(plan.argv),
-                                 serves_http=plan.serves_http, uid=plan.user.uid if plan.user else None,
-                                 gid=plan.user.gid if plan.user else None)
-        try:
-            # A small local file: written on the event loop, as the log tail is read.
-            rec.state_path = statefiles.write(self._run_dir, saved)
-        except OSError as exc:
-            # Not a reason to fail a healthy engine; the cost is that an agent
-            # restarted before this shard ends cannot adopt it, and kills it.
-            log.warning("cannot write the state file of shard %s: %s; a restarted agent will not adopt it",
-                        spec.shard_id, exc.strerror or exc)
-
     async def stop(self, shard_id: str, *, grace_s: float | None = None, reason: str = "") -> ShardStatus:
         """SIGTERM, then SIGKILL after the grace. An unknown or ended shard is reported as it is."""
         rec = self._recs.get(shard_id)
@@ -360,79 +336,6 @@ class Supervisor:
         # Deleting a model's files can take seconds on a slow disk: off the event loop.
         await asyncio.to_thread(self._fetcher.remove, cache_name)
         self._on_weights_changed()
-
-    async def recover(self) -> list[ShardStatus]:
-        """Take back the engines a previous agent left running; call once, before registering.
-
-        Adopted shards are returned STARTING with ``adopted=True`` and move to
-        READY (or FAILED, the engine stopped) in the background: a slow probe
-        must not delay registration. Dead shards' state files are removed and
-        unidentifiable engines killed, as ``recovering`` explains.
-        """
-        keep = {r.status.pid for r in self._recs.all() if r.status.pid}
-        known = {r.status.shard_id for r in self._recs.all()}
-        # /proc and the run dir: blocking reads, off the event loop.
-        files, found = await asyncio.to_thread(recovering.look, self._run_dir, ours=self._may_be_engine)
-        decisions = recovering.decide(files, found, run_dir=str(self._run_dir), keep=keep, known=known)
-        adopted = []
-        for d in decisions:
-            if isinstance(d, recovering.Forget):
-                log.info("removing state file %s: %s", d.path, d.reason)
-                statefiles.remove(d.path)
-            elif isinstance(d, recovering.Kill):
-                if orphans.kill(d.seen):
-                    log.warning("killed pid %d (and the group it leads): it cannot be described to the "
-                                "control plane, whose placement would hand out its resources again: %s",
-                                d.seen.pid, d.reason)
-            else:
-                adopted.append(self._adopt(d))
-        # The work dirs of the engines found dead or killed: theirs alone, and
-        # llmgw made them (many files, maybe: off the loop).
-        ended = recovering.ended_work_dirs(decisions, run_dir=self._run_dir)
-        if ended:
-            await asyncio.to_thread(lambda: [launching.remove_work_dir(path) for path in ended])
-        return adopted
-
-    def _adopt(self, d: recovering.Adopt) -> ShardStatus:
-        saved = d.saved
-        spec = saved.spec
-        message = f"adopted from a previous agent (pid {saved.pid})"
-        if d.note:
-            log.warning("shard %s: %s", spec.shard_id, d.note)
-        adapter: engines.Adapter | None = None
-        unknown = ""
-        try:
-            adapter = self._adapters.get(spec.engine, spec.engine_version)
-        except EngineError as exc:
-            unknown = str(exc)
-        plan = launching.Plan(argv=list(saved.argv), env={}, endpoint=saved.endpoint,
-                              health_path=adapter.health_path if adapter else "", log_path=saved.log_path,
-                              port=saved.port, serves_http=saved.serves_http,
-                              work_dir=launching.work_dir_of(self._run_dir, spec.shard_id),
-                              user=self._users.keep(spec.shard_id, saved.uid, saved.gid))
-        engine = process.EngineProcess(spec, plan, http=self._http, log_offset=saved.log_offset,
-                                       orphan=orphans.Orphan(d.seen), poll_s=self._interval_s,
-                                       in_flight_probe=draining.probe_of(adapter) if adapter else None)
-        rec = records.Shard(ShardStatus(spec.shard_id, spec.replica_id, S.STARTING, message=message,
-                                        endpoint=saved.endpoint, pid=saved.pid, spec=spec, adopted=True),
-                            started_at=self._clock(), engine=engine, plan=plan if adapter else None,
-                            state_path=statefiles.path_of(self._run_dir, spec.shard_id))
-        self._recs.add(rec)
-        self._recs.move(rec, S.STARTING)  # on_status hears of it, as of a launch
-        if adapter is None:
-            self._give_up(rec, f"cannot judge the adopted engine: {unknown}; it was stopped")
-            return rec.status
-        rec.monitor = asyncio.create_task(self._watch(rec), name=f"watch adopted {spec.shard_id}")
-        return rec.status
-
-    def _may_be_engine(self, uid: int) -> bool:
-        return self._users.policy.may_be_engine(uid, os.getuid())
-
-    def _give_up(self, rec: records.Shard, failure: str) -> None:
-        """Stop an adopted engine that cannot be used; FAILED follows once it is gone."""
-        if rec.stopping is None:
-            rec.stopping = asyncio.create_task(self._stop(rec, self._grace_s, "", failure=failure),
-                                               name=f"give up {rec.status.shard_id}")
 
     async def stop_all(self, *, reason: str) -> None:
         """Stop every shard that may still have a process, all at once."""

@@ -27,8 +27,9 @@ from sqlalchemy.orm import Session
 
 from llmgw.api.usage import QuotaGrant, QuotaItem
 from llmgw.control.store.base import StoreBase
-from llmgw.control.store.tables import ApiKeyRow, AuditRow, EventRow, ProjectRow, QuotaLeaseRow, QuotaLedgerRow
+from llmgw.control.store.tables import ApiKeyRow, AuditRow, EventRow, ProjectRow
 from llmgw.control.store.usage import _insert, locked_retry
+from llmgw.control.store.usagetables import QuotaLeaseRow, QuotaLedgerRow
 from llmgw.core import quota
 
 log = logging.getLogger(__name__)

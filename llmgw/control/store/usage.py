@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 
 from llmgw.api.usage import UsageBatch, UsageRecord
 from llmgw.control.store.base import StoreBase
-from llmgw.control.store.tables import UsageMarkRow, UsageRequestRow, UsageRollupRow
+from llmgw.control.store.usagetables import UsageMarkRow, UsageRequestRow, UsageRollupRow
 from llmgw.core import quota
 
 #: The grains, each with its bucket's length in seconds (a day is the UTC day: 86400 s from the epoch's).

@@ -29,7 +29,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from llmgw.control.store.base import StoreBase
-from llmgw.control.store.tables import ProjectMemberRow, UsageRollupRow
+from llmgw.control.store.tables import ProjectMemberRow
+from llmgw.control.store.usagetables import UsageRollupRow
 from llmgw.core import quota
 
 #: What a view groups by: a column of the rollups, or a time bucket.
