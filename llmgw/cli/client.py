@@ -25,6 +25,9 @@ DEFAULT_URL = contexts.DEFAULT_URL
 #: Who runs the CLI, for the audit log; informational, never a credential.
 ACTOR_HEADER = "X-Llmgw-Actor"
 TOKEN_ENV = "LLMGW_TOKEN"
+#: A CA certificate file (PEM) to verify an https:// server with when no context pinned one: for scripts that
+#: give ``LLMGW_URL`` and ``LLMGW_TOKEN`` and have no saved context (the context's pinned CA wins).
+CA_ENV = "LLMGW_CA_FILE"
 #: An ``llmgw server --insecure`` marks every REST answer with this.
 INSECURE_HEADER = "X-Llmgw-Insecure"
 
@@ -89,10 +92,27 @@ def token_for(url: str) -> str:
     return os.environ.get(TOKEN_ENV, "").strip() or saved_token(url)
 
 
+def env_ca() -> str:
+    """The CA (PEM) ``LLMGW_CA_FILE`` names; "" when unset. LlmgwError saying what is wrong with the file."""
+    path = os.environ.get(CA_ENV, "").strip()
+    if not path:
+        return ""
+    try:
+        pem = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise LlmgwError(f"{CA_ENV}={path}: cannot read it ({getattr(e, 'strerror', None) or e}); name the cluster "
+                         "CA's certificate file (GET /api/v1/ca.crt, or DATA_DIR/pki/ca.crt on the server)") from None
+    if "-----BEGIN CERTIFICATE-----" not in pem:
+        raise LlmgwError(f"{CA_ENV}={path}: not a PEM certificate; name the cluster CA's certificate file "
+                         "(GET /api/v1/ca.crt, or DATA_DIR/pki/ca.crt on the server)")
+    return pem
+
+
 def verify_for(url: str) -> ssl.SSLContext | bool:
-    """What a request to ``url`` verifies its server with: the CA its context pinned, else the system's."""
+    """What a request to ``url`` verifies its server with: the CA its context pinned, else ``LLMGW_CA_FILE``'s,
+    else the system's."""
     ctx = contexts.for_url(contexts.read(), url)
-    return trust.verify(ctx.ca if ctx is not None else "")
+    return trust.verify(ctx.ca if ctx is not None and ctx.ca else env_ca())
 
 
 class Client:
@@ -117,7 +137,12 @@ class Client:
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         #: Every URL of the context is verified with the one CA pinned for it (``trust``).
-        self.ca = ca if ca is not None else (self.context.ca if self.context else "")
+        if ca is None:
+            try:
+                ca = self.context.ca if self.context is not None and self.context.ca else env_ca()
+            except LlmgwError as e:
+                self._problem, ca = self._problem or str(e), ""
+        self.ca = ca
         self._http = httpx.Client(timeout=timeout, trust_env=False, headers=headers, verify=trust.verify(self.ca))
         self._warned = False
 

@@ -165,3 +165,33 @@ def test_contexts_keep_their_ca_and_old_ones_read_without(ca: pki.Issued, tmp_pa
     back = contexts.read(path)
     assert back.contexts["a"].ca == ca.cert_pem.decode() and back.contexts["b"].ca == ""
     assert trust.verify("") is True and trust.verify(ca.cert_pem.decode()) is not True
+
+
+def test_a_script_without_a_context_trusts_the_ca_file_it_names(ca: pki.Issued, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """LLMGW_URL + LLMGW_TOKEN scripts have no saved context to pin in: LLMGW_CA_FILE names the CA instead."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))  # no context saved
+    ca_file = tmp_path / "ca.crt"
+    ca_file.write_bytes(ca.cert_pem)
+    with serving(pki.server_cert(ca, ["127.0.0.1"]), ca.cert_pem) as server:
+        monkeypatch.delenv(client_mod.CA_ENV, raising=False)
+        c = client_mod.Client(server.url, token="t")
+        try:
+            with pytest.raises(LlmgwError):  # the system's authorities do not know the cluster CA
+                c.get("/healthz")
+        finally:
+            c.close()
+        monkeypatch.setenv(client_mod.CA_ENV, str(ca_file))
+        c = client_mod.Client(server.url, token="t")
+        try:
+            assert c.get("/healthz") == {"status": "ok"}
+        finally:
+            c.close()
+        (tmp_path / "not-a-cert").write_text("hello")
+        monkeypatch.setenv(client_mod.CA_ENV, str(tmp_path / "not-a-cert"))
+        c = client_mod.Client(server.url, token="t")
+        try:
+            with pytest.raises(LlmgwError, match="LLMGW_CA_FILE=.*not a PEM certificate"):
+                c.get("/healthz")
+        finally:
+            c.close()
