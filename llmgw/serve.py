@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import importlib.metadata
 import json
 import logging
 import signal
@@ -46,6 +45,7 @@ from llmgw.control.usage import prune as usageprune
 from llmgw.control.usage.service import UsageService
 from llmgw.core import pki
 from llmgw.core.errors import LlmgwError
+from llmgw.core.version import version
 from llmgw.mirror import app as mirror_app
 from llmgw.router import auth as router_auth
 from llmgw.router import metrics as router_metrics
@@ -74,13 +74,6 @@ __all__ = ["INSECURE_HEADER", "HUB_TOKEN_ENV", "MirrorConfig", "ServerConfig", "
            "config_of", "hub_settings", "lease_timing", "run"]
 
 log = logging.getLogger(__name__)
-
-
-def _version() -> str:
-    try:
-        return importlib.metadata.version("llmgw")
-    except importlib.metadata.PackageNotFoundError:
-        return "dev"
 
 
 def _advertised(cfg: ServerConfig) -> str:
@@ -256,7 +249,7 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
         raise LlmgwError(str(e)) from None
     advertised = _advertised(cfg)
     me = leader_mod.Me(id=leader_mod.instance_id(cfg.data_dir), http_url=f"{tls.plan.scheme}://{advertised}:{http_port}",
-                       agent_addr=f"{advertised}:{agent_port}", version=_version())
+                       agent_addr=f"{advertised}:{agent_port}", version=version())
     leadership = _leadership(cfg, cp, me)
     # Who may call the REST API.
     auth = Auth(cp.db, insecure=cfg.insecure, initial_password=datadir.initial_password_file(cfg.data_dir))

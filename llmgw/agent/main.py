@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import importlib.metadata
 import logging
 import os
 import signal
@@ -40,15 +39,9 @@ from llmgw.core import enginecheck
 from llmgw.core.inventory import Gpu, Heartbeat, Inventory, WeightFile
 from llmgw.core.provision import Provision
 from llmgw.core.shards import ShardSpec, ShardStatus
+from llmgw.core.version import version
 
 log = logging.getLogger(__name__)
-
-
-def agent_version() -> str:
-    try:
-        return importlib.metadata.version("llmgw")
-    except importlib.metadata.PackageNotFoundError:
-        return "dev"
 
 
 def install_log_ring() -> LogRing:
@@ -279,7 +272,7 @@ async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Ev
     session = Session(cfg, inventory=found.inventory, heartbeat=lambda: found.heartbeat(supervisor.pids()),
                       on_register=found.registered,
                       commands=_commands(cfg, supervisor, installer, ring, run_dir, session=lambda: session),
-                      agent_version=agent_version(), engine_tls=engine_tls)
+                      agent_version=version(), engine_tls=engine_tls)
     versions = asyncio.create_task(found.engines.run(), name="probe engine versions")
     installing = asyncio.create_task(installer.run(), name="engine installer")
     stream = asyncio.create_task(session.run_forever())

@@ -33,6 +33,7 @@ from llmgw.cli import settings as settings_mod
 from llmgw.cli import sim as sim_mod
 from llmgw.cli import usage as usage_mod
 from llmgw.cli import users as users_mod
+from llmgw.cli import version as version_mod
 from llmgw.core.errors import LlmgwError
 from llmgw.router.settings import RouterSettings
 from llmgw.serving.settings import ServerSettings
@@ -246,6 +247,7 @@ login_mod.register(app)
 contexts_mod.register(app)
 users_mod.register(app)
 usage_mod.register(app)
+version_mod.register(app)
 
 
 def main() -> None:

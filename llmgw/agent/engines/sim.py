@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import sys
 
 from llmgw.agent.engines import base
 from llmgw.core import enginecheck, inventory, shards
+from llmgw.core.version import version
 
 MODULE = "llmgw.sim.engine"
 
@@ -64,11 +64,7 @@ class Sim:
     def probe(self) -> str | None:
         if self._version is not None:
             return self._version
-        try:
-            return importlib.metadata.version("llmgw")
-        except importlib.metadata.PackageNotFoundError:
-            # Run from a source tree that was never installed.
-            return "dev"
+        return version()  # the sim is part of llmgw: its version is llmgw's
 
     def in_flight_probe(self) -> base.InFlightProbe:
         # Waiting requests count: they were accepted, and a stop would fail them as surely.
