@@ -129,13 +129,9 @@ def create_csr(node_id: str, key: ec.EllipticCurvePrivateKey) -> bytes:
         .public_bytes(serialization.Encoding.PEM)
 
 
-def sign_csr(ca: Issued, csr_pem: bytes, node_id: str, *, now: datetime.datetime | None = None,
-             validity: datetime.timedelta = NODE_VALIDITY) -> bytes:
-    """A node certificate (PEM) for the CSR's key with CN = ``node_id``, whatever the CSR's subject said.
-
-    The caller decides the node id (the token's node name when it has one); taking the CSR's CN as given
-    would let a joining node name itself after another.
-    """
+def _requested_key(csr_pem: bytes) -> ec.EllipticCurvePublicKey:
+    """The key a certificate request (PEM) asks a certificate for, once the request is checked: it parses, its
+    signature is its key's, and the key is EC P-256. PkiError saying which check failed."""
     try:
         csr = x509.load_pem_x509_csr(csr_pem)
     except ValueError as e:
@@ -146,6 +142,17 @@ def sign_csr(ca: Issued, csr_pem: bytes, node_id: str, *, now: datetime.datetime
     if not isinstance(public_key, ec.EllipticCurvePublicKey) or public_key.curve.name != "secp256r1":
         raise PkiError("the certificate request's key is not EC P-256; the agent makes its key with "
                        "llmgw.core.pki.new_key()")
+    return public_key
+
+
+def sign_csr(ca: Issued, csr_pem: bytes, node_id: str, *, now: datetime.datetime | None = None,
+             validity: datetime.timedelta = NODE_VALIDITY) -> bytes:
+    """A node certificate (PEM) for the CSR's key with CN = ``node_id``, whatever the CSR's subject said.
+
+    The caller decides the node id (the token's node name when it has one); taking the CSR's CN as given
+    would let a joining node name itself after another.
+    """
+    public_key = _requested_key(csr_pem)
     if not node_id:
         raise PkiError("a node certificate needs a node id for its common name")
     _, ca_key = _ca(ca)
@@ -182,16 +189,7 @@ def sign_engine_csr(ca: Issued, csr_pem: bytes, node_id: str, *, now: datetime.d
     address and pass for it to every client that trusts the cluster CA; routers check the subject instead
     (:func:`engine_node`), so one node's engine certificate cannot pass for another node's engine either.
     """
-    try:
-        csr = x509.load_pem_x509_csr(csr_pem)
-    except ValueError as e:
-        raise PkiError(f"not a PEM certificate request ({e}); the agent sends one it made itself") from None
-    if not csr.is_signature_valid:
-        raise PkiError("the certificate request's signature does not match its key; make a new request")
-    public_key = csr.public_key()
-    if not isinstance(public_key, ec.EllipticCurvePublicKey) or public_key.curve.name != "secp256r1":
-        raise PkiError("the certificate request's key is not EC P-256; the agent makes its key with "
-                       "llmgw.core.pki.new_key()")
+    public_key = _requested_key(csr_pem)
     if not node_id:
         raise PkiError("an engine certificate needs a node id for its common name")
     _, ca_key = _ca(ca)
