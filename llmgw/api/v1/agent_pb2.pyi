@@ -12,6 +12,13 @@ class CertPurpose(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CERT_PURPOSE_NODE: _ClassVar[CertPurpose]
     CERT_PURPOSE_ENGINE: _ClassVar[CertPurpose]
 
+class UpgradeState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    UPGRADE_STATE_UNSPECIFIED: _ClassVar[UpgradeState]
+    UPGRADE_INSTALLING: _ClassVar[UpgradeState]
+    UPGRADE_RESTARTING: _ClassVar[UpgradeState]
+    UPGRADE_FAILED: _ClassVar[UpgradeState]
+
 class ShardState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     SHARD_STATE_UNSPECIFIED: _ClassVar[ShardState]
@@ -34,6 +41,10 @@ class InstallState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INSTALL_UNSUPPORTED: _ClassVar[InstallState]
 CERT_PURPOSE_NODE: CertPurpose
 CERT_PURPOSE_ENGINE: CertPurpose
+UPGRADE_STATE_UNSPECIFIED: UpgradeState
+UPGRADE_INSTALLING: UpgradeState
+UPGRADE_RESTARTING: UpgradeState
+UPGRADE_FAILED: UpgradeState
 SHARD_STATE_UNSPECIFIED: ShardState
 SHARD_STATE_STARTING: ShardState
 SHARD_STATE_READY: ShardState
@@ -91,7 +102,7 @@ class CertIssued(_message.Message):
     def __init__(self, cert_pem: _Optional[bytes] = ..., error: _Optional[str] = ..., purpose: _Optional[_Union[CertPurpose, str]] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
-    __slots__ = ("seq", "register", "heartbeat", "shard_status", "ack", "logs_reply", "renew_cert", "fabric_result", "goodbye")
+    __slots__ = ("seq", "register", "heartbeat", "shard_status", "ack", "logs_reply", "renew_cert", "fabric_result", "goodbye", "upgrade_status")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     REGISTER_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +112,7 @@ class AgentMessage(_message.Message):
     RENEW_CERT_FIELD_NUMBER: _ClassVar[int]
     FABRIC_RESULT_FIELD_NUMBER: _ClassVar[int]
     GOODBYE_FIELD_NUMBER: _ClassVar[int]
+    UPGRADE_STATUS_FIELD_NUMBER: _ClassVar[int]
     seq: int
     register: Register
     heartbeat: Heartbeat
@@ -110,7 +122,8 @@ class AgentMessage(_message.Message):
     renew_cert: RenewCert
     fabric_result: FabricTestResult
     goodbye: Goodbye
-    def __init__(self, seq: _Optional[int] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., shard_status: _Optional[_Union[ShardStatus, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., logs_reply: _Optional[_Union[LogsReply, _Mapping]] = ..., renew_cert: _Optional[_Union[RenewCert, _Mapping]] = ..., fabric_result: _Optional[_Union[FabricTestResult, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ...) -> None: ...
+    upgrade_status: UpgradeStatus
+    def __init__(self, seq: _Optional[int] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., shard_status: _Optional[_Union[ShardStatus, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., logs_reply: _Optional[_Union[LogsReply, _Mapping]] = ..., renew_cert: _Optional[_Union[RenewCert, _Mapping]] = ..., fabric_result: _Optional[_Union[FabricTestResult, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ..., upgrade_status: _Optional[_Union[UpgradeStatus, _Mapping]] = ...) -> None: ...
 
 class Goodbye(_message.Message):
     __slots__ = ("reason",)
@@ -119,7 +132,7 @@ class Goodbye(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class ControlMessage(_message.Message):
-    __slots__ = ("seq", "term", "start_shard", "stop_shard", "ack", "drain", "logs_request", "logs_cancel", "remove_weights", "cert_issued", "provision", "fabric_test", "controlplanes")
+    __slots__ = ("seq", "term", "start_shard", "stop_shard", "ack", "drain", "logs_request", "logs_cancel", "remove_weights", "cert_issued", "provision", "fabric_test", "controlplanes", "upgrade_agent")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     START_SHARD_FIELD_NUMBER: _ClassVar[int]
@@ -133,6 +146,7 @@ class ControlMessage(_message.Message):
     PROVISION_FIELD_NUMBER: _ClassVar[int]
     FABRIC_TEST_FIELD_NUMBER: _ClassVar[int]
     CONTROLPLANES_FIELD_NUMBER: _ClassVar[int]
+    UPGRADE_AGENT_FIELD_NUMBER: _ClassVar[int]
     seq: int
     term: int
     start_shard: StartShard
@@ -146,7 +160,34 @@ class ControlMessage(_message.Message):
     provision: Provision
     fabric_test: FabricTestRequest
     controlplanes: ControlPlanes
-    def __init__(self, seq: _Optional[int] = ..., term: _Optional[int] = ..., start_shard: _Optional[_Union[StartShard, _Mapping]] = ..., stop_shard: _Optional[_Union[StopShard, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., logs_request: _Optional[_Union[LogsRequest, _Mapping]] = ..., logs_cancel: _Optional[_Union[LogsCancel, _Mapping]] = ..., remove_weights: _Optional[_Union[RemoveWeights, _Mapping]] = ..., cert_issued: _Optional[_Union[CertIssued, _Mapping]] = ..., provision: _Optional[_Union[Provision, _Mapping]] = ..., fabric_test: _Optional[_Union[FabricTestRequest, _Mapping]] = ..., controlplanes: _Optional[_Union[ControlPlanes, _Mapping]] = ...) -> None: ...
+    upgrade_agent: UpgradeAgent
+    def __init__(self, seq: _Optional[int] = ..., term: _Optional[int] = ..., start_shard: _Optional[_Union[StartShard, _Mapping]] = ..., stop_shard: _Optional[_Union[StopShard, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., logs_request: _Optional[_Union[LogsRequest, _Mapping]] = ..., logs_cancel: _Optional[_Union[LogsCancel, _Mapping]] = ..., remove_weights: _Optional[_Union[RemoveWeights, _Mapping]] = ..., cert_issued: _Optional[_Union[CertIssued, _Mapping]] = ..., provision: _Optional[_Union[Provision, _Mapping]] = ..., fabric_test: _Optional[_Union[FabricTestRequest, _Mapping]] = ..., controlplanes: _Optional[_Union[ControlPlanes, _Mapping]] = ..., upgrade_agent: _Optional[_Union[UpgradeAgent, _Mapping]] = ...) -> None: ...
+
+class UpgradeAgent(_message.Message):
+    __slots__ = ("id", "version", "index_url", "find_links")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    INDEX_URL_FIELD_NUMBER: _ClassVar[int]
+    FIND_LINKS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    version: str
+    index_url: str
+    find_links: bool
+    def __init__(self, id: _Optional[str] = ..., version: _Optional[str] = ..., index_url: _Optional[str] = ..., find_links: bool = ...) -> None: ...
+
+class UpgradeStatus(_message.Message):
+    __slots__ = ("id", "version", "state", "message", "last_output")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    LAST_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    version: str
+    state: UpgradeState
+    message: str
+    last_output: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., version: _Optional[str] = ..., state: _Optional[_Union[UpgradeState, str]] = ..., message: _Optional[str] = ..., last_output: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ControlPlanes(_message.Message):
     __slots__ = ("addrs",)
@@ -155,7 +196,7 @@ class ControlPlanes(_message.Message):
     def __init__(self, addrs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("node_id", "hostname", "agent_version", "inventory", "shards", "mgmt_addr", "labels", "engines", "mgmt_interface", "host", "hcas", "fabrics", "model_dirs", "weights", "nvlink", "installs", "subnet_managers")
+    __slots__ = ("node_id", "hostname", "agent_version", "inventory", "shards", "mgmt_addr", "labels", "engines", "mgmt_interface", "host", "hcas", "fabrics", "model_dirs", "weights", "nvlink", "installs", "subnet_managers", "protocol")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -180,6 +221,7 @@ class Register(_message.Message):
     NVLINK_FIELD_NUMBER: _ClassVar[int]
     INSTALLS_FIELD_NUMBER: _ClassVar[int]
     SUBNET_MANAGERS_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     hostname: str
     agent_version: str
@@ -197,7 +239,8 @@ class Register(_message.Message):
     nvlink: NvlinkFabric
     installs: _containers.RepeatedCompositeFieldContainer[EngineInstall]
     subnet_managers: _containers.RepeatedCompositeFieldContainer[SubnetManager]
-    def __init__(self, node_id: _Optional[str] = ..., hostname: _Optional[str] = ..., agent_version: _Optional[str] = ..., inventory: _Optional[_Union[Inventory, _Mapping]] = ..., shards: _Optional[_Iterable[_Union[ShardStatus, _Mapping]]] = ..., mgmt_addr: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., engines: _Optional[_Iterable[_Union[EngineInfo, _Mapping]]] = ..., mgmt_interface: _Optional[str] = ..., host: _Optional[_Union[HostFacts, _Mapping]] = ..., hcas: _Optional[_Iterable[_Union[Hca, _Mapping]]] = ..., fabrics: _Optional[_Iterable[_Union[Fabric, _Mapping]]] = ..., model_dirs: _Optional[_Iterable[_Union[ModelDir, _Mapping]]] = ..., weights: _Optional[_Iterable[_Union[WeightFile, _Mapping]]] = ..., nvlink: _Optional[_Union[NvlinkFabric, _Mapping]] = ..., installs: _Optional[_Iterable[_Union[EngineInstall, _Mapping]]] = ..., subnet_managers: _Optional[_Iterable[_Union[SubnetManager, _Mapping]]] = ...) -> None: ...
+    protocol: int
+    def __init__(self, node_id: _Optional[str] = ..., hostname: _Optional[str] = ..., agent_version: _Optional[str] = ..., inventory: _Optional[_Union[Inventory, _Mapping]] = ..., shards: _Optional[_Iterable[_Union[ShardStatus, _Mapping]]] = ..., mgmt_addr: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., engines: _Optional[_Iterable[_Union[EngineInfo, _Mapping]]] = ..., mgmt_interface: _Optional[str] = ..., host: _Optional[_Union[HostFacts, _Mapping]] = ..., hcas: _Optional[_Iterable[_Union[Hca, _Mapping]]] = ..., fabrics: _Optional[_Iterable[_Union[Fabric, _Mapping]]] = ..., model_dirs: _Optional[_Iterable[_Union[ModelDir, _Mapping]]] = ..., weights: _Optional[_Iterable[_Union[WeightFile, _Mapping]]] = ..., nvlink: _Optional[_Union[NvlinkFabric, _Mapping]] = ..., installs: _Optional[_Iterable[_Union[EngineInstall, _Mapping]]] = ..., subnet_managers: _Optional[_Iterable[_Union[SubnetManager, _Mapping]]] = ..., protocol: _Optional[int] = ...) -> None: ...
 
 class HostFacts(_message.Message):
     __slots__ = ("os_id", "os_version", "os_codename", "arch", "kernel", "cpu_flags", "nvidia_driver")
@@ -646,7 +689,7 @@ class ShardStatus(_message.Message):
     def __init__(self, shard_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., state: _Optional[_Union[ShardState, str]] = ..., message: _Optional[str] = ..., exited: bool = ..., exit_code: _Optional[int] = ..., last_output: _Optional[_Iterable[str]] = ..., endpoint: _Optional[str] = ..., pid: _Optional[int] = ..., spec: _Optional[_Union[ShardSpec, _Mapping]] = ..., adopted: bool = ..., probe_failures: _Optional[int] = ..., fetch: _Optional[_Union[FetchProgress, _Mapping]] = ...) -> None: ...
 
 class Ack(_message.Message):
-    __slots__ = ("seq", "ok", "error", "leader", "term", "controlplanes", "rejoin")
+    __slots__ = ("seq", "ok", "error", "leader", "term", "controlplanes", "rejoin", "protocol", "server_version")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     OK_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
@@ -654,6 +697,8 @@ class Ack(_message.Message):
     TERM_FIELD_NUMBER: _ClassVar[int]
     CONTROLPLANES_FIELD_NUMBER: _ClassVar[int]
     REJOIN_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
+    SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
     seq: int
     ok: bool
     error: str
@@ -661,7 +706,9 @@ class Ack(_message.Message):
     term: int
     controlplanes: _containers.RepeatedScalarFieldContainer[str]
     rejoin: bool
-    def __init__(self, seq: _Optional[int] = ..., ok: bool = ..., error: _Optional[str] = ..., leader: _Optional[str] = ..., term: _Optional[int] = ..., controlplanes: _Optional[_Iterable[str]] = ..., rejoin: bool = ...) -> None: ...
+    protocol: int
+    server_version: str
+    def __init__(self, seq: _Optional[int] = ..., ok: bool = ..., error: _Optional[str] = ..., leader: _Optional[str] = ..., term: _Optional[int] = ..., controlplanes: _Optional[_Iterable[str]] = ..., rejoin: bool = ..., protocol: _Optional[int] = ..., server_version: _Optional[str] = ...) -> None: ...
 
 class EngineWant(_message.Message):
     __slots__ = ("engine", "version")
