@@ -28,21 +28,12 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(1)
 
 
-def read_passphrase_file(path: Path, flag: str = "--passphrase-file") -> str:
-    """A passphrase file's first line; LlmgwError naming ``flag`` when unreadable or empty."""
-    try:
-        text = path.read_text().splitlines()
-    except OSError as e:
-        raise LlmgwError(f"cannot read {flag} {path}: {e.strerror or e}") from None
-    if not text or not text[0].strip():
-        raise LlmgwError(f"{flag} {path} is empty: put the backup passphrase on its first line")
-    return text[0].rstrip("\r\n")
-
-
 def passphrase(file: Path | None, *, confirm: bool) -> str:
     """The passphrase: ``--passphrase-file``, else LLMGW_BACKUP_PASSPHRASE, else asked on the terminal."""
+    from llmgw.control.backup import sealed
+
     if file is not None:
-        return read_passphrase_file(file)
+        return sealed.read_passphrase_file(file, "--passphrase-file")
     given = os.environ.get(PASSPHRASE_ENV, "")
     if given:
         return given

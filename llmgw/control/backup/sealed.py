@@ -29,6 +29,7 @@ import contextlib
 import hashlib
 import os
 import secrets
+import stat
 import struct
 from pathlib import Path
 from types import TracebackType
@@ -64,6 +65,22 @@ def check_passphrase(passphrase: str) -> None:
         raise LlmgwError(f"the backup passphrase is shorter than {MIN_PASSPHRASE} characters: a backup holds the "
                          "cluster CA's key, so choose a long one (and keep it: without it the backup cannot be "
                          "opened, by anyone)")
+
+
+def read_passphrase_file(path: Path, flag: str) -> str:
+    """A passphrase file's first line, refused when its group or others may read it; LlmgwError naming ``flag``."""
+    try:
+        mode = path.stat().st_mode
+        lines = path.read_text().splitlines()
+    except OSError as e:
+        raise LlmgwError(f"cannot read {flag} {path}: {e.strerror or e}") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise LlmgwError(f"{flag} {path} may be read by its group or others (mode {stat.S_IMODE(mode):04o}): the "
+                         f"passphrase opens every backup and the cluster CA's key in it; `chmod 600 {path}`")
+    if not lines or not lines[0].strip():
+        raise LlmgwError(f"{flag} {path} is empty: put the backup passphrase on its first line")
+    check_passphrase(lines[0])
+    return lines[0]
 
 
 def _keys(passphrase: str, salt: bytes, log_n: int, r: int, p: int) -> tuple[bytes, bytes]:
