@@ -217,6 +217,9 @@ class ServerSettings:
         if (self.backup_dir is None) != (self.backup_passphrase_file is None):
             raise ValueError("--backup-dir and --backup-passphrase-file go together: the directory scheduled backups "
                              "go to and the passphrase they are encrypted with")
+        if self.backup_dir is not None and self.insecure:
+            raise ValueError("--backup-dir with --insecure: an --insecure server has no cluster CA to back up; "
+                             "leave --insecure out (or --backup-dir, for loopback development)")
         if self.backup_every_s < 1:
             raise ValueError("--backup-every must be at least 1s, e.g. 6h")
         if self.backup_keep < 1:

@@ -188,3 +188,23 @@ def test_schedule_settings_are_checked() -> None:
         ServerSettings(backup_dir=Path("/tmp/x"))
     with pytest.raises(ValueError, match="--backup-every"):
         ServerSettings(backup_every="0s")
+
+
+def test_a_sqlite_database_url_is_backed_up_as_sqlite(tmp_path: Path) -> None:
+    """`llmgw server --database sqlite:///elsewhere.db`: the copy is SQLite's, restored into the data directory."""
+    url = f"sqlite:///{tmp_path / 'elsewhere.db'}"
+    data = tmp_path / "data"
+    datadir.init(data, hosts=[], database=url)
+    made = archive.make(tmp_path / "b", PASS, data_dir=data)
+    assert made.kind == "sqlite"
+    archive.restore(made.path, PASS, data_dir=tmp_path / "new")
+    restored = datadir.open_store(tmp_path / "new")
+    try:
+        assert [u.name for u in restored.list_users()] == ["admin"]
+    finally:
+        restored.close()
+
+
+def test_scheduled_backups_need_a_secure_server() -> None:
+    with pytest.raises(ValueError, match="--backup-dir with --insecure"):
+        ServerSettings(backup_dir=Path("/tmp/x"), backup_passphrase_file=Path("/tmp/p"), insecure=True)

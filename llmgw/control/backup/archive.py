@@ -42,6 +42,8 @@ import time
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from sqlalchemy.engine import url as sa_url
+
 from llmgw.control import datadir
 from llmgw.control.backup import database as db_copy
 from llmgw.control.backup import sealed
@@ -112,19 +114,31 @@ def make(out: Path, passphrase: str, *, data_dir: Path, database: str = "", forc
         raise LlmgwError(f"{data_dir} is not an initialised control plane data directory (no pki/): give the "
                          "server's --data-dir")
     url = datadir.database_for(data_dir, database)
-    kind = "postgresql" if url else "sqlite"
+    # SQLite in the data directory, or wherever a sqlite:/// --database puts it; else PostgreSQL.
+    sqlite_db: Path | None = None
+    if not url:
+        sqlite_db = data_dir / datadir.DB
+    elif url.startswith("sqlite"):
+        sqlite_db = Path(str(sa_url.make_url(url).database or ""))
+    kind = "sqlite" if sqlite_db is not None else "postgresql"
     sealed.check_passphrase(passphrase)
     ca_hash = pki.ca_hash(datadir.ca_cert(data_dir).read_bytes())
-    out = out.absolute()
+    out = out.parent.resolve() / out.name
     if out.is_relative_to(data_dir):
         raise LlmgwError(f"{out} is inside the data directory {data_dir}: write the backup elsewhere (another disk "
                          "or machine is best)")
-    work = Path(tempfile.mkdtemp(prefix=".llmgw-backup-", dir=out.parent))  # 0700, where the file goes
+    if not out.parent.is_dir():
+        raise LlmgwError(f"{out.parent} is not a directory; nothing was written. Make it first, or give another "
+                         "path for the backup")
+    try:
+        work = Path(tempfile.mkdtemp(prefix=".llmgw-backup-", dir=out.parent))  # 0700, where the file goes
+    except OSError as e:
+        raise LlmgwError(f"cannot write in {out.parent}: {e.strerror or e}; nothing was written") from None
     try:
         files = _data_files(data_dir)  # before the database: see the module's docstring
         dump = work / Path(SQLITE_MEMBER if kind == "sqlite" else PG_MEMBER).name
-        if kind == "sqlite":
-            db_copy.sqlite_copy(data_dir / datadir.DB, dump)
+        if sqlite_db is not None:
+            db_copy.sqlite_copy(sqlite_db, dump)
         else:
             db_copy.pg_dump(url, dump)
         manifest = {"format": FORMAT, "llmgw": version(), "created": time.time(), "ca_hash": ca_hash,
@@ -138,6 +152,9 @@ def make(out: Path, passphrase: str, *, data_dir: Path, database: str = "", forc
                         _add(tar, f"data/{name}", data, mode=mode)
                     _add(tar, SQLITE_MEMBER if kind == "sqlite" else PG_MEMBER, path=dump)
         size = out.stat().st_size
+    except OSError as e:  # a full disk, a file the server's user alone may read…
+        raise LlmgwError(f"the backup failed: {e.strerror or e}{f' ({e.filename})' if e.filename else ''}; nothing "
+                         f"was written to {out}") from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
     log.info("backed up %s (%s store, cluster CA %s) to %s, %d bytes", data_dir, kind, ca_hash, out, size)
@@ -201,8 +218,11 @@ def restore(backup: Path, passphrase: str, *, data_dir: Path, database: str = ""
                                        f"reads {FORMAT}: restore with the version that wrote it "
                                        f"({manifest.get('llmgw', 'unknown')}) or newer")
         _check_target(manifest, database)
-        data_dir.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{data_dir.name}.restore-", dir=data_dir.parent))
+        try:
+            data_dir.parent.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=f".{data_dir.name}.restore-", dir=data_dir.parent))
+        except OSError as e:
+            raise LlmgwError(f"cannot write in {data_dir.parent}: {e.strerror or e}; nothing was written") from None
         try:
             dump = staging / ".restore.pgdump"
             for member in tar:  # the manifest again first (a TarFile's iteration starts with what it read)
@@ -230,7 +250,7 @@ def restore(backup: Path, passphrase: str, *, data_dir: Path, database: str = ""
             os.rename(staging, data_dir)  # over an empty directory too (POSIX rename)
         except (tarfile.TarError, EOFError, OSError, gzip.BadGzipFile) as e:
             shutil.rmtree(staging, ignore_errors=True)
-            raise sealed.BackupRefused(f"{backup} cannot be read back ({e}); nothing was written") from None
+            raise sealed.BackupRefused(f"the restore of {backup} failed ({e}); nothing was written") from None
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
