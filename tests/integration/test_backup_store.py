@@ -208,3 +208,51 @@ def test_a_sqlite_database_url_is_backed_up_as_sqlite(tmp_path: Path) -> None:
 def test_scheduled_backups_need_a_secure_server() -> None:
     with pytest.raises(ValueError, match="--backup-dir with --insecure"):
         ServerSettings(backup_dir=Path("/tmp/x"), backup_passphrase_file=Path("/tmp/p"), insecure=True)
+
+
+def _run_until(plan: schedule.Schedule, data: Path, leading: object, want: str) -> list[ev.Event]:
+    """``schedule.run`` until it records an event of reason ``want``; the events it recorded."""
+    import asyncio
+
+    got: list[ev.Event] = []
+
+    async def main() -> None:
+        seen = asyncio.Event()
+
+        def record(e: ev.Event) -> None:
+            got.append(e)
+            if e.reason == want:
+                seen.set()
+
+        task = asyncio.create_task(schedule.run(plan, data_dir=data, database="", leading=leading,  # type: ignore[arg-type]
+                                                record=record, poll_s=0.01))
+        try:
+            await asyncio.wait_for(seen.wait(), 60)
+        finally:
+            task.cancel()
+
+    asyncio.run(main())
+    return got
+
+
+def test_only_the_leader_backs_up(data: Path, tmp_path: Path) -> None:
+    plan = schedule.Schedule(dir=tmp_path / "backups", every_s=3600, keep=2, passphrase=PASS)
+    asked: list[int] = []
+
+    def leading() -> bool:
+        asked.append(len(schedule.ours(plan.dir)))  # how many backups there were each time it asked
+        return len(asked) > 3  # a standby for the first three looks, then the leader
+
+    got = _run_until(plan, data, leading, "BackupWritten")
+    assert asked[:3] == [0, 0, 0], "a standby wrote a backup"
+    assert [e.reason for e in got] == ["BackupWritten"] and got[0].object == "cluster/backup"
+    assert len(schedule.ours(plan.dir)) == 1 and schedule.ours(plan.dir)[0].name in got[0].message
+
+
+def test_a_failed_scheduled_backup_is_an_event_with_the_sentence(tmp_path: Path) -> None:
+    plan = schedule.Schedule(dir=tmp_path / "backups", every_s=3600, keep=2, passphrase=PASS)
+    before = schedule.FAILURES._value.get()
+    got = _run_until(plan, tmp_path / "not-a-data-dir", lambda: True, "BackupFailed")
+    assert got[0].kind == ev.WARNING and "not an initialised control plane data directory" in got[0].message
+    assert schedule.FAILURES._value.get() == before + 1
+    assert schedule.ours(plan.dir) == []

@@ -92,14 +92,14 @@ def run_once(schedule: Schedule, *, data_dir: Path, database: str, now: float) -
 
 
 async def run(schedule: Schedule, *, data_dir: Path, database: str, leading: Callable[[], bool],
-              record: Callable[[ev.Event], None]) -> None:
+              record: Callable[[ev.Event], None], poll_s: float = POLL_S) -> None:
     """Backs up when due, while leading, until cancelled."""
     log.info("scheduled backups: every %gs into %s, the %d newest kept", schedule.every_s, schedule.dir,
              schedule.keep)
     while True:
         wait = due_at(schedule) - time.time()
         if wait > 0 or not leading():
-            await asyncio.sleep(min(max(wait, 0.0), POLL_S) or POLL_S)
+            await asyncio.sleep(min(max(wait, 0.0), poll_s) or poll_s)
             continue
         now = time.time()
         try:
