@@ -144,8 +144,10 @@ def make(out: Path, passphrase: str, *, data_dir: Path, database: str = "", forc
         manifest = {"format": FORMAT, "llmgw": version(), "created": time.time(), "ca_hash": ca_hash,
                     "database": kind, "database_url": datadir.without_password(url),
                     "files": [name for name, _, _ in files]}
+        # gzip level 1: half the time of level 6 on a store's copy (measured: 83 MB in 1.7-2.1 s, not 3.4-4.7),
+        # for a file 3% larger.
         with sealed.SealedWriter(out, passphrase, force=force) as w:
-            with gzip.GzipFile(fileobj=w, mode="wb", compresslevel=6, mtime=0) as gz:  # type: ignore[arg-type]
+            with gzip.GzipFile(fileobj=w, mode="wb", compresslevel=1, mtime=0) as gz:  # type: ignore[arg-type]
                 with tarfile.open(fileobj=gz, mode="w|") as tar:  # type: ignore[call-overload]
                     _add(tar, MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode(), mode=0o644)
                     for name, data, mode in files:
