@@ -256,3 +256,37 @@ def test_a_failed_scheduled_backup_is_an_event_with_the_sentence(tmp_path: Path)
     assert got[0].kind == ev.WARNING and "not an initialised control plane data directory" in got[0].message
     assert schedule.FAILURES._value.get() == before + 1
     assert schedule.ours(plan.dir) == []
+
+
+def _crafted(path: Path, members: list[tuple[str, bytes, bytes]]) -> None:
+    """A sealed file holding a tar of ``(name, type, data)`` members, as a hostile or broken writer makes one."""
+    import gzip
+    import io
+    import json
+    import tarfile
+
+    manifest = json.dumps({"format": archive.FORMAT, "database": "sqlite", "ca_hash": "x"}).encode()
+    with sealed.SealedWriter(path, PASS, log_n=10) as w, gzip.GzipFile(fileobj=w, mode="wb") as gz, \
+            tarfile.open(fileobj=gz, mode="w|") as tar:
+        for name, kind, data in [(archive.MANIFEST, tarfile.REGTYPE, manifest), *members]:
+            info = tarfile.TarInfo(name)
+            info.type, info.size = kind, len(data) if kind == tarfile.REGTYPE else 0
+            info.linkname = data.decode() if kind == tarfile.SYMTYPE else ""
+            tar.addfile(info, io.BytesIO(data) if kind == tarfile.REGTYPE else None)
+
+
+@pytest.mark.parametrize("member", [("data/../../escaped", b"0", b"x"), ("/etc/evil", b"0", b"x"),
+                                    ("data/pki/ca.key", b"2", b"/etc/shadow"), ("data/logs/x", b"0", b"x")])
+def test_restore_takes_only_the_files_a_backup_holds(tmp_path: Path, member: tuple[str, bytes, bytes]) -> None:
+    _crafted(tmp_path / "b", [member])
+    with pytest.raises(sealed.BackupRefused, match="which no llmgw backup holds; nothing|not a file; nothing"):
+        archive.restore(tmp_path / "b", PASS, data_dir=tmp_path / "new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]
+    assert not (tmp_path.parent / "escaped").exists()
+
+
+def test_restore_into_an_empty_directory(data: Path, tmp_path: Path) -> None:
+    made = archive.make(tmp_path / "b", PASS, data_dir=data)
+    (tmp_path / "empty").mkdir()
+    archive.restore(made.path, PASS, data_dir=tmp_path / "empty")
+    assert (tmp_path / "empty" / "pki" / "ca.key").is_file()
