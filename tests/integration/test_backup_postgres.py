@@ -43,10 +43,12 @@ def _llmgw(*args: str, database: str = "") -> subprocess.CompletedProcess[str]:
                                                                           if database else {})})
 
 
-def test_libpq_connection_carries_no_password_on_argv() -> None:
+def test_libpq_connection_carries_no_password_on_argv(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLMGW_BACKUP_PASSPHRASE", PASS)
     conninfo, env = db_copy.libpq(f"postgresql+psycopg://u:{SECRET}@db.example:5433/llmgw?sslmode=require")
     assert SECRET not in conninfo and "sslmode=require" in conninfo and "port=5433" in conninfo
     assert env["PGPASSWORD"] == SECRET
+    assert PASS not in env.values()  # the backup's passphrase never reaches pg_dump
 
 
 def test_postgres_backup_restores_into_a_fresh_database_and_serves(pg: Postgres, tmp_path: Path) -> None:

@@ -88,7 +88,9 @@ def libpq(url: str) -> tuple[str, dict[str, str]]:
                        ("dbname", parsed.database)):
         if value:
             params[key] = str(value)
-    env = {k: v for k, v in os.environ.items() if k != "PGPASSWORD"}
+    # Neither the backup's passphrase (`llmgw backup` may have it in LLMGW_BACKUP_PASSPHRASE) nor the URL's other
+    # copy reaches the child: it gets the database's password alone.
+    env = {k: v for k, v in os.environ.items() if k not in ("PGPASSWORD", "LLMGW_BACKUP_PASSPHRASE", "LLMGW_DATABASE")}
     if parsed.password:
         env["PGPASSWORD"] = str(parsed.password)
     return make_conninfo(**params), env
