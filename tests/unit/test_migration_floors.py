@@ -3,13 +3,14 @@ below their revision, and a migration that claims to be expand-only contracts no
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from llmgw.control.store import migrationlint, schemafloor
 from llmgw.control.store.base import MIGRATIONS
-from llmgw.testing import migrations
+from llmgw.testing import migrations, releases
 
 
 def test_this_releases_migrations_pass_the_lint() -> None:
@@ -93,3 +94,22 @@ def test_the_template_makes_a_migration_the_lint_refuses_until_its_floor_is_set(
     path = location / "versions" / "0016_synthetic.py"
     path.write_text(path.read_text().replace('floor = "0015"', "floor = None"))
     assert [p.split(":")[1] for p in migrationlint.problems(location / "versions")] == [" declares no floor"]
+
+
+def test_the_previous_release_runs_on_this_releases_schema() -> None:
+    """The head's floor is at or below the previous release's head (tests/upgrade/PREVIOUS), so that release
+    runs beside this one; one from before the floor (0.1.0: no ``schemafloor``) fails on any revision it does
+    not know, so then this release may add no migration at all."""
+    repo = Path(__file__).resolve().parents[2]
+    commit = releases.previous_commit(repo)
+    listed = subprocess.run(["git", "-C", str(repo), "ls-tree", "--name-only", f"{commit}:llmgw/control/store/"
+                             "migrations/versions"], capture_output=True, text=True, check=True).stdout.split()
+    previous_head = max(name[:4] for name in listed if name.endswith(".py") and name[:4].isdigit())
+    chain = schemafloor.load_chain(MIGRATIONS)
+    assert chain.position(chain.floor_of(chain.head)) <= chain.position(previous_head)
+    knows_floors = subprocess.run(["git", "-C", str(repo), "cat-file", "-e",
+                                   f"{commit}:llmgw/control/store/schemafloor.py"], capture_output=True).returncode == 0
+    if not knows_floors:
+        assert chain.head == previous_head, (
+            f"the previous release ({commit[:12]}) predates the schema floor and fails on a revision it does not "
+            f"know: this release may add no migration past its head {previous_head}")

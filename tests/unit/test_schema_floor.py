@@ -105,7 +105,11 @@ def test_0_1_0s_schema_gets_the_record_at_the_first_start(tmp_path: Path) -> Non
         alembic_command.upgrade(cfg, "head")
         conn.execute(sa.text("insert into settings (key, value) values ('engine_index_url', 'http://idx')"))
     engine.dispose()
-    Store.open_url(url).close()
+    store = Store.open_url(url)
+    try:
+        assert store.settings() == {"engine_index_url": "http://idx"}  # the record is the migrations', not engines'
+    finally:
+        store.close()
     assert rows(url) == {"engine_index_url": "http://idx", "schema_floor": "0015", "schema_written_by": version()}
 
 
