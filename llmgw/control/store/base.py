@@ -186,8 +186,9 @@ class StoreBase:
             if verdict.action is schemafloor.Action.BESIDE:
                 log.warning("%s", verdict.message)
                 return
-            cfg.attributes["connection"] = conn
-            alembic_command.upgrade(cfg, "head")
+            if at != chain.head:  # at the head already: nothing to upgrade (and Alembic's scripts not loaded twice)
+                cfg.attributes["connection"] = conn
+                alembic_command.upgrade(cfg, "head")
             schemafloor.write_record(conn, schemafloor.record(chain, at, recorded, version()))
 
     def close(self) -> None:
