@@ -30,6 +30,7 @@ import subprocess
 import sys
 import sysconfig
 import tarfile
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -37,6 +38,8 @@ from pathlib import Path
 PREVIOUS = Path("tests/upgrade/PREVIOUS")
 #: The marker a finished build writes last; its presence is what "built" means.
 MARKER = "release.json"
+#: A working tree's release unused this long is removed when another tree's is built.
+PRUNE_AFTER_S = 24 * 3600
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 #: What a release's processes must not inherit: a checkout on their path would shadow the release's llmgw.
 _DROPPED_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONSAFEPATH")
@@ -135,7 +138,10 @@ def build(repo: Path, ref: str | None, cache_root: Path) -> Release:
     with _locked(cache_root / f"{key}.lock"):
         found = _reuse(home)
         if found is not None:
+            os.utime(home / MARKER)  # used now: not pruned
             return found
+        if ref is None:
+            _prune_trees(cache_root, keep=key)
         shutil.rmtree(home, ignore_errors=True)  # a build that died before its marker
         home.mkdir(parents=True)
         src = home / "src"
@@ -149,6 +155,29 @@ def build(repo: Path, ref: str | None, cache_root: Path) -> Release:
         tmp.write_text(json.dumps({"version": release.version, "commit": commit, "tree": tree}))
         os.replace(tmp, home / MARKER)
         return release
+
+
+def copy_working_tree(repo: Path, dest: Path) -> Path:
+    """The working tree of ``repo`` as it is (tracked and untracked-but-not-ignored files) copied into ``dest``."""
+    repo = Path(repo).resolve()
+    _copy_tree(repo, _tree_files(repo), Path(dest))
+    return Path(dest)
+
+
+def _prune_trees(cache_root: Path, *, keep: str) -> None:
+    """Each edit of the tree makes another release: those unused for a day go (one being built
+    meanwhile, locked, stays)."""
+    for marker in cache_root.glob(f"tree-*/{MARKER}"):
+        home = marker.parent
+        if home.name == keep or time.time() - marker.stat().st_mtime < PRUNE_AFTER_S:
+            continue
+        with open(cache_root / f"{home.name}.lock", "a") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
+            marker.unlink(missing_ok=True)  # first, so a half-removed release is never taken as built
+            shutil.rmtree(home, ignore_errors=True)
 
 
 def _reuse(home: Path) -> Release | None:

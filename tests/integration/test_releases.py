@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -94,6 +95,14 @@ def test_the_working_tree_is_built_as_it_is_uncommitted_changes_included(tmp_pat
     (clone / "llmgw" / "_uncommitted_probe.py").write_text("SAID = 'changed'\n")
     changed = releases.build(clone, None, tmp_path / "cache")
     assert changed.built and changed.venv != release.venv and changed.tree != release.tree
+    # A tree's release unused for a day goes when another tree's is built; one used since stays.
+    day_ago = time.time() - releases.PRUNE_AFTER_S - 60
+    os.utime(release.venv.parent / releases.MARKER, (day_ago, day_ago))
+    os.utime(changed.venv.parent / releases.MARKER, (day_ago, day_ago))
+    assert releases.build(clone, None, tmp_path / "cache").built is False  # `changed` again: used now
+    (clone / "llmgw" / "_uncommitted_probe.py").write_text("SAID = 'third'\n")
+    third = releases.build(clone, None, tmp_path / "cache")
+    assert third.built and not release.venv.exists() and changed.python.exists()
 
 
 def test_previous_names_a_commit_of_the_full_history(tmp_path: Path) -> None:
