@@ -20,6 +20,7 @@ import httpx
 import openai
 import psutil
 import pytest
+import yaml
 
 from llmgw.testing.procs import Proc, wait_for
 from llmgw.testing.releases import copy_working_tree
@@ -106,6 +107,24 @@ def test_a_fresh_venv_with_only_the_wheel_runs_llmgw_up_and_serves(tmp_path: Pat
         assert login.status_code == 200 and "<form" in login.text, login.text[:500]
         script = httpx.get(f"{root}/ui/static/htmx.min.js", timeout=30)
         assert script.status_code == 200 and len(script.content) > 10_000
+
+        # The sim engine (python -m llmgw.sim.engine) runs from the wheel too, applied with the venv's CLI.
+        sim = tmp_path / "sim.yaml"
+        sim.write_text(yaml.safe_dump({
+            "apiVersion": "llmgw/v1", "kind": "Model", "metadata": {"name": "sim-small"},
+            "spec": {"engine": "sim", "served_name": "sim-small", "replicas": 1, "resources": {"memory": "64MiB"},
+                     "startup_timeout": "60s"}}))
+        _run([str(venv / "bin" / "llmgw"), "apply", "-f", str(sim)], cwd=work, env=env, timeout=60)
+
+        def sim_answers() -> bool:
+            try:
+                got = c.chat.completions.create(model="sim-small", max_tokens=4,
+                                                messages=[{"role": "user", "content": "hi"}])
+            except openai.APIError:
+                return False
+            return bool(got.usage and got.usage.completion_tokens == 4)
+
+        wait_for(sim_answers, timeout=120, interval=0.5, what="the sim model answering")
 
         # `up` logged this user's CLI in: `llmgw version` says the CLI's and the control plane's, both the wheel's.
         version = _run([str(venv / "bin" / "llmgw"), "version"], cwd=work, env=env, timeout=60)
