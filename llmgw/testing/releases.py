@@ -172,7 +172,10 @@ def _prune_trees(cache_root: Path, *, keep: str) -> None:
     meanwhile, locked, stays)."""
     for marker in cache_root.glob(f"tree-*/{MARKER}"):
         home = marker.parent
-        if home.name == keep or time.time() - marker.stat().st_mtime < PRUNE_AFTER_S:
+        try:
+            if home.name == keep or time.time() - marker.stat().st_mtime < PRUNE_AFTER_S:
+                continue
+        except FileNotFoundError:  # another process pruned it meanwhile
             continue
         with open(cache_root / f"{home.name}.lock", "a") as f:
             try:
