@@ -56,7 +56,9 @@ test: lint postgres oidc-provider
 # The end-to-end tests, apart so `make test` stays under 15 minutes: the real llama.cpp engine and
 # `make up`'s path, the UI in a real browser, control plane failover (several servers, PostgreSQL), the
 # attacker's path end to end (issue 24), a simulated fleet joining with real identities, and the longest
-# system tests (test_system, test_join_mtls's renewal, test_fleet, test_fabric: ~3 minutes together).
+# system tests (test_system, test_join_mtls's renewal, test_fleet, test_fabric: ~3 minutes together), and
+# the release's wheel installed alone into a fresh venv running `llmgw up` (test_wheel_release: pip fetches
+# the wheel's dependencies through this machine's registry and cache).
 # The UI's browser tests drive Debian's `chromium` (llmgw/testing/browser.py), never a browser Playwright
 # downloads (nothing outside the package registries is reachable): apt installs it as it does postgresql.
 test-e2e: $(VENV)/.test-deps postgres chromium oidc-provider
