@@ -7,10 +7,9 @@ import time
 from typing import Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from llmgw.cli import client as client_mod
+from llmgw.cli import output
 from llmgw.core.errors import LlmgwError
 
 FOLLOW_INTERVAL_S = 1.0
@@ -23,11 +22,13 @@ def row(e: dict[str, Any]) -> tuple[str, ...]:
     return (at, str(e["actor"]), str(e["action"]), str(e["object"]), str(e["outcome"]), str(e["detail"]) or "-")
 
 
-def table(items: list[dict[str, Any]], *, header: bool = True) -> Table:
-    t = Table(*COLUMNS, show_header=header)
-    for e in items:
-        t.add_row(*row(e))
-    return t
+def lines(items: list[dict[str, Any]], widths: list[int], *, header: bool = True) -> str:
+    """The entries as plain aligned columns, whole values; ``widths``, set by the first batch, kept for the next
+    (a wider cell later pushes its line's later cells right, never wraps)."""
+    rows = [row(e) for e in items]
+    if not widths:
+        widths[:] = output.widths_of(rows, [len(c) for c in COLUMNS])
+    return "".join(output.line_of(r, widths) + "\n" for r in ([COLUMNS] if header else []) + rows)
 
 
 def register(app: typer.Typer) -> None:
@@ -39,15 +40,14 @@ def register(app: typer.Typer) -> None:
               url: str = typer.Option(None, "--url", help="Control plane URL [env LLMGW_URL, default "
                                                            f"{client_mod.DEFAULT_URL}]")) -> None:
         """Who changed what and when: applies, deletes, cordons, drains, keys; done, refused or failed."""
-        console = Console(soft_wrap=True, highlight=False)
         c = client_mod.Client(url or client_mod.default_url())
-        since, shown = 0, False
+        since, shown, widths = 0, False, list[int]()
         try:
             while True:
                 items = c.get(f"/api/v1/audit?since={since}&limit={lines}")["items"]
                 if items:
                     # The header once; followed rows come as headerless tables under it.
-                    console.print(table(items, header=not shown), markup=False)
+                    output.emit(lines(items, widths, header=not shown))
                     shown = True
                     since = max(int(e["id"]) for e in items)
                 if len(items) == lines:  # a full page: more are waiting, ask again at once
@@ -57,8 +57,10 @@ def register(app: typer.Typer) -> None:
                         print("no audit entries yet: nothing has been changed through the API", file=sys.stderr)
                     return
                 time.sleep(FOLLOW_INTERVAL_S)
-        except (KeyboardInterrupt, BrokenPipeError):
+        except KeyboardInterrupt:
             return
+        except BrokenPipeError:
+            output.quiet_pipe()
         except LlmgwError as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(1) from None

@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 
 import typer
 
+from llmgw.cli import output
 from llmgw.core.errors import LlmgwError
 
 VERSION = 2
@@ -239,11 +240,10 @@ def register(app: typer.Typer) -> None:
             creds = read()
         except LlmgwError as e:
             raise fail(str(e)) from None
-        table = [("CURRENT", "NAME", "USER", "URLS"), *rows(creds)]
-        widths = [max(len(r[i]) for r in table) for i in range(4)]
-        for r in table:
-            typer.echo("   ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
-        if len(table) == 1:
+        listed = rows(creds)
+        for line in output.render(("CURRENT", "NAME", "USER", "URLS"), listed):
+            typer.echo(line)
+        if not listed:
             typer.echo("(none saved: `llmgw login --context NAME --url URL` makes one)")
 
     @ctx_app.command("use")

@@ -1,63 +1,67 @@
 """``llmgw get controlplanes`` (``controlplane``, ``cp``): every control plane, who leads, at which term, and where.
 
-Plain aligned columns rather than a rich table: a table narrower than its terminal wraps the
-addresses mid-word, and the list is what one pastes into a bug report or reads in a script.
+Laid out by ``cli.output`` (plain aligned columns, whole addresses); ``-o json|yaml`` print the REST document as it
+came (with ``self``, the instance that answered), not only its list.
 """
 
 from __future__ import annotations
 
-import enum
 import json
 from typing import Any
 
 import typer
+import yaml
 
-from llmgw.cli import client as client_mod
+from llmgw.cli import getcmds
+from llmgw.cli import output as out
 from llmgw.core.errors import LlmgwError
 
-COLUMNS = ("NAME", "ROLE", "TERM", "LEASE-AGE", "ADDRESS", "AGENTS", "VERSION")
+SELF_KEY = "_self"
 
 
-class Output(enum.StrEnum):
-    table = "table"
-    json = "json"
+def _name(cp: dict[str, Any]) -> str:
+    return str(cp["id"]) + ("*" if cp.get(SELF_KEY) else "")
 
 
-def rows(doc: dict[str, Any]) -> list[tuple[str, ...]]:
-    """One row per control plane; this instance (the one answering) marked with ``*`` after its name."""
-    out = []
-    for cp in doc.get("controlplanes", []):
-        leads = cp["role"] == "leader"
-        out.append((cp["id"] + ("*" if cp["id"] == doc.get("self") else ""), cp["role"],
-                    str(cp["term"]) if leads else "-",
-                    f"{cp['lease_age_s']:.1f}s" if leads and cp["lease_age_s"] >= 0 else "-",
-                    cp["http_url"] or "-", cp["agent_addr"] or "-", cp["version"] or "-"))
-    return out
+def _leads(cp: dict[str, Any]) -> bool:
+    return bool(cp["role"] == "leader")
 
 
-def render(doc: dict[str, Any]) -> str:
-    """The table as text: a header, then the rows, each column as wide as its widest cell."""
-    table = [COLUMNS, *rows(doc)]
-    widths = [max(len(r[i]) for r in table) for i in range(len(COLUMNS))]
-    lines = ["   ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in table]
-    if len(table) == 1:
-        lines.append("(none listed: this server keeps no leader lease)")
-    return "\n".join(lines)
+CONTROLPLANES = out.Listing("controlplane", (
+    out.Column("NAME", _name),
+    out.Column("ROLE", lambda cp: cp["role"]),
+    out.Column("TERM", lambda cp: str(cp["term"]) if _leads(cp) else "-"),
+    out.Column("LEASE-AGE", lambda cp: f"{cp['lease_age_s']:.1f}s" if _leads(cp) and cp["lease_age_s"] >= 0 else "-"),
+    out.Column("ADDRESS", lambda cp: cp["http_url"] or "-"),
+    out.Column("AGENTS", lambda cp: cp["agent_addr"] or "-"),
+    out.Column("VERSION", lambda cp: cp["version"] or "-"),
+), name=lambda cp: str(cp["id"]))
+
+
+def items_of(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """One item per control plane; the one answering marked (``*`` after its name in the table)."""
+    return [{**cp, SELF_KEY: cp["id"] == doc.get("self")} for cp in doc.get("controlplanes", [])]
 
 
 def register(get_app: typer.Typer) -> None:
     """Adds ``controlplanes`` (and its aliases) to the ``get`` group."""
 
-    def get_controlplanes(output: Output = typer.Option(Output.table, "-o", "--output"),
-                          url: str = typer.Option(None, "--url", help="Control plane URL [env LLMGW_URL, default "
-                                                  "http://127.0.0.1:8080]")) -> None:
+    def get_controlplanes(output: out.Format = getcmds.OUTPUT_OPT, no_headers: bool = getcmds.NO_HEADERS_OPT,
+                          sort_by: str = getcmds.SORT_OPT, watching: bool = getcmds.WATCH_OPT,
+                          url: str = getcmds.URL_OPT) -> None:
         """Control planes: which leads (its term, its lease renewed how long ago), which stand by, where each serves."""
-        try:
-            doc = client_mod.Client(url or client_mod.default_url()).get("/api/v1/controlplanes")
-        except LlmgwError as e:
-            typer.echo(f"error: {e}", err=True)
-            raise typer.Exit(1) from None
-        typer.echo(json.dumps(doc, indent=2) if output is Output.json else render(doc))
+        flags = getcmds.Flags(out.View(output=output, headers=not no_headers, sort_by=sort_by), watching, url)
+        if output in (out.Format.json, out.Format.yaml) and not watching:
+            try:
+                doc = flags.client().get("/api/v1/controlplanes")
+            except LlmgwError as e:
+                typer.echo(f"error: {e}", err=True)
+                raise typer.Exit(1) from None
+            out.emit(json.dumps(doc, indent=2) + "\n" if output is out.Format.json
+                     else yaml.safe_dump(doc, sort_keys=False))
+            return
+        getcmds.run(CONTROLPLANES, lambda c: items_of(c.get("/api/v1/controlplanes")), flags,
+                    empty="(none listed: this server keeps no leader lease)")
 
     get_app.command("controlplanes")(get_controlplanes)
     get_app.command("controlplane", hidden=True)(get_controlplanes)

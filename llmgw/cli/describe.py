@@ -17,10 +17,10 @@ from urllib.parse import quote, urlencode
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from llmgw.cli import client as client_mod
-from llmgw.cli import tables
+from llmgw.cli import output, tables
+from llmgw.cli.output import Table
 from llmgw.core.errors import LlmgwError
 
 console = Console(soft_wrap=True, highlight=False)
@@ -54,14 +54,14 @@ def event_line(e: dict[str, Any]) -> str:
 
 
 def conditions_table(conds: list[dict[str, Any]], now: float) -> Table:
-    t = Table("TYPE", "STATUS", "REASON", "SINCE", "MESSAGE", box=None, pad_edge=False)
+    t = Table(("TYPE", "STATUS", "REASON", "SINCE", "MESSAGE"))
     for c in conds:
         t.add_row(c["type"], c["status"], c["reason"], ago(c["last_transition"], now), c["message"])
     return t
 
 
 def _events_table(items: list[dict[str, Any]], now: float) -> Table:
-    t = Table("AGE", "KIND", "REASON", "OBJECT", "MESSAGE", box=None, pad_edge=False)
+    t = Table(("AGE", "KIND", "REASON", "OBJECT", "MESSAGE"))
     for e in items:
         t.add_row(ago(e["time"], now), e["kind"], e["reason"], e["object"], e["message"])
     return t
@@ -117,14 +117,13 @@ def print_model(doc: dict[str, Any], now: float) -> None:
     for k, v in lines:
         console.print(f"{k + ':':<12} {v}", markup=False)
     console.print("\nConditions:", markup=False)
-    console.print(conditions_table(doc["conditions"], now))
+    output.emit(conditions_table(doc["conditions"], now).text())
     console.print("\nReplicas:", markup=False)
-    t = Table("REPLICA", "PHASE", "NODE", "GPUS", "ENDPOINT", "SPEC", "CONDITIONS", "MESSAGE", box=None,
-              pad_edge=False)
+    t = Table(("REPLICA", "PHASE", "NODE", "GPUS", "ENDPOINT", "SPEC", "CONDITIONS", "MESSAGE"))
     for r in doc["replicas"]:
         t.add_row(r["id"], tables.phase_of(r), r["node"] or "-", ",".join(str(g) for g in r["gpus"]) or "-",
                   r["endpoint"] or "-", "current" if r["current"] else "old", _short(r["conditions"]), r["message"])
-    console.print(t)
+    output.emit(t.text())
     for r in doc["replicas"]:
         if r.get("fetch"):
             console.print(f"  {r['id']} fetching its weights: {tables.fetch_bar(r['fetch'])}", markup=False)
@@ -134,7 +133,7 @@ def print_model(doc: dict[str, Any], now: float) -> None:
         if loop:
             console.print(f"  {r['id']}: {loop[0]['message']}", markup=False)
     console.print("\nEvents:", markup=False)
-    console.print(_events_table(doc["events"], now) if doc["events"] else "  none")
+    output.emit(_events_table(doc["events"], now).text() if doc["events"] else "  none\n")
 
 
 def print_installs(installs: list[dict[str, Any]], now: float) -> None:
@@ -143,13 +142,13 @@ def print_installs(installs: list[dict[str, Any]], now: float) -> None:
     if not installs:
         console.print("  none", markup=False)
         return
-    t = Table("ENGINE", "VERSION", "VARIANT", "STATE", "MESSAGE", box=None, pad_edge=False)
+    t = Table(("ENGINE", "VERSION", "VARIANT", "STATE", "MESSAGE"))
     for i in installs:
         retry = f" (tried again in {max(0, round(i['retry_unix'] - now))}s)" \
             if i["state"] == "Failed" and i.get("retry_unix") else ""
         t.add_row(i["engine"], i["version"], i["variant"] or "-", tables.install_state(i),
                   (i["message"] or "-") + retry)
-    console.print(t)
+    output.emit(t.text())
     for i in installs:
         if i["missing_os_packages"]:
             run = f"; run as root: {i['os_install_command']}" if i["os_install_command"] else ""
@@ -169,13 +168,13 @@ def print_node(doc: dict[str, Any], now: float) -> None:
         console.print(f"{k + ':':<12} {v}", markup=False)
     print_installs(doc.get("installs", []), now)
     console.print("\nReplicas:", markup=False)
-    t = Table("REPLICA", "MODEL", "PHASE", "SHARD", "GPUS", "MESSAGE", box=None, pad_edge=False)
+    t = Table(("REPLICA", "MODEL", "PHASE", "SHARD", "GPUS", "MESSAGE"))
     for r in doc["replicas"]:
         t.add_row(r["id"], r["model"], r["phase"], r["shard"] or "-",
                   ",".join(str(g) for g in r["gpus"]) or "-", r["message"])
-    console.print(t if doc["replicas"] else "  none")
+    output.emit(t.text() if doc["replicas"] else "  none\n")
     console.print("\nEvents:", markup=False)
-    console.print(_events_table(doc["events"], now) if doc["events"] else "  none")
+    output.emit(_events_table(doc["events"], now).text() if doc["events"] else "  none\n")
 
 
 def register(app: typer.Typer) -> None:

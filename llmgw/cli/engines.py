@@ -14,9 +14,9 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from llmgw.cli import client as client_mod
+from llmgw.cli import output as out
 from llmgw.cli import tables
 from llmgw.core.errors import LlmgwError
 
@@ -40,13 +40,26 @@ def where(body: dict[str, str]) -> str:
     return f"node {body['node']}" if body.get("node") else f"pool {body['pool']}"
 
 
-def installs_table(doc: dict[str, Any]) -> Table:
-    t = Table("NODE", "POOL", "ENGINE", "VERSION", "VARIANT", "STATE", "MESSAGE")
-    for n in doc["nodes"]:
-        for i in n["installs"]:
-            t.add_row(n["node"], n["pool"] or "-", i["engine"], i["version"], i["variant"] or "-",
-                      tables.install_state(i), i["message"] or "-")
-    return t
+def install_items(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """``/api/v1/engines``'s installs, one item each, with its node and pool."""
+    return [{**i, "node": n["node"], "pool": n["pool"]} for n in doc["nodes"] for i in n["installs"]]
+
+
+INSTALLS = out.Listing("install", (
+    out.Column("NODE", lambda i: i["node"]),
+    out.Column("POOL", lambda i: i["pool"] or "-"),
+    out.Column("ENGINE", lambda i: i["engine"]),
+    out.Column("VERSION", lambda i: i["version"]),
+    out.Column("VARIANT", lambda i: i["variant"] or "-"),
+    out.Column("STATE", tables.install_state),
+    out.Column("MESSAGE", lambda i: i["message"] or "-"),
+), name=lambda i: f"{i['node']}:{i['engine']}-{i['version']}" + (f"-{i['variant']}" if i["variant"] else ""))
+
+WANTS = out.Listing("want", (
+    out.Column("SCOPE", lambda w: w["scope"]),
+    out.Column("ENGINE", lambda w: w["engine"]),
+    out.Column("VERSION", lambda w: w["version"]),
+), name=lambda w: f"{w['scope']}:{w['engine']}-{w['version']}")
 
 
 def _fail(message: str) -> typer.Exit:
@@ -117,8 +130,7 @@ def register(app: typer.Typer) -> None:
         console.print(f"Index: {s['index_url'] or 'none configured (start the server with --engine-index URL)'}"
                       f"{' (find-links)' if s['find_links'] else ''}; models "
                       f"{'may' if s['models_trigger_installs'] else 'may not'} trigger installs", markup=False)
-        wants = Table("SCOPE", "ENGINE", "VERSION")
-        for w in doc["wants"]:
-            wants.add_row(w["scope"], w["engine"], w["version"])
-        console.print(wants if doc["wants"] else "No wants.")
-        console.print(installs_table(doc) if any(n["installs"] for n in doc["nodes"]) else "No installs.")
+        view = out.View()
+        out.emit(out.text(doc["wants"], WANTS, view) if doc["wants"] else "No wants.\n")
+        installs = install_items(doc)
+        out.emit(out.text(installs, INSTALLS, view) if installs else "No installs.\n")

@@ -10,15 +10,14 @@ its budgets are the ``--tokens-per-day``-style flags (``cli.limitflags``), set b
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from llmgw.cli import client as client_mod
+from llmgw.cli import output as out
 from llmgw.cli.limitflags import limits_cell, with_limit_flags
 from llmgw.core import units
 from llmgw.core.errors import LlmgwError
@@ -27,15 +26,24 @@ console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True, highlight=False)
 
 
-def table(items: list[dict[str, Any]], *, now: float | None = None) -> Table:
-    now = time.time() if now is None else now
-    t = Table("ID", "NAME", "PROJECT", "USER", "MODELS", "RPM", "TPM", "PRIORITY", "LIMITS", "DISABLED", "LAST USED")
-    for k in items:
-        t.add_row(k["id"], k["name"], k.get("project", "default"), k.get("user") or "-",
-                  ", ".join(k["models"]) or "all", str(k["rpm"] or "unlimited"),
-                  str(k["tpm"] or "unlimited"), str(k["priority"]), limits_cell(k.get("limits") or {}),
-                  "yes" if k.get("disabled") else "no", units.format_ago(float(k.get("last_used_at") or 0), now=now))
-    return t
+def listing(*, now: float | None = None) -> out.Listing:
+    """``key list`` and ``get keys``: one row per key, never its secret."""
+    def last_used(k: dict[str, Any]) -> str:
+        return units.format_ago(float(k.get("last_used_at") or 0), now=time.time() if now is None else now)
+
+    return out.Listing("key", (
+        out.Column("ID", lambda k: k["id"]),
+        out.Column("NAME", lambda k: k["name"]),
+        out.Column("PROJECT", lambda k: k.get("project", "default")),
+        out.Column("USER", lambda k: k.get("user") or "-"),
+        out.Column("MODELS", lambda k: ", ".join(k["models"]) or "all"),
+        out.Column("RPM", lambda k: str(k["rpm"] or "unlimited")),
+        out.Column("TPM", lambda k: str(k["tpm"] or "unlimited")),
+        out.Column("PRIORITY", lambda k: str(k["priority"])),
+        out.Column("LIMITS", lambda k: limits_cell(k.get("limits") or {})),
+        out.Column("DISABLED", lambda k: "yes" if k.get("disabled") else "no"),
+        out.Column("LAST USED", last_used),
+    ), name=lambda k: str(k["id"]))
 
 
 def _client(url: str | None) -> client_mod.Client:
@@ -104,18 +112,16 @@ def register(app: typer.Typer) -> None:
         console.print(f"key/{key_id} updated: limits {limits_cell(doc['limits'])}")
 
     @key_app.command("list")
-    def list_(output: str = typer.Option("table", "-o", "--output", help="table or json"),
+    def list_(output: out.Format = typer.Option(out.Format.table, "-o", "--output",
+                                                help="table, wide, json, yaml or name"),
               project: str = typer.Option("", "--project", help="Only this project's keys"),
               url: str = url_opt) -> None:
-        """List the keys you may see (never their secrets)."""
+        """List the keys you may see (never their secrets); `llmgw get keys` sorts and watches too."""
         try:
             items = _client(url).get(f"/api/v1/keys?project={project}" if project else "/api/v1/keys")["items"]
+            out.show(items, listing(), out.View(output=output))
         except LlmgwError as e:
             raise _fail(str(e)) from None
-        if output == "json":
-            console.print_json(json.dumps(items))
-        else:
-            console.print(table(items))
 
     @key_app.command("delete")
     def delete(key_id: str = typer.Argument(..., help="The key's id, as `llmgw key list` shows it"),

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import enum
-import json
 import logging
 import os
 import sys
@@ -14,7 +12,7 @@ from urllib.parse import quote
 import typer
 from rich.console import Console
 
-from llmgw.cli import agentcmd, manifests, settingsflags, tables
+from llmgw.cli import agentcmd, getcmds, manifests, settingsflags
 from llmgw.cli import audit as audit_mod
 from llmgw.cli import backup as backup_mod
 from llmgw.cli import client as client_mod
@@ -40,7 +38,8 @@ from llmgw.router.settings import RouterSettings
 from llmgw.serving.settings import ServerSettings
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
-get_app = typer.Typer(no_args_is_help=True, help="List nodes, models or replicas.")
+get_app = typer.Typer(no_args_is_help=True, help="List nodes, models, replicas, weights, keys, users, projects, "
+                                                   "engines or control planes (piped: plain columns, full values).")
 delete_app = typer.Typer(no_args_is_help=True, help="Delete a model (its replicas are stopped).")
 app.add_typer(get_app, name="get")
 app.add_typer(delete_app, name="delete")
@@ -68,11 +67,6 @@ def _fail(message: str) -> typer.Exit:
 
 def _client(url: str | None) -> client_mod.Client:
     return client_mod.Client(url or client_mod.default_url())
-
-
-class Output(enum.StrEnum):
-    table = "table"
-    json = "json"
 
 
 @app.command()
@@ -156,56 +150,6 @@ def apply(
         raise _fail(str(e)) from None
 
 
-def _get(path: str, output: Output, url: str | None, render: object) -> None:
-    try:
-        items = _client(url).get(path)["items"]
-    except LlmgwError as e:
-        raise _fail(str(e)) from None
-    if output is Output.json:
-        console.print_json(json.dumps(items))
-    else:
-        console.print(render(items))  # type: ignore[operator]
-
-
-class NodesOutput(enum.StrEnum):
-    table = "table"
-    json = "json"
-    wide = "wide"  # with each node's pool and engine installs
-
-
-@get_app.command("nodes")
-def get_nodes(output: NodesOutput = typer.Option(NodesOutput.table, "-o", "--output"), url: str = UrlOpt) -> None:
-    """Nodes that registered, connected or not (-o wide: with their pools and engine installs)."""
-    if output is not NodesOutput.wide:
-        _get("/api/v1/nodes", Output(output.value), url, tables.nodes)
-        return
-    try:
-        client = _client(url)
-        items, installs = client.get("/api/v1/nodes")["items"], client.get("/api/v1/engines")
-    except LlmgwError as e:
-        raise _fail(str(e)) from None
-    console.print(tables.nodes_wide(items, installs))
-
-
-@get_app.command("models")
-def get_models(output: Output = typer.Option(Output.table, "-o", "--output"), url: str = UrlOpt) -> None:
-    """Models and whether they are Ready."""
-    _get("/api/v1/models", output, url, tables.models)
-
-
-@get_app.command("replicas")
-def get_replicas(model: str = typer.Option(None, help="Only this model's replicas"),
-                 output: Output = typer.Option(Output.table, "-o", "--output"), url: str = UrlOpt) -> None:
-    """Replicas: where each runs and what it is doing."""
-    _get("/api/v1/replicas" + (f"?model={model}" if model else ""), output, url, tables.replicas)
-
-
-@get_app.command("weights")
-def get_weights(output: Output = typer.Option(Output.table, "-o", "--output"), url: str = UrlOpt) -> None:
-    """Weights on each node: size, source, last use, whether llmgw fetched it, and which models ask for it."""
-    _get("/api/v1/weights", output, url, tables.weights)
-
-
 @app.command()
 def scale(
     name: str = typer.Argument(..., help="The model"),
@@ -244,6 +188,7 @@ backup_mod.register(app, default_data_dir=default_data_dir)
 agentcmd.register(app, setup_logging=_logging, fail=_fail)
 nodes_mod.register(app)
 controlplanes_mod.register(get_app)
+getcmds.register(get_app)
 fabric_mod.register(app)
 login_mod.register(app)
 contexts_mod.register(app)

@@ -8,6 +8,7 @@ from urllib.parse import quote
 import typer
 
 from llmgw.cli import client as client_mod
+from llmgw.cli import output
 from llmgw.core.errors import LlmgwError
 
 UrlOpt = typer.Option(None, "--url", help="Control plane URL [env LLMGW_URL, default http://127.0.0.1:8080]")
@@ -47,7 +48,7 @@ def register(app: typer.Typer) -> None:
                 f"/api/v1/nodes/{quote(node, safe='')}/certificates")["items"]
         except LlmgwError as e:
             raise _fail(str(e)) from None
-        typer.echo(f"{'SERIAL':<40} {'ISSUED':<24} {'EXPIRES':<24} REVOKED")
+        t = output.Table(("SERIAL", "ISSUED", "EXPIRES", "REVOKED"))
         for c in items:
-            typer.echo(f"{c['serial']:<40} {_when(c['issued_at']):<24} {_when(c['not_after']):<24} "
-                       f"{_when(c['revoked_at'])}")
+            t.add_row(c["serial"], _when(c["issued_at"]), _when(c["not_after"]), _when(c["revoked_at"]))
+        output.emit(t.text())

@@ -13,9 +13,9 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from llmgw.cli import client as client_mod
+from llmgw.cli import output as out
 from llmgw.cli.limitflags import limits_cell, with_limit_flags
 from llmgw.core import quota, units
 from llmgw.core.errors import LlmgwError
@@ -39,12 +39,14 @@ def _call(url: str | None, method: str, path: str, body: Any = None) -> Any:
         c.close()
 
 
-def table(items: list[dict[str, Any]]) -> Table:
-    t = Table("PROJECT", "DESCRIPTION", "MEMBERS", "KEYS", "LIMITS", "YOUR ROLE")
-    for p in items:
-        t.add_row(p["name"], p["description"] or "-", str(len(p["members"])), str(p["keys"]),
-                  limits_cell(p["limits"]), p.get("role") or "-")
-    return t
+PROJECTS = out.Listing("project", (
+    out.Column("PROJECT", lambda p: p["name"]),
+    out.Column("DESCRIPTION", lambda p: p["description"] or "-"),
+    out.Column("MEMBERS", lambda p: str(len(p["members"]))),
+    out.Column("KEYS", lambda p: str(p["keys"])),
+    out.Column("LIMITS", lambda p: limits_cell(p["limits"])),
+    out.Column("YOUR ROLE", lambda p: p.get("role") or "-"),
+), name=lambda p: str(p["name"]))
 
 
 def describe_text(p: dict[str, Any], keys: list[dict[str, Any]], *, now: float | None = None) -> str:
@@ -78,13 +80,15 @@ def register(app: typer.Typer) -> None:
         console.print(f"project/{name} created")
 
     @project_app.command("list")
-    def list_(output: str = typer.Option("table", "-o", "--output", help="table or json"), url: str = url_opt) -> None:
-        """List the projects you may see (operators and admins: all)."""
+    def list_(output: out.Format = typer.Option(out.Format.table, "-o", "--output",
+                                                help="table, wide, json, yaml or name"),
+              url: str = url_opt) -> None:
+        """List the projects you may see (operators and admins: all); `llmgw get projects` sorts and watches too."""
         items = _call(url, "GET", "/api/v1/projects")["items"]
-        if output == "json":
-            console.print_json(json.dumps(items))
-        else:
-            console.print(table(items))
+        try:
+            out.show(items, PROJECTS, out.View(output=output))
+        except LlmgwError as e:
+            raise _fail(str(e)) from None
 
     @project_app.command("describe")
     def describe(name: str = typer.Argument(...),

@@ -1,24 +1,22 @@
-"""Rich tables for ``llmgw get``."""
+"""The listings of ``llmgw get nodes|models|replicas|weights``: their columns, laid out by ``cli.output``."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
-from rich.table import Table
-
+from llmgw.cli.output import Column, Listing
 from llmgw.core.units import format_bytes
 
 
-def nodes(items: list[dict[str, Any]]) -> Table:
-    t = Table("NODE", "STATUS", "ADDRESS", "CPUS", "MEMORY FREE/TOTAL", "GPUS", "ENGINES", "SHARDS")
-    for n in items:
-        # Ready / NotReady, then SchedulingDisabled (cordoned) and Draining (replicas still moving off).
-        status = n.get("status") or ("Ready" if n["connected"] else "NotReady")
-        t.add_row(n["id"], status, n["mgmt_addr"], str(n["cpu_count"]),
-                  f"{format_bytes(n['memory_available_bytes'])} / {format_bytes(n['memory_total_bytes'])}",
-                  str(len(n["gpus"])), ", ".join(e["name"] for e in n["engines"]) or "-", str(n["shards"]))
-    return t
+def node_status(n: dict[str, Any]) -> str:
+    # Ready / NotReady, then SchedulingDisabled (cordoned) and Draining (replicas still moving off).
+    return str(n.get("status") or ("Ready" if n["connected"] else "NotReady"))
+
+
+def labels_cell(labels: Mapping[str, str] | None) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted((labels or {}).items())) or "-"
 
 
 def install_state(i: dict[str, Any]) -> str:
@@ -34,19 +32,35 @@ def install_cell(installs: list[dict[str, Any]]) -> str:
                      for i in installs) or "-"
 
 
-def nodes_wide(items: list[dict[str, Any]], engines_doc: dict[str, Any]) -> Table:
-    """``get nodes -o wide``: the table, with each node's pool and engine installs (``/api/v1/engines``)."""
+#: The key ``get nodes -o wide`` puts each node's entry of ``/api/v1/engines`` under (pool, installs).
+ENGINES_KEY = "_engines"
+
+
+def with_installs(items: list[dict[str, Any]], engines_doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The nodes for ``-o wide``: each with its pool and installs from ``/api/v1/engines``, under ENGINES_KEY."""
     by_node = {n["node"]: n for n in engines_doc.get("nodes", [])}
-    t = Table("NODE", "STATUS", "ADDRESS", "POOL", "CPUS", "MEMORY FREE/TOTAL", "GPUS", "ENGINES", "INSTALLS",
-              "SHARDS")
-    for n in items:
-        status = n.get("status") or ("Ready" if n["connected"] else "NotReady")
-        mine = by_node.get(n["id"], {})
-        t.add_row(n["id"], status, n["mgmt_addr"], mine.get("pool") or "-", str(n["cpu_count"]),
-                  f"{format_bytes(n['memory_available_bytes'])} / {format_bytes(n['memory_total_bytes'])}",
-                  str(len(n["gpus"])), ", ".join(f"{e['name']} {e['version']}" for e in n["engines"]) or "-",
-                  install_cell(mine.get("installs", [])), str(n["shards"]))
-    return t
+    return [{**n, ENGINES_KEY: by_node.get(n["id"], {})} for n in items]
+
+
+def _memory(n: dict[str, Any]) -> str:
+    return f"{format_bytes(n['memory_available_bytes'])} / {format_bytes(n['memory_total_bytes'])}"
+
+
+NODES = Listing("node", (
+    Column("NODE", lambda n: n["id"]),
+    Column("STATUS", node_status),
+    Column("ADDRESS", lambda n: n["mgmt_addr"] or "-"),
+    Column("POOL", lambda n: n.get(ENGINES_KEY, {}).get("pool") or "-", wide=True),
+    Column("CPUS", lambda n: str(n["cpu_count"])),
+    Column("MEMORY FREE/TOTAL", _memory),
+    Column("GPUS", lambda n: str(len(n["gpus"]))),
+    Column("ENGINES", lambda n: ", ".join(e["name"] for e in n["engines"]) or "-"),
+    Column("ENGINE VERSIONS", lambda n: ", ".join(f"{e['name']} {e['version']}" for e in n["engines"]) or "-",
+           wide=True),
+    Column("INSTALLS", lambda n: install_cell(n.get(ENGINES_KEY, {}).get("installs", [])), wide=True),
+    Column("SHARDS", lambda n: str(n["shards"])),
+    Column("LABELS", lambda n: labels_cell(n.get("labels")), wide=True),
+), name=lambda n: str(n["id"]), labels=lambda n: n.get("labels") or {})
 
 
 def ready_cell(m: dict[str, Any]) -> str:
@@ -56,13 +70,21 @@ def ready_cell(m: dict[str, Any]) -> str:
     return f"{cell} (auto {auto['min_replicas']}–{auto['max_replicas']})" if auto else cell
 
 
-def models(items: list[dict[str, Any]]) -> Table:
-    t = Table("MODEL", "ENGINE", "SERVED AS", "READY", "STATE", "MESSAGE")
-    for m in items:
-        st = m["status"]
-        t.add_row(m["metadata"]["name"], m["spec"]["engine"], m["spec"]["served_name"], ready_cell(m), st["state"],
-                  st["message"])
-    return t
+def model_labels(m: dict[str, Any]) -> Mapping[str, str]:
+    return m.get("metadata", {}).get("labels") or {}
+
+
+MODELS = Listing("model", (
+    Column("MODEL", lambda m: m["metadata"]["name"]),
+    Column("ENGINE", lambda m: m["spec"]["engine"]),
+    Column("SERVED AS", lambda m: m["spec"]["served_name"]),
+    Column("READY", ready_cell),
+    Column("STATE", lambda m: m["status"]["state"]),
+    Column("SOURCE", lambda m: m["spec"].get("source") or "-", wide=True),
+    Column("GENERATION", lambda m: str(m["status"].get("generation", "-")), wide=True),
+    Column("LABELS", lambda m: labels_cell(model_labels(m)), wide=True),
+    Column("MESSAGE", lambda m: m["status"]["message"]),
+), name=lambda m: str(m["metadata"]["name"]), labels=model_labels)
 
 
 def _rate(bps: float) -> str:
@@ -101,13 +123,18 @@ def fetch_bar(f: dict[str, Any], *, width: int = 30) -> str:
     return f"{head}, {_rate(f['rate_bps'])}{eta}" + (" (verifying)" if f["state"] == "verifying" else "")
 
 
-def replicas(items: list[dict[str, Any]]) -> Table:
-    # SHARD is what `llmgw logs NODE SHARD` takes.
-    t = Table("REPLICA", "MODEL", "PHASE", "NODE", "SHARD", "ENDPOINT", "MESSAGE")
-    for r in items:
-        t.add_row(r["id"], r["model"], phase_of(r), r["node"] or "-", r["shard"] or "-", r["endpoint"] or "-",
-                  r["message"])
-    return t
+# SHARD is what `llmgw logs NODE SHARD` takes.
+REPLICAS = Listing("replica", (
+    Column("REPLICA", lambda r: r["id"]),
+    Column("MODEL", lambda r: r["model"]),
+    Column("PHASE", phase_of),
+    Column("NODE", lambda r: r["node"] or "-"),
+    Column("SHARD", lambda r: r["shard"] or "-"),
+    Column("ENDPOINT", lambda r: r["endpoint"] or "-"),
+    Column("ATTEMPT", lambda r: str(r.get("attempt", "-")), wide=True),
+    Column("FAILURES", lambda r: str(r.get("failures", "-")), wide=True),
+    Column("MESSAGE", lambda r: r["message"]),
+), name=lambda r: str(r["id"]))
 
 
 def _ago(unix: int, now: float) -> str:
@@ -120,13 +147,19 @@ def _ago(unix: int, now: float) -> str:
     return f"{s}s ago"
 
 
-def weights(items: list[dict[str, Any]], *, now: float | None = None) -> Table:
+def weights(*, now: float | None = None) -> Listing:
     # NAME is the cache name RemoveWeights takes for what llmgw fetched, the path for the rest.
     # FETCHED "no": found on disk, which llmgw never removes. MODELS "-": nothing asks for it.
-    now = time.time() if now is None else now
-    t = Table("NODE", "NAME", "SIZE", "SOURCE", "LAST USED", "FETCHED", "MODELS")
-    for w in items:
-        t.add_row(w["node"], w["cache_name"] or w["path"], format_bytes(w["size_bytes"]), w["source"] or "-",
-                  _ago(w["last_used_unix"], now) if w["fetched_by_llmgw"] else "-",
-                  "yes" if w["fetched_by_llmgw"] else "no", ", ".join(w["models"]) or "-")
-    return t
+    def last_used(w: dict[str, Any]) -> str:
+        return _ago(w["last_used_unix"], time.time() if now is None else now) if w["fetched_by_llmgw"] else "-"
+
+    return Listing("weights", (
+        Column("NODE", lambda w: w["node"]),
+        Column("NAME", lambda w: w["cache_name"] or w["path"]),
+        Column("SIZE", lambda w: format_bytes(w["size_bytes"])),
+        Column("SOURCE", lambda w: w["source"] or "-"),
+        Column("LAST USED", last_used),
+        Column("FETCHED", lambda w: "yes" if w["fetched_by_llmgw"] else "no"),
+        Column("PATH", lambda w: w["path"] or "-", wide=True),
+        Column("MODELS", lambda w: ", ".join(w["models"]) or "-"),
+    ), name=lambda w: f"{w['node']}:{w['cache_name'] or w['path']}")

@@ -17,10 +17,9 @@ from typing import Any
 from urllib.parse import urlencode
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from llmgw.cli import client as client_mod
+from llmgw.cli import output
 from llmgw.core.errors import LlmgwError
 
 #: The CSV's columns, in order: the API row's fields.
@@ -48,12 +47,16 @@ def _n(x: float) -> str:
     return f"{int(x):,}"
 
 
-def table(doc: dict[str, Any]) -> Table:
-    """The answer as a Rich table: one row per group, then the totals."""
+def caption(doc: dict[str, Any]) -> str:
+    """The window the table sums, said under it (on stderr: a script reading the rows sees only rows)."""
     since = time.strftime("%Y-%m-%d %H:%M", time.gmtime(doc["since"]))
-    t = Table(doc["by"].upper(), "REQUESTS", "ERRORS", "PROMPT", "CACHED", "COMPLETION", "SPEND", "TTFT P50",
-              "TTFT P90", "MEAN DURATION",
-              caption=f"since {since} UTC (read at {_GRAIN.get(doc['grain'], doc['grain'])} grain)")
+    return f"since {since} UTC (read at {_GRAIN.get(doc['grain'], doc['grain'])} grain)"
+
+
+def table(doc: dict[str, Any]) -> output.Table:
+    """The answer as plain aligned columns: one row per group, then the totals."""
+    t = output.Table((doc["by"].upper(), "REQUESTS", "ERRORS", "PROMPT", "CACHED", "COMPLETION", "SPEND",
+                      "TTFT P50", "TTFT P90", "MEAN DURATION"))
     rows = doc["rows"]
     for r in rows:
         t.add_row(r["group"] or "-", _n(r["requests"]), _n(r["errors"]), _n(r["prompt_tokens"]),
@@ -112,6 +115,9 @@ def register(app: typer.Typer) -> None:
             if not doc["rows"]:
                 print("no usage in this window: no request was metered for what you may see", file=sys.stderr)
                 return
-            # Piped (to less, grep, a file), the table keeps its full width rather than the 80 columns assumed.
-            width = None if sys.stdout.isatty() else 200
-            Console(soft_wrap=True, highlight=False, width=width).print(table(doc), markup=False)
+            try:
+                output.emit(table(doc).text())
+            except BrokenPipeError:
+                output.quiet_pipe()
+                return
+            print(caption(doc), file=sys.stderr)

@@ -7,15 +7,13 @@ never shown again.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
 from typing import Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from llmgw.cli import client as client_mod
+from llmgw.cli import output as out
 from llmgw.core.errors import LlmgwError
 
 console = Console(soft_wrap=True)
@@ -38,25 +36,24 @@ def _call(url: str | None, method: str, path: str, body: Any = None) -> Any:
         c.close()
 
 
-def users_table(items: list[dict[str, Any]]) -> Table:
-    t = Table("NAME", "ROLE", "SIGNS IN WITH")
-    for u in items:
-        t.add_row(u["name"], u["role"], "single sign-on" if u.get("source") == "sso" else "password")
-    return t
+USERS = out.Listing("user", (
+    out.Column("NAME", lambda u: u["name"]),
+    out.Column("ROLE", lambda u: u["role"]),
+    out.Column("SIGNS IN WITH", lambda u: "single sign-on" if u.get("source") == "sso" else "password"),
+), name=lambda u: str(u["name"]))
+
+ROUTERS = out.Listing("router", (
+    out.Column("NAME", lambda r: r["name"]),
+    out.Column("ID", lambda r: r["id"]),
+    out.Column("LAST USED", lambda r: "never" if not r["last_used_at"] else f"{r['last_used_at']:.0f}"),
+), name=lambda r: str(r["name"]))
 
 
-def routers_table(items: list[dict[str, Any]]) -> Table:
-    t = Table("NAME", "ID", "LAST USED")
-    for r in items:
-        t.add_row(r["name"], r["id"], "never" if not r["last_used_at"] else f"{r['last_used_at']:.0f}")
-    return t
-
-
-def _show(items: list[dict[str, Any]], output: str, table: Callable[[list[dict[str, Any]]], Table]) -> None:
-    if output == "json":
-        console.print_json(json.dumps(items))
-    else:
-        console.print(table(items))
+def _show(items: list[dict[str, Any]], output: out.Format, listing: out.Listing) -> None:
+    try:
+        out.show(items, listing, out.View(output=output))
+    except LlmgwError as e:
+        raise _fail(str(e)) from None
 
 
 def _role(role: str) -> str:
@@ -74,7 +71,7 @@ def register(app: typer.Typer) -> None:
     app.add_typer(user_app, name="user")
     app.add_typer(router_app, name="router-token")
     url_opt = typer.Option(None, "--url", help=f"Control plane URL [env LLMGW_URL, default {client_mod.DEFAULT_URL}]")
-    output_opt = typer.Option("table", "-o", "--output", help="table or json")
+    output_opt = typer.Option(out.Format.table, "-o", "--output", help="table, wide, json, yaml or name")
 
     @user_app.command("create")
     def create(name: str, role: str = typer.Option(..., "--role", help="admin, operator or viewer"),
@@ -85,10 +82,10 @@ def register(app: typer.Typer) -> None:
         typer.echo(doc["password"])
 
     @user_app.command("list")
-    def list_(output: str = output_opt, url: str = url_opt) -> None:
-        """Users and their roles."""
+    def list_(output: out.Format = output_opt, url: str = url_opt) -> None:
+        """Users and their roles (`llmgw get users` sorts and watches too)."""
         items = _call(url, "GET", "/api/v1/users")["items"]
-        _show(items, output, users_table)
+        _show(items, output, USERS)
 
     @user_app.command("delete")
     def delete(name: str, url: str = url_opt) -> None:
@@ -118,10 +115,10 @@ def register(app: typer.Typer) -> None:
         typer.echo(doc["token"])
 
     @router_app.command("list")
-    def router_list(output: str = output_opt, url: str = url_opt) -> None:
+    def router_list(output: out.Format = output_opt, url: str = url_opt) -> None:
         """Routers with a credential (never the secret)."""
         items = _call(url, "GET", "/api/v1/routers")["items"]
-        _show(items, output, routers_table)
+        _show(items, output, ROUTERS)
 
     @router_app.command("delete")
     def router_delete(name: str, url: str = url_opt) -> None:

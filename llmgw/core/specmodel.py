@@ -93,6 +93,9 @@ class ModelSpec:
 class Model:
     name: str
     spec: ModelSpec
+    #: ``metadata.labels``, sorted: for people and ``llmgw get models -l``; not in the spec's fingerprint (a
+    #: label changed restarts nothing).
+    labels: tuple[tuple[str, str], ...] = ()
 
     def to_manifest(self) -> dict[str, Any]:
         """The canonical document for this model; ``parse_manifest`` reads it back unchanged."""
@@ -133,4 +136,7 @@ class Model:
             spec["access"] = {"projects": list(s.projects)}
         if s.prices is not None:
             spec["pricing"] = s.prices.to_doc()
-        return {"apiVersion": API_VERSION, "kind": "Model", "metadata": {"name": self.name}, "spec": spec}
+        meta: dict[str, Any] = {"name": self.name}
+        if self.labels:
+            meta["labels"] = dict(self.labels)
+        return {"apiVersion": API_VERSION, "kind": "Model", "metadata": meta, "spec": spec}

@@ -185,7 +185,20 @@ def parse_manifest(doc: Any, *, stored: bool = False) -> Model:
         check_context_said_once(spec)
     if spec.resources.nnodes > 1 and not stored:
         check_spans_nodes(spec)
-    return Model(name=name, spec=spec)
+    return Model(name=name, spec=spec, labels=parse_labels(doc["metadata"].get("labels")))
+
+
+def parse_labels(value: Any) -> tuple[tuple[str, str], ...]:
+    """``metadata.labels``: names as node labels' (letters, digits, '.', '_', '/', '-'), string values."""
+    out = []
+    for key, val in mapping({} if value is None else value, "metadata.labels").items():
+        field = f"metadata.labels.{key}"
+        if not isinstance(key, str) or not LABEL_RE.match(key):
+            raise SpecError(field, "not a valid label name: letters, digits, '.', '_', '/', '-', at most 63")
+        if not isinstance(val, str) or len(val) > 253:
+            raise SpecError(field, f"label values are strings of at most 253 characters: quote it ({key}: \"...\")")
+        out.append((key, val))
+    return tuple(sorted(out))
 
 
 def _name(doc: Any) -> str:

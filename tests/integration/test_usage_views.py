@@ -180,7 +180,7 @@ def test_the_cli_prints_a_table_json_and_csv(cli: Any, tokens: dict[str, str]) -
     lines = table.stdout.splitlines()
     assert any("alpha" in line and "310" in line for line in lines), table.stdout  # 300 + 10 prompt tokens
     assert any("TOTAL" in line and "1,010" in line for line in lines), table.stdout  # 310 + 700 prompt tokens
-    assert "MEAN DURATION" in table.stdout and "read at hour grain" in table.stdout
+    assert "MEAN DURATION" in table.stdout and "read at hour grain" in table.stderr
 
     as_json = cli(tokens["ann"], "--by", "model", "-o", "json")
     assert as_json.returncode == 0, as_json.stderr

@@ -85,11 +85,12 @@ def test_the_aliases_and_json_output(control_plane: str, tmp_path: Path) -> None
 
 
 def test_an_empty_list_says_why_and_an_error_is_the_servers_sentence(control_plane: str, tmp_path: Path) -> None:
-    """No instances: the header and a line saying so; an error answer: its message and exit status 1."""
+    """No instances: nothing on stdout (a script reads no row) and a sentence saying so on stderr; an error answer:
+    its message and exit status 1."""
     _ControlPlane.answer = (200, {"controlplanes": [], "self": ""})
     result = _cli(["get", "controlplanes", "--url", control_plane], tmp_path)
     assert result.exit_code == 0
-    assert result.stdout.splitlines()[1] == "(none listed: this server keeps no leader lease)"
+    assert result.stdout == "" and "(none listed: this server keeps no leader lease)" in result.stderr
     _ControlPlane.answer = (500, {"error": {"message": "the database did not answer; retry in a few seconds",
                                             "type": "server_error", "code": "store_unavailable", "param": None}})
     result = _cli(["get", "cp", "--url", control_plane], tmp_path)

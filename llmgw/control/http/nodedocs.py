@@ -32,7 +32,7 @@ def node_doc(n: StoredNode, view: NodeView | None, *, connected: bool, has_repli
     return {
         "id": n.id, "hostname": n.hostname, "mgmt_addr": n.mgmt_addr, "agent_version": n.agent_version,
         **scheduling(view, connected=connected, has_replicas=has_replicas),
-        "connected": connected, "last_seen": n.last_seen, "cpu_count": inv.cpu_count,
+        "connected": connected, "last_seen": n.last_seen, "labels": dict(n.labels), "cpu_count": inv.cpu_count,
         "memory_total_bytes": inv.memory_total_bytes, "memory_available_bytes": inv.memory_available_bytes,
         "gpus": [{"index": g.index, "name": g.name, "memory_total_bytes": g.memory_total_bytes,
                   "memory_used_bytes": g.memory_used_bytes, "nvlink_peers": list(g.nvlink_peers)}

@@ -170,6 +170,8 @@ class Node(Scheduling):
     agent_version: str
     connected: bool
     last_seen: Number
+    #: The agent's ``labels`` (``llmgw get nodes -l pool=gpu`` selects on them).
+    labels: dict[str, str]
     cpu_count: int
     memory_total_bytes: int
     memory_available_bytes: int
