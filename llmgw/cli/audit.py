@@ -22,7 +22,7 @@ def row(e: dict[str, Any]) -> tuple[str, ...]:
     return (at, str(e["actor"]), str(e["action"]), str(e["object"]), str(e["outcome"]), str(e["detail"]) or "-")
 
 
-def lines(items: list[dict[str, Any]], widths: list[int], *, header: bool = True) -> str:
+def rows_text(items: list[dict[str, Any]], widths: list[int], *, header: bool = True) -> str:
     """The entries as plain aligned columns, whole values; ``widths``, set by the first batch, kept for the next
     (a wider cell later pushes its line's later cells right, never wraps)."""
     rows = [row(e) for e in items]
@@ -47,7 +47,7 @@ def register(app: typer.Typer) -> None:
                 items = c.get(f"/api/v1/audit?since={since}&limit={lines}")["items"]
                 if items:
                     # The header once; followed rows come as headerless tables under it.
-                    output.emit(lines(items, widths, header=not shown))
+                    output.emit(rows_text(items, widths, header=not shown))
                     shown = True
                     since = max(int(e["id"]) for e in items)
                 if len(items) == lines:  # a full page: more are waiting, ask again at once

@@ -19,7 +19,7 @@ from urllib.parse import urlencode
 import typer
 
 from llmgw.cli import client as client_mod
-from llmgw.cli import output
+from llmgw.cli import output as out
 from llmgw.core.errors import LlmgwError
 
 #: The CSV's columns, in order: the API row's fields.
@@ -53,9 +53,9 @@ def caption(doc: dict[str, Any]) -> str:
     return f"since {since} UTC (read at {_GRAIN.get(doc['grain'], doc['grain'])} grain)"
 
 
-def table(doc: dict[str, Any]) -> output.Table:
+def table(doc: dict[str, Any]) -> out.Table:
     """The answer as plain aligned columns: one row per group, then the totals."""
-    t = output.Table((doc["by"].upper(), "REQUESTS", "ERRORS", "PROMPT", "CACHED", "COMPLETION", "SPEND",
+    t = out.Table((doc["by"].upper(), "REQUESTS", "ERRORS", "PROMPT", "CACHED", "COMPLETION", "SPEND",
                       "TTFT P50", "TTFT P90", "MEAN DURATION"))
     rows = doc["rows"]
     for r in rows:
@@ -71,12 +71,12 @@ def table(doc: dict[str, Any]) -> output.Table:
 
 def to_csv(doc: dict[str, Any]) -> str:
     """A header row (``CSV_COLUMNS``, ``group`` named after ``by``) and one row per group."""
-    out = io.StringIO()
-    w = csv.writer(out, lineterminator="\n")
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
     w.writerow([doc["by"], *CSV_COLUMNS[1:]])
     for r in doc["rows"]:
         w.writerow([r[c] for c in CSV_COLUMNS])
-    return out.getvalue()
+    return buf.getvalue()
 
 
 def query(*, by: str, since: str, until: str, project: str, key: str, model: str) -> str:
@@ -116,8 +116,8 @@ def register(app: typer.Typer) -> None:
                 print("no usage in this window: no request was metered for what you may see", file=sys.stderr)
                 return
             try:
-                output.emit(table(doc).text())
+                out.emit(table(doc).text())
             except BrokenPipeError:
-                output.quiet_pipe()
+                out.quiet_pipe()
                 return
             print(caption(doc), file=sys.stderr)
