@@ -97,9 +97,13 @@ def render(headers: Sequence[str] | None, rows: Sequence[Sequence[str]], *, bold
     widths = widths_of(rows, [len(h) for h in headers] if headers is not None else ())
     lines = [line_of(r, widths) for r in rows]
     if headers is not None:
-        head = line_of(headers, widths)
-        lines.insert(0, f"{_BOLD}{head}{_RESET}" if bold else head)
+        lines.insert(0, header_line(headers, widths, bold=bold))
     return lines
+
+
+def header_line(headers: Sequence[str], widths: Sequence[int], *, bold: bool = False) -> str:
+    head = line_of(headers, widths)
+    return f"{_BOLD}{head}{_RESET}" if bold else head
 
 
 def styled(out: TextIO) -> bool:

@@ -71,8 +71,7 @@ def _loop(fetch: Callable[[], list[Any]], listing: Listing, view: View, interval
                 heads = [c.header for c in columns]
                 widths = output.widths_of(rows, [len(h) for h in heads] if view.headers else ())
                 if view.headers:
-                    head = output.line_of(heads, widths)
-                    lines.append(f"\x1b[1m{head}\x1b[0m" if output.styled(out) else head)
+                    lines.append(output.header_line(heads, widths, bold=output.styled(out)))
             lines += [output.line_of(r, widths) for r in rows]
             text = "".join(f"{line}\n" for line in lines)
         else:
