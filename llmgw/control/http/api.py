@@ -8,6 +8,8 @@ response model (``schemas``) in ``/api/openapi.json``, whose copy is ``docs/open
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
@@ -53,7 +55,8 @@ from llmgw.control.usage.service import UsageService
 def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extra_registries: tuple[Any, ...] = (),
                router_events: RouterEvents | None = None, leadership: forward_http.View | None = None,
                join: tokens.JoinPoint | None = None, usage: UsageService | None = None,
-               sso_service: SsoService | None = None, cluster_ca: bytes | None = None) -> FastAPI:
+               sso_service: SsoService | None = None, cluster_ca: bytes | None = None,
+               cert_files: Mapping[str, Path] | None = None) -> FastAPI:
     """The REST app; ``extra_registries`` (the in-process router's) are served on the same /metrics.
 
     Every store call is awaited on the store's thread (``store.offloop``), never made on the
@@ -67,6 +70,7 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extr
     shares); a fresh one over ``store`` when not given. ``sso_service``: single sign-on (``control.sso``);
     None: not configured (``/api/v1/sso`` says so). ``cluster_ca``: the cluster CA's certificate (PEM),
     served unauthenticated at ``/api/v1/ca`` for clients to pin; None (``--insecure``): those answer 404.
+    ``cert_files``: the certificates (name -> PEM file) whose expiry ``/metrics`` exports.
     """
     reports = router_events if router_events is not None else RouterEvents()
     app = FastAPI(title="llmgw control plane", version="v1", docs_url=None, redoc_url=None,
@@ -91,5 +95,6 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extr
                  projects.router(db, cluster), routerusage.router(usage or UsageService(db)), ca.router(cluster_ca)):
         app.include_router(part, responses=REFUSALS)
     app.include_router(usage_http.router(db), responses=REFUSALS)
-    app.include_router(metrics.router(db, cluster, reports, extra_registries))  # text, and refuses nothing itself
+    # Text, and refuses nothing itself.
+    app.include_router(metrics.router(db, cluster, reports, extra_registries, cert_files))
     return app
