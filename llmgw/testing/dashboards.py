@@ -103,3 +103,9 @@ def exposition_names(text: str) -> set[str]:
         else:
             names.add(name)
     return names
+
+
+def scrape_config() -> dict[str, Any]:
+    """``deploy/prometheus/prometheus.yml``, parsed (a test points its jobs at its own cluster)."""
+    doc: dict[str, Any] = yaml.safe_load(SCRAPE_CONFIG.read_text())
+    return doc
