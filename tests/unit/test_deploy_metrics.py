@@ -10,6 +10,7 @@ budgets, backups), so renaming a metric in the code fails here.
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 
 import httpx
@@ -78,11 +79,27 @@ def test_metric_names_are_found_in_queries_but_not_in_label_values() -> None:
                                                  "llmgw_h_count", "llmgw_g"}
 
 
-def test_rules_read_only_llmgw_metrics_and_prometheus_own() -> None:
+#: PromQL's words the queries use (functions, aggregations, operators); any other bare name is a metric.
+PROMQL = {"sum", "max", "min", "count", "avg", "rate", "increase", "changes", "histogram_quantile", "time", "and",
+          "or", "unless", "by", "without", "on", "ignoring", "label_values", "vector"}
+
+
+def other_metrics(expr: str) -> set[str]:
+    """Names in ``expr`` that are neither llmgw's nor PromQL's own words: labels' matchers, ``by (...)`` lists,
+    ranges and Grafana's variables taken out first."""
+    bare = re.sub(r"\{[^}]*\}|\[[^\]]*\]|\b(?:by|without|on|ignoring)\s*\([^)]*\)|\$\w+", " ", expr)
+    bare = re.sub(r"^label_values\(\s*(\w+)\s*,\s*\w+\s*\)$", r"\1", bare.strip())  # its second name is a label
+    words = set(re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", bare))
+    return {w for w in words if not w.startswith("llmgw_") and w not in PROMQL}
+
+
+def test_queries_read_no_metric_but_llmgw_and_prometheus_own() -> None:
+    assert other_metrics('sum by (model, le) (rate(node_cpu_seconds_total{job="x"}[5m])) and up') \
+        == {"node_cpu_seconds_total", "up"}
     for rule in dashboards.rules():
-        words = set(rule["expr"].replace("(", " ").replace(")", " ").split())
-        assert "up" not in words or rule["alert"] == "LlmgwTargetDown"
-        assert {w.split("{")[0] for w in words if w.split("{")[0] in PROMETHEUS_OWN} <= PROMETHEUS_OWN
+        assert other_metrics(rule["expr"]) <= PROMETHEUS_OWN, rule["alert"]
+    for q in [*dashboards.panel_queries(), *dashboards.variable_queries()]:
+        assert other_metrics(q.expr) == set(), (q.dashboard, q.panel, q.expr)
 
 
 def test_every_dashboard_takes_its_datasource_from_DS_PROMETHEUS() -> None:
