@@ -97,8 +97,12 @@ def _run(config: Path | None, flags: dict[str, Any], *, log_level: str,
     cfg = agent_config.from_settings(st)
     join_mod.check_mode(cfg.servers, tls=cfg.tls is not None)
     try:
-        asyncio.run(agent_main.run(cfg, ring=ring))
+        upgraded = asyncio.run(agent_main.run(cfg, ring=ring))
     except rejoin.CertificateRefused as e:
         # Its own exit status: a unit file's RestartPreventExitStatus=3 keeps systemd from restarting it in vain.
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(rejoin.EXIT_CODE) from None
+    if upgraded is not None:  # `llmgw node upgrade`: the same process, the new llmgw, the engines adopted
+        from llmgw.agent import selfupgrade
+
+        selfupgrade.exec_into(upgraded)
