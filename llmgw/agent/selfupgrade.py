@@ -128,7 +128,10 @@ class SelfUpgrade:
     # -- the install (a worker thread) ---------------------------------------------------------------------------
     def _install(self, req: UpgradeRequest, step: Callable[[str], None]) -> Path:
         root = self.state_dir / DIR
-        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # 0711, the venvs 0755: the engines (users of their own, as root) run llmgw's built-in engines with the
+        # agent's Python, the new venv's once the agent re-executes (found by the e2e test: 0700 failed them).
+        root.mkdir(mode=0o711, parents=True, exist_ok=True)
+        os.chmod(root, 0o711)
         target = venv_dir(self.state_dir, req.version)
         with open(root / f".{req.version}.lock", "a+b") as lock:
             try:
@@ -162,6 +165,7 @@ class SelfUpgrade:
                                  "removes a directory it did not make: move it aside", ())
             shutil.rmtree(target)
         target.mkdir(mode=0o755)
+        os.chmod(target, 0o755)
         _mark(target, req.version, "installing")  # first: a directory llmgw made is one it may remove
         step("creating the venv")
         # With pip when this agent has one: the new agent then makes engines' venvs as fast as this one does.

@@ -1,0 +1,144 @@
+"""`llmgw node upgrade` against real processes: a real server, a real agent with a running sim replica, and a
+wheelhouse on 127.0.0.1 holding llmgw built from this working tree at another version (0.2.0.post1) with its
+dependencies (``llmgw.testing.llmgwwheel``; the dependencies are downloaded once and kept in test-artifacts/).
+
+The agent installs that llmgw into a venv of its own, checks it, and re-executes itself into it: the same pid,
+now running the new venv's Python; the node registers again reporting 0.2.0.post1; the engine is the same
+process, adopted, and the router serves it throughout. A version the index lacks fails with pip's reason and
+leaves the old agent connected with its old version.
+
+Measured on the shared 2-core machine: the wheel builds in ~4 s, the dependencies download once in ~10 s
+(then reused), and the agent's install (venv with pip, 66 wheels) takes ~25 s.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from llmgw.core.version import version
+from llmgw.testing import llmgwwheel, wheelhouse
+from llmgw.testing import system as system_mod
+from llmgw.testing.procs import wait_for
+from llmgw.testing.system import LLMGW, System, sim_model
+
+pytestmark = pytest.mark.timeout(600)
+NEW = "0.2.0.post1"
+MISSING = "0.2.0.post2"
+
+
+@pytest.fixture(scope="module")
+def index_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    wh = llmgwwheel.wheelhouse(tmp_path_factory.mktemp("llmgw-wheelhouse"), NEW)
+    with wheelhouse.serve(wh, log_path=wh.parent / "http.log") as url:
+        yield url
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, index_url: str) -> Iterator[System]:
+    with system_mod.running(tmp_path, server_args=["--engine-index", index_url, "--engine-find-links"]) as s:
+        yield s
+
+
+class Traffic:
+    """Chat completions through the router, back to back, in a thread: every answer that is not 200 is kept."""
+
+    def __init__(self, s: System, model: str) -> None:
+        self.s, self.model = s, model
+        self.ok, self.failed = 0, []  # type: ignore[var-annotated]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(base_url=self.s.url, timeout=10, trust_env=False,
+                          headers={"Authorization": f"Bearer {self.s.token}"}) as c:
+            while not self._stop.is_set():
+                try:
+                    r = c.post("/v1/chat/completions", json={"model": self.model, "max_tokens": 2,
+                                                             "messages": [{"role": "user", "content": "hi"}]})
+                    if r.status_code == 200:
+                        self.ok += 1
+                    else:
+                        self.failed.append(f"{r.status_code} {r.text[:200]}")
+                except httpx.HTTPError as e:
+                    self.failed.append(repr(e))
+                time.sleep(0.05)
+
+    def __enter__(self) -> Traffic:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=15)
+
+
+def _upgrade(s: System, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*LLMGW, "node", "upgrade", *args, "--url", s.url, "--ready-timeout", "120"],
+                          capture_output=True, text=True, timeout=400, env=s.cli_env(), check=False)
+
+
+def _node(s: System) -> dict[str, object]:
+    return dict(s.get("/api/v1/nodes/node1"))
+
+
+def test_an_agent_upgrades_in_place_keeping_its_engine_and_a_missing_version_fails_leaving_it(
+        cluster: System) -> None:
+    s = cluster
+    old = version()
+    assert _node(s)["agent_version"] == old
+    s.apply(sim_model("up"))
+    s.wait_model("up", timeout=60)
+    s.wait_router("up", 1, timeout=30)
+    agent_pid = s.agents["node1"].pid
+    engines = s.engine_pids("node1")
+    assert engines
+    shard_pids = {sh["id"]: sh["pid"] for sh in _node(s)["shard_states"]}  # type: ignore[attr-defined]
+    assert shard_pids and set(shard_pids.values()) <= engines
+
+    # A version the index lacks: FAILED with pip's reason; the old agent stays, connected, at its version.
+    failed = _upgrade(s, "node1", "--version", MISSING)
+    assert failed.returncode == 1, (failed.stdout, failed.stderr)
+    assert f"upgrading node node1 to llmgw {MISSING} failed" in failed.stderr, failed.stderr
+    assert "pip install exited" in failed.stderr and MISSING in failed.stderr, failed.stderr
+    assert "no matching distribution" in failed.stderr.lower() or "could not find" in failed.stderr.lower()
+    node = _node(s)
+    assert node["agent_version"] == old and node["connected"] is True
+    assert node["upgrade"]["state"] == "failed"  # type: ignore[index]
+    assert not (s.root / "node1" / "llmgw" / MISSING).exists()  # the half-made venv is removed
+    assert Path(f"/proc/{agent_pid}/cmdline").read_bytes().split(b"\0")[0] != b""
+    listed = subprocess.run([*LLMGW, "get", "nodes", "--url", s.url], capture_output=True, text=True, timeout=60,
+                            env={**s.cli_env(), "COLUMNS": "300"}, check=False)
+    assert f"upgrade to {MISSING} failed" in listed.stdout, listed.stdout
+
+    # The release the index holds: installed, checked, re-executed into, engines adopted, traffic served throughout.
+    with Traffic(s, "up") as traffic:
+        done = _upgrade(s, "node1", "--version", NEW)
+        time.sleep(1)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert f"node/node1 runs llmgw {NEW}" in done.stdout, done.stdout
+    assert "installing" in done.stdout and "restarting" in done.stdout, done.stdout
+    new_python = s.root / "node1" / "llmgw" / NEW / "bin" / "python"
+    argv = Path(f"/proc/{agent_pid}/cmdline").read_bytes().split(b"\0")
+    assert argv[0].decode() == str(new_python), argv  # the same process, now the new venv's Python
+    assert b"-I" in argv and b"agent" in argv, argv
+    node = _node(s)
+    assert node["agent_version"] == NEW and node["connected"] is True, node
+    assert node["upgrade"]["state"] == "done"  # type: ignore[index]
+    assert s.engine_pids("node1") >= engines  # the engine kept running (its pid unchanged), adopted
+    assert {sh["id"]: sh["pid"] for sh in node["shard_states"]} == shard_pids  # type: ignore[attr-defined]
+    assert "adopted 1 engines a previous agent left running" in (s.root / "agent-node1.log").read_text()
+    assert traffic.ok > 0 and not traffic.failed, (traffic.ok, traffic.failed[:5])
+    events = s.get("/api/v1/events?node=node1")["items"]
+    reasons = {e["reason"] for e in events}
+    assert {"NodeUpgrading", "NodeUpgraded", "NodeUpgradeFailed"} <= reasons, reasons
+    # The new agent serves commands: a second replica starts on it.
+    s.request("POST", "/api/v1/models/up/scale", json={"replicas": 2})
+    wait_for(lambda: sum(1 for r in s.replicas("up") if r["phase"] == "Ready") == 2, timeout=60,
+             what="a replica started by the upgraded agent")
