@@ -5,7 +5,8 @@ dependencies (``llmgw.testing.llmgwwheel``; the dependencies are downloaded once
 The agent installs that llmgw into a venv of its own, checks it, and re-executes itself into it: the same pid,
 now running the new venv's Python; the node registers again reporting 0.2.0.post1; the engine is the same
 process, adopted, and the router serves it throughout. A version the index lacks fails with pip's reason and
-leaves the old agent connected with its old version.
+leaves the old agent connected with its old version. The agent runs with ``--stop-engines-on-exit`` (as under
+`llmgw up`): an upgrade keeps the engines all the same.
 
 Measured on the shared 2-core machine: the wheel builds in ~4 s, the dependencies download once in ~10 s
 (then reused), and the agent's install (venv with pip, 66 wheels) takes ~25 s.
@@ -42,7 +43,9 @@ def index_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture
 def cluster(tmp_path: Path, index_url: str) -> Iterator[System]:
-    with system_mod.running(tmp_path, server_args=["--engine-index", index_url, "--engine-find-links"]) as s:
+    # --stop-engines-on-exit too (`llmgw up`'s): the re-exec must keep the engines all the same.
+    with system_mod.running(tmp_path, server_args=["--engine-index", index_url, "--engine-find-links"],
+                            agent_env={"LLMGW_AGENT_STOP_ENGINES_ON_EXIT": "true"}) as s:
         yield s
 
 
@@ -133,7 +136,10 @@ def test_an_agent_upgrades_in_place_keeping_its_engine_and_a_missing_version_fai
     assert node["upgrade"]["state"] == "done"  # type: ignore[index]
     assert s.engine_pids("node1") >= engines  # the engine kept running (its pid unchanged), adopted
     assert {sh["id"]: sh["pid"] for sh in node["shard_states"]} == shard_pids  # type: ignore[attr-defined]
-    assert "adopted 1 engines a previous agent left running" in (s.root / "agent-node1.log").read_text()
+    log = (s.root / "agent-node1.log").read_text()
+    assert "adopted 1 engines a previous agent left running" in log
+    # --stop-engines-on-exit is set, and the way out of an upgrade kept the engine all the same.
+    assert "its 1 engines keep serving and the next agent adopts them" in log and "stopping 1 engines" not in log
     assert traffic.ok > 0 and not traffic.failed, (traffic.ok, traffic.failed[:5])
     events = s.get("/api/v1/events?node=node1")["items"]
     reasons = {e["reason"] for e in events}
