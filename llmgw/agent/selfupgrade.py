@@ -18,6 +18,12 @@ removed (only a directory holding ``MARKER``, which llmgw writes first, is ever 
 version (``STATE_DIR/llmgw/.V.lock``, flock) keeps two attempts from ever sharing a venv; a complete venv of
 that version (its marker says ready, and the check passes) is reused.
 
+The upgrade outlasts the process: ``STATE_DIR/llmgw/current.json`` names the release it moved to, and an agent
+started later by an older llmgw (the service manager's command line, after a reboot or a crash) re-executes into
+that venv at once (``resume_python``), as long as its marker says ready and it is newer than the one started.
+An operator who installs a newer llmgw on the node simply starts it (older ones are passed over); removing
+``current.json`` runs the installed llmgw whatever it is.
+
 Known limit: an adopted engine that exits after the re-exec stays a zombie until the agent exits (it is this
 process's child, and the new agent watches it by /proc, not by ``waitpid``); the agent sees it gone all the same.
 """
@@ -36,12 +42,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from llmgw.agent.provision import pip
-from llmgw.core.agentupgrade import State, UpgradeRequest, UpgradeStatus, version_problem
+from llmgw.core.agentupgrade import State, UpgradeRequest, UpgradeStatus, release_key, version_problem
 
 log = logging.getLogger(__name__)
 
 DIR = "llmgw"
 MARKER = ".llmgw-upgrade.json"
+#: The release the last upgrade moved this node's agent to (``remember``); an agent started later from an older
+#: llmgw (the unit file's, after a reboot) re-executes into it (``resume_python``).
+CURRENT = "current.json"
 LOCK = "llmgw-lock.txt"
 NO_INDEX = ("no package index is named for the upgrade: start the control plane with --engine-index URL "
             "(the index engines are installed from, which must hold llmgw and its dependencies)")
@@ -120,6 +129,11 @@ class SelfUpgrade:
                                f"the upgrade failed on the agent ({type(e).__name__}: {e}); see its log"))
             self._busy = None
             return
+        try:
+            remember(self.state_dir, req.version)
+        except OSError as e:  # the upgrade still happens; a restart later would run the older llmgw
+            log.warning("cannot record the upgrade in %s (%s): a restart of this agent would run llmgw %s again",
+                        self.state_dir / DIR / CURRENT, e, self.running_version)
         send(UpgradeStatus(req.id, req.version, State.RESTARTING, f"re-executing into {python}"))
         log.info("llmgw %s is installed and checked in %s; re-executing into it (the engines keep running)",
                  req.version, python.parent.parent)
@@ -212,6 +226,34 @@ def _remove(target: Path) -> None:
     """Removes a half-made venv, only if llmgw made it (it has the marker)."""
     if (target / MARKER).is_file():
         shutil.rmtree(target, ignore_errors=True)
+
+
+def remember(state_dir: Path, version: str) -> None:
+    """Records ``version`` as the release this node's agent runs from now on (``resume_python`` reads it)."""
+    root = state_dir / DIR
+    tmp = root / (CURRENT + ".tmp")
+    tmp.write_text(json.dumps({"version": version}), encoding="utf-8")
+    tmp.replace(root / CURRENT)
+
+
+def resume_python(state_dir: Path, running_version: str, argv: Sequence[str] | None = None) -> Path | None:
+    """At start: the Python of the release an earlier upgrade moved this agent to, when this process should
+    re-execute into it (it is newer than ``running_version``, complete, and this is an ``llmgw agent``); else None."""
+    args = list(sys.argv if argv is None else argv)
+    if len(args) < 2 or args[1] != "agent" or version_problem(running_version):
+        return None  # a checkout ("dev") or anything that is not the agent is left as started
+    try:
+        wanted = str(json.loads((state_dir / DIR / CURRENT).read_text(encoding="utf-8"))["version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if version_problem(wanted) or release_key(wanted) <= release_key(running_version):
+        return None
+    python = venv_dir(state_dir, wanted) / "bin" / "python"
+    if _marked(venv_dir(state_dir, wanted)) != "ready" or not python.is_file():
+        log.warning("%s names llmgw %s, whose venv is not complete; running llmgw %s as started",
+                    state_dir / DIR / CURRENT, wanted, running_version)
+        return None
+    return python
 
 
 def exec_argv(python: Path, argv: Sequence[str]) -> list[str]:

@@ -16,8 +16,10 @@ import enum
 import re
 
 MAX_LEN = 64
-_PUBLIC = re.compile(r"(?:[1-9][0-9]*!)?(?:0|[1-9][0-9]*)(?:\.(?:0|[1-9][0-9]*))*"
-                     r"(?:(?:a|b|rc)(?:0|[1-9][0-9]*))?(?:\.post(?:0|[1-9][0-9]*))?(?:\.dev(?:0|[1-9][0-9]*))?")
+_N = r"(?:0|[1-9][0-9]*)"
+_PUBLIC = re.compile(rf"(?:(?P<epoch>[1-9][0-9]*)!)?(?P<release>{_N}(?:\.{_N})*)"
+                     rf"(?:(?P<pre>a|b|rc)(?P<pre_n>{_N}))?(?:\.post(?P<post>{_N}))?(?:\.dev(?P<dev>{_N}))?")
+_PRE = {"a": 0, "b": 1, "rc": 2}
 
 
 def version_problem(version: str) -> str:
@@ -28,6 +30,26 @@ def version_problem(version: str) -> str:
         return (f"version {version[:MAX_LEN]!r} is not a release such as 0.2.1 (a PEP 440 public version in normal "
                 "form: digits and dots, with an optional a/b/rc, .postN or .devN); give the exact version to run")
     return ""
+
+
+def release_key(version: str) -> tuple[object, ...]:
+    """A key that orders releases as PEP 440 does (1.0.dev1 < 1.0a1 < 1.0rc1 < 1.0 < 1.0.post1), for versions that
+    pass ``version_problem``; ValueError for any other."""
+    m = _PUBLIC.fullmatch(version)
+    if m is None or len(version) > MAX_LEN:
+        raise ValueError(f"not a release: {version[:MAX_LEN]!r}")
+    release = [int(p) for p in m["release"].split(".")]
+    while len(release) > 1 and release[-1] == 0:
+        release.pop()
+    if m["pre"]:
+        pre: tuple[int, ...] = (0, _PRE[m["pre"]], int(m["pre_n"]))
+    elif m["dev"] is not None and m["post"] is None:
+        pre = (-1,)  # 1.0.dev1 comes before 1.0a1
+    else:
+        pre = (1,)
+    post = (int(m["post"]),) if m["post"] is not None else (-1,)
+    dev = (0, int(m["dev"])) if m["dev"] is not None else (1, 0)
+    return (int(m["epoch"] or 0), tuple(release), pre, post, dev)
 
 
 class State(enum.Enum):

@@ -23,7 +23,7 @@ from llmgw.control.http.api import create_api
 from llmgw.control.reconcile import engines as provisioning
 from llmgw.control.state import NodeView
 from llmgw.control.store.store import Store, StoredNode
-from llmgw.core.agentupgrade import State, UpgradeRequest, UpgradeStatus, version_problem
+from llmgw.core.agentupgrade import State, UpgradeRequest, UpgradeStatus, release_key, version_problem
 from llmgw.core.inventory import Inventory
 from llmgw.core.shards import ShardState, ShardStatus
 
@@ -39,6 +39,34 @@ def test_a_release_in_normal_form_passes(good: str) -> None:
 def test_anything_else_is_refused_saying_what_a_release_looks_like(bad: str) -> None:
     said = version_problem(bad)
     assert said and ("0.2.1" in said)
+
+
+def test_releases_order_as_pep_440_says() -> None:
+    ordered = ["0.2.0.dev1", "0.2.0a1.dev2", "0.2.0a1", "0.2.0b2", "0.2.0rc1", "0.2.0", "0.2.0.post1.dev1",
+               "0.2.0.post1", "0.2.1", "0.10.0", "1!0.1"]
+    assert sorted(reversed(ordered), key=release_key) == ordered
+    assert release_key("0.2") == release_key("0.2.0")
+    with pytest.raises(ValueError):
+        release_key("dev")
+
+
+def test_an_agent_started_older_resumes_the_release_it_was_upgraded_to(tmp_path: Path) -> None:
+    argv = ["/x/llmgw/__main__.py", "agent", "--server", "h:1"]
+    assert selfupgrade.resume_python(tmp_path, "0.2.0", argv) is None  # never upgraded
+    venv = selfupgrade.venv_dir(tmp_path, "0.2.1")
+    (venv / "bin").mkdir(parents=True)
+    selfupgrade.remember(tmp_path, "0.2.1")
+    assert selfupgrade.resume_python(tmp_path, "0.2.0", argv) is None  # not complete: no marker
+    (venv / selfupgrade.MARKER).write_text('{"version": "0.2.1", "state": "ready"}')
+    assert selfupgrade.resume_python(tmp_path, "0.2.0", argv) is None  # no python in it
+    (venv / "bin" / "python").write_text("")
+    assert selfupgrade.resume_python(tmp_path, "0.2.0", argv) == venv / "bin" / "python"
+    assert selfupgrade.resume_python(tmp_path, "0.2.1", argv) is None  # runs it already
+    assert selfupgrade.resume_python(tmp_path, "0.3.0", argv) is None  # a newer one was installed: it runs
+    assert selfupgrade.resume_python(tmp_path, "dev", argv) is None  # a checkout is left as started
+    assert selfupgrade.resume_python(tmp_path, "0.2.0", ["/x/llmgw", "up"]) is None
+    (tmp_path / "llmgw" / selfupgrade.CURRENT).write_text('{"version": "../../bin"}')
+    assert selfupgrade.resume_python(tmp_path, "0.2.0", argv) is None
 
 
 class RecordingLink:
