@@ -10,8 +10,8 @@ the release it was upgraded to. The agent runs with ``--stop-engines-on-exit`` (
 `llmgw up`): an upgrade keeps the engines all the same.
 
 Measured on the shared 2-core machine: the wheel builds in ~4 s, the dependencies download once in ~10 s
-(then reused from test-artifacts/), the agent's install (venv with pip, 66 wheels) takes 10-50 s with the load, and the
-re-exec with the engine's adoption under 1 s; the test takes 35-90 s in all.
+(then reused from test-artifacts/), the agent's install (venv with pip, 66 wheels) takes 10-50 s with the
+load, and the re-exec with the engine's adoption under 1 s; the test takes 35-90 s in all.
 """
 
 from __future__ import annotations
