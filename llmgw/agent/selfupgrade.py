@@ -24,8 +24,8 @@ that venv at once (``resume_python``), as long as its marker says ready and it i
 An operator who installs a newer llmgw on the node simply starts it (older ones are passed over); removing
 ``current.json`` runs the installed llmgw whatever it is.
 
-Known limit: an adopted engine that exits after the re-exec stays a zombie until the agent exits (it is this
-process's child, and the new agent watches it by /proc, not by ``waitpid``); the agent sees it gone all the same.
+An engine adopted after the re-exec is still this process's child: the supervisor's orphan watch reaps it when it
+exits (``supervisor.orphans``), so none is left a zombie.
 """
 
 from __future__ import annotations
@@ -184,7 +184,7 @@ class SelfUpgrade:
         step("creating the venv")
         # With pip when this agent has one: the new agent then makes engines' venvs as fast as this one does.
         pip.run([base_python(), "-m", "venv", *([] if pip.pip_here() else ["--without-pip"]), str(target)],
-                what="python -m venv")
+                env=_env(), what="python -m venv")
         python = target / "bin" / "python"
         progress = pip.Progress()
 
@@ -195,18 +195,25 @@ class SelfUpgrade:
         step("resolving")
         pip.run(pip.install_argv(python, (f"llmgw=={req.version}",), index_url=req.index_url,
                                  find_links=req.find_links, ca_bundle=self._ca_bundle),
-                on_line=on_line, what="pip install")
+                on_line=on_line, env=_env(), what="pip install")
         frozen: list[str] = []
-        pip.run(pip.pip_argv(python, "freeze", "--all"), on_line=frozen.append, what="pip freeze")
+        pip.run(pip.pip_argv(python, "freeze", "--all"), on_line=frozen.append, env=_env(), what="pip freeze")
         (target / LOCK).write_text("\n".join(frozen) + "\n", encoding="utf-8")
 
     def _check(self, python: Path, version: str) -> None:
         """Runs the new agent's imports in its own Python, isolated, and checks the version it says."""
-        lines = pip.run([str(python), "-I", "-c", CHECK], timeout_s=CHECK_TIMEOUT_S, what="the check of the new llmgw")
+        lines = pip.run([str(python), "-I", "-c", CHECK], timeout_s=CHECK_TIMEOUT_S, env=_env(),
+                        what="the check of the new llmgw")
         said = lines[-1].strip() if lines else ""
         if said != version:
             raise pip.Failed(f"the installed llmgw says it is {said[:80]!r}, not {version}; the index's package is "
                              "not the release asked for", lines)
+
+
+def _env() -> dict[str, str]:
+    """pip's clean environment (``provision.pip``), without ``PYTHONPATH``/``PYTHONHOME`` too: pip must see only the
+    new venv, so that a package the agent's path holds is installed into it all the same."""
+    return {k: v for k, v in pip.clean_env().items() if k not in ("PYTHONPATH", "PYTHONHOME")}
 
 
 def _marked(target: Path) -> str:

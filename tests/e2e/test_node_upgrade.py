@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from llmgw.core.version import version
@@ -157,6 +158,11 @@ def test_an_agent_upgrades_in_place_keeping_its_engine_and_a_missing_version_fai
     s.request("POST", "/api/v1/models/up/scale", json={"replicas": 2})
     wait_for(lambda: sum(1 for r in s.replicas("up") if r["phase"] == "Ready") == 2, timeout=60,
              what="a replica started by the upgraded agent")
+    # The adopted engine is stopped by the new agent, and reaped: it is this same process's child.
+    assert s.request("DELETE", "/api/v1/models/up").status_code in (200, 202, 204)
+    wait_for(lambda: not s.replicas("up"), timeout=60, what="the replicas gone")
+    wait_for(lambda: not any(p.pid in engines for p in psutil.Process(agent_pid).children()), timeout=30,
+             what="the adopted engine gone and reaped (no zombie left)")
     # The upgrade outlasts the process: the agent started again as before (the older llmgw's command line, as a
     # unit file would after a reboot) re-executes into the release it was upgraded to.
     s.stop_agent("node1")
