@@ -173,6 +173,8 @@ class Cluster:
             # while it was in its thread) gets another pass at once instead of the next tick.
             self._wake.clear()
             again = await self._lead_pass() if self.leading else False
+            if self.leading:  # agents' upgrades: the health gate and the deadlines, polled or not
+                self.upgrades.step(lambda n: upgrades.not_ready(self.nodes.get(n), self.connected(n)))
             await self.table.update()
             self.links.announce_peers()
             # Give the event loop at least as long as the pass took before the next one:

@@ -2,7 +2,8 @@
 
 ``start`` sends a node's agent an ``UpgradeAgent`` (the version, the cluster's engine index) and records the
 attempt; the agent answers with ``UpgradeStatus`` messages (``reported``: installing, restarting, failed) and, once
-it re-executed into the new llmgw, registers again (``registered``). ``progress`` then applies the health gate:
+it re-executed into the new llmgw, registers again (``registered``). ``progress`` (each control-loop pass's
+``step``, and each read) then applies the health gate:
 the attempt is ``done`` once the node is connected with ``agent_version`` == V and every shard it reports is
 Ready again, and ``failed`` when an agent says so, comes back with another version, or a deadline passes (no
 answer within ``ANSWER_S``: an agent older than 0.2.0 ignores the message; not Ready within the attempt's
@@ -145,6 +146,11 @@ class Upgrades:
         elif a.state == RESTARTING:
             self._fail(a, f"the agent came back as llmgw {agent_version or '?'}, not {a.version}; see its log "
                           "(`llmgw logs NODE`)")
+
+    def step(self, not_ready: Callable[[str], str]) -> None:
+        """Moves every attempt under way on (the control loop's pass): ``not_ready(node)`` as ``progress`` takes it."""
+        for node_id in [n for n, a in self._by_node.items() if a.state not in ENDED]:
+            self.progress(node_id, ready=lambda n=node_id: not_ready(n))
 
     def progress(self, node_id: str, *, ready: Callable[[], str]) -> Attempt | None:
         """The node's last attempt, moved on by the health gate: ``ready()`` says why the node is not Ready yet

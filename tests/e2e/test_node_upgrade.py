@@ -148,6 +148,11 @@ def test_an_agent_upgrades_in_place_keeping_its_engine_and_a_missing_version_fai
     # --stop-engines-on-exit is set, and the way out of an upgrade kept the engine all the same.
     assert "its 1 engines keep serving and the next agent adopts them" in log and "stopping 1 engines" not in log
     assert traffic.ok > 0 and not traffic.failed, (traffic.ok, traffic.failed[:5])
+    described = subprocess.run([*LLMGW, "describe", "node", "node1", "--url", s.url], capture_output=True,
+                               text=True, timeout=60, env={**s.cli_env(), "COLUMNS": "300"}, check=False)
+    assert f"upgraded to {NEW}" in described.stdout, described.stdout
+    audited = [(e["action"], e["object"], e["outcome"]) for e in s.get("/api/v1/audit")["items"]]
+    assert ("upgrade", "node/node1", "ok") in audited, audited
     events = s.get("/api/v1/events?node=node1")["items"]
     reasons = {e["reason"] for e in events}
     assert {"NodeUpgrading", "NodeUpgraded", "NodeUpgradeFailed"} <= reasons, reasons
