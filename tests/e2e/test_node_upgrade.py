@@ -5,9 +5,10 @@ dependencies (``llmgw.testing.llmgwwheel``; the dependencies are downloaded once
 The agent installs that llmgw into a venv of its own, checks it, and re-executes itself into it: the same pid,
 now running the new venv's Python; the node registers again reporting 0.2.0.post1; the engine is the same
 process, adopted, and the router serves it throughout. A version the index lacks fails with pip's reason and
-leaves the old agent connected with its old version. An agent started again from the old command line resumes
-the release it was upgraded to. The agent runs with ``--stop-engines-on-exit`` (as under
-`llmgw up`): an upgrade keeps the engines all the same.
+leaves the old agent connected with its old version; with ``--all`` the command stops at that node and the next
+(node2) is never asked. ``--all`` later passes over node1 (at the version) and upgrades node2 after it. An agent
+started again from the old command line resumes the release it was upgraded to. The agent runs with
+``--stop-engines-on-exit`` (as under `llmgw up`): an upgrade keeps the engines all the same.
 
 Measured on the shared 2-core machine: the wheel builds in ~4 s, the dependencies download once in ~10 s
 (then reused from test-artifacts/), the agent's install (venv with pip, 66 wheels) takes 10-50 s with the
@@ -21,6 +22,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -90,8 +92,8 @@ def _upgrade(s: System, *args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=400, env=s.cli_env(), check=False)
 
 
-def _node(s: System) -> dict[str, object]:
-    return dict(s.get("/api/v1/nodes/node1"))
+def _node(s: System, node: str = "node1") -> dict[str, Any]:
+    return dict(s.get(f"/api/v1/nodes/{node}"))
 
 
 def test_an_agent_upgrades_in_place_keeping_its_engine_and_a_missing_version_fails_leaving_it(
@@ -105,18 +107,22 @@ def test_an_agent_upgrades_in_place_keeping_its_engine_and_a_missing_version_fai
     agent_pid = s.agents["node1"].pid
     engines = s.engine_pids("node1")
     assert engines
-    shard_pids = {sh["id"]: sh["pid"] for sh in _node(s)["shard_states"]}  # type: ignore[attr-defined]
+    shard_pids = {sh["id"]: sh["pid"] for sh in _node(s)["shard_states"]}
     assert shard_pids and set(shard_pids.values()) <= engines
+    s.start_agent("node2")  # after the replica is placed on node1
 
-    # A version the index lacks: FAILED with pip's reason; the old agent stays, connected, at its version.
-    failed = _upgrade(s, "node1", "--version", MISSING)
+    # A version the index lacks: FAILED with pip's reason; the old agent stays, connected, at its version, and
+    # --all stops at that first node: node2 is never asked.
+    failed = _upgrade(s, "--all", "--version", MISSING)
     assert failed.returncode == 1, (failed.stdout, failed.stderr)
     assert f"upgrading node node1 to llmgw {MISSING} failed" in failed.stderr, failed.stderr
+    assert "stopped there: node2 not upgraded" in failed.stderr, failed.stderr
+    assert _node(s, "node2")["upgrade"] is None
     assert "pip install exited" in failed.stderr and MISSING in failed.stderr, failed.stderr
     assert "no matching distribution" in failed.stderr.lower() or "could not find" in failed.stderr.lower()
     node = _node(s)
     assert node["agent_version"] == old and node["connected"] is True
-    assert node["upgrade"]["state"] == "failed"  # type: ignore[index]
+    assert node["upgrade"]["state"] == "failed"
     assert not (s.root / "node1" / "llmgw" / MISSING).exists()  # the half-made venv is removed
     assert Path(f"/proc/{agent_pid}/cmdline").read_bytes().split(b"\0")[0] != b""
     listed = subprocess.run([*LLMGW, "get", "nodes", "--url", s.url], capture_output=True, text=True, timeout=60,
@@ -139,9 +145,9 @@ def test_an_agent_upgrades_in_place_keeping_its_engine_and_a_missing_version_fai
     assert b"-I" in argv and b"agent" in argv, argv
     node = _node(s)
     assert node["agent_version"] == NEW and node["connected"] is True, node
-    assert node["upgrade"]["state"] == "done"  # type: ignore[index]
+    assert node["upgrade"]["state"] == "done"
     assert s.engine_pids("node1") >= engines  # the engine kept running (its pid unchanged), adopted
-    assert {sh["id"]: sh["pid"] for sh in node["shard_states"]} == shard_pids  # type: ignore[attr-defined]
+    assert {sh["id"]: sh["pid"] for sh in node["shard_states"]} == shard_pids
     log = (s.root / "agent-node1.log").read_text()
     assert "re-executing into it (the engines keep running)" in log
     assert "adopted 1 engines a previous agent left running" in log
@@ -156,9 +162,13 @@ def test_an_agent_upgrades_in_place_keeping_its_engine_and_a_missing_version_fai
     events = s.get("/api/v1/events?node=node1")["items"]
     reasons = {e["reason"] for e in events}
     assert {"NodeUpgrading", "NodeUpgraded", "NodeUpgradeFailed"} <= reasons, reasons
-    # `llmgw node upgrade --all`: the node runs the version already, so it is passed over.
+    # `llmgw node upgrade --all`: node1 runs the version already and is passed over; node2 is upgraded after it.
     again = _upgrade(s, "--all", "--version", NEW)
-    assert again.returncode == 0 and f"already runs llmgw {NEW}; nothing sent" in again.stdout, again
+    assert again.returncode == 0, again
+    out = again.stdout
+    assert f"node/node1: done: already runs llmgw {NEW}; nothing sent" in out, out
+    assert out.index("node/node1: done") < out.index("node/node2: sent") < out.index(f"node/node2 runs llmgw {NEW}")
+    assert _node(s, "node2")["agent_version"] == NEW
     # The new agent serves commands: a second replica starts on it.
     s.request("POST", "/api/v1/models/up/scale", json={"replicas": 2})
     wait_for(lambda: sum(1 for r in s.replicas("up") if r["phase"] == "Ready") == 2, timeout=60,
