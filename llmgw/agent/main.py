@@ -259,18 +259,18 @@ async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Ev
                             node=found.node_facts, fetcher=fetcher, on_weights_changed=found.weights.expire,
                             users=users,
                             resolve=weights.resolver(roots))
+    ca_bundle = fetch_trust.bundle(cfg.state_dir, cluster_ca)  # what pip verifies an https:// index with
     installer = provision.Installer(
         cfg.engines_dir or cfg.state_dir / "engines", profile=lambda: ospkg.profile(nvidia_smi=cfg.nvidia_smi),
         recheck_s=cfg.engine_recheck_s, in_use=lambda path: running_from(path, supervisor.pids()),
-        on_change=lambda: loop.call_soon_threadsafe(installs_changed),
-        ca_bundle=fetch_trust.bundle(cfg.state_dir, cluster_ca))
+        on_change=lambda: loop.call_soon_threadsafe(installs_changed), ca_bundle=ca_bundle)
     found.installer = installer
     # An upgrade (``llmgw node upgrade``) installs another llmgw, then ends this run as a stop does, keeping the
     # engines, and says which Python to re-execute into.
     upgraded: list[Path] = []
     upgrader = selfupgrade.SelfUpgrade(cfg.state_dir, running_version=version(),
                                        restart=lambda python: (upgraded.append(python), stop.set()),
-                                       ca_bundle=fetch_trust.bundle(cfg.state_dir, cluster_ca))
+                                       ca_bundle=ca_bundle)
     reprobes: set[asyncio.Task[object]] = set()
 
     def installs_changed() -> None:
