@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 from llmgw.agent import selfupgrade
@@ -61,3 +64,27 @@ def test_two_attempts_never_share_a_venv(tmp_path: Path) -> None:
         said, _ = _attempt(tmp_path / "state", UpgradeRequest("a1", "9.9.9", "http://127.0.0.1:1/", True))
     assert said[-1].state is State.FAILED and "another process is installing llmgw 9.9.9" in said[-1].message
     assert not (root / "9.9.9").exists()
+
+
+def test_the_re_exec_passes_only_stdin_stdout_and_stderr(tmp_path: Path) -> None:
+    """A process with an inheritable file and a listening socket execs through ``exec_into``: the new program
+    (here a stand-in for the new venv's Python, which prints its descriptors and arguments) has neither."""
+    stand_in = tmp_path / "python"
+    stand_in.write_text(f"#!{sys.executable}\n"
+                        "import json, os, sys\n"
+                        "print(json.dumps({'fds': sorted(int(f) for f in os.listdir('/proc/self/fd')), "
+                        "'argv': sys.argv[1:]}))\n")
+    stand_in.chmod(0o755)
+    leaky = tmp_path / "leaky.log"
+    child = ("import os, socket, sys\n"
+             "from pathlib import Path\n"
+             "from llmgw.agent import selfupgrade\n"
+             f"f = open({str(leaky)!r}, 'a'); os.set_inheritable(f.fileno(), True)\n"
+             "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); os.set_inheritable(s.fileno(), True)\n"
+             f"selfupgrade.exec_into(Path({str(stand_in)!r}), ['llmgw', 'agent', '--server', 'h:1'])\n")
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60, check=True,
+                         stdin=subprocess.DEVNULL)
+    doc = json.loads(out.stdout.strip().splitlines()[-1])
+    assert doc["argv"] == ["-I", "-m", "llmgw", "agent", "--server", "h:1"]
+    # 0-2, and the one listdir itself opened to read /proc/self/fd.
+    assert len([fd for fd in doc["fds"] if fd > 2]) <= 1, doc["fds"]
