@@ -65,8 +65,14 @@ class Handlers:
         self.log_tasks: dict[str, asyncio.Task[None]] = {}
         #: Set by ``leave``: the agent is stopping, so starts are refused (and the control plane was told).
         self.leaving = ""
+        #: An upgrade's status said while no stream was up: sent on the next stream, with its first message's
+        #: handling (the Provision every Register is answered with), so a FAILED is never lost to a reconnect.
+        self._upgrade_unsent: upg.UpgradeStatus | None = None
 
     def dispatch(self, msg: pb.ControlMessage) -> None:
+        if self._upgrade_unsent is not None and self.outbox.queue is not None:
+            unsent, self._upgrade_unsent = self._upgrade_unsent, None
+            self._upgrade_status(unsent)
         kind = msg.WhichOneof("body")
         if kind in FENCED and self.fence.stale(msg, kind, self.outbox):
             return
@@ -179,6 +185,9 @@ class Handlers:
         return False
 
     def _upgrade_status(self, st: upg.UpgradeStatus) -> None:
+        if self.outbox.queue is None:
+            self._upgrade_unsent = st  # the last one is what the control plane needs
+            return
         self.outbox.send(upgrade_status=pb.UpgradeStatus(
             id=st.id, version=st.version, state=_UPGRADE_STATES[st.state], message=st.message,
             last_output=list(st.last_output)))
