@@ -13,7 +13,10 @@ at a phone's 390 px.
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from typing import Any
 
 import httpx
@@ -147,6 +150,20 @@ def test_three_turns_each_carry_the_whole_conversation_and_the_snippets_are_that
                  '"END",', "stream=True", f'model="{ECHO}"', "os.environ[\"LLMGW_API_KEY\"]"):
         assert part in python, (part, python)
     assert secret not in curl + python
+    # The Python snippet is a program: run by the real openai client it sends the same body and prints the answer.
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()} | {"LLMGW_API_KEY": "unused"}
+    ran = subprocess.run([sys.executable, "-c", python], env=env, capture_output=True, text=True, timeout=LIVE_S,
+                         check=False)
+    assert ran.returncode == 0 and ran.stdout == questions[2], ran.stderr
+    again = _bodies(cluster, ECHO)[-1]
+    assert again == third, "the Python snippet sent another body than the page did"
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=cluster.url)
+    page.locator("#copy-curl").click()
+    expect(page.locator("#copy-status")).to_have_text("Copied (curl).")
+    assert page.evaluate("() => navigator.clipboard.readText()") == curl
+    page.locator("#copy-python").click()
+    expect(page.locator("#copy-status")).to_have_text("Copied (Python).")
+    assert page.evaluate("() => navigator.clipboard.readText()") == python
 
     page.reload()
     expect(page.locator("#conv-a .msg.user")).to_have_text(questions)
@@ -237,7 +254,10 @@ def test_hostile_markdown_is_inert_and_a_refusal_is_in_words(cluster: system.Sys
     expect(answer.locator("p code")).to_have_text(["inline <b>code</b>"])
     expect(answer.locator("li")).to_have_count(2)
     expect(answer.locator(".md-code pre code")).to_have_text('print("<script>alert(1)</script>")')
-    expect(answer.locator(".md-code .md-copy")).to_have_text("Copy")
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=cluster.url)
+    answer.locator(".md-code .md-copy").click()
+    expect(answer.locator(".md-code .md-copy")).to_have_text("Copied")
+    assert page.evaluate("() => navigator.clipboard.readText()") == 'print("<script>alert(1)</script>")'
     # The renderer alone, on what a stream mid-answer or a sly model could send.
     kinds = page.evaluate("""() => {
         const box = document.createElement('div');
