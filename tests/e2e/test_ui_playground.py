@@ -41,6 +41,19 @@ HOSTILE = ("<img src=x onerror=\"window.__pwned=1\"> and <script>window.__pwned=
            "- first <iframe src=x></iframe>\n- second\n\n"
            "```python\nprint(\"<script>alert(1)</script>\")\n```")
 
+#: What the renderer builds (serialised) for the rest of the Markdown it knows.
+RENDERED = {
+    "# Title\nSome *it* and __b__ and snake_case_name and 2 * 3 * 4":
+        '<h3 class="md-h">Title</h3><p>Some <em>it</em> and <strong>b</strong> and snake_case_name and 2 * 3 * 4</p>',
+    "1. one\n2. two\n   more\n\n3) three":
+        '<ol><li>one</li><li>two<br>more</li></ol><ol start="3"><li>three</li></ol>',
+    "> quoted **b**\n> line two\n\n---\ntext":
+        "<blockquote><p>quoted <strong>b</strong><br>line two</p></blockquote><hr><p>text</p>",
+    "**bold *nested* x** [u](http://x.y) [y](//evil.com) <b>raw</b>":
+        '<p><strong>bold <em>nested</em> x</strong> <a href="http://x.y/" rel="noopener noreferrer nofollow"'
+        ' target="_blank">u</a> [y](//evil.com) &lt;b&gt;raw&lt;/b&gt;</p>',
+}
+
 
 @pytest.fixture(scope="module")
 def cluster(ui_system: system.System) -> system.System:
@@ -266,6 +279,10 @@ def test_hostile_markdown_is_inert_and_a_refusal_is_in_words(cluster: system.Sys
         return Array.from(box.querySelectorAll('*')).map((e) => e.tagName.toLowerCase());
     }""")
     assert not set(kinds) & {"a", "svg", "img", "script"}, kinds
+    for text, html in RENDERED.items():
+        got = page.evaluate("(t) => { const d = document.createElement('div');"
+                            " d.appendChild(window.llmgwMarkdown.render(t)); return d.innerHTML; }", text)
+        assert got == html, (text, got)
     assert page.evaluate("document.documentElement.scrollWidth") <= browser.PHONE.width
     chrome.screenshot(page, "hostile-markdown")
 

@@ -89,6 +89,7 @@
   function answerNode(answer) {
     const li = el("li", "msg assistant");
     li.append(el("div", "who", answer.model), el("div", "content md"), el("p", "error"), el("p", "stats obj"));
+    li.querySelector(".error").setAttribute("role", "alert");
     paint(li, answer);
     return li;
   }
@@ -99,9 +100,10 @@
     const error = li.querySelector(".error");
     error.textContent = answer.error || "";
     error.hidden = !answer.error;
-    error.setAttribute("role", "alert");
     li.querySelector(".stats").textContent = (answer.stopped ? "Stopped · " : "") + (answer.stats || "");
     li.classList.toggle("streaming", Boolean(answer.streaming));
+    // A screen reader reads the answer once it is whole, not at every repaint of the stream.
+    li.setAttribute("aria-busy", String(Boolean(answer.streaming)));
   }
 
   function show() {
