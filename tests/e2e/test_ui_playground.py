@@ -217,12 +217,14 @@ def test_stop_mid_stream_cancels_at_the_engine(cluster: system.System, chrome: b
 
 def test_compare_two_models_each_with_its_own_history(cluster: system.System, chrome: browser.Browser) -> None:
     """With Compare, both models answer the same two questions side by side, each pane with its stats, and each
-    engine receives its own answers as the assistant turns; the snippets can show either request."""
+    engine receives its own answers as the assistant turns; the snippets can show either request; an emptied
+    parameter is left out of the request."""
     page = chrome.page(base_url=cluster.url)
     _open_playground(page, cluster)
     page.locator("#model").select_option(ECHO)
     page.locator("#compare").select_option(CHAT)
     page.locator("#max-tokens").fill("5")
+    page.locator("#temperature").fill("")  # an emptied field is not sent: the engine's default applies
     _send(page, "first question")
     _send(page, "second question")
     expect(page.locator("#compare-pane")).to_be_visible()
@@ -234,6 +236,7 @@ def test_compare_two_models_each_with_its_own_history(cluster: system.System, ch
     assert _bodies(cluster, CHAT)[-1]["messages"] == [
         {"role": "user", "content": "first question"}, {"role": "assistant", "content": toks},
         {"role": "user", "content": "second question"}]
+    assert "temperature" not in _bodies(cluster, CHAT)[-1]
     assert _bodies(cluster, ECHO)[-1]["messages"] == [
         {"role": "user", "content": "first question"}, {"role": "assistant", "content": "first question"},
         {"role": "user", "content": "second question"}]

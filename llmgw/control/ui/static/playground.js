@@ -63,17 +63,23 @@
     return out;
   }
 
+  // A number field's value, or undefined when it is empty or not a number (then the field is not sent and
+  // the engine's default applies).
+  function number(id, parse) {
+    const text = $(id).value.trim();
+    const value = text === "" ? NaN : parse(text);
+    return Number.isFinite(value) ? value : undefined;
+  }
+
   // The request body, field for field what the snippets show.
   function body(model, msgs) {
-    const req = {
-      model: model, messages: msgs, stream: true, stream_options: { include_usage: true },
-      temperature: Number($("temperature").value), top_p: Number($("top-p").value),
-      max_tokens: parseInt($("max-tokens").value, 10),
-    };
+    const req = { model: model, messages: msgs, stream: true, stream_options: { include_usage: true } };
+    const fields = { temperature: number("temperature", Number), top_p: number("top-p", Number),
+                     max_tokens: number("max-tokens", (t) => parseInt(t, 10)), seed: number("seed", (t) => parseInt(t, 10)) };
+    for (const name of ["temperature", "top_p", "max_tokens"]) if (fields[name] !== undefined) req[name] = fields[name];
     const stop = $("stop-seqs").value.split("\n").filter((s) => s.length > 0);
     if (stop.length) req.stop = stop;
-    const seed = $("seed").value.trim();
-    if (seed !== "") req.seed = parseInt(seed, 10);
+    if (fields.seed !== undefined) req.seed = fields.seed;
     if ($("json-mode").checked) req.response_format = { type: "json_object" };
     return req;
   }
