@@ -17,6 +17,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from typing import Any
 
 import httpx
@@ -202,12 +203,16 @@ def test_stop_mid_stream_cancels_at_the_engine(cluster: system.System, chrome: b
     page.wait_for_function("() => document.querySelector('#conv-a .msg.assistant:last-child .content')"
                            ".textContent.length > 30", timeout=LIVE_S * 1000)
     expect(page.locator("#stop")).to_be_enabled()
+    clicked = time.monotonic()
     page.locator("#stop").click()
     expect(_answers(page, "a").last.locator(".stats")).to_contain_text("Stopped", timeout=LIVE_S * 1000)
     expect(page.locator("#send")).to_be_enabled()
     expect(page.locator("#stop")).to_be_disabled()
     stopped_at = len(content.inner_text())
     wait_for(lambda: _aborted(cluster, CHAT) > before, timeout=LIVE_S, what="the engine's aborted count to rise")
+    # Reported, not asserted: the engine's abort time and this one share CLOCK_MONOTONIC (one machine).
+    at = httpx.get(_engine(cluster, CHAT) + "/sim/stats", timeout=5, trust_env=False).json()["aborts"][-1]["at"]
+    print(f"Stop click to the engine's abort: {1000 * (at - clicked):.0f} ms")
     # 20 tokens a second: a stream still running would add about ten in this half second.
     page.wait_for_timeout(500)
     assert len(content.inner_text()) == stopped_at, "the answer kept growing after Stop"
