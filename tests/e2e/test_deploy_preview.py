@@ -4,6 +4,7 @@ Nothing a preview does is stored."""
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from typing import Any
 
@@ -108,3 +109,39 @@ def test_a_refused_preview_says_which_field_and_why(cluster: system.System, body
 def test_the_catalog_lists_the_shipped_models(cluster: system.System) -> None:
     items = cluster.get("/api/v1/catalog")["items"]
     assert len(items) >= 8 and all(i["source"] and i["license"] for i in items)
+
+
+def _cli(s: system.System, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """The real `llmgw` CLI, its output through a pipe, as a script reads it."""
+    return subprocess.run([*system.LLMGW, *args, "--url", s.url], capture_output=True, text=True, timeout=60,
+                          env=s.cli_env(), input=stdin, check=False)
+
+
+def test_llmgw_plan_prints_metadata_memory_and_each_nodes_reason(cluster: system.System) -> None:
+    out = _cli(cluster, "plan", GGUF, "--context-length", "1000000", "--concurrency", "1024")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("model/tiny-llama-f32 on llamacpp (dry run: nothing applied)")
+    assert any(line.startswith("weights       format gguf, architecture llama, dtype F32") for line in lines)
+    header = next(i for i, line in enumerate(lines) if line.split() == ["NODE", "REPLICAS", "WHY"])
+    rows = [line.split(None, 2) for line in lines[header + 1:header + 3]]
+    assert [r[:2] for r in rows] == [["node1", "0"], ["node2", "0"]]
+    assert all("free memory, needs" in r[2] for r in rows), rows
+    assert "placement: 0 of 1 replicas placed" in out.stdout
+    # -o yaml: the model file alone, which apply --dry-run reads back and places.
+    manifest = _cli(cluster, "plan", GGUF, "--ctx", "2048", "--name", "tiny", "-o", "yaml")
+    assert manifest.returncode == 0 and manifest.stdout.startswith("apiVersion: llmgw/v1"), manifest
+    dry = _cli(cluster, "apply", "--dry-run", "-f", "-", stdin=manifest.stdout)
+    assert dry.returncode == 0, dry.stderr
+    assert "model/tiny on llamacpp (dry run: nothing applied)" in dry.stdout
+    assert "placement: 1 of 1 replicas placed" in dry.stdout and "lands here" in dry.stdout
+    assert cluster.get("/api/v1/models")["items"] == []
+
+
+def test_llmgw_catalog_lists_it_in_columns(cluster: system.System) -> None:
+    out = _cli(cluster, "catalog")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].split() == ["NAME", "ENGINE", "SIZE", "LICENSE", "SOURCE"]
+    names = {line.split()[0] for line in lines[1:]}
+    assert {"qwen2.5-0.5b-instruct", "llama-3.1-8b-instruct"} <= names
