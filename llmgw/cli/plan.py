@@ -72,7 +72,7 @@ def render(doc: dict[str, Any]) -> list[str]:
                         for m in doc["memory"]])
         out.append(f"engines that can run it: {', '.join(doc['engines'])}")
     p = doc["placement"]
-    memory = f", {_size(p['memory_bytes'])} each{' (estimated)' if p['memory_estimated'] else ''}" \
+    memory = f"; each needs {_size(p['memory_bytes'])}{' (estimated)' if p['memory_estimated'] else ''}" \
         if p["memory_bytes"] else ""
     out.append(f"placement: {p['placed']} of {p['wanted']} replicas placed{memory}")
     if p["message"]:

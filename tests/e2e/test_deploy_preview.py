@@ -134,7 +134,7 @@ def test_llmgw_plan_prints_metadata_memory_and_each_nodes_reason(cluster: system
     dry = _cli(cluster, "apply", "--dry-run", "-f", "-", stdin=manifest.stdout)
     assert dry.returncode == 0, dry.stderr
     assert "model/tiny on llamacpp (dry run: nothing applied)" in dry.stdout
-    assert "placement: 1 of 1 replicas placed" in dry.stdout and "lands here" in dry.stdout
+    assert "placement: 1 of 1 replicas placed; each needs " in dry.stdout and "lands here" in dry.stdout
     assert cluster.get("/api/v1/models")["items"] == []
 
 
