@@ -97,6 +97,9 @@ def test_a_manifest_is_previewed_as_apply_dry_run_sends_it(cluster: system.Syste
     ({"source": GGUF, "concurrency": 0}, "concurrency", "expected a whole number from 1 to 4096"),
     ({}, "source", "give either source"),
     ({"source": GGUF, "sauce": 1}, "sauce", "not a preview field"),
+    # The control plane's reads are guarded as placement's are: no cloud metadata service, no loopback but the hub.
+    ({"source": "http://169.254.169.254/latest/model.gguf"}, "source", "169.254.169.254"),
+    ({"source": "http://127.0.0.1:1/model.gguf"}, "source", "127.0.0.1"),
 ])
 def test_a_refused_preview_says_which_field_and_why(cluster: system.System, body: dict[str, Any], param: str,
                                                     said: str) -> None:
@@ -145,3 +148,14 @@ def test_llmgw_catalog_lists_it_in_columns(cluster: system.System) -> None:
     assert lines[0].split() == ["NAME", "ENGINE", "SIZE", "LICENSE", "SOURCE"]
     names = {line.split()[0] for line in lines[1:]}
     assert {"qwen2.5-0.5b-instruct", "llama-3.1-8b-instruct"} <= names
+
+
+def test_a_viewer_may_not_preview(cluster: system.System) -> None:
+    """A preview makes the control plane read from the hub: an operator's call, as applying is."""
+    made = cluster.request("POST", "/api/v1/users", json={"name": "vic", "role": "viewer"})
+    assert made.status_code == 201, made.text
+    login = cluster.request("POST", "/api/v1/login", json={"username": "vic", "password": made.json()["password"]})
+    viewer = {"Authorization": f"Bearer {login.json()['token']}"}
+    resp = cluster.request("POST", "/api/v1/preview", json={"source": GGUF}, headers=viewer)
+    assert resp.status_code == 403, resp.text
+    assert cluster.request("GET", "/api/v1/catalog", headers=viewer).status_code == 200

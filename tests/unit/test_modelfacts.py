@@ -181,3 +181,19 @@ def test_an_operators_catalog_file_is_read(tmp_path: Path) -> None:
     assert entries.load(path) == (entries.Entry("ours", "mirror://ours-7b", engine="vllm"),)
     with pytest.raises(LlmgwError, match="cannot read it"):
         entries.load(tmp_path / "absent.yaml")
+
+
+def test_the_servers_catalog_setting_is_read_at_start_and_a_bad_one_stops_it(tmp_path: Path) -> None:
+    """``llmgw server --catalog FILE``: its entries, checked before anything starts; none given: the shipped one."""
+    from llmgw.serving import config
+    from llmgw.serving.settings import ServerSettings
+
+    assert config.config_of(ServerSettings(), {}, default_data_dir=tmp_path).catalog is None
+    good = tmp_path / "ours.yaml"
+    good.write_text("models:\n  - name: ours\n    source: hf://us/ours\n")
+    made = config.config_of(ServerSettings(catalog=good), {}, default_data_dir=tmp_path)
+    assert made.catalog == (entries.Entry("ours", "hf://us/ours"),)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("models:\n  - name: ours\n")
+    with pytest.raises(LlmgwError, match=r"bad.yaml: models\[0\]: name and source are required"):
+        config.config_of(ServerSettings(catalog=bad), {}, default_data_dir=tmp_path)
