@@ -21,6 +21,7 @@ def test_a_model_that_fits_names_its_node_and_every_other_node_says_why_not() ->
     assert by["small"].reason == "has 2.0 GiB free memory, needs 4.0 GiB" and not by["small"].fits
     assert by["novllm"].reason == "lacks engine llamacpp (has: sim)"
     assert by["off"].reason == "is not connected"
+    assert [n.node for n in got.nodes] == ["big", "novllm", "off", "small"]  # where it lands first, then by name
 
 
 def test_a_model_too_big_for_every_node_places_nothing_and_gives_each_nodes_reason() -> None:
@@ -44,7 +45,7 @@ def test_what_is_placed_counts_and_a_node_that_fits_but_was_not_chosen_says_so()
     # One replica: one of b and c gets it; the other fits and is said to.
     one = dryrun.preview("m", spec(memory_gib=3), nodes, [rep("r1", "a", Phase.STARTING, model="other")],
                          {"other": other})
-    assert sorted((n.replicas, n.fits) for n in one.nodes if n.node != "a") == [(0, True), (1, False)]
+    assert [(n.replicas, n.fits) for n in one.nodes] == [(1, False), (0, True), (0, False)]
 
 
 def test_a_preview_of_a_model_already_applied_does_not_count_its_own_replicas() -> None:

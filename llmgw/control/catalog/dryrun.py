@@ -43,6 +43,7 @@ class Preview:
     #: Memory each replica was placed with (per GPU for a GPU model), and whether it is the estimate.
     memory_bytes: int
     memory_estimated: bool
+    #: Every node: those it lands on first, then those that fit, then the rest; by name within each.
     nodes: tuple[NodeAnswer, ...]
 
     def doc(self) -> dict[str, Any]:
@@ -88,4 +89,6 @@ def preview(name: str, spec: ModelSpec, nodes: Iterable[NodeView], replicas: Ite
         answers.append(NodeAnswer(view.id, counts.get(view.id, 0), gpus.get(view.id, ()),
                                   "" if counts.get(view.id) else why,
                                   not counts.get(view.id) and not why))
+    # The nodes it lands on first, then those that would take it too, then the rest, each by name.
+    answers.sort(key=lambda a: (not a.replicas, not a.fits, a.node))
     return Preview(sum(counts.values()), spec.replicas, message, memory, estimated, tuple(answers))

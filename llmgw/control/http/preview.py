@@ -31,6 +31,9 @@ from llmgw.core.errors import SpecError
 MAX_BODY = 1 << 20
 #: Bounds of what a preview sizes for: past them no engine holds the cache anyway.
 MAX_CONTEXT, MAX_CONCURRENCY, MAX_REPLICAS = 10_000_000, 4096, 1000
+#: Previews reading metadata at once; more wait their turn (each read may take a GGUF header's Range
+#: requests, up to 64 MiB, and a worker thread): a loop of previews cannot flood the hub or the threads.
+MAX_READS = 4
 _ASKED = ("source", "engine", "context", "concurrency", "replicas", "name", "manifest")
 
 
@@ -173,6 +176,11 @@ async def _checked(db: StoreThread, manifest: Any) -> specs.Model:
 
 def router(db: StoreThread, cluster: _Cluster, catalog: tuple[entries.Entry, ...]) -> APIRouter:
     api = APIRouter()
+    reads = asyncio.Semaphore(MAX_READS)
+
+    async def read(source: str, nodes: list[NodeView]) -> facts.Facts:
+        async with reads:
+            return await asyncio.to_thread(facts.read, source, reader=cluster.remote_meta, nodes=nodes)
 
     @api.get("/api/v1/catalog", response_model=Catalog)
     async def list_catalog() -> dict[str, Any]:
@@ -196,8 +204,7 @@ def router(db: StoreThread, cluster: _Cluster, catalog: tuple[entries.Entry, ...
         problem = ""
         if doc.get("source"):
             try:
-                found = await asyncio.to_thread(facts.read, _text(doc, "source"), reader=cluster.remote_meta,
-                                                nodes=nodes)
+                found = await read(_text(doc, "source"), nodes)
             except facts.Unusable as e:
                 raise Unprocessable(str(e), code="unreadable_source", param="source") from None
             manifest, engine, context, concurrency = _manifest_from_source(doc, found)
@@ -210,7 +217,7 @@ def router(db: StoreThread, cluster: _Cluster, catalog: tuple[entries.Entry, ...
             source = fetched.text if fetched is not None else model.spec.source
             if source and not source.startswith("pkg:"):
                 try:
-                    found = await asyncio.to_thread(facts.read, source, reader=cluster.remote_meta, nodes=nodes)
+                    found = await read(source, nodes)
                 except facts.Unusable as e:
                     problem = str(e).removeprefix("source: ")
         stored = await db.list_models()
