@@ -2,7 +2,7 @@
 
 - ``models`` (``modeldocs``): models applied, read, scaled, described, deleted.
 - ``nodes`` (``nodedocs``): nodes listed, described, cordoned/uncordoned/drained, their logs;
-  ``nodecerts``: their certificates and revocation.
+  ``nodecerts``: their certificates and revocation; ``nodeupgrade``: their agents' upgrades.
 - ``replicas``; ``events``; ``weights``; ``engines``; ``fabric`` (RDMA tests).
 - ``routers``: what routers read and report (endpoints table, ejections, load signals);
   ``routercreds``: routers' credentials.

@@ -29,6 +29,7 @@ from llmgw.control.http import (
     models,
     nodecerts,
     nodes,
+    nodeupgrade,
     preview,
     projects,
     replicas,
@@ -91,7 +92,7 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extr
                  events.router(db), weights.router(db, cluster), fabric.router(cluster),
                  engines.router(db, cluster), settings.router(db), meta.router(leadership),
                  models.router(db, cluster), replicas.router(db, cluster, reports), routers.router(cluster, reports),
-                 nodes.router(db, cluster),
+                 nodes.router(db, cluster), nodeupgrade.router(db, cluster),
                  projects.router(db, cluster), routerusage.router(usage or UsageService(db)), ca.router(cluster_ca),
                  preview.router(db, cluster, catalog if catalog is not None else catalog_entries.load())):
         app.include_router(part, responses=REFUSALS)

@@ -74,6 +74,7 @@ AUDITED: tuple[Audited, ...] = (
     _route("POST", "/api/v1/nodes/{name}/uncordon", "uncordon", "node"),
     _route("POST", "/api/v1/nodes/{name}/drain", "drain", "node"),
     _route("POST", "/api/v1/nodes/{name}/revoke", "revoke", "node"),
+    _route("POST", "/api/v1/nodes/{name}/upgrade", "upgrade", "node"),
     _route("POST", "/api/v1/fabric/tests", "fabric test", "fabric"),  # runs a tool on two nodes
     _route("POST", "/api/v1/keys", "key create", "key"),  # the id is in the answer
     _route("POST", "/api/v1/tokens", "token create", "token"),  # a join token: its id (public half) is in the answer
