@@ -16,6 +16,7 @@ from fastapi import FastAPI
 
 from llmgw.control.auth import Auth
 from llmgw.control.auth import middleware as auth_mw
+from llmgw.control.catalog import entries as catalog_entries
 from llmgw.control.cluster import Cluster
 from llmgw.control.http import (
     apidocs,
@@ -31,6 +32,7 @@ from llmgw.control.http import (
     nodecerts,
     nodes,
     nodeupgrade,
+    preview,
     projects,
     replicas,
     routercreds,
@@ -57,7 +59,8 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extr
                router_events: RouterEvents | None = None, leadership: forward_http.View | None = None,
                join: tokens.JoinPoint | None = None, usage: UsageService | None = None,
                sso_service: SsoService | None = None, cluster_ca: bytes | None = None,
-               cert_files: Mapping[str, Path] | None = None) -> FastAPI:
+               cert_files: Mapping[str, Path] | None = None,
+               catalog: tuple[catalog_entries.Entry, ...] | None = None) -> FastAPI:
     """The REST app; ``extra_registries`` (the in-process router's) are served on the same /metrics.
 
     Every store call is awaited on the store's thread (``store.offloop``), never made on the
@@ -72,6 +75,7 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extr
     None: not configured (``/api/v1/sso`` says so). ``cluster_ca``: the cluster CA's certificate (PEM),
     served unauthenticated at ``/api/v1/ca`` for clients to pin; None (``--insecure``): those answer 404.
     ``cert_files``: the certificates (name -> PEM file) whose expiry ``/metrics`` exports.
+    ``catalog``: the models ``/api/v1/catalog`` lists (``--catalog``); None: the shipped catalog.
     """
     reports = router_events if router_events is not None else RouterEvents()
     app = FastAPI(title="llmgw control plane", version="v1", docs_url=None, redoc_url=None,
@@ -93,7 +97,8 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extr
                  engines.router(db, cluster), settings.router(db), meta.router(leadership),
                  models.router(db, cluster), replicas.router(db, cluster, reports), routers.router(cluster, reports),
                  nodes.router(db, cluster), nodeupgrade.router(db, cluster),
-                 projects.router(db, cluster), routerusage.router(usage or UsageService(db)), ca.router(cluster_ca)):
+                 projects.router(db, cluster), routerusage.router(usage or UsageService(db)), ca.router(cluster_ca),
+                 preview.router(db, cluster, catalog if catalog is not None else catalog_entries.load())):
         app.include_router(part, responses=REFUSALS)
     app.include_router(usage_http.router(db), responses=REFUSALS)
     # Text, and refuses nothing itself.

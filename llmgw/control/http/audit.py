@@ -103,6 +103,7 @@ AUDITED: tuple[Audited, ...] = (
 )
 #: Mutating routes deliberately not audited, each with why.
 NOT_AUDITED: dict[tuple[str, str], str] = {
+    ("POST", "/api/v1/preview"): "a dry run: it applies, stores and sends nothing (its apply is audited)",
     ("POST", "/api/v1/router/events"): "a router's report of what it saw (ejections), many a minute; it changes "
                                        "no desired state, and the events log keeps it",
     ("POST", "/api/v1/router/signals"): "a router's load report, every 2 s from each router; it changes no desired "
