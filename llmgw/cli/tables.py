@@ -10,9 +10,16 @@ from llmgw.cli.output import Column, Listing
 from llmgw.core.units import format_bytes
 
 
-def node_status(n: dict[str, Any]) -> str:
-    # Ready / NotReady, then SchedulingDisabled (cordoned) and Draining (replicas still moving off).
-    return str(n.get("status") or ("Ready" if n["connected"] else "NotReady"))
+def status_cell(n: dict[str, Any]) -> str:
+    """The status words, then an agent upgrade under way or failed: "Ready (upgrading to 0.2.1: installing)".
+
+    Ready / NotReady, then SchedulingDisabled (cordoned) and Draining (replicas still moving off).
+    """
+    status = n.get("status") or ("Ready" if n["connected"] else "NotReady")
+    up = n.get("upgrade") or {}
+    if up.get("summary") and up.get("state") != "done":
+        status += f" ({up['summary']})"
+    return str(status)
 
 
 def labels_cell(labels: Mapping[str, str] | None) -> str:
@@ -48,7 +55,7 @@ def _memory(n: dict[str, Any]) -> str:
 
 NODES = Listing("node", (
     Column("NODE", lambda n: n["id"]),
-    Column("STATUS", node_status),
+    Column("STATUS", status_cell),
     Column("ADDRESS", lambda n: n["mgmt_addr"] or "-"),
     Column("POOL", lambda n: n.get(ENGINES_KEY, {}).get("pool") or "-", wide=True),
     Column("CPUS", lambda n: str(n["cpu_count"])),

@@ -164,10 +164,22 @@ class Scheduling(Body):
     status: str
 
 
+class NodeUpgrade(Body):
+    """The node's last agent upgrade (``llmgw node upgrade``), as the leader knows it."""
+
+    id: str
+    version: str
+    from_version: str
+    state: str
+    message: str
+    summary: str
+
+
 class Node(Scheduling):
     hostname: str
     mgmt_addr: str
     agent_version: str
+    upgrade: NodeUpgrade | None = None
     connected: bool
     last_seen: Number
     #: The agent's ``labels`` (``llmgw get nodes -l pool=gpu`` selects on them).
@@ -199,6 +211,7 @@ class NodeDescribe(Scheduling):
     hostname: str
     mgmt_addr: str
     agent_version: str
+    upgrade: NodeUpgrade | None = None
     connected: bool
     last_seen: Number
     labels: dict[str, str]
