@@ -157,8 +157,8 @@ def select(items: list[Any], listing: Listing, selector: str) -> list[Any]:
     if not selector.strip():
         return items
     if listing.labels is None:
-        raise LlmgwError(f"--selector: {listing.kind} objects have no labels; nodes and models have, "
-                         f"filter {listing.kind}s with grep or their own flags")
+        raise LlmgwError(f"--selector: {listing.kind} objects have no labels (nodes and models do); filter this "
+                         "list with the command's own flags (--help) or grep")
     reqs = parse_selector(selector)
     labels = listing.labels
     return [i for i in items if all(r.holds(labels(i) or {}) for r in reqs)]

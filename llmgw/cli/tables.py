@@ -160,7 +160,7 @@ def weights(*, now: float | None = None) -> Listing:
     def last_used(w: dict[str, Any]) -> str:
         return _ago(w["last_used_unix"], time.time() if now is None else now) if w["fetched_by_llmgw"] else "-"
 
-    return Listing("weights", (
+    return Listing("weight", (
         Column("NODE", lambda w: w["node"]),
         Column("NAME", lambda w: w["cache_name"] or w["path"]),
         Column("SIZE", lambda w: format_bytes(w["size_bytes"])),

@@ -27,6 +27,8 @@ WATCH_INTERVAL_S = 2.0
 
 
 def _document(item: Any, listing: Listing, fmt: Format) -> str:
+    if isinstance(item, dict):  # what a listing added for its cells (``_engines``, ``_self``) is not the API's
+        item = {k: v for k, v in item.items() if not k.startswith("_")}
     if fmt is Format.json:
         return json.dumps(item, indent=2, ensure_ascii=False) + "\n"
     if fmt is Format.yaml:

@@ -137,6 +137,29 @@ def test_watch_prints_the_table_then_only_changed_or_new_rows_under_the_first_co
     assert lines[5][offsets[1]:].startswith("2 ") and lines[5][offsets[2]:] == "new"
 
 
+def test_an_empty_list_prints_nothing_and_says_so_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    """As kubectl's "No resources found": no header for a script to read, a sentence for a person."""
+    out = io.StringIO()
+    output.show(ITEMS, NODES, View(selector="pool=tpu"), out=out)
+    assert out.getvalue() == "" and capsys.readouterr().err == "no node found matching --selector pool=tpu\n"
+    output.show([], NODES, View(output=Format.json), out=out)
+    assert out.getvalue() == "[]\n"
+
+
+def test_watch_documents_leave_out_what_a_listing_added(monkeypatch: pytest.MonkeyPatch) -> None:
+    answers = [[{"id": "n1", "_engines": {"pool": "p"}, "labels": {}}]]
+
+    def fetch() -> list[dict[str, Any]]:
+        if not answers:
+            raise KeyboardInterrupt
+        return answers.pop(0)
+
+    monkeypatch.setattr(watch.time, "sleep", lambda s: None)
+    out = io.StringIO()
+    watch.watch(fetch, NODES, View(output=Format.json), out=out)
+    assert json.loads(out.getvalue()) == {"id": "n1", "labels": {}}
+
+
 def test_watch_ends_quietly_when_the_reader_goes() -> None:
     class Gone(io.StringIO):
         def write(self, s: str) -> int:
