@@ -37,7 +37,7 @@ from llmgw.core.version import version
 from llmgw.router import watch
 from llmgw.router.table import TableHolder
 from llmgw.testing import system as system_mod
-from llmgw.testing.procs import Proc, wait_for
+from llmgw.testing.procs import Proc, free_port, wait_for
 from llmgw.testing.system import LLMGW, System
 
 pytestmark = pytest.mark.timeout(300)
@@ -202,3 +202,23 @@ def test_a_control_plane_at_another_version_than_the_last_leader_is_an_event(tmp
         assert changes()[0].startswith(f"control plane 0.1.0 → {HEAD} (")
     finally:
         s.close()
+
+
+def test_llmgw_version_lists_each_router_with_its_version(cluster: System, tmp_path: Path) -> None:
+    """A standalone router says its version in its load reports; `llmgw version` lists it beside the agents."""
+    token_file = tmp_path / "router.token"
+    token_file.write_text(cluster.request("POST", "/api/v1/routers", json={"name": "edge-v"}).json()["token"] + "\n")
+    port = free_port()
+    router = Proc.start([*LLMGW, "router", "--control", cluster.url, "--port", str(port), "--token-file",
+                         str(token_file), "--router-id", "edge-v1", "--log-level", "info"],
+                        log_path=tmp_path / "router.log")
+    try:
+        wait_for(lambda: any(r["id"] == "edge-v1" for r in cluster.get("/api/v1/router/versions")["routers"]),
+                 timeout=30, what="the router's first load report")
+        seen = next(r for r in cluster.get("/api/v1/router/versions")["routers"] if r["id"] == "edge-v1")
+        assert (seen["version"], seen["protocol"]) == (HEAD, skew.PROTOCOL)
+        done = _cli(cluster, "version")
+        assert done.returncode == 0, done.stderr
+        assert ["router", "edge-v1", HEAD] in [line.split() for line in done.stdout.splitlines()], done.stdout
+    finally:
+        router.stop()
