@@ -5,7 +5,9 @@
   ``placement/``: where a replica fits, pure; ``state``, ``status``, ``conditions``, ``events``: the pure
   vocabulary they share (``events`` are the cluster's event records, never a router's reports).
 - ``store/``: the database (SQLite or PostgreSQL), ``Store`` assembled from one module per concern, its
-  migrations, and ``offloop`` (store calls on their own thread).
+  migrations with ``schemafloor`` (which releases may run on the schema, checked at start) and
+  ``migrationlint`` (the floors checked from the migrations' source), and ``offloop`` (store calls on their
+  own thread).
 - ``leader``: the lease, one leader and standbys (``cpversions``: their llmgw versions told as events);
   ``agentsvc/``: the agents' gRPC stream (refusing an agent outside the skew policy, ``core.skew``) and the
   join port.
@@ -15,7 +17,7 @@
   what routers report, read through ``llmgw.api.reports``; ``keyuse``: keys' "last used".
 - Also: ``engines`` (engine wants and settings), ``fabric`` (RDMA tests), ``remotemeta`` and ``netguard``
   (remote weights' metadata, reached safely), ``datadir`` and ``tokens`` (init and join tokens),
-  ``auditprune``.
+  ``auditprune``; ``backup/``: ``llmgw backup``/``restore`` and the server's scheduled backups.
 
 It never imports ``llmgw.agent`` or ``llmgw.router``: they meet on the wire (``llmgw.api``).
 """
