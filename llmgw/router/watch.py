@@ -179,7 +179,7 @@ class TableWatcher(_Follower):
         backoff = self._backoff_min_s
         outage_since: float | None = None
         told = False  # the outage has been logged as one (not merely as a switch): its end is logged too
-        skew_told = ""  # the skew refusal logged at ERROR in this outage: not again while it lasts
+        skew_told: set[str] = set()  # the skew refusals logged at ERROR in this outage: not again while it lasts
         while True:
             asked = self.current_url
             try:
@@ -194,8 +194,9 @@ class TableWatcher(_Follower):
                 if first:
                     outage_since = time.monotonic()
                 if isinstance(exc, _Skew):
-                    if reason != skew_told:  # once an outage (per sentence), not once per poll
-                        skew_told, told = reason, True
+                    if reason not in skew_told:  # once an outage (per sentence), not once per poll
+                        skew_told.add(reason)
+                        told = True
                         log.error("control plane %s and this router do not work together: %s; %s, polling again "
                                   "until one of them is upgraded", asked, reason, self._keeping())
                     else:
@@ -223,7 +224,7 @@ class TableWatcher(_Follower):
             if outage_since is not None and told:
                 log.info("routes readable again from %s after %.1fs", self._endpoints(asked),
                          time.monotonic() - outage_since)
-            outage_since, told, skew_told = None, False, ""
+            outage_since, told, skew_told = None, False, set()
             backoff = self._backoff_min_s
             unchanged = table.version == self._after
             self._after = table.version

@@ -58,9 +58,9 @@ class Session:
         self._standby_answered = False
         #: The last round's refusal of the certificate for good ("": none), and how many rounds in a row had one.
         self._rejoin_reason, self._rejoin_rounds = "", 0
-        #: The skew refusal logged at ERROR in this outage ("": none yet); logged again only once a stream ran
-        #: or the sentence changed (another control plane, or one upgraded to another release).
-        self._skew_told = ""
+        #: The skew refusals logged at ERROR in this outage: each is logged once until a stream runs (several
+        #: control planes of other releases each say theirs once, not once a round).
+        self._skew_told: set[str] = set()
         self._fence = Fence()
         self._rotation = Rotation(cfg.servers, cfg.state_dir)
         self._renewal = heartbeats.Renewal(cfg.node_id, cfg.tls)
@@ -181,10 +181,10 @@ class Session:
     def _tell_skew(self, addr: str, reason: str) -> None:
         """A skew refusal, logged at ERROR once per outage (it lasts until a control plane or this agent is
         upgraded; the agent dials on with its usual backoff meanwhile), at DEBUG on each retry."""
-        if reason == self._skew_told:
+        if reason in self._skew_told:
             log.debug("control plane %s: still outside the skew policy: %s", addr, reason)
             return
-        self._skew_told = reason
+        self._skew_told.add(reason)
         log.error("control plane %s and this agent do not work together: %s; dialling again with backoff until "
                   "one of them is upgraded", addr, reason)
 
@@ -222,7 +222,7 @@ class Session:
                 # Accepted by a control plane too old to know of this agent: no session with it (its commands
                 # and answers are an older wire's); closing the stream now leaves the node disconnected there.
                 raise dial.Refused(refusal, skew=True)
-            self._skew_told = ""
+            self._skew_told = set()
             self._rotation.learn(first.ack.controlplanes, addr)
             log.info("registered with %s as %s (%d shards)", addr, self.cfg.node_id, len(reg.register.shards))
             self.outbox.queue = out
