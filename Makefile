@@ -17,7 +17,7 @@ BASE   := .made-from-$(subst /,_,$(PYTHON))
 # True when venv $(1) was made from $(PYTHON): its pyvenv.cfg's home is that Python's directory.
 made_from = [ -x $(1)/bin/python ] && [ "$$(sed -n 's/^home = //p' $(1)/pyvenv.cfg)" = "$$(dirname "$$(command -v $(PYTHON))")" ]
 
-.PHONY: up test test-e2e test-engines lint bench bench-costs bench-engine-tls bench-peers clean-venv postgres chromium oidc-provider
+.PHONY: up test test-e2e test-engines lint bench bench-costs bench-engine-tls bench-peers clean-venv postgres chromium oidc-provider prometheus
 
 # A venv already made from this Python (its pyvenv.cfg's home is the Python's directory) is kept.
 $(VENV)/$(BASE):
@@ -61,7 +61,9 @@ test: lint postgres oidc-provider
 # the wheel's dependencies through this machine's registry and cache).
 # The UI's browser tests drive Debian's `chromium` (llmgw/testing/browser.py), never a browser Playwright
 # downloads (nothing outside the package registries is reachable): apt installs it as it does postgresql.
-test-e2e: $(VENV)/.test-deps postgres chromium oidc-provider
+# deploy/prometheus's rules are checked with Debian's `prometheus` (promtool), and a real Prometheus scrapes a
+# cluster for every dashboard panel's query (tests/e2e/test_prometheus_*.py, llmgw/testing/prometheus.py).
+test-e2e: $(VENV)/.test-deps postgres chromium oidc-provider prometheus
 	$(VENV)/bin/pytest -q -p no:cacheprovider --durations=15 tests/e2e $(PYTEST_ARGS)
 
 # vLLM in its own venv, so its torch and pins never touch .venv. The stamp names the pin: a second run
@@ -91,6 +93,12 @@ postgres:
 		{ command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && apt-get update -q && \
 		  DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; } || \
 		echo "postgresql not installed: tests/integration/test_store_postgres.py will fail; install Debian's postgresql package"
+
+prometheus:
+	@{ command -v prometheus && command -v promtool; } >/dev/null 2>&1 || \
+		{ command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && apt-get update -q && \
+		  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus; } || \
+		echo "prometheus not installed: tests/e2e/test_prometheus_*.py will fail; install Debian's prometheus package"
 
 chromium:
 	@test -x /usr/bin/chromium || \

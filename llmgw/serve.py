@@ -267,8 +267,9 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
                      extra_registries=(metricsmerge.Merged(router_metrics.REGISTRY, worker_metrics),
                                        agentsvc_metrics.REGISTRY, cp.usage.registry, backup_schedule.REGISTRY),
                      router_events=cp.reports, leadership=leadership, join=_join_point(cfg, advertised, join_port),
-                     usage=cp.usage, sso_service=sso_service,
-                     cluster_ca=None if cfg.insecure else datadir.ca_cert(cfg.data_dir).read_bytes())
+                     usage=cp.usage, sso_service=sso_service, catalog=cfg.catalog,
+                     cluster_ca=None if cfg.insecure else datadir.ca_cert(cfg.data_dir).read_bytes(),
+                     cert_files={name: cfg.data_dir / datadir.PKI / f"{name}.crt" for name in ("ca", "api", "server")})
     # A standby answers routers' tables, /healthz, /metrics and the control planes' list itself, and
     # forwards the rest of the REST API to the leader (which has the agents: node liveness, logs).
     # A leader's https:// URL is verified with the cluster CA (and the system's roots, for an operator's certificate).

@@ -24,7 +24,18 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-from llmgw.agent import discovery, engines, enginetls, fabric, fetch, privfile, provision, sourcepaths, weights
+from llmgw.agent import (
+    discovery,
+    engines,
+    enginetls,
+    fabric,
+    fetch,
+    privfile,
+    provision,
+    selfupgrade,
+    sourcepaths,
+    weights,
+)
 from llmgw.agent import logs as logs_mod
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.discovery import deltas, fabrics, files, nvlink, sm
@@ -213,7 +224,9 @@ def engine_users(cfg: AgentConfig) -> Users:
     return Users(cfg.engine_users)
 
 
-async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Event | None = None) -> None:
+async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Event | None = None) -> Path | None:
+    """Runs the agent until ``stop`` (or a signal); returns the Python of an llmgw it upgraded itself to, which
+    the caller re-executes into (``selfupgrade.exec_into``), or None for a plain stop."""
     stop = stop or asyncio.Event()
     ring = ring or install_log_ring()
     # Before anything probes or launches an engine: the registry runs each with its own Python.
@@ -246,12 +259,18 @@ async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Ev
                             node=found.node_facts, fetcher=fetcher, on_weights_changed=found.weights.expire,
                             users=users,
                             resolve=weights.resolver(roots))
+    ca_bundle = fetch_trust.bundle(cfg.state_dir, cluster_ca)  # what pip verifies an https:// index with
     installer = provision.Installer(
         cfg.engines_dir or cfg.state_dir / "engines", profile=lambda: ospkg.profile(nvidia_smi=cfg.nvidia_smi),
         recheck_s=cfg.engine_recheck_s, in_use=lambda path: running_from(path, supervisor.pids()),
-        on_change=lambda: loop.call_soon_threadsafe(installs_changed),
-        ca_bundle=fetch_trust.bundle(cfg.state_dir, cluster_ca))
+        on_change=lambda: loop.call_soon_threadsafe(installs_changed), ca_bundle=ca_bundle)
     found.installer = installer
+    # An upgrade (``llmgw node upgrade``) installs another llmgw, then ends this run as a stop does, keeping the
+    # engines, and says which Python to re-execute into.
+    upgraded: list[Path] = []
+    upgrader = selfupgrade.SelfUpgrade(cfg.state_dir, running_version=version(),
+                                       restart=lambda python: (upgraded.append(python), stop.set()),
+                                       ca_bundle=ca_bundle)
     reprobes: set[asyncio.Task[object]] = set()
 
     def installs_changed() -> None:
@@ -271,7 +290,8 @@ async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Ev
 
     session = Session(cfg, inventory=found.inventory, heartbeat=lambda: found.heartbeat(supervisor.pids()),
                       on_register=found.registered,
-                      commands=_commands(cfg, supervisor, installer, ring, run_dir, session=lambda: session),
+                      commands=_commands(cfg, supervisor, installer, ring, run_dir, session=lambda: session,
+                                         upgrade=upgrader.begin),
                       agent_version=version(), engine_tls=engine_tls)
     versions = asyncio.create_task(found.engines.run(), name="probe engine versions")
     installing = asyncio.create_task(installer.run(), name="engine installer")
@@ -282,7 +302,7 @@ async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Ev
         await asyncio.wait({stream, stopping}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         stopping.cancel()
-        await _leave(cfg, session, supervisor)
+        await _leave(cfg, session, supervisor, upgrading=bool(upgraded))
         stream.cancel()
         versions.cancel()
         installing.cancel()
@@ -293,6 +313,7 @@ async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Ev
             loop.remove_signal_handler(sig)
     if stream.done() and not stream.cancelled() and (failed := stream.exception()) is not None:
         raise failed
+    return upgraded[0] if upgraded else None
 
 
 def _weights_dirs(cfg: AgentConfig) -> tuple[list[Path], Path, sourcepaths.Roots]:
@@ -311,7 +332,8 @@ def _weights_dirs(cfg: AgentConfig) -> tuple[list[Path], Path, sourcepaths.Roots
 
 
 def _commands(cfg: AgentConfig, supervisor: Supervisor, installer: provision.Installer, ring: LogRing,
-              run_dir: Path, *, session: Callable[[], Session | None]) -> Commands:
+              run_dir: Path, *, session: Callable[[], Session | None],
+              upgrade: Callable[..., None] | None = None) -> Commands:
     """What the control plane's messages do on this node: the supervisor's, the installer's, the fabric test's."""
 
     async def start(spec: ShardSpec) -> object:
@@ -343,15 +365,19 @@ def _commands(cfg: AgentConfig, supervisor: Supervisor, installer: provision.Ins
         installer.apply(p)
 
     return Commands(start=start, stop=stop_shard, drain=drain, statuses=supervisor.statuses, logs=read_logs,
-                    remove_weights=supervisor.remove_weights, provision=provisioned, fabric_test=fabric_runner.run)
+                    remove_weights=supervisor.remove_weights, provision=provisioned, fabric_test=fabric_runner.run,
+                    upgrade=upgrade)
 
 
-async def _leave(cfg: AgentConfig, session: Session, supervisor: Supervisor) -> None:
-    """The agent's goodbye: no more starts, its engines stopped or left to the next agent, the last statuses sent."""
+async def _leave(cfg: AgentConfig, session: Session, supervisor: Supervisor, *, upgrading: bool = False) -> None:
+    """The agent's goodbye: no more starts, its engines stopped or left to the next agent, the last statuses sent.
+
+    ``upgrading``: this process re-executes into another llmgw next, which adopts the engines: they are never
+    stopped then, whatever ``stop_engines_on_exit`` says."""
     # First, before any shard is stopped: the control plane must not start the shards stopped below
     # again on this node, and this agent refuses any start that comes anyway.
-    session.leave("agent stopping")
-    if cfg.stop_engines_on_exit:
+    session.leave("agent upgrading" if upgrading else "agent stopping")
+    if cfg.stop_engines_on_exit and not upgrading:
         log.info("agent stopping: stopping %d engines", len(supervisor.statuses()))
         await supervisor.stop_all(reason="agent stopping")
         # Their Stopped statuses go out before the stream closes, so the

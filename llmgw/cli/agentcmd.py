@@ -82,6 +82,19 @@ def _config_path(config: Path | None) -> Path | None:
     return config or (Path(os.environ["LLMGW_AGENT_CONFIG"]) if os.environ.get("LLMGW_AGENT_CONFIG") else None)
 
 
+def _resume_upgrade(state_dir: Path) -> None:
+    """An earlier `llmgw node upgrade` moved this node to a newer llmgw than this one: re-execute into it now."""
+    from llmgw.agent import selfupgrade
+    from llmgw.core.version import version
+
+    python = selfupgrade.resume_python(state_dir, version())
+    if python is not None:
+        typer.echo(f"this node's agent was upgraded to the llmgw in {python.parent.parent} (llmgw {version()} was "
+                   f"started); running that one (remove {state_dir / selfupgrade.DIR / selfupgrade.CURRENT} to run "
+                   "the one started)", err=True)
+        selfupgrade.exec_into(python)
+
+
 def _run(config: Path | None, flags: dict[str, Any], *, log_level: str,
          setup_logging: Callable[[str], None] | None) -> None:
     from llmgw.agent import config as agent_config
@@ -96,9 +109,14 @@ def _run(config: Path | None, flags: dict[str, Any], *, log_level: str,
     st = agent_settings.load(path=_config_path(config), env=os.environ, flags=flags)
     cfg = agent_config.from_settings(st)
     join_mod.check_mode(cfg.servers, tls=cfg.tls is not None)
+    _resume_upgrade(cfg.state_dir)
     try:
-        asyncio.run(agent_main.run(cfg, ring=ring))
+        upgraded = asyncio.run(agent_main.run(cfg, ring=ring))
     except rejoin.CertificateRefused as e:
         # Its own exit status: a unit file's RestartPreventExitStatus=3 keeps systemd from restarting it in vain.
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(rejoin.EXIT_CODE) from None
+    if upgraded is not None:  # `llmgw node upgrade`: the same process, the new llmgw, the engines adopted
+        from llmgw.agent import selfupgrade
+
+        selfupgrade.exec_into(upgraded)

@@ -167,6 +167,9 @@ def print_node(doc: dict[str, Any], now: float) -> None:
                  ("CPUs", str(doc["cpu_count"])), ("GPUs", ", ".join(g["name"] for g in doc["gpus"]) or "none"),
                  ("Engines", ", ".join(f"{e['name']} {e['version']}" for e in doc["engines"]) or "none")):
         console.print(f"{k + ':':<12} {v}", markup=False)
+    if up := doc.get("upgrade"):
+        console.print(f"{'Upgrade:':<12} {up['summary']}" + (f": {up['message']}" if up.get("message") else ""),
+                      markup=False)
     print_installs(doc.get("installs", []), now)
     console.print("\nReplicas:", markup=False)
     t = Table("REPLICA", "MODEL", "PHASE", "SHARD", "GPUS", "MESSAGE", box=None, pad_edge=False)

@@ -29,6 +29,7 @@ from llmgw.cli import logs as logs_mod
 from llmgw.cli import mirror as mirror_mod
 from llmgw.cli import nodes as nodes_mod
 from llmgw.cli import onboard as onboard_mod
+from llmgw.cli import plan as plan_mod
 from llmgw.cli import projects as projects_mod
 from llmgw.cli import settings as settings_mod
 from llmgw.cli import sim as sim_mod
@@ -143,12 +144,18 @@ def up(
 @app.command()
 def apply(
     file: list[str] = typer.Option(..., "--file", "-f", help="Model file (YAML; - for stdin); repeatable"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Apply nothing: show each model's metadata, memory and "
+                                                          "where it would be placed, with every other node's reason"),
     url: str = UrlOpt,
 ) -> None:
     """Create or update the models in a file."""
     try:
         models = [m for f in file for m in manifests.load(f)]
         c = _client(url)
+        if dry_run:
+            for m in models:
+                plan_mod.preview_manifest(c, m.to_manifest())
+            return
         for m in models:
             status, _ = c.request("POST", "/api/v1/models", json=m.to_manifest())
             console.print(f"model/{m.name} {'created' if status == 201 else 'configured'}")
@@ -243,6 +250,7 @@ onboard_mod.register(app, default_data_dir=default_data_dir)
 backup_mod.register(app, default_data_dir=default_data_dir)
 agentcmd.register(app, setup_logging=_logging, fail=_fail)
 nodes_mod.register(app)
+plan_mod.register(app, fail=_fail)
 controlplanes_mod.register(get_app)
 fabric_mod.register(app)
 login_mod.register(app)

@@ -1,4 +1,5 @@
-"""``llmgw node revoke NODE`` and ``llmgw node certificates NODE``: a node's certificates, over the REST API."""
+"""``llmgw node revoke NODE``, ``llmgw node certificates NODE`` (a node's certificates) and ``llmgw node upgrade``
+(its agent's llmgw release, ``nodeupgrade``), over the REST API."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from urllib.parse import quote
 import typer
 
 from llmgw.cli import client as client_mod
+from llmgw.cli import nodeupgrade
 from llmgw.core.errors import LlmgwError
 
 UrlOpt = typer.Option(None, "--url", help="Control plane URL [env LLMGW_URL, default http://127.0.0.1:8080]")
@@ -24,8 +26,10 @@ def _when(ts: float | None) -> str:
 
 def register(app: typer.Typer) -> None:
     """Adds the ``node`` group to ``app``."""
-    node_app = typer.Typer(no_args_is_help=True, help="A node's certificates: list them, revoke them.")
+    node_app = typer.Typer(no_args_is_help=True, help="A node's certificates (list them, revoke them) and its agent's "
+                                                      "upgrade.")
     app.add_typer(node_app, name="node")
+    nodeupgrade.register(node_app, url_opt=UrlOpt, fail=_fail)
 
     @node_app.command("revoke")
     def revoke(node: str, url: str = UrlOpt) -> None:

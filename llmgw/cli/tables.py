@@ -16,12 +16,20 @@ def agent_version(n: dict[str, Any]) -> str:
     return f"{said} (skew)" if n.get("version_skew") else said
 
 
+def status_cell(n: dict[str, Any]) -> str:
+    """The status words, then an agent upgrade under way or failed: "Ready (upgrading to 0.2.1: installing)"."""
+    status = n.get("status") or ("Ready" if n["connected"] else "NotReady")
+    up = n.get("upgrade") or {}
+    if up.get("summary") and up.get("state") != "done":
+        status += f" ({up['summary']})"
+    return str(status)
+
+
 def nodes(items: list[dict[str, Any]]) -> Table:
     t = Table("NODE", "STATUS", "ADDRESS", "CPUS", "MEMORY FREE/TOTAL", "GPUS", "ENGINES", "SHARDS", "VERSION")
     for n in items:
         # Ready / NotReady, then SchedulingDisabled (cordoned) and Draining (replicas still moving off).
-        status = n.get("status") or ("Ready" if n["connected"] else "NotReady")
-        t.add_row(n["id"], status, n["mgmt_addr"], str(n["cpu_count"]),
+        t.add_row(n["id"], status_cell(n), n["mgmt_addr"], str(n["cpu_count"]),
                   f"{format_bytes(n['memory_available_bytes'])} / {format_bytes(n['memory_total_bytes'])}",
                   str(len(n["gpus"])), ", ".join(e["name"] for e in n["engines"]) or "-", str(n["shards"]),
                   agent_version(n))
@@ -47,9 +55,8 @@ def nodes_wide(items: list[dict[str, Any]], engines_doc: dict[str, Any]) -> Tabl
     t = Table("NODE", "STATUS", "ADDRESS", "POOL", "CPUS", "MEMORY FREE/TOTAL", "GPUS", "ENGINES", "INSTALLS",
               "SHARDS", "VERSION")
     for n in items:
-        status = n.get("status") or ("Ready" if n["connected"] else "NotReady")
         mine = by_node.get(n["id"], {})
-        t.add_row(n["id"], status, n["mgmt_addr"], mine.get("pool") or "-", str(n["cpu_count"]),
+        t.add_row(n["id"], status_cell(n), n["mgmt_addr"], mine.get("pool") or "-", str(n["cpu_count"]),
                   f"{format_bytes(n['memory_available_bytes'])} / {format_bytes(n['memory_total_bytes'])}",
                   str(len(n["gpus"])), ", ".join(f"{e['name']} {e['version']}" for e in n["engines"]) or "-",
                   install_cell(mine.get("installs", [])), str(n["shards"]), agent_version(n))

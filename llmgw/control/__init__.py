@@ -17,7 +17,9 @@
   what routers report, read through ``llmgw.api.reports``; ``keyuse``: keys' "last used".
 - Also: ``engines`` (engine wants and settings), ``fabric`` (RDMA tests), ``remotemeta`` and ``netguard``
   (remote weights' metadata, reached safely), ``datadir`` and ``tokens`` (init and join tokens),
-  ``auditprune``; ``backup/``: ``llmgw backup``/``restore`` and the server's scheduled backups.
+  ``auditprune``; ``backup/``: ``llmgw backup``/``restore`` and the server's scheduled backups; ``upgrades``
+  (agents' upgrades under way and their health gate, the leader's, in memory); ``catalog/``: the model
+  catalog and the deploy preview (a source's facts, the placer's dry run).
 
 It never imports ``llmgw.agent`` or ``llmgw.router``: they meet on the wire (``llmgw.api``).
 """

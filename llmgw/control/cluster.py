@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from llmgw.api import routing
 from llmgw.control import conditions as cond
 from llmgw.control import events as ev
-from llmgw.control import loadreports, remotemeta
+from llmgw.control import loadreports, remotemeta, upgrades
 from llmgw.control.loop.autoscaling import Autoscaling, in_force
 from llmgw.control.loop.context import InContext, LoopContext
 from llmgw.control.loop.executor import Executor, write_targets
@@ -79,6 +79,8 @@ class Cluster:
         #: Operators' engine wants and the cluster's engine settings (``control.engines`` rebinds them on a change).
         self.engine_wants: tuple[provisioning.ScopedWant, ...] = ()
         self.engine_settings = provisioning.EngineSettings.from_map({})
+        #: Agents' upgrades under way and their last outcome (``llmgw node upgrade``), the leader's, in memory.
+        self.upgrades = upgrades.Upgrades(clock=clock, record=self.record)
         self._wake = asyncio.Event()
         if not standby:
             self._take(load(store))
@@ -129,12 +131,14 @@ class Cluster:
         self.recorder.drop_unwritten()
         self.links.close_all(f"this control plane no longer leads ({reason})")
         self.node_manager.views = {}
+        self.upgrades.clear()
         self.kick()
 
     # -- what agents report ----------------------------------------------------------------------
     def node_registered(self, node: StoredNode, shards: list[ShardStatus], link: AgentLink) -> None:
         self.links.register(node.id, link)
         self.node_manager.registered(node, shards)
+        self.upgrades.registered(node.id, node.agent_version)
         self.kick()
 
     def node_heartbeat(self, node_id: str, hb: Heartbeat) -> None:
@@ -169,6 +173,8 @@ class Cluster:
             # while it was in its thread) gets another pass at once instead of the next tick.
             self._wake.clear()
             again = await self._lead_pass() if self.leading else False
+            if self.leading:  # agents' upgrades: the health gate and the deadlines, polled or not
+                self.upgrades.step(lambda n: upgrades.not_ready(self.nodes.get(n), self.connected(n)))
             await self.table.update()
             self.links.announce_peers()
             # Give the event loop at least as long as the pass took before the next one:

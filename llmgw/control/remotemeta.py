@@ -35,7 +35,7 @@ import httpx
 from llmgw.control import netguard
 from llmgw.control.placement import needs
 from llmgw.control.placement.needs import RemoteWeights
-from llmgw.core import netpolicy, sources, weightmeta
+from llmgw.core import modelfacts, netpolicy, sources, weightmeta
 from llmgw.core.inventory import WeightFile
 from llmgw.core.specs import ModelSpec
 
@@ -116,18 +116,26 @@ class Reader:
     # -- the reads (in a worker thread) ------------------------------------------------
     def read(self, source: str) -> RemoteWeights:
         """The metadata of ``source`` (a fetched source's text), blocking; never raises: a failure gives the problem."""
+        return self.read_facts(source)[0]
+
+    def read_facts(self, source: str) -> tuple[RemoteWeights, modelfacts.Labels, dict[str, int]]:
+        """``read``, with the words the headers state (architecture, dtype, quantisation) and the files read of,
+        by name with their sizes (the deploy preview's; a pass needs only ``read``'s numbers)."""
+        session: _Session | None = None
         try:
             src = sources.parse(source)
             inner = self._transport or (httpx.HTTPTransport(verify=self._verify) if self._verify else None)
             guarded = netguard.Transport(self.policy, inner)
             with httpx.Client(timeout=self.timeout_s, transport=guarded, follow_redirects=True) as http:
-                weight = _Session(http, self).read(src)
+                session = _Session(http, self)
+                weight = session.read(src)
         except (Unreadable, weightmeta.BadHeader, ValueError, netpolicy.Refused) as exc:
-            return RemoteWeights(None, str(exc))
+            return RemoteWeights(None, str(exc)), modelfacts.Labels(), {}
         except httpx.HTTPError as exc:
-            return RemoteWeights(None, f"{type(exc).__name__} from {exc.request.url if _has_request(exc) else source}: "
-                                       f"{exc or 'no answer'}")
-        return RemoteWeights(dataclasses.replace(weight, source=source))
+            return (RemoteWeights(None, f"{type(exc).__name__} from "
+                                        f"{exc.request.url if _has_request(exc) else source}: {exc or 'no answer'}"),
+                    modelfacts.Labels(), {})
+        return RemoteWeights(dataclasses.replace(weight, source=source)), session.labels, session.files
 
 
 def _has_request(exc: httpx.HTTPError) -> bool:
@@ -143,6 +151,9 @@ class _Session:
 
     def __init__(self, http: httpx.Client, reader: Reader) -> None:
         self.http, self.reader = http, reader
+        #: What the headers say in words, and the model's files with their sizes (for the deploy preview).
+        self.labels = modelfacts.Labels()
+        self.files: dict[str, int] = {}
 
     def _get(self, url: str, *, headers: dict[str, str] | None = None, auth: bool = False) -> httpx.Response:
         h = dict(headers or {})
@@ -196,6 +207,7 @@ class _Session:
             if wanted not in sizes:
                 raise Unreadable(f"{source} has no file {wanted} (it lists {len(sizes)} files)")
             size = sizes[wanted] if sizes[wanted] >= 0 else self._size(url(wanted), auth=True)
+            self.files = {wanted: size}
             return WeightFile(path="", size_bytes=size, format="gguf", **self._gguf(url(wanted), auth=True))
         prefix = f"{folder}/" if folder else ""
         inside = {n[len(prefix):]: sz for n, sz in sizes.items() if n.startswith(prefix)}
@@ -208,7 +220,8 @@ class _Session:
         needed = [n for n in inside if "/" not in n and (n.endswith(".safetensors") or n.endswith(_TOKENIZER_SUFFIXES))]
         total = 0
         for n in needed:
-            total += inside[n] if inside[n] >= 0 else self._size(url(prefix + n), auth=True)
+            self.files[n] = inside[n] if inside[n] >= 0 else self._size(url(prefix + n), auth=True)
+            total += self.files[n]
         return self._safetensors(lambda n: url(prefix + n), tensors, total, auth=True)
 
     def _size(self, url: str, *, auth: bool = False) -> int:
@@ -229,6 +242,11 @@ class _Session:
             n = weightmeta.safetensors_header_length(self._range(url(name), 0, 7, auth=auth))
             headers.append(weightmeta.safetensors_params(self._range(url(name), 8, 8 + n - 1, auth=auth)))
         meta = weightmeta.safetensors_meta(numbers, headers)
+        by_dtype: dict[str, int] = {}
+        for count, dtype in headers:
+            by_dtype[dtype] = by_dtype.get(dtype, 0) + count
+        stored = max(by_dtype, key=lambda k: by_dtype[k]) if by_dtype else ""
+        self.labels = modelfacts.config_labels(config if isinstance(config, dict) else {}, stored)
         if len(tensors) > _HEADERS_READ:
             meta.pop("params", None)  # one file's count of many: the size stands for the weights instead
         return WeightFile(path="", size_bytes=total, format="safetensors", **meta)
@@ -238,7 +256,9 @@ class _Session:
         while True:
             buf = self._range(url, 0, n - 1, auth=auth)
             try:
-                return weightmeta.parse_gguf(buf)
+                values, params = weightmeta.gguf_values(buf)
+                self.labels = modelfacts.gguf_labels(values)
+                return weightmeta.gguf_numbers(values, params)
             except weightmeta.BadHeader as exc:
                 if "ends early" not in str(exc) and "a string of" not in str(exc) or len(buf) < n or n >= _GGUF_MAX:
                     raise Unreadable(f"{url} is not a readable GGUF file ({exc})") from None
@@ -259,6 +279,7 @@ class _Session:
         entries = listing.get("files", []) if isinstance(listing, dict) else []
         files = {str(f.get("path", "")): int(f.get("size", 0)) for f in entries if isinstance(f, dict)}
         total = sum(files.values())
+        self.files = dict(files)
         base = f"{self.reader.mirror_url}/files/{urllib.parse.quote(rest)}"
         # The asked path is one file when the listing says "" for it, or when it is a file to GET: a
         # listing of a file names it by its own name, as a directory holding one file would.

@@ -106,6 +106,8 @@ class Engine:
     embeds_by_default: bool | None = None
     #: The flags in ``engine_args`` that turn its ``/v1/embeddings`` on (llama-server's ``--embeddings``).
     embeddings_flags: tuple[str, ...] = ()
+    #: Its counters of prompt and generated tokens (("", ""): none), re-exported by routers per replica.
+    token_metrics: tuple[str, str] = ("", "")
 
 
 #: What Python engines (vLLM, SGLang) read from the libraries they run on: NCCL, CUDA, OpenMP, MKL,
@@ -132,6 +134,7 @@ _LLAMACPP = Engine(
     queue_metric="llamacpp:requests_deferred",
     running_metric="llamacpp:requests_processing",
     kv_usage_metrics=(),
+    token_metrics=("llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total"),
     reports_prefill_progress=True,
     prefix_cache_shared=False,
     openai_shapes_needed=True,
@@ -210,6 +213,7 @@ _VLLM = Engine(
     queue_metric="vllm:num_requests_waiting",
     running_metric="vllm:num_requests_running",
     kv_usage_metrics=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    token_metrics=("vllm:prompt_tokens_total", "vllm:generation_tokens_total"),
     reports_prefill_progress=False,
     prefix_cache_shared=True,
     openai_shapes_needed=False,
@@ -265,6 +269,7 @@ _SGLANG = Engine(
     queue_metric="sglang:num_queue_reqs",
     running_metric="sglang:num_running_reqs",
     kv_usage_metrics=(),
+    token_metrics=("sglang:prompt_tokens_total", "sglang:generation_tokens_total"),
     reports_prefill_progress=False,
     prefix_cache_shared=True,
     openai_shapes_needed=False,
@@ -328,6 +333,11 @@ def running_metrics() -> tuple[str, ...]:
 def kv_usage_metrics() -> tuple[str, ...]:
     """Every engine's KV-cache-use gauges, in the registry's order."""
     return tuple(name for e in ENGINES.values() for name in e.kv_usage_metrics)
+
+
+def token_metrics(which: int) -> tuple[str, ...]:
+    """Every engine's prompt (``which`` 0) or generated (1) tokens counter, in the registry's order."""
+    return tuple(e.token_metrics[which] for e in ENGINES.values() if e.token_metrics[which])
 
 
 def reserved_in(engine: str, args: Iterable[str]) -> list[str]:

@@ -124,6 +124,12 @@ def parse_gguf(buf: Any) -> Meta:
     A buffer cut inside the header raises BadHeader("the header ends early"): a
     remote reader then asks for more bytes (``llmgw.control.remotemeta``).
     """
+    values, params = gguf_values(buf)
+    return gguf_numbers(values, params)
+
+
+def gguf_values(buf: Any) -> tuple[dict[str, Any], int]:
+    """A GGUF header's key/value pairs (long arrays and strings of arrays as None) and its parameter count."""
     if bytes(buf[:4]) != GGUF_MAGIC:
         raise BadHeader("no GGUF magic")
     if len(buf) < 8:
@@ -152,6 +158,11 @@ def parse_gguf(buf: Any) -> Meta:
         params += math.prod(int(cur.scalar("Q" if cur.wide else "I")) for _ in range(n_dims))
         cur.scalar("I")  # the tensor's type
         cur.scalar("Q")  # its offset in the data section
+    return values, params
+
+
+def gguf_numbers(values: dict[str, Any], params: int) -> Meta:
+    """``parse_gguf``'s numbers from ``gguf_values``' answer."""
     meta: Meta = {"params": params} if params > 0 else {}
     arch = values.get("general.architecture")
     if isinstance(arch, str) and arch:

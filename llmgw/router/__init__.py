@@ -18,7 +18,8 @@ A request's path, in order:
   engine's errors in OpenAI's shape;
 * ``upstream``: the choice of endpoint by the model's policy (``policies``: one file per routing
   policy on ``policies.base.Policy``, wrapping the pure choices in ``pick`` and ``prefix``), the
-  retry rules, and what is in flight (``loadwatch``), ejected (``health``) or hung (``hung``);
+  retry rules, and what is in flight (``loadwatch``; ``enginemetrics`` re-exports what it read of each engine on
+  ``/metrics``), ejected (``health``) or hung (``hung``);
   ``lookahead`` what it reads of an engine's answer before handing it over (llama.cpp's progress events,
   a refusal's start); ``client`` is its HTTP/1.1 pool to engines, ``response`` the engine's response it hands over,
   ``enginetls`` the check of an ``https://`` engine's certificate (the cluster CA's, for its node) at connect.

@@ -44,7 +44,8 @@ log = logging.getLogger(__name__)
 
 def wanted() -> frozenset[str]:
     """Every gauge name an engine's load is read from."""
-    return frozenset((*engines.queue_metrics(), *engines.running_metrics(), *engines.kv_usage_metrics()))
+    return frozenset((*engines.queue_metrics(), *engines.running_metrics(), *engines.kv_usage_metrics(),
+                      *engines.token_metrics(0), *engines.token_metrics(1)))
 
 
 def parse_gauges(text: str, names: Collection[str] | None = None) -> dict[str, float]:
@@ -87,13 +88,17 @@ class EngineLoad:
     running: float = 0.0
     kv_cache_usage: float | None = None  # 0..1, vLLM only
     at: float = 0.0  # monotonic time of the scrape
+    #: The engine's own counters of prompt and generated tokens (None: it has none), for ``enginemetrics``.
+    prompt_tokens: float | None = None
+    generation_tokens: float | None = None
 
 
 def engine_load(gauges: Mapping[str, float], *, at: float = 0.0) -> EngineLoad:
     def first(names: tuple[str, ...]) -> float | None:
         return next((gauges[n] for n in names if n in gauges), None)
     return EngineLoad(waiting=first(engines.queue_metrics()) or 0.0, running=first(engines.running_metrics()) or 0.0,
-                      kv_cache_usage=first(engines.kv_usage_metrics()), at=at)
+                      kv_cache_usage=first(engines.kv_usage_metrics()), at=at,
+                      prompt_tokens=first(engines.token_metrics(0)), generation_tokens=first(engines.token_metrics(1)))
 
 
 class Loads:

@@ -10,6 +10,8 @@ with its ``# HELP``/``# TYPE``. A family only some workers have is there with th
   sum goes down once by what the old process had counted (a counter reset to Prometheus's ``rate()``, as when a
   single router restarts).
 - A worker that stopped pushing (``STALE_S``) is dropped from the sum, with the same effect.
+- The engines' own figures (``llmgw_engine_*``, ``enginemetrics``) are the same engines seen by every worker: the
+  largest of their samples is kept, not their sum.
 - ``_created`` samples (prometheus_client's counters and histograms have them) are left out: a sum of creation
   times means nothing, and they are optional in the exposition format.
 
@@ -34,6 +36,9 @@ STALE_S = 30.0
 #: The hub's paths: a worker's push (``?router=ID``, the body its ``render()``) and the merged scrape.
 PUSH_PATH = "/api/v1/router/metrics"
 MERGED_PATH = "/api/v1/router/metrics/merged"
+
+#: Families every worker reads from the same engines (``enginemetrics.PREFIX``): merged by their largest value.
+ENGINE_PREFIX = "llmgw_engine_"
 
 _Key = tuple[str, tuple[tuple[str, str], ...]]
 
@@ -63,11 +68,16 @@ def merge(sources: Iterable[Iterable[Metric]]) -> list[Metric]:
                 heads[family.name] = family
                 sums[family.name] = {}
             into = sums[family.name]
+            same_engines = family.name.startswith(ENGINE_PREFIX)
             for sample in family.samples:
                 if _created(sample.name):
                     continue
                 key = (sample.name, tuple(sorted(sample.labels.items())))
-                into[key] = into.get(key, 0.0) + sample.value
+                before = into.get(key)
+                if before is None:
+                    into[key] = sample.value
+                else:
+                    into[key] = max(before, sample.value) if same_engines else before + sample.value
     out = []
     for name, head in heads.items():
         made = Metric(name, head.documentation, head.type, head.unit)

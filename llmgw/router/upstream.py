@@ -57,13 +57,14 @@ import functools
 import json
 import logging
 import socket
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Iterable, Iterator
 
 import aiohttp
 
 from llmgw.router import (
     admission,
     client,
+    enginemetrics,
     enginetls,
     errors,
     health,
@@ -140,6 +141,7 @@ class Forwarder:
         self._seen: dict[str, ModelRoute] = {}  # model name -> its latest route, when no holder
         self._watch = loadwatch.LoadWatch(self.loads, self._endpoints, interval_s=scrape_interval_s,
                                           verified=self._scrape_verified)
+        enginemetrics.COLLECTOR.source = self._engine_rows  # the process's one forwarder: its scrapes exported
         #: The ``https://`` engines to verify (``enginetls``), by URL, from each table's ``engine_ca``.
         self._expected: dict[str, enginetls.Expected] = {}
         if holder is not None:
@@ -158,6 +160,15 @@ class Forwarder:
         if endpoint.url not in self._expected or self._pool is None:
             return None
         return self._pool.get(endpoint.url, "/metrics", self._head(endpoint))
+
+    def _engine_rows(self) -> Iterator[tuple[str, str, loadwatch.EngineLoad]]:
+        """(model, replica, its engine's last scrape) for every endpoint of the table with a fresh scrape."""
+        routes = self._holder.current.models if self._holder is not None else tuple(self._seen.values())
+        for route in routes:
+            for e in route.endpoints:
+                load = self.loads.engine.get(e.replica_id)
+                if load is not None:
+                    yield route.name, e.replica_id, load
 
     def _endpoints(self) -> Iterable[Endpoint]:
         routes = self._holder.current.models if self._holder is not None else tuple(self._seen.values())

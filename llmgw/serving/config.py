@@ -16,6 +16,7 @@ from pathlib import Path
 from llmgw.control import leader as leader_mod
 from llmgw.control.backup import schedule as backup_schedule
 from llmgw.control.backup import sealed
+from llmgw.control.catalog import entries as catalog_entries
 from llmgw.control.reconcile import decide
 from llmgw.control.sso import config as sso_config
 from llmgw.control.usage.config import UsageConfig, usage_config
@@ -51,6 +52,8 @@ class ServerConfig:
     #: Hosts (host or host:port, "*": any) the control plane's remote reads may reach although they are
     #: loopback, link-local or its own (``--fetch-allow-private``; ``control.netguard``).
     fetch_allow_private: tuple[str, ...] = ()
+    #: The model catalog (``--catalog``, read and checked at start); None: the shipped one.
+    catalog: tuple[catalog_entries.Entry, ...] | None = None
     #: Loopback development only: the agent port plaintext, no join port, any node id (and REST open).
     insecure: bool = False
     #: Where `llmgw agent join` reaches the control plane (TLS, server-auth only; 0 picks a free port).
@@ -198,6 +201,7 @@ def config_of(settings: ServerSettings, env: Mapping[str, str], *, default_data_
                         advertise=settings.advertise_address, sso_redirect_url=settings.sso_redirect_url,
                         lease=lease,
                         fetch_allow_private=settings.fetch_allow_private, router=settings.router,
+                        catalog=catalog_entries.load(settings.catalog) if settings.catalog is not None else None,
                         router_processes=settings.router_worker_count, usage=usage_config(settings),
                         tls=tls_plan(host=settings.host, tls=settings.tls, plain_http=settings.plain_http,
                                      tls_cert=settings.tls_cert, tls_key=settings.tls_key, tls_san=settings.tls_san,

@@ -93,6 +93,9 @@ class ServerSettings:
                                                    "remote sources may reach although it is loopback, link-local or "
                                                    "this host's own ('*': any); repeatable [default: none; the hub "
                                                    "and mirror are trusted]")
+    catalog: Path | None = setting(None, metavar="FILE", help="The model catalog the UI's Deploy page and `llmgw "
+                                   "catalog` list (YAML, the shape of llmgw/control/catalog/models.yaml) [default: "
+                                   "the catalog shipped with llmgw]")
     hub_token_file: Path | None = setting(None, help="A file holding the hub's token, sent only to nodes fetching "
                                           "an hf:// source (without it: the LLMGW_HF_TOKEN environment variable); a "
                                           "token is never given on the command line")

@@ -13,7 +13,7 @@ from playwright.sync_api import expect
 
 from llmgw.testing import browser, system
 
-PAGES = ("/ui/", "/ui/models", "/ui/nodes", "/ui/nodes/node1", "/ui/keys", "/ui/playground", "/ui/apply",
+PAGES = ("/ui/", "/ui/models", "/ui/nodes", "/ui/nodes/node1", "/ui/keys", "/ui/playground", "/ui/apply", "/ui/deploy",
          "/ui/audit", "/ui/users", "/ui/models/no-such-model")
 
 

@@ -81,7 +81,7 @@ def get_json(url: str, *, key: str | None = KEY, body: bytes | None = None) -> t
         return e.code, json.loads(e.read())
 
 
-def stats(url: str) -> dict[str, int]:
+def stats(url: str) -> dict[str, Any]:
     return get_json(url + "/sim/stats", key=None)[1]
 
 
@@ -120,6 +120,34 @@ def test_chat_stream_with_usage(fast: str) -> None:
     stream = client(fast).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
                                                   max_tokens=2, stream=True)
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == " tok0 tok1"
+
+
+def test_echo_answers_the_last_user_message_and_stats_list_the_bodies(tmp_path: Path) -> None:
+    """With --echo a chat's answer is its last user message, a word a token (newlines kept), "stop" when whole
+    and "length" when max_tokens cuts it; /sim/stats lists the bodies as received, history and parameters."""
+    proc, url = start_sim(tmp_path, "echo", "--echo", "--decode-tps", "2000")
+    try:
+        proc.wait_http(url + "/health", timeout=20)
+        history = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "first"},
+                   {"role": "assistant", "content": "first"},
+                   {"role": "user", "content": "two words\n\n```\ncode\n```"}]
+        whole = client(url).chat.completions.create(model=MODEL, messages=history, max_tokens=50)  # type: ignore[arg-type]
+        assert whole.choices[0].message.content == "two words\n\n```\ncode\n```"
+        assert whole.choices[0].finish_reason == "stop"
+        with client(url).chat.completions.with_streaming_response.create(
+                model=MODEL, messages=history, max_tokens=2, stream=True, seed=7, temperature=0.3,  # type: ignore[arg-type]
+                stream_options={"include_usage": True}) as response:
+            chunks = sse_chunks(response.iter_lines())
+        for chunk in chunks:
+            openai_schema.validate("chat_chunk", chunk)
+        assert [c["choices"][0]["delta"]["content"] for c in chunks[:-1]] == ["two", " words"]
+        assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+        assert chunks[-1]["usage"]["completion_tokens"] == 2
+        seen = stats(url)["requests"]
+        assert seen[-1]["messages"] == history and seen[-1]["seed"] == 7 and seen[-1]["temperature"] == 0.3
+        assert seen[-2]["messages"] == history and "stream" not in seen[-2]
+    finally:
+        proc.stop()
 
 
 def test_completions(fast: str) -> None:

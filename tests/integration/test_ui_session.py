@@ -89,7 +89,7 @@ def test_insecure_server_opens_every_page_without_a_login(insecure: System) -> N
     try:
         who = insecure.get("/api/v1/whoami")
         for path in ("/ui/", "/ui/models", "/ui/nodes", "/ui/nodes/node1", "/ui/keys", "/ui/playground", "/ui/apply",
-                     "/ui/audit", "/ui/fragments/nodes"):
+                     "/ui/deploy", "/ui/audit", "/ui/fragments/nodes"):
             resp = b.request("GET", path)
             assert resp.status_code == 200, (path, resp.status_code, resp.headers.get("location"), resp.text[:300])
         doc = page(b.request("GET", "/ui/"))

@@ -74,3 +74,34 @@ def test_the_webhook_secret_is_read_from_its_file_never_the_command_line(tmp_pat
     with pytest.raises(ValueError, match="--budget-webhook-url 'ftp://x'"):
         ServerSettings(budget_webhook_url="ftp://x")
     assert not usage_config(ServerSettings()).request_log
+
+
+def test_each_budget_in_force_is_exported_as_its_share_used_and_dropped_when_its_limit_goes(tmp_path: Path) -> None:
+    """``llmgw_budget_used_ratio{scope,kind}`` (the 90 % alert's input): charged over limit as the last sync
+    answered; a budget whose limit was removed leaves the scrape."""
+    store = store_mod.Store.open(tmp_path)
+    with store._session.begin() as s:
+        s.add(ProjectRow(name="team", limits={"tokens_per_day": 1000}, created_at=0.0))
+    db = StoreThread(store)
+    service = UsageService(db)
+
+    def ratio() -> float | None:
+        return service.registry.get_sample_value("llmgw_budget_used_ratio",
+                                                 {"scope": "project:team", "kind": "tokens_per_day"})
+
+    async def main() -> None:
+        budget = quota.budget_id("project:team", "tokens_per_day", quota.period("tokens_per_day", time.time()).id)
+        await service.sync(QuotaSync("r1", (QuotaItem(budget, consumed=900),)))
+        assert ratio() == pytest.approx(0.9)
+        with store._session.begin() as s:
+            s.get(ProjectRow, "team").limits = {}  # type: ignore[union-attr]
+        service.invalidate()
+        answer = await service.sync(QuotaSync("r1", (QuotaItem(budget),)))
+        assert answer.items[0].limit == 0
+        assert ratio() is None
+
+    try:
+        asyncio.run(main())
+    finally:
+        db.close()
+        store.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from llmgw.agent.session.heartbeats import Renewal
 from llmgw.agent.session.outbox import Outbox
 from llmgw.api.v1 import agent_pb2 as pb
 from llmgw.control.agentsvc import inbound
+from llmgw.core.agentupgrade import State, UpgradeStatus
 
 CONNECT = pb.DESCRIPTOR.services_by_name["AgentService"].methods_by_name["Connect"]
 
@@ -90,3 +92,33 @@ def test_a_command_is_acked_when_its_handler_says_so(tmp_path: Path) -> None:
 
     sent = asyncio.run(main())
     assert [(m.WhichOneof("body"), m.ack.seq, m.ack.ok) for m in sent] == [("ack", 9, True)]
+
+
+def test_an_upgrade_status_said_between_streams_goes_out_on_the_next(tmp_path: Path) -> None:
+    """An upgrade that fails while the agent redials is not lost: its FAILED goes out with the next stream's first
+    message (and only the last status said, once)."""
+    said: list[Callable[[UpgradeStatus], None]] = []
+
+    async def nothing(*_a: object) -> None:
+        return None
+
+    commands = handlers.Commands(start=nothing, stop=nothing, drain=nothing, statuses=list,
+                                 logs=None,  # type: ignore[arg-type]
+                                 upgrade=lambda _req, send: said.append(send))
+    outbox = Outbox()
+    h = handlers.Handlers(commands, outbox, fence=fencing.Fence(), rotation=Rotation((), tmp_path),
+                          renewal=Renewal("n1", None))
+    outbox.queue = asyncio.Queue()
+    h.dispatch(pb.ControlMessage(seq=1, term=1, upgrade_agent=pb.UpgradeAgent(id="a1", version="0.2.1",
+                                                                              index_url="http://i/")))
+    assert len(said) == 1 and outbox.queue.empty()  # answered by statuses, not an Ack
+    outbox.queue = None  # the stream went down
+    said[0](UpgradeStatus("a1", "0.2.1", State.INSTALLING, "downloading"))
+    said[0](UpgradeStatus("a1", "0.2.1", State.FAILED, "pip install exited 1", ("ERROR: no llmgw",)))
+    outbox.queue = asyncio.Queue()  # the next stream: the control plane's first message is its Provision
+    h.dispatch(pb.ControlMessage(seq=1, term=1, provision=pb.Provision()))
+    h.dispatch(pb.ControlMessage(seq=2, term=1, controlplanes=pb.ControlPlanes()))
+    sent = [outbox.queue.get_nowait() for _ in range(outbox.queue.qsize())]
+    assert [(m.upgrade_status.id, m.upgrade_status.state, m.upgrade_status.message,
+             list(m.upgrade_status.last_output)) for m in sent if m.WhichOneof("body") == "upgrade_status"] == [
+        ("a1", pb.UPGRADE_FAILED, "pip install exited 1", ["ERROR: no llmgw"])]

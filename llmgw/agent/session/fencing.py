@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 
 #: The commands a deposed leader must not get carried out; they carry the sender's term.
 FENCED = frozenset({"start_shard", "stop_shard", "drain", "remove_weights", "provision", "fabric_test",
-                    "logs_request"})
+                    "logs_request", "upgrade_agent"})
 
 
 class Fence:

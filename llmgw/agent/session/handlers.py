@@ -20,6 +20,7 @@ from llmgw.agent.session.heartbeats import Renewal
 from llmgw.agent.session.outbox import Outbox
 from llmgw.api import convert
 from llmgw.api.v1 import agent_pb2 as pb
+from llmgw.core import agentupgrade as upg
 from llmgw.core import fabrictest as ft
 from llmgw.core import provision as prov
 from llmgw.core.errors import LlmgwError
@@ -37,7 +38,9 @@ class Commands:
                  logs: Callable[[str, int, bool], AsyncIterator[list[str]]],
                  remove_weights: Callable[[str], Awaitable[None]] | None = None,
                  fabric_test: Callable[[ft.FabricTestRequest], Awaitable[ft.FabricTestResult]] | None = None,
-                 provision: Callable[[prov.Provision], None] | None = None) -> None:
+                 provision: Callable[[prov.Provision], None] | None = None,
+                 upgrade: Callable[[upg.UpgradeRequest, Callable[[upg.UpgradeStatus], None]], None] | None = None,
+                 ) -> None:
         self.start, self.stop, self.drain, self.statuses, self.logs = start, stop, drain, statuses, logs
         #: Takes the engines the control plane wants here (the installer's ``apply``); None: ignored, said once.
         self.provision = provision
@@ -45,6 +48,9 @@ class Commands:
         self.remove_weights = remove_weights
         #: Runs this node's side of a fabric bandwidth test; None: every test is answered with a refusal.
         self.fabric_test = fabric_test
+        #: Starts this agent's upgrade (``selfupgrade.SelfUpgrade.begin``), which reports through the callable it
+        #: is given; None: every upgrade is answered FAILED.
+        self.upgrade = upgrade
 
 
 class Handlers:
@@ -59,8 +65,14 @@ class Handlers:
         self.log_tasks: dict[str, asyncio.Task[None]] = {}
         #: Set by ``leave``: the agent is stopping, so starts are refused (and the control plane was told).
         self.leaving = ""
+        #: An upgrade's status said while no stream was up: sent on the next stream, with its first message's
+        #: handling (the Provision every Register is answered with), so a FAILED is never lost to a reconnect.
+        self._upgrade_unsent: upg.UpgradeStatus | None = None
 
     def dispatch(self, msg: pb.ControlMessage) -> None:
+        if self._upgrade_unsent is not None and self.outbox.queue is not None:
+            unsent, self._upgrade_unsent = self._upgrade_unsent, None
+            self._upgrade_status(unsent)
         kind = msg.WhichOneof("body")
         if kind in FENCED and self.fence.stale(msg, kind, self.outbox):
             return
@@ -160,6 +172,26 @@ class Handlers:
         self._spawn(self._fabric_test(req), f"fabric test {req.test_id}")
         return False
 
+    def upgrade_agent(self, msg: pb.ControlMessage) -> bool:
+        # Answered by UpgradeStatus messages (installing, restarting, failed), not by an Ack.
+        m = msg.upgrade_agent
+        req = upg.UpgradeRequest(m.id, m.version, m.index_url, m.find_links)
+        log.info("command from the control plane (term %d): upgrade this agent to llmgw %.80r", msg.term, m.version)
+        if self.commands.upgrade is None:
+            self._upgrade_status(upg.UpgradeStatus(req.id, req.version, upg.State.FAILED,
+                                                   "this agent cannot upgrade itself"))
+        else:
+            self.commands.upgrade(req, self._upgrade_status)
+        return False
+
+    def _upgrade_status(self, st: upg.UpgradeStatus) -> None:
+        if self.outbox.queue is None:
+            self._upgrade_unsent = st  # the last one is what the control plane needs
+            return
+        self.outbox.send(upgrade_status=pb.UpgradeStatus(
+            id=st.id, version=st.version, state=_UPGRADE_STATES[st.state], message=st.message,
+            last_output=list(st.last_output)))
+
     async def _remove_weights(self, seq: int, name: str) -> None:
         error = ""
         try:
@@ -213,6 +245,9 @@ class Handlers:
 
 Handler = Callable[[Handlers, pb.ControlMessage], bool]
 
+_UPGRADE_STATES = {upg.State.INSTALLING: pb.UPGRADE_INSTALLING, upg.State.RESTARTING: pb.UPGRADE_RESTARTING,
+                   upg.State.FAILED: pb.UPGRADE_FAILED}
+
 #: Every kind of ``ControlMessage.body`` this agent acts on, and what it does with it.
 HANDLERS: dict[str, Handler] = {
     "start_shard": Handlers.start_shard,
@@ -225,6 +260,7 @@ HANDLERS: dict[str, Handler] = {
     "provision": Handlers.provision,
     "fabric_test": Handlers.fabric_test,
     "controlplanes": Handlers.controlplanes,
+    "upgrade_agent": Handlers.upgrade_agent,
 }
 #: The kinds this agent receives and ignores on purpose, with why.
 NOT_HANDLED: dict[str, str] = {

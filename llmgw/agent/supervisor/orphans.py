@@ -149,9 +149,23 @@ class Orphan:
 
     def alive(self) -> bool:
         try:
-            return self._proc.is_running() and self._proc.status() != psutil.STATUS_ZOMBIE
+            if not self._proc.is_running():
+                return False
+            if self._proc.status() != psutil.STATUS_ZOMBIE:
+                return True
+            self._reap()
+            return False
         except _SKIP:
             return False
+
+    def _reap(self) -> None:
+        """A dead engine that is this process's own child is reaped: after `llmgw node upgrade` the agent is the
+        same process (re-executed) and adopts its own children, which would otherwise stay zombies while it runs."""
+        try:
+            if self._proc.ppid() == os.getpid():
+                os.waitpid(self.pid, os.WNOHANG)
+        except (*_SKIP, ChildProcessError, ProcessLookupError):
+            pass
 
     def signal(self, sig: signal.Signals) -> bool:
         """Send ``sig`` to the engine's group; False when the engine is gone (then nothing is sent)."""

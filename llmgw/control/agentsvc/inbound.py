@@ -23,6 +23,7 @@ from llmgw.control.agentsvc import metrics
 from llmgw.control.agentsvc.link import Link
 from llmgw.control.cluster import Cluster
 from llmgw.core import pki
+from llmgw.core.agentupgrade import State, UpgradeStatus
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,16 @@ class Inbound:
 
     def fabric_result(self, msg: pb.AgentMessage, link: Link) -> None:
         link.fabric_result(msg.fabric_result)
+
+    def upgrade_status(self, msg: pb.AgentMessage, link: Link) -> None:
+        m = msg.upgrade_status
+        state = _UPGRADE_STATES.get(m.state)
+        if state is None:
+            log.warning("node %s reports upgrade %s in a state this control plane does not know (%d); ignored",
+                        link.node_id, m.id[:40], m.state)
+            return
+        self.cluster.upgrades.reported(link.node_id, UpgradeStatus(m.id, m.version, state, m.message,
+                                                                   tuple(m.last_output)))
 
     def logs_reply(self, msg: pb.AgentMessage, link: Link) -> None:
         link.logs_reply(msg.logs_reply)
@@ -129,10 +140,13 @@ HANDLERS: dict[str, Handler] = {
     "renew_cert": Inbound.renew_cert,
     "fabric_result": Inbound.fabric_result,
     "goodbye": Inbound.goodbye,
+    "upgrade_status": Inbound.upgrade_status,
 }
 #: The kinds ignored on purpose, with why (none: every kind an agent sends is acted on).
 NOT_HANDLED: dict[str, str] = {}
 
+_UPGRADE_STATES = {pb.UPGRADE_INSTALLING: State.INSTALLING, pb.UPGRADE_RESTARTING: State.RESTARTING,
+                   pb.UPGRADE_FAILED: State.FAILED}
 _observe_heartbeat = metrics.HEARTBEAT_SECONDS.observe
 _counters = {f.name: metrics.MESSAGES.labels(kind=f.name)
              for f in pb.AgentMessage.DESCRIPTOR.oneofs_by_name["body"].fields}

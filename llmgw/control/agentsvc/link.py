@@ -66,6 +66,9 @@ class Link:
     def provision(self, provision: Provision) -> None:
         self._put(provision=convert.provision_to_pb(provision))
 
+    def upgrade_agent(self, *, id: str, version: str, index_url: str, find_links: bool) -> None:  # noqa: A002
+        self._put(upgrade_agent=pb.UpgradeAgent(id=id, version=version, index_url=index_url, find_links=find_links))
+
     def request_logs(self, shard_id: str, *, lines: int, follow: bool) -> tuple[str, asyncio.Queue[LogBatch]]:
         request_id = uuid.uuid4().hex
         replies: asyncio.Queue[LogBatch] = asyncio.Queue(maxsize=1000)

@@ -87,6 +87,8 @@ def required(method: str, path: str) -> Need | None:
         return Need(ADMIN)
     if path == "/api/v1/settings" and method not in ("GET", "HEAD"):  # the cluster's spec policy (issue 24)
         return Need(ADMIN)
+    if method == "POST" and path.startswith("/api/v1/nodes/") and path.endswith("/upgrade"):
+        return Need(ADMIN)  # runs another llmgw release as the agent (as root, often), from the cluster's index
     if _under(path, "/api/v1/tokens"):  # join tokens make nodes: an admin's, as `llmgw token create` was on the host
         return Need(ADMIN)
     if _under(path, "/api/v1/projects") or _under(path, "/api/v1/keys"):

@@ -2,13 +2,14 @@
 
 - ``models`` (``modeldocs``): models applied, read, scaled, described, deleted.
 - ``nodes`` (``nodedocs``): nodes listed, described, cordoned/uncordoned/drained, their logs;
-  ``nodecerts``: their certificates and revocation.
+  ``nodecerts``: their certificates and revocation; ``nodeupgrade``: their agents' upgrades.
 - ``replicas``; ``events``; ``weights``; ``engines``; ``fabric`` (RDMA tests).
 - ``routers``: what routers read and report (endpoints table, ejections, load signals);
   ``routercreds``: routers' credentials.
 - ``keys`` (the OpenAI API's keys, each in a project), ``projects`` (projects, members, limits), ``users``,
   ``login``, ``tokens`` (join tokens), ``settings``, ``audit``.
-- ``meta``: health, whoami, control planes; ``metrics``: Prometheus; ``ca``: the cluster CA's certificate, for
+- ``meta``: health, whoami, control planes; ``metrics``: Prometheus (``clustermetrics``: nodes, GPUs, replicas,
+  leadership, certificates, read at each scrape); ``ca``: the cluster CA's certificate, for
   clients to pin (no credential).
 
 Shared: ``schemas`` (response models), ``apierrors`` (the refusals; ``errors``: their JSON shape),

@@ -8,12 +8,15 @@ response model (``schemas``) in ``/api/openapi.json``, whose copy is ``docs/open
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
 
 from llmgw.control.auth import Auth
 from llmgw.control.auth import middleware as auth_mw
+from llmgw.control.catalog import entries as catalog_entries
 from llmgw.control.cluster import Cluster
 from llmgw.control.http import (
     apidocs,
@@ -28,6 +31,8 @@ from llmgw.control.http import (
     models,
     nodecerts,
     nodes,
+    nodeupgrade,
+    preview,
     projects,
     replicas,
     routercreds,
@@ -53,7 +58,9 @@ from llmgw.control.usage.service import UsageService
 def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extra_registries: tuple[Any, ...] = (),
                router_events: RouterEvents | None = None, leadership: forward_http.View | None = None,
                join: tokens.JoinPoint | None = None, usage: UsageService | None = None,
-               sso_service: SsoService | None = None, cluster_ca: bytes | None = None) -> FastAPI:
+               sso_service: SsoService | None = None, cluster_ca: bytes | None = None,
+               cert_files: Mapping[str, Path] | None = None,
+               catalog: tuple[catalog_entries.Entry, ...] | None = None) -> FastAPI:
     """The REST app; ``extra_registries`` (the in-process router's) are served on the same /metrics.
 
     Every store call is awaited on the store's thread (``store.offloop``), never made on the
@@ -67,6 +74,8 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extr
     shares); a fresh one over ``store`` when not given. ``sso_service``: single sign-on (``control.sso``);
     None: not configured (``/api/v1/sso`` says so). ``cluster_ca``: the cluster CA's certificate (PEM),
     served unauthenticated at ``/api/v1/ca`` for clients to pin; None (``--insecure``): those answer 404.
+    ``cert_files``: the certificates (name -> PEM file) whose expiry ``/metrics`` exports.
+    ``catalog``: the models ``/api/v1/catalog`` lists (``--catalog``); None: the shipped catalog.
     """
     reports = router_events if router_events is not None else RouterEvents()
     app = FastAPI(title="llmgw control plane", version="v1", docs_url=None, redoc_url=None,
@@ -87,9 +96,11 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extr
                  events.router(db), weights.router(db, cluster), fabric.router(cluster),
                  engines.router(db, cluster), settings.router(db), meta.router(leadership),
                  models.router(db, cluster), replicas.router(db, cluster, reports), routers.router(cluster, reports),
-                 nodes.router(db, cluster),
-                 projects.router(db, cluster), routerusage.router(usage or UsageService(db)), ca.router(cluster_ca)):
+                 nodes.router(db, cluster), nodeupgrade.router(db, cluster),
+                 projects.router(db, cluster), routerusage.router(usage or UsageService(db)), ca.router(cluster_ca),
+                 preview.router(db, cluster, catalog if catalog is not None else catalog_entries.load())):
         app.include_router(part, responses=REFUSALS)
     app.include_router(usage_http.router(db), responses=REFUSALS)
-    app.include_router(metrics.router(db, cluster, reports, extra_registries))  # text, and refuses nothing itself
+    # Text, and refuses nothing itself.
+    app.include_router(metrics.router(db, cluster, reports, extra_registries, cert_files))
     return app

@@ -74,6 +74,7 @@ AUDITED: tuple[Audited, ...] = (
     _route("POST", "/api/v1/nodes/{name}/uncordon", "uncordon", "node"),
     _route("POST", "/api/v1/nodes/{name}/drain", "drain", "node"),
     _route("POST", "/api/v1/nodes/{name}/revoke", "revoke", "node"),
+    _route("POST", "/api/v1/nodes/{name}/upgrade", "upgrade", "node"),
     _route("POST", "/api/v1/fabric/tests", "fabric test", "fabric"),  # runs a tool on two nodes
     _route("POST", "/api/v1/keys", "key create", "key"),  # the id is in the answer
     _route("POST", "/api/v1/tokens", "token create", "token"),  # a join token: its id (public half) is in the answer
@@ -102,6 +103,7 @@ AUDITED: tuple[Audited, ...] = (
 )
 #: Mutating routes deliberately not audited, each with why.
 NOT_AUDITED: dict[tuple[str, str], str] = {
+    ("POST", "/api/v1/preview"): "a dry run: it applies, stores and sends nothing (its apply is audited)",
     ("POST", "/api/v1/router/events"): "a router's report of what it saw (ejections), many a minute; it changes "
                                        "no desired state, and the events log keeps it",
     ("POST", "/api/v1/router/signals"): "a router's load report, every 2 s from each router; it changes no desired "

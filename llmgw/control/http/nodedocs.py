@@ -7,7 +7,7 @@ import functools
 import json
 from typing import Any
 
-from llmgw.control import engines
+from llmgw.control import engines, upgrades
 from llmgw.control.cluster import Cluster
 from llmgw.control.events import Event
 from llmgw.control.http import modeldocs
@@ -35,12 +35,22 @@ def scheduling(view: NodeView | None, *, connected: bool, has_replicas: bool) ->
     return {"cordoned": cordoned, "draining": draining, "status": ",".join(words)}
 
 
-def node_doc(n: StoredNode, view: NodeView | None, *, connected: bool, has_replicas: bool) -> dict[str, Any]:
+def upgrade_doc(cluster: Cluster, node_id: str) -> dict[str, Any] | None:
+    """The node's last agent upgrade (``control.upgrades``), the health gate applied, with ``summary`` for
+    ``llmgw get nodes``; None when this leader knows none."""
+    a = cluster.upgrades.progress(node_id, ready=lambda: upgrades.not_ready(cluster.nodes.get(node_id),
+                                                                   cluster.connected(node_id)))
+    return None if a is None else {**a.doc(), "summary": a.words()}
+
+
+def node_doc(n: StoredNode, view: NodeView | None, *, connected: bool, has_replicas: bool,
+             upgrade: dict[str, Any] | None = None) -> dict[str, Any]:
     """A node as ``GET /api/v1/nodes`` lists it: its marks, what it has, and the shards it runs."""
     inv = view.inventory if view else n.inventory
     return {
         "id": n.id, "hostname": n.hostname, "mgmt_addr": n.mgmt_addr, "agent_version": n.agent_version,
         "version_skew": skew.skewed(n.agent_version, _own_version()),
+        "upgrade": upgrade,
         **scheduling(view, connected=connected, has_replicas=has_replicas),
         "connected": connected, "last_seen": n.last_seen, "cpu_count": inv.cpu_count,
         "memory_total_bytes": inv.memory_total_bytes, "memory_available_bytes": inv.memory_available_bytes,
@@ -66,10 +76,11 @@ def node_doc(n: StoredNode, view: NodeView | None, *, connected: bool, has_repli
 
 
 def nodes_body(page: list[StoredNode], total: int, views: dict[str, NodeView], connected: set[str],
-               occupied: set[str]) -> bytes:
+               occupied: set[str], upgrades: dict[str, dict[str, Any]] | None = None) -> bytes:
     """One page of nodes as the API's JSON, with ``total``, how many there are in all."""
+    ups = upgrades or {}
     return json.dumps({"items": [node_doc(n, views.get(n.id), connected=n.id in connected,
-                                          has_replicas=n.id in occupied) for n in page],
+                                          has_replicas=n.id in occupied, upgrade=ups.get(n.id)) for n in page],
                        "total": total}).encode()
 
 
@@ -84,7 +95,7 @@ def describe_doc(node_id: str, stored: StoredNode, mine: list[ReplicaRecord], mo
     return {
         "id": node_id, "hostname": stored.hostname, "mgmt_addr": stored.mgmt_addr,
         "agent_version": stored.agent_version, "version_skew": skew.skewed(stored.agent_version, _own_version()),
-        "connected": cluster.connected(node_id),
+        "connected": cluster.connected(node_id), "upgrade": upgrade_doc(cluster, node_id),
         "last_seen": stored.last_seen, "labels": stored.labels,
         **scheduling(view, connected=cluster.connected(node_id), has_replicas=bool(mine)),
         "cpu_count": inv.cpu_count, "memory_total_bytes": inv.memory_total_bytes,

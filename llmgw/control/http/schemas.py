@@ -177,12 +177,24 @@ class Scheduling(Body):
     status: str
 
 
+class NodeUpgrade(Body):
+    """The node's last agent upgrade (``llmgw node upgrade``), as the leader knows it."""
+
+    id: str
+    version: str
+    from_version: str
+    state: str
+    message: str
+    summary: str
+
+
 class Node(Scheduling):
     hostname: str
     mgmt_addr: str
     agent_version: str
     version_skew: bool = pydantic.Field(description="The agent runs another llmgw version than this control plane "
                                         "(an upgrade under way, or one forgotten)")
+    upgrade: NodeUpgrade | None = None
     connected: bool
     last_seen: Number
     cpu_count: int
@@ -214,6 +226,7 @@ class NodeDescribe(Scheduling):
     agent_version: str
     version_skew: bool = pydantic.Field(description="The agent runs another llmgw version than this control plane "
                                         "(an upgrade under way, or one forgotten)")
+    upgrade: NodeUpgrade | None = None
     connected: bool
     last_seen: Number
     labels: dict[str, str]

@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from llmgw.control.ui import (
     audit_page,
+    deploy_page,
     guard,
     keys_page,
     login_page,
@@ -64,6 +65,7 @@ def create_ui(api: ASGIApp, *, callback_urls: CallbackUrls = CallbackUrls()) -> 
         *keys_page.routes(ui),
         *projects_page.routes(ui),
         *models_page.routes(ui),
+        *deploy_page.routes(ui),
         *nodes_page.routes(ui),
         *playground_page.routes(ui),
         *audit_page.routes(ui),

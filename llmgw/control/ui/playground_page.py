@@ -1,10 +1,16 @@
 """The Playground (``/ui/playground``): chat with a Ready model through the server's own OpenAI endpoint.
 
 The page lists the Ready models from the REST API (``/api/v1/models``, with the browser's credential);
-the chat itself is sent by the browser (``static/playground.js``) to ``/v1/chat/completions`` on the same
-origin, streamed, exactly as any OpenAI client's request would be, so what the playground shows (tokens,
-TTFT, tokens/s, refusals) is what a client meets, and the ``curl`` and Python snippets it shows are the
-request it sent. No key is ever filled in by the server: when the cluster requires keys the user pastes one.
+the chat itself is sent by the browser to ``/v1/chat/completions`` on the same origin, streamed, exactly as
+any OpenAI client's request would be, so what the playground shows (tokens, TTFT, tokens/s, refusals) is what
+a client meets, and the ``curl`` and Python snippets it shows are the request it sent. The scripts, all in
+``static/`` (the CSP allows no inline script): ``playground.js`` (the conversation, its parameters, Stop,
+compare, kept in the tab's sessionStorage), ``markdown.js`` (answers rendered by building DOM nodes, never as
+HTML), ``snippets.js`` (the request as curl and Python), ``playground_embed.js`` (the tabs, the embeddings).
+
+No key is ever filled in by the server: when the cluster requires keys the user pastes one; it is sent only
+as the chat requests' ``Authorization`` header (with ``credentials: "omit"``, so the session cookie never
+goes to ``/v1``), kept in the page's memory only and never written into storage or a snippet.
 """
 
 from __future__ import annotations

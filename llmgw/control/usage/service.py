@@ -64,6 +64,11 @@ class UsageService:
                                                  registry=self.registry)
         self._spend = prometheus_client.Counter("llmgw_usage_spend_micros", "Spend stored, in millionths of the "
                                                 "currency unit", labels, registry=self.registry)
+        #: Each budget in force, as the last sync of it answered (alerts fire at 0.9; ``thresholds`` tells 80/100 %).
+        self._used = prometheus_client.Gauge("llmgw_budget_used_ratio", "A budget's use in its current period, "
+                                             "charged over limit, by scope (key:ID or project:NAME) and kind",
+                                             ["scope", "kind"], registry=self.registry)
+        self._in_force: set[tuple[str, str]] = set()
 
     # -- the transports -------------------------------------------------------------------------------
     async def ingest(self, batch: UsageBatch) -> UsageAck:
@@ -83,6 +88,14 @@ class UsageService:
                 raise BadReport(f"items[{i}].budget: {e}") from None
         synced: Synced = await self.db.call(self._sync_on_thread, s, self.clock())
         self.thresholds.announce(synced.crossings)
+        for grant in synced.grants:
+            scope, kind, _ = quota.parse_budget(grant.budget)
+            if grant.limit > 0:
+                self._used.labels(scope, kind).set(grant.charged / grant.limit)
+                self._in_force.add((scope, kind))
+            elif (scope, kind) in self._in_force:  # no longer in force: its series goes
+                self._in_force.discard((scope, kind))
+                self._used.remove(scope, kind)
         return QuotaAnswer(synced.grants)
 
     def invalidate(self) -> None:

@@ -12,7 +12,8 @@ The latency model, per request:
 * prompt tokens ≈ prompt characters / 4 (at least 1);
 * prefill takes prompt_tokens / prefill_tps seconds, and produces the first token;
 * then one more token every 1 / decode_tps seconds, up to max_tokens (the
-  text is `` tok0 tok1 …``, finish_reason "length");
+  text is `` tok0 tok1 …``, finish_reason "length"; with ``--echo`` a chat's
+  last user message instead, a word a token, finish_reason "stop" when whole);
 * at most ``parallel`` requests generate at once; the rest wait in FIFO order.
 
 Token times are absolute deadlines from the moment a request is admitted, so
@@ -32,6 +33,11 @@ the runner is built with ``handler_cancellation=True``, without which aiohttp
 (3.14) lets a handler whose client has gone run to the end: checked, a
 non-streaming request whose client closed after 0.2 s still held its slot
 0.3 s later, with nothing counted as aborted.
+
+/sim/stats lists the last 64 request bodies as received (``requests``), and
+/metrics counts the requests whose client went away
+(``llmgw_sim_requests_aborted_total``): a test sees what a client sent through a
+router, and that a cancelled request stopped generating at the engine.
 
 One module per job: ``protocol`` (the OpenAI bodies read and written), ``slots`` (how many run at once, what
 is counted), ``app`` (the routes and the latency model) and ``cli`` (the flags and the process). The package

@@ -23,7 +23,17 @@ from typing import Any
 
 from aiohttp import web
 
-from .protocol import MAX_EMBEDDING_INPUTS, Json, dumps, embedding, embedding_inputs, error, json_body, prompt_chars
+from .protocol import (
+    MAX_EMBEDDING_INPUTS,
+    Json,
+    dumps,
+    echo_pieces,
+    embedding,
+    embedding_inputs,
+    error,
+    json_body,
+    prompt_chars,
+)
 from .slots import Slots, Stats
 
 #: The rank variables an agent sets for a rank of a multi-node replica; /sim/stats reports them.
@@ -41,6 +51,8 @@ class Config:
     parallel: int = 8
     startup_delay: float = 0.0
     max_tokens_default: int = 16
+    #: Answer a chat with its last user message (``echo_pieces``, one token a word) instead of `` tok0 tok1 …``.
+    echo: bool = False
     #: A rank of a multi-node replica: rank 0 serves the API, the others only /health and /sim/stats.
     nnodes: int = 1
     rank: int = 0
@@ -113,6 +125,7 @@ class SimEngine:
                                   "traceparents": list(self.stats.traceparents),
                                   "aborts": [{"user": u, "at": t} for u, t in self.stats.aborts],
                                   "arrivals": list(self.stats.arrivals),
+                                  "requests": list(self.stats.requests),
                                   "group": self.group()},
                                  dumps=dumps)
 
@@ -204,8 +217,10 @@ class SimEngine:
         if isinstance(parsed, web.Response):
             return parsed
         body, n_prompt, n_out = parsed
+        tokens = self._tokens(body, n_out, chat=chat)
         cached = self._cached(body, n_prompt, chat=chat)
         self.stats.total += 1
+        self.stats.requests.append(body)
         traceparent = request.headers.get("traceparent")
         if traceparent is not None:
             self.stats.traceparents.append(traceparent)
@@ -215,10 +230,10 @@ class SimEngine:
         self.stats.arrivals.append(arrival)
         try:
             if body.get("stream"):
-                response = await self._stream(request, body, n_prompt, n_out, chat=chat, arrival=arrival,
+                response = await self._stream(request, body, n_prompt, tokens, chat=chat, arrival=arrival,
                                               cached=cached)
             else:
-                response = await self._whole(n_prompt, n_out, chat=chat, cached=cached)
+                response = await self._whole(n_prompt, tokens, chat=chat, cached=cached)
         except (asyncio.CancelledError, ConnectionResetError):
             # The client went away: the handler was cancelled (waiting, prefilling or between
             # tokens), or a write found the connection closed.
@@ -229,6 +244,14 @@ class SimEngine:
             self.stats.inside -= 1
         self.stats.completed += 1
         return response
+
+    def _tokens(self, body: Json, n_out: int, *, chat: bool) -> tuple[list[str], str]:
+        """The pieces of text to send, one a token, and the finish_reason: `` tok0 tok1 …`` up to ``n_out``
+        ("length"), or with ``echo`` the last user message, cut at ``n_out`` ("length") or whole ("stop")."""
+        if self.config.echo and chat:
+            pieces = echo_pieces(body) or [""]
+            return pieces[:n_out], "length" if len(pieces) > n_out else "stop"
+        return [f" tok{i}" for i in range(n_out)], "length"
 
     def _pace(self, n_prompt: int) -> Callable[[int], Awaitable[None]]:
         """After admission: a function that sleeps until token ``i`` is ready."""
@@ -264,21 +287,26 @@ class SimEngine:
         return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out,
                 "prompt_tokens_details": {"cached_tokens": cached}}
 
-    async def _whole(self, n_prompt: int, n_out: int, *, chat: bool, cached: int = 0) -> web.Response:
+    async def _whole(self, n_prompt: int, tokens: tuple[list[str], str], *, chat: bool,
+                     cached: int = 0) -> web.Response:
+        pieces, finish = tokens
+        n_out = len(pieces)
         async with self.slots.held():
             until = self._pace(n_prompt)
             await until(n_out - 1)
-        text = "".join(f" tok{i}" for i in range(n_out))
+        text = "".join(pieces)
         if chat:
             message = {"role": "assistant", "content": text, "refusal": None}
-            choice: Json = {"index": 0, "message": message, "logprobs": None, "finish_reason": "length"}
+            choice: Json = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
         out = self._envelope(chat, chunk=False) | {"choices": [choice], "usage": self._usage(n_prompt, n_out, cached)}
         return web.json_response(out, dumps=dumps)
 
-    async def _stream(self, request: web.Request, body: Json, n_prompt: int, n_out: int, *,
+    async def _stream(self, request: web.Request, body: Json, n_prompt: int, tokens: tuple[list[str], str], *,
                       chat: bool, arrival: dict[str, Any] | None = None, cached: int = 0) -> web.StreamResponse:
+        pieces, finish = tokens
+        n_out = len(pieces)
         options = body.get("stream_options")
         include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
         # vLLM's extension: with include_usage, usage so far on every chunk, not only on the last.
@@ -309,7 +337,7 @@ class SimEngine:
                 await until(i)
                 if continuous:
                     base["usage"] = self._usage(n_prompt, i + 1, cached)
-                await send(choice(i, f" tok{i}", "length" if i == n_out - 1 else None))
+                await send(choice(i, pieces[i], finish if i == n_out - 1 else None))
                 if i == 0 and arrival is not None:
                     arrival["first"] = time.monotonic()
         if include_usage:

@@ -35,6 +35,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--parallel", type=int, default=8, help="requests generating at once")
     parser.add_argument("--startup-delay", type=float, default=0.0, help="seconds /health answers 503")
     parser.add_argument("--max-tokens-default", type=int, default=16, help="max_tokens when not given")
+    parser.add_argument("--echo", action="store_true",
+                        help="answer a chat with its last user message, a word a token (not ' tok0 tok1 …')")
     parser.add_argument("--nnodes", type=int, default=1, help="ranks of its multi-node replica")
     parser.add_argument("--rank", type=int, default=0, help="its rank; only rank 0 serves /v1")
     parser.add_argument("--leader-addr", default="", help="rank 0's address")
@@ -95,8 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     config = Config(model=args.model, api_key=args.api_key, prefill_tps=args.prefill_tps,
                     decode_tps=args.decode_tps, parallel=args.parallel, startup_delay=args.startup_delay,
-                    max_tokens_default=args.max_tokens_default, nnodes=args.nnodes, rank=args.rank,
-                    leader_addr=args.leader_addr, leader_port=args.leader_port)
+                    max_tokens_default=args.max_tokens_default, echo=args.echo, nnodes=args.nnodes,
+                    rank=args.rank, leader_addr=args.leader_addr, leader_port=args.leader_port)
     try:
         tls = server_context(args.ssl_keyfile, args.ssl_certfile)
     except (OSError, ssl.SSLError) as e:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import re
 from typing import Any
 
 from aiohttp import web
@@ -62,6 +63,21 @@ def embedding_inputs(value: Any) -> list[str] | None:
         if all(isinstance(v, list) and v and all(isinstance(t, int) for t in v) for v in value):
             return [" ".join(map(str, v)) for v in value]
     return None
+
+
+def echo_pieces(body: Json) -> list[str]:
+    """What ``--echo`` answers a chat with: the last user message's text in word-sized pieces (each piece a token,
+    with the whitespace before it, so newlines survive); ``[""]``-free, possibly empty."""
+    messages = body.get("messages")
+    text = ""
+    if isinstance(messages, list):
+        for message in messages:
+            if isinstance(message, dict) and message.get("role") == "user":
+                content = message.get("content")
+                if isinstance(content, list):
+                    content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+                text = content if isinstance(content, str) else ""
+    return re.findall(r"\s*\S+", text)
 
 
 def prompt_chars(body: Json, *, chat: bool) -> int | None:

@@ -87,3 +87,7 @@ class Stats:
     #: can see the order in which a router let requests reach the engine.
     arrivals: collections.deque[dict[str, Any]] = dataclasses.field(
         default_factory=lambda: collections.deque(maxlen=4096))
+    #: The last request bodies, as received (/sim/stats ``requests``), so a test can see what a
+    #: client sent through a router: the whole conversation, the sampling parameters.
+    requests: collections.deque[dict[str, Any]] = dataclasses.field(
+        default_factory=lambda: collections.deque(maxlen=64))

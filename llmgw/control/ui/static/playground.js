@@ -1,73 +1,131 @@
-// The playground: send one chat to the server's OpenAI endpoint, streamed, and show it as it arrives.
-// Plain JS, no build step. The API key field is never filled by the server; the snippets print a
-// placeholder ($LLMGW_API_KEY) instead of the key so a copied snippet never carries the secret.
+// The playground's chat: a conversation with one model, or two side by side, sent to the server's own OpenAI
+// endpoint (/v1/chat/completions, same origin), streamed, exactly as any client's request would be.
+//
+// Each send carries the whole conversation (the system prompt, every user turn and that side's own answers)
+// and the parameters as the form sets them. Stop aborts the fetches (AbortController): the connection closes,
+// the router cancels its upstream request and the engine stops generating. Answers are rendered by
+// markdown.js, which builds DOM nodes and never parses the model's text as HTML. Per answer: time to first
+// token and tokens/s (the stream's usage, else its chunk count, over the time from first to last token).
+//
+// The conversation is kept in this tab's sessionStorage only (Clear empties it); the API key is never stored
+// and the snippets (snippets.js) name $LLMGW_API_KEY instead of it.
 "use strict";
 (function () {
   const form = document.getElementById("chat-form");
   if (!form) return;
   const $ = (id) => document.getElementById(id);
+  const STORE = "llmgw.playground.chat";
+  const SIDES = ["a", "b"];
+  // Form fields kept with the conversation, so a reload shows the same setup.
+  const KEPT = ["model", "compare", "system", "temperature", "top-p", "max-tokens", "seed", "stop-seqs"];
 
-  // Tabs: Chat and Embeddings share the key field and the snippets below them.
-  const tabs = [$("tab-chat"), $("tab-embed")].filter(Boolean);
-  function select(tab) {
-    for (const t of tabs) {
-      const on = t === tab;
-      t.setAttribute("aria-selected", String(on));
-      t.tabIndex = on ? 0 : -1;
-      $(t.getAttribute("aria-controls")).hidden = !on;
-    }
-  }
-  for (const t of tabs) {
-    t.addEventListener("click", function () { select(t); });
-    t.addEventListener("keydown", function (ev) {
-      if (ev.key !== "ArrowRight" && ev.key !== "ArrowLeft") return;
-      const next = tabs[(tabs.indexOf(t) + (ev.key === "ArrowRight" ? 1 : tabs.length - 1)) % tabs.length];
-      select(next); next.focus();
-    });
+  // {turns: [{user, a: answer, b: answer | null}]}; an answer is {model, content, stats, error, stopped}.
+  let chat = { turns: [] };
+  let controllers = [];
+  let lastRequests = [];
+
+  function load() {
+    try {
+      const doc = JSON.parse(sessionStorage.getItem(STORE) || "null");
+      if (!doc || !Array.isArray(doc.turns)) return;
+      chat = { turns: doc.turns };
+      const fields = doc.fields || {};
+      for (const id of KEPT) {
+        if (typeof fields[id] !== "string") continue;
+        const field = $(id);
+        // A model no longer offered stays as the page chose it.
+        if (field.tagName === "SELECT" && !Array.from(field.options).some((o) => o.value === fields[id])) continue;
+        field.value = fields[id];
+      }
+      $("json-mode").checked = Boolean(fields.json);
+    } catch (e) { /* storage unreadable or not ours: start empty */ }
   }
 
-  function body(model) {
-    const messages = [];
+  function save() {
+    const fields = { json: $("json-mode").checked };
+    for (const id of KEPT) fields[id] = $(id).value;
+    try { sessionStorage.setItem(STORE, JSON.stringify({ turns: chat.turns, fields: fields })); } catch (e) { /* full or off */ }
+  }
+
+  // The messages side `side` sends for a new user message: its own answers, or the other side's where it
+  // gave none (the turns before compare was switched on); a turn neither side answered is left out.
+  function messages(side, text) {
+    const out = [];
     const system = $("system").value.trim();
-    if (system) messages.push({ role: "system", content: system });
-    messages.push({ role: "user", content: $("message").value });
-    return {
-      model: model, messages: messages, stream: true, stream_options: { include_usage: true },
-      temperature: Number($("temperature").value), max_tokens: parseInt($("max-tokens").value, 10),
-    };
+    if (system) out.push({ role: "system", content: system });
+    for (const turn of chat.turns) {
+      const own = turn[side], other = turn[side === "a" ? "b" : "a"];
+      const answer = own && own.content ? own.content : other && other.content ? other.content : "";
+      if (!answer) continue;
+      out.push({ role: "user", content: turn.user }, { role: "assistant", content: answer });
+    }
+    out.push({ role: "user", content: text });
+    return out;
   }
 
-  function shellQuote(s) { return "'" + s.replace(/'/g, "'\\''") + "'"; }
-
-  function pyValue(v, indent) {
-    // JSON is Python syntax except for the three literals below.
-    return JSON.stringify(v, null, 4).replace(/\btrue\b/g, "True").replace(/\bfalse\b/g, "False")
-      .replace(/\bnull\b/g, "None").split("\n").join("\n" + indent);
+  // A number field's value, or undefined when it is empty or not a number (then the field is not sent and
+  // the engine's default applies).
+  function number(id, parse) {
+    const text = $(id).value.trim();
+    const value = text === "" ? NaN : parse(text);
+    return Number.isFinite(value) ? value : undefined;
   }
 
-  function snippets(url, req, keyed) {
-    const curl = ["curl -N " + shellQuote(url), "  -H 'Content-Type: application/json'"];
-    if (keyed) curl.push("  -H \"Authorization: Bearer $LLMGW_API_KEY\"");
-    curl.push("  -d " + shellQuote(JSON.stringify(req)));
-    $("curl").textContent = curl.join(" \\\n");
-    const base = url.replace(/\/chat\/completions$/, "");
-    const py = [
-      "import os", "", "from openai import OpenAI", "",
-      "client = OpenAI(base_url=" + JSON.stringify(base) + ", api_key=" +
-        (keyed ? "os.environ[\"LLMGW_API_KEY\"]" : "os.environ.get(\"LLMGW_API_KEY\", \"none\")") + ")",
-      "stream = client.chat.completions.create(",
-      "    model=" + JSON.stringify(req.model) + ",",
-      "    messages=" + pyValue(req.messages, "    ") + ",",
-      "    temperature=" + req.temperature + ",",
-      "    max_tokens=" + req.max_tokens + ",",
-      "    stream=True,",
-      "    stream_options={\"include_usage\": True},",
-      ")",
-      "for chunk in stream:",
-      "    if chunk.choices and chunk.choices[0].delta.content:",
-      "        print(chunk.choices[0].delta.content, end=\"\", flush=True)",
-    ];
-    $("python").textContent = py.join("\n");
+  // The request body, field for field what the snippets show.
+  function body(model, msgs) {
+    const req = { model: model, messages: msgs, stream: true, stream_options: { include_usage: true } };
+    const fields = { temperature: number("temperature", Number), top_p: number("top-p", Number),
+                     max_tokens: number("max-tokens", (t) => parseInt(t, 10)), seed: number("seed", (t) => parseInt(t, 10)) };
+    for (const name of ["temperature", "top_p", "max_tokens"]) if (fields[name] !== undefined) req[name] = fields[name];
+    const stop = $("stop-seqs").value.split("\n").filter((s) => s.length > 0);
+    if (stop.length) req.stop = stop;
+    if (fields.seed !== undefined) req.seed = fields.seed;
+    if ($("json-mode").checked) req.response_format = { type: "json_object" };
+    return req;
+  }
+
+  function el(tag, cls, text) {
+    const node = document.createElement(tag);
+    if (cls) node.className = cls;
+    if (text !== undefined) node.textContent = text;
+    return node;
+  }
+
+  // An answer's list item; its parts are refreshed by paint() as the stream grows.
+  function answerNode(answer) {
+    const li = el("li", "msg assistant");
+    li.append(el("div", "who", answer.model), el("div", "content md"), el("p", "error"), el("p", "stats obj"));
+    li.querySelector(".error").setAttribute("role", "alert");
+    paint(li, answer);
+    return li;
+  }
+
+  function paint(li, answer) {
+    const content = li.querySelector(".content");
+    content.replaceChildren(window.llmgwMarkdown.render(answer.content));
+    const error = li.querySelector(".error");
+    error.textContent = answer.error || "";
+    error.hidden = !answer.error;
+    li.querySelector(".stats").textContent = (answer.stopped ? "Stopped · " : "") + (answer.stats || "");
+    li.classList.toggle("streaming", Boolean(answer.streaming));
+    // A screen reader reads the answer once it is whole, not at every repaint of the stream.
+    li.setAttribute("aria-busy", String(Boolean(answer.streaming)));
+  }
+
+  function show() {
+    const compare = chat.turns.some((t) => t.b) || Boolean($("compare").value);
+    $("compare-pane").hidden = !compare;
+    $("pane-a").classList.toggle("half", compare);
+    for (const side of SIDES) {
+      const list = $("conv-" + side);
+      list.replaceChildren();
+      for (const turn of chat.turns) {
+        if (!turn[side]) continue;
+        list.append(el("li", "msg user", turn.user), answerNode(turn[side]));
+      }
+    }
+    $("conv-a-model").textContent = $("model").value;
+    $("conv-b-model").textContent = $("compare").value;
   }
 
   async function errorWords(resp) {
@@ -79,14 +137,22 @@
     return "the server refused the request (" + resp.status + " " + resp.statusText + ") without saying why";
   }
 
-  async function run(url, req, key, out) {
-    out.reply.textContent = ""; out.stats.textContent = ""; out.error.hidden = true; out.model.textContent = req.model;
+  // Stream one answer into `answer`, repainting `li` at most once a frame.
+  async function run(url, req, key, answer, li, signal) {
     const headers = { "Content-Type": "application/json", "Accept": "text/event-stream" };
     if (key) headers["Authorization"] = "Bearer " + key;
+    let queued = false;
+    const repaint = function () {
+      if (queued) return;
+      queued = true;
+      requestAnimationFrame(function () { queued = false; paint(li, answer); });
+    };
     const t0 = performance.now();
     let first = 0, last = 0, chunks = 0, usageTokens = 0;
+    answer.streaming = true;
     try {
-      const resp = await fetch(url, { method: "POST", headers: headers, body: JSON.stringify(req), credentials: "omit" });
+      const resp = await fetch(url, { method: "POST", headers: headers, body: JSON.stringify(req),
+                                      credentials: "omit", signal: signal });
       if (!resp.ok) throw new Error(await errorWords(resp));
       const reader = resp.body.getReader();
       const decoder = new TextDecoder();
@@ -110,96 +176,101 @@
             const now = performance.now();
             if (!first) first = now;
             last = now; chunks += 1;
-            out.reply.textContent += text;
+            answer.content += text;
+            repaint();
           }
         }
       }
     } catch (e) {
-      out.error.textContent = req.model + ": " + e.message;
-      out.error.hidden = false;
+      if (e.name === "AbortError") answer.stopped = true;
+      else answer.error = req.model + ": " + e.message;
     }
+    answer.streaming = false;
     if (first) {
       const tokens = usageTokens || chunks;
       const span = (last - first) / 1000;
       const tps = span > 0 && tokens > 1 ? ((tokens - 1) / span).toFixed(1) : "n/a";
-      out.stats.textContent = "TTFT " + Math.round(first - t0) + " ms · " + tokens + " tokens · " + tps + " tokens/s";
+      answer.stats = "TTFT " + Math.round(first - t0) + " ms · " + tokens + " tokens · " + tps + " tokens/s";
     }
+    paint(li, answer);
   }
 
-  function embedSnippets(url, req, keyed) {
-    const curl = ["curl " + shellQuote(url), "  -H 'Content-Type: application/json'"];
-    if (keyed) curl.push("  -H \"Authorization: Bearer $LLMGW_API_KEY\"");
-    curl.push("  -d " + shellQuote(JSON.stringify(req)));
-    $("curl").textContent = curl.join(" \\\n");
-    const py = [
-      "import os", "", "from openai import OpenAI", "",
-      "client = OpenAI(base_url=" + JSON.stringify(url.replace(/\/embeddings$/, "")) + ", api_key=" +
-        (keyed ? "os.environ[\"LLMGW_API_KEY\"]" : "os.environ.get(\"LLMGW_API_KEY\", \"none\")") + ")",
-      "result = client.embeddings.create(",
-      "    model=" + JSON.stringify(req.model) + ",",
-      "    input=" + JSON.stringify(req.input) + ",",
-      ")",
-      "vector = result.data[0].embedding",
-      "print(len(vector), vector[:8])",
-    ];
-    $("python").textContent = py.join("\n");
+  function showSnippets() {
+    const picker = $("snippet-for");
+    const chosen = lastRequests.find((r) => r.req.model === picker.value) || lastRequests[0];
+    if (!chosen) return;
+    const code = window.llmgwSnippets.chat(chosen.url, chosen.req, chosen.keyed);
+    $("curl").textContent = code.curl;
+    $("python").textContent = code.python;
   }
 
-  // One embeddings request as any client sends it (floats, so the values can be shown); the vector's
-  // dimension, its first values and the time from sending to the whole answer.
-  const embedForm = $("embed-form");
-  if (embedForm) {
-    embedForm.addEventListener("submit", async function (ev) {
-      ev.preventDefault();
-      const url = new URL(embedForm.dataset.api, location.href).href;
-      const key = $("api-key").value.trim();
-      const req = { model: $("embed-model").value, input: $("embed-input").value, encoding_format: "float" };
-      embedSnippets(url, req, Boolean(key));
-      const send = $("embed-send"), error = $("embed-error");
-      send.disabled = true; error.hidden = true;
-      $("embed-stats").textContent = ""; $("embed-values").textContent = "";
-      $("embed-model-name").textContent = req.model;
-      const headers = { "Content-Type": "application/json" };
-      if (key) headers["Authorization"] = "Bearer " + key;
-      const t0 = performance.now();
-      try {
-        const resp = await fetch(url, { method: "POST", headers: headers, body: JSON.stringify(req), credentials: "omit" });
-        if (!resp.ok) throw new Error(await errorWords(resp));
-        const doc = await resp.json();
-        const ms = Math.round(performance.now() - t0);
-        const vec = doc && doc.data && doc.data[0] && doc.data[0].embedding;
-        if (!Array.isArray(vec)) throw new Error("the answer carried no embedding (data[0].embedding is missing)");
-        const tokens = doc.usage && doc.usage.prompt_tokens ? " · " + doc.usage.prompt_tokens + " tokens" : "";
-        $("embed-stats").textContent = "dimension " + vec.length + " · " + ms + " ms" + tokens;
-        $("embed-values").textContent = "[" + vec.slice(0, 8).map((v) => Number(v).toFixed(6)).join(", ") +
-          (vec.length > 8 ? ", … " + (vec.length - 8) + " more]" : "]");
-      } catch (e) {
-        error.textContent = req.model + ": " + e.message;
-        error.hidden = false;
-      }
-      send.disabled = false;
-      embedForm.dataset.done = String(Number(embedForm.dataset.done || 0) + 1);
-    });
+  function copy(id) {
+    const text = $(id).textContent;
+    const status = $("copy-status");
+    if (!text) { status.textContent = "Send a message first: the snippets are of the request last sent."; return; }
+    if (!navigator.clipboard) { status.textContent = "This browser gives no clipboard here: select the text below."; return; }
+    navigator.clipboard.writeText(text).then(
+      function () { status.textContent = "Copied (" + (id === "curl" ? "curl" : "Python") + ")."; },
+      function () { status.textContent = "The browser refused the clipboard: select the text below."; });
   }
 
   form.addEventListener("submit", async function (ev) {
     ev.preventDefault();
+    const text = $("message").value;
+    if (!text.trim()) return;
     const url = new URL(form.dataset.api, location.href).href;
     const key = $("api-key").value.trim();
-    const req = body($("model").value);
-    snippets(url, req, Boolean(key));
-    const send = $("send");
-    send.disabled = true;
-    const runs = [run(url, req, key, { reply: $("reply"), stats: $("stats"), error: $("reply-error"),
-                                       model: $("reply-model") })];
-    const other = $("compare").value;
-    $("compare-pane").hidden = !other;
-    if (other) {
-      runs.push(run(url, body(other), key, { reply: $("reply-b"), stats: $("stats-b"), error: $("reply-b-error"),
-                                             model: $("reply-b-model") }));
+    const models = { a: $("model").value, b: $("compare").value };
+    const turn = { user: text, a: null, b: null };
+    const sends = [];
+    for (const side of SIDES) {
+      if (!models[side]) continue;
+      const req = body(models[side], messages(side, text));
+      turn[side] = { model: models[side], content: "", stats: "", error: "", stopped: false };
+      sends.push({ side: side, req: req });
     }
-    await Promise.all(runs);
-    send.disabled = false;
+    chat.turns.push(turn);
+    show();
+    lastRequests = sends.map((s) => ({ url: url, req: s.req, keyed: Boolean(key) }));
+    const picker = $("snippet-for");
+    picker.replaceChildren(...sends.map((s) => el("option", "", s.req.model)));
+    picker.parentElement.hidden = sends.length < 2;
+    showSnippets();
+    $("message").value = "";
+    save();
+    $("send").disabled = true;
+    $("stop").disabled = false;
+    controllers = sends.map(() => new AbortController());
+    await Promise.all(sends.map(function (s, i) {
+      const li = $("conv-" + s.side).lastElementChild;
+      return run(url, s.req, key, turn[s.side], li, controllers[i].signal);
+    }));
+    controllers = [];
+    save();
+    $("send").disabled = false;
+    $("stop").disabled = true;
     form.dataset.done = String(Number(form.dataset.done || 0) + 1);
   });
+
+  $("stop").addEventListener("click", function () {
+    for (const c of controllers) c.abort();
+    $("stop").disabled = true;
+  });
+  $("clear").addEventListener("click", function () {
+    for (const c of controllers) c.abort();
+    chat = { turns: [] };
+    try { sessionStorage.removeItem(STORE); } catch (e) { /* off */ }
+    show();
+  });
+  $("snippet-for").addEventListener("change", showSnippets);
+  $("copy-curl").addEventListener("click", function () { copy("curl"); });
+  $("copy-python").addEventListener("click", function () { copy("python"); });
+  for (const id of ["model", "compare"]) $(id).addEventListener("change", function () { show(); save(); });
+  $("message").addEventListener("keydown", function (ev) {
+    // Ctrl/Cmd+Enter sends, as chat boxes do; Enter alone is a new line.
+    if (ev.key === "Enter" && (ev.ctrlKey || ev.metaKey) && !$("send").disabled) form.requestSubmit();
+  });
+
+  load();
+  show();
 })();
