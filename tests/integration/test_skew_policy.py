@@ -222,3 +222,19 @@ def test_llmgw_version_lists_each_router_with_its_version(cluster: System, tmp_p
         assert ["router", "edge-v1", HEAD] in [line.split() for line in done.stdout.splitlines()], done.stdout
     finally:
         router.stop()
+
+
+def test_a_servers_router_workers_take_its_table(tmp_path: Path) -> None:
+    """`llmgw server --router-workers 2`: the workers are routers following the server's internal hub, which says
+    this release's protocol, so they take its table and serve (none refuses it as a control plane too old)."""
+    with system_mod.running(tmp_path, server_args=["--router-workers", "2"]) as s:
+        s.apply(system_mod.sim_model("m"))
+        s.wait_model("m")
+        for _ in range(8):  # a connection each, spread over the processes sharing the port
+            with httpx.Client(verify=s.ssl_context() or True, timeout=30) as http:
+                answer = http.post(f"{s.url}/v1/chat/completions", json={
+                    "model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+            assert answer.status_code == 200, answer.text
+        logged = (tmp_path / "server.log").read_text(errors="replace")
+        assert "do not work together" not in logged
+        assert logged.count("route table v") >= 2, logged[-3000:]  # the workers' first tables (and the server's)
