@@ -140,7 +140,8 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
     def _check_skew(self, reg: pb.Register) -> str:
         """Why an agent of this protocol may not register here ("" when the skew policy allows it): the
         sentence names both versions and what to upgrade."""
-        return skew.peer_refusal("agent", reg.protocol, reg.agent_version, server_protocol=self.protocol,
+        said = "".join(c for c in reg.agent_version[:64] if c.isprintable())  # the peer's words, into our log
+        return skew.peer_refusal("agent", reg.protocol, said, server_protocol=self.protocol,
                                  server_version=self.server_version)
 
     def _accept(self, first: pb.AgentMessage, peer: str) -> Link:
