@@ -10,6 +10,12 @@ from llmgw.cli.output import Column, Listing
 from llmgw.core.units import format_bytes
 
 
+def agent_version(n: dict[str, Any]) -> str:
+    """VERSION: the node's agent's llmgw version, ``0.1.0 (skew)`` when it is not the control plane's."""
+    said = n.get("agent_version") or "-"
+    return f"{said} (skew)" if n.get("version_skew") else said
+
+
 def status_cell(n: dict[str, Any]) -> str:
     """The status words, then an agent upgrade under way or failed: "Ready (upgrading to 0.2.1: installing)".
 
@@ -66,6 +72,7 @@ NODES = Listing("node", (
            wide=True),
     Column("INSTALLS", lambda n: install_cell(n.get(ENGINES_KEY, {}).get("installs", [])), wide=True),
     Column("SHARDS", lambda n: str(n["shards"])),
+    Column("VERSION", agent_version),
     Column("LABELS", lambda n: labels_cell(n.get("labels")), wide=True),
 ), name=lambda n: str(n["id"]), labels=lambda n: n.get("labels") or {})
 
