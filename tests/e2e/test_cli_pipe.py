@@ -58,7 +58,11 @@ def parse(text: str, headers: list[str]) -> list[dict[str, str]]:
     at its column's offset, after a blank, and no line is wrapped (every line has a value in the first column)."""
     lines = text.splitlines()
     assert lines[0].split() == " ".join(headers).split(), lines[0]
-    starts = [lines[0].index(h) for h in headers]
+    starts, at = [], 0
+    for h in headers:  # in order, each after the one before ("VERSION" is also inside "ENGINE VERSIONS")
+        at = lines[0].index(h, at)
+        starts.append(at)
+        at += len(h)
     assert starts == sorted(starts) and starts[0] == 0
     assert not set(text) & BOXES and "\x1b" not in text, text
     rows = []
@@ -101,7 +105,7 @@ def test_no_headers_sort_by_name_and_wide(cluster: System) -> None:
                                                                                         "model/alpha"]
     wide = llmgw(cluster, "get", "nodes", "-o", "wide").stdout
     (node,) = parse(wide, ["NODE", "STATUS", "ADDRESS", "POOL", "CPUS", "MEMORY FREE/TOTAL", "GPUS", "ENGINES",
-                           "ENGINE VERSIONS", "INSTALLS", "SHARDS", "LABELS"])
+                           "ENGINE VERSIONS", "INSTALLS", "SHARDS", "VERSION", "LABELS"])
     assert node["NODE"] == "node1" and node["STATUS"] == "Ready"
     assert node["LABELS"] == f"note={LONG_LABEL},pool=gpu,rack=r1"  # a 100-character value, on its one line
     models_wide = parse(llmgw(cluster, "get", "models", "-o", "wide").stdout,

@@ -20,6 +20,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,8 +59,9 @@ def _cli(s: System, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _row(table: str, node_id: str) -> list[str]:
-    """A node's row of `llmgw get nodes`, cell by cell (Rich draws the cells' borders as │)."""
-    rows = [[c.strip() for c in line.strip("│ ").split("│")] for line in table.splitlines() if "│" in line]
+    """A node's row of `llmgw get nodes`, cell by cell: piped, the CLI prints plain columns with at least two
+    spaces between them (llmgw.cli.output), and a cell has at most single spaces ("0.1.0 (skew)")."""
+    rows = [re.split(r"\s{2,}", line.strip()) for line in table.splitlines() if line.strip()]
     found = [r for r in rows if r[0] == node_id]
     assert found, table
     return found[0]
