@@ -19,6 +19,7 @@ from llmgw.agent import enginetls, nodepki
 from llmgw.agent.settings import DEFAULT_AGENT_PORT, AgentSettings, DiscoverySettings
 from llmgw.agent.supervisor import identity as engine_identity
 from llmgw.agent.supervisor import liveness
+from llmgw.core import skew
 from llmgw.core.errors import LlmgwError
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,8 @@ class AgentConfig:
     #: Who engines run as (settings.engine_user and engine_uids, resolved on this node): never root.
     engine_users: engine_identity.Policy = dataclasses.field(
         default_factory=lambda: engine_identity.resolve(engine_identity.AUTO))
+    #: The wire protocol sent in Register (settings.protocol; ``core.skew``): this release's but in tests.
+    protocol: int = skew.PROTOCOL
 
 
 def default_state_dir() -> Path:
@@ -169,7 +172,8 @@ def from_settings(st: AgentSettings) -> AgentConfig:
         engines_dir=st.engines_dir, engine_recheck_s=st.engine_recheck_s, own_python_engines=st.own_python_engines,
         prefer_nvml=st.discovery.prefer_nvml, nvidia_smi=st.discovery.nvidia_smi,
         sysfs_root=st.discovery.sysfs_root, sminfo=st.discovery.sminfo, saquery=st.discovery.saquery, tls=tls,
-        engine_users=engine_identity.resolve(st.engine_user, st.engine_uids), engine_tls=st.engine_tls)
+        engine_users=engine_identity.resolve(st.engine_user, st.engine_uids), engine_tls=st.engine_tls,
+        protocol=st.protocol)
     if tls is None and enginetls.wanted(st.engine_tls, found_addr):
         if st.engine_tls == "on":
             raise LlmgwError("engine_tls is on, and this agent has no certificates (--insecure, or not joined) to "

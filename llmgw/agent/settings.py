@@ -31,7 +31,7 @@ from pydantic_core import PydanticCustomError
 
 from llmgw.agent import engines
 from llmgw.agent.supervisor import identity, liveness
-from llmgw.core import units
+from llmgw.core import skew, units
 from llmgw.core.errors import LlmgwError
 
 log = logging.getLogger(__name__)
@@ -224,6 +224,9 @@ class AgentSettings(_Strict):
     #: TLS on the engines (``enginetls``): auto (when they listen beyond loopback), on (always), off (never).
     engine_tls: Literal["auto", "on", "off"] = "auto"
     discovery: DiscoverySettings = pydantic.Field(default_factory=DiscoverySettings)
+    #: The wire protocol this agent says it speaks (``core.skew``): this release's. Set only to test the skew
+    #: policy (an agent acting as a newer or older release); a control plane refuses one outside its policy.
+    protocol: int = pydantic.Field(default=skew.PROTOCOL, ge=0)
 
     @pydantic.field_validator("node_id")
     @classmethod

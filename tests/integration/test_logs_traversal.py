@@ -12,6 +12,7 @@ import pytest
 
 from llmgw.api.v1 import agent_pb2 as pb
 from llmgw.api.v1 import agent_pb2_grpc
+from llmgw.core import skew
 from llmgw.testing import fakecontrol
 from llmgw.testing.procs import Proc, free_port, wait_for
 from llmgw.testing.system import LLMGW, System, sim_model
@@ -101,7 +102,7 @@ class _Asker(agent_pb2_grpc.AgentServiceServicer):
     async def Connect(self, request_iterator: AsyncIterator[pb.AgentMessage],  # noqa: N802
                       context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ControlMessage]:
         first = await anext(request_iterator)
-        yield pb.ControlMessage(seq=1, ack=pb.Ack(seq=first.seq, ok=True))
+        yield pb.ControlMessage(seq=1, ack=pb.Ack(seq=first.seq, ok=True, protocol=skew.PROTOCOL))
         for i, shard_id in enumerate(self.shard_ids):
             yield pb.ControlMessage(seq=2 + i, logs_request=pb.LogsRequest(request_id=str(i), shard_id=shard_id,
                                                                            lines=10))

@@ -24,6 +24,7 @@ from llmgw.api import convert
 from llmgw.api.v1 import agent_pb2 as pb
 from llmgw.api.v1 import agent_pb2_grpc
 from llmgw.core import provision as prov
+from llmgw.core import skew
 from llmgw.core.shards import ShardSpec, ShardState, ShardStatus
 from llmgw.testing import fakecontrol, tiny_gguf, wheelhouse
 from llmgw.testing import system as system_mod
@@ -73,7 +74,7 @@ class Control(agent_pb2_grpc.AgentServiceServicer):
         self.registers += 1
         self.installs.append(convert.installs_from_pb(first.register.installs))
         self.engines.append(convert.inventory_from_register(first.register).engines)
-        yield pb.ControlMessage(seq=1, ack=pb.Ack(seq=first.seq, ok=True))
+        yield pb.ControlMessage(seq=1, ack=pb.Ack(seq=first.seq, ok=True, protocol=skew.PROTOCOL))
         reader = asyncio.create_task(self._read(request_iterator))
         try:
             while not reader.done():

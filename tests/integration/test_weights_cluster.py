@@ -25,6 +25,7 @@ import pytest
 
 from llmgw.api.v1 import agent_pb2 as pb
 from llmgw.api.v1 import agent_pb2_grpc
+from llmgw.core import skew
 from llmgw.testing import fakecontrol, hfrepo, procs
 from llmgw.testing.flakyhttp import FlakyHttp
 from llmgw.testing.system import LLMGW, System, sim_model
@@ -177,7 +178,7 @@ class _Remover(agent_pb2_grpc.AgentServiceServicer):
     async def Connect(self, request_iterator: AsyncIterator[pb.AgentMessage],  # noqa: N802 - gRPC's name
                       context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ControlMessage]:
         first = await anext(request_iterator)
-        yield pb.ControlMessage(seq=1, ack=pb.Ack(seq=first.seq, ok=True))
+        yield pb.ControlMessage(seq=1, ack=pb.Ack(seq=first.seq, ok=True, protocol=skew.PROTOCOL))
         for i, name in enumerate(self.names):
             yield pb.ControlMessage(seq=100 + i, remove_weights=pb.RemoveWeights(cache_name=name))
         async for msg in request_iterator:

@@ -23,6 +23,7 @@ from llmgw.agent import session as session_mod
 from llmgw.agent.config import AgentConfig
 from llmgw.api.v1 import agent_pb2 as pb
 from llmgw.api.v1 import agent_pb2_grpc
+from llmgw.core import skew
 from llmgw.core.inventory import Inventory
 
 # Far longer than any test waits: an agent that backed off instead of dialling at once would hang the test here.
@@ -42,7 +43,8 @@ class _Control(agent_pb2_grpc.AgentServiceServicer):
     async def Connect(self, request_iterator, context):  # type: ignore[no-untyped-def]  # noqa: N802
         first = await anext(request_iterator)
         self.registers.append(first.register.node_id)
-        yield pb.ControlMessage(ack=pb.Ack(seq=first.seq, ok=self.ok, term=self.term, leader=self.leader,
+        yield pb.ControlMessage(ack=pb.Ack(seq=first.seq, ok=self.ok, protocol=skew.PROTOCOL, term=self.term,
+                                           leader=self.leader,
                                            error="" if self.ok else "this control plane is a standby",
                                            controlplanes=self.controlplanes))
         if not self.ok:
@@ -215,6 +217,7 @@ _DYING_PAIR = """
 import asyncio, sys
 import grpc
 from llmgw.api.v1 import agent_pb2 as pb, agent_pb2_grpc
+from llmgw.core import skew
 
 first, second = sys.argv[1], sys.argv[2]
 
@@ -224,8 +227,8 @@ class Control(agent_pb2_grpc.AgentServiceServicer):
 
     async def Connect(self, request_iterator, context):
         reg = await anext(request_iterator)
-        yield pb.ControlMessage(ack=pb.Ack(seq=reg.seq, ok=not self.dead, term=self.term, controlplanes=self.listed,
-                                           error="gone" if self.dead else ""))
+        yield pb.ControlMessage(ack=pb.Ack(seq=reg.seq, ok=not self.dead, protocol=skew.PROTOCOL, term=self.term,
+                                           controlplanes=self.listed, error="gone" if self.dead else ""))
         if self.listed:
             self.dead = True
             await context.abort(grpc.StatusCode.UNAVAILABLE, "this control plane went away")

@@ -33,13 +33,17 @@ CONNECT_TIMEOUT_S = 5.0
 class Refused(Exception):
     """The control plane answered Register with a refusal; ``leader``: the address it names instead ("" none)."""
 
-    def __init__(self, reason: str, *, leader: str = "", standby: bool = False, rejoin: bool = False) -> None:
+    def __init__(self, reason: str, *, leader: str = "", standby: bool = False, rejoin: bool = False,
+                 skew: bool = False) -> None:
         super().__init__(reason)
         self.leader = leader
         #: A standby of a live cluster answered (it named a leader or listed the control planes).
         self.standby = standby
         #: The certificate is refused for good (revoked, unknown): only a new join lets the node in.
         self.rejoin = rejoin
+        #: Outside the skew policy (``core.skew``): this agent's and that control plane's protocols do not
+        #: work together, whichever side said so. Dialling again helps once one of them is upgraded.
+        self.skew = skew
 
 
 def channel(addr: str, tls: nodepki.NodePki | None) -> grpc.aio.Channel:

@@ -32,6 +32,7 @@ from llmgw.agent.session.outbox import Outbox
 from llmgw.api import convert
 from llmgw.api.v1 import agent_pb2 as pb
 from llmgw.api.v1 import agent_pb2_grpc
+from llmgw.core import skew
 from llmgw.core.errors import LlmgwError
 from llmgw.core.inventory import Heartbeat, Inventory
 from llmgw.core.shards import ShardSpec, ShardStatus
@@ -57,6 +58,9 @@ class Session:
         self._standby_answered = False
         #: The last round's refusal of the certificate for good ("": none), and how many rounds in a row had one.
         self._rejoin_reason, self._rejoin_rounds = "", 0
+        #: The skew refusal logged at ERROR in this outage ("": none yet); logged again only once a stream ran
+        #: or the sentence changed (another control plane, or one upgraded to another release).
+        self._skew_told = ""
         self._fence = Fence()
         self._rotation = Rotation(cfg.servers, cfg.state_dir)
         self._renewal = heartbeats.Renewal(cfg.node_id, cfg.tls)
@@ -142,6 +146,9 @@ class Session:
                 await self._run_once(addr)
                 return True
             except dial.Refused as e:
+                if e.skew:
+                    self._tell_skew(addr, str(e))
+                    continue
                 if e.rejoin:
                     self._rejoin_reason = str(e)
                     log.error("control plane %s refused this node's certificate (try %d of %d before the agent "
@@ -171,6 +178,24 @@ class Session:
                 queue += [a for a in self.servers if a not in tried and a not in queue]
         return False
 
+    def _tell_skew(self, addr: str, reason: str) -> None:
+        """A skew refusal, logged at ERROR once per outage (it lasts until a control plane or this agent is
+        upgraded; the agent dials on with its usual backoff meanwhile), at DEBUG on each retry."""
+        if reason == self._skew_told:
+            log.debug("control plane %s: still outside the skew policy: %s", addr, reason)
+            return
+        self._skew_told = reason
+        log.error("control plane %s and this agent do not work together: %s; dialling again with backoff until "
+                  "one of them is upgraded", addr, reason)
+
+    def _check_answer(self, ack: pb.Ack) -> str:
+        """Why this agent will not run a session with the control plane that sent ``ack`` ("" when it will).
+
+        The control plane refuses an agent it knows to be outside its policy; an older one cannot know of a
+        newer agent (a 0.1.0 control plane sends no protocol), so the agent checks the answer itself."""
+        return skew.server_refusal("agent", ack.protocol, ack.server_version, own_protocol=self.cfg.protocol,
+                                   own_version=self._agent_version)
+
     async def _run_once(self, addr: str) -> None:
         async with dial.channel(addr, self.cfg.tls) as channel:
             await dial.connect(channel)
@@ -187,8 +212,17 @@ class Session:
             if first.WhichOneof("body") != "ack" or not first.ack.ok:
                 if first.ack.controlplanes:  # a standby's list: the cluster's other members
                     self._rotation.learn(first.ack.controlplanes, addr)
+                # A control plane that says its protocol refused for the skew when its policy refuses this agent
+                # (a standby naming the leader is followed whatever its release: the leader is what counts).
+                skewed = bool(first.ack.protocol) and not first.ack.leader and bool(self._check_answer(first.ack))
                 raise dial.Refused(first.ack.error or "no reason given", leader=first.ack.leader,
-                                   standby=bool(first.ack.leader or first.ack.controlplanes), rejoin=first.ack.rejoin)
+                                   standby=bool(first.ack.leader or first.ack.controlplanes), rejoin=first.ack.rejoin,
+                                   skew=skewed)
+            if refusal := self._check_answer(first.ack):
+                # Accepted by a control plane too old to know of this agent: no session with it (its commands
+                # and answers are an older wire's); closing the stream now leaves the node disconnected there.
+                raise dial.Refused(refusal, skew=True)
+            self._skew_told = ""
             self._rotation.learn(first.ack.controlplanes, addr)
             log.info("registered with %s as %s (%d shards)", addr, self.cfg.node_id, len(reg.register.shards))
             self.outbox.queue = out
@@ -226,7 +260,7 @@ class Session:
     def _register(self, inventory: Inventory) -> pb.AgentMessage:
         return self.outbox.message(register=pb.Register(
             node_id=self.cfg.node_id, hostname=self.cfg.node_id, agent_version=self._agent_version,
-            mgmt_addr=self.cfg.mgmt_addr, labels=dict(self.cfg.labels),
+            protocol=self.cfg.protocol, mgmt_addr=self.cfg.mgmt_addr, labels=dict(self.cfg.labels),
             shards=[convert.status_to_pb(s) for s in self._commands.statuses()],
             **convert.register_fields(inventory)))  # type: ignore[arg-type]
 

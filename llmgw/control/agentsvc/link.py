@@ -126,8 +126,11 @@ class Link:
     def cert_issued(self, *, cert_pem: bytes = b"", error: str = "", purpose: int = pb.CERT_PURPOSE_NODE) -> None:
         self._put(cert_issued=pb.CertIssued(cert_pem=cert_pem, error=error, purpose=purpose))  # type: ignore[arg-type]
 
-    def ack(self, seq: int, *, ok: bool, error: str = "", controlplanes: tuple[str, ...] = ()) -> None:
-        self._put(ack=pb.Ack(seq=seq, ok=ok, error=error, term=self.term, controlplanes=controlplanes))
+    def ack(self, seq: int, *, ok: bool, error: str = "", controlplanes: tuple[str, ...] = (), protocol: int = 0,
+            server_version: str = "") -> None:
+        """``protocol``/``server_version``: the control plane's, on a Register's answer (``core.skew``)."""
+        self._put(ack=pb.Ack(seq=seq, ok=ok, error=error, term=self.term, controlplanes=controlplanes,
+                             protocol=protocol, server_version=server_version))
 
     def close(self, reason: str) -> None:
         log.info("closing stream of node %s: %s", self.node_id, reason)

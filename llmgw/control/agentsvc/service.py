@@ -31,7 +31,8 @@ from llmgw.control.agentsvc import join as join_mod
 from llmgw.control.agentsvc.link import Link
 from llmgw.control.cluster import Cluster
 from llmgw.control.store.store import StoredNode
-from llmgw.core import pki
+from llmgw.core import pki, skew
+from llmgw.core.version import version
 
 log = logging.getLogger(__name__)
 REGISTER_TIMEOUT_S = 10.0
@@ -51,8 +52,13 @@ SERVER_OPTIONS = [
 
 
 class AgentService(agent_pb2_grpc.AgentServiceServicer):
-    def __init__(self, cluster: Cluster, *, issuer: join_mod.Issuer | None = None, agent_port: int = 0) -> None:
+    def __init__(self, cluster: Cluster, *, issuer: join_mod.Issuer | None = None, agent_port: int = 0,
+                 protocol: int = skew.PROTOCOL, server_version: str | None = None) -> None:
+        """``protocol``/``server_version``: what this control plane says it is in every Register's answer, and
+        what the skew policy (``core.skew``) is checked against: this release's (tests act as another)."""
         self.cluster = cluster
+        self.protocol = protocol
+        self.server_version = version() if server_version is None else server_version
         #: Signs and checks node certificates; None: ``--insecure``, no identity checked.
         self.issuer = issuer
         #: Named in the join port's refusal of a stream (set once the port is bound).
@@ -93,7 +99,8 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         refusal, rejoin = await self._refusal(first, context, peer)
         if refusal:
             log.warning("refused agent at %s: %s", peer, refusal)
-            yield pb.ControlMessage(seq=0, ack=pb.Ack(seq=first.seq, ok=False, error=refusal, rejoin=rejoin))
+            yield pb.ControlMessage(seq=0, ack=pb.Ack(seq=first.seq, ok=False, error=refusal, rejoin=rejoin,
+                                                      protocol=self.protocol, server_version=self.server_version))
             return
         reg = first.register
         link = self._accept(first, peer)
@@ -124,10 +131,17 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         rejoin = False
         if not refusal:
             refusal, rejoin = await self._check_identity(first.register.node_id, context)
+        refusal = refusal or self._check_skew(first.register)
         refusal = refusal or self._check_not_connected(first.register.node_id, peer)
         if not refusal and not self.cluster.leading:  # deposed while the identity was checked
             refusal = "this control plane stopped leading while the agent registered; dial again"
         return refusal, rejoin
+
+    def _check_skew(self, reg: pb.Register) -> str:
+        """Why an agent of this protocol may not register here ("" when the skew policy allows it): the
+        sentence names both versions and what to upgrade."""
+        return skew.peer_refusal("agent", reg.protocol, reg.agent_version, server_protocol=self.protocol,
+                                 server_version=self.server_version)
 
     def _accept(self, first: pb.AgentMessage, peer: str) -> Link:
         """Answers an accepted Register and hands the node, its shards and its new link to the cluster."""
@@ -138,7 +152,8 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             id=reg.node_id, hostname=reg.hostname or reg.node_id, mgmt_addr=reg.mgmt_addr,
             agent_version=reg.agent_version, inventory=convert.inventory_from_register(reg),
             labels=dict(reg.labels), first_seen=now, last_seen=now)
-        link.ack(first.seq, ok=True, controlplanes=self.cluster.hint()[1])
+        link.ack(first.seq, ok=True, controlplanes=self.cluster.hint()[1], protocol=self.protocol,
+                 server_version=self.server_version)
         metrics.REGISTRATIONS.inc()
         collector.note_registration()
         self.cluster.node_registered(node, [convert.status_from_pb(s) for s in reg.shards], link)
@@ -170,7 +185,8 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         else:
             error = ("this control plane is a standby and no leader holds the lease now (a failover is under way); "
                      "try again in a few seconds")
-        return pb.Ack(seq=first.seq, ok=False, error=error, leader=leader, controlplanes=peers)
+        return pb.Ack(seq=first.seq, ok=False, error=error, leader=leader, controlplanes=peers, protocol=self.protocol,
+                      server_version=self.server_version)
 
     async def _check_identity(self, node_id: str, context: grpc.aio.ServicerContext) -> tuple[str, bool]:
         """Why the peer may not be ``node_id`` (no certificate, another node's, revoked; "" when it may), and
