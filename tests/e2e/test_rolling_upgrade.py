@@ -1,0 +1,264 @@
+"""The rolling upgrade from the previous release to this tree, under traffic, in the README's order.
+
+The previous release (``tests/upgrade/PREVIOUS``) and the working tree are each built into a venv of their own
+(``llmgw.testing.releases``). On one PostgreSQL: control planes A (leads) and B (stands by), two agents (one
+per node, each with its state directory), a standalone router following both control planes, a sim model of 2
+replicas and a llama.cpp model of 1 (the tiny GGUF), all of the previous release. Then, with the real
+``openai`` client sending chat completions (streamed and not) to both models through a router the whole time:
+
+1. control plane B (the standby) is stopped and started on this tree: it stands by again (no migration);
+2. A (the leader) is stopped with SIGTERM: B takes over, both agents register with it (previous-release
+   agents with a new control plane: the policy allows N-1), then A starts on this tree and stands by;
+3. each agent is stopped with SIGTERM and started on this tree on the same state directory: it adopts the
+   engines (same pids, none restarted) and its node is Ready;
+4. a second router on this tree takes the traffic (the clients move to it between requests), then the old
+   one is stopped with SIGTERM while two long streams are open on it: they must end whole (its graceful drain).
+
+Asserted: not one failed request, and some served, in every phase; the same engine processes; every node Ready
+at this tree's version; the agents' version changes in the events; the database at this tree's migration head;
+``llmgw version`` naming this tree's version for the CLI, both control planes and both agents. Each step's time
+and the requests served during it are printed (``-s``), for bench/README.md.
+
+The other way: an agent of this tree against a control plane of the previous release only is refused by the
+agent itself (the old control plane cannot know of a newer protocol), with ``core.skew``'s sentence in its
+log, and its node never becomes Ready.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from alembic.config import Config as AlembicConfig
+from alembic.script import ScriptDirectory
+
+from llmgw.control.store.store import MIGRATIONS
+from llmgw.core import skew
+from llmgw.testing import releases, tiny_gguf
+from llmgw.testing.openaitraffic import HeldStreams, Traffic
+from llmgw.testing.postgres import Postgres
+from llmgw.testing.procs import wait_for
+from llmgw.testing.system import sim_model
+from llmgw.testing.upgrade import Agent, Api, ControlPlane, Router, kill_engines, write_secret
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+NODES = ("node1", "node2")
+
+
+@pytest.fixture(scope="module")
+def builds() -> tuple[releases.Release, releases.Release]:
+    """(the previous release, this tree), each in a venv of its own (cached: a second run takes a second)."""
+    cache = releases.default_cache_root(REPO)
+    previous = releases.build(REPO, releases.previous_commit(REPO), cache)
+    head = releases.build(REPO, None, cache)
+    assert previous.version != head.version, (previous.version, head.version)
+    return previous, head
+
+
+@pytest.fixture(scope="module")
+def pg() -> Iterator[Postgres]:
+    with Postgres() as server:
+        yield server
+
+
+def until(predicate: Callable[[], object], *, timeout: float, what: str,
+          show: Callable[[], object] | None = None) -> object:
+    """``wait_for`` at a pace a loaded 2-core machine's control planes do not notice (each poll is a REST call);
+    on a timeout, what ``show`` returns then is in the message."""
+    try:
+        return wait_for(predicate, timeout=timeout, interval=0.25, what=what)
+    except TimeoutError as e:
+        raise TimeoutError(f"{e}; last: {show() if show else '-'}") from None
+
+
+def llama_model(name: str, gguf: Path) -> dict[str, object]:
+    return {"apiVersion": "llmgw/v1", "kind": "Model", "metadata": {"name": name},
+            "spec": {"engine": "llamacpp", "source": f"file://{gguf}", "served_name": name,
+                     "engine_args": ["--ctx-size", "512", "--parallel", "2"], "startup_timeout": "90s"}}
+
+
+def adopted(api: Api, cp: ControlPlane, agent: Agent, version: str, pids: set[int]) -> bool:
+    """Whether ``agent``'s node is Ready at ``version`` on ``cp`` with every shard Ready in one of ``pids`` (the
+    engines the previous agent left: adopted, not started again). (A shard's ``adopted`` mark lasts only while
+    the new agent checks the engine, so the pids are what tell.)"""
+    node = api.nodes(cp).get(agent.node)
+    if node is None or node["status"] != "Ready" or node["agent_version"] != version:
+        return False
+    shards = node["shard_states"]
+    return bool(shards) and all(s["pid"] in pids and s["state"] == "Ready" for s in shards)
+
+
+def schema_head() -> str:
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    return ScriptDirectory.from_config(cfg).get_current_head() or ""
+
+
+@pytest.mark.timeout(420)
+def test_a_rolling_upgrade_under_traffic_fails_no_request_and_restarts_no_engine(
+        tmp_path: Path, pg: Postgres, builds: tuple[releases.Release, releases.Release]) -> None:
+    prev, head = builds
+    database = pg.create_database("rolling")
+    a = ControlPlane("cp-a", tmp_path, database)
+    b = ControlPlane("cp-b", tmp_path, database, ca_from=a.data_dir / "pki")
+    models = tmp_path / "models"
+    models.mkdir()
+    gguf = tiny_gguf.write_tiny_llama_gguf(models / "tiny.gguf")
+    os.chmod(models, 0o755)  # engines run as uids of their own and read the model from here
+    agents = [Agent(n, tmp_path, model_dirs=[models]) for n in NODES]
+    token_file = tmp_path / "router.token"
+    old_router, new_router = Router("old", tmp_path, token_file), Router("new", tmp_path, token_file)
+    api = Api()
+    took: dict[str, float] = {}
+    try:
+        # -- the cluster, all of the previous release ----------------------------------------------------------
+        password = a.init(prev)
+        a.start(prev)
+        api.login(a, password)
+        b.init(prev)
+        b.start(prev)
+        until(lambda: api.leads(a, b, prev.version), timeout=30, what="A leads, B stands by, both previous")
+        for agent in agents:
+            made = api.post(a, "/api/v1/tokens", {"node": agent.node})
+            agent.join(prev, a, made["token"], made["ca_hash"])
+            agent.start(prev, [a, b])
+        until(lambda: all(api.nodes(a).get(n, {}).get("status") == "Ready" for n in NODES), timeout=60,
+                 what="both nodes Ready")
+        write_secret(token_file, api.post(a, "/api/v1/routers", {"name": "edge"})["token"])
+        old_router.start(prev, [a, b])
+        api.post(a, "/api/v1/models", sim_model("sim", replicas=2))
+        api.post(a, "/api/v1/models", llama_model("tiny", gguf))
+        for name in ("sim", "tiny"):
+            until(lambda n=name: api.model_ready(a, n), timeout=150, what=f"{name} Ready")  # type: ignore[misc]
+        old_router.wait_serving("sim", "tiny")
+        engines = {agent.node: agent.engine_pids() for agent in agents}
+        assert sum(len(p) for p in engines.values()) >= 3, engines  # 2 sim replicas and the llama.cpp one
+
+        with Traffic(old_router.url, ["sim", "tiny"], extra_body={"tiny": {"ignore_eos": True}}) as traffic:
+            traffic.wait_served(8)
+
+            # 1. The standby control plane.
+            traffic.phase("control plane B (standby)")
+            started = time.monotonic()
+            b.stop()
+            b.start(head)
+            until(lambda: api.leads(a, b) and api.roles(a)[b.url][1] == head.version, timeout=60,
+                     what="B back as a standby at HEAD")
+            took["control plane B (standby)"] = time.monotonic() - started
+            traffic.wait_served(4)
+
+            # 2. The leader: a failover to B, then A back on HEAD as the standby.
+            traffic.phase("control plane A (leader)")
+            started = time.monotonic()
+            a.stop()
+            until(lambda: api.roles(b).get(b.url, ("", ""))[0] == "leader", timeout=30, what="B leads")
+            until(lambda: all(api.nodes(b).get(n, {}).get("connected") for n in NODES), timeout=60,
+                     what="both agents registered with B")
+            took["failover to B"] = time.monotonic() - started
+            a.start(head)
+            until(lambda: api.leads(b, a, head.version), timeout=60, what="B leads, A stands by, both HEAD")
+            took["control plane A (leader)"] = time.monotonic() - started
+            traffic.wait_served(4)
+
+            # 3. Each agent: SIGTERM, and this tree's agent on the same state directory adopts the engines.
+            for agent in agents:
+                traffic.phase(f"agent {agent.node}")
+                before = agent.engine_pids()
+                started = time.monotonic()
+                assert agent.stop() == 0
+                assert agent.engine_pids() == before, f"engines of {agent.node} ended with their agent"
+                agent.start(head, [b, a])
+                until(lambda ag=agent, p=before: adopted(api, b, ag, head.version, p), timeout=60,  # type: ignore[misc]
+                      what=f"{agent.node} Ready at HEAD, its engines adopted {sorted(before)}",
+                      show=lambda ag=agent: api.nodes(b).get(ag.node))  # type: ignore[misc]
+                took[f"agent {agent.node}"] = time.monotonic() - started
+                traffic.wait_served(4)
+
+            # 4. The router: a second one on HEAD takes the traffic; the old one drains on SIGTERM.
+            traffic.phase("router")
+            started = time.monotonic()
+            new_router.start(head, [b, a])
+            new_router.wait_serving("sim", "tiny")
+            held = HeldStreams(old_router.url, "sim", n=2, max_tokens=600).start()
+            held.wait_flowing()
+            traffic.switch(new_router.url)
+            old_exit = old_router.stop()
+            drained = held.join()
+            took["router"] = time.monotonic() - started
+            traffic.wait_served(4)
+
+            traffic.phase("all at HEAD")
+            traffic.wait_served(8)
+
+        # -- what the upgrade must have kept --------------------------------------------------------------------
+        print("\nmeasured (one run):")
+        for step, seconds in took.items():
+            print(f"  {step}: {seconds:.1f} s")
+        for name, tally in traffic.tallies.items():
+            print(f"  phase {name!r}: {tally.seconds:.1f} s, {tally.ok} served ({tally.streamed} streamed), "
+                  f"{len(tally.failures)} failed")
+        assert traffic.failures == [], traffic.failures[:10]
+        assert all(t.ok > 0 for t in traffic.tallies.values()), {n: t.ok for n, t in traffic.tallies.items()}
+        assert drained == ["ok", "ok"], f"the old router cut its open streams on SIGTERM: {drained}"
+        assert old_exit == 0, old_router.name
+        assert {agent.node: agent.engine_pids() for agent in agents} == engines
+        nodes = api.nodes(b)
+        assert {n: (nodes[n]["status"], nodes[n]["agent_version"]) for n in NODES} == \
+            {n: ("Ready", head.version) for n in NODES}
+        engine = sa.create_engine(database)
+        try:
+            with engine.connect() as conn:
+                revisions = conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalars().all()
+        finally:
+            engine.dispose()
+        assert revisions == [schema_head()]
+        said = head.run("version", "--url", b.url, env={"LLMGW_TOKEN": api.token}).stdout.splitlines()
+        assert len(said) == 1 + 2 + len(NODES), said  # the CLI, two control planes, the agents
+        assert all(line.split()[-1] == head.version for line in said), said
+    finally:
+        for router in (new_router, old_router):
+            router.stop(timeout=5)
+        for agent in agents:
+            agent.stop()
+        for cp in (a, b):
+            cp.stop()
+        kill_engines(tmp_path)
+
+
+def test_an_agent_newer_than_the_previous_release_control_plane_refuses_it(
+        tmp_path: Path, builds: tuple[releases.Release, releases.Release]) -> None:
+    """This tree's agent (protocol 2) against a control plane of the previous release (protocol 1, which sends
+    none): the old control plane accepts it, unable to know better, and the agent refuses the session itself,
+    logging the sentence (its version and the control plane's protocol: a 0.1.0 control plane's answer names no
+    version) and never saying it registered; the node is not Ready there. (The policy's other side, agents of
+    the previous release under a newer control plane, is the rolling upgrade's failover step above.)"""
+    prev, head = builds
+    cp = ControlPlane("cp", tmp_path, "")
+    agent = Agent("node3", tmp_path)
+    api = Api()
+    try:
+        password = cp.init(prev)
+        cp.start(prev)
+        api.login(cp, password)
+        made = api.post(cp, "/api/v1/tokens", {"node": agent.node})
+        agent.join(head, cp, made["token"], made["ca_hash"])
+        proc = agent.start(head, [cp])
+        sentence = skew.server_refusal("agent", 0, "", own_protocol=skew.PROTOCOL, own_version=head.version)
+        assert head.version in sentence, sentence
+        until(lambda: sentence in proc.log_tail(200) or proc.poll() is not None, timeout=60,
+                 what="the agent's refusal")
+        until(lambda: api.nodes(cp).get(agent.node, {}).get("status") != "Ready", timeout=30,
+                 what="node3 not Ready")
+        log = proc.log_tail(400)
+        assert sentence in log, log
+        assert "registered with" not in log, log
+        assert proc.poll() is None, "the agent dials on (with backoff) until one side is upgraded"
+    finally:
+        agent.stop()
+        cp.stop()
+        kill_engines(tmp_path)
