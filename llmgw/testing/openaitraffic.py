@@ -192,6 +192,11 @@ class HeldStreams:
         """Until every stream has had a chunk with content (each is under way at the router)."""
         wait_for(lambda: all(c > 1 for c in self.chunks), timeout=timeout, what="every held stream flowing")
 
+    @property
+    def open(self) -> int:
+        """How many of the streams have not ended yet."""
+        return sum(t.is_alive() for t in self._threads)
+
     def join(self) -> list[str]:
         for t in self._threads:
             t.join(timeout=self.timeout_s + 10)

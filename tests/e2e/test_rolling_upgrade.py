@@ -187,6 +187,7 @@ def test_a_rolling_upgrade_under_traffic_fails_no_request_and_restarts_no_engine
             held = HeldStreams(old_router.url, "sim", n=2, max_tokens=600).start()
             held.wait_flowing()
             traffic.switch(new_router.url)
+            open_at_stop = held.open
             old_exit = old_router.stop()
             drained = held.join()
             took["router"] = time.monotonic() - started
@@ -204,6 +205,7 @@ def test_a_rolling_upgrade_under_traffic_fails_no_request_and_restarts_no_engine
                   f"{len(tally.failures)} failed")
         assert traffic.failures == [], traffic.failures[:10]
         assert all(t.ok > 0 for t in traffic.tallies.values()), {n: t.ok for n, t in traffic.tallies.items()}
+        assert open_at_stop == 2, "the held streams had ended before the old router was stopped: nothing drained"
         assert drained == ["ok", "ok"], f"the old router cut its open streams on SIGTERM: {drained}"
         assert old_exit == 0, old_router.name
         assert {agent.node: agent.engine_pids() for agent in agents} == engines
