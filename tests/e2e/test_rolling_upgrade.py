@@ -138,6 +138,7 @@ def test_a_rolling_upgrade_under_traffic_fails_no_request_and_restarts_no_engine
         old_router.wait_serving("sim", "tiny")
         engines = {agent.node: agent.engine_pids() for agent in agents}
         assert sum(len(p) for p in engines.values()) >= 3, engines  # 2 sim replicas and the llama.cpp one
+        assert all(engines.values()), f"a node runs no engine: its agent's upgrade would adopt nothing: {engines}"
 
         with Traffic(old_router.url, ["sim", "tiny"], extra_body={"tiny": {"ignore_eos": True}}) as traffic:
             traffic.wait_served(8)
