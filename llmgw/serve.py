@@ -23,9 +23,10 @@ import logging
 import signal
 import socket
 import sys
+from collections.abc import Coroutine
 from typing import Any
 
-from llmgw.control import auditprune, datadir, engines, keyuse, loadreports, remotemeta, sso
+from llmgw.control import auditprune, cpversions, datadir, engines, keyuse, loadreports, remotemeta, sso
 from llmgw.control import leader as leader_mod
 from llmgw.control.agentsvc import collector as agentsvc_collector
 from llmgw.control.agentsvc import join as agentsvc_join
@@ -178,9 +179,12 @@ def _control_plane(cfg: ServerConfig, store: Store, hub: decide.Hub) -> _Control
     return _ControlPlane(store, db, cluster, reports, load_signals, key_uses, UsageService(db, cfg.usage))
 
 
-def _leadership(cfg: ServerConfig, cp: _ControlPlane, me: leader_mod.Me) -> leader_mod.Leadership:
-    """The lease: taking it applies the engine flags and takes the cluster over; losing it steps down."""
+def _leadership(cfg: ServerConfig, cp: _ControlPlane,
+                me: leader_mod.Me) -> tuple[leader_mod.Leadership, cpversions.Versions]:
+    """The lease: taking it applies the engine flags and takes the cluster over (telling a version change from
+    the last leader's, ``cpversions``); losing it steps down."""
     cluster = cp.cluster
+    versions = cpversions.Versions(me.id, me.version, cluster.record, cluster.clock)
 
     async def elected(term: int) -> None:
         # Before the takeover reads the store, so the first Provision a node gets carries the index the
@@ -189,6 +193,7 @@ def _leadership(cfg: ServerConfig, cp: _ControlPlane, me: leader_mod.Me) -> lead
                          find_links=cfg.engine_find_links if cfg.engine_index is not None else None,
                          models_trigger_installs=cfg.model_installs, os_packages=cfg.engine_os_packages)
         await cluster.take_over(term)
+        await versions.elected(cp.db)
 
     async def deposed(reason: str) -> None:
         cluster.step_down(reason)
@@ -202,7 +207,7 @@ def _leadership(cfg: ServerConfig, cp: _ControlPlane, me: leader_mod.Me) -> lead
         return (found.agent_addr if found is not None else "", leadership.peers())
 
     cluster.hint = hint
-    return leadership
+    return leadership, versions
 
 
 def _router(cfg: ServerConfig, cp: _ControlPlane) -> RouterApp:
@@ -250,7 +255,7 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
     advertised = _advertised(cfg)
     me = leader_mod.Me(id=leader_mod.instance_id(cfg.data_dir), http_url=f"{tls.plan.scheme}://{advertised}:{http_port}",
                        agent_addr=f"{advertised}:{agent_port}", version=version())
-    leadership = _leadership(cfg, cp, me)
+    leadership, versions = _leadership(cfg, cp, me)
     # Who may call the REST API.
     auth = Auth(cp.db, insecure=cfg.insecure, initial_password=datadir.initial_password_file(cfg.data_dir))
     # Single sign-on (--sso-issuer): its flows for the REST API and the UI, its refresher on the leader.
@@ -287,7 +292,7 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
         await asyncio.wait_for(leadership.settled.wait(), cfg.lease.lease_s)
     await web.start_on(http_sock, ssl=tls.context)
     tls.start_watching()
-    tasks = _Tasks.start(cfg, cp, sso_service)
+    tasks = _Tasks.start(cfg, cp, sso_service, versions.watch(lambda: cp.cluster.leading, leadership.describe))
     await router.startup()
     crew = None
     if cfg.router_processes > 1:
@@ -360,10 +365,11 @@ class _Tasks:
     others: tuple[asyncio.Task[None], ...]
 
     @classmethod
-    def start(cls, cfg: ServerConfig, cp: _ControlPlane, sso_service: sso.SsoService | None = None) -> _Tasks:
+    def start(cls, cfg: ServerConfig, cp: _ControlPlane, sso_service: sso.SsoService | None = None,
+              *more: Coroutine[Any, Any, None]) -> _Tasks:
         refresher = () if sso_service is None else (
             asyncio.create_task(sso_service.refresher.run(leading=lambda: cp.cluster.leading)),)
-        return cls(asyncio.create_task(cp.cluster.run()), (*refresher,
+        return cls(asyncio.create_task(cp.cluster.run()), (*refresher, *(asyncio.create_task(c) for c in more),
             asyncio.create_task(agentsvc_metrics.watch_loop_lag()),
             asyncio.create_task(agentsvc_collector.manage()),
             asyncio.create_task(auditprune.run(cp.db, retention_s=cfg.audit_retention_s,

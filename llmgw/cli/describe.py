@@ -163,7 +163,7 @@ def print_installs(installs: list[dict[str, Any]], now: float) -> None:
 
 def print_node(doc: dict[str, Any], now: float) -> None:
     for k, v in (("Name", doc["id"]), ("Status", doc["status"]), ("Address", doc["mgmt_addr"] or "-"),
-                 ("Agent", doc["agent_version"] or "-"), ("Last seen", f"{ago(doc['last_seen'], now)} ago"),
+                 ("Agent", tables.agent_version(doc)), ("Last seen", f"{ago(doc['last_seen'], now)} ago"),
                  ("CPUs", str(doc["cpu_count"])), ("GPUs", ", ".join(g["name"] for g in doc["gpus"]) or "none"),
                  ("Engines", ", ".join(f"{e['name']} {e['version']}" for e in doc["engines"]) or "none")):
         console.print(f"{k + ':':<12} {v}", markup=False)

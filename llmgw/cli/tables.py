@@ -10,14 +10,21 @@ from rich.table import Table
 from llmgw.core.units import format_bytes
 
 
+def agent_version(n: dict[str, Any]) -> str:
+    """VERSION: the node's agent's llmgw version, ``0.1.0 (skew)`` when it is not the control plane's."""
+    said = n.get("agent_version") or "-"
+    return f"{said} (skew)" if n.get("version_skew") else said
+
+
 def nodes(items: list[dict[str, Any]]) -> Table:
-    t = Table("NODE", "STATUS", "ADDRESS", "CPUS", "MEMORY FREE/TOTAL", "GPUS", "ENGINES", "SHARDS")
+    t = Table("NODE", "STATUS", "ADDRESS", "CPUS", "MEMORY FREE/TOTAL", "GPUS", "ENGINES", "SHARDS", "VERSION")
     for n in items:
         # Ready / NotReady, then SchedulingDisabled (cordoned) and Draining (replicas still moving off).
         status = n.get("status") or ("Ready" if n["connected"] else "NotReady")
         t.add_row(n["id"], status, n["mgmt_addr"], str(n["cpu_count"]),
                   f"{format_bytes(n['memory_available_bytes'])} / {format_bytes(n['memory_total_bytes'])}",
-                  str(len(n["gpus"])), ", ".join(e["name"] for e in n["engines"]) or "-", str(n["shards"]))
+                  str(len(n["gpus"])), ", ".join(e["name"] for e in n["engines"]) or "-", str(n["shards"]),
+                  agent_version(n))
     return t
 
 
@@ -38,14 +45,14 @@ def nodes_wide(items: list[dict[str, Any]], engines_doc: dict[str, Any]) -> Tabl
     """``get nodes -o wide``: the table, with each node's pool and engine installs (``/api/v1/engines``)."""
     by_node = {n["node"]: n for n in engines_doc.get("nodes", [])}
     t = Table("NODE", "STATUS", "ADDRESS", "POOL", "CPUS", "MEMORY FREE/TOTAL", "GPUS", "ENGINES", "INSTALLS",
-              "SHARDS")
+              "SHARDS", "VERSION")
     for n in items:
         status = n.get("status") or ("Ready" if n["connected"] else "NotReady")
         mine = by_node.get(n["id"], {})
         t.add_row(n["id"], status, n["mgmt_addr"], mine.get("pool") or "-", str(n["cpu_count"]),
                   f"{format_bytes(n['memory_available_bytes'])} / {format_bytes(n['memory_total_bytes'])}",
                   str(len(n["gpus"])), ", ".join(f"{e['name']} {e['version']}" for e in n["engines"]) or "-",
-                  install_cell(mine.get("installs", [])), str(n["shards"]))
+                  install_cell(mine.get("installs", [])), str(n["shards"]), agent_version(n))
     return t
 
 

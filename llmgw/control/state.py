@@ -119,3 +119,6 @@ class NodeView:
     #: shard states: after a restart the grace starts again, rather than replacing an engine on
     #: an old observation.
     unhealthy_since: dict[str, float] = dataclasses.field(default_factory=dict)
+    #: The llmgw version its agent said in its last Register (the store's, until it registers with this control
+    #: plane): a registration at another one is an upgrade (or a rollback), recorded as an event.
+    agent_version: str = ""

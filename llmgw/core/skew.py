@@ -88,3 +88,16 @@ def skewed(peer_version: str, server_version: str) -> bool:
     """Whether a peer runs another llmgw version than the control plane (shown as a skew, even when the
     policy allows it: an upgrade under way, or one forgotten). Unknown versions are not flagged."""
     return bool(peer_version) and bool(server_version) and peer_version != server_version
+
+
+def headers(protocol: int = PROTOCOL, version: str = "") -> dict[str, str]:
+    """The headers that say a side's protocol and llmgw version over HTTP (a router's table request, the
+    control plane's answer); the version header only when it is known."""
+    out = {PROTOCOL_HEADER: str(protocol)}
+    if version:
+        out[VERSION_HEADER] = version
+    return out
+
+
+#: The REST error ``code`` of a control plane's refusal of a router outside the policy (HTTP 409).
+REFUSAL_CODE = "version_skew"

@@ -64,6 +64,8 @@ import aiohttp
 from aiohttp import web
 
 from llmgw.api import usage as wire
+from llmgw.core import skew
+from llmgw.core.version import version
 from llmgw.router import budgets, controltls, ledger, metricsmerge, reports, signals, watch, workers
 from llmgw.router import table as table_mod
 from llmgw.router.settings import RouterSettings
@@ -187,6 +189,10 @@ def table_limits(doc: Mapping[str, Any]) -> dict[tuple[str, str], int]:
     return out
 
 
+#: What the hub says of itself to its workers' table requests (``core.skew``): this release.
+_SAID = skew.headers(skew.PROTOCOL, version())
+
+
 def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": {"message": message}}, status=status)
 
@@ -214,7 +220,8 @@ def app(secret: str, feed: Feed, calls: Handler, snapshots: metricsmerge.Snapsho
         doc = await feed.wait(after, timeout)
         if doc is None:
             return _error(503, "the hub has no route table yet")
-        return web.json_response(doc)
+        # Its workers are its own release: the hub answers as a control plane of it (they check it, ``watch``).
+        return web.json_response(doc, headers=_SAID)
 
     async def post(request: web.Request) -> web.Response:
         return await calls(request.path, await request.read())

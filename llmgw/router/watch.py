@@ -27,6 +27,13 @@ A secure control plane serves the table only to routers with their own credentia
 (``headers`` carries ``Authorization: Bearer``); a 401 or 403 is logged saying how
 to give the router one, and retried like an outage (a token made later is read on
 the router's next start).
+
+The skew policy (``core.skew``): each poll says the router's protocol and version
+(``X-Llmgw-Protocol``, ``X-Llmgw-Version``); a control plane that refuses them answers 409
+with the sentence, and one that answers says its own, which the router checks in turn (none:
+a control plane before 0.2.0, protocol 1, too old for this router). Either way the router
+keeps its last table, logs the sentence at ERROR once for the outage, and polls on with the
+backoff: the control plane may be upgraded in a minute.
 """
 
 from __future__ import annotations
@@ -44,7 +51,9 @@ from typing import Any
 import aiohttp
 
 from llmgw.api import routing
+from llmgw.core import skew
 from llmgw.core.background import Background
+from llmgw.core.version import version
 from llmgw.router import controltls
 from llmgw.router.auth import ListenGuard
 from llmgw.router.table import RouteTable, TableError, TableHolder
@@ -54,6 +63,10 @@ log = logging.getLogger(__name__)
 
 class _PollFailed(Exception):
     pass
+
+
+class _Skew(_PollFailed):
+    """The control plane and this router are outside the skew policy; the message is the sentence."""
 
 
 def parse_control_urls(value: str) -> tuple[str, ...]:
@@ -119,8 +132,10 @@ class TableWatcher(_Follower):
                  session: aiohttp.ClientSession | None = None,
                  poll_timeout_s: float = 30.0, backoff_min_s: float = 0.2, backoff_max_s: float = 5.0,
                  headers: Mapping[str, str] | None = None, listen_guard: ListenGuard | None = None,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
-        """``ssl_context``: an https:// control plane's pinned CA (``controltls``); None: the system's."""
+                 ssl_context: ssl.SSLContext | None = None, protocol: int = skew.PROTOCOL,
+                 router_version: str | None = None) -> None:
+        """``ssl_context``: an https:// control plane's pinned CA (``controltls``); None: the system's.
+        ``protocol``/``router_version``: what this router says it is (``core.skew``): this release's but in tests."""
         # One string is one URL, as before several were followed (never split on commas here:
         # parse_control_urls is for what a person typed).
         urls = [control_urls] if isinstance(control_urls, str) else list(control_urls)
@@ -135,7 +150,9 @@ class TableWatcher(_Follower):
         self._poll_timeout_s = poll_timeout_s
         self._backoff_min_s = backoff_min_s
         self._backoff_max_s = backoff_max_s
-        self._headers = dict(headers or {})
+        self._protocol = protocol
+        self._version = version() if router_version is None else router_version
+        self._headers = {**skew.headers(protocol, self._version), **(headers or {})}
         self._after = -1  # no version yet: the first poll answers at once
         self._task = Background("llmgw-router-table-watch")
 
@@ -162,6 +179,7 @@ class TableWatcher(_Follower):
         backoff = self._backoff_min_s
         outage_since: float | None = None
         told = False  # the outage has been logged as one (not merely as a switch): its end is logged too
+        skew_told = ""  # the skew refusal logged at ERROR in this outage: not again while it lasts
         while True:
             asked = self.current_url
             try:
@@ -172,8 +190,17 @@ class TableWatcher(_Follower):
                 # asking it after=1 would hold the poll a whole timeout with a stale table.
                 self._after = -1
                 round_failed = self._following.failed()
-                if outage_since is None:
+                first = outage_since is None
+                if first:
                     outage_since = time.monotonic()
+                if isinstance(exc, _Skew):
+                    if reason != skew_told:  # once an outage (per sentence), not once per poll
+                        skew_told, told = reason, True
+                        log.error("control plane %s and this router do not work together: %s; %s, polling again "
+                                  "until one of them is upgraded", asked, reason, self._keeping())
+                    else:
+                        log.debug("control plane %s: still outside the skew policy", asked)
+                elif first:
                     if len(self._urls) > 1:
                         log.warning("control plane %s did not answer (%s); following %s", asked, reason,
                                     self.current_url)
@@ -196,7 +223,7 @@ class TableWatcher(_Follower):
             if outage_since is not None and told:
                 log.info("routes readable again from %s after %.1fs", self._endpoints(asked),
                          time.monotonic() - outage_since)
-            outage_since, told = None, False
+            outage_since, told, skew_told = None, False, ""
             backoff = self._backoff_min_s
             unchanged = table.version == self._after
             self._after = table.version
@@ -219,6 +246,8 @@ class TableWatcher(_Follower):
         timeout = aiohttp.ClientTimeout(total=self._poll_timeout_s + 10.0)
         async with self._session.get(self._endpoints(base_url), params=params, headers=self._headers,
                                      timeout=timeout) as resp:
+            if resp.status == 409 and (refusal := await _skew_refusal(resp)):
+                raise _Skew(refusal)
             if resp.status != 200:
                 text = (await resp.text(errors="replace"))[:200]
                 if resp.status in (401, 403):
@@ -227,7 +256,24 @@ class TableWatcher(_Follower):
                                       "`llmgw router-token create NAME` and start the router with `--token-file "
                                       "FILE` (or LLMGW_ROUTER_TOKEN)")
                 raise _PollFailed(f"HTTP {resp.status}: {text}")
-            return await resp.json(content_type=None)
+            doc = await resp.json(content_type=None)  # first: a proxy's error page is not a control plane's answer
+            refusal = skew.server_refusal("router", skew.parse_header(resp.headers.get(skew.PROTOCOL_HEADER)),
+                                          resp.headers.get(skew.VERSION_HEADER, "")[:64], own_protocol=self._protocol,
+                                          own_version=self._version)
+            if refusal:  # a control plane too old for this router (one before 0.2.0 says no protocol)
+                raise _Skew(refusal)
+            return doc
+
+
+async def _skew_refusal(resp: aiohttp.ClientResponse) -> str:
+    """The sentence of a control plane's 409 refusing this router for the skew ("" for another 409)."""
+    try:
+        error = (await resp.json(content_type=None)).get("error") or {}
+    except (ValueError, AttributeError, aiohttp.ClientError):
+        return ""
+    if not isinstance(error, dict) or error.get("code") != skew.REFUSAL_CODE:
+        return ""
+    return str(error.get("message") or "")[:500]
 
 
 class LocalWatcher(_Follower):

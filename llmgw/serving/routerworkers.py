@@ -49,6 +49,8 @@ from llmgw.api.usage import QUOTA_PATH, USAGE_PATH, QuotaSync, UsageBatch
 from llmgw.control.cluster import Cluster
 from llmgw.control.routerreports import RouterEvents
 from llmgw.control.usage.service import UsageService
+from llmgw.core import skew
+from llmgw.core.version import version
 from llmgw.router import asgi, hub, metricsmerge, passthrough, reports, signals, workers
 from llmgw.router import server as router_server
 from llmgw.router.settings import RouterSettings
@@ -62,6 +64,8 @@ _SECRET = passthrough.SECRET_HEADER.encode()
 _FORWARDED = passthrough.FORWARDED_FOR_HEADER.encode()
 _PROTO = passthrough.FORWARDED_PROTO_HEADER.encode()
 _OURS = (_SECRET, _FORWARDED, _PROTO)
+#: The headers the table's answer carries (``core.skew``), as ASGI takes them.
+_SAID = [(k.lower().encode(), v.encode("latin-1")) for k, v in skew.headers(skew.PROTOCOL, version()).items()]
 App = Callable[[asgi.Scope, asgi.Receive, asgi.Send], Awaitable[None]]
 
 
@@ -141,7 +145,8 @@ class Internal:
             return
         except asgi.ClientGone:
             return
-        await asgi.send_bytes(send, 200, json.dumps(doc).encode())
+        # The table's answer says this release's protocol, as the REST API's does: the workers check it (``watch``).
+        await asgi.send_bytes(send, 200, json.dumps(doc).encode(), extra=_SAID if path == "/api/v1/endpoints" else None)
 
     def _metrics(self, scope: asgi.Scope, body: bytes) -> dict[str, Any]:
         router_id = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("router", [""])[0]

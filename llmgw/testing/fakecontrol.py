@@ -21,6 +21,7 @@ from aiohttp import web
 from llmgw.api import usage as wire
 from llmgw.api.routing import EndpointsDoc
 from llmgw.api.v1 import agent_pb2_grpc
+from llmgw.core import skew
 from llmgw.router.ledger import Ledger
 from llmgw.testing.procs import free_port
 
@@ -68,6 +69,11 @@ class RouterControl:
         #: The router events posted (``RouterReport``'s ``events``: ejections, recoveries, keys used), in order.
         self.events: list[dict[str, Any]] = []
         self.refuse_signals = False
+        #: The headers the table's answers carry: this release's protocol (``core.skew``); a test acting as an
+        #: older control plane sets {} (0.1.0 sent none).
+        self.said: dict[str, str] = skew.headers(skew.PROTOCOL, "0.0.0-fake")
+        #: What each poll said of its router: (protocol header, version header), "" where absent.
+        self.routers_said: list[tuple[str, str]] = []
         self.refused = 0
         self.ledger = Ledger(limits)
         self.stored_by_router: dict[str, int] = {}
@@ -83,6 +89,8 @@ class RouterControl:
 
     async def _endpoints(self, request: web.Request) -> web.Response:
         self.authorizations.add(request.headers.get("Authorization", ""))
+        self.routers_said.append((request.headers.get(skew.PROTOCOL_HEADER, ""),
+                                  request.headers.get(skew.VERSION_HEADER, "")))
         self.polls += 1
         assert self._changed is not None
         after, timeout = int(request.query.get("after", "-1")), float(request.query.get("timeout", "30"))
@@ -94,7 +102,8 @@ class RouterControl:
                     await asyncio.wait_for(asyncio.shield(self._changed.wait()), timeout)
             finally:
                 self.held -= 1
-        return web.json_response(self.doc.to_doc() if isinstance(self.doc, EndpointsDoc) else self.doc)
+        return web.json_response(self.doc.to_doc() if isinstance(self.doc, EndpointsDoc) else self.doc,
+                                 headers=self.said)
 
     async def _signals(self, request: web.Request) -> web.Response:
         doc = await request.json()

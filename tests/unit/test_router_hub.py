@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 
 from llmgw.api import usage as wire
-from llmgw.core import quota
+from llmgw.core import quota, skew
 from llmgw.router import hub, usagehttp, watch
 from llmgw.router.table import TableHolder
 from llmgw.testing.aioserve import serving
@@ -161,7 +161,7 @@ def test_one_subscription_upstream_fans_out_to_every_worker() -> None:
         if int(request.query["after"]) == current["doc"]["version"]:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), float(request.query["timeout"]))
-        return web.json_response(current["doc"])
+        return web.json_response(current["doc"], headers=skew.headers())
 
     async def scenario() -> None:
         cp = web.Application()

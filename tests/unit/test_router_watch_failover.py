@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from llmgw.core import skew
 from llmgw.router import standalone, watch
 from llmgw.router.settings import RouterSettings
 from llmgw.router.table import TableHolder
@@ -73,7 +74,7 @@ class ControlPlane:
             return web.json_response({"error": {"message": "store unavailable"}}, status=503)
         if self.fail == "garbage":
             return web.Response(text="<html>a proxy's error page</html>", content_type="text/html")
-        return web.json_response(self.doc)
+        return web.json_response(self.doc, headers=skew.headers())
 
     async def _events(self, request: web.Request) -> web.Response:
         self.reports.append(await request.json())

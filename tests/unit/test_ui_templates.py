@@ -93,3 +93,14 @@ def test_the_embeddings_tab_lists_the_ready_models_that_embed_or_may() -> None:
     warning, send = none.by_id("no-embed-model"), none.by_id("embed-send")
     assert warning is not None and '"--embeddings"' in warning.text
     assert send is not None and "disabled" in send.attrs
+
+
+def test_an_agent_at_another_version_than_the_control_plane_is_marked() -> None:
+    """The Nodes page's version column shows the agent's version and, when the API says it differs from the control
+    plane's (``version_skew``), a skew badge saying so; an agent at the same version has none."""
+    page = render("nodes.html", [node_doc(1, agent_version="0.1.0", version_skew=True),
+                                 node_doc(2, version_skew=False)])
+    assert cells(page, "n0001")["agent"].split() == ["0.1.0", "skew"]
+    assert cells(page, "n0002")["agent"] == "1.2"
+    badges = page.find_all(lambda n: n.tag == "span" and "skew" in n.attrs.get("class", ""))
+    assert len(badges) == 1 and "another llmgw version" in badges[0].attrs["title"]

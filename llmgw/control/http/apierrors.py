@@ -49,8 +49,9 @@ class Forbidden(ApiError):
 class Conflict(ApiError):
     """409: the request is valid but the cluster's state refuses it; the sentence says what to do instead."""
 
-    def __init__(self, message: str, *, code: str, param: str | None = None) -> None:
-        super().__init__(409, message, code=code, param=param)
+    def __init__(self, message: str, *, code: str, param: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(409, message, code=code, param=param, headers=headers)
 
 
 class BadRequest(ApiError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from typing import Any
 
@@ -12,7 +13,15 @@ from llmgw.control.events import Event
 from llmgw.control.http import modeldocs
 from llmgw.control.state import NodeView, ReplicaRecord
 from llmgw.control.store.store import StoredNode
+from llmgw.core import skew
 from llmgw.core.shards import ShardState
+from llmgw.core.version import version
+
+
+@functools.cache
+def _own_version() -> str:
+    """This control plane's llmgw version, read once (a list of a thousand nodes compares each with it)."""
+    return version()
 
 
 def scheduling(view: NodeView | None, *, connected: bool, has_replicas: bool) -> dict[str, Any]:
@@ -31,6 +40,7 @@ def node_doc(n: StoredNode, view: NodeView | None, *, connected: bool, has_repli
     inv = view.inventory if view else n.inventory
     return {
         "id": n.id, "hostname": n.hostname, "mgmt_addr": n.mgmt_addr, "agent_version": n.agent_version,
+        "version_skew": skew.skewed(n.agent_version, _own_version()),
         **scheduling(view, connected=connected, has_replicas=has_replicas),
         "connected": connected, "last_seen": n.last_seen, "cpu_count": inv.cpu_count,
         "memory_total_bytes": inv.memory_total_bytes, "memory_available_bytes": inv.memory_available_bytes,
@@ -73,7 +83,8 @@ def describe_doc(node_id: str, stored: StoredNode, mine: list[ReplicaRecord], mo
     inv = view.inventory if view else stored.inventory
     return {
         "id": node_id, "hostname": stored.hostname, "mgmt_addr": stored.mgmt_addr,
-        "agent_version": stored.agent_version, "connected": cluster.connected(node_id),
+        "agent_version": stored.agent_version, "version_skew": skew.skewed(stored.agent_version, _own_version()),
+        "connected": cluster.connected(node_id),
         "last_seen": stored.last_seen, "labels": stored.labels,
         **scheduling(view, connected=cluster.connected(node_id), has_replicas=bool(mine)),
         "cpu_count": inv.cpu_count, "memory_total_bytes": inv.memory_total_bytes,

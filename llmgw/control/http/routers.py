@@ -9,25 +9,44 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query, Request, Response
 
 from llmgw.control import loadreports
 from llmgw.control.cluster import Cluster
 from llmgw.control.http import paging, schemas
-from llmgw.control.http.apierrors import Unprocessable, read_json
+from llmgw.control.http.apierrors import Conflict, Unprocessable, read_json
 from llmgw.control.routerreports import BadReport, RouterEvents
+from llmgw.core import skew
+from llmgw.core.version import version
 
 MAX_BODY = 1 << 20
 LONG_POLL_MAX_S = 60.0
 
 
-def router(cluster: Cluster, reports: RouterEvents) -> APIRouter:
+def router(cluster: Cluster, reports: RouterEvents, *, protocol: int = skew.PROTOCOL,
+           server_version: str | None = None) -> APIRouter:
+    """``protocol``/``server_version``: what this control plane says it is to routers, and checks them against
+    (``core.skew``): this release's (tests act as another)."""
     api = APIRouter()
+    said = skew.headers(protocol, version() if server_version is None else server_version)
 
-    @api.get("/api/v1/endpoints", response_model=schemas.RouterTable, response_model_exclude_unset=True)
-    async def endpoints(after: int | None = Query(default=None, ge=-1, le=paging.MAX_ID),
+    @api.get("/api/v1/endpoints", response_model=schemas.RouterTable, response_model_exclude_unset=True,
+             responses={409: {"description": "The router is outside the control plane's skew policy "
+                                             f"(``{skew.PROTOCOL_HEADER}``): the sentence names both versions"}})
+    async def endpoints(request: Request, response: Response,
+                        after: int | None = Query(default=None, ge=-1, le=paging.MAX_ID),
                         timeout: float = Query(default=25.0, ge=0, le=LONG_POLL_MAX_S)) -> dict[str, Any]:
-        """The routers' table; with ``after`` its current version, answered when it changes (or at ``timeout``)."""
+        """The routers' table; with ``after`` its current version, answered when it changes (or at ``timeout``).
+
+        The router says its wire protocol and llmgw version in ``X-Llmgw-Protocol`` and ``X-Llmgw-Version`` (none:
+        a router before 0.2.0, protocol 1); one outside the skew policy is refused with 409. Every answer says the
+        control plane's in the same headers, which the router checks in turn."""
+        refusal = skew.peer_refusal("router", skew.parse_header(request.headers.get(skew.PROTOCOL_HEADER)),
+                                    request.headers.get(skew.VERSION_HEADER, "")[:64], server_protocol=protocol,
+                                    server_version=said.get(skew.VERSION_HEADER, ""))
+        if refusal:
+            raise Conflict(refusal, code=skew.REFUSAL_CODE, headers=said)
+        response.headers.update(said)
         return (await cluster.wait_table(after=after, timeout=timeout)).to_doc()
 
     @api.post("/api/v1/router/events", response_model=schemas.Applied)

@@ -168,6 +168,8 @@ class Node(Scheduling):
     hostname: str
     mgmt_addr: str
     agent_version: str
+    version_skew: bool = pydantic.Field(description="The agent runs another llmgw version than this control plane "
+                                        "(an upgrade under way, or one forgotten)")
     connected: bool
     last_seen: Number
     cpu_count: int
@@ -197,6 +199,8 @@ class NodeDescribe(Scheduling):
     hostname: str
     mgmt_addr: str
     agent_version: str
+    version_skew: bool = pydantic.Field(description="The agent runs another llmgw version than this control plane "
+                                        "(an upgrade under way, or one forgotten)")
     connected: bool
     last_seen: Number
     labels: dict[str, str]

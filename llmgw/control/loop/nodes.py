@@ -47,7 +47,8 @@ class Nodes:
             # grace passed, and its Register lists the shards it still runs.
             self.views[stored.id] = NodeView(stored.id, stored.inventory, connected=False,
                                              disconnected_since=self.started_at, mgmt_addr=stored.mgmt_addr,
-                                             cordoned=stored.cordoned, draining=stored.draining)
+                                             cordoned=stored.cordoned, draining=stored.draining,
+                                             agent_version=stored.agent_version)
 
     # -- what agents report --------------------------------------------------------------------
     def registered(self, node: StoredNode, shards: list[ShardStatus]) -> None:
@@ -57,7 +58,7 @@ class Nodes:
         view = self.views[node.id] = NodeView(
             node.id, node.inventory, connected=True, mgmt_addr=node.mgmt_addr, shards={s.shard_id: s for s in shards},
             reported=True, registered_at=now, cordoned=bool(prev and prev.cordoned),
-            draining=bool(prev and prev.draining), labels=dict(node.labels))
+            draining=bool(prev and prev.draining), labels=dict(node.labels), agent_version=node.agent_version)
         # A reconnect does not restart the grace of a shard already known Unhealthy.
         since = prev.unhealthy_since if prev is not None else {}
         for st in shards:
@@ -70,6 +71,12 @@ class Nodes:
         log.info("node %s registered: %d CPUs, %d GPUs, engines %s, %d shards running", node.id,
                  node.inventory.cpu_count, len(node.inventory.gpus),
                  ",".join(n for n, _ in node.inventory.engines) or "none", len(shards))
+        was = prev.agent_version if prev is not None else ""
+        if was and node.agent_version and was != node.agent_version:
+            # An upgrade (or a rollback) of the node's agent: said once, when it registers at the new version.
+            self._recorder.record(ev.Event(self._ctx.clock(), ev.NORMAL, "AgentVersionChanged", f"node/{node.id}",
+                                           f"agent {was} → {node.agent_version}", node=node.id))
+            log.info("node %s: agent %s -> %s", node.id, was, node.agent_version)
 
     def heartbeat(self, view: NodeView, hb: Heartbeat) -> bool:
         """Applies a heartbeat to its node's view; True when its installs changed (placement may change)."""
