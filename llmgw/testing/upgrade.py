@@ -147,8 +147,10 @@ class Api:
         except (httpx.HTTPError, AssertionError):
             return False
 
-    def events(self, cp: ControlPlane, *, node: str = "") -> list[dict[str, Any]]:
-        return list(self.get(cp, "/api/v1/events" + (f"?node={node}" if node else ""))["items"])
+    def events(self, cp: ControlPlane, *, node: str = "", obj: str = "") -> list[dict[str, Any]]:
+        """The events ``cp`` lists, of ``node`` (and its replicas) or of the object ``obj`` when given."""
+        query = "&".join(f"{k}={v}" for k, v in (("node", node), ("object", obj)) if v)
+        return list(self.get(cp, "/api/v1/events" + (f"?{query}" if query else ""))["items"])
 
 
 class Agent:

@@ -15,7 +15,8 @@ replicas and a llama.cpp model of 1 (the tiny GGUF), all of the previous release
    one is stopped with SIGTERM while two long streams are open on it: they must end whole (its graceful drain).
 
 Asserted: not one failed request, and some served, in every phase; the same engine processes; every node Ready
-at this tree's version; the agents' version changes in the events; the database at this tree's migration head;
+at this tree's version; each version change in the events (``AgentVersionChanged`` per node,
+``ControlPlaneVersionChanged`` when B took the lease at the new version); the database at this tree's migration head;
 ``llmgw version`` naming this tree's version for the CLI, both control planes and both agents. Each step's time
 and the requests served during it are printed (``-s``), for bench/README.md.
 
@@ -213,6 +214,13 @@ def test_a_rolling_upgrade_under_traffic_fails_no_request_and_restarts_no_engine
         nodes = api.nodes(b)
         assert {n: (nodes[n]["status"], nodes[n]["agent_version"]) for n in NODES} == \
             {n: ("Ready", head.version) for n in NODES}
+        for agent in agents:
+            said = [e["message"] for e in api.events(b, node=agent.node) if e["reason"] == "AgentVersionChanged"]
+            assert said == [f"agent {prev.version} → {head.version}"], (agent.node, said)
+        b_id = api.get(b, "/api/v1/controlplanes")["self"]
+        said = [e["message"] for e in api.events(b, obj=f"controlplane/{b_id}")
+                if e["reason"] == "ControlPlaneVersionChanged"]
+        assert said == [f"control plane {prev.version} → {head.version} ({b_id} leads now)"], said
         engine = sa.create_engine(database)
         try:
             with engine.connect() as conn:
