@@ -20,9 +20,9 @@ at this tree's version; each version change in the events (``AgentVersionChanged
 ``llmgw version`` naming this tree's version for the CLI, both control planes and both agents. Each step's time
 and the requests served during it are printed (``-s``), for bench/README.md.
 
-The other way: an agent of this tree against a control plane of the previous release only is refused by the
-agent itself (the old control plane cannot know of a newer protocol), with ``core.skew``'s sentence in its
-log, and its node never becomes Ready.
+The other way: an agent and a router of this tree against a control plane of the previous release only refuse
+it themselves (the old control plane cannot know of a newer protocol), with ``core.skew``'s sentence in their
+logs; the node never becomes Ready there.
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def test_a_rolling_upgrade_under_traffic_fails_no_request_and_restarts_no_engine
             agent.join(prev, a, made["token"], made["ca_hash"])
             agent.start(prev, [a, b])
         until(lambda: all(api.nodes(a).get(n, {}).get("status") == "Ready" for n in NODES), timeout=60,
-                 what="both nodes Ready")
+              what="both nodes Ready")
         write_secret(token_file, api.post(a, "/api/v1/routers", {"name": "edge"})["token"])
         old_router.start(prev, [a, b])
         api.post(a, "/api/v1/models", sim_model("sim", replicas=2))
@@ -150,7 +150,7 @@ def test_a_rolling_upgrade_under_traffic_fails_no_request_and_restarts_no_engine
             b.stop()
             b.start(head)
             until(lambda: api.leads(a, b) and api.roles(a)[b.url][1] == head.version, timeout=60,
-                     what="B back as a standby at HEAD")
+                  what="B back as a standby at HEAD")
             took["control plane B (standby)"] = time.monotonic() - started
             traffic.wait_served(4)
 
@@ -160,7 +160,7 @@ def test_a_rolling_upgrade_under_traffic_fails_no_request_and_restarts_no_engine
             a.stop()
             until(lambda: api.roles(b).get(b.url, ("", ""))[0] == "leader", timeout=30, what="B leads")
             until(lambda: all(api.nodes(b).get(n, {}).get("connected") for n in NODES), timeout=60,
-                     what="both agents registered with B")
+                  what="both agents registered with B")
             took["failover to B"] = time.monotonic() - started
             a.start(head)
             until(lambda: api.leads(b, a, head.version), timeout=60, what="B leads, A stands by, both HEAD")
@@ -241,16 +241,18 @@ def test_a_rolling_upgrade_under_traffic_fails_no_request_and_restarts_no_engine
         kill_engines(tmp_path)
 
 
-def test_an_agent_newer_than_the_previous_release_control_plane_refuses_it(
+def test_an_agent_and_a_router_newer_than_the_previous_release_control_plane_refuse_it(
         tmp_path: Path, builds: tuple[releases.Release, releases.Release]) -> None:
-    """This tree's agent (protocol 2) against a control plane of the previous release (protocol 1, which sends
-    none): the old control plane accepts it, unable to know better, and the agent refuses the session itself,
-    logging the sentence (its version and the control plane's protocol: a 0.1.0 control plane's answer names no
-    version) and never saying it registered; the node is not Ready there. (The policy's other side, agents of
-    the previous release under a newer control plane, is the rolling upgrade's failover step above.)"""
+    """This tree's agent and router (protocol 2) against a control plane of the previous release (protocol 1: it
+    sends none): the old control plane serves them, unable to know better, and each refuses it itself, logging
+    ``core.skew``'s sentence (its own version and the control plane's protocol: a 0.1.0 control plane's answers
+    name no version). The agent never says it registered and its node is not Ready there; the router keeps no
+    table from it. (The policy's other side, an agent and a router of the previous release under a newer
+    control plane, is the rolling upgrade's failover step above: allowed, and not a request failed.)"""
     prev, head = builds
     cp = ControlPlane("cp", tmp_path, "")
     agent = Agent("node3", tmp_path)
+    router = Router("new", tmp_path, tmp_path / "router.token")
     api = Api()
     try:
         password = cp.init(prev)
@@ -259,17 +261,20 @@ def test_an_agent_newer_than_the_previous_release_control_plane_refuses_it(
         made = api.post(cp, "/api/v1/tokens", {"node": agent.node})
         agent.join(head, cp, made["token"], made["ca_hash"])
         proc = agent.start(head, [cp])
-        sentence = skew.server_refusal("agent", 0, "", own_protocol=skew.PROTOCOL, own_version=head.version)
-        assert head.version in sentence, sentence
-        until(lambda: sentence in proc.log_tail(200) or proc.poll() is not None, timeout=60,
-                 what="the agent's refusal")
-        until(lambda: api.nodes(cp).get(agent.node, {}).get("status") != "Ready", timeout=30,
-                 what="node3 not Ready")
-        log = proc.log_tail(400)
-        assert sentence in log, log
-        assert "registered with" not in log, log
-        assert proc.poll() is None, "the agent dials on (with backoff) until one side is upgraded"
+        write_secret(router.token_file, api.post(cp, "/api/v1/routers", {"name": "edge"})["token"])
+        routed = router.start(head, [cp])
+        for kind, p in (("agent", proc), ("router", routed)):
+            sentence = skew.server_refusal(kind, 0, "", own_protocol=skew.PROTOCOL, own_version=head.version)
+            assert head.version in sentence and "(protocol 1)" in sentence, sentence
+            until(lambda s=sentence, q=p: s in q.log_tail(200) or q.poll() is not None,  # type: ignore[misc]
+                  timeout=60, what=f"the {kind}'s refusal")
+            assert sentence in p.log_tail(200), p.log_tail(200)
+            assert p.poll() is None, f"the {kind} polls on (with backoff) until one side is upgraded"
+        until(lambda: api.nodes(cp).get(agent.node, {}).get("status") != "Ready", timeout=30, what="node3 not Ready")
+        assert "registered with" not in proc.log_tail(400), proc.log_tail(400)
+        assert not router.serves("anything"), "the router serves without a table"
     finally:
+        router.stop(timeout=5)
         agent.stop()
         cp.stop()
         kill_engines(tmp_path)
