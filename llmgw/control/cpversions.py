@@ -35,12 +35,17 @@ KEY = "controlplane_version"
 CHECK_S = 2.0
 
 
-def last_leader_version(settings: dict[str, str], rows: Iterable[StoredControlPlane]) -> str:
-    """The version the cluster's last leader ran: the ``settings`` row, else the control plane row seen last
-    (a database a release before 0.2.0 led has no row of ours); "" when neither says."""
+def last_leader_version(settings: dict[str, str], rows: Iterable[StoredControlPlane], version: str = "") -> str:
+    """The version the cluster's last leader ran: the ``settings`` row, else the control plane row seen last at
+    another version than ``version`` (the one taking the lease now); "" when neither says.
+
+    No ``settings`` row means a release before 0.2.0 led (every later leader writes one when elected), so the
+    last leader ran another version than this one: a row at this one's version is a standby upgraded before the
+    failover (this very control plane, most likely, its row beaten while it stood by) and says nothing of who led.
+    """
     if settings.get(KEY):
         return settings[KEY]
-    seen = [r for r in rows if r.version]
+    seen = [r for r in rows if r.version and r.version != version]
     return max(seen, key=lambda r: r.last_seen).version if seen else ""
 
 
@@ -57,7 +62,8 @@ class Versions:
         """On taking the lease: the change from the last leader's version, told, and this one's kept."""
         self._told = set()
         store = db.store
-        was = last_leader_version(await db.call(store.settings), await db.call(store.list_controlplanes))
+        was = last_leader_version(await db.call(store.settings), await db.call(store.list_controlplanes),
+                                  self.version)
         if was and was != self.version:
             self._record(ev.Event(self._clock(), ev.NORMAL, "ControlPlaneVersionChanged", f"controlplane/{self.me_id}",
                                   f"control plane {was} → {self.version} ({self.me_id} leads now)"))

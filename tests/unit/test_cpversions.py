@@ -51,6 +51,16 @@ def test_a_database_a_release_before_0_2_0_led_is_read_from_the_control_planes_r
     assert [e.message for e in said] == ["control plane 0.1.0 → 0.2.0 (cp1 leads now)"]
 
 
+def test_a_standby_upgraded_first_tells_the_change_when_it_takes_over_from_a_release_before_0_2_0(
+        db: StoreThread) -> None:
+    """The rolling upgrade's order: cp1 stood by at 0.2.0 (its row beaten last) while cp0 led at 0.1.0 (no settings
+    row); cp0 stops and cp1 takes the lease: the change is told, from the 0.1.0 that led."""
+    db.store.beat_controlplane(StoredControlPlane("cp0", "http://a", "a:1", "0.1.0", 1.0, 5.0))
+    db.store.beat_controlplane(StoredControlPlane("cp1", "http://b", "b:1", "0.2.0", 2.0, 9.0))
+    said = _told("0.2.0", db)
+    assert [e.message for e in said] == ["control plane 0.1.0 → 0.2.0 (cp1 leads now)"]
+
+
 def test_a_live_control_plane_at_another_version_is_told_once() -> None:
     said: list[Event] = []
     versions = cpversions.Versions("cp1", "0.2.0", said.append, lambda: 1.0)
