@@ -38,6 +38,8 @@ class Tally:
     ended: float = 0.0
     ok: int = 0
     streamed: int = 0
+    #: Of those served, how many per model.
+    by_model: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
     failures: list[str] = dataclasses.field(default_factory=list)
 
     @property
@@ -141,6 +143,7 @@ class Traffic:
                     if failure is None:
                         tally.ok += 1
                         tally.streamed += stream
+                        tally.by_model[model] += 1
                     else:
                         tally.failures.append(f"{model} {'stream' if stream else 'whole'} via {url}: {failure}")
         finally:

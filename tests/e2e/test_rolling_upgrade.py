@@ -203,10 +203,11 @@ def test_a_rolling_upgrade_under_traffic_fails_no_request_and_restarts_no_engine
         for step, seconds in took.items():
             print(f"  {step}: {seconds:.1f} s")
         for name, tally in traffic.tallies.items():
-            print(f"  phase {name!r}: {tally.seconds:.1f} s, {tally.ok} served ({tally.streamed} streamed), "
-                  f"{len(tally.failures)} failed")
+            print(f"  phase {name!r}: {tally.seconds:.1f} s, {tally.ok} served ({tally.streamed} streamed; "
+                  f"{tally.by_model['sim']} sim, {tally.by_model['tiny']} llama.cpp), {len(tally.failures)} failed")
         assert traffic.failures == [], traffic.failures[:10]
-        assert all(t.ok > 0 for t in traffic.tallies.values()), {n: t.ok for n, t in traffic.tallies.items()}
+        served = {name: (t.by_model["sim"], t.by_model["tiny"]) for name, t in traffic.tallies.items()}
+        assert all(sim and tiny for sim, tiny in served.values()), served  # both models, in every phase
         assert open_at_stop == 2, "the held streams had ended before the old router was stopped: nothing drained"
         assert drained == ["ok", "ok"], f"the old router cut its open streams on SIGTERM: {drained}"
         assert old_exit == 0, old_router.name
