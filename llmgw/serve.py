@@ -33,6 +33,7 @@ from llmgw.control.agentsvc import join as agentsvc_join
 from llmgw.control.agentsvc import metrics as agentsvc_metrics
 from llmgw.control.agentsvc import service as agentsvc
 from llmgw.control.auth import Auth
+from llmgw.control.backup import schedule as backup_schedule
 from llmgw.control.cluster import Cluster
 from llmgw.control.http import forward as forward_http
 from llmgw.control.http import tokens as tokens_http
@@ -265,7 +266,7 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
     worker_metrics = metricsmerge.Snapshots()
     api = create_api(cp.db, cp.cluster, auth=auth,
                      extra_registries=(metricsmerge.Merged(router_metrics.REGISTRY, worker_metrics),
-                                       agentsvc_metrics.REGISTRY, cp.usage.registry),
+                                       agentsvc_metrics.REGISTRY, cp.usage.registry, backup_schedule.REGISTRY),
                      router_events=cp.reports, leadership=leadership, join=_join_point(cfg, advertised, join_port),
                      usage=cp.usage, sso_service=sso_service,
                      cluster_ca=None if cfg.insecure else datadir.ca_cert(cfg.data_dir).read_bytes())
@@ -357,6 +358,16 @@ async def _stop_grpc(grpc_server: Any) -> None:
         log.warning("the agent port's gRPC server did not stop within 5 s; going on without it")
 
 
+def _backups(cfg: ServerConfig, cp: _ControlPlane) -> tuple[asyncio.Task[None], ...]:
+    """The scheduled backups (``--backup-dir``), on the leader; their outcome an event on ``cluster/backup``."""
+    def record(event: Any) -> None:
+        cp.cluster.record(event)
+        cp.cluster.flush_events()
+
+    return () if cfg.backup is None else (asyncio.create_task(backup_schedule.run(
+        cfg.backup, data_dir=cfg.data_dir, database=cfg.database, leading=lambda: cp.cluster.leading, record=record)),)
+
+
 @dataclasses.dataclass(slots=True)
 class _Tasks:
     """The background tasks of a running server: the reconcile loop, loop-lag watch, gc, audit pruning."""
@@ -375,7 +386,7 @@ class _Tasks:
             asyncio.create_task(auditprune.run(cp.db, retention_s=cfg.audit_retention_s,
                                                leading=lambda: cp.cluster.leading)),
             asyncio.create_task(usageprune.run(cp.db, cfg.usage, leading=lambda: cp.cluster.leading)),
-            asyncio.create_task(cp.usage.follow(cp.cluster.wait_table))))
+            asyncio.create_task(cp.usage.follow(cp.cluster.wait_table)), *_backups(cfg, cp)))
 
     async def stop(self, leadership: leader_mod.Leadership, lease_task: asyncio.Task[None]) -> None:
         leadership.stop()

@@ -16,6 +16,7 @@ from rich.console import Console
 
 from llmgw.cli import agentcmd, manifests, settingsflags, tables
 from llmgw.cli import audit as audit_mod
+from llmgw.cli import backup as backup_mod
 from llmgw.cli import client as client_mod
 from llmgw.cli import contexts as contexts_mod
 from llmgw.cli import controlplanes as controlplanes_mod
@@ -239,6 +240,7 @@ audit_mod.register(app)
 sim_mod.register(app)
 mirror_mod.register(app)
 onboard_mod.register(app, default_data_dir=default_data_dir)
+backup_mod.register(app, default_data_dir=default_data_dir)
 agentcmd.register(app, setup_logging=_logging, fail=_fail)
 nodes_mod.register(app)
 controlplanes_mod.register(get_app)

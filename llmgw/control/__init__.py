@@ -5,7 +5,9 @@
   ``placement/``: where a replica fits, pure; ``state``, ``status``, ``conditions``, ``events``: the pure
   vocabulary they share (``events`` are the cluster's event records, never a router's reports).
 - ``store/``: the database (SQLite or PostgreSQL), ``Store`` assembled from one module per concern, its
-  migrations, and ``offloop`` (store calls on their own thread).
+  migrations with ``schemafloor`` (which releases may run on the schema, checked at start) and
+  ``migrationlint`` (the floors checked from the migrations' source), and ``offloop`` (store calls on their
+  own thread).
 - ``leader``: the lease, one leader and standbys; ``agentsvc/``: the agents' gRPC stream and the join port.
 - ``http/``: the REST API, one module per resource; ``ui/``: the admin web UI; ``auth/``: who may call;
   ``sso/``: single sign-on through an OpenID Connect provider (the UI's and the CLI's flows, the refresher).
@@ -13,7 +15,7 @@
   what routers report, read through ``llmgw.api.reports``; ``keyuse``: keys' "last used".
 - Also: ``engines`` (engine wants and settings), ``fabric`` (RDMA tests), ``remotemeta`` and ``netguard``
   (remote weights' metadata, reached safely), ``datadir`` and ``tokens`` (init and join tokens),
-  ``auditprune``.
+  ``auditprune``; ``backup/``: ``llmgw backup``/``restore`` and the server's scheduled backups.
 
 It never imports ``llmgw.agent`` or ``llmgw.router``: they meet on the wire (``llmgw.api``).
 """

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from llmgw.control import leader as leader_mod
+from llmgw.control.backup import schedule as backup_schedule
+from llmgw.control.backup import sealed
 from llmgw.control.reconcile import decide
 from llmgw.control.sso import config as sso_config
 from llmgw.control.usage.config import UsageConfig, usage_config
@@ -85,6 +87,8 @@ class ServerConfig:
     tls: TlsPlan = dataclasses.field(default_factory=lambda: TlsPlan())
     #: Single sign-on through an OpenID Connect provider (``control.sso``); None: not configured.
     sso: sso_config.SsoConfig | None = None
+    #: Scheduled backups (``--backup-dir``…; ``control.backup.schedule``); None: none.
+    backup: backup_schedule.Schedule | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -198,7 +202,20 @@ def config_of(settings: ServerSettings, env: Mapping[str, str], *, default_data_
                         tls=tls_plan(host=settings.host, tls=settings.tls, plain_http=settings.plain_http,
                                      tls_cert=settings.tls_cert, tls_key=settings.tls_key, tls_san=settings.tls_san,
                                      insecure=settings.insecure, validity_s=settings.tls_cert_validity_s),
-                        sso=sso_of(settings))
+                        sso=sso_of(settings),
+                        backup=backup_of(settings, settings.data_dir or default_data_dir))
+
+
+def backup_of(settings: ServerSettings, data_dir: Path) -> backup_schedule.Schedule | None:
+    """Scheduled backups from the ``--backup-*`` flags, the passphrase read from its file (its owner's alone)."""
+    if settings.backup_dir is None or settings.backup_passphrase_file is None:
+        return None
+    if settings.backup_dir.absolute().is_relative_to(data_dir.absolute()):
+        raise LlmgwError(f"--backup-dir {settings.backup_dir} is inside the data directory {data_dir}: a backup "
+                         "there is lost with it; give a directory elsewhere (another disk or machine is best)")
+    passphrase = sealed.read_passphrase_file(settings.backup_passphrase_file, "--backup-passphrase-file")
+    return backup_schedule.Schedule(dir=settings.backup_dir, every_s=settings.backup_every_s,
+                                    keep=settings.backup_keep, passphrase=passphrase)
 
 
 def sso_of(settings: ServerSettings) -> sso_config.SsoConfig | None:

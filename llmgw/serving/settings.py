@@ -151,6 +151,16 @@ class ServerSettings:
     sso_refresh_interval: str = setting("5m", help="Single sign-on: how often each user's refresh token is used; a "
                                         "user whose provider session ended or whose groups no longer map loses "
                                         "access within this plus a quarter of it (at most 30s) plus one pass")
+    backup_dir: Path | None = setting(None, help="Scheduled backups: write one here (outside the data directory; "
+                                      "another disk or a mounted share) every --backup-every, as `llmgw backup` "
+                                      "does; only the leader does [default: no scheduled backups]")
+    backup_every: str = setting("6h", help="Scheduled backups: how long after the newest one the next is due, "
+                                           "e.g. 6h, 1d")
+    backup_keep: int = setting(7, min=1, help="Scheduled backups: how many of the newest to keep; older ones "
+                                              "that a scheduled backup wrote (its name and header) are deleted")
+    backup_passphrase_file: Path | None = setting(None, help="Scheduled backups: a file (mode 0600) whose first "
+                                                  "line is the passphrase they are encrypted with; a passphrase "
+                                                  "is never given on the command line")
     log_level: str = setting("info", help="The log level: debug, info, warning, error")
 
     def __post_init__(self) -> None:
@@ -204,6 +214,16 @@ class ServerSettings:
         if self.sso_issuer and "openid" not in self.sso_scopes.split():
             raise ValueError(f"--sso-scopes {self.sso_scopes!r}: must include openid (the ID token is what "
                              "proves the user)")
+        if (self.backup_dir is None) != (self.backup_passphrase_file is None):
+            raise ValueError("--backup-dir and --backup-passphrase-file go together: the directory scheduled backups "
+                             "go to and the passphrase they are encrypted with")
+        if self.backup_dir is not None and self.insecure:
+            raise ValueError("--backup-dir with --insecure: an --insecure server has no cluster CA to back up; "
+                             "leave --insecure out (or --backup-dir, for loopback development)")
+        if self.backup_every_s < 1:
+            raise ValueError("--backup-every must be at least 1s, e.g. 6h")
+        if self.backup_keep < 1:
+            raise ValueError("--backup-keep must be at least 1")
         if self.mirror_upstream and not self.mirror_upstream.startswith(("http://", "https://")):
             raise ValueError(f"--mirror-upstream {self.mirror_upstream!r}: expected http(s)://HOST[:PORT], e.g. "
                              "https://huggingface.co")
@@ -244,6 +264,10 @@ class ServerSettings:
     @property
     def sso_refresh_interval_s(self) -> float:
         return _seconds("--sso-refresh-interval", self.sso_refresh_interval)
+
+    @property
+    def backup_every_s(self) -> float:
+        return _seconds("--backup-every", self.backup_every)
 
     @property
     def lease_s(self) -> float:

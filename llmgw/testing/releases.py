@@ -8,7 +8,8 @@ keyed by the commit (or a hash of the tree's files) and by the running interpret
 Built fast: the venv is made without pip, and a ``.pth`` file in it names the running interpreter's
 site-packages, so the release imports the test venv's dependencies without installing them again (the
 ``.pth`` files of that directory are not processed, so the test venv's editable llmgw is not picked up: the
-venv's own llmgw comes first). Then ``pip install --no-deps --no-build-isolation SRC`` installs the release,
+venv's own llmgw comes first; another ``.pth`` drops PYTHONPATH at start, so a checkout named there never
+shadows it). Then ``pip install --no-deps --no-build-isolation SRC`` installs the release,
 and a run of its Python and of its ``llmgw`` script checks it imports its own copy at its own version.
 
 Concurrency: one lock file per release; a venv cannot be moved once made (its scripts name its path), so it is
@@ -30,6 +31,7 @@ import subprocess
 import sys
 import sysconfig
 import tarfile
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -37,6 +39,10 @@ from pathlib import Path
 PREVIOUS = Path("tests/upgrade/PREVIOUS")
 #: The marker a finished build writes last; its presence is what "built" means.
 MARKER = "release.json"
+#: This module's way of building a venv: a change to it makes every release again (a new key).
+RECIPE = 2
+#: A working tree's release unused this long is removed when another tree's is built.
+PRUNE_AFTER_S = 24 * 3600
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 #: What a release's processes must not inherit: a checkout on their path would shadow the release's llmgw.
 _DROPPED_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONSAFEPATH")
@@ -130,12 +136,15 @@ def build(repo: Path, ref: str | None, cache_root: Path) -> Release:
     else:
         commit = _resolve(repo, ref)
         key = f"commit-{commit}"
-    key += f"-py{sys.version_info.major}{sys.version_info.minor}-{_interpreter_key()}"
+    key += f"-py{sys.version_info.major}{sys.version_info.minor}-{_interpreter_key()}-r{RECIPE}"
     home = cache_root / key
     with _locked(cache_root / f"{key}.lock"):
         found = _reuse(home)
         if found is not None:
+            os.utime(home / MARKER)  # used now: not pruned
             return found
+        if ref is None:
+            _prune_trees(cache_root, keep=key)
         shutil.rmtree(home, ignore_errors=True)  # a build that died before its marker
         home.mkdir(parents=True)
         src = home / "src"
@@ -149,6 +158,32 @@ def build(repo: Path, ref: str | None, cache_root: Path) -> Release:
         tmp.write_text(json.dumps({"version": release.version, "commit": commit, "tree": tree}))
         os.replace(tmp, home / MARKER)
         return release
+
+
+def copy_working_tree(repo: Path, dest: Path) -> Path:
+    """The working tree of ``repo`` as it is (tracked and untracked-but-not-ignored files) copied into ``dest``."""
+    repo = Path(repo).resolve()
+    _copy_tree(repo, _tree_files(repo), Path(dest))
+    return Path(dest)
+
+
+def _prune_trees(cache_root: Path, *, keep: str) -> None:
+    """Each edit of the tree makes another release: those unused for a day go (one being built
+    meanwhile, locked, stays)."""
+    for marker in cache_root.glob(f"tree-*/{MARKER}"):
+        home = marker.parent
+        try:
+            if home.name == keep or time.time() - marker.stat().st_mtime < PRUNE_AFTER_S:
+                continue
+        except FileNotFoundError:  # another process pruned it meanwhile
+            continue
+        with open(cache_root / f"{home.name}.lock", "a") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
+            marker.unlink(missing_ok=True)  # first, so a half-removed release is never taken as built
+            shutil.rmtree(home, ignore_errors=True)
 
 
 def _reuse(home: Path) -> Release | None:
@@ -173,14 +208,20 @@ def _install(src: Path, home: Path, *, commit: str, tree: str | None) -> Release
     # The running interpreter's site-packages, appended after the venv's own: its dependencies, not its llmgw.
     ours = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
     (site / "_llmgw_test_deps.pth").write_text("".join(f"{p}\n" for p in ours))
+    # PYTHONPATH is dropped at start (and for the children): a checkout on it would shadow the release's llmgw,
+    # and an upgrade test would run HEAD against HEAD without a word.
+    (site / "_llmgw_release_guard.pth").write_text(_GUARD)
     _run([str(python), "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--no-deps",
           "--no-build-isolation", "--no-index", str(src)], cwd=home, env=_clean_env(), timeout=600,
          what=f"pip install of llmgw at {commit[:12]}")
     want = _source_version(src)
     probe = ("import importlib.metadata, json, llmgw; "
              "print(json.dumps({'file': llmgw.__file__, 'version': importlib.metadata.version('llmgw')}))")
-    said = json.loads(_run([str(python), "-c", probe], cwd=venv, env=_clean_env(), timeout=60,
-                           what="import llmgw in the built venv").stdout.strip().splitlines()[-1])
+    probed = _run([str(python), "-c", probe], cwd=venv, env=_clean_env(), timeout=60,
+                  what="import llmgw in the built venv")
+    if probed.stderr.strip():
+        raise ReleaseError(f"the venv built at {venv} says on stderr at start: {probed.stderr.strip()[-2000:]}")
+    said = json.loads(probed.stdout.strip().splitlines()[-1])
     if not Path(said["file"]).resolve().is_relative_to(venv.resolve()) or said["version"] != want:
         raise ReleaseError(f"the venv built at {venv} imports llmgw {said['version']} from {said['file']}, "
                            f"not its own {want}: something on its path shadows it (PYTHONPATH, a .pth file)")
@@ -188,6 +229,13 @@ def _install(src: Path, home: Path, *, commit: str, tree: str | None) -> Release
                       tree=tree, built=True)
     release.run("--help", timeout=120)
     return release
+
+
+#: A .pth line runs in site.addpackage's function scope, where a comprehension cannot see its locals: hence exec.
+_GUARD_CODE = ("import os, sys\n"
+               "drop = [os.path.abspath(e) for e in os.environ.pop('PYTHONPATH', '').split(os.pathsep) if e]\n"
+               "sys.path[:] = [e for e in sys.path if os.path.abspath(e) not in drop]\n")
+_GUARD = f"import os; exec({_GUARD_CODE!r}, {{}})\n"
 
 
 def _source_version(src: Path) -> str:

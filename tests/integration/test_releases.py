@@ -1,7 +1,8 @@
 """llmgw.testing.releases: the previous release (tests/upgrade/PREVIOUS) and the working tree, each built into a
 venv of its own with real git and real pip, importing its own code at its own version, and reused when built.
 
-Each build takes a few seconds (the venv borrows the test venv's dependencies), so these run in ``make test``.
+Each build takes a few seconds (the venv borrows the test venv's dependencies), so these run in ``make test``;
+tests/e2e/test_release_tree.py builds a changing working tree three times.
 """
 
 from __future__ import annotations
@@ -35,6 +36,12 @@ def _imports(release: Release, module: str = "llmgw") -> dict[str, str]:
     return dict(json.loads(done.stdout))
 
 
+def _site(release: Release) -> str:
+    """The venv's site-packages, relative to the release's home (the venv's parent)."""
+    (site,) = release.venv.glob("lib/python*/site-packages")
+    return str(site.relative_to(release.venv.parent))
+
+
 def test_previous_and_working_tree_build_into_venvs_of_their_own(tmp_path: Path) -> None:
     commit = releases.previous_commit(REPO)
     assert commit == _git(REPO, "rev-parse", f"{commit}^{{commit}}").strip()
@@ -55,6 +62,12 @@ def test_previous_and_working_tree_build_into_venvs_of_their_own(tmp_path: Path)
         assert (pkg / "control/store/migrations/env.py").is_file()
         assert len(list((pkg / "control/store/migrations/versions").glob("0*.py"))) >= 15
         assert list((pkg / "control/ui/templates").glob("*.html"))
+
+    # Run with a checkout on PYTHONPATH and not through Release.env, the release still imports its own llmgw.
+    probe = "import llmgw, os; print(llmgw.__file__, os.environ.get('PYTHONPATH'))"
+    done = subprocess.run(previous.python_argv("-c", probe), cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, check=True)
+    assert done.stdout.split() == [str(previous.venv.parent / _site(previous) / "llmgw" / "__init__.py"), "None"]
 
     # Built once: the second build is the first one, reused (no pip run).
     assert releases.build(REPO, commit, tmp_path) == dataclasses.replace(previous, built=False)
@@ -78,22 +91,6 @@ def test_two_processes_building_one_release_at_once_build_it_once(tmp_path: Path
     assert outs[0]["venv"] == outs[1]["venv"] and outs[0]["version"] == "0.1.0"
     said = _imports(releases.build(REPO, commit, tmp_path))
     assert said["version"] == "0.1.0"
-
-
-def test_the_working_tree_is_built_as_it_is_uncommitted_changes_included(tmp_path: Path) -> None:
-    clone = tmp_path / "clone"
-    subprocess.run(["git", "clone", "-q", "--local", str(REPO), str(clone)], check=True)
-    (clone / "llmgw" / "_uncommitted_probe.py").write_text("SAID = 'uncommitted'\n")
-    (clone / "llmgw" / "hostnet.py").unlink()
-    release = releases.build(clone, None, tmp_path / "cache")
-    assert release.built
-    said = _imports(release, "llmgw._uncommitted_probe")
-    assert Path(said["file"]).is_relative_to(release.venv)
-    assert not list(release.venv.glob("lib/python*/site-packages/llmgw/hostnet.py"))
-    # A change makes another release; the same tree again is the same one.
-    (clone / "llmgw" / "_uncommitted_probe.py").write_text("SAID = 'changed'\n")
-    changed = releases.build(clone, None, tmp_path / "cache")
-    assert changed.built and changed.venv != release.venv and changed.tree != release.tree
 
 
 def test_previous_names_a_commit_of_the_full_history(tmp_path: Path) -> None:

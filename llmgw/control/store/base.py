@@ -7,6 +7,7 @@ every write is fenced the same way; this module knows no table but the lease row
 from __future__ import annotations
 
 import contextlib
+import logging
 import pathlib
 from collections.abc import Iterator
 from typing import Any, Self
@@ -14,11 +15,16 @@ from typing import Any, Self
 import sqlalchemy as sa
 from alembic import command as alembic_command
 from alembic.config import Config as AlembicConfig
+from alembic.runtime.migration import MigrationContext
 from sqlalchemy import event
 from sqlalchemy.orm import Session, sessionmaker
 
+from llmgw.control.store import schemafloor
 from llmgw.control.store.tables import LeaseRow
 from llmgw.core.errors import LlmgwError
+from llmgw.core.version import version
+
+log = logging.getLogger(__name__)
 
 MIGRATIONS = pathlib.Path(__file__).with_name("migrations")
 #: The PostgreSQL advisory lock held while migrating (any fixed 64-bit number; this one spells "llmgwmig").
@@ -74,8 +80,11 @@ def db_text(s: str) -> str:
 class StoreBase:
     """The connection and the fenced write transaction every part of ``Store`` writes through."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, migrations: pathlib.Path = MIGRATIONS) -> None:
         self.url = url
+        #: The Alembic script directory this store migrates with: the package's (tests hand in a copy with
+        #: synthetic newer migrations, to be a newer release's database).
+        self.migrations = migrations
         sqlite = url.startswith("sqlite")
         # pool_pre_ping: a PostgreSQL that restarted leaves dead connections in the pool; without it the
         # first statement after the restart fails instead of reconnecting.
@@ -123,17 +132,18 @@ class StoreBase:
             return float(conn.execute(sa.text("SELECT (julianday('now') - 2440587.5) * 86400.0")).scalar_one())
 
     @classmethod
-    def open(cls, data_dir: pathlib.Path) -> Self:
+    def open(cls, data_dir: pathlib.Path, *, migrations: pathlib.Path = MIGRATIONS) -> Self:
         """Opens (creating and migrating as needed) the SQLite database in ``data_dir``."""
         data_dir.mkdir(parents=True, exist_ok=True)
-        return cls.open_url(sqlite_url(data_dir))
+        return cls.open_url(sqlite_url(data_dir), migrations=migrations)
 
     @classmethod
-    def open_url(cls, url: str) -> Self:
+    def open_url(cls, url: str, *, migrations: pathlib.Path = MIGRATIONS) -> Self:
         """Opens (migrating as needed) the database at a SQLAlchemy URL: ``sqlite:///…`` or
-        ``postgresql+psycopg://…``. Raises StoreUrlRefused for any other kind."""
+        ``postgresql+psycopg://…``. Raises StoreUrlRefused for any other kind, and
+        ``schemafloor.SchemaTooNew`` (nothing changed) for a newer release's schema this one may not run on."""
         check_url(url)
-        store = cls(url)
+        store = cls(url, migrations=migrations)
         try:
             store.migrate()
         except sa.exc.OperationalError as e:
@@ -155,14 +165,31 @@ class StoreBase:
         run CREATE TABLE, and the second fails with "relation already exists". The second waits on the
         lock, then finds the head revision and does nothing; the lock goes with the transaction, even on
         an error. SQLite is unchanged: one server per data directory.
+
+        Before anything is changed, under that lock, the schema floor is checked (``schemafloor.decide``): a
+        revision this code does not know is a newer release's, and this one then either runs beside it without
+        migrating (a WARNING; its recorded floor is at or below this code's head) or raises SchemaTooNew having
+        changed nothing. After an upgrade the head's floor and this version are recorded in ``settings``, in
+        the same transaction.
         """
+        chain = schemafloor.load_chain(self.migrations)
         cfg = AlembicConfig()
-        cfg.set_main_option("script_location", str(MIGRATIONS))
+        cfg.set_main_option("script_location", str(self.migrations))
         with self.engine.begin() as conn:
             if conn.dialect.name == "postgresql":
                 conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
-            cfg.attributes["connection"] = conn
-            alembic_command.upgrade(cfg, "head")
+            at = MigrationContext.configure(conn).get_current_revision()
+            recorded = schemafloor.read_record(conn)
+            verdict = schemafloor.decide(chain, at, recorded, version())
+            if verdict.action is schemafloor.Action.REFUSE:
+                raise schemafloor.SchemaTooNew(verdict.message)
+            if verdict.action is schemafloor.Action.BESIDE:
+                log.warning("%s", verdict.message)
+                return
+            if at != chain.head:  # at the head already: nothing to upgrade (and Alembic's scripts not loaded twice)
+                cfg.attributes["connection"] = conn
+                alembic_command.upgrade(cfg, "head")
+            schemafloor.write_record(conn, schemafloor.record(chain, at, recorded, version()))
 
     def close(self) -> None:
         self.engine.dispose()

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 import sqlalchemy as sa
 
 from llmgw.control.reconcile.engines import ScopedWant
+from llmgw.control.store import schemafloor
 from llmgw.control.store.base import StoreBase, db_text
 from llmgw.control.store.tables import AutoscaleRow, EngineWantRow, SettingRow
 
@@ -52,8 +53,10 @@ class ClusterwideStore(StoreBase):
                 EngineWantRow.version == version)).rowcount)
 
     def settings(self) -> dict[str, str]:
+        """The key/value settings, but the schema's record (``schemafloor.KEYS``), which is the migrations'."""
         with self._session() as s:
-            return {r.key: r.value for r in s.scalars(sa.select(SettingRow))}
+            return {r.key: r.value for r in s.scalars(sa.select(SettingRow).where(
+                SettingRow.key.not_in(schemafloor.KEYS)))}
 
     def put_settings(self, values: dict[str, str]) -> None:
         with self._tx() as s:

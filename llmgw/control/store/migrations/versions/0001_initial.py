@@ -11,6 +11,9 @@ revision = "0001"
 down_revision = None
 branch_labels = None
 depends_on = None
+#: The oldest migration head a release may have and run on this schema (``schemafloor``): itself, as for
+#: every migration before 0.1.0 (the first release), which no other release ever ran beside.
+floor = "0001"
 
 
 def upgrade() -> None:

@@ -11,6 +11,9 @@ revision = "0003"
 down_revision = "0002"
 branch_labels = None
 depends_on = None
+#: The oldest migration head a release may have and run on this schema (``schemafloor``): itself, as for
+#: every migration before 0.1.0 (the first release), which no other release ever ran beside.
+floor = "0003"
 
 
 def upgrade() -> None:

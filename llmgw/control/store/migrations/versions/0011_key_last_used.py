@@ -11,6 +11,9 @@ revision = "0011"
 down_revision = "0010"
 branch_labels = None
 depends_on = None
+#: The oldest migration head a release may have and run on this schema (``schemafloor``): itself, as for
+#: every migration before 0.1.0 (the first release), which no other release ever ran beside.
+floor = "0011"
 
 
 def upgrade() -> None:

@@ -15,6 +15,9 @@ revision = "0013"
 down_revision = "0012"
 branch_labels = None
 depends_on = None
+#: The oldest migration head a release may have and run on this schema (``schemafloor``): itself, as for
+#: every migration before 0.1.0 (the first release), which no other release ever ran beside.
+floor = "0013"
 
 
 def upgrade() -> None:

@@ -18,6 +18,9 @@ revision = "0014"
 down_revision = "0013"
 branch_labels = None
 depends_on = None
+#: The oldest migration head a release may have and run on this schema (``schemafloor``): itself, as for
+#: every migration before 0.1.0 (the first release), which no other release ever ran beside.
+floor = "0014"
 
 _KEY = (sa.Column("project", sa.String(63), primary_key=True), sa.Column("key", sa.String(32), primary_key=True),
         sa.Column("model", sa.String(253), primary_key=True), sa.Column("user", sa.String(63), primary_key=True),

@@ -16,6 +16,9 @@ revision = "0015"
 down_revision = "0014"
 branch_labels = None
 depends_on = None
+#: The oldest migration head a release may have and run on this schema (``schemafloor``): 0015, 0.1.0's head,
+#: the first release's schema; an expanding 0016 keeps it so that 0.1.0 runs beside the release that adds it.
+floor = "0015"
 
 
 def upgrade() -> None:
