@@ -182,8 +182,7 @@ def _control_plane(cfg: ServerConfig, store: Store, hub: decide.Hub) -> _Control
 
 def _leadership(cfg: ServerConfig, cp: _ControlPlane,
                 me: leader_mod.Me) -> tuple[leader_mod.Leadership, cpversions.Versions]:
-    """The lease: taking it applies the engine flags and takes the cluster over (telling a version change from
-    the last leader's, ``cpversions``); losing it steps down."""
+    """The lease: taking it applies the engine flags and takes over (telling a new version); losing it steps down."""
     cluster = cp.cluster
     versions = cpversions.Versions(me.id, me.version, cluster.record, cluster.clock)
 

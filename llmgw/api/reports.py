@@ -17,7 +17,7 @@ A ``RouterReport``::
 
 A ``LoadReport``::
 
-    {"router": "r1", "interval_s": 2.0, "sent_at": 1764662400.0,
+    {"router": "r1", "interval_s": 2.0, "sent_at": 1764662400.0, "version": "0.2.0", "protocol": 2,
      "models": [{"model": "m", "arrived": 12, "waiting": 3, "in_flight": 5, "held": 0,
                  "ttft_counts": [0, 1, 4, ...], "tokens_out": 345, "last_request_at": 1764662399.5,
                  "replicas": {"m-ab12cd": {"in_flight": 2}, "m-ef34gh": {"in_flight": 3}}}]}
@@ -41,6 +41,7 @@ MAX_EVENTS_PER_BATCH = 1000
 MAX_MODELS_PER_REPORT = 1000
 MAX_REPLICAS_PER_MODEL = 1000
 MAX_ROUTER_ID = 253
+MAX_VERSION = 64
 #: A load report's count of TTFT buckets: one per bound, and +inf.
 TTFT_BUCKETS = len(autoscale.TTFT_BUCKETS_MS) + 1
 
@@ -186,10 +187,19 @@ class LoadReport:
     interval_s: float = 2.0
     sent_at: float = 0.0
     models: tuple[ModelLoad, ...] = ()
+    #: The router's llmgw version and wire protocol (``core.skew``), for ``llmgw version``; ""/0: a router before
+    #: 0.2.0, which said neither.
+    version: str = ""
+    protocol: int = 0
 
     def to_doc(self) -> dict[str, Any]:
-        return {"router": self.router, "interval_s": self.interval_s, "sent_at": self.sent_at,
-                "models": [m.to_doc() for m in self.models]}
+        doc: dict[str, Any] = {"router": self.router, "interval_s": self.interval_s, "sent_at": self.sent_at,
+                               "models": [m.to_doc() for m in self.models]}
+        if self.version:
+            doc["version"] = self.version
+        if self.protocol:
+            doc["protocol"] = self.protocol
+        return doc
 
     @classmethod
     def from_doc(cls, doc: Any) -> LoadReport:
@@ -219,7 +229,13 @@ class LoadReport:
                 raise BadReport(f"models[{i}].model: {m.model!r} is reported twice; one entry per model")
             seen.add(m.model)
             out.append(m)
-        return cls(router=router, interval_s=interval_s, sent_at=sent_at, models=tuple(out))
+        version = doc.get("version", "")
+        if not isinstance(version, str) or len(version) > MAX_VERSION:
+            raise BadReport(f"version: expected the router's llmgw version, a string of at most {MAX_VERSION} "
+                            f"characters, got {str(version)[:80]!r}")
+        protocol = _count("protocol", doc.get("protocol"))
+        return cls(router=router, interval_s=interval_s, sent_at=sent_at, models=tuple(out), version=version,
+                   protocol=protocol)
 
 
 def _number(where: str, raw: Any, *, default: float = 0.0) -> float:

@@ -196,6 +196,12 @@ def _auth(doc: Any) -> AuthDoc:
 
 
 def _limits(where: str, value: Any) -> quota.Limits:
+    if isinstance(value, Mapping) and (newer := sorted(k for k in value if k not in quota.KINDS)):
+        # A kind of limit a newer control plane has and this router does not (the skew policy lets a control
+        # plane be one release ahead): the limits it knows are kept and applied, not all dropped with it.
+        log.warning("%s.limits: %s is not a limit this router knows (is the control plane newer?); its other limits "
+                    "are applied", where, ", ".join(str(k) for k in newer))
+        value = {k: v for k, v in value.items() if k in quota.KINDS}
     try:
         return quota.Limits.from_doc(value)
     except (quota.BadLimits, TypeError) as exc:

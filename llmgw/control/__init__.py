@@ -8,7 +8,9 @@
   migrations with ``schemafloor`` (which releases may run on the schema, checked at start) and
   ``migrationlint`` (the floors checked from the migrations' source), and ``offloop`` (store calls on their
   own thread).
-- ``leader``: the lease, one leader and standbys; ``agentsvc/``: the agents' gRPC stream and the join port.
+- ``leader``: the lease, one leader and standbys (``cpversions``: their llmgw versions told as events);
+  ``agentsvc/``: the agents' gRPC stream (refusing an agent outside the skew policy, ``core.skew``) and the
+  join port.
 - ``http/``: the REST API, one module per resource; ``ui/``: the admin web UI; ``auth/``: who may call;
   ``sso/``: single sign-on through an OpenID Connect provider (the UI's and the CLI's flows, the refresher).
 - ``routerreports`` (ejections, recoveries, keys used) and ``loadreports`` (load, the autoscaler's input):

@@ -28,7 +28,7 @@ from typing import Any
 from llmgw.api.routing import BadReport, LoadReport
 from llmgw.core import autoscale
 
-__all__ = ["BadReport", "RouterSignals", "describe"]
+__all__ = ["BadReport", "RouterSeen", "RouterSignals", "describe"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -59,6 +59,18 @@ class _Router:
     last_at: float
     interval_s: float
     models: dict[str, _ModelReport] = dataclasses.field(default_factory=dict)
+    version: str = ""
+    protocol: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RouterSeen:
+    """A router that reported lately, and the llmgw version and protocol it said ("" and 0: one before 0.2.0)."""
+
+    id: str
+    version: str
+    protocol: int
+    last_report_s: float  # seconds since its last report
 
 
 class RouterSignals:
@@ -85,7 +97,7 @@ class RouterSignals:
         r = self._routers.get(router)
         if r is None or now - r.last_at > self.stale_after_s:
             r = self._routers[router] = _Router(first_at=now, last_at=now, interval_s=interval_s)
-        r.last_at, r.interval_s = now, interval_s
+        r.last_at, r.interval_s, r.version, r.protocol = now, interval_s, report.version, report.protocol
         said = {p.model for p in parsed}
         for name, m in r.models.items():
             if name not in said:  # left out: nothing to say and every gauge 0
@@ -124,6 +136,12 @@ class RouterSignals:
         """The routers that reported within ``stale_after_s``."""
         at = self._clock() if now is None else now
         return sorted(k for k, r in self._routers.items() if at - r.last_at <= self.stale_after_s)
+
+    def seen(self) -> list[RouterSeen]:
+        """The routers that reported within ``stale_after_s``, by id, with the version each said."""
+        now = self._clock()
+        return [RouterSeen(k, r.version, r.protocol, round(now - r.last_at, 3))
+                for k, r in sorted(self._routers.items()) if now - r.last_at <= self.stale_after_s]
 
     def signals(self, model: str, now: float) -> autoscale.Signals | None:
         """``model``'s load merged over every live router; None when no router reported within ``stale_after_s``.

@@ -42,8 +42,9 @@ from collections.abc import Callable, Mapping
 import aiohttp
 
 from llmgw.api.routing import LoadReport, ModelLoad
-from llmgw.core import autoscale
+from llmgw.core import autoscale, skew
 from llmgw.core.background import Background
+from llmgw.core.version import version
 from llmgw.router import controltls
 from llmgw.router.table import TableHolder
 
@@ -87,6 +88,8 @@ class Reporter:
                  interval_s: float = 2.0, timeout_s: float = 5.0, clock: Callable[[], float] = time.time,
                  ssl_context: ssl.SSLContext | None = None) -> None:
         self.router_id = router_id
+        #: Said in every report, so ``llmgw version`` lists this router's version beside the agents'.
+        self._version, self._protocol = version(), skew.PROTOCOL
         self._ssl = ssl_context  # an https:// control plane's pinned CA (``controltls``); None: the system's
         self._deliver = deliver
         self._control_url = control_url
@@ -173,7 +176,8 @@ class Reporter:
                     last_request_at=round(wall - (perf - counts.last_arrival), 3) if counts.last_arrival else 0.0)
                 counts.arrived, counts.ttft, counts.tokens_out = 0, [0] * (len(_BOUNDS) + 1), 0
             models.append(entry)
-        return LoadReport(router=self.router_id, interval_s=self.interval_s, sent_at=wall, models=tuple(models))
+        return LoadReport(router=self.router_id, interval_s=self.interval_s, sent_at=wall, models=tuple(models),
+                          version=self._version, protocol=self._protocol)
 
     async def flush(self) -> bool:
         """Build a report and send it now; False (logged once while it lasts) when it did not arrive."""

@@ -29,3 +29,14 @@ def test_a_part_at_another_version_than_the_control_plane_is_marked() -> None:
 
 def test_without_a_control_plane_only_the_cli_is_said() -> None:
     assert [r.split() for r in version_cmd.lines("0.3.0", None, None)] == [["cli", "0.3.0"]]
+
+
+def test_each_router_is_listed_and_one_at_another_version_marked() -> None:
+    cps = {"controlplanes": [{"id": "cp-a", "role": "leader", "version": "0.3.0"}]}
+    routers = [{"id": "edge1", "version": "0.3.0", "protocol": 3}, {"id": "edge2", "version": "0.2.0", "protocol": 2},
+               {"id": "old", "version": "", "protocol": 0}]
+    rows = version_cmd.lines("0.3.0", cps, [], routers)
+    assert [r.split()[:3] for r in rows if r.startswith("router")] == [["router", "edge1", "0.3.0"],
+                                                                        ["router", "edge2", "0.2.0"],
+                                                                        ["router", "old", "-"]]
+    assert [r.split()[1] for r in rows if "differs" in r] == ["edge2"]

@@ -71,7 +71,7 @@ ROUTER_REPORT = RouterReport("r1", (
 LOAD_REPORT = LoadReport(router="r1", interval_s=2.0, sent_at=1000.0, models=(
     ModelLoad(model="m", arrived=12, waiting=3, in_flight=5, held=1, ttft_counts=(0, 1) + (0,) * (BUCKETS - 2),
               tokens_out=345, last_request_at=999.5, replicas={"m-1": 2, "m-2": 3}),
-    ModelLoad(model="quiet")))
+    ModelLoad(model="quiet")), version="0.2.0", protocol=2)
 
 
 def through_json(doc: dict[str, Any]) -> Any:
@@ -172,6 +172,8 @@ def test_a_bad_router_report_is_refused_with_the_field_named(doc: dict[str, Any]
     ({"router": "r1", "models": [{"model": "m"}, {"model": "m"}]}, "models[1].model"),
     ({"router": "r1", "interval_s": 0, "models": []}, "interval_s"),
     ({"router": "r1"}, "models"),
+    ({"router": "r1", "models": [], "version": 2}, "version"),
+    ({"router": "r1", "models": [], "protocol": "2"}, "protocol"),
 ])
 def test_a_bad_load_report_is_refused_with_the_field_named(doc: dict[str, Any], field: str) -> None:
     with pytest.raises(BadReport) as e:
@@ -188,6 +190,15 @@ def test_reports_from_a_newer_router_are_read_without_what_it_added() -> None:
     load = LOAD_REPORT.to_doc()
     load["models"][0]["queued_tokens"] = 5
     assert LoadReport.from_doc(load) == LOAD_REPORT
+
+
+def test_a_load_report_says_the_routers_version_and_the_control_plane_lists_it() -> None:
+    """A router's version and protocol ride on its load reports (``llmgw version`` lists them); a router before 0.2.0
+    says neither and is listed so, its version unknown."""
+    signals = RouterSignals(clock=lambda: 1000.0)
+    signals.record(LOAD_REPORT.to_doc())
+    signals.record({"router": "r0", "models": []})  # 0.1.0's report: no version, no protocol
+    assert [(r.id, r.version, r.protocol) for r in signals.seen()] == [("r0", "", 0), ("r1", "0.2.0", 2)]
 
 
 # -- in process: objects, no JSON ----------------------------------------------------------------------------

@@ -1,12 +1,14 @@
 """What routers read and report: the endpoints table (``GET /api/v1/endpoints``, long-polled), their
 ejections and recoveries of replicas (``/api/v1/router/events``) and their load per model
-(``/api/v1/router/signals``, the autoscaler's input). Only a router's credential reaches these.
+(``/api/v1/router/signals``, the autoscaler's input). Only a router's credential reaches these. Which routers
+report now, and their versions (``GET /api/v1/router/versions``), is for users.
 
 A router's credentials themselves (``/api/v1/routers``) are ``routercreds``'s.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from fastapi import APIRouter, Query, Request, Response
@@ -48,6 +50,12 @@ def router(cluster: Cluster, reports: RouterEvents, *, protocol: int = skew.PROT
             raise Conflict(refusal, code=skew.REFUSAL_CODE, headers=said)
         response.headers.update(said)
         return (await cluster.wait_table(after=after, timeout=timeout)).to_doc()
+
+    @api.get("/api/v1/router/versions", response_model=schemas.RouterVersions)
+    async def router_versions() -> dict[str, Any]:
+        """The routers reporting to this control plane now, each with the llmgw version and protocol it says
+        (``llmgw version`` lists them, marking a skew)."""
+        return {"routers": [dataclasses.asdict(r) for r in cluster.signals.seen()]}
 
     @api.post("/api/v1/router/events", response_model=schemas.Applied)
     async def router_report(request: Request) -> dict[str, Any]:

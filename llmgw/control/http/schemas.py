@@ -59,6 +59,19 @@ class ControlPlanes(Body):
     self_: str = pydantic.Field(alias="self")
 
 
+class RouterVersion(Body):
+    id: str
+    version: str = pydantic.Field(description="The router's llmgw version (\"\": a router before 0.2.0)")
+    protocol: int = pydantic.Field(description="Its wire protocol (0: a router before 0.2.0, protocol 1)")
+    last_report_s: Number
+
+
+class RouterVersions(Body):
+    """The routers that sent a load report lately (every 2 s while they run), each with its version."""
+
+    routers: list[RouterVersion]
+
+
 class ModelStatus(Body):
     state: str
     message: str
