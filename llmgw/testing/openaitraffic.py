@@ -38,6 +38,8 @@ class Tally:
     ended: float = 0.0
     ok: int = 0
     streamed: int = 0
+    #: The longest a served request took (whole answer, or a stream to its end).
+    slowest_s: float = 0.0
     #: Of those served, how many per model.
     by_model: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
     failures: list[str] = dataclasses.field(default_factory=list)
@@ -131,6 +133,7 @@ class Traffic:
                     self._waiting[url] += 1
                 client = clients.get(url) or clients.setdefault(url, _client(url, self._timeout_s))
                 waiting = [True]
+                began = time.monotonic()
                 try:
                     failure = self._one(client, model, stream, waiting, url)
                 except Exception as e:  # every kind of failure is counted, none ends the client
@@ -144,6 +147,7 @@ class Traffic:
                         tally.ok += 1
                         tally.streamed += stream
                         tally.by_model[model] += 1
+                        tally.slowest_s = max(tally.slowest_s, time.monotonic() - began)
                     else:
                         tally.failures.append(f"{model} {'stream' if stream else 'whole'} via {url}: {failure}")
         finally:

@@ -207,7 +207,8 @@ def test_a_rolling_upgrade_under_traffic_fails_no_request_and_restarts_no_engine
             print(f"  {step}: {seconds:.1f} s")
         for name, tally in traffic.tallies.items():
             print(f"  phase {name!r}: {tally.seconds:.1f} s, {tally.ok} served ({tally.streamed} streamed; "
-                  f"{tally.by_model['sim']} sim, {tally.by_model['tiny']} llama.cpp), {len(tally.failures)} failed")
+                  f"{tally.by_model['sim']} sim, {tally.by_model['tiny']} llama.cpp; slowest {tally.slowest_s:.2f} s), "
+                  f"{len(tally.failures)} failed")
         assert traffic.failures == [], traffic.failures[:10]
         served = {name: (t.by_model["sim"], t.by_model["tiny"]) for name, t in traffic.tallies.items()}
         assert all(sim and tiny for sim, tiny in served.values()), served  # both models, in every phase
