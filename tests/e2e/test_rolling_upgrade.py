@@ -138,7 +138,8 @@ def test_a_rolling_upgrade_under_traffic_fails_no_request_and_restarts_no_engine
         api.post(a, "/api/v1/models", sim_model("sim", replicas=2))
         api.post(a, "/api/v1/models", llama_model("tiny", gguf))
         for name in ("sim", "tiny"):
-            until(lambda n=name: api.model_ready(a, n), timeout=150, what=f"{name} Ready")  # type: ignore[misc]
+            until(lambda n=name: api.model_ready(a, n), timeout=150, what=f"{name} Ready",  # type: ignore[misc]
+                  show=lambda n=name: api.get(a, f"/api/v1/models/{n}")["status"])  # type: ignore[misc]
         old_router.wait_serving("sim", "tiny")
         engines = {agent.node: agent.engine_pids() for agent in agents}
         assert sum(len(p) for p in engines.values()) >= 3, engines  # 2 sim replicas and the llama.cpp one
@@ -202,7 +203,8 @@ def test_a_rolling_upgrade_under_traffic_fails_no_request_and_restarts_no_engine
             traffic.wait_served(8)
 
         # -- what the upgrade must have kept --------------------------------------------------------------------
-        print("\nmeasured (one run):")
+        print(f"\nengine processes per node: { {n: len(p) for n, p in engines.items()} }")
+        print("measured (one run):")
         for step, seconds in took.items():
             print(f"  {step}: {seconds:.1f} s")
         for name, tally in traffic.tallies.items():
