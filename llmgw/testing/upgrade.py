@@ -192,10 +192,12 @@ class Agent:
 
 
 class Router:
-    """``llmgw router`` (one process) following every control plane with its own credential."""
+    """``llmgw router`` following every control plane with its own credential: ``workers`` processes (1: one
+    process serving; more: a hub and that many workers on one port, the default on a machine of that many cores)."""
 
-    def __init__(self, name: str, root: Path, token_file: Path) -> None:
+    def __init__(self, name: str, root: Path, token_file: Path, *, workers: int = 1) -> None:
         self.name = name
+        self.workers = workers
         self.root = root
         self.token_file = token_file
         self.port = free_port()
@@ -209,7 +211,8 @@ class Router:
     def start(self, release: Release, controls: Sequence[ControlPlane]) -> Proc:
         self.release = release
         argv = release.argv("router", "--control", ",".join(cp.url for cp in controls), "--port", str(self.port),
-                            "--token-file", str(self.token_file), "--workers", "1", "--log-level", "info")
+                            "--token-file", str(self.token_file), "--workers", str(self.workers), "--log-level",
+                            "info")
         self.proc = Proc.start(argv, env=release.env(), cwd=release.venv,
                                log_path=self.root / f"router-{self.name}-{release.version}.log")
         return self.proc

@@ -116,7 +116,10 @@ def test_a_rolling_upgrade_under_traffic_fails_no_request_and_restarts_no_engine
     os.chmod(models, 0o755)  # engines run as uids of their own and read the model from here
     agents = [Agent(n, tmp_path, model_dirs=[models]) for n in NODES]
     token_file = tmp_path / "router.token"
-    old_router, new_router = Router("old", tmp_path, token_file), Router("new", tmp_path, token_file)
+    # The old router as `llmgw router` runs by default here (a hub and a worker per core), so its drain on SIGTERM
+    # is the hub's over its workers; the new one a single process.
+    old_router = Router("old", tmp_path, token_file, workers=2)
+    new_router = Router("new", tmp_path, token_file)
     api = Api()
     took: dict[str, float] = {}
     try:
