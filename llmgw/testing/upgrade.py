@@ -44,7 +44,8 @@ class ControlPlane:
         self.database = database
         self.ca_from = ca_from
         self.data_dir = root / name / "data"
-        self.http_port, self.agent_port, self.join_port = free_port(), free_port(), free_port()
+        #: Chosen at the first start (a port chosen long before its use may be taken meanwhile), kept after.
+        self.http_port = self.agent_port = self.join_port = 0
         self.proc: Proc | None = None
         self.release: Release | None = None
         self._starts = 0
@@ -74,6 +75,8 @@ class ControlPlane:
         """``llmgw server`` of ``release`` on this data directory and these ports, answering /healthz."""
         self._starts += 1
         self.release = release
+        if not self.http_port:
+            self.http_port, self.agent_port, self.join_port = free_port(), free_port(), free_port()
         argv = release.argv("server", "--http-port", str(self.http_port), "--agent-port", str(self.agent_port),
                             "--join-port", str(self.join_port), "--data-dir", str(self.data_dir),
                             "--node-grace", str(NODE_GRACE_S), *LEASE)
@@ -200,7 +203,7 @@ class Router:
         self.workers = workers
         self.root = root
         self.token_file = token_file
-        self.port = free_port()
+        self.port = 0  # chosen when it starts
         self.proc: Proc | None = None
         self.release: Release | None = None
 
@@ -210,6 +213,7 @@ class Router:
 
     def start(self, release: Release, controls: Sequence[ControlPlane]) -> Proc:
         self.release = release
+        self.port = free_port()
         argv = release.argv("router", "--control", ",".join(cp.url for cp in controls), "--port", str(self.port),
                             "--token-file", str(self.token_file), "--workers", str(self.workers), "--log-level",
                             "info")
@@ -226,9 +230,13 @@ class Router:
             return False
 
     def wait_serving(self, *models: str, timeout: float = 60) -> None:
+        """Until it serves each of ``models``; a router that exited says why (the end of its log)."""
+        proc = self.proc
+        assert proc is not None, f"router {self.name} was not started"
         for model in models:
-            wait_for(lambda m=model: self.serves(m), timeout=timeout, interval=0.2,  # type: ignore[misc]
-                     what=f"router {self.name} serving {model}")
+            wait_for(lambda m=model: self.serves(m) or proc.poll() is not None,  # type: ignore[misc]
+                     timeout=timeout, interval=0.2, what=f"router {self.name} serving {model}")
+            assert proc.poll() is None, f"router {self.name} exited:\n{proc.log_tail(20)}"
 
     def stop(self, *, timeout: float = 40) -> int | None:
         """SIGTERM: it stops listening and lets open requests finish (``--graceful-shutdown``, 30 s); the exit code."""
