@@ -99,9 +99,32 @@ def adopted(api: Api, cp: ControlPlane, agent: Agent, version: str, pids: set[in
 
 
 def schema_head() -> str:
+    """This tree's newest migration: where its control planes leave the database."""
     cfg = AlembicConfig()
     cfg.set_main_option("script_location", str(MIGRATIONS))
     return ScriptDirectory.from_config(cfg).get_current_head() or ""
+
+
+def schema_revisions(database: str) -> list[str]:
+    """The revisions the database's ``alembic_version`` holds."""
+    engine = sa.create_engine(database)
+    try:
+        with engine.connect() as conn:
+            return list(conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalars().all())
+    finally:
+        engine.dispose()
+
+
+def print_measures(engines: dict[str, set[int]], took: dict[str, float], traffic: Traffic) -> None:
+    """Each step's time and each phase's requests (``pytest -s``), for bench/README.md."""
+    print(f"\nengine processes per node: { {n: len(p) for n, p in engines.items()} }")
+    print("measured (one run):")
+    for step, seconds in took.items():
+        print(f"  {step}: {seconds:.1f} s")
+    for name, tally in traffic.tallies.items():
+        print(f"  phase {name!r}: {tally.seconds:.1f} s, {tally.ok} served ({tally.streamed} streamed; "
+              f"{tally.by_model['sim']} sim, {tally.by_model['tiny']} llama.cpp; slowest {tally.slowest_s:.2f} s), "
+              f"{len(tally.failures)} failed")
 
 
 @pytest.mark.timeout(420)
@@ -155,7 +178,7 @@ def test_a_rolling_upgrade_under_traffic_fails_no_request_and_restarts_no_engine
             # 1. The standby control plane.
             traffic.phase("control plane B (standby)")
             started = time.monotonic()
-            b.stop()
+            assert b.stop() == 0
             b.start(head)
             until(lambda: api.leads(a, b) and api.roles(a)[b.url][1] == head.version, timeout=60,
                   what="B back as a standby at HEAD")
@@ -165,7 +188,7 @@ def test_a_rolling_upgrade_under_traffic_fails_no_request_and_restarts_no_engine
             # 2. The leader: a failover to B, then A back on HEAD as the standby.
             traffic.phase("control plane A (leader)")
             started = time.monotonic()
-            a.stop()
+            assert a.stop() == 0
             until(lambda: api.roles(b).get(b.url, ("", ""))[0] == "leader", timeout=30, what="B leads")
             until(lambda: all(api.nodes(b).get(n, {}).get("connected") for n in NODES), timeout=60,
                   what="both agents registered with B")
@@ -207,14 +230,7 @@ def test_a_rolling_upgrade_under_traffic_fails_no_request_and_restarts_no_engine
             traffic.wait_served(8)
 
         # -- what the upgrade must have kept --------------------------------------------------------------------
-        print(f"\nengine processes per node: { {n: len(p) for n, p in engines.items()} }")
-        print("measured (one run):")
-        for step, seconds in took.items():
-            print(f"  {step}: {seconds:.1f} s")
-        for name, tally in traffic.tallies.items():
-            print(f"  phase {name!r}: {tally.seconds:.1f} s, {tally.ok} served ({tally.streamed} streamed; "
-                  f"{tally.by_model['sim']} sim, {tally.by_model['tiny']} llama.cpp; slowest {tally.slowest_s:.2f} s), "
-                  f"{len(tally.failures)} failed")
+        print_measures(engines, took, traffic)
         assert traffic.failures == [], traffic.failures[:10]
         served = {name: (t.by_model["sim"], t.by_model["tiny"]) for name, t in traffic.tallies.items()}
         assert all(sim and tiny for sim, tiny in served.values()), served  # both models, in every phase
@@ -232,13 +248,7 @@ def test_a_rolling_upgrade_under_traffic_fails_no_request_and_restarts_no_engine
         said = [e["message"] for e in api.events(b, obj=f"controlplane/{b_id}")
                 if e["reason"] == "ControlPlaneVersionChanged"]
         assert said == [f"control plane {prev.version} → {head.version} ({b_id} leads now)"], said
-        engine = sa.create_engine(database)
-        try:
-            with engine.connect() as conn:
-                revisions = conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalars().all()
-        finally:
-            engine.dispose()
-        assert revisions == [schema_head()]
+        assert schema_revisions(database) == [schema_head()]
         said = head.run("version", "--url", b.url, env={"LLMGW_TOKEN": api.token}).stdout.splitlines()
         print("\n".join(["llmgw version:", *said]))
         parts = [line for line in said if not line.startswith("router")]
