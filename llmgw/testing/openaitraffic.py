@@ -71,8 +71,9 @@ class Traffic:
         self._stop = threading.Event()
         self._phase = "start"
         self.tallies: dict[str, Tally] = {"start": Tally()}
-        #: Requests sent to each URL that have no answer's first line yet.
+        #: Requests sent to each URL that have no answer's first line yet, and that have not ended.
         self._waiting: collections.Counter[str] = collections.Counter()
+        self._open: collections.Counter[str] = collections.Counter()
         self._threads = [threading.Thread(target=self._run, args=(m, s), daemon=True, name=f"traffic {m} {s}")
                          for m in models for s in (True, False)]
 
@@ -113,6 +114,11 @@ class Traffic:
         start = self.served
         wait_for(lambda: self.served >= start + n, timeout=timeout, what=f"{n} more requests served")
 
+    def open_on(self, url: str) -> int:
+        """How many requests sent to ``url`` have not ended (their answer, or stream, still coming)."""
+        with self._lock:
+            return self._open[url]
+
     @property
     def served(self) -> int:
         return sum(t.ok for t in self.tallies.values())
@@ -131,6 +137,7 @@ class Traffic:
                 with self._lock:
                     url, phase = self._url, self._phase
                     self._waiting[url] += 1
+                    self._open[url] += 1
                 client = clients.get(url) or clients.setdefault(url, _client(url, self._timeout_s))
                 waiting = [True]
                 began = time.monotonic()
@@ -142,6 +149,7 @@ class Traffic:
                     if waiting[0]:
                         self._answered(url)
                 with self._lock:
+                    self._open[url] -= 1
                     tally = self.tallies[phase]
                     if failure is None:
                         tally.ok += 1
