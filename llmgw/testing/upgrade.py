@@ -1,9 +1,10 @@
 """The parts of a cluster the rolling-upgrade test starts, each run by the release it is given.
 
 A control plane, an agent and a standalone router are each a real process of one release's venv
-(``llmgw.testing.releases``): stopped and started again by another release on the same data directory, state
-directory or port, which is what an upgrade does. Ports are chosen once, at construction, so a control plane
-restarted on the new release is where the agents, routers and the other control plane expect it.
+(``llmgw.testing.releases``): stopped and started again by another release on the same data directory or state
+directory, which is what an upgrade does. A control plane's ports are chosen at its first start and kept, so one
+restarted on the new release is where the agents, routers and the other control plane expect it; a router's are
+chosen each time it starts (a new router beside the old is how this test upgrades one).
 
 Secrets stay off argv: the database URL goes in ``LLMGW_DATABASE``, a join token in ``LLMGW_JOIN_TOKEN``, a
 router's credential in a 0600 file (``--token-file``); the administrator's password, which ``llmgw init`` prints
