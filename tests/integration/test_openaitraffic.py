@@ -26,13 +26,14 @@ def test_requests_to_a_server_gone_are_counted_failed_in_their_phase(sims: route
     with Traffic(url, ["m"], pace_s=0.05) as traffic:
         traffic.wait_served(6)
         gone = traffic.phase("gone")
+        before = traffic.tallies["start"]
+        served, failed = before.ok, list(before.failures)  # now: a request in flight at the kill counts there
         sims.procs[0].signal(signal.SIGKILL)
         wait_for(lambda: len(gone.failures) >= 4, timeout=30, what="failures counted")
-    before = traffic.tallies["start"]
-    assert before.ok >= 6 and before.streamed >= 1 and before.by_model["m"] == before.ok and not before.failures
-    assert all(f"via {url}" in f and ("stream" in f or "whole" in f) for f in gone.failures), gone.failures
+    assert served >= 6 and before.streamed >= 1 and before.by_model["m"] >= served and failed == []
+    assert all(f"via {url}" in f for f in gone.failures), gone.failures
     assert {f.split(" ")[1] for f in gone.failures} == {"stream", "whole"}, gone.failures  # both kinds counted
-    assert traffic.failures == [f"gone: {f}" for f in gone.failures]
+    assert [f for f in traffic.failures if f.startswith("gone: ")] == [f"gone: {f}" for f in gone.failures]
 
 
 def test_after_a_switch_nothing_is_sent_to_the_old_url(sims: routed.Procs) -> None:
