@@ -200,6 +200,7 @@ class Router:
     process serving; more: a hub and that many workers on one port, the default on a machine of that many cores)."""
 
     def __init__(self, name: str, root: Path, token_file: Path, *, workers: int = 1) -> None:
+        """``name`` is also its ``--router-id`` (two routers on one host would both be the hostname)."""
         self.name = name
         self.workers = workers
         self.root = root
@@ -216,8 +217,8 @@ class Router:
         self.release = release
         self.port = free_port()
         argv = release.argv("router", "--control", ",".join(cp.url for cp in controls), "--port", str(self.port),
-                            "--token-file", str(self.token_file), "--workers", str(self.workers), "--log-level",
-                            "info")
+                            "--token-file", str(self.token_file), "--workers", str(self.workers), "--router-id",
+                            self.name, "--log-level", "info")
         self.proc = Proc.start(argv, env=release.env(), cwd=release.venv,
                                log_path=self.root / f"router-{self.name}-{release.version}.log")
         return self.proc

@@ -142,8 +142,8 @@ def test_a_rolling_upgrade_under_traffic_fails_no_request_and_restarts_no_engine
     token_file = tmp_path / "router.token"
     # The old router as `llmgw router` runs by default here (a hub and a worker per core), so its drain on SIGTERM
     # is the hub's over its workers; the new one a single process.
-    old_router = Router("old", tmp_path, token_file, workers=2)
-    new_router = Router("new", tmp_path, token_file)
+    old_router = Router("edge-old", tmp_path, token_file, workers=2)
+    new_router = Router("edge-new", tmp_path, token_file)
     api = Api()
     took: dict[str, float] = {}
     try:
@@ -254,10 +254,11 @@ def test_a_rolling_upgrade_under_traffic_fails_no_request_and_restarts_no_engine
         parts = [line for line in said if not line.startswith("router")]
         assert len(parts) == 1 + 2 + len(NODES), said  # the CLI, two control planes, the agents
         assert all(line.split()[-1] == head.version for line in parts), said
-        # The routers reporting now: the new one at HEAD (the old one, stopped, may still be listed a while,
-        # with no version: 0.1.0's reports carry none).
-        routers = [line.split()[-1] for line in said if line.startswith("router")]
-        assert head.version in routers and set(routers) <= {head.version, "-"}, said
+        # The routers reporting now: the new one at HEAD (the old one's workers, stopped, may still be listed a
+        # while, with no version: 0.1.0's reports carry none).
+        routers = {line.split()[1]: line.split()[-1] for line in said if line.startswith("router ")}
+        assert routers.get(new_router.name) == head.version, said
+        assert set(routers.values()) <= {head.version, "-"}, said
     finally:
         for router in (new_router, old_router):
             router.stop(timeout=5)
