@@ -8,6 +8,7 @@ never shown again.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from llmgw.cli import client as client_mod
+from llmgw.core import humane
 from llmgw.core.errors import LlmgwError
 
 console = Console(soft_wrap=True)
@@ -48,7 +50,7 @@ def users_table(items: list[dict[str, Any]]) -> Table:
 def routers_table(items: list[dict[str, Any]]) -> Table:
     t = Table("NAME", "ID", "LAST USED")
     for r in items:
-        t.add_row(r["name"], r["id"], "never" if not r["last_used_at"] else f"{r['last_used_at']:.0f}")
+        t.add_row(r["name"], r["id"], "never" if not r["last_used_at"] else humane.ago(r["last_used_at"], time.time()))
     return t
 
 

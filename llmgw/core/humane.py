@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime
 import math
 
-__all__ = ["SIZE_UNITS", "ago", "duration", "number", "size", "utc", "value"]
+__all__ = ["SIZE_UNITS", "ago", "duration", "exact_duration", "exact_size", "number", "size", "utc", "value"]
 
 SIZE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 NOTHING = "-"
@@ -130,3 +130,33 @@ def value(x: object, unit: str) -> str:
         return duration(x)
     text = number(x)
     return text if text == NOTHING else text + unit
+
+
+def exact_size(n: object) -> object:
+    """A byte count in the largest binary unit that says it exactly, as a model file writes it (``512MiB``,
+    ``8GiB``), so that it reads back to the same number (``core.units.parse_bytes``); else ``n`` unchanged."""
+    if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+        return n
+    for i in range(len(SIZE_UNITS) - 1, 0, -1):
+        if n % 1024 ** i == 0:
+            return f"{n // 1024 ** i}{SIZE_UNITS[i]}"
+    return n
+
+
+def exact_duration(seconds: object) -> object:
+    """Seconds as a model file writes them (``5m``, ``1h30m``, ``90s``, ``250ms``) when that reads back to the
+    same number (``core.units.parse_duration``); else ``seconds`` unchanged."""
+    x = _num(seconds)
+    if x is None or x <= 0:
+        return seconds
+    if x < 1:
+        ms = x * 1000
+        return f"{round(ms)}ms" if abs(ms - round(ms)) < 1e-9 else seconds
+    if x != int(x):
+        return seconds
+    whole, parts = int(x), []
+    for unit, size_s in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if whole >= size_s:
+            parts.append(f"{whole // size_s}{unit}")
+            whole %= size_s
+    return "".join(parts)
