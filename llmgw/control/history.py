@@ -141,9 +141,10 @@ class MetricsHistory:
     def load_report(self, report: LoadReport, now: float) -> None:
         """A router's report, as ``RouterSignals.apply`` applies it: its counts, at ``now`` (our clock)."""
         for m in report.models:
-            values = {"requests": m.arrived, "errors": m.errors, "tokens_in": m.tokens_in,
-                      "tokens_out": m.tokens_out}
-            values.update(zip(TTFT_FIELDS, m.ttft_counts, strict=False))
+            # Only what is not 0 (most TTFT buckets are empty): the bucket is marked seen all the same.
+            values = {k: v for k, v in (("requests", m.arrived), ("errors", m.errors), ("tokens_in", m.tokens_in),
+                                        ("tokens_out", m.tokens_out), *zip(TTFT_FIELDS, m.ttft_counts, strict=False))
+                      if v}
             if (series := self._get("model", m.model, MODEL_FIELDS, now)) is not None:
                 series.record(now, values)
 
@@ -169,6 +170,9 @@ class MetricsHistory:
 
     def heartbeat(self, node_id: str, hb: Heartbeat, now: float) -> None:
         """A node's heartbeat: its gauges (GPUs and disks as the heartbeat lists them)."""
+        series = self._get("node", node_id, node_fields(len(hb.gpus)), now)
+        if series is None:
+            return
         values: dict[str, float] = {
             "cpu_percent": hb.cpu_percent,
             "memory_used": max(0, hb.memory_total_bytes - hb.memory_available_bytes),
@@ -177,8 +181,7 @@ class MetricsHistory:
             values["disk_used"] = sum(max(0, d.total_bytes - d.free_bytes) for d in hb.disks)
         for i, g in enumerate(hb.gpus):
             values[f"gpu{i}_memory_used"] = g.memory_used_bytes
-        if (series := self._get("node", node_id, node_fields(len(hb.gpus)), now)) is not None:
-            series.record(now, values)
+        series.record(now, values)
 
     # -- reading ---------------------------------------------------------------------------------
     def view(self, scope: Scope, name: str, window_s: int, now: float) -> View | None:
@@ -195,6 +198,28 @@ class MetricsHistory:
         return View(scope=scope, name=name, window_s=window_s, step_s=tier.step_s, times=times, charts=charts)
 
 
+_BOUNDS = tuple(float(b) for b in autoscale.TTFT_BUCKETS_MS)
+
+
+def ttft_quantiles(cells: list[float], qs: tuple[float, ...] = (0.5, 0.9, 0.99)) -> list[float | None]:
+    """``core.autoscale.ttft_quantile`` of one histogram at each of ``qs`` (ascending), in one pass: a
+    chart's day reads 1440 of them, and three separate calls each took ~40 ms of the loop per model."""
+    total = sum(cells)
+    if total <= 0:
+        return [None] * len(qs)
+    out: list[float | None] = []
+    ranks = [q * total for q in qs]
+    seen, lower, k = 0.0, 0.0, 0
+    for upper, count in zip(_BOUNDS, cells, strict=False):
+        while k < len(ranks) and count and seen + count >= ranks[k]:
+            out.append(lower + (upper - lower) * (ranks[k] - seen) / count)
+            k += 1
+        seen += count
+        lower = upper
+    out += [_BOUNDS[-1]] * (len(qs) - k)
+    return out
+
+
 def _rate(values: list[float | None], step_s: int) -> tuple[float | None, ...]:
     return tuple(None if v is None else v / step_s for v in values)
 
@@ -202,11 +227,14 @@ def _rate(values: list[float | None], step_s: int) -> tuple[float | None, ...]:
 def _model_charts(cols: dict[str, list[float | None]], step_s: int) -> tuple[Chart, ...]:
     n = len(cols["requests"])
     quantiles: dict[str, list[float | None]] = {"p50": [], "p90": [], "p99": []}
+    ttft_cols = [cols[f] for f in TTFT_FIELDS]
     for i in range(n):
-        counts = [cols[f][i] for f in TTFT_FIELDS]
-        hist = [int(c) for c in counts if c is not None]
-        for q, key in ((0.5, "p50"), (0.9, "p90"), (0.99, "p99")):
-            quantiles[key].append(autoscale.ttft_quantile(hist, q) if len(hist) == len(counts) else None)
+        if cols["requests"][i] is None:  # a gap: no histogram there
+            for v in quantiles.values():
+                v.append(None)
+            continue
+        for key, value in zip(quantiles, ttft_quantiles([c[i] or 0.0 for c in ttft_cols]), strict=True):
+            quantiles[key].append(value)
     return (
         Chart("Requests", "/s", (Line("requests", "/s", _rate(cols["requests"], step_s)),
                                  Line("errors", "/s", _rate(cols["errors"], step_s)))),

@@ -119,20 +119,22 @@ class Series:
         if not math.isfinite(at) or at < 0:
             return
         self.last_at = max(self.last_at, at)
-        items = [(self._index[name], float(v)) for name, v in values.items()]
+        items = []
+        for name, v in values.items():
+            j, x = self._index[name], float(v)
+            if math.isfinite(x):
+                items.append((j, x, self._mean_of.get(j)))
         for ring in self._rings:
-            k = int(at // ring.tier.step_s)
-            if k <= int(self.last_at // ring.tier.step_s) - ring.tier.slots:
+            step, slots = ring.tier.step_s, ring.tier.slots
+            k = int(at // step)
+            if k <= int(self.last_at // step) - slots:
                 continue  # older than the ring reaches: its slot now holds a newer bucket
             i = ring.slot(k)
-            base, cbase = i * ring.nfields, i * ring.nmeans
-            for j, v in items:
-                if not math.isfinite(v):
-                    continue
-                ring.sums[base + j] += v
-                m = self._mean_of.get(j)
+            base, cbase, sums, counts = i * ring.nfields, i * ring.nmeans, ring.sums, ring.counts
+            for j, x, m in items:
+                sums[base + j] += x
                 if m is not None:
-                    ring.counts[cbase + m] += 1
+                    counts[cbase + m] += 1
 
     def tier_for(self, window_s: float) -> Tier:
         """The finest tier whose span covers ``window_s`` (the coarsest when none does)."""
@@ -154,20 +156,16 @@ class Series:
         last = int(now // tier.step_s)
         count = max(1, min(tier.slots, math.ceil(window_s / tier.step_s)))
         out: list[tuple[int, tuple[float | None, ...] | None]] = []
+        cols = [(j, self._mean_of.get(j)) for j in idx]
+        sums, counts, buckets, nfields, nmeans, slots = (ring.sums, ring.counts, ring.bucket, ring.nfields,
+                                                         ring.nmeans, tier.slots)
         for k in range(last - count + 1, last + 1):
-            i = k % tier.slots
-            if k < 0 or ring.bucket[i] != k:
+            i = k % slots
+            if k < 0 or buckets[i] != k:
                 out.append((k * tier.step_s, None))
                 continue
-            base, cbase = i * ring.nfields, i * ring.nmeans
-            row: list[float | None] = []
-            for j in idx:
-                total = ring.sums[base + j]
-                m = self._mean_of.get(j)
-                if m is None:
-                    row.append(total)
-                else:
-                    n = ring.counts[cbase + m]
-                    row.append(total / n if n else None)
-            out.append((k * tier.step_s, tuple(row)))
+            base, cbase = i * nfields, i * nmeans
+            row = tuple(sums[base + j] if m is None else
+                        (sums[base + j] / counts[cbase + m] if counts[cbase + m] else None) for j, m in cols)
+            out.append((k * tier.step_s, row))
         return tier, out

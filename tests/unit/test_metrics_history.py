@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from pathlib import Path
 
 import httpx
+import pytest
 
 from llmgw.api.routing import LoadReport, ModelLoad
 from llmgw.control import loadreports
 from llmgw.control.auth import Auth
 from llmgw.control.cluster import Cluster
-from llmgw.control.history import MODEL_FIELDS, MetricsHistory
+from llmgw.control.history import MODEL_FIELDS, MetricsHistory, ttft_quantiles
 from llmgw.control.http.api import create_api
 from llmgw.control.store.offloop import StoreThread
 from llmgw.control.store.store import Store
@@ -132,3 +134,13 @@ def test_the_rest_read_answers_a_typed_document_and_refuses_a_bad_window(tmp_pat
     assert requests["lines"][0]["values"][-1] == 1.0 and requests["lines"][1]["values"][-1] == 0.1
     assert unknown.status_code == 200 and unknown.json()["recorded"] is False and unknown.json()["charts"] == []
     assert bad.status_code == 422 and "window" in bad.text
+
+
+def test_the_one_pass_quantiles_equal_the_autoscalers() -> None:
+    rng = random.Random(30)
+    n = len(autoscale.TTFT_BUCKETS_MS) + 1
+    for _ in range(500):
+        cells = [rng.choice((0, 0, 0, 1, 3, 40)) for _ in range(n)]
+        got = ttft_quantiles([float(c) for c in cells])
+        want = [autoscale.ttft_quantile(cells, q) for q in (0.5, 0.9, 0.99)]
+        assert got == pytest.approx(want) if any(cells) else got == [None] * 3

@@ -13,11 +13,12 @@ values it drew and ``data-sum`` the first line's sum (what a test reads to see t
 from __future__ import annotations
 
 import datetime
+import math
 from collections.abc import Sequence
 
 from markupsafe import Markup
 
-from llmgw.control.ui.charts import AXIS, GRID, PALETTE, TEXT, Y_TICKS, _e, nice_top
+from llmgw.control.ui.charts import AXIS, GRID, PALETTE, TEXT, Y_TICKS, _e
 from llmgw.core import humane
 
 WIDTH, HEIGHT = 480, 200
@@ -43,12 +44,27 @@ def _clock(t: float) -> str:
     return datetime.datetime.fromtimestamp(t, tz=datetime.UTC).strftime("%H:%M")
 
 
-def _scale(unit: str, largest: float) -> tuple[float, float, str]:
-    """(the axis' top in raw units, the divisor its labels use, the labels' unit)."""
+def nice_ticks(largest: float) -> tuple[float, int]:
+    """(step, count): the y axis' ticks are 0, step, … count × step ≥ ``largest``, step a 1, 2, 2.5 or 5 × 10^k
+    and count at most ``Y_TICKS`` (so labels read 0, 5, 10, 15 ms, never 6.25)."""
+    if largest <= 0 or not math.isfinite(largest):
+        return 1.0, Y_TICKS
+    magnitude = 10 ** math.floor(math.log10(largest / Y_TICKS))
+    for m in (1, 2, 2.5, 5, 10, 20):
+        step = m * magnitude
+        if step * Y_TICKS >= largest * (1 - 1e-12):
+            return step, max(1, math.ceil(largest / step - 1e-9))
+    return 20 * magnitude, 1  # unreachable
+
+
+def _scale(unit: str, largest: float) -> tuple[float, int, float, str]:
+    """(the tick step in raw units, how many ticks, the divisor the labels use, the labels' unit)."""
     if unit == "B":
         div, name = humane.size_unit(largest)
-        return nice_top(largest / div) * div, div, f" {name}"
-    return nice_top(largest), 1.0, unit
+        step, count = nice_ticks(largest / div)
+        return step * div, count, div, f" {name}"
+    step, count = nice_ticks(largest)
+    return step, count, 1.0, unit
 
 
 def _label(v: float, div: float, unit: str) -> str:
@@ -66,7 +82,8 @@ def time_series(times: Sequence[float], lines: Sequence[tuple[str, Sequence[floa
     drawn = sum(1 for _, vs in lines for v in vs if v is not None)
     total = sum(v for _, vs in lines[:1] for v in vs if v is not None)
     largest = max((v for _, vs in lines for v in vs if v is not None), default=0.0)
-    top, div, shown_unit = _scale(unit, largest)
+    tick, ticks, div, shown_unit = _scale(unit, largest)
+    top = tick * ticks
     start = times[0] if times else 0.0
     end = (times[-1] + step_s) if times else 1.0
     span = max(end - start, 1e-9)
@@ -83,11 +100,11 @@ def time_series(times: Sequence[float], lines: Sequence[tuple[str, Sequence[floa
            f'font-size="11" aria-label="{_e(title)}" data-points="{drawn}" data-sum="{total:.3f}">',
            f"<title>{_e(title)}</title>",
            f'<text x="{LEFT}" y="15" font-size="13" font-weight="bold" fill="{TEXT}">{_e(title)}</text>']
-    for i in range(Y_TICKS + 1):
-        y = TOP + ph - ph * i / Y_TICKS
+    for i in range(ticks + 1):
+        y = TOP + ph - ph * i / ticks
         out.append(f'<line x1="{LEFT}" y1="{y:.1f}" x2="{LEFT + pw}" y2="{y:.1f}" stroke="{GRID if i else AXIS}"/>')
-        out.append(f'<text x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end" fill="{TEXT}">'
-                   f"{_e(_label(top * i / Y_TICKS, div, shown_unit))}</text>")
+        out.append(f'<text class="y-label" x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end" fill="{TEXT}">'
+                   f"{_e(_label(tick * i, div, shown_unit))}</text>")
     out.append(f'<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{TOP + ph}" stroke="{AXIS}"/>')
     if times:
         for t in time_ticks(start, end):
