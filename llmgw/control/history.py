@@ -194,7 +194,10 @@ class MetricsHistory:
         names = [f.name for f in s.fields]
         cols: dict[str, list[float | None]] = {n: [None if r is None else r[i] for _, r in rows]
                                                for i, n in enumerate(names)}
-        charts = _model_charts(cols, tier.step_s) if scope == "model" else _node_charts(cols, names)
+        # The bucket holding ``now`` has counted only since it began: its rate is over that much, not a whole
+        # step (else every chart dipped at its right edge). At least a router's interval (2 s).
+        elapsed = min(float(tier.step_s), max(2.0, now - times[-1]))
+        charts = _model_charts(cols, tier.step_s, elapsed) if scope == "model" else _node_charts(cols, names)
         return View(scope=scope, name=name, window_s=window_s, step_s=tier.step_s, times=times, charts=charts)
 
 
@@ -220,11 +223,11 @@ def ttft_quantiles(cells: list[float], qs: tuple[float, ...] = (0.5, 0.9, 0.99))
     return out
 
 
-def _rate(values: list[float | None], step_s: int) -> tuple[float | None, ...]:
-    return tuple(None if v is None else v / step_s for v in values)
+def _model_charts(cols: dict[str, list[float | None]], step_s: int, last_s: float) -> tuple[Chart, ...]:
+    def _rate(values: list[float | None], _: int) -> tuple[float | None, ...]:
+        n = len(values)
+        return tuple(None if v is None else v / (last_s if i == n - 1 else step_s) for i, v in enumerate(values))
 
-
-def _model_charts(cols: dict[str, list[float | None]], step_s: int) -> tuple[Chart, ...]:
     n = len(cols["requests"])
     quantiles: dict[str, list[float | None]] = {"p50": [], "p90": [], "p99": []}
     ttft_cols = [cols[f] for f in TTFT_FIELDS]

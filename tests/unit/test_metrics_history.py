@@ -49,16 +49,19 @@ def test_router_reports_become_rates_errors_tokens_and_ttft_quantiles() -> None:
                                                  ttft_counts=ttft(100, 30)),)))
     now[0] = T0 + 4
     sig.apply(LoadReport("r2", models=(ModelLoad("m", arrived=20, tokens_out=100, ttft_counts=ttft(1000, 20)),)))
-    view = h.view("model", "m", 60, T0 + 9)
-    assert view is not None and view.step_s == 10 and view.times[-1] == T0 and len(view.times) == 6
+    view = h.view("model", "m", 60, T0 + 15)
+    assert view is not None and view.step_s == 10 and view.times[-2] == T0 and len(view.times) == 6
     req = chart(view, "Requests")
-    assert req["requests"][-1] == 5.0 and req["errors"][-1] == 0.2  # 50 and 2 over 10 s
-    assert req["requests"][:-1] == (None,) * 5  # nothing heard before: gaps, not zeros
+    assert req["requests"][-2] == 5.0 and req["errors"][-2] == 0.2  # 50 and 2 over 10 s
+    assert req["requests"][:-2] == (None,) * 4 and req["requests"][-1] is None  # nothing heard: gaps, not zeros
     tok = chart(view, "Tokens")
-    assert tok["in"][-1] == 60.0 and tok["out"][-1] == 100.0
+    assert tok["in"][-2] == 60.0 and tok["out"][-2] == 100.0
     q = chart(view, "Time to first token")
-    assert q["p50"][-1] is not None and 50 < q["p50"][-1] <= 100  # 30 of 50 under 100 ms
-    assert q["p99"][-1] is not None and 750 < q["p99"][-1] <= 1000
+    assert q["p50"][-2] is not None and 50 < q["p50"][-2] <= 100  # 30 of 50 under 100 ms
+    assert q["p99"][-2] is not None and 750 < q["p99"][-2] <= 1000
+    # The bucket holding now has counted for 5 s, not 10: its rate is over those 5 s (no dip at the edge).
+    partial = h.view("model", "m", 60, T0 + 5)
+    assert partial is not None and chart(partial, "Requests")["requests"][-1] == 10.0
     assert h.view("model", "other", 60, T0) is None
 
 
@@ -131,7 +134,8 @@ def test_the_rest_read_answers_a_typed_document_and_refuses_a_bad_window(tmp_pat
     doc = ok.json()
     assert doc["recorded"] is True and doc["step_s"] == 10 and len(doc["times"]) == 30
     requests = next(c for c in doc["charts"] if c["title"] == "Requests")
-    assert requests["lines"][0]["values"][-1] == 1.0 and requests["lines"][1]["values"][-1] == 0.1
+    # 10 requests and 1 error in the bucket holding now, 5 s into it.
+    assert requests["lines"][0]["values"][-1] == 2.0 and requests["lines"][1]["values"][-1] == 0.2
     assert unknown.status_code == 200 and unknown.json()["recorded"] is False and unknown.json()["charts"] == []
     assert bad.status_code == 422 and "window" in bad.text
 
