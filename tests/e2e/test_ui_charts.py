@@ -4,11 +4,12 @@ with more traffic by themselves (htmx), with no reload. Screenshots go to the te
 
 from __future__ import annotations
 
+import httpx
 import openai
 import pytest
 from playwright.sync_api import Page, expect
 
-from llmgw.testing import browser, system
+from llmgw.testing import browser, procs, system
 
 pytestmark = pytest.mark.slow
 
@@ -80,3 +81,32 @@ def test_overview_model_and_node_charts_show_data_and_grow_live(cluster: system.
     expect(page.locator("#h-node-charts strong")).to_have_text("5m")
     assert chrome.csp_violations == []
     chrome.screenshot(page, "node")
+
+
+def test_the_history_is_a_viewers_read_over_http(cluster: system.System) -> None:
+    """``GET /api/v1/metrics/history`` over the server's real HTTP: a viewer reads a model's and a node's series
+    (typed, with data after traffic); no credential is refused; a bad window is refused naming it."""
+    made = cluster.request("POST", "/api/v1/users", json={"name": "chart-viewer", "role": "viewer"})
+    assert made.status_code in (200, 201), made.text
+    with httpx.Client(base_url=cluster.url, timeout=30, trust_env=False) as c:
+        login = c.post("/api/v1/login", json={"username": "chart-viewer", "password": made.json()["password"]})
+        assert login.status_code == 200, login.text
+        auth = {"Authorization": f"Bearer {login.json()['token']}"}
+        traffic(cluster, 3)
+
+        def model_doc() -> dict | None:  # type: ignore[type-arg]
+            r = c.get("/api/v1/metrics/history", params={"scope": "model", "name": MODEL, "window": "5m"},
+                      headers=auth)
+            assert r.status_code == 200, r.text
+            doc = r.json()
+            reqs = next((ch for ch in doc["charts"] if ch["title"] == "Requests"), None)
+            return doc if reqs and any(v for v in reqs["lines"][0]["values"] if v) else None
+
+        doc = procs.wait_for(model_doc, timeout=LIVE_S, interval=1, what="the model's requests in its history")
+        assert doc["step_s"] == 10 and len(doc["times"]) == 30 and doc["recorded"] is True
+        node = c.get("/api/v1/metrics/history", params={"scope": "node", "name": "node1"}, headers=auth).json()
+        assert node["window"] == "1h" and [ch["title"] for ch in node["charts"]][:3] == ["CPU", "Memory used",
+                                                                                        "Disk used"]
+        assert c.get("/api/v1/metrics/history", params={"scope": "node", "name": "node1"}).status_code == 401
+        bad = c.get("/api/v1/metrics/history", params={"scope": "model", "name": MODEL, "window": "2d"}, headers=auth)
+        assert bad.status_code == 422 and "window" in bad.text
