@@ -8,7 +8,8 @@
   ``routercreds``: routers' credentials.
 - ``keys`` (the OpenAI API's keys, each in a project), ``projects`` (projects, members, limits), ``users``,
   ``login``, ``tokens`` (join tokens), ``settings``, ``audit``.
-- ``meta``: health, whoami, control planes; ``metrics``: Prometheus; ``ca``: the cluster CA's certificate, for
+- ``meta``: health, whoami, control planes; ``metrics``: Prometheus; ``history``: a model's or node's recent
+  history (``/api/v1/metrics/history``, the UI's charts); ``ca``: the cluster CA's certificate, for
   clients to pin (no credential).
 
 Shared: ``schemas`` (response models), ``apierrors`` (the refusals; ``errors``: their JSON shape),

@@ -10,38 +10,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-import pydantic
 from fastapi import APIRouter, Query
 
 from llmgw.control import history
 from llmgw.control.cluster import Cluster
-
-Window = Literal["5m", "15m", "1h", "6h", "24h"]
-
-
-class HistoryLine(pydantic.BaseModel):
-    name: str
-    unit: str
-    values: list[float | None] = pydantic.Field(description="one per bucket of ``times``; null: nothing heard then")
+from llmgw.control.http.schemas import HistoryChart, HistoryDoc, HistoryLine, HistoryWindow
 
 
-class HistoryChart(pydantic.BaseModel):
-    title: str
-    unit: str = pydantic.Field(description="'/s' a rate, ' ms', '%', 'B' bytes, '' a count")
-    lines: list[HistoryLine]
-
-
-class HistoryDoc(pydantic.BaseModel):
-    scope: Literal["model", "node"]
-    name: str
-    window: Window
-    step_s: int = pydantic.Field(description="each bucket's width: 10 s up to 1 h, 60 s beyond")
-    recorded: bool = pydantic.Field(description="false: nothing recorded for it on the leader yet (no charts)")
-    times: list[int] = pydantic.Field(description="each bucket's start, Unix seconds, oldest first")
-    charts: list[HistoryChart]
-
-
-def to_doc(scope: history.Scope, name: str, window: Window, view: history.View | None) -> HistoryDoc:
+def to_doc(scope: history.Scope, name: str, window: HistoryWindow, view: history.View | None) -> HistoryDoc:
     if view is None:
         return HistoryDoc(scope=scope, name=name, window=window, step_s=0, recorded=False, times=[], charts=[])
     return HistoryDoc(scope=scope, name=name, window=window, step_s=view.step_s, recorded=True,
@@ -57,7 +33,7 @@ def router(cluster: Cluster) -> APIRouter:
     @api.get("/api/v1/metrics/history", response_model=HistoryDoc)
     async def metrics_history(scope: Literal["model", "node"] = Query(description="a model's or a node's"),
                               name: str = Query(min_length=1, max_length=253, description="the model or node"),
-                              window: Window = Query(default="1h")) -> HistoryDoc:
+                              window: HistoryWindow = Query(default="1h")) -> HistoryDoc:
         """A model's (requests, errors, TTFT, tokens, queue, replicas) or a node's (CPU, memory, disk, GPU
         memory) history over ``window``, as the leader recorded it; kept in its memory only."""
         view = cluster.history.view(scope, name, history.WINDOWS[window], cluster.clock())
