@@ -72,7 +72,9 @@ def test_overview_model_and_node_charts_show_data_and_grow_live(cluster: system.
     page.goto(f"/ui/models/{MODEL}")
     wait_for(page, "#model-charts svg#chart-model-0", "el => Number(el.dataset.sum) > 0")  # requests/s
     wait_for(page, "#model-charts svg#chart-model-1", "el => Number(el.dataset.points) > 0")  # TTFT p50..p99
+    wait_for(page, "#model-charts svg#chart-model-2", "el => Number(el.dataset.sum) > 0")  # tokens in (metered)
     expect(page.locator("#model-charts svg#chart-model-4")).to_have_attribute("aria-label", "Replicas")
+    wait_for(page, "#model-charts svg#chart-model-4", "el => Number(el.dataset.sum) > 0")  # one Ready, sampled
     chrome.screenshot(page, "model")
 
     page.goto("/ui/nodes/node1?window=5m")
