@@ -33,6 +33,7 @@ def test_a_chart_draws_each_line_with_gaps_humane_labels_and_hover_times() -> No
                                              ("<b>x</b>", [None] * 6)], title="Memory", unit="B", step_s=10,
                                      chart_id="c1"))
     assert 'id="c1"' in svg and 'data-points="4"' in svg and f'data-sum="{float(9 << 30):.3f}"' in svg
+    assert f'data-newest="{T0 + 50}"' in svg
     assert svg.count("<polyline") == 2  # the gap splits the line in two runs
     assert re.findall(r'class="y-label"[^>]*>([^<]+)<', svg) == ["0 GiB", "1 GiB", "2 GiB", "3 GiB"]
     assert "08:00" in svg and "UTC" in svg

@@ -7,7 +7,8 @@ neither. A chart is one ``<svg>`` with several lines over a time axis whose tick
 UTC, and a y axis in the values' unit made humane (``core.humane``: GiB for bytes, ``k``/``M`` for
 counts). A None value is a gap: the line stops there and starts again after it. Each point carries a
 ``<title>`` (its line, value and UTC time) for hovering; ``data-points`` on the ``<svg>`` says how many
-values it drew and ``data-sum`` the first line's sum (what a test reads to see the chart grow).
+values it drew, ``data-sum`` the first line's sum and ``data-newest`` the start of its newest bucket above 0
+(what a test reads to see the chart grow).
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ def time_series(times: Sequence[float], lines: Sequence[tuple[str, Sequence[floa
     pw, ph = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
     drawn = sum(1 for _, vs in lines for v in vs if v is not None)
     total = sum(v for _, vs in lines[:1] for v in vs if v is not None)
+    newest = max((t for _, vs in lines[:1] for t, v in zip(times, vs, strict=True) if v), default=0)
     largest = max((v for _, vs in lines for v in vs if v is not None), default=0.0)
     tick, ticks, div, shown_unit = _scale(unit, largest)
     top = tick * ticks
@@ -97,7 +99,8 @@ def time_series(times: Sequence[float], lines: Sequence[tuple[str, Sequence[floa
     ident = f' id="{_e(chart_id)}"' if chart_id else ""
     out = [f'<svg xmlns="http://www.w3.org/2000/svg"{ident} class="chart timechart" role="img" '
            f'viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}" font-family="sans-serif" '
-           f'font-size="11" aria-label="{_e(title)}" data-points="{drawn}" data-sum="{total:.3f}">',
+           f'font-size="11" aria-label="{_e(title)}" data-points="{drawn}" data-sum="{total:.3f}" '
+           f'data-newest="{newest:.0f}">',
            f"<title>{_e(title)}</title>",
            f'<text x="{LEFT}" y="15" font-size="13" font-weight="bold" fill="{TEXT}">{_e(title)}</text>']
     for i in range(ticks + 1):
