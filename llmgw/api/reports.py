@@ -20,6 +20,7 @@ A ``LoadReport``::
     {"router": "r1", "interval_s": 2.0, "sent_at": 1764662400.0, "version": "0.2.0", "protocol": 2,
      "models": [{"model": "m", "arrived": 12, "waiting": 3, "in_flight": 5, "held": 0,
                  "ttft_counts": [0, 1, 4, ...], "tokens_out": 345, "last_request_at": 1764662399.5,
+                 "errors": 0, "tokens_in": 1200,
                  "replicas": {"m-ab12cd": {"in_flight": 2}, "m-ef34gh": {"in_flight": 3}}}]}
 
 ``arrived``, ``ttft_counts`` (over ``core.autoscale.TTFT_BUCKETS_MS``, +inf last) and ``tokens_out`` are
@@ -169,13 +170,18 @@ class ModelLoad:
     ttft_counts: tuple[int, ...] = (0,) * TTFT_BUCKETS
     tokens_out: int = 0
     last_request_at: float = 0.0  # the router's wall clock; 0: none since it started
+    #: Requests answered 5xx (or never answered) since the report before; absent from an older router: 0.
+    errors: int = 0
+    #: Prompt tokens of the metered requests that ended since the report before (the engine's usage); 0 when
+    #: nothing is metered. Absent from an older router: 0. Both are read by the UI's charts only.
+    tokens_in: int = 0
     #: Requests in flight at each of the model's replicas, by replica id.
     replicas: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     def to_doc(self) -> dict[str, Any]:
         return {"model": self.model, "arrived": self.arrived, "waiting": self.waiting, "in_flight": self.in_flight,
                 "held": self.held, "ttft_counts": list(self.ttft_counts), "tokens_out": self.tokens_out,
-                "last_request_at": self.last_request_at,
+                "last_request_at": self.last_request_at, "errors": self.errors, "tokens_in": self.tokens_in,
                 "replicas": {rid: {"in_flight": n} for rid, n in self.replicas.items()}}
 
 
@@ -284,4 +290,5 @@ def _model_load(where: str, raw: Any) -> ModelLoad:
                      held=_number(f"{where}.held", raw.get("held")), ttft_counts=counts,
                      tokens_out=_count(f"{where}.tokens_out", raw.get("tokens_out")),
                      last_request_at=_number(f"{where}.last_request_at", raw.get("last_request_at")),
-                     replicas=replicas)
+                     errors=_count(f"{where}.errors", raw.get("errors")),
+                     tokens_in=_count(f"{where}.tokens_in", raw.get("tokens_in")), replicas=replicas)

@@ -21,6 +21,7 @@ from rich.console import Console
 from llmgw.cli import client as client_mod
 from llmgw.cli import output, tables
 from llmgw.cli.output import Table
+from llmgw.core import humane
 from llmgw.core.errors import LlmgwError
 
 console = Console(soft_wrap=True, highlight=False)
@@ -79,10 +80,11 @@ _TARGETS = (("queue_per_replica", "queue {:g} per replica"), ("inflight_per_repl
 def autoscale_targets(auto: dict[str, Any]) -> str:
     """The spec's targets and windows in a line: what the Load line is weighed against, and how fast it moves."""
     targets = ", ".join(words.format(auto[k]) for k, words in _TARGETS if auto.get(k))
-    windows = (f"up after {auto.get('scale_up_after', 0):g}s, down after {auto.get('scale_down_after', 0):g}s"
-               + (f", to zero after {auto.get('scale_to_zero_after', 0):g}s idle" if auto.get("min_replicas") == 0
+    d = humane.duration
+    windows = (f"up after {d(auto.get('scale_up_after', 0))}, down after {d(auto.get('scale_down_after', 0))}"
+               + (f", to zero after {d(auto.get('scale_to_zero_after', 0))} idle" if auto.get("min_replicas") == 0
                   else "")
-               + f"; cold start up to {auto.get('cold_start_timeout', 0):g}s")
+               + f"; cold start up to {d(auto.get('cold_start_timeout', 0))}")
     return f"{targets or '-'}; {windows}"
 
 

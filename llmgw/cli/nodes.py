@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-import datetime
 from urllib.parse import quote
 
 import typer
 
 from llmgw.cli import client as client_mod
 from llmgw.cli import nodeupgrade, output
+from llmgw.core import humane
 from llmgw.core.errors import LlmgwError
 
 UrlOpt = typer.Option(None, "--url", help="Control plane URL [env LLMGW_URL, default http://127.0.0.1:8080]")
@@ -21,7 +21,7 @@ def _fail(message: str) -> typer.Exit:
 
 
 def _when(ts: float | None) -> str:
-    return "-" if not ts else datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return humane.utc(ts)
 
 
 def register(app: typer.Typer) -> None:

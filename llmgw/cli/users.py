@@ -7,6 +7,7 @@ never shown again.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import typer
@@ -14,6 +15,7 @@ from rich.console import Console
 
 from llmgw.cli import client as client_mod
 from llmgw.cli import output as out
+from llmgw.core import humane
 from llmgw.core.errors import LlmgwError
 
 console = Console(soft_wrap=True)
@@ -45,7 +47,7 @@ USERS = out.Listing("user", (
 ROUTERS = out.Listing("router", (
     out.Column("NAME", lambda r: r["name"]),
     out.Column("ID", lambda r: r["id"]),
-    out.Column("LAST USED", lambda r: "never" if not r["last_used_at"] else f"{r['last_used_at']:.0f}"),
+    out.Column("LAST USED", lambda r: "never" if not r["last_used_at"] else humane.ago(r["last_used_at"], time.time())),
 ), name=lambda r: str(r["name"]))
 
 

@@ -14,7 +14,8 @@
 - ``http/``: the REST API, one module per resource; ``ui/``: the admin web UI; ``auth/``: who may call;
   ``sso/``: single sign-on through an OpenID Connect provider (the UI's and the CLI's flows, the refresher).
 - ``routerreports`` (ejections, recoveries, keys used) and ``loadreports`` (load, the autoscaler's input):
-  what routers report, read through ``llmgw.api.reports``; ``keyuse``: keys' "last used".
+  what routers report, read through ``llmgw.api.reports``; ``keyuse``: keys' "last used"; ``history``: the
+  UI's charts, a day of what routers and agents report, per model and node, in the leader's memory.
 - Also: ``engines`` (engine wants and settings), ``fabric`` (RDMA tests), ``remotemeta`` and ``netguard``
   (remote weights' metadata, reached safely), ``datadir`` and ``tokens`` (init and join tokens),
   ``auditprune``; ``backup/``: ``llmgw backup``/``restore`` and the server's scheduled backups; ``upgrades``

@@ -19,6 +19,7 @@ from llmgw.api import routing
 from llmgw.control import conditions as cond
 from llmgw.control import events as ev
 from llmgw.control import loadreports, remotemeta, upgrades
+from llmgw.control.history import MetricsHistory
 from llmgw.control.loop.autoscaling import Autoscaling, in_force
 from llmgw.control.loop.context import InContext, LoopContext
 from llmgw.control.loop.executor import Executor, write_targets
@@ -70,6 +71,9 @@ class Cluster:
                                        kick=self.kick)
         #: What routers report of each model's load (issue 17): the autoscaler's input.
         self.signals = self.autoscaling.signals
+        #: The UI's charts (issue 30): what routers and agents report, kept a day in memory.
+        self.history = MetricsHistory()
+        self.signals.on_report = self.history.load_report
         self.executor = Executor(self.ctx, self.links, views=lambda: self.node_manager.views,
                                  provisioning_inputs=self._engine_inputs)
         self.planner = Planner(self.ctx, autoscaling=self.autoscaling, recorder=self.recorder, executor=self.executor,
@@ -143,7 +147,10 @@ class Cluster:
 
     def node_heartbeat(self, node_id: str, hb: Heartbeat) -> None:
         view = self.node_manager.views.get(node_id)
-        if view is not None and self.links.beat(node_id) and self.node_manager.heartbeat(view, hb):
+        if view is None or not self.links.beat(node_id):
+            return
+        self.history.heartbeat(node_id, hb, self.clock())
+        if self.node_manager.heartbeat(view, hb):
             self.kick()  # an install Ready (or Failed) changes what placement can do, and says so
 
     def shard_reported(self, node_id: str, status: ShardStatus) -> None:
@@ -175,6 +182,7 @@ class Cluster:
             again = await self._lead_pass() if self.leading else False
             if self.leading:  # agents' upgrades: the health gate and the deadlines, polled or not
                 self.upgrades.step(lambda n: upgrades.not_ready(self.nodes.get(n), self.connected(n)))
+                self._sample_history()
             await self.table.update()
             self.links.announce_peers()
             # Give the event loop at least as long as the pass took before the next one:
@@ -202,6 +210,18 @@ class Cluster:
             else:
                 log.exception("reconcile pass failed; trying again")
         return False
+
+    def _sample_history(self) -> None:
+        """The charts' gauges, every couple of seconds: each model's queue and in flight, its replicas by state."""
+        now = self.clock()
+        if not self.history.due(now):
+            return
+        gauges: dict[str, tuple[float, float]] = {}
+        for model in self.signals.models(now):
+            merged = self.signals.signals(model, now)
+            if merged is not None:
+                gauges[model] = (merged.waiting, merged.in_flight)
+        self.history.sample(now, gauges, (st for v in self.nodes.values() for st in v.shards.values()))
 
     def reconcile_once(self) -> bool:
         """One pass with every store call inline; True when it created replicas and another pass should place them."""

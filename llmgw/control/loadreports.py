@@ -83,6 +83,9 @@ class RouterSignals:
         #: Called with a model's name when a report holds a request for it (a model at zero must wake now,
         #: not at the next pass): ``Cluster`` kicks a pass. Called on the caller's thread (the event loop).
         self.on_wake: Callable[[str], None] | None = None
+        #: Called with each report applied and its arrival time on this clock (``Cluster``: the charts'
+        #: history, ``control.history``), on the caller's thread.
+        self.on_report: Callable[[LoadReport, float], None] | None = None
 
     def record(self, doc: LoadReport | Any) -> int:
         """Applies one router's report (a ``LoadReport``, or a posted body: ``BadReport`` names a bad field and
@@ -118,6 +121,8 @@ class RouterSignals:
             if p.held > 0 or queue_formed:
                 woken.append(p.model)
         self._prune(now)
+        if self.on_report is not None:
+            self.on_report(report, now)
         if self.on_wake is not None:
             for name in woken:
                 self.on_wake(name)
@@ -142,6 +147,9 @@ class RouterSignals:
         now = self._clock()
         return [RouterSeen(k, r.version, r.protocol, round(now - r.last_at, 3))
                 for k, r in sorted(self._routers.items()) if now - r.last_at <= self.stale_after_s]
+    def models(self, now: float) -> set[str]:
+        """Every model a live router spoke of (its last report, or a count still in the window)."""
+        return {name for r in self._routers.values() if now - r.last_at <= self.stale_after_s for name in r.models}
 
     def signals(self, model: str, now: float) -> autoscale.Signals | None:
         """``model``'s load merged over every live router; None when no router reported within ``stale_after_s``.

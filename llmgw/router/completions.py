@@ -110,6 +110,7 @@ class Completions:
         # Metered when its record is kept, or its budgets settle on what it used; else nothing (issue 27).
         metered = (self._meter.start(key, route) if self._meter is not None and (self._meter.keeps or ticket)
                    else None)
+        counts = None
         try:
             counts = self._signals.arrived(route.name, arrived) if self._signals is not None else None
             started = held = False
@@ -151,6 +152,8 @@ class Completions:
             # What it used: metered (its record kept) and charged to its budgets, what it reserved beyond back.
             if metered is not None:
                 self._meter.close(metered)  # type: ignore[union-attr]
+                if counts is not None:
+                    counts.tokens_in += metered.prompt  # the UI's charts: tokens in, where metered
             if ticket is not None:
                 assert self._quota is not None
                 if metered is None:

@@ -313,6 +313,8 @@ class Trace:
         self.series.duration.observe(now - self.arrived)
         if self.signals is not None:
             self.signals.tokens_out += self.tokens
+            if self.status >= 500:
+                self.signals.errors += 1
         if self.upstream_at:
             OVERHEAD.observe(self.before_upstream() + self.own)
 

@@ -15,7 +15,8 @@ engines now) are gauges read when the report is built.
 The hot path pays a few integer operations per request and nothing per chunk:
 ``arrived`` is a dict lookup and two stores, the first token one bisect into a
 list, the output tokens one addition at the end (``metrics.Trace`` calls
-``first_token`` and adds ``tokens``). No lock: the router is one event loop.
+``first_token`` and adds ``tokens``), an error one comparison there, and a
+metered request's prompt tokens one addition (``completions``, once metered). No lock: the router is one event loop.
 
 Sending never delays a request: reports are built and sent from the
 reporter's own task, either to ``deliver`` (``llmgw server``: the control
@@ -61,7 +62,7 @@ def _none_queued(model: str) -> int:
 class ModelCounts:
     """One model's counters on the hot path: deltas since the last report, and the held gauge."""
 
-    __slots__ = ("arrived", "ttft", "tokens_out", "last_arrival", "held")
+    __slots__ = ("arrived", "ttft", "tokens_out", "last_arrival", "held", "errors", "tokens_in")
 
     def __init__(self) -> None:
         self.arrived = 0
@@ -69,6 +70,8 @@ class ModelCounts:
         self.tokens_out = 0
         self.last_arrival = 0.0  # perf_counter() of the newest arrival; 0: none since start
         self.held = 0  # requests held now because the model has no endpoint (a gauge, never reset)
+        self.errors = 0  # answered 5xx since the last report (the UI's charts)
+        self.tokens_in = 0  # metered requests' prompt tokens since the last report (the UI's charts)
 
     def first_token(self, seconds: float) -> None:
         """A first token ``seconds`` after the request's arrival."""
@@ -166,15 +169,17 @@ class Reporter:
             counts = self.counts.get(name)
             held = counts.held if counts is not None else 0
             waiting = self._queued(name) + held
-            if counts is None or not (counts.arrived or counts.tokens_out or any(counts.ttft)):
+            if counts is None or not (counts.arrived or counts.tokens_out or counts.errors or any(counts.ttft)):
                 if not (in_flight or waiting):
                     continue  # nothing to say: a quiet model is left out
             entry = ModelLoad(model=name, waiting=waiting, in_flight=in_flight, held=held, replicas=replicas)
             if counts is not None:
                 entry = dataclasses.replace(
                     entry, arrived=counts.arrived, ttft_counts=tuple(counts.ttft), tokens_out=counts.tokens_out,
+                    errors=counts.errors, tokens_in=counts.tokens_in,
                     last_request_at=round(wall - (perf - counts.last_arrival), 3) if counts.last_arrival else 0.0)
                 counts.arrived, counts.ttft, counts.tokens_out = 0, [0] * (len(_BOUNDS) + 1), 0
+                counts.errors = counts.tokens_in = 0
             models.append(entry)
         return LoadReport(router=self.router_id, interval_s=self.interval_s, sent_at=wall, models=tuple(models),
                           version=self._version, protocol=self._protocol)

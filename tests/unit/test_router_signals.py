@@ -61,7 +61,7 @@ def test_report_carries_deltas_and_gauges_and_resets_the_deltas() -> None:
     expected_ttft[1] = 1  # 25 < 30 <= 50
     assert first == {"model": "m", "arrived": 12, "waiting": 3, "in_flight": 5, "held": 0,
                      "ttft_counts": expected_ttft, "tokens_out": 345, "last_request_at": pytest.approx(1000.0, abs=1),
-                     "replicas": {"m-a": {"in_flight": 2}, "m-b": {"in_flight": 3}}}
+                     "errors": 0, "tokens_in": 0, "replicas": {"m-a": {"in_flight": 2}, "m-b": {"in_flight": 3}}}
 
     second = entry(r.report(), "m")
     assert second["arrived"] == 0 and second["ttft_counts"] == [0] * BUCKETS and second["tokens_out"] == 0
@@ -106,6 +106,24 @@ def test_held_requests_count_as_waiting_and_held() -> None:
     r.released(counts)
     r.released(counts)
     assert (entry(r.report(), "m")["held"], entry(r.report(), "m")["waiting"]) == (0, 2)
+
+
+def test_errors_and_tokens_in_are_deltas_for_the_charts() -> None:
+    """A 5xx answer counts as an error, a 4xx not; prompt tokens (added where metered) go out and are reset."""
+    r = reporter(holder(model("m", "m-a")))
+    now = time.perf_counter()
+    for status in (200, 502, 503, 429):
+        counts = r.arrived("m", now)
+        trace = metrics.Trace("m", now)
+        trace.signals, trace.status = counts, status
+        trace.finish(now)
+    counts.tokens_in += 120
+    first = entry(r.report(), "m")
+    assert first["errors"] == 2 and first["tokens_in"] == 120
+    assert LoadReport.from_doc(r.report().to_doc()).models == ()  # reset, and a quiet model is left out
+    # An older router's report (no errors, no tokens_in) reads as 0 of each.
+    old = LoadReport.from_doc({"router": "r0", "interval_s": 2.0, "models": [{"model": "m", "arrived": 1}]})
+    assert old.models[0].errors == 0 and old.models[0].tokens_in == 0
 
 
 def test_tokens_out_from_usage_else_from_events() -> None:

@@ -99,8 +99,10 @@ def test_reports_keep_the_json_routers_sent() -> None:
         {"type": "key_used", "key": "key-a", "at": 1002.0}]}
     first = LOAD_REPORT.to_doc()["models"][0]
     assert first["replicas"] == {"m-1": {"in_flight": 2}, "m-2": {"in_flight": 3}}
+    # errors and tokens_in (issue 30, the UI's charts) are additions: a control plane before them ignores them
+    # (it reads each field by name), and one after reads their absence from an older router as 0.
     assert list(first) == ["model", "arrived", "waiting", "in_flight", "held", "ttft_counts", "tokens_out",
-                           "last_request_at", "replicas"]
+                           "last_request_at", "errors", "tokens_in", "replicas"]
 
 
 def test_the_router_reads_the_object_as_it_reads_its_json() -> None:

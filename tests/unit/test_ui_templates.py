@@ -43,7 +43,7 @@ def test_overview_and_nodes_page_show_the_same_row_for_a_node() -> None:
     assert o["state"] == p["state"] == "NotReady"
     assert o["cordoned"] == p["cordoned"] == "yes, draining"
     assert o["gpus"] == p["gpus"] == "1/2"
-    assert o["disk"] == p["disk"] == "500.0 GiB of 1000.0 GiB"
+    assert o["disk"] == p["disk"] == "500 GiB of 1000 GiB"  # core.humane: no ".0"
     assert {k: v for k, v in p.items() if k not in ("shards", "agent")} == o
     assert p["shards"] == "2" and p["agent"] == "1.2" and "shards" not in o
     for doc_ in (overview, page):

@@ -9,7 +9,8 @@
 - ``keys`` (the OpenAI API's keys, each in a project), ``projects`` (projects, members, limits), ``users``,
   ``login``, ``tokens`` (join tokens), ``settings``, ``audit``.
 - ``meta``: health, whoami, control planes; ``metrics``: Prometheus (``clustermetrics``: nodes, GPUs, replicas,
-  leadership, certificates, read at each scrape); ``ca``: the cluster CA's certificate, for
+  leadership, certificates, read at each scrape); ``history``: a model's or node's recent history
+  (``/api/v1/metrics/history``, the UI's charts); ``ca``: the cluster CA's certificate, for
   clients to pin (no credential).
 
 Shared: ``schemas`` (response models), ``apierrors`` (the refusals; ``errors``: their JSON shape),

@@ -46,6 +46,7 @@ from llmgw.control.http import (
 )
 from llmgw.control.http import audit as audit_http
 from llmgw.control.http import forward as forward_http
+from llmgw.control.http import history as history_http
 from llmgw.control.http import usage as usage_http
 from llmgw.control.http.errors import REFUSALS, install
 from llmgw.control.routerreports import RouterEvents
@@ -96,7 +97,7 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extr
                  events.router(db), weights.router(db, cluster), fabric.router(cluster),
                  engines.router(db, cluster), settings.router(db), meta.router(leadership),
                  models.router(db, cluster), replicas.router(db, cluster, reports), routers.router(cluster, reports),
-                 nodes.router(db, cluster), nodeupgrade.router(db, cluster),
+                 nodes.router(db, cluster), nodeupgrade.router(db, cluster), history_http.router(cluster),
                  projects.router(db, cluster), routerusage.router(usage or UsageService(db)), ca.router(cluster_ca),
                  preview.router(db, cluster, catalog if catalog is not None else catalog_entries.load())):
         app.include_router(part, responses=REFUSALS)

@@ -10,7 +10,7 @@ a whole number or not (pydantic would write a ``float`` field's 2 as 2.0).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import pydantic
 
@@ -254,3 +254,29 @@ class RouterTable(Body):
     auth: dict[str, Any] = pydantic.Field(default_factory=dict, description="Absent from the empty first table")
     engine_ca: str = pydantic.Field("", description="The cluster CA's certificate (PEM) that routers verify "
                                     "https:// engines with; absent without one (an --insecure server)")
+
+
+#: The windows ``GET /api/v1/metrics/history`` reads (``control.history.WINDOWS``).
+HistoryWindow = Literal["5m", "15m", "1h", "6h", "24h"]
+
+
+class HistoryLine(Body):
+    name: str
+    unit: str
+    values: list[float | None] = pydantic.Field(description="one per bucket of ``times``; null: nothing heard then")
+
+
+class HistoryChart(Body):
+    title: str
+    unit: str = pydantic.Field(description="'/s' a rate, ' ms', '%', 'B' bytes, '' a count")
+    lines: list[HistoryLine]
+
+
+class HistoryDoc(Body):
+    scope: Literal["model", "node"]
+    name: str
+    window: HistoryWindow
+    step_s: int = pydantic.Field(description="each bucket's width: 10 s up to 1 h, 60 s beyond")
+    recorded: bool = pydantic.Field(description="false: nothing recorded for it on the leader yet (no charts)")
+    times: list[int] = pydantic.Field(description="each bucket's start, Unix seconds, oldest first")
+    charts: list[HistoryChart]

@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from llmgw.control.ui import (
     audit_page,
+    charts_page,
     deploy_page,
     guard,
     keys_page,
@@ -71,6 +72,7 @@ def create_ui(api: ASGIApp, *, callback_urls: CallbackUrls = CallbackUrls()) -> 
         *audit_page.routes(ui),
         *users_page.routes(ui),
         *usage_page.routes(ui),
+        *charts_page.routes(ui),
         Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
     ])
     # The security headers outermost, so the bare-path redirect and the guard's own answers carry them too.

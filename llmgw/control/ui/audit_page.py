@@ -8,7 +8,6 @@ the end of the log, an older one asks for the ``limit`` entries before the oldes
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from starlette.requests import Request
@@ -56,8 +55,7 @@ async def _before(ui: common.Ui, request: Request, before: int) -> tuple[common.
 async def audit(ui: common.Ui, request: Request) -> Response:
     before = _id(request.query_params.get("before"))
     answer, items = await (_before(ui, request, before) if before else _newest(ui, request))
-    rows = [{**e, "time": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(e["at"])))}
-            for e in reversed(items)]
+    rows = list(reversed(items))  # times drawn by the template's ``when`` (relative, UTC on hover)
     oldest = min((int(e["id"]) for e in items), default=0)
     return ui.page(request, "audit.html", status_code=200 if not answer.error else answer.status, title="Audit",
                    who=await ui.who(request), entries=rows, error=answer.error,

@@ -19,12 +19,14 @@ from typing import Any
 
 import httpx
 import jinja2
+from markupsafe import Markup
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.types import ASGIApp
 
 from llmgw.control.auth import middleware as auth_mw
 from llmgw.control.ui import guard, traffic
+from llmgw.core import humane
 
 HERE = Path(__file__).parent
 
@@ -32,19 +34,27 @@ HERE = Path(__file__).parent
 templates = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True)
 
 
-def _bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
 def _pct(used: float, total: float) -> int:
     return 0 if total <= 0 else max(0, min(100, round(100 * used / total)))
 
 
-templates.filters["bytes"] = _bytes
+templates.filters["bytes"] = humane.size
+templates.filters["duration"] = humane.duration
+templates.filters["utc"] = humane.utc
+templates.filters["iso"] = humane.iso
+templates.globals["ago"] = humane.ago
+templates.globals["now"] = time.time
+
+
+def _when(at: object) -> Markup:
+    """A time as people read it: relative (``3m ago``), the UTC time on hover, ISO 8601 for machines."""
+    if not humane.iso(at):
+        return Markup("-")
+    return Markup('<time datetime="{}" title="{}">{}</time>').format(humane.iso(at), humane.utc(at),
+                                                                       humane.ago(at, time.time()))
+
+
+templates.filters["when"] = _when
 templates.globals["pct"] = _pct
 templates.filters["clock"] = lambda t: time.strftime("%H:%M:%S", time.localtime(t))
 
@@ -167,7 +177,8 @@ class Ui:
     def page(self, request: Request, template: str, status_code: int = 200, *, who: tuple[str, str] = ("", ""),
              **ctx: Any) -> HTMLResponse:
         html = templates.get_template(template).render(base=request.scope.get("root_path", ""), user=who[0],
-                                                       role=who[1], insecure=self.insecure, **ctx)
+                                                       role=who[1], insecure=self.insecure,
+                                                       query=request.query_params, **ctx)
         return HTMLResponse(html, status_code=status_code, headers={"cache-control": "no-store"})
 
     def to_login(self, request: Request) -> Response:

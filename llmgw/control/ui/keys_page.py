@@ -10,7 +10,6 @@ projects' keys, a member its own), each with its project and user.
 
 from __future__ import annotations
 
-import time
 import urllib.parse
 from typing import Any
 
@@ -19,7 +18,6 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from llmgw.control.ui import common
-from llmgw.core import units
 
 #: Roles whose keys page carries the create and delete controls (the API lets operators change keys).
 EDITORS = ("operator", "admin")
@@ -45,10 +43,6 @@ def _priority(text: str) -> tuple[int, str]:
         return 0, f"priority must be a whole number from -1000 to 1000 (higher is admitted first), not {text!r}"
 
 
-def _when(at: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
-
-
 async def _render(ui: common.Ui, request: Request, *, status_code: int = 200, error: str = "",
                   created: dict[str, Any] | None = None, form: dict[str, str] | None = None) -> Response:
     answer, _ = await ui.call(request, "GET", "/api/v1/keys")
@@ -57,11 +51,7 @@ async def _render(ui: common.Ui, request: Request, *, status_code: int = 200, er
     # The projects a key may be made in: every one for an operator, an owner's or member's own for others.
     makes_in = [p["name"] for p in projects.doc.get("items", [])
                 if who[1] in EDITORS or p.get("role") in ("owner", "member")]
-    now = time.time()
-    items = [{**k, "created": time.strftime("%Y-%m-%d %H:%M", time.localtime(float(k.get("created_at", 0)))),
-              "last_used": units.format_ago(float(k.get("last_used_at") or 0), now=now),
-              "last_used_when": _when(float(k["last_used_at"])) if k.get("last_used_at") else ""}
-             for k in answer.doc.get("items", [])]
+    items = answer.doc.get("items", [])  # times drawn by the template's ``when`` (relative, UTC on hover)
     return ui.page(request, "keys.html", status_code=status_code, title="Keys", who=who, keys=items,
                    list_error=answer.error, error=error, created=created,
                    form=form or {}, editable=who[1] in EDITORS or bool(makes_in), projects=makes_in)

@@ -12,6 +12,7 @@ API's 403 sentence on the page.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import json
 import time
@@ -24,7 +25,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from llmgw.control.ui import common, progress
-from llmgw.core import specs
+from llmgw.core import humane, specs
 
 
 def _api_path(name: str) -> str:
@@ -67,13 +68,33 @@ def autoscale_view(doc: dict[str, Any], *, now: float) -> dict[str, Any] | None:
             "ago": _ago(now - changed) if auto.get("last_reason") and changed else "", "load": load}
 
 
+#: The spec's sizes and durations, by path: shown as a model file writes them (``512MiB``, ``5m``), which the
+#: editor applies back to the same numbers.
+_SIZES = (("resources", "memory"), ("resources", "gpus", "memory"))
+_DURATIONS = (("startup_timeout",), *(("autoscale", k) for k in ("scale_up_after", "scale_down_after",
+                                                                   "scale_to_zero_after", "cold_start_timeout")))
+
+
+def readable_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """``spec`` (the API's numbers) with its sizes and durations in ``core.humane``'s exact words; a copy."""
+    out = copy.deepcopy(spec)
+    for paths, word in ((_SIZES, humane.exact_size), (_DURATIONS, humane.exact_duration)):
+        for path in paths:
+            parent: Any = out
+            for key in path[:-1]:
+                parent = parent.get(key) if isinstance(parent, dict) else None
+            if isinstance(parent, dict) and path[-1] in parent:
+                parent[path[-1]] = word(parent[path[-1]])
+    return out
+
+
 def _ctx(answer: common.ApiAnswer) -> dict[str, Any]:
     if answer.error:
         return {"error": answer.error}
     doc = answer.doc
-    return {"doc": doc, "spec_yaml": yaml.safe_dump(doc.get("spec", {}), sort_keys=False),
-            "manifest_yaml": _manifest_yaml(str(doc.get("name") or doc.get("metadata", {}).get("name", "")),
-                                            doc.get("spec", {})),
+    spec = readable_spec(doc.get("spec", {}))
+    return {"doc": doc, "spec_yaml": yaml.safe_dump(spec, sort_keys=False),
+            "manifest_yaml": _manifest_yaml(str(doc.get("name") or doc.get("metadata", {}).get("name", "")), spec),
             "events": list(reversed(doc.get("events", []))), "rollout": progress.rollout_of(doc),
             "fetches": {str(r.get("id")): progress.fetch_bar(r.get("fetch")) for r in doc.get("replicas", [])},
             "installs": [], "autoscale": autoscale_view(doc, now=time.time())}
@@ -205,7 +226,7 @@ async def apply(ui: common.Ui, request: Request) -> Response:
             answer = await _describe(ui, request, name)
             if answer.error and answer.status != 404:
                 return await _editor(ui, request, text=text, error=answer.error, status_code=answer.status)
-            current = "" if answer.error else _manifest_yaml(name, answer.doc.get("spec", {}))
+            current = "" if answer.error else _manifest_yaml(name, readable_spec(answer.doc.get("spec", {})))
         mine = yaml.safe_dump(doc, sort_keys=False)
         diff = "".join(difflib.unified_diff(current.splitlines(keepends=True), mine.splitlines(keepends=True),
                                             fromfile=f"current/{name}" if current else "/dev/null",

@@ -8,9 +8,7 @@ creates projects and sets limits. The controls are left out for those the API wo
 
 from __future__ import annotations
 
-import time
 import urllib.parse
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
@@ -23,15 +21,11 @@ from llmgw.core import quota
 MANAGERS = ("operator", "admin")
 
 
-def _created(p: dict[str, Any]) -> str:
-    return time.strftime("%Y-%m-%d %H:%M", time.localtime(float(p.get("created_at") or 0)))
-
-
 async def _list(ui: common.Ui, request: Request, *, status_code: int = 200, error: str = "",
                 form: dict[str, str] | None = None) -> Response:
     answer, _ = await ui.call(request, "GET", "/api/v1/projects")
     who = await ui.who(request)
-    items = [{**p, "created": _created(p)} for p in answer.doc.get("items", [])]
+    items = answer.doc.get("items", [])  # times drawn by the template's ``when`` (relative, UTC on hover)
     return ui.page(request, "projects.html", status_code=status_code, title="Projects", who=who, projects=items,
                    kinds=quota.KINDS, list_error=answer.error, error=error, form=form or {},
                    manager=who[1] in MANAGERS)

@@ -7,7 +7,6 @@ credential: a non-admin's page is the API's 403 sentence, and the controls are r
 
 from __future__ import annotations
 
-import time
 import urllib.parse
 from typing import Any
 
@@ -24,8 +23,7 @@ async def _render(ui: common.Ui, request: Request, *, status_code: int = 200, er
                   created: dict[str, Any] | None = None, form: dict[str, str] | None = None) -> Response:
     answer, _ = await ui.call(request, "GET", "/api/v1/users")
     who = await ui.who(request)
-    items = [{**u, "created": time.strftime("%Y-%m-%d %H:%M", time.localtime(float(u.get("created_at", 0))))}
-             for u in answer.doc.get("items", [])]
+    items = answer.doc.get("items", [])  # times drawn by the template's ``when`` (relative, UTC on hover)
     return ui.page(request, "users.html", status_code=status_code if not answer.error else answer.status,
                    title="Users", who=who, users=items, list_error=answer.error, error=error, created=created,
                    form=form or {}, roles=ROLES, editable=who[1] == "admin" and not answer.error)
