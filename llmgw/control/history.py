@@ -60,9 +60,10 @@ _WORST = ("unhealthy", "starting", "draining", "ready")
 
 
 def node_fields(gpus: int) -> tuple[Field, ...]:
-    """A node's fields: what is used (the totals barely move: the node's inventory says them)."""
+    """A node's fields: what is used (the totals barely move: the node's inventory says them), and how busy
+    each GPU was (percent; a gap where its agent does not report it)."""
     return (Field("cpu_percent"), Field("memory_used"), Field("disk_used"),
-            *(Field(f"gpu{i}_memory_used") for i in range(gpus)))
+            *(Field(f"gpu{i}_memory_used") for i in range(gpus)), *(Field(f"gpu{i}_util") for i in range(gpus)))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -181,6 +182,8 @@ class MetricsHistory:
             values["disk_used"] = sum(max(0, d.total_bytes - d.free_bytes) for d in hb.disks)
         for i, g in enumerate(hb.gpus):
             values[f"gpu{i}_memory_used"] = g.memory_used_bytes
+            if g.utilization_percent is not None:  # unknown is a gap, not an idle 0 %
+                values[f"gpu{i}_util"] = float(g.utilization_percent)
         series.record(now, values)
 
     # -- reading ---------------------------------------------------------------------------------
@@ -260,4 +263,5 @@ def _node_charts(cols: dict[str, list[float | None]], names: list[str]) -> tuple
     if gpus:
         charts.append(Chart("GPU memory", "B", tuple(Line(f"{g} used", "B", tuple(cols[f"{g}_memory_used"]))
                                                      for g in gpus)))
+        charts.append(Chart("GPU utilisation", "%", tuple(Line(g, "%", tuple(cols[f"{g}_util"])) for g in gpus)))
     return tuple(charts)
