@@ -9,14 +9,14 @@ Fed from three places the control plane already has, no Prometheus needed:
   (waiting) and in flight merged over the live routers, and its replicas by state from the agents'
   shard reports;
 * each agent heartbeat: the node's CPU %, memory used, disk used (summed over its disks) and each GPU's
-  memory used. GPU utilisation is not in a heartbeat (``core.inventory.Heartbeat`` carries memory only),
-  so it is not charted.
+  memory used and utilisation (percent; a gap where the agent does not report it: an older agent, a
+  driver that cannot measure it).
 
 Kept in ``core.history.Series`` rings: 1 h at 10 s and 24 h at 1 min (1800 slots). By
 ``core.history``'s arithmetic, a model's 26 fields (6 gauges) take 1800 × (26 × 4 + 6 × 4 + 8) = 244,800 bytes
-(~239 KiB); a node's 3 fields + 1 per GPU (all gauges) 1800 × (8 × (3 + G) + 8): 57,600 bytes (~56 KiB)
-without GPUs, 172,800 (~169 KiB) with 8 (``bench/history.py`` measures it). At most ``MAX_MODELS`` (256:
-~60 MiB) models and ``MAX_NODES`` (512: ~28 MiB without GPUs, ~85 MiB with 8 each) nodes are charted;
+(~239 KiB); a node's 3 fields + 2 per GPU (all gauges) 1800 × (8 × (3 + 2G) + 8): 57,600 bytes (~56 KiB)
+without GPUs, 288,000 (~281 KiB) with 8 (``bench/history.py`` measures it). At most ``MAX_MODELS`` (256:
+~60 MiB) models and ``MAX_NODES`` (512: ~28 MiB without GPUs, ~141 MiB with 8 each) nodes are charted;
 past that a new one takes the place of the one written least recently if that one has been quiet for
 ``IDLE_S`` (10 min), else it is not charted (logged once), so a fleet larger than the cap does not churn.
 In memory on the leader only: a failover starts the new leader's charts empty (they fill
@@ -41,7 +41,7 @@ from llmgw.core.shards import ShardState, ShardStatus
 
 log = logging.getLogger(__name__)
 Scope = Literal["model", "node"]
-#: The most models and nodes charted: ~60 MiB and ~45-90 MiB at most (see the docstring).
+#: The most models and nodes charted: ~60 MiB and ~28-141 MiB at most (see the docstring).
 MAX_MODELS, MAX_NODES = 256, 512
 #: A series not written for this long may be dropped for a new one once the cap is reached.
 IDLE_S = 600.0
