@@ -16,7 +16,7 @@ from llmgw.agent.discovery import gpus as gpus_mod
 from llmgw.agent.discovery.deltas import HeartbeatBuilder
 from llmgw.api import convert
 from llmgw.api.v1 import agent_pb2 as pb
-from llmgw.cli import tables
+from llmgw.cli import describe, tables
 from llmgw.control.agentsvc.inbound import _reuse_gpus
 from llmgw.control.history import MetricsHistory
 from llmgw.control.http.clustermetrics import ClusterCollector
@@ -145,6 +145,9 @@ def test_the_node_document_and_the_wide_listing_say_null_where_unknown() -> None
     assert [g["utilization_percent"] for g in doc["gpus"]] == [37, None]
     assert tables.gpu_util_cell(doc) == "37%,?"
     assert tables.gpu_util_cell({"gpus": []}) == "-"
+    # describe node: how busy where known; a server before this release sends no key, and the name is all.
+    assert [describe._gpu(g) for g in doc["gpus"]] == ["H100 (37% busy)", "H100"]
+    assert describe._gpu({"name": "A100"}) == "A100"
 
 
 def test_a_busy_gpu_is_new_each_beat_but_the_others_and_its_processes_are_kept() -> None:
