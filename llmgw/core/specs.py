@@ -118,7 +118,7 @@ __all__ = [
 ]
 
 NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$")
-ROUTING_POLICIES = ("prefix_cache", "least_outstanding", "round_robin", "session_affinity")
+ROUTING_POLICIES = ("prefix_cache", "least_outstanding", "round_robin", "session_affinity", "kv_aware")
 MAX_PRIORITY = 1_000_000
 MAX_CONTEXT = 1 << 24
 

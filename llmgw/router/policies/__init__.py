@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from llmgw.router.pick import DEFAULT_ROUTING
 from llmgw.router.policies.base import NO_LOAD, Options, Policy, Ticket
+from llmgw.router.policies.kv_aware import KvAware
 from llmgw.router.policies.least_outstanding import LeastOutstanding
 from llmgw.router.policies.prefix_cache import PrefixCache
 from llmgw.router.policies.round_robin import RoundRobin
 from llmgw.router.policies.session_affinity import SessionAffinity
 
-_POLICIES: tuple[type[Policy], ...] = (PrefixCache, LeastOutstanding, RoundRobin, SessionAffinity)
+_POLICIES: tuple[type[Policy], ...] = (PrefixCache, LeastOutstanding, RoundRobin, SessionAffinity, KvAware)
 
 #: Each policy's class by its name.
 REGISTRY: dict[str, type[Policy]] = {cls.name: cls for cls in _POLICIES}
@@ -35,4 +36,4 @@ def create(options: Options = Options()) -> dict[str, Policy]:
 
 
 __all__ = ["DEFAULT", "KEYED", "NO_LOAD", "REGISTRY", "Options", "Policy", "Ticket", "create",
-           "LeastOutstanding", "PrefixCache", "RoundRobin", "SessionAffinity"]
+           "KvAware", "LeastOutstanding", "PrefixCache", "RoundRobin", "SessionAffinity"]
