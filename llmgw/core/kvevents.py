@@ -21,8 +21,11 @@ https://docs.vllm.ai/en/latest/api/vllm/config/kv_events.html):
   ``replay_endpoint``; it answers every buffered batch with ``seq >= start_seq`` as
   ``(b"", topic, seq, payload)`` and then ``(b"", b"", -1 as 8 signed bytes, b"")``.
 
-``tests/fixtures/vllm_kv/hashes.json`` holds a batch vLLM's own classes encoded; the unit tests
-decode it and encode the same batch to the same bytes (the sim engine publishes with ``encode_batch``).
+``tests/fixtures/vllm_kv/hashes.json`` holds a batch vLLM's own classes encoded, and
+``real_cpu_capture.json`` one a real vLLM 0.32 CPU engine published (so the CPU build does publish:
+its scheduler builds the publisher whatever the platform; its blocks are 128 tokens, ``medium``
+"GPU"); the unit tests decode both and encode each to the same bytes (the sim engine publishes
+with ``encode_batch``).
 """
 
 from __future__ import annotations
@@ -45,6 +48,11 @@ class Stored:
     block_size: int
     medium: str | None = "GPU"
     lora_name: str | None = None
+    #: Sent by vLLM 0.32 when set (omitted when None): one extra-keys entry per block, the KV cache group
+    #: and its kind (a real CPU engine sends ``[None, …]``, ``0`` and ``"full_attention"``).
+    extra_keys: tuple[Any, ...] | None = None
+    group_idx: int | None = None
+    spec_kind: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -80,8 +88,11 @@ def _event(raw: Any) -> Event | None:
         raise ValueError("a KV event is neither a tagged map nor a tagged array")
     kind = raw.get("type")
     if kind == "BlockStored":
+        extra = raw.get("extra_keys")
         return Stored(tuple(raw["block_hashes"]), raw.get("parent_block_hash"), tuple(raw["token_ids"]),
-                      int(raw["block_size"]), raw.get("medium"), raw.get("lora_name"))
+                      int(raw["block_size"]), raw.get("medium"), raw.get("lora_name"),
+                      tuple(extra) if isinstance(extra, list) else None, raw.get("group_idx"),
+                      raw.get("kv_cache_spec_kind"))
     if kind == "BlockRemoved":
         return Removed(tuple(raw["block_hashes"]), raw.get("medium"))
     if kind == "AllBlocksCleared":
@@ -103,9 +114,15 @@ def encode_batch(batch: Batch) -> bytes:
     events: list[dict[str, Any]] = []
     for e in batch.events:
         if isinstance(e, Stored):
-            events.append({"type": "BlockStored", "block_hashes": list(e.hashes), "parent_block_hash": e.parent,
-                           "token_ids": list(e.token_ids), "block_size": e.block_size, "lora_id": None,
-                           "medium": e.medium, "lora_name": e.lora_name})
+            stored: dict[str, Any] = {
+                "type": "BlockStored", "block_hashes": list(e.hashes), "parent_block_hash": e.parent,
+                "token_ids": list(e.token_ids), "block_size": e.block_size, "lora_id": None, "medium": e.medium,
+                "lora_name": e.lora_name}
+            for name, value in (("extra_keys", e.extra_keys), ("group_idx", e.group_idx),
+                                ("kv_cache_spec_kind", e.spec_kind)):
+                if value is not None:  # msgspec's omit_defaults
+                    stored[name] = list(value) if isinstance(value, tuple) else value
+            events.append(stored)
         elif isinstance(e, Removed):
             events.append({"type": "BlockRemoved", "block_hashes": list(e.hashes), "medium": e.medium})
         else:

@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 
-from llmgw.core import kvevents, msgpackmini
+from llmgw.core import kvevents, kvhash, msgpackmini
 from llmgw.core.kvevents import Batch, Cleared, Gap, Removed, ReplicaBlocks, Stored
 
 CASES = json.loads((pathlib.Path(__file__).parents[1] / "fixtures/vllm_kv/hashes.json").read_text())
@@ -74,3 +74,19 @@ def test_gap_asks_replay_duplicates_skip_and_restart_clears() -> None:
     assert r.blocks == {50} and r.next_seq == 1
     r.resync(10)
     assert r.blocks == set() and r.apply(10, _batch(Stored((4,), None, (), 16))) is None and r.blocks == {4}
+
+
+REAL = json.loads((pathlib.Path(__file__).parents[1] / "fixtures/vllm_kv/real_cpu_capture.json").read_text())
+
+
+def test_a_real_vllm_cpu_engines_batch_matches_our_hashes_and_reencodes() -> None:
+    """A batch a real vLLM 0.32 CPU engine published (its provenance is in the fixture): what the router computes
+    for the same token ids is what the engine published, and ``encode_batch`` (the sim's) writes the same bytes."""
+    payload = bytes.fromhex(REAL["payload"])
+    batch = kvevents.decode_batch(payload)
+    (stored,) = batch.events
+    assert isinstance(stored, Stored) and stored.block_size == 128 and stored.group_idx == 0
+    mine = [kvhash.external(h) for h in kvhash.block_hashes(REAL["tokens"], stored.block_size)]
+    assert list(stored.hashes) == mine and len(mine) == 2
+    assert stored.token_ids == tuple(REAL["tokens"][:256])
+    assert kvevents.encode_batch(batch) == payload
