@@ -136,7 +136,10 @@ class SimEngine:
                                   "aborts": [{"user": u, "at": t} for u, t in self.stats.aborts],
                                   "arrivals": list(self.stats.arrivals),
                                   "requests": list(self.stats.requests),
-                                  "group": self.group()},
+                                  "group": self.group(),
+                                  # The simulated KV cache (--kv-events-config): blocks found cached / asked.
+                                  "kv_hits": self.kv.hits if self.kv else 0,
+                                  "kv_queries": self.kv.queries if self.kv else 0},
                                  dumps=dumps)
 
     def group(self) -> Json:
