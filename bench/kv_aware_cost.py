@@ -4,7 +4,8 @@
 
 In-process, no sockets. Three figures, best and median over ``--repeats`` runs:
 
-* ``pick``: ``KvAware.pick`` for a prompt of ``--tokens`` token ids over ``--replicas`` replicas
+* ``pick``: ``KvAware.pick`` (repeated: the later turns of a chat, whose prefix blocks are memoised;
+  and first time, memo emptied) for a prompt of ``--tokens`` token ids over ``--replicas`` replicas
   whose views hold the prompt's first half (vLLM's sha256 hashing, 16-token blocks): the router's
   whole added cost for a request of a ``kv_aware`` model (hashing stops one block past the longest
   match, so a cold prompt costs one block);
@@ -61,6 +62,12 @@ def main() -> None:
     cold = RequestKey(tokens=tuple(t + 1 for t in tokens))
     print(f"pick, {a.tokens} tokens ({len(hashes)} blocks), {a.replicas} replicas, half held: "
           + fmt(timed(lambda: policy.pick("m", eps, key=key), a.calls, a.repeats)))
+    def first_time() -> None:
+        view.memo.clear()
+        policy.pick("m", eps, key=key)
+
+    print("pick, the same prompt never hashed before (memo emptied each call): "
+          + fmt(timed(first_time, a.calls, a.repeats)))
     print("pick, a cold prompt (no replica holds block 0): "
           + fmt(timed(lambda: policy.pick("m", eps, key=cold), a.calls, a.repeats)))
     stored = kvevents.Stored(tuple(range(a.delta)), None, tuple(range(16 * a.delta)), 16)

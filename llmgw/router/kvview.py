@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from llmgw.core import kvhash
 
@@ -27,11 +28,19 @@ class ReplicaCache:
         return (self.block_size, self.algo, self.pythonhashseed, self.int_hashes)
 
 
+#: Block hashes remembered across requests (a chat's later turns re-hash its earlier ones): about 200 B each.
+MEMO_ENTRIES = 65_536
+
+Memo = dict[tuple[Any, ...], tuple[bytes, int | bytes]]
+
+
 class KvView:
     """Replica id -> its ``ReplicaCache``; replaced whole per replica as reports come."""
 
     def __init__(self) -> None:
         self._caches: dict[str, ReplicaCache] = {}
+        #: (hashing, parent digest, block token ids) -> (digest, external hash), for ``matched_blocks``.
+        self.memo: Memo = {}
 
     def update(self, replica_id: str, cache: ReplicaCache | None) -> None:
         if cache is None:
@@ -46,12 +55,17 @@ class KvView:
         return self._caches.keys()
 
 
-def matched_blocks(tokens: Sequence[int], caches: Sequence[ReplicaCache]) -> list[int]:
+def matched_blocks(tokens: Sequence[int], caches: Sequence[ReplicaCache], memo: Memo | None = None) -> list[int]:
     """For each cache, how many leading blocks of ``tokens`` it holds (vLLM's hashing, chained).
 
     Hashes are computed lazily and stop at the first block no cache holds, so a request pays for
-    its matched prefix plus one block, not its whole prompt.
+    its matched prefix plus one block, not its whole prompt; with ``memo`` a block hashed for an
+    earlier request (the same prefix) is looked up instead (cleared whole past ``MEMO_ENTRIES``).
     """
+    if memo is None:
+        memo = {}
+    elif len(memo) > MEMO_ENTRIES:
+        memo.clear()
     depth = [0] * len(caches)
     groups: dict[tuple[int, str, str | None, bool], list[int]] = {}
     for i, cache in enumerate(caches):
@@ -60,8 +74,13 @@ def matched_blocks(tokens: Sequence[int], caches: Sequence[ReplicaCache]) -> lis
         parent = kvhash.none_hash(algo, seed)
         live = list(members)
         for b in range(len(tokens) // block_size):
-            parent = kvhash.digest(algo, (parent, tuple(tokens[b * block_size:(b + 1) * block_size]), None))
-            ext = kvhash.external(parent, int_hashes=int_hashes)
+            block = tuple(tokens[b * block_size:(b + 1) * block_size])
+            mkey = (algo, seed, int_hashes, parent, block)
+            known = memo.get(mkey)
+            if known is None:
+                digest = kvhash.digest(algo, (parent, block, None))
+                known = memo[mkey] = (digest, kvhash.external(digest, int_hashes=int_hashes))
+            parent, ext = known
             live = [i for i in live if ext in caches[i].blocks]
             if not live:
                 break

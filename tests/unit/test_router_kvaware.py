@@ -64,6 +64,10 @@ def test_matching_hashes_only_the_matched_prefix_and_groups_by_hashing() -> None
     seeded = ReplicaCache(frozenset(EXT), 16, pythonhashseed="0")  # another NONE_HASH: nothing matches
     assert kvview.matched_blocks(TOKENS, [held, seeded, ReplicaCache(frozenset(EXT), 16)]) == [2, 0, 4]
     assert kvview.matched_blocks(TOKENS[:20], [held]) == [1]
+    memo: kvview.Memo = {}
+    assert kvview.matched_blocks(TOKENS, [held], memo) == [2] and len(memo) == 3  # 2 matched + the first miss
+    assert kvview.matched_blocks(TOKENS, [held], memo) == [2] and len(memo) == 3  # looked up, not re-hashed
+    assert kvview.matched_blocks(TOKENS, [seeded], memo) == [0] and len(memo) == 4  # another seed, its own entry
 
 
 def test_a_completion_given_as_token_ids_carries_them_in_its_key() -> None:

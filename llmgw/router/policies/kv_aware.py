@@ -45,7 +45,7 @@ class KvAware(PrefixCache):
         caches = [self.view.get(e.replica_id) for e in candidates]
         if not key.tokens or any(c is None for c in caches):
             return super().pick(model, endpoints, load=load, key=key, exclude=exclude)
-        depth = kvview.matched_blocks(key.tokens, [c for c in caches if c is not None])
+        depth = kvview.matched_blocks(key.tokens, [c for c in caches if c is not None], self.view.memo)
         best = max(depth)
         tied = {e.replica_id for e, d in zip(candidates, depth, strict=True) if d == best}
         chosen = self._least.pick(model, endpoints, load=load,
