@@ -97,10 +97,12 @@ def prompt_tokens(doc: Mapping[str, Any]) -> tuple[int, ...]:
     return ()
 
 
-def request_key(doc: Mapping[str, Any], *, session_header: str = "", block_chars: int = BLOCK_CHARS) -> RequestKey:
-    """The affinity key of a parsed completion body."""
+def request_key(doc: Mapping[str, Any], *, session_header: str = "", block_chars: int = BLOCK_CHARS,
+                tokens: bool = False) -> RequestKey:
+    """The affinity key of a parsed completion body; ``tokens``: with its token ids (only ``kv_aware`` reads them)."""
     return RequestKey(session=session_of(doc, header=session_header),
-                      blocks=block_hashes(prompt_text(doc), block_chars=block_chars), tokens=prompt_tokens(doc))
+                      blocks=block_hashes(prompt_text(doc), block_chars=block_chars),
+                      tokens=prompt_tokens(doc) if tokens else ())
 
 
 class PrefixIndex:

@@ -70,8 +70,10 @@ def test_matching_hashes_only_the_matched_prefix_and_groups_by_hashing() -> None
     assert kvview.matched_blocks(TOKENS, [seeded], memo) == [0] and len(memo) == 4  # another seed, its own entry
 
 
-def test_a_completion_given_as_token_ids_carries_them_in_its_key() -> None:
-    assert prefix.request_key({"prompt": [1, 2, 3]}).tokens == (1, 2, 3)
-    assert prefix.request_key({"prompt": [[4, 5], [6]]}).tokens == (4, 5)
-    assert prefix.request_key({"prompt": "text"}).tokens == ()
-    assert prefix.request_key({"messages": [{"role": "user", "content": "hi"}]}).tokens == ()
+def test_a_completion_given_as_token_ids_carries_them_in_its_key_for_kv_aware_only() -> None:
+    assert prefix.request_key({"prompt": [1, 2, 3]}, tokens=True).tokens == (1, 2, 3)
+    assert prefix.request_key({"prompt": [[4, 5], [6]]}, tokens=True).tokens == (4, 5)
+    assert prefix.request_key({"prompt": "text"}, tokens=True).tokens == ()
+    assert prefix.request_key({"messages": [{"role": "user", "content": "hi"}]}, tokens=True).tokens == ()
+    assert prefix.request_key({"prompt": [1, 2, 3]}).tokens == ()  # prefix_cache's key: not copied out
+    assert policies.TOKENED == {"kv_aware"}

@@ -28,6 +28,8 @@ REGISTRY: dict[str, type[Policy]] = {cls.name: cls for cls in _POLICIES}
 DEFAULT = DEFAULT_ROUTING
 #: The names of the policies that read the request's affinity key: only for these is the prompt hashed.
 KEYED = frozenset(name for name, cls in REGISTRY.items() if cls.keyed)
+#: The names of the keyed policies that also read the prompt's token ids.
+TOKENED = frozenset(name for name, cls in REGISTRY.items() if cls.reads_tokens)
 
 
 def create(options: Options = Options()) -> dict[str, Policy]:
@@ -35,5 +37,5 @@ def create(options: Options = Options()) -> dict[str, Policy]:
     return {name: cls(options) for name, cls in REGISTRY.items()}
 
 
-__all__ = ["DEFAULT", "KEYED", "NO_LOAD", "REGISTRY", "Options", "Policy", "Ticket", "create",
+__all__ = ["DEFAULT", "KEYED", "TOKENED", "NO_LOAD", "REGISTRY", "Options", "Policy", "Ticket", "create",
            "KvAware", "LeastOutstanding", "PrefixCache", "RoundRobin", "SessionAffinity"]

@@ -63,6 +63,8 @@ class Policy:
     #: Whether ``pick`` reads the endpoints' load: a policy that does not is given ``NO_LOAD``, and the router
     #: builds no per-request map of every endpoint's load for it (issue 27: a feature pays only when used).
     uses_load: ClassVar[bool] = True
+    #: Whether ``pick`` reads the prompt's token ids (``RequestKey.tokens``): only then are they copied out.
+    reads_tokens: ClassVar[bool] = False
 
     def __init__(self, options: Options = Options()) -> None:
         self.options = options

@@ -28,6 +28,7 @@ from llmgw.router.policies.prefix_cache import PrefixCache
 class KvAware(PrefixCache):
     name = "kv_aware"
     keyed = True
+    reads_tokens = True
 
     def __init__(self, options: Options = Options()) -> None:
         super().__init__(options)
