@@ -10,6 +10,13 @@ and scores each replica by the leading blocks it holds:
   candidates (a cap on imbalance: a hot prefix must not pile every request onto one replica);
 * among those, the longest match wins; ties go to the least loaded, then round robin.
 
+Where token ids come from (the router has no tokenizer): from the request only, for now. The
+engine's ``/tokenize`` would cost a round trip to a replica before every pick (and a live replica to
+ask); a router-side tokenizer needs the model's tokenizer files on every router and vLLM's exact
+chat-template rendering to hash a chat the same way; the events' own ``token_ids`` do not help, since
+the request's ids are what must be matched. A router-side tokenizer, used when the model's files are
+at hand, is the next step for chats.
+
 It falls back to ``prefix_cache`` (the router's own guess) for a request without token ids, or
 when any candidate replica publishes nothing; ``routed``/``wait``/``done`` are ``prefix_cache``'s
 either way (the prefill charge and the wait for a prefix in its prefill apply to any replica).
