@@ -159,7 +159,7 @@ def check_args(engine_args: tuple[str, ...], env: tuple[tuple[str, str], ...]) -
 def launch_args(engine: str, adapters: tuple[Adapter, ...]) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
     """The flags and environment an engine serving ``adapters`` is started with (nothing without adapters)."""
     limits = lora_limits(adapters)
-    if limits is None or engine != "vllm":
+    if limits is None or engine not in ENGINES:  # the sim takes vLLM's flags and variable (``llmgw.sim.engine.lora``)
         return (), ()
     return vllm_args(limits), ((VLLM_RUNTIME_ENV, "True"),)
 

@@ -42,6 +42,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--leader-addr", default="", help="rank 0's address")
     parser.add_argument("--leader-port", type=int, default=0, help="rank 0's rendezvous port")
     # As vLLM's: serve TLS with this key and certificate (the agent's engine_tls gives the node's engine ones).
+    # vLLM's LoRA flags (``sim.engine.lora``): --enable-lora turns adapters on; the limits are taken, not enforced.
+    parser.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters loaded at runtime")
+    parser.add_argument("--max-lora-rank", type=int, default=16, help="accepted as vLLM's, not enforced")
+    parser.add_argument("--max-loras", type=int, default=1, help="accepted as vLLM's, not enforced")
+    parser.add_argument("--max-cpu-loras", type=int, default=0, help="accepted as vLLM's, not enforced")
     parser.add_argument("--ssl-keyfile", default="", help="serve HTTPS with this PEM key (with --ssl-certfile)")
     parser.add_argument("--ssl-certfile", default="", help="the PEM certificate for --ssl-keyfile")
     args = parser.parse_args(argv)
@@ -98,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     config = Config(model=args.model, api_key=args.api_key, prefill_tps=args.prefill_tps,
                     decode_tps=args.decode_tps, parallel=args.parallel, startup_delay=args.startup_delay,
                     max_tokens_default=args.max_tokens_default, echo=args.echo, nnodes=args.nnodes,
-                    rank=args.rank, leader_addr=args.leader_addr, leader_port=args.leader_port)
+                    rank=args.rank, leader_addr=args.leader_addr, leader_port=args.leader_port,
+                    enable_lora=args.enable_lora)
     try:
         tls = server_context(args.ssl_keyfile, args.ssl_certfile)
     except (OSError, ssl.SSLError) as e:
