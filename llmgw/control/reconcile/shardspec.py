@@ -40,6 +40,17 @@ def remote_fields(source: str, spec: ModelSpec, hub: Hub) -> dict[str, str]:
     return {}
 
 
+def adapter_fields(spec: ModelSpec, hub: Hub) -> dict[str, str]:
+    """The hub's endpoint and token, or the mirror's URL, when an adapter is fetched from one (as for weights)."""
+    out: dict[str, str] = {}
+    for a in spec.adapters:
+        if a.source.startswith("hf://"):
+            out |= {"hub_endpoint": hub.endpoint, "hub_token": hub.token}
+        elif a.source.startswith("mirror://"):
+            out["mirror_url"] = hub.mirror_url
+    return out
+
+
 def shard_spec(r: ReplicaRecord, spec: ModelSpec, *, hub: Hub = Hub()) -> ShardSpec:
     assert r.shard_id is not None
     tp, pp = specs.parallelism(spec.resources)
@@ -53,7 +64,7 @@ def shard_spec(r: ReplicaRecord, spec: ModelSpec, *, hub: Hub = Hub()) -> ShardS
         startup_timeout_s=int(spec.startup_timeout_s), env=tuple(sorted(spec.env + lora_env)), gpus=r.gpus,
         tensor_parallel=tp, pipeline_parallel=pp, dtype=spec.dtype, context_length=spec.context_length,
         gpu_memory_bytes=r.memory_bytes if spec.resources.gpus.count else 0, engine_version=spec.engine_version,
-        **remote_fields(spec.source, spec, hub),
+        adapters=spec.adapters, **(adapter_fields(spec, hub) | remote_fields(spec.source, spec, hub)),
     )
 
 
