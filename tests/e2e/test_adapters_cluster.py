@@ -58,3 +58,7 @@ def test_adapters_load_change_and_unload_without_a_restart(system: System, tmp_p
     assert chat.failures == [] and base.failures == [], (chat.failures[:3], base.failures[:3])
     assert system.engine_pids() == {pid}
     assert system.model_status("base")["state"] == "Ready"
+    # `llmgw describe model` and the replicas list say which replica holds which adapter.
+    described = system.get("/api/v1/models/base/describe")["replicas"]
+    assert [r["adapters"] for r in described] == [["chat", "code"]]
+    assert [r["adapters"] for r in system.replicas("base")] == [["chat", "code"]]
