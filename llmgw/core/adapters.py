@@ -166,3 +166,24 @@ def launch_args(engine: str, adapters: tuple[Adapter, ...]) -> tuple[tuple[str, 
 
 def names(adapters: Iterable[Adapter]) -> tuple[str, ...]:
     return tuple(a.name for a in adapters)
+
+
+def check_unique(name: str, served: str, aliases: tuple[str, ...], listed: tuple[Adapter, ...],
+                 others: Iterable[tuple[str, str, tuple[str, ...], tuple[Adapter, ...]]]) -> None:
+    """SpecError when an adapter's name is another model's name, or a name of this model another's adapter.
+
+    ``others``: every other model's (name, served name, aliases, adapters). A router finds a model's own
+    names before any adapter's, so a clash would silently send an adapter's requests to another model.
+    """
+    own = {name, served, *aliases}
+    for other, o_served, o_aliases, o_adapters in others:
+        if other == name:
+            continue
+        taken = {other, o_served, *o_aliases, *(a.name for a in o_adapters)}
+        for i, a in enumerate(listed):
+            if a.name in taken:
+                raise SpecError(f"spec.adapters[{i}].name", f"{a.name!r} is already a name of model {other}; give "
+                                                             "the adapter a name no other model uses")
+        for clash in own & {a.name for a in o_adapters}:
+            raise SpecError("spec", f"{clash!r} is the name of an adapter of model {other}; choose another name, "
+                                    "or remove that adapter first")

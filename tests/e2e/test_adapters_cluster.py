@@ -62,3 +62,6 @@ def test_adapters_load_change_and_unload_without_a_restart(system: System, tmp_p
     described = system.get("/api/v1/models/base/describe")["replicas"]
     assert [r["adapters"] for r in described] == [["chat", "code"]]
     assert [r["adapters"] for r in system.replicas("base")] == [["chat", "code"]]
+    # An adapter's name is a model name: another model may not take it, nor give an adapter a model's name.
+    taken = system.request("POST", "/api/v1/models", json=sim_model("chat"))
+    assert taken.status_code == 422 and "adapter of model base" in taken.text

@@ -102,3 +102,17 @@ def test_shard_spec_starts_vllm_with_lora_and_runtime_updating() -> None:
     assert parsed["seed"] == 1
     plain = shard_spec(record, specs.parse_manifest(doc()).spec)
     assert plain.args == () and plain.env == ()
+
+
+def test_adapter_names_are_unique_across_the_cluster() -> None:
+    listed = (adapters.Adapter("sql", "/srv/sql"),)
+    others = [("other", "other-8b", ("o",), (adapters.Adapter("chat", "/srv/chat"),))]
+    adapters.check_unique("base", "base", (), listed, others)  # no clash
+    adapters.check_unique("base", "base", (), (adapters.Adapter("chat", "/x"),), [("base", "base", (), ())])  # itself
+    for taken in ("other", "other-8b", "o", "chat"):
+        with pytest.raises(SpecError) as e:
+            adapters.check_unique("base", "base", (), (adapters.Adapter(taken, "/x"),), others)
+        assert e.value.field == "spec.adapters[0].name" and "model other" in e.value.reason
+    with pytest.raises(SpecError) as e:
+        adapters.check_unique("chat", "chat", (), (), others)
+    assert "adapter of model other" in e.value.reason
