@@ -8,15 +8,23 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from llmgw.testing.load import Load
 from llmgw.testing.procs import wait_for
 from llmgw.testing.system import System, sim_model
 
 
+@pytest.fixture
+def system_args(tmp_path: Path) -> dict[str, Any]:
+    """Adapters are local directories under the test's folder: the agent's source roots must hold them."""
+    return {"agent_env": {"LLMGW_AGENT_SOURCE_ROOTS": str(tmp_path)}}
+
+
 def model(tmp_path: Path, *names: str) -> dict[str, Any]:
     for name in names:
         (tmp_path / name).mkdir(exist_ok=True)
+        (tmp_path / name / "adapter_config.json").write_text("{}")
     return sim_model("base", args=["--decode-tps", "2000"],
                      adapters=[{"name": n, "source": str(tmp_path / n)} for n in names])
 

@@ -64,6 +64,7 @@ def test_adapters_load_once_ready_and_change_without_a_restart(harness: Supervis
     made = {}
     for name in ("sql", "chat", "code"):
         (tmp_path / name).mkdir()
+        (tmp_path / name / "adapter_config.json").write_text("{}")
         made[name] = adapters.Adapter(name, f"file://{tmp_path / name}")
     first = spec((made["sql"], made["chat"]))
     started = harness.run(harness.sup.start(first))
@@ -83,12 +84,16 @@ def test_adapters_load_once_ready_and_change_without_a_restart(harness: Supervis
 
 def test_an_adapter_that_cannot_load_is_said_and_the_others_load(harness: SupervisorHarness, tmp_path: Path) -> None:
     (tmp_path / "ok").mkdir()
-    listed_ = (adapters.Adapter("ok", f"file://{tmp_path / 'ok'}"), adapters.Adapter("gone", "file:///nonexistent/x"))
+    (tmp_path / "ok" / "adapter_config.json").write_text("{}")
+    (tmp_path / "bare").mkdir()  # no adapter_config.json: not an adapter
+    listed_ = (adapters.Adapter("ok", f"file://{tmp_path / 'ok'}"), adapters.Adapter("gone", "file:///nonexistent/x"),
+               adapters.Adapter("bare", f"file://{tmp_path / 'bare'}"))
     harness.run(harness.sup.start(spec(listed_)))
     st = wait_adapters(harness, ("ok",))
     deadline = time.monotonic() + 15
-    while "gone" not in st.adapters_message and time.monotonic() < deadline:
+    while "bare" not in st.adapters_message and time.monotonic() < deadline:
         time.sleep(0.05)
         harness.run(asyncio.sleep(0.05))
         st = harness.sup.status("lora-1") or st
-    assert "loading gone" in st.adapters_message and "404" in st.adapters_message
+    assert "fetching gone from file:///nonexistent/x" in st.adapters_message
+    assert "no adapter_config.json" in st.adapters_message and "fetching bare" in st.adapters_message

@@ -9,7 +9,8 @@ exactly the listed adapters:
   the served name), not remembered: an agent that adopted a running engine, or an engine that kept an
   adapter after a failed unload, is seen as it is.
 - An adapter to add is fetched first (remote sources through the agent's fetcher: single flight per
-  source, verified, into the weights cache, as weights are; a local one is used where it is), then
+  source, verified, into the weights cache, as weights are; a local one is checked against the agent's
+  source roots, as weights are, and used where it is), then
   loaded with vLLM's ``POST /v1/load_lora_adapter {"lora_name", "lora_path"}`` (served when the engine
   runs with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``, which the control plane sets; the sim mimics it).
 - One no longer listed is unloaded with ``POST /v1/unload_lora_adapter {"lora_name"}``.
@@ -30,7 +31,7 @@ from llmgw.agent.fetch import records as fetch_records
 from llmgw.agent.supervisor import records
 from llmgw.core import sources
 from llmgw.core.adapters import Adapter
-from llmgw.core.errors import FetchError, SpecError
+from llmgw.core.errors import EngineError, FetchError, SpecError
 from llmgw.core.shards import ShardSpec, ShardState
 
 log = logging.getLogger(__name__)
@@ -62,8 +63,10 @@ class Keeper:
 
     def __init__(self, rec: records.Shard, recs: records.Records, *, http: Callable[[], aiohttp.ClientSession],
                  fetch: Callable[[fetch_records.Request], Awaitable[str]] | None, token: str,
-                 interval_s: float) -> None:
+                 interval_s: float, resolve: Callable[[str], str | None]) -> None:
         self._rec, self._recs, self._http, self._fetch = rec, recs, http, fetch
+        #: A local source's path, checked against the agent's source roots as weights are (``agent.weights``).
+        self._resolve = resolve
         self.token = token
         self._interval_s = interval_s
         self.wanted = asyncio.Event()
@@ -105,7 +108,7 @@ class Keeper:
         for adapter in [a for a in spec.adapters if a.name not in held]:
             try:
                 path = await self._path(spec, adapter)
-            except (FetchError, SpecError) as exc:
+            except (FetchError, SpecError, EngineError) as exc:
                 problems.append(f"fetching {adapter.name} from {adapter.source}: {exc}")
                 continue
             why = await self._post(spec, "/v1/load_lora_adapter", {"lora_name": adapter.name, "lora_path": path})
@@ -126,7 +129,10 @@ class Keeper:
     async def _path(self, spec: ShardSpec, adapter: Adapter) -> str:
         req = request_of(spec, adapter, self.token)
         if req is None:
-            return sources.parse(adapter.source).path
+            path = await asyncio.to_thread(self._resolve, adapter.source)
+            if not path:
+                raise SpecError("spec.adapters", f"{adapter.source} names no files on this node")
+            return path
         if self._fetch is None:
             raise FetchError(f"{adapter.source} is remote and this agent has no weights cache to fetch it into")
         return await self._fetch(req)

@@ -87,6 +87,7 @@ class Supervisor(adopting.Adopting):
     def __init__(self, *, run_dir: Path, host: str, on_status: Callable[[ShardStatus], None],
                  cpu_count: int | None = None, grace_s: float = 10.0, health_interval_s: float = 0.5,
                  adapters: Registry = engines, resolve: Callable[[str], str | None] = weights.resolve_source,
+                 resolve_adapter: Callable[[str], str | None] = weights.resolve_adapter,
                  clock: Callable[[], float] = time.monotonic, max_terminal: int = 100,
                  adopt_timeout_s: float = 60.0, live: liveness.Liveness | None = None,
                  node: Callable[[], enginecheck.NodeFacts | None] = lambda: None,
@@ -101,6 +102,7 @@ class Supervisor(adopting.Adopting):
         self._cpu_count = cpu_count or host_facts.cpu_count()
         self._grace_s, self._interval_s = grace_s, health_interval_s
         self._adapters, self._resolve, self._clock = adapters, resolve, clock
+        self._resolve_adapter = resolve_adapter  # a LoRA adapter's directory, within the same source roots
         self._timing = watching.Timing(interval_s=health_interval_s, adopt_timeout_s=adopt_timeout_s,
                                        live=live or liveness.Liveness(), clock=clock,
                                        worker_settle_s=worker_settle_s)
@@ -177,7 +179,8 @@ class Supervisor(adopting.Adopting):
             return path
 
         rec.loras = loras.Keeper(rec, self._recs, http=self._http, fetch=fetch if fetcher else None,
-                                     token=spec.hub_token, interval_s=self._interval_s)
+                                     token=spec.hub_token, interval_s=self._interval_s,
+                                     resolve=self._resolve_adapter)
         rec.lora_task = asyncio.create_task(rec.loras.keep(), name=f"adapters {spec.shard_id}")
 
     async def _fetch(self, rec: records.Shard, spec: ShardSpec) -> str | None:
