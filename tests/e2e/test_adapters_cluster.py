@@ -4,6 +4,7 @@ the same engine process (same pid), removing one unloads it, and requests to the
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import pytest
 
 from llmgw.testing.load import Load
 from llmgw.testing.procs import wait_for
-from llmgw.testing.system import System, sim_model
+from llmgw.testing.system import LLMGW, System, sim_model
 
 
 @pytest.fixture
@@ -70,6 +71,9 @@ def test_adapters_load_change_and_unload_without_a_restart(system: System, tmp_p
     described = system.get("/api/v1/models/base/describe")["replicas"]
     assert [r["adapters"] for r in described] == [["chat", "code"]]
     assert [r["adapters"] for r in system.replicas("base")] == [["chat", "code"]]
+    out = subprocess.run([*LLMGW, "describe", "model", "base", "--url", system.url], env=system.cli_env(),
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    assert "holds adapters: chat, code" in out, out
     # An adapter's name is a model name: another model may not take it, nor give an adapter a model's name.
     taken = system.request("POST", "/api/v1/models", json=sim_model("chat"))
     assert taken.status_code == 422 and "adapter of model base" in taken.text
