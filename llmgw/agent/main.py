@@ -258,7 +258,7 @@ async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Ev
                             adopt_timeout_s=cfg.adopt_ready_timeout_s, live=cfg.probes,
                             node=found.node_facts, fetcher=fetcher, on_weights_changed=found.weights.expire,
                             users=users,
-                            resolve=weights.resolver(roots))
+                            resolve=weights.resolver(roots), resolve_adapter=weights.adapter_resolver(roots))
     ca_bundle = fetch_trust.bundle(cfg.state_dir, cluster_ca)  # what pip verifies an https:// index with
     installer = provision.Installer(
         cfg.engines_dir or cfg.state_dir / "engines", profile=lambda: ospkg.profile(nvidia_smi=cfg.nvidia_smi),

@@ -82,7 +82,25 @@ def resolver(roots: sourcepaths.Roots) -> Callable[[str], str | None]:
     return functools.partial(resolve_source, roots=roots)
 
 
-def _resolve_file(source: str, roots: sourcepaths.Roots | None) -> str:
+def resolve_adapter(source: str, *, roots: sourcepaths.Roots | None = None) -> str:
+    """The local directory of a LoRA adapter ``source`` (``file://``): inside the roots, with its
+    ``adapter_config.json`` (what vLLM loads); EngineError saying what is wrong otherwise."""
+    if not source.startswith("file:"):
+        raise errors.EngineError(f"adapter source {source!r} is not a local directory; write file:///absolute/path "
+                                 "or a remote source (hf://, https://, mirror://), which the agent fetches")
+    path = _local_path(source, roots)
+    if not os.path.isfile(os.path.join(path, "adapter_config.json")):
+        raise errors.EngineError(f"adapter directory {path} has no adapter_config.json (source {source!r}); a LoRA "
+                                 "adapter is a directory as PEFT saves it: adapter_config.json and its weights")
+    return path
+
+
+def adapter_resolver(roots: sourcepaths.Roots) -> Callable[[str], str | None]:
+    """``resolve_adapter`` checking against ``roots``: what the agent's supervisor is given for adapters."""
+    return functools.partial(resolve_adapter, roots=roots)
+
+
+def _local_path(source: str, roots: sourcepaths.Roots | None) -> str:
     parsed = urllib.parse.urlsplit(source)
     if parsed.netloc not in ("", "localhost"):
         raise errors.EngineError(f"source {source!r} names host {parsed.netloc!r}; a file:// source must "
@@ -93,6 +111,11 @@ def _resolve_file(source: str, roots: sourcepaths.Roots | None) -> str:
     if roots is not None:
         # First, before any stat or open: whether the file exists outside the roots is not told either.
         roots.check(path, source=source)
+    return path
+
+
+def _resolve_file(source: str, roots: sourcepaths.Roots | None) -> str:
+    path = _local_path(source, roots)
     if os.path.isdir(path):
         return _model_dir(path, source)
     if not os.path.isfile(path):

@@ -37,11 +37,15 @@ class EndpointDoc:
     url: str  # scheme://host:port, no trailing slash once read
     api_key: str = ""
     node: str = ""  # the node it runs on (issue 26: usage is metered per node); "": unknown
+    #: The LoRA adapters its engine holds now, by name (its agent's ``ShardStatus.adapters``).
+    adapters: tuple[str, ...] = ()
 
     def to_doc(self) -> dict[str, Any]:
-        doc = {"replica_id": self.replica_id, "url": self.url, "api_key": self.api_key}
+        doc: dict[str, Any] = {"replica_id": self.replica_id, "url": self.url, "api_key": self.api_key}
         if self.node:
             doc["node"] = self.node
+        if self.adapters:
+            doc["adapters"] = list(self.adapters)
         return doc
 
 
@@ -94,6 +98,8 @@ class ModelEntry:
     prices: quota.Prices | None = None
     #: Whether it answers ``/v1/embeddings`` (``core.engines.embeds``); None: its spec does not say.
     embeddings: bool | None = None
+    #: ``spec.adapters``' names: each a model name of its own, served by this model's endpoints that hold it.
+    adapters: tuple[str, ...] = ()
 
     def to_doc(self) -> dict[str, Any]:
         limits: dict[str, int] = {"concurrency_per_replica": self.concurrency_per_replica}
@@ -116,6 +122,8 @@ class ModelEntry:
             doc["pricing"] = self.prices.to_doc()
         if self.embeddings is not None:
             doc["embeddings"] = self.embeddings
+        if self.adapters:
+            doc["adapters"] = list(self.adapters)
         return doc
 
 
@@ -160,7 +168,18 @@ def read_model(where: str, raw: Any) -> ModelEntry:
         state=_str(where, raw, "state", default=""), message=_str(where, raw, "message", default=""),
         endpoints=endpoints, unhealthy=unhealthy, autoscale=_autoscale(where, raw),
         created=created if is_int(created) else 0, projects=_projects_allowed(where, raw),
-        prices=_prices(where, raw), embeddings=embeddings if isinstance(embeddings, bool) else None)
+        prices=_prices(where, raw), embeddings=embeddings if isinstance(embeddings, bool) else None,
+        adapters=_names(f"{where}.adapters", raw.get("adapters")))
+
+
+def _names(where: str, value: Any) -> tuple[str, ...]:
+    """A list of adapter names, tolerantly: a malformed one is warned about and read as none."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(n, str) and n for n in value):
+        log.warning("%s: expected a list of names, got %r; read as none", where, value)
+        return ()
+    return tuple(value)
 
 
 def _projects_allowed(where: str, raw: Mapping[str, Any]) -> tuple[str, ...]:
@@ -201,7 +220,8 @@ def _endpoints(where: str, raw: Mapping[str, Any]) -> tuple[EndpointDoc, ...]:
         node = ep.get("node")
         out.append(EndpointDoc(replica_id=_str(ep_where, ep, "replica_id"), url=url,
                                api_key=_str(ep_where, ep, "api_key", default=""),
-                               node=node if isinstance(node, str) else ""))
+                               node=node if isinstance(node, str) else "",
+                               adapters=_names(f"{ep_where}.adapters", ep.get("adapters"))))
     return tuple(out)
 
 

@@ -129,6 +129,12 @@ def print_model(doc: dict[str, Any], now: float) -> None:
     for r in doc["replicas"]:
         if r.get("fetch"):
             console.print(f"  {r['id']} fetching its weights: {tables.fetch_bar(r['fetch'])}", markup=False)
+    adapters = [a.get("name", "") for a in doc.get("spec", {}).get("adapters", [])]
+    for r in doc["replicas"] if adapters else ():
+        held = r.get("adapters", [])
+        missing = [a for a in adapters if a not in held]
+        console.print(f"  {r['id']} holds adapters: {', '.join(held) or 'none'}"
+                      + (f" (not yet: {', '.join(missing)})" if missing else ""), markup=False)
     for r in doc["replicas"]:
         # A crash loop's or a hung engine's whole sentence, with the engine's last output.
         loop = [c for c in r["conditions"] if c["type"] == "Degraded" and c["reason"] in ("CrashLoop", "Unhealthy")]

@@ -79,7 +79,7 @@ class Cluster:
         self.planner = Planner(self.ctx, autoscaling=self.autoscaling, recorder=self.recorder, executor=self.executor,
                                ejections=self.ejections, remote_meta=remote_meta,
                                provisioning_inputs=self._engine_inputs)
-        self.table = TablePublisher(self.ctx, engine_ca=engine_ca)
+        self.table = TablePublisher(self.ctx, engine_ca=engine_ca, held=self._adapters_held)
         #: Operators' engine wants and the cluster's engine settings (``control.engines`` rebinds them on a change).
         self.engine_wants: tuple[provisioning.ScopedWant, ...] = ()
         self.engine_settings = provisioning.EngineSettings.from_map({})
@@ -137,6 +137,11 @@ class Cluster:
         self.node_manager.views = {}
         self.upgrades.clear()
         self.kick()
+
+    def _adapters_held(self) -> dict[str, tuple[str, ...]]:
+        """The LoRA adapters each replica's engine holds, by replica id, as agents last reported."""
+        return {st.replica_id: st.adapters for view in self.node_manager.views.values()
+                for st in view.shards.values() if st.adapters}
 
     # -- what agents report ----------------------------------------------------------------------
     def node_registered(self, node: StoredNode, shards: list[ShardStatus], link: AgentLink) -> None:

@@ -38,6 +38,13 @@ def fetch_of(r: ReplicaRecord, nodes: Mapping[str, NodeView]) -> dict[str, Any] 
     return dataclasses.asdict(st.fetch)
 
 
+def adapters_of(r: ReplicaRecord, nodes: Mapping[str, NodeView]) -> list[str]:
+    """The LoRA adapters ``r``'s engine holds, as its node last reported (a group: its leader's)."""
+    view = nodes.get(r.node_id or "")
+    st = view.shards.get(r.shard_id or "") if view is not None else None
+    return list(st.adapters) if st is not None else []
+
+
 def describe_replica(r: ReplicaRecord, *, now: float) -> str:
     if r.phase is Phase.STARTING:
         return f"replica {r.id} Starting on node {r.node_id} for {now - r.started_at:.0f}s"

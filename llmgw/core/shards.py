@@ -13,6 +13,7 @@ import enum
 import re
 
 from llmgw.core import envpolicy, errors
+from llmgw.core.adapters import Adapter
 
 
 class ShardState(enum.Enum):
@@ -100,6 +101,9 @@ class ShardSpec:
     mirror_url: str = ""
     #: The model's ``engine_version`` ("" any): which of a node's installs of the engine runs it.
     engine_version: str = ""
+    #: LoRA adapters the agent loads into the engine once ready (``core.adapters``); changing them alone
+    #: (a StartShard for the live shard) loads and unloads at runtime, never restarts it.
+    adapters: tuple[Adapter, ...] = ()
 
 
 #: Variables llmgw sets itself in every engine's environment: a spec's env may not set them
@@ -152,6 +156,9 @@ class ShardStatus:
     probe_failures: int = 0
     #: How far its weights fetch is (FETCHING only).
     fetch: FetchProgress | None = None
+    #: The LoRA adapters loaded into its engine now, by name; and why the last load or unload failed.
+    adapters: tuple[str, ...] = ()
+    adapters_message: str = ""
 
 
 #: The longest shard id accepted. The control plane names a shard

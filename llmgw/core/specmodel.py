@@ -7,6 +7,7 @@ import hashlib
 import json
 from typing import Any
 
+from llmgw.core import adapters as adapters_mod
 from llmgw.core import autoscale as autoscale_mod
 from llmgw.core import quota
 from llmgw.core.specplace import Gpus, Resources, resources_doc
@@ -60,14 +61,20 @@ class ModelSpec:
     projects: tuple[str, ...] = ()
     #: ``pricing``: per 1M tokens, turning usage into spend; None: not priced. Router-side only.
     prices: quota.Prices | None = None
+    #: ``spec.adapters``: LoRA adapters loaded into the running engines (``core.adapters``). Not in the
+    #: fingerprint: adding or removing one loads or unloads it at runtime; only the limits they need are.
+    adapters: tuple[adapters_mod.Adapter, ...] = ()
 
     def fingerprint(self) -> str:
         """A short hash of everything that changes the engine process (not replicas, aliases, routing or rollout)."""
         doc = dataclasses.asdict(self)
         # autoscale only moves the count: changing a target or a window must never restart an engine.
         for key in ("replicas", "aliases", "routing", "rollout", "max_concurrency_per_replica", "autoscale",
-                    "projects", "prices"):
+                    "projects", "prices", "adapters"):
             doc.pop(key)
+        limits = adapters_mod.lora_limits(self.adapters)
+        if limits is not None:  # what the engine is started with: a bigger rank than it allows rolls it
+            doc["lora"] = dataclasses.asdict(limits)
         # placement and priority only order future decisions: rolling every
         # replica because a tie-break changed would restart engines for nothing.
         # node_selector and pool stay in: changing them is how an operator moves
@@ -132,6 +139,8 @@ class Model:
             # replicas is the autoscaler's to set: written back, it would be refused as a manual count.
             del spec["replicas"]
             spec["autoscale"] = autoscale_doc(s.autoscale)
+        if s.adapters:
+            spec["adapters"] = [a.to_doc() for a in s.adapters]
         if s.projects:
             spec["access"] = {"projects": list(s.projects)}
         if s.prices is not None:

@@ -76,6 +76,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from llmgw.core import adapters as adapters_mod
 from llmgw.core import engines as engines_mod
 from llmgw.core import units
 from llmgw.core.errors import SpecError
@@ -127,7 +128,7 @@ _META_FIELDS = ("name", "labels")
 _SPEC_FIELDS = ("engine", "served_name", "source", "replicas", "resources", "startup_timeout",
                 "engine_args", "env", "aliases", "routing", "rollout",
                 "max_concurrency_per_replica", "dtype", "context_length", "source_file", "source_sha256",
-                "autoscale", "access", "pricing")
+                "autoscale", "access", "pricing", "adapters")
 _PLACEMENT_FIELDS = ("engine_version", "node_selector", "pool", "placement", "priority")
 
 
@@ -173,7 +174,11 @@ def parse_manifest(doc: Any, *, stored: bool = False) -> Model:
         prices=parse_pricing(spec_doc.get("pricing")),
     )
     spec = dataclasses.replace(spec, source_file=parse_source_file(spec_doc.get("source_file"), spec.source),
-                               source_sha256=parse_source_sha256(spec_doc.get("source_sha256"), spec.source))
+                               source_sha256=parse_source_sha256(spec_doc.get("source_sha256"), spec.source),
+                               adapters=adapters_mod.parse_adapters(spec_doc.get("adapters"), engine, served,
+                                                                    spec.aliases, stored=stored))
+    if spec.adapters:
+        adapters_mod.check_args(spec.engine_args, spec.env)
     if spec_doc.get("autoscale") is not None:
         if spec_doc.get("replicas") is not None:
             raise SpecError("spec.replicas", "autoscale sets the replica count (between min_replicas and "

@@ -192,7 +192,8 @@ class RouterApp:
             # Each id once, owned by the model a lookup of it finds: a name two models claim
             # would otherwise be listed twice, once for a model that never gets its traffic.
             # A model at zero is listed, and routable: its first request is held while a replica starts.
-            data = [{"id": name, "object": "model", "created": model.created, "owned_by": "llmgw"} | _ours(model)
+            data = [{"id": name, "object": "model", "created": model.created, "owned_by": "llmgw"} | _parent(model)
+                    | _ours(model)
                     for model in table.auth.visible(key, table.models) for name in model.public_names()
                     if table.lookup(name) is model]
             cache[scope] = json.dumps({"object": "list", "data": data}).encode()
@@ -212,6 +213,11 @@ class RouterApp:
                 await self.shutdown()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+def _parent(model: ModelRoute) -> dict[str, Any]:
+    """A LoRA adapter's base, as vLLM lists one (``parent``; ``root`` is vLLM's path to the adapter, not ours)."""
+    return {"parent": model.parent} if model.parent else {}
 
 
 def _ours(model: ModelRoute) -> dict[str, Any]:

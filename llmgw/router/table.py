@@ -75,6 +75,8 @@ class ModelRoute:
     prices: quota.Prices | None = None
     #: Whether it answers ``/v1/embeddings``; None: its spec does not say (the request goes to the engine).
     embeddings: bool | None = None
+    #: For a LoRA adapter's route (``adapter_routes``): the served name of the model it runs on; "": a model.
+    parent: str = ""
 
     def open_to(self, project: str) -> bool:
         """Whether a key of ``project`` may see and use the model (a request without a key may: no keys exist)."""
@@ -126,6 +128,7 @@ class RouteTable:
         except routing.BadTable as e:
             raise TableError(str(e)) from None
         models = tuple(_route(f"models[{i}]", m) for i, m in enumerate(endpoints.models))
+        models += tuple(a for i, m in enumerate(endpoints.models) for a in adapter_routes(models[i], m))
         limits = {m.name: m.concurrency for m in endpoints.models if m.concurrency}
         return cls(version=endpoints.version, models=models, auth=Authenticator.from_doc(endpoints.auth),
                    limits=model_limits(limits, models), engine_ca=endpoints.engine_ca)
@@ -185,6 +188,23 @@ def model_limits(limits: Mapping[str, int], models: tuple[ModelRoute, ...]) -> d
             cap = model.replica_limit * len(model.endpoints)
             out[model.name] = min(out.get(model.name, cap), cap)
     return out
+
+
+def adapter_routes(base: ModelRoute, entry: routing.ModelEntry) -> tuple[ModelRoute, ...]:
+    """One route per LoRA adapter of ``base``: its own model name, on the base's endpoints that hold it.
+
+    The request's ``model`` stays the adapter's name (vLLM serves an adapter under its ``lora_name``), and
+    everything counted per model (metering, admission, the router's metrics) counts it under that name. The
+    endpoints whose engine holds it are used; while none does (its agents are still loading it, or the
+    table came from a standby, which hears no agent), every endpoint of the base is, as a cold model's would.
+    Listed after every model, so a model's own name always wins over an adapter's (``lookup``).
+    """
+    out = []
+    for name in entry.adapters:
+        holders = tuple(e for e in base.endpoints if name in e.adapters)
+        out.append(dataclasses.replace(base, name=name, served_name=name, aliases=(), parent=base.served_name,
+                                       endpoints=holders or base.endpoints))
+    return tuple(out)
 
 
 def _route(where: str, entry: routing.ModelEntry) -> ModelRoute:

@@ -9,6 +9,8 @@ whatever the test did, and resumes any it froze first.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -23,6 +25,7 @@ import psutil
 import pytest
 
 from llmgw.agent.supervisor import launching, statefiles, watching
+from llmgw.core import adapters
 from llmgw.core.shards import ShardSpec, ShardState, ShardStatus
 from llmgw.testing import procs
 from llmgw.testing.supervised import LeavingHarness, harnesses
@@ -188,3 +191,32 @@ def test_an_adopted_engine_that_does_not_answer_is_stopped_and_failed(agents: Ca
             os.kill(ready.pid, signal.SIGCONT)
         except ProcessLookupError:
             pass
+
+
+async def holding(sup: object, shard_id: str, want: tuple[str, ...], *, timeout: float = 15) -> ShardStatus:
+    """The shard's status once its engine reports holding ``want``, on the supervisor's own loop."""
+    deadline = time.monotonic() + timeout
+    while (st := sup.status(shard_id)) is None or st.adapters != want:  # type: ignore[attr-defined]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{shard_id} holds {st and st.adapters}, not {want}: {st}")
+        await asyncio.sleep(0.05)
+    return st
+
+
+def test_an_adopted_engine_reports_the_adapters_it_holds_without_loading_them_again(
+        agents: Callable[..., Agent], tmp_path: Path) -> None:
+    """The state file keeps the adapter list; the new agent reads what the engine holds from the engine itself."""
+    (tmp_path / "sql").mkdir()
+    (tmp_path / "sql" / "adapter_config.json").write_text("{}")
+    listed = (adapters.Adapter("sql", f"file://{tmp_path / 'sql'}"),)
+    args, env = adapters.launch_args("sim", listed)
+    with_lora = dataclasses.replace(spec("l", *args), env=env, adapters=listed)
+    a = agents()
+    a.run(a.sup.start(with_lora))
+    a.run(holding(a.sup, "l", ("sql",)))
+    a.die()
+    b = agents()
+    [adopted] = b.run(b.sup.recover())
+    assert adopted.spec is not None and adopted.spec.adapters == listed
+    st = b.run(holding(b.sup, "l", ("sql",)))
+    assert st.adapters_message == ""  # read from the engine, not loaded again ("already been loaded")

@@ -58,6 +58,7 @@ class Adopting:
     # ``Supervisor``'s own methods.
     _http: Callable[[], aiohttp.ClientSession]
     _watch: Callable[[records.Shard], Coroutine[Any, Any, None]]
+    _keep_adapters: Callable[[records.Shard, ShardSpec], None]
     _stop: Callable[..., Coroutine[Any, Any, ShardStatus]]
 
     def _save(self, rec: records.Shard, spec: ShardSpec, plan: launching.Plan, pid: int) -> None:
@@ -142,6 +143,8 @@ class Adopting:
             self._give_up(rec, f"cannot judge the adopted engine: {unknown}; it was stopped")
             return rec.status
         rec.monitor = asyncio.create_task(self._watch(rec), name=f"watch adopted {spec.shard_id}")
+        # Its adapters as the engine holds them, read from the engine once it is judged ready (``loras``).
+        self._keep_adapters(rec, spec)
         return rec.status
 
     def _may_be_engine(self, uid: int) -> bool:

@@ -43,12 +43,15 @@ class Shard:
     state_path: Path | None = None
     #: Whether it was ever READY (a drained engine that exits failed "after it was ready").
     was_ready: bool = False
+    #: Its LoRA adapters' keeper (``loras.Keeper``) and the task running it; None: its spec lists none.
+    loras: Any = None
+    lora_task: asyncio.Task[None] | None = None
 
     def has_process(self) -> bool:
         return self.engine is not None
 
     def tasks(self) -> Iterator[asyncio.Task[Any]]:
-        for task in (self.starting, self.stopping, self.monitor, self.draining):
+        for task in (self.starting, self.stopping, self.monitor, self.draining, self.lora_task):
             if task is not None and not task.done():
                 yield task
 

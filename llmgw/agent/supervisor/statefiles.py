@@ -30,6 +30,7 @@ from typing import Any
 
 from llmgw.agent import privfile
 from llmgw.core import shards
+from llmgw.core.adapters import Adapter
 from llmgw.core.errors import ShardIdError
 from llmgw.core.shards import ShardSpec
 
@@ -135,6 +136,8 @@ def read(path: Path) -> Saved:
         # Absent in a file an older agent wrote: that engine was given no GPUs.
         known["gpus"] = tuple(int(g) for g in known.get("gpus", ()))
         known["hcas"] = tuple(str(h) for h in known.get("hcas", ()))
+        known["adapters"] = tuple(Adapter(name=str(a["name"]), source=str(a["source"]), rank=int(a.get("rank", 0)))
+                                  for a in known.get("adapters", ()))
         spec = ShardSpec(**known)
         saved = Saved(spec=spec, pid=int(raw["pid"]), create_time=float(raw["create_time"]),
                       port=int(raw["port"]), endpoint=str(raw["endpoint"]), host=str(raw["host"]),

@@ -59,6 +59,7 @@ from llmgw.agent.supervisor import (
     identity,
     launching,
     liveness,
+    loras,
     process,
     records,
     watching,
@@ -86,6 +87,7 @@ class Supervisor(adopting.Adopting):
     def __init__(self, *, run_dir: Path, host: str, on_status: Callable[[ShardStatus], None],
                  cpu_count: int | None = None, grace_s: float = 10.0, health_interval_s: float = 0.5,
                  adapters: Registry = engines, resolve: Callable[[str], str | None] = weights.resolve_source,
+                 resolve_adapter: Callable[[str], str | None] = weights.resolve_adapter,
                  clock: Callable[[], float] = time.monotonic, max_terminal: int = 100,
                  adopt_timeout_s: float = 60.0, live: liveness.Liveness | None = None,
                  node: Callable[[], enginecheck.NodeFacts | None] = lambda: None,
@@ -100,6 +102,7 @@ class Supervisor(adopting.Adopting):
         self._cpu_count = cpu_count or host_facts.cpu_count()
         self._grace_s, self._interval_s = grace_s, health_interval_s
         self._adapters, self._resolve, self._clock = adapters, resolve, clock
+        self._resolve_adapter = resolve_adapter  # a LoRA adapter's directory, within the same source roots
         self._timing = watching.Timing(interval_s=health_interval_s, adopt_timeout_s=adopt_timeout_s,
                                        live=live or liveness.Liveness(), clock=clock,
                                        worker_settle_s=worker_settle_s)
@@ -147,12 +150,38 @@ class Supervisor(adopting.Adopting):
             if remote:
                 self._recs.move(rec, S.FETCHING)  # on_status hears of it before the download's first byte
             rec.starting = asyncio.create_task(self._launch(rec, spec), name=f"launch {spec.shard_id}")
+            self._keep_adapters(rec, spec)
+        elif loras.only_adapters_differ(rec.status.spec, fetching.stored(spec)):
+            # spec.adapters changed, nothing else: loaded and unloaded in the running engine, never a restart.
+            self._recs.move(rec, rec.status.state, spec=fetching.stored(spec))
+            self._keep_adapters(rec, spec)
         elif rec.status.spec != fetching.stored(spec):
             log.warning("shard %s is already known; a start with a different spec was ignored "
                         "(a new attempt needs a new shard id)", spec.shard_id)
         if rec.starting is not None and not rec.starting.done() and rec.status.state is not S.FETCHING:
             await asyncio.shield(rec.starting)
         return rec.status
+
+    def _keep_adapters(self, rec: records.Shard, spec: ShardSpec) -> None:
+        """Starts (or wakes) the task that makes the engine hold ``spec.adapters`` (``loras``)."""
+        if rec.loras is not None:
+            rec.loras.token = spec.hub_token or rec.loras.token
+            rec.loras.wanted.set()
+            return
+        if not spec.adapters:
+            return
+        fetcher = self._fetcher
+
+        async def fetch(req: fetch_records.Request) -> str:
+            assert fetcher is not None
+            path = await fetcher.ensure(req)
+            self._on_weights_changed()
+            return path
+
+        rec.loras = loras.Keeper(rec, self._recs, http=self._http, fetch=fetch if fetcher else None,
+                                     token=spec.hub_token, interval_s=self._interval_s,
+                                     resolve=self._resolve_adapter)
+        rec.lora_task = asyncio.create_task(rec.loras.keep(), name=f"adapters {spec.shard_id}")
 
     async def _fetch(self, rec: records.Shard, spec: ShardSpec) -> str | None:
         """The local path of ``spec``'s remote weights once fetched (None: its source is local).

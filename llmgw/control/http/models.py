@@ -21,7 +21,7 @@ from llmgw.control.http.apierrors import BadRequest, Conflict, NotFound, Unproce
 from llmgw.control.state import ReplicaRecord
 from llmgw.control.store.offloop import StoreThread
 from llmgw.control.store.store import StoredModel
-from llmgw.core import enginecheck, specpolicy, specs
+from llmgw.core import adapters, enginecheck, specpolicy, specs
 from llmgw.core.errors import SpecError
 
 MAX_BODY = 1 << 20
@@ -36,6 +36,10 @@ async def read_manifest(db: StoreThread, request: Request) -> specs.Model:
         # The cluster's env allowlist and code flags (issue 24), with the admin's settings in force.
         policy = await settings_http.current(db)
         specpolicy.check(model.spec, allowed_env=policy.allowed_env, allow_remote_code=policy.allow_remote_code)
+        others = [(o.model.name, o.model.spec.served_name, o.model.spec.aliases, o.model.spec.adapters)
+                  for o in await db.list_models()]
+        s = model.spec
+        adapters.check_unique(model.name, s.served_name, s.aliases, s.adapters, others)
     except SpecError as e:
         raise Unprocessable(str(e), code="invalid_spec", param=e.field) from None
     # What the model file alone proves the engine would refuse (fp8 without a GPU, a reserved

@@ -61,7 +61,10 @@ def node_doc(n: StoredNode, view: NodeView | None, *, connected: bool, has_repli
         "engines": [{"name": e, "version": v} for e, v in inv.engines],
         "shards": sum(1 for s in (view.shards.values() if view else ()) if s.state in ShardState.live()),
         "shard_states": [{"id": s.shard_id, "replica": s.replica_id, "state": s.state.value, "pid": s.pid,
-                          "adopted": s.adopted, "message": s.message, "probe_failures": s.probe_failures}
+                          "adopted": s.adopted, "message": s.message, "probe_failures": s.probe_failures,
+                          # The LoRA adapters its engine holds, and why the last load failed: only with adapters.
+                          **({"adapters": list(s.adapters)} if s.adapters else {}),
+                          **({"adapters_message": s.adapters_message} if s.adapters_message else {})}
                          for s in (view.shards.values() if view else ())],
         "mgmt_interface": inv.mgmt_interface,
         "host": dataclasses.asdict(inv.host),

@@ -121,6 +121,8 @@ class Replica(Body):
     age_s: Number
     conditions: list[dict[str, Any]] = pydantic.Field(default_factory=list, description="Only in a describe")
     fetch: dict[str, Any] | None
+    adapters: list[str] = pydantic.Field(default_factory=list, description="The LoRA adapters its engine holds now, "
+                                                                           "as its node last reported")
     router_ejections: list[Ejection] = pydantic.Field(default_factory=list, description="Only in a list")
 
 

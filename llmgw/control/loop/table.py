@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Mapping
 
 from llmgw.api import routing
 from llmgw.control.loop.autoscaling import in_force
@@ -23,8 +24,12 @@ from llmgw.core import engines, specs
 log = logging.getLogger(__name__)
 
 
+#: The LoRA adapters each replica's engine holds now, by replica id (agents' ``ShardStatus.adapters``).
+Held = Mapping[str, tuple[str, ...]]
+
+
 def _model_route(spec: specs.ModelSpec, name: str, in_force_spec: specs.ModelSpec, mine: list[ReplicaRecord],
-                 now: float) -> routing.ModelEntry:
+                 now: float, held: Held) -> routing.ModelEntry:
     st = summarize(in_force_spec, mine, now=now)
     auto = spec.autoscale
     return routing.ModelEntry(
@@ -33,7 +38,8 @@ def _model_route(spec: specs.ModelSpec, name: str, in_force_spec: specs.ModelSpe
         # Read by the router's admission; 0 is no limit.
         concurrency_per_replica=spec.max_concurrency_per_replica,
         state=st.state, message=st.message,
-        endpoints=tuple(routing.EndpointDoc(r.id, r.endpoint, r.api_key, node=r.node_id or "")
+        endpoints=tuple(routing.EndpointDoc(r.id, r.endpoint, r.api_key, node=r.node_id or "",
+                                            adapters=held.get(r.id, ()) if spec.adapters else ())
                         for r in mine if r.phase is Phase.READY and r.endpoint),
         # Replicas out of routing because their engine stopped answering (``router.hung``): a router gives
         # up the requests still waiting for their first byte there and sends them to another replica.
@@ -46,10 +52,13 @@ def _model_route(spec: specs.ModelSpec, name: str, in_force_spec: specs.ModelSpe
         projects=spec.projects, prices=spec.prices,
         # /v1/models says it, and the router refuses /v1/embeddings itself for a model that does not.
         embeddings=engines.embeds(spec.engine, spec.engine_args),
+        # Each its own model name, routed to the endpoints above that hold it (``router.table``).
+        adapters=tuple(a.name for a in spec.adapters),
     )
 
 
-def build_endpoints_doc(store: Store, now: float, *, engine_ca: str = "") -> routing.EndpointsDoc:
+def build_endpoints_doc(store: Store, now: float, *, engine_ca: str = "", held: Held | None = None
+                        ) -> routing.EndpointsDoc:
     """The routers' table as the store holds it now: each model's routes, and the API keys (version 0).
 
     ``engine_ca``: the cluster CA's certificate (PEM, public), which routers verify ``https://`` engines with.
@@ -62,7 +71,7 @@ def build_endpoints_doc(store: Store, now: float, *, engine_ca: str = "") -> rou
     for stored in store.list_models():
         m = stored.model
         models.append(_model_route(m.spec, m.name, in_force({m.name: m.spec}, states)[m.name],
-                                   by_model.get(m.name, []), now))
+                                   by_model.get(m.name, []), now, held or {}))
     stored_keys = store.list_keys()
     keys = tuple(routing.KeyEntry(k.id, k.sha256, tuple(k.models), k.rpm, k.tpm, k.priority, project=k.project,
                                   user=k.user, limits=k.limits)
@@ -78,22 +87,29 @@ def build_endpoints_doc(store: Store, now: float, *, engine_ca: str = "") -> rou
 
 
 class TablePublisher:
-    def __init__(self, ctx: LoopContext, *, engine_ca: str = "") -> None:
+    def __init__(self, ctx: LoopContext, *, engine_ca: str = "", held: Callable[[], Held] = dict) -> None:
         self._ctx = ctx
+        #: The adapters each replica's engine holds, as its agent last said (a standby knows none: the
+        #: router then sends an adapter's requests to any ready endpoint of its model).
+        self._held = held
         self._engine_ca = engine_ca  # the cluster CA's certificate, published with every table
         self._changed = asyncio.Condition()
         self.table = routing.EndpointsDoc()
         self._published = False  # the first build is published (version 1) even when it routes nothing
         self._closing = False
 
-    def doc(self) -> routing.EndpointsDoc:
-        """The document as the store holds it now (without its version); reads the store where it is called."""
-        return build_endpoints_doc(self._ctx.store, self._ctx.clock(), engine_ca=self._engine_ca)
+    def doc(self, held: Held | None = None) -> routing.EndpointsDoc:
+        """The document as the store holds it now (without its version); reads the store where it is called.
+
+        ``held``: the adapters each replica holds, taken on the loop (the agents' reports are the loop's).
+        """
+        held = self._held() if held is None else held
+        return build_endpoints_doc(self._ctx.store, self._ctx.clock(), engine_ca=self._engine_ca, held=held)
 
     async def publish(self) -> None:
         """Builds the table and, when anything but its version changed, publishes it under the next version."""
         # Built where the store is read: it is store rows and a summary of each model, nothing of the loop's.
-        doc = await self._ctx.call(self.doc)
+        doc = await self._ctx.call(self.doc, self._held())
         # Everything but the version is compared: a key created or deleted must reach the router too.
         if not self._published or not doc.same_routes(self.table):
             async with self._changed:

@@ -135,11 +135,24 @@ def _one(p: Pass, r: ReplicaRecord, rank: Rank) -> None:
     elif r.phase is not Phase.READY:
         r.phase, r.ready_at, r.failures = Phase.READY, p.now, 0
         r.endpoint, r.message, r.last_output = st.endpoint, f"serving on node {node.id}", ()
+    elif _adapters_changed(p, r, st):
+        # spec.adapters changed and nothing the engine was started with: the same shard, told the new
+        # list, loads and unloads at runtime (``agent.supervisor.loras``). Idempotent, so a resend is harmless.
+        r.sent_at = p.now
+        p.commands.append(d.StartShard(node.id, shard_spec(r, p.models[r.model], hub=p.cfg.hub)))
     elif r.id in p.ejected:
         # A router's word alone moves nothing (``liveness``): said, and kept in rotation.
         p.note(r, ev.NORMAL, "EjectedByRouter",
                f"{p.ejected[r.id]}; its agent's health probe passes on node {node.id}, so it "
                "stays in the other routers' rotation and is not replaced")
+
+
+def _adapters_changed(p: Pass, r: ReplicaRecord, st: ShardStatus) -> bool:
+    """Whether a ready one-node shard of the model's current engine holds another adapter list than its spec's."""
+    spec = p.models.get(r.model)
+    if spec is None or st.spec is None or r.fingerprint != spec.fingerprint() or p.now - r.sent_at < 1.0:
+        return False
+    return [(a.name, a.source) for a in st.spec.adapters] != [(a.name, a.source) for a in spec.adapters]
 
 
 def _starting(p: Pass, r: ReplicaRecord, node: NodeView, st: ShardStatus | None) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from llmgw.control.state import Member, ReplicaRecord
-from llmgw.core import specs
+from llmgw.core import adapters, specs
 from llmgw.core.shards import ShardSpec
 from llmgw.core.specs import ModelSpec
 
@@ -40,17 +40,31 @@ def remote_fields(source: str, spec: ModelSpec, hub: Hub) -> dict[str, str]:
     return {}
 
 
+def adapter_fields(spec: ModelSpec, hub: Hub) -> dict[str, str]:
+    """The hub's endpoint and token, or the mirror's URL, when an adapter is fetched from one (as for weights)."""
+    out: dict[str, str] = {}
+    for a in spec.adapters:
+        if a.source.startswith("hf://"):
+            out |= {"hub_endpoint": hub.endpoint, "hub_token": hub.token}
+        elif a.source.startswith("mirror://"):
+            out["mirror_url"] = hub.mirror_url
+    return out
+
+
 def shard_spec(r: ReplicaRecord, spec: ModelSpec, *, hub: Hub = Hub()) -> ShardSpec:
     assert r.shard_id is not None
     tp, pp = specs.parallelism(spec.resources)
+    # LoRA's limits (--enable-lora, --max-lora-rank...) and runtime loading, from spec.adapters: the
+    # adapters themselves are loaded into the running engine, not named on its command line.
+    lora_args, lora_env = adapters.launch_args(spec.engine, spec.adapters)
     return ShardSpec(
         shard_id=r.shard_id, replica_id=r.id, model=r.model, engine=spec.engine,
-        served_name=spec.served_name, source=spec.source, args=spec.engine_args, api_key=r.api_key,
+        served_name=spec.served_name, source=spec.source, args=spec.engine_args + lora_args, api_key=r.api_key,
         threads=spec.resources.cpu_threads, memory_bytes=spec.resources.memory_bytes,
-        startup_timeout_s=int(spec.startup_timeout_s), env=spec.env, gpus=r.gpus,
+        startup_timeout_s=int(spec.startup_timeout_s), env=tuple(sorted(spec.env + lora_env)), gpus=r.gpus,
         tensor_parallel=tp, pipeline_parallel=pp, dtype=spec.dtype, context_length=spec.context_length,
         gpu_memory_bytes=r.memory_bytes if spec.resources.gpus.count else 0, engine_version=spec.engine_version,
-        **remote_fields(spec.source, spec, hub),
+        adapters=spec.adapters, **(adapter_fields(spec, hub) | remote_fields(spec.source, spec, hub)),
     )
 
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from .lora import Loras
 from .protocol import (
     MAX_EMBEDDING_INPUTS,
     Json,
@@ -66,6 +67,8 @@ class Config:
     #: The simulated KV cache's capacity in blocks, and its block size in tokens.
     kv_cache_blocks: int = 4096
     block_size: int = 16
+    #: vLLM's ``--enable-lora``: adapters may be loaded at runtime (``lora``).
+    enable_lora: bool = False
 
 
 class SimEngine:
@@ -82,6 +85,7 @@ class SimEngine:
         self._seen: collections.OrderedDict[bytes, None] = collections.OrderedDict()
         #: The simulated KV cache publishing vLLM's events (``--kv-events-config``), set by ``serve``.
         self.kv: SimKvCache | None = None
+        self.loras = Loras(config.model, enabled=config.enable_lora)
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._gate])
@@ -92,6 +96,7 @@ class SimEngine:
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/embeddings", self.embeddings)
+        self.loras.add_routes(app)
         return app
 
     def loading(self) -> bool:
@@ -162,7 +167,7 @@ class SimEngine:
 
     async def models(self, request: web.Request) -> web.Response:
         model = {"id": self.config.model, "object": "model", "created": self.created, "owned_by": "llmgw-sim"}
-        return web.json_response({"object": "list", "data": [model]}, dumps=dumps)
+        return web.json_response({"object": "list", "data": [model, *self.loras.cards(self.created)]}, dumps=dumps)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._complete(request, chat=True)
@@ -209,7 +214,7 @@ class SimEngine:
         model = body.get("model")
         if model is None:
             return error(400, "model is required", type_="invalid_request_error", param="model")
-        if model != self.config.model:
+        if model != self.config.model and not self.loras.serves(model):
             return error(404, f"The model {model!r} does not exist; this engine serves {self.config.model!r}",
                          type_="invalid_request_error", code="model_not_found", param="model")
         chars = prompt_chars(body, chat=chat)
@@ -231,6 +236,8 @@ class SimEngine:
             return parsed
         body, n_prompt, n_out = parsed
         tokens = self._tokens(body, n_out, chat=chat)
+        if body["model"] != self.config.model:  # an adapter's answer differs from the base's, by its name
+            tokens = ([f" {body['model']}:{t.strip()}" for t in tokens[0]], tokens[1])
         cached = self._cached(body, n_prompt, chat=chat)
         ids = body.get("prompt")
         if self.kv is not None and not chat and isinstance(ids, list) and all(type(t) is int for t in ids):
@@ -249,7 +256,7 @@ class SimEngine:
                 response = await self._stream(request, body, n_prompt, tokens, chat=chat, arrival=arrival,
                                               cached=cached)
             else:
-                response = await self._whole(n_prompt, tokens, chat=chat, cached=cached)
+                response = await self._whole(n_prompt, tokens, chat=chat, cached=cached, model=str(body["model"]))
         except (asyncio.CancelledError, ConnectionResetError):
             # The client went away: the handler was cancelled (waiting, prefilling or between
             # tokens), or a write found the connection closed.
@@ -282,11 +289,11 @@ class SimEngine:
 
         return until
 
-    def _envelope(self, chat: bool, *, chunk: bool) -> Json:
+    def _envelope(self, chat: bool, *, chunk: bool, model: str = "") -> Json:
         kind = ("chat.completion.chunk" if chunk else "chat.completion") if chat else "text_completion"
         prefix = "chatcmpl" if chat else "cmpl"
         return {"id": f"{prefix}-sim{uuid.uuid4().hex[:24]}", "object": kind, "created": int(time.time()),
-                "model": self.config.model, "system_fingerprint": "llmgw-sim"}
+                "model": model or self.config.model, "system_fingerprint": "llmgw-sim"}
 
     def _cached(self, body: Json, n_prompt: int, *, chat: bool) -> int:
         """Prompt tokens an engine's prefix cache would hold: whole 16-token blocks of a prompt seen lately."""
@@ -304,7 +311,7 @@ class SimEngine:
                 "prompt_tokens_details": {"cached_tokens": cached}}
 
     async def _whole(self, n_prompt: int, tokens: tuple[list[str], str], *, chat: bool,
-                     cached: int = 0) -> web.Response:
+                     cached: int = 0, model: str = "") -> web.Response:
         pieces, finish = tokens
         n_out = len(pieces)
         async with self.slots.held():
@@ -316,7 +323,8 @@ class SimEngine:
             choice: Json = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-        out = self._envelope(chat, chunk=False) | {"choices": [choice], "usage": self._usage(n_prompt, n_out, cached)}
+        usage = self._usage(n_prompt, n_out, cached)
+        out = self._envelope(chat, chunk=False, model=model) | {"choices": [choice], "usage": usage}
         return web.json_response(out, dumps=dumps)
 
     async def _stream(self, request: web.Request, body: Json, n_prompt: int, tokens: tuple[list[str], str], *,
@@ -327,7 +335,7 @@ class SimEngine:
         include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
         # vLLM's extension: with include_usage, usage so far on every chunk, not only on the last.
         continuous = include_usage and bool(options.get("continuous_usage_stats"))  # type: ignore[union-attr]
-        base = self._envelope(chat, chunk=True)
+        base = self._envelope(chat, chunk=True, model=str(body["model"]))
         if include_usage:
             # The spec: with include_usage, every chunk but the last carries "usage": null.
             base["usage"] = None

@@ -47,6 +47,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kv-cache-blocks", type=int, default=4096, help="simulated KV cache capacity in blocks")
     parser.add_argument("--block-size", type=int, default=16, help="KV cache block size in tokens")
     # As vLLM's: serve TLS with this key and certificate (the agent's engine_tls gives the node's engine ones).
+    # vLLM's LoRA flags (``sim.engine.lora``): --enable-lora turns adapters on; the limits are taken, not enforced.
+    parser.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters loaded at runtime")
+    parser.add_argument("--max-lora-rank", type=int, default=16, help="accepted as vLLM's, not enforced")
+    parser.add_argument("--max-loras", type=int, default=1, help="accepted as vLLM's, not enforced")
+    parser.add_argument("--max-cpu-loras", type=int, default=0, help="accepted as vLLM's, not enforced")
     parser.add_argument("--ssl-keyfile", default="", help="serve HTTPS with this PEM key (with --ssl-certfile)")
     parser.add_argument("--ssl-certfile", default="", help="the PEM certificate for --ssl-keyfile")
     args = parser.parse_args(argv)
@@ -129,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                     max_tokens_default=args.max_tokens_default, echo=args.echo, nnodes=args.nnodes,
                     rank=args.rank, leader_addr=args.leader_addr, leader_port=args.leader_port,
                     kv_events_config=args.kv_events_config, kv_cache_blocks=args.kv_cache_blocks,
-                    block_size=args.block_size)
+                    block_size=args.block_size, enable_lora=args.enable_lora)
     try:
         tls = server_context(args.ssl_keyfile, args.ssl_certfile)
     except (OSError, ssl.SSLError) as e:

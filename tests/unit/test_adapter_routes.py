@@ -1,0 +1,52 @@
+"""Adapters on the routers' wire and in their table: round-tripped, read tolerantly, and each adapter a route of
+its own on the endpoints that hold it (every endpoint of its base while none does), never taking a model's name."""
+
+from __future__ import annotations
+
+from llmgw.api import routing
+from llmgw.router.table import RouteTable
+
+A = routing.EndpointDoc("r1", "http://127.0.0.1:1", adapters=("sql", "chat"))
+B = routing.EndpointDoc("r2", "http://127.0.0.1:2", adapters=("chat",))
+BASE = routing.ModelEntry(name="base", served_name="base-8b", endpoints=(A, B), adapters=("sql", "chat", "new"))
+
+
+def table(*models: routing.ModelEntry) -> RouteTable:
+    return RouteTable.from_doc(routing.EndpointsDoc(models=models).to_doc())
+
+
+def test_adapters_round_trip_and_are_left_out_when_none() -> None:
+    doc = routing.EndpointsDoc(models=(BASE,)).to_doc()
+    assert doc["models"][0]["adapters"] == ["sql", "chat", "new"]
+    assert doc["models"][0]["endpoints"][1]["adapters"] == ["chat"]
+    assert routing.EndpointsDoc.from_doc(doc).models[0] == BASE
+    plain = routing.EndpointsDoc(models=(routing.ModelEntry(name="m", endpoints=(routing.EndpointDoc("r", "http://h"),)),
+                                         )).to_doc()
+    assert "adapters" not in plain["models"][0] and "adapters" not in plain["models"][0]["endpoints"][0]
+
+
+def test_malformed_adapters_are_read_as_none_not_refused() -> None:
+    doc = routing.EndpointsDoc(models=(BASE,)).to_doc()
+    doc["models"][0]["adapters"] = "sql"
+    doc["models"][0]["endpoints"][0]["adapters"] = [1]
+    entry = routing.EndpointsDoc.from_doc(doc).models[0]
+    assert entry.adapters == () and entry.endpoints[0].adapters == ()
+
+
+def test_each_adapter_routes_to_its_holders_under_its_own_name() -> None:
+    t = table(BASE)
+    sql, chat, new = t.lookup("sql"), t.lookup("chat"), t.lookup("new")
+    assert sql is not None and chat is not None and new is not None
+    assert (sql.name, sql.served_name, sql.parent) == ("sql", "sql", "base-8b")
+    assert [e.replica_id for e in sql.endpoints] == ["r1"]
+    assert [e.replica_id for e in chat.endpoints] == ["r1", "r2"]
+    assert [e.replica_id for e in new.endpoints] == ["r1", "r2"]  # held nowhere yet: every endpoint of its base
+    assert t.lookup("base-8b").parent == ""  # type: ignore[union-attr]
+    assert t.public_names() == ["base-8b", "sql", "chat", "new"]
+
+
+def test_a_models_name_wins_over_an_adapters() -> None:
+    other = routing.ModelEntry(name="sql", endpoints=(routing.EndpointDoc("r9", "http://127.0.0.1:9"),))
+    t = table(BASE, other)
+    found = t.lookup("sql")
+    assert found is not None and found.parent == "" and [e.replica_id for e in found.endpoints] == ["r9"]
