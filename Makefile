@@ -58,7 +58,8 @@ test: lint postgres oidc-provider
 # attacker's path end to end (issue 24), a simulated fleet joining with real identities, and the longest
 # system tests (test_system, test_join_mtls's renewal, test_fleet, test_fabric: ~3 minutes together), and
 # the release's wheel installed alone into a fresh venv running `llmgw up` (test_wheel_release: pip fetches
-# the wheel's dependencies through this machine's registry and cache).
+# the wheel's dependencies through this machine's registry and cache), and issue 29's process-heavy tests
+# (the skew policy between real parts, backups on SQLite and PostgreSQL, the previous release's venv).
 # The UI's browser tests drive Debian's `chromium` (llmgw/testing/browser.py), never a browser Playwright
 # downloads (nothing outside the package registries is reachable): apt installs it as it does postgresql.
 # deploy/prometheus's rules are checked with Debian's `prometheus` (promtool), and a real Prometheus scrapes a
