@@ -8,9 +8,10 @@ import json
 from typing import Any
 
 from llmgw.core import autoscale as autoscale_mod
+from llmgw.core import idle as idle_mod
 from llmgw.core import quota
 from llmgw.core.specplace import Gpus, Resources, resources_doc
-from llmgw.core.specscale import Rollout, autoscale_doc, count_doc
+from llmgw.core.specscale import Rollout, autoscale_doc, count_doc, idle_doc
 
 API_VERSION = "llmgw/v1"
 DEFAULT_STARTUP_TIMEOUT_S = 600.0
@@ -60,6 +61,8 @@ class ModelSpec:
     projects: tuple[str, ...] = ()
     #: ``pricing``: per 1M tokens, turning usage into spend; None: not priced. Router-side only.
     prices: quota.Prices | None = None
+    #: ``spec.idle``: after how long without a request a replica sleeps (or stops); None: never.
+    idle: idle_mod.Idle | None = None
 
     def fingerprint(self) -> str:
         """A short hash of everything that changes the engine process (not replicas, aliases, routing or rollout)."""
@@ -68,6 +71,8 @@ class ModelSpec:
         for key in ("replicas", "aliases", "routing", "rollout", "max_concurrency_per_replica", "autoscale",
                     "projects", "prices"):
             doc.pop(key)
+        # idle only says when the control plane sleeps or stops a replica: no restart when it changes.
+        doc.pop("idle")
         # placement and priority only order future decisions: rolling every
         # replica because a tie-break changed would restart engines for nothing.
         # node_selector and pool stay in: changing them is how an operator moves
@@ -136,6 +141,8 @@ class Model:
             spec["access"] = {"projects": list(s.projects)}
         if s.prices is not None:
             spec["pricing"] = s.prices.to_doc()
+        if s.idle is not None:
+            spec["idle"] = idle_doc(s.idle)
         meta: dict[str, Any] = {"name": self.name}
         if self.labels:
             meta["labels"] = dict(self.labels)

@@ -34,6 +34,7 @@ from .protocol import (
     json_body,
     prompt_chars,
 )
+from .sleep import SleepConfig, SleepMode
 from .slots import Slots, Stats
 
 #: The rank variables an agent sets for a rank of a multi-node replica; /sim/stats reports them.
@@ -58,6 +59,8 @@ class Config:
     rank: int = 0
     leader_addr: str = ""
     leader_port: int = 0
+    #: vLLM's sleep mode (``sleep.py``): off unless ``--enable-sleep-mode``.
+    sleep: SleepConfig = SleepConfig()
 
 
 class SimEngine:
@@ -68,6 +71,7 @@ class SimEngine:
         self.clock = clock
         self.slots = Slots(config.parallel)
         self.stats = Stats()
+        self.sleep = SleepMode(config.sleep, clock=clock)
         self.ready_at = clock() + config.startup_delay
         self.created = int(time.time())
         # Prompts seen lately, so a repeated one reports its blocks as cached (``prompt_tokens_details``).
@@ -82,6 +86,7 @@ class SimEngine:
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/embeddings", self.embeddings)
+        self.sleep.routes(app)
         return app
 
     def loading(self) -> bool:
@@ -105,6 +110,9 @@ class SimEngine:
             if self.loading():
                 return error(503, "the model is still loading; retry shortly",
                              type_="unavailable_error", code="model_loading")
+            if self.sleep.sleeping and request.path != "/v1/models":
+                return error(503, "the engine is sleeping; POST /wake_up first",
+                             type_="unavailable_error", code="engine_sleeping")
             try:
                 return await handler(request)
             except web.HTTPException as e:
@@ -126,7 +134,7 @@ class SimEngine:
                                   "aborts": [{"user": u, "at": t} for u, t in self.stats.aborts],
                                   "arrivals": list(self.stats.arrivals),
                                   "requests": list(self.stats.requests),
-                                  "group": self.group()},
+                                  "group": self.group(), "sleep": self.sleep.stats()},
                                  dumps=dumps)
 
     def group(self) -> Json:
