@@ -41,6 +41,7 @@ def spec_to_pb(spec: ShardSpec) -> pb.ShardSpec:
         dtype=spec.dtype, context_length=spec.context_length, gpu_memory_bytes=spec.gpu_memory_bytes,
         source_sha256=spec.source_sha256, source_file=spec.source_file, hub_endpoint=spec.hub_endpoint,
         hub_token=spec.hub_token, mirror_url=spec.mirror_url, engine_version=spec.engine_version,
+        sleep_mode=spec.sleep_mode,
     )
 
 
@@ -58,6 +59,7 @@ def spec_from_pb(msg: pb.ShardSpec) -> ShardSpec:
         dtype=msg.dtype, context_length=msg.context_length, gpu_memory_bytes=msg.gpu_memory_bytes,
         source_sha256=msg.source_sha256, source_file=msg.source_file, hub_endpoint=msg.hub_endpoint,
         hub_token=msg.hub_token, mirror_url=msg.mirror_url, engine_version=msg.engine_version,
+        sleep_mode=msg.sleep_mode,
     )
 
 
@@ -66,6 +68,7 @@ def status_to_pb(st: ShardStatus) -> pb.ShardStatus:
         shard_id=st.shard_id, replica_id=st.replica_id, state=_STATE_TO_PB[st.state], message=st.message,
         exited=st.exit_code is not None, exit_code=st.exit_code or 0, last_output=list(st.last_output),
         endpoint=st.endpoint, pid=st.pid, adopted=st.adopted, probe_failures=st.probe_failures,
+        sleep_level=st.sleep_level,
     )
     if st.spec is not None:
         msg.spec.CopyFrom(spec_to_pb(st.spec))
@@ -84,7 +87,7 @@ def status_from_pb(msg: pb.ShardStatus) -> ShardStatus:
         shard_id=msg.shard_id, replica_id=msg.replica_id, state=state, message=msg.message,
         exit_code=msg.exit_code if msg.exited else None, last_output=tuple(msg.last_output),
         endpoint=msg.endpoint, pid=msg.pid, spec=spec_from_pb(msg.spec) if msg.HasField("spec") else None,
-        adopted=msg.adopted, probe_failures=msg.probe_failures,
+        adopted=msg.adopted, probe_failures=msg.probe_failures, sleep_level=msg.sleep_level,
         fetch=FetchProgress(done_bytes=msg.fetch.done_bytes, total_bytes=msg.fetch.total_bytes,
                             rate_bps=msg.fetch.rate_bps, eta_s=msg.fetch.eta_s, state=msg.fetch.state,
                             message=msg.fetch.message) if msg.HasField("fetch") else None,

@@ -39,6 +39,17 @@ AWAKE, SLEEPING = "Awake", "Sleeping"
 MAX_OVERCOMMIT = 8.0
 
 
+#: Engines with a sleep mode, and whether it needs an accelerator: vLLM's is CUDA and ROCm only; the sim
+#: mimics vLLM's routes anywhere. llama.cpp and SGLang have none here: their idle replicas are stopped.
+SLEEPERS: dict[str, bool] = {"vllm": True, "sim": False}
+
+
+def can_sleep(engine: str, gpus: Sequence[int]) -> bool:
+    """Whether a replica of ``engine`` on ``gpus`` (empty: CPU) can be put to sleep rather than stopped."""
+    needs_gpu = SLEEPERS.get(engine)
+    return needs_gpu is not None and (bool(gpus) or not needs_gpu)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Idle:
     """``spec.idle``: after ``after_s`` seconds with no request, ``action`` (sleep at ``level``, or stop)."""

@@ -100,6 +100,8 @@ class ShardSpec:
     mirror_url: str = ""
     #: The model's ``engine_version`` ("" any): which of a node's installs of the engine runs it.
     engine_version: str = ""
+    #: Start the engine with its sleep mode on (spec.idle.action sleep, an engine that has one: issue 31).
+    sleep_mode: bool = False
 
 
 #: Variables llmgw sets itself in every engine's environment: a spec's env may not set them
@@ -152,6 +154,8 @@ class ShardStatus:
     probe_failures: int = 0
     #: How far its weights fetch is (FETCHING only).
     fetch: FetchProgress | None = None
+    #: The engine sleeps at this level (spec.idle); 0: awake. Only a READY shard sleeps.
+    sleep_level: int = 0
 
 
 #: The longest shard id accepted. The control plane names a shard

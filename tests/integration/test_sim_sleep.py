@@ -69,7 +69,8 @@ def test_sleep_frees_memory_refuses_requests_and_wake_serves_again(sleepy: tuple
 
     assert call("POST", url + "/sleep?level=1") == (200, b"")
     assert json.loads(call("GET", url + "/is_sleeping")[1]) == {"is_sleeping": True}
-    assert stats(url) == {"sleeping": True, "level": 1, "sleeps": 1, "wakes": 0, "memory_mib": 300}
+    assert stats(url) == {"sleeping": True, "level": 1, "sleeps": 1, "wakes": 0, "memory_mib": 300,
+                          "pid": proc.pid}
     with pytest.raises(openai.APIStatusError) as e:
         client.completions.create(model=MODEL, prompt="hi", max_tokens=2)
     assert e.value.status_code == 503 and "sleeping" in str(e.value)

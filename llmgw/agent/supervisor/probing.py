@@ -95,3 +95,30 @@ async def in_flight(session: aiohttp.ClientSession, endpoint: str, path: str, pa
     if count is None:
         return None, f"{path} did not say how many requests are in flight"
     return count, f"{count} in flight"
+
+
+#: How long a sleep or a wake may take: a wake from level 2 reloads the weights from disk.
+SLEEP_TIMEOUT_S = 300.0
+
+
+async def sleep(session: aiohttp.ClientSession, endpoint: str, level: int, *, api_key: str = "",
+                timeout_s: float = SLEEP_TIMEOUT_S) -> str | None:
+    """Put the engine to sleep at ``level`` (1, 2) or wake it (0) through vLLM's API; None when done, else why not.
+
+    vLLM's routes (``POST /sleep?level=N``, ``POST /wake_up``, served with ``--enable-sleep-mode`` and
+    ``VLLM_SERVER_DEV_MODE=1``) answer 200 once done; a 404 means the engine was started without them.
+    """
+    path = f"/sleep?level={level}" if level else "/wake_up"
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        async with session.post(endpoint + path, headers=headers,
+                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+            body = await r.read()
+            if r.status == 404:
+                return (f"{path} answered 404: the engine runs without its sleep mode (vLLM: --enable-sleep-mode "
+                        "and VLLM_SERVER_DEV_MODE=1)")
+            if r.status != 200:
+                return f"{path} answered {r.status}: {body[:200].decode(errors='replace')}"
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        return f"no answer from {endpoint}{path} ({type(exc).__name__})"
+    return None

@@ -97,6 +97,10 @@ class EngineProcess:
         return await probing.health(self._http(), self.plan.endpoint, health_path=self.plan.health_path,
                                     api_key=self.spec.api_key, timeout_s=timeout_s)
 
+    async def sleep(self, level: int) -> str | None:
+        """Sleep at ``level`` (1, 2) or wake (0) through the engine's API; None when done, else why not."""
+        return await probing.sleep(self._http(), self.plan.endpoint, level, api_key=self.spec.api_key)
+
     async def in_flight(self, *, timeout_s: float) -> tuple[int | None, str]:
         """Requests the engine holds, or None and in words why that is unknown."""
         if self._in_flight_probe is None:

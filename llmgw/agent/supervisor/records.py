@@ -43,6 +43,8 @@ class Shard:
     state_path: Path | None = None
     #: Whether it was ever READY (a drained engine that exits failed "after it was ready").
     was_ready: bool = False
+    #: Held while a sleep or a wake is asked of its engine, so two never overlap.
+    sleep_lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
 
     def has_process(self) -> bool:
         return self.engine is not None

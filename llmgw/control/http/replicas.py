@@ -26,7 +26,15 @@ def replica_doc(r: ReplicaRecord, now: float, nodes: Mapping[str, NodeView] | No
     return {"id": r.id, "model": r.model, "phase": r.phase.value, "node": r.node_id, "shard": r.shard_id,
             "endpoint": r.endpoint if r.phase is Phase.READY else "", "attempt": r.attempt,
             "failures": r.failures, "message": r.message, "last_output": list(r.last_output),
-            "age_s": round(now - r.created_at, 1), "fetch": fetch_of(r, nodes or {})}
+            "age_s": round(now - r.created_at, 1), "fetch": fetch_of(r, nodes or {}),
+            "sleep_level": sleep_level_of(r, nodes or {})}
+
+
+def sleep_level_of(r: ReplicaRecord, nodes: Mapping[str, NodeView]) -> int:
+    """The level its engine sleeps at as its node last reported it (spec.idle); 0: awake, or not Ready."""
+    view = nodes.get(r.node_id or "")
+    status = view.shards.get(r.shard_id or "") if view is not None else None
+    return status.sleep_level if status is not None and r.phase is Phase.READY else 0
 
 
 def with_router_view(doc: dict[str, Any], reports: RouterEvents) -> dict[str, Any]:

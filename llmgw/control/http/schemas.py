@@ -122,6 +122,8 @@ class Replica(Body):
     conditions: list[dict[str, Any]] = pydantic.Field(default_factory=list, description="Only in a describe")
     fetch: dict[str, Any] | None
     router_ejections: list[Ejection] = pydantic.Field(default_factory=list, description="Only in a list")
+    sleep_level: int = pydantic.Field(default=0, description="spec.idle: the level its engine sleeps at (a Ready "
+                                      "replica shown Sleeping); 0: awake")
 
 
 class ReplicaList(Body):

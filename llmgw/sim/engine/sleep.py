@@ -97,4 +97,4 @@ class SleepMode:
 
     def stats(self) -> dict[str, object]:
         return {"sleeping": self.sleeping, "level": self.level, "sleeps": self.sleeps, "wakes": self.wakes,
-                "memory_mib": self.memory_mib()}
+                "memory_mib": self.memory_mib(), "pid": os.getpid()}

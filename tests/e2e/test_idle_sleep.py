@@ -1,0 +1,67 @@
+"""spec.idle end to end (issue 31, part 3): a real `llmgw server` (its in-process router), an agent and a
+sim engine with vLLM's sleep mode. A replica idle past `after` is put to sleep by its agent (same pid, its
+reported memory freed, Sleeping in the API); the next request is held, wakes it and is served."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from typing import Any
+
+import openai
+
+from llmgw.control.loop.sleeper import KEY
+from llmgw.testing.procs import wait_for
+from llmgw.testing.system import System, sim_model
+
+
+def sim_stats(endpoint: str) -> dict[str, Any]:
+    with urllib.request.urlopen(endpoint + "/sim/stats", timeout=5) as r:
+        return dict(json.loads(r.read()))
+
+
+def replica(system: System, model: str) -> dict[str, Any]:
+    items = system.replicas(model)
+    assert len(items) == 1, items
+    return items[0]
+
+
+def events(system: System, model: str, reason: str) -> list[str]:
+    return [e["message"] for e in system.get(f"/api/v1/events?model={model}")["items"] if e["reason"] == reason]
+
+
+def test_idle_replica_sleeps_and_the_next_request_wakes_it(system: System) -> None:  # noqa: F811
+    system.apply(sim_model("sleepy", args=["--decode-tps", "400", "--wake-delay", "0.5", "--memory-mib", "8000",
+                                           "--sleep-memory-mib", "200"],
+                           idle={"after": "3s", "action": "sleep", "level": 1}))
+    system.wait_model("sleepy")
+    system.wait_router("sleepy", 1)
+    first = replica(system, "sleepy")
+    endpoint = first["endpoint"]
+    stats = sim_stats(endpoint)
+    pid = stats["sleep"]["pid"]
+    assert stats["sleep"]["memory_mib"] == 8000 and not stats["sleep"]["sleeping"]
+
+    # Idle past 3 s: its agent puts the engine to sleep; the process stays.
+    wait_for(lambda: sim_stats(endpoint)["sleep"]["sleeping"], timeout=30, interval=0.2, what="engine asleep")
+    wait_for(lambda: replica(system, "sleepy").get("sleep_level") == 1, timeout=10, interval=0.1,
+             what="replica Sleeping in the API")
+    asleep = sim_stats(endpoint)["sleep"]
+    assert asleep == {"sleeping": True, "level": 1, "sleeps": 1, "wakes": 0, "memory_mib": 200, "pid": pid}
+    assert any("no request for" in m and "put to sleep at level 1" in m for m in events(system, "sleepy", "Sleeping"))
+    assert replica(system, "sleepy")["id"] == first["id"]
+
+    # The next request is held (not refused), wakes it, and is served by the same engine.
+    c = openai.OpenAI(base_url=f"{system.url}/v1", api_key="unused", max_retries=0, timeout=60)
+    started = time.monotonic()
+    chat = c.chat.completions.create(model="sleepy", messages=[{"role": "user", "content": "hello"}], max_tokens=4)
+    waited = time.monotonic() - started
+    assert chat.choices[0].message.content
+    woke = sim_stats(endpoint)["sleep"]
+    assert woke["wakes"] == 1 and not woke["sleeping"] and woke["memory_mib"] == 8000 and woke["pid"] == pid
+    assert waited >= 0.5  # held through the wake (the sim's wake delay)
+    assert events(system, "sleepy", "Waking")
+    after = replica(system, "sleepy")
+    assert after["id"] == first["id"] and after["endpoint"] == endpoint and after.get("sleep_level") == 0
+    assert KEY  # the sleeping set lives in the store's settings row named here
