@@ -7,7 +7,8 @@ the engine's own sleep mode (vLLM's ``POST /sleep?level=N``, ``POST /wake_up``; 
 in host memory, level 2 drops them too), ``stop`` ends the process, as scaling to zero does, and the
 node's page cache keeps the weights' files warm for the next start. An engine that cannot sleep
 (llama.cpp, SGLang, vLLM on CPU: its sleep mode is CUDA and ROCm only) is stopped even when ``sleep`` is
-asked, and the step says so.
+asked, and the step says so. Stopping is scaling to zero (``zero_window``): the autoscaler's rule, with
+``after`` as its window, for a model that may go to zero (``spec.autoscale.min_replicas: 0``).
 
 Pure: every function takes plain data and the time and returns what to do, so the control plane's
 pass applies the steps and the rules are tested without a clock.
@@ -28,6 +29,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+
+from llmgw.core import autoscale
 
 #: ``spec.idle.action``.
 ACTIONS = ("sleep", "stop")
@@ -104,6 +107,21 @@ def idle_step(idle: Idle, replica: Replica, *, now: float, wanted: bool, busy: b
         return Step(replica.id, "stop", f"{head}: stopped, as its engine cannot sleep here; the node's page "
                                         "cache keeps the weights for the next start")
     return Step(replica.id, "stop", f"{head}: stopped (spec.idle.action: stop)")
+
+
+def zero_window(auto: autoscale.Autoscale, spec: Idle | None, *, engine: str, on_gpus: bool) -> autoscale.Autoscale:
+    """The autoscaler's bounds with ``spec.idle``'s stop folded in: stopping an idle replica is scaling to zero.
+
+    Where the replica is to stop (``action: stop``, or an engine that cannot sleep here) and the model may go
+    to zero (``min_replicas: 0``), it does so after ``after`` when that is sooner than ``scale_to_zero_after``;
+    otherwise the bounds are as written (a sleeper is stopped at ``scale_to_zero_after`` if that comes).
+    """
+    if spec is None or auto.min_replicas > 0:
+        return auto
+    stops = spec.action == "stop" or not can_sleep(engine, (0,) if on_gpus else ())
+    if not stops or spec.after_s >= auto.scale_to_zero_after_s:
+        return auto
+    return dataclasses.replace(auto, scale_to_zero_after_s=spec.after_s)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

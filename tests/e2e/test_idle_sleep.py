@@ -5,6 +5,7 @@ reported memory freed, Sleeping in the API); the next request is held, wakes it 
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 import urllib.request
 from typing import Any
@@ -13,7 +14,7 @@ import openai
 
 from llmgw.control.loop.sleeper import KEY
 from llmgw.testing.procs import wait_for
-from llmgw.testing.system import System, sim_model
+from llmgw.testing.system import LLMGW, System, sim_model
 
 
 def sim_stats(endpoint: str) -> dict[str, Any]:
@@ -31,7 +32,7 @@ def events(system: System, model: str, reason: str) -> list[str]:
     return [e["message"] for e in system.get(f"/api/v1/events?model={model}")["items"] if e["reason"] == reason]
 
 
-def test_idle_replica_sleeps_and_the_next_request_wakes_it(system: System) -> None:  # noqa: F811
+def test_idle_replica_sleeps_and_the_next_request_wakes_it(system: System) -> None:
     system.apply(sim_model("sleepy", args=["--decode-tps", "400", "--wake-delay", "0.5", "--memory-mib", "8000",
                                            "--sleep-memory-mib", "200"],
                            idle={"after": "3s", "action": "sleep", "level": 1}))
@@ -51,6 +52,9 @@ def test_idle_replica_sleeps_and_the_next_request_wakes_it(system: System) -> No
     assert asleep == {"sleeping": True, "level": 1, "sleeps": 1, "wakes": 0, "memory_mib": 200, "pid": pid}
     assert any("no request for" in m and "put to sleep at level 1" in m for m in events(system, "sleepy", "Sleeping"))
     assert replica(system, "sleepy")["id"] == first["id"]
+    shown = subprocess.run([*LLMGW, "get", "replicas", "--url", system.url], capture_output=True, text=True,
+                           timeout=60, env={**system.cli_env(), "COLUMNS": "300"})
+    assert "Sleeping (level 1)" in shown.stdout, shown.stdout + shown.stderr
 
     # The next request is held (not refused), wakes it, and is served by the same engine.
     c = openai.OpenAI(base_url=f"{system.url}/v1", api_key="unused", max_retries=0, timeout=60)
@@ -65,3 +69,18 @@ def test_idle_replica_sleeps_and_the_next_request_wakes_it(system: System) -> No
     after = replica(system, "sleepy")
     assert after["id"] == first["id"] and after["endpoint"] == endpoint and after.get("sleep_level") == 0
     assert KEY  # the sleeping set lives in the store's settings row named here
+
+
+def test_idle_stop_is_a_scale_to_zero_after_the_idle_window(system: System) -> None:
+    """action: stop (what an engine that cannot sleep gets): gone after `after`, not after scale_to_zero_after
+    (300 s here); the next request is held, starts a replica and is served."""
+    system.apply(sim_model("stopper", args=["--decode-tps", "400"], idle={"after": "2s", "action": "stop"},
+                           autoscale={"min_replicas": 0, "max_replicas": 1, "queue_per_replica": 4,
+                                      "scale_to_zero_after": "300s", "cold_start_timeout": "40s"}))
+    c = openai.OpenAI(base_url=f"{system.url}/v1", api_key="unused", max_retries=0, timeout=60)
+    assert c.chat.completions.create(model="stopper", messages=[{"role": "user", "content": "hi"}],
+                                     max_tokens=2).choices[0].message.content
+    wait_for(lambda: system.replicas("stopper") == [], timeout=30, interval=0.2, what="stopped on idle")
+    assert any(m.startswith("1 → 0: no request for") for m in events(system, "stopper", "Autoscaled"))
+    assert c.chat.completions.create(model="stopper", messages=[{"role": "user", "content": "again"}],
+                                     max_tokens=2).choices[0].message.content

@@ -4,11 +4,12 @@ over-commit's least-recently-used wake plan, on plain data (core/idle.py)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 import pytest
 
-from llmgw.core import idle, specs
+from llmgw.core import autoscale, idle, specs
 from llmgw.core.errors import SpecError
 
 BASE: dict[str, Any] = {"apiVersion": "llmgw/v1", "kind": "Model", "metadata": {"name": "m1"},
@@ -148,3 +149,31 @@ def test_wake_plan_for_an_awake_or_unknown_replica_does_nothing() -> None:
     a = res("a", "ma", 10, awake=True, used=1)
     assert idle.wake_plan(100, [a], "a").wake == ""
     assert idle.wake_plan(100, [a], "zz").wake == ""
+
+
+AUTO0 = autoscale.Autoscale(min_replicas=0, max_replicas=2, queue_per_replica=1, scale_to_zero_after_s=300)
+
+
+def test_stop_on_idle_is_scale_to_zero_with_the_idle_window() -> None:
+    stop = idle.Idle(after_s=60, action="stop")
+    assert idle.zero_window(AUTO0, stop, engine="vllm", on_gpus=True).scale_to_zero_after_s == 60
+    # An engine that cannot sleep stops even when sleep is asked: llama.cpp, vLLM on CPU.
+    sleep = idle.Idle(after_s=60)
+    assert idle.zero_window(AUTO0, sleep, engine="llamacpp", on_gpus=True).scale_to_zero_after_s == 60
+    assert idle.zero_window(AUTO0, sleep, engine="vllm", on_gpus=False).scale_to_zero_after_s == 60
+
+
+def test_sleepers_and_models_that_keep_a_replica_keep_their_window() -> None:
+    sleep = idle.Idle(after_s=60)
+    assert idle.zero_window(AUTO0, sleep, engine="vllm", on_gpus=True) == AUTO0
+    assert idle.zero_window(AUTO0, sleep, engine="sim", on_gpus=False) == AUTO0
+    assert idle.zero_window(AUTO0, None, engine="llamacpp", on_gpus=False) == AUTO0
+    floor1 = dataclasses.replace(AUTO0, min_replicas=1)
+    assert idle.zero_window(floor1, idle.Idle(after_s=60, action="stop"), engine="llamacpp", on_gpus=False) == floor1
+    late = idle.Idle(after_s=900, action="stop")  # scale_to_zero_after comes first: as written
+    assert idle.zero_window(AUTO0, late, engine="llamacpp", on_gpus=False) == AUTO0
+
+
+def test_can_sleep_by_engine_and_accelerator() -> None:
+    assert idle.can_sleep("vllm", (0,)) and not idle.can_sleep("vllm", ())
+    assert idle.can_sleep("sim", ()) and not idle.can_sleep("llamacpp", (0,)) and not idle.can_sleep("sglang", (0,))

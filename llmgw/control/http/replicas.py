@@ -17,7 +17,7 @@ from llmgw.control.cluster import Cluster
 from llmgw.control.http import schemas
 from llmgw.control.routerreports import RouterEvents
 from llmgw.control.state import NodeView, Phase, ReplicaRecord
-from llmgw.control.status import fetch_of
+from llmgw.control.status import fetch_of, sleep_level_of
 from llmgw.control.store.offloop import StoreThread
 
 
@@ -29,12 +29,6 @@ def replica_doc(r: ReplicaRecord, now: float, nodes: Mapping[str, NodeView] | No
             "age_s": round(now - r.created_at, 1), "fetch": fetch_of(r, nodes or {}),
             "sleep_level": sleep_level_of(r, nodes or {})}
 
-
-def sleep_level_of(r: ReplicaRecord, nodes: Mapping[str, NodeView]) -> int:
-    """The level its engine sleeps at as its node last reported it (spec.idle); 0: awake, or not Ready."""
-    view = nodes.get(r.node_id or "")
-    status = view.shards.get(r.shard_id or "") if view is not None else None
-    return status.sleep_level if status is not None and r.phase is Phase.READY else 0
 
 
 def with_router_view(doc: dict[str, Any], reports: RouterEvents) -> dict[str, Any]:
