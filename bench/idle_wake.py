@@ -8,9 +8,10 @@ waits for a fresh start. This measures llama.cpp (the xllamacpp launcher the age
   that needed the memory for something else would have done);
 * ``warm``: the file still in the page cache, as after a stop on idle (nothing else ran on the node).
 
-and, for an engine that sleeps, the sim engine's vLLM sleep mode from ``POST /wake_up`` to the first token
-(the sim's wake delay is vLLM's cited level-1 wake, 0.3 s by default; a real vLLM's figure is the device
-machine's to measure).
+the weights' file read alone from disk and from the page cache (``read_cold``, ``read_warm``: the share
+of a start the cache can save, which grows with the file), and, for an engine that sleeps, the sim
+engine's vLLM sleep mode from ``POST /wake_up`` to the first token (the sim's wake delay is vLLM's cited
+level-1 wake, 0.3 s by default; a real vLLM's figure is the device machine's to measure).
 
     .venv/bin/python bench/idle_wake.py --rounds 3
 """
@@ -105,7 +106,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ns = ap.parse_args()
     model = models.smollm2_gguf()
-    got: dict[str, list[float]] = {"cold": [], "warm": [], "sim_wake": []}
+    got: dict[str, list[float]] = {"cold": [], "warm": [], "sim_wake": [], "read_cold": [], "read_warm": []}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for i in range(ns.rounds):
@@ -114,6 +115,14 @@ def main() -> None:
             warm(model)
             got["warm"].append(llamacpp_start(work, model))
             got["sim_wake"].append(sim_wake(work))
+            # The file alone, read from disk and from the page cache: the part of a start the cache saves.
+            evict(model)
+            t0 = time.perf_counter()
+            warm(model)
+            got["read_cold"].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            warm(model)
+            got["read_warm"].append(time.perf_counter() - t0)
             print(json.dumps({"round": i, **{k: round(v[-1], 3) for k, v in got.items()}}), flush=True)
     print(json.dumps({"p50_s": {k: round(statistics.median(v), 3) for k, v in got.items()},
                       "min_s": {k: round(min(v), 3) for k, v in got.items()},

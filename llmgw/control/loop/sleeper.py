@@ -123,6 +123,8 @@ class Sleeper:
         shard_id = r.shard_id
         assert shard_id is not None and r.node_id is not None
         self._links.send(r.node_id, lambda link: link.sleep_shard(shard_id, level=target))
+        if asked is not None and asked[0] == target:
+            return  # asked again: told once (a refusal is its replica's message)
         reason = "Sleeping" if target else "Waking"
         self._record(ev.Event(now, ev.NORMAL, reason, f"replica/{r.id}", f"replica {r.id}: {step.reason}",
                               model=r.model, node=r.node_id))
