@@ -27,6 +27,7 @@ from llmgw.control import events as ev
 from llmgw.control.loadreports import RouterSignals
 from llmgw.control.loop.context import LoopContext
 from llmgw.control.loop.links import Links
+from llmgw.control.placement import overcommit
 from llmgw.control.state import NodeView, Phase, ReplicaRecord
 from llmgw.control.store.store import Store
 from llmgw.core import idle, specs
@@ -61,6 +62,8 @@ class Sleeper:
         #: What the store's row says now (None: not read since this one took the lease).
         self._written: dict[str, int] | None = None
         self._told: set[str] = set()
+        #: The pass being stepped: models, replicas, the sleeping set, its time.
+        self._pass: tuple[Mapping[str, specs.ModelSpec], list[ReplicaRecord], dict[str, int], float] = ({}, [], {}, 0.0)
 
     def take(self, settings: Mapping[str, str]) -> None:
         self._written = sleeping_from(settings)
@@ -79,6 +82,7 @@ class Sleeper:
             self._written = sleeping
         if not (self._ctx.leading and self._ctx.may_act()):
             return
+        self._pass = (models, replicas, sleeping, now)
         for r in replicas:
             spec = models.get(r.model)
             if spec is None or spec.idle is None or r.phase is not Phase.READY or not r.node_id or not r.shard_id:
@@ -117,8 +121,13 @@ class Sleeper:
                 log.info("replica %s: %s (scale it to zero with spec.autoscale min_replicas: 0)", r.id, step.reason)
             return
         target = step.level if step.verb == "sleep" else 0
+        if target == 0 and not self._room_to_wake(r, now):
+            return
         if asked is not None and asked[0] == target and now - asked[1] < RESEND_S:
             return
+        self._send(r, target, asked, now, step.reason)
+
+    def _send(self, r: ReplicaRecord, target: int, asked: tuple[int, float] | None, now: float, why: str) -> None:
         self._asked[r.id] = (target, now)
         shard_id = r.shard_id
         assert shard_id is not None and r.node_id is not None
@@ -126,6 +135,49 @@ class Sleeper:
         if asked is not None and asked[0] == target:
             return  # asked again: told once (a refusal is its replica's message)
         reason = "Sleeping" if target else "Waking"
-        self._record(ev.Event(now, ev.NORMAL, reason, f"replica/{r.id}", f"replica {r.id}: {step.reason}",
+        self._record(ev.Event(now, ev.NORMAL, reason, f"replica/{r.id}", f"replica {r.id}: {why}",
                               model=r.model, node=r.node_id))
 
+
+    def _room_to_wake(self, r: ReplicaRecord, now: float) -> bool:
+        """Whether ``r`` may wake now: alone on its GPUs, or the awake replicas sharing them (over-commit) leave
+        it room. Where they do not, the least recently used idle ones are put to sleep first (``wake_plan``) and
+        the wake waits for their agents' reports; while the others serve, it waits."""
+        models, replicas, sleeping, _ = self._pass
+        if not r.gpus or not r.node_id:
+            return True
+        views = self._views()
+        shared = overcommit.residents(replicas, views)
+        others = {x.id: x for g in r.gpus for x, _ in shared.get((r.node_id, g), []) if x.id != r.id}
+        if not others:
+            return True
+        total = overcommit.gpu_total(views.get(r.node_id), r.gpus[0])
+        if not total:
+            return True
+        residents = [self._resident(r, total, sleeping, models, now)]
+        residents += [self._resident(x, total, sleeping, models, now) for x in others.values()]
+        plan = idle.wake_plan(total, residents, r.id)
+        if not plan.wake:
+            if r.id + ":wait" not in self._told:
+                self._told.add(r.id + ":wait")
+                log.info("replica %s waits to wake: %s", r.id, plan.reason)
+            return False
+        for rid in plan.sleep:
+            x = others[rid]
+            spec = models.get(x.model)
+            level = spec.idle.level if spec is not None and spec.idle is not None else 1
+            asked = self._asked.get(rid)
+            if asked is None or asked[0] != level or now - asked[1] >= RESEND_S:
+                self._send(x, level, asked, now, f"to wake {r.id} ({r.model}): {plan.reason}")
+        return not plan.sleep
+
+    def _resident(self, x: ReplicaRecord, total: int, sleeping: Mapping[str, int],
+                  models: Mapping[str, specs.ModelSpec], now: float) -> idle.Resident:
+        sig = self._signals.signals(x.model, now)
+        spec = models.get(x.model)
+        # Only a replica of a model with spec.idle on an engine that sleeps can be put to sleep for another.
+        sleeps = spec is not None and spec.idle is not None and idle.can_sleep(spec.engine, x.gpus)
+        busy = not sleeps or (sig is not None and (sig.in_flight > 0 or sig.waiting > 0))
+        return idle.Resident(id=x.id, model=x.model, memory_mib=x.memory_bytes or total,
+                             awake=not sleeping.get(x.id), last_used=sig.last_request_at if sig is not None else 0.0,
+                             busy=busy)
