@@ -84,3 +84,26 @@ def test_idle_stop_is_a_scale_to_zero_after_the_idle_window(system: System) -> N
     assert any(m.startswith("1 → 0: no request for") for m in events(system, "stopper", "Autoscaled"))
     assert c.chat.completions.create(model="stopper", messages=[{"role": "user", "content": "again"}],
                                      max_tokens=2).choices[0].message.content
+
+
+def test_a_sleeping_engine_adopted_by_a_new_agent_stays_asleep_until_wanted(system: System) -> None:
+    """The agent is killed while its engine sleeps; the next agent adopts the engine, asks it (/is_sleeping)
+    and reports it asleep, so nothing is routed to it; a request then wakes it, same process throughout."""
+    system.apply(sim_model("adopted", args=["--decode-tps", "400", "--wake-delay", "0.2"],
+                           idle={"after": "2s"}))
+    system.wait_model("adopted")
+    system.wait_router("adopted", 1)
+    endpoint = replica(system, "adopted")["endpoint"]
+    pid = sim_stats(endpoint)["sleep"]["pid"]
+    wait_for(lambda: replica(system, "adopted").get("sleep_level") == 1, timeout=30, interval=0.2, what="asleep")
+    system.kill_agent("node1")
+    system.start_agent("node1")
+    log = system.root / "agent-node1.log"
+    wait_for(lambda: "adopted engine answers after" in log.read_text() and ", asleep" in log.read_text(),
+             timeout=60, interval=0.2, what="the new agent adopted it, asleep")
+    time.sleep(1.0)  # its report reaches the control plane; a pass would wake it only if it were wanted
+    assert replica(system, "adopted").get("sleep_level") == 1 and sim_stats(endpoint)["sleep"]["sleeping"]
+    c = openai.OpenAI(base_url=f"{system.url}/v1", api_key="unused", max_retries=0, timeout=60)
+    assert c.chat.completions.create(model="adopted", messages=[{"role": "user", "content": "hi"}],
+                                     max_tokens=2).choices[0].message.content
+    assert sim_stats(endpoint)["sleep"]["pid"] == pid and sim_stats(endpoint)["sleep"]["wakes"] == 1

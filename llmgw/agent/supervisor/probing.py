@@ -122,3 +122,19 @@ async def sleep(session: aiohttp.ClientSession, endpoint: str, level: int, *, ap
     except (TimeoutError, aiohttp.ClientError) as exc:
         return f"no answer from {endpoint}{path} ({type(exc).__name__})"
     return None
+
+
+async def is_sleeping(session: aiohttp.ClientSession, endpoint: str, *, api_key: str = "",
+                      timeout_s: float = PROBE_TIMEOUT_S) -> bool | None:
+    """vLLM's ``GET /is_sleeping`` (``{"is_sleeping": bool}``); None when the engine does not say."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        async with session.get(endpoint + "/is_sleeping", headers=headers,
+                               timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+            if r.status != 200:
+                return None
+            doc = await r.json(content_type=None)
+    except (TimeoutError, aiohttp.ClientError, ValueError):
+        return None
+    said = doc.get("is_sleeping") if isinstance(doc, dict) else None
+    return said if isinstance(said, bool) else None
