@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -98,3 +99,21 @@ def test_routes_absent_without_sleep_mode_or_dev_mode(tmp_path: Path, flags: tup
         assert call("GET", url + "/is_sleeping")[0] == 404
     finally:
         proc.stop()
+
+
+def test_sleep_with_mode_wait_lets_the_request_in_flight_finish(sleepy: tuple[procs.Proc, str]) -> None:
+    """What the agent asks (``mode=wait``): a request that reached the engine is answered, then it sleeps."""
+    _, url = sleepy
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    done: list[str] = []
+    t = threading.Thread(target=lambda: done.append(
+        client.completions.create(model=MODEL, prompt="hi", max_tokens=100).choices[0].text))
+    t.start()
+    procs.wait_for(lambda: json.loads(call("GET", url + "/sim/stats")[1])["running"] == 1, timeout=10,
+                   what="request running")
+    assert call("POST", url + "/sleep?level=1&mode=wait")[0] == 200
+    t.join(timeout=30)
+    assert done and len(done[0].split()) == 100  # answered whole, not aborted
+    assert stats(url)["sleeping"]
+    status, body = call("POST", url + "/sleep?level=1&mode=later")
+    assert status == 400 and b"mode must be one of abort, wait, keep" in body

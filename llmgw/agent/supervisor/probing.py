@@ -108,7 +108,9 @@ async def sleep(session: aiohttp.ClientSession, endpoint: str, level: int, *, ap
     vLLM's routes (``POST /sleep?level=N``, ``POST /wake_up``, served with ``--enable-sleep-mode`` and
     ``VLLM_SERVER_DEV_MODE=1``) answer 200 once done; a 404 means the engine was started without them.
     """
-    path = f"/sleep?level={level}" if level else "/wake_up"
+    # mode=wait (newer vLLM; older ones ignore it): a request that reached the engine as it was told to sleep
+    # finishes first instead of being aborted.
+    path = f"/sleep?level={level}&mode=wait" if level else "/wake_up"
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         async with session.post(endpoint + path, headers=headers,

@@ -70,24 +70,33 @@ class Sleeper:
         self._asked, self._woke, self._told = {}, {}, set()
 
     def step(self, models: Mapping[str, specs.ModelSpec], replicas: list[ReplicaRecord], now: float) -> None:
-        """One pass: the sleeping set written when it changed, then each idle step's command sent."""
+        """One pass: each idle step's command sent, then the sleeping set written when it changed.
+
+        The set written holds the replicas asked to sleep as well as those asleep: the routers' table leaves a
+        replica out before its engine sleeps (it sleeps with ``mode=wait``, so what reached it finishes), and a
+        waking one until its agent reports it awake, when the held requests go to it.
+        """
         views = self._views()
         sleeping: dict[str, int] = {}
         for r in replicas:
             level = self._level(r, views)
             if level:
                 sleeping[r.id] = level
-        if sleeping != self._written:
-            self._ctx.write(Store.put_settings, {KEY: json.dumps(sleeping, sort_keys=True)})
-            self._written = sleeping
-        if not (self._ctx.leading and self._ctx.may_act()):
-            return
-        self._pass = (models, replicas, sleeping, now)
-        for r in replicas:
-            spec = models.get(r.model)
-            if spec is None or spec.idle is None or r.phase is not Phase.READY or not r.node_id or not r.shard_id:
-                continue
-            self._step_one(spec.idle, spec.engine, r, sleeping.get(r.id, 0), now)
+        if self._ctx.leading and self._ctx.may_act():
+            self._pass = (models, replicas, sleeping, now)
+            for r in replicas:
+                spec = models.get(r.model)
+                if spec is None or spec.idle is None or r.phase is not Phase.READY or not r.node_id or not r.shard_id:
+                    continue
+                self._step_one(spec.idle, spec.engine, r, sleeping.get(r.id, 0), now)
+        live = {r.id for r in replicas}
+        written = dict(sleeping)
+        for rid, (level, _) in self._asked.items():
+            if level and rid in live:
+                written.setdefault(rid, level)
+        if written != self._written:
+            self._ctx.write(Store.put_settings, {KEY: json.dumps(written, sort_keys=True)})
+            self._written = written
 
     def _level(self, r: ReplicaRecord, views: Mapping[str, NodeView]) -> int:
         if r.phase is not Phase.READY or not r.node_id or not r.shard_id:
@@ -109,7 +118,7 @@ class Sleeper:
         wanted = sig is not None and (sig.wanted or sig.waiting > 0)
         busy = sig is not None and sig.in_flight > 0
         replica = idle.Replica(id=r.id, state=idle.SLEEPING if level else idle.AWAKE,
-                               can_sleep=idle.can_sleep(engine, r.gpus),
+                               can_sleep=idle.can_sleep(engine, r.gpus) and not self._refused(r),
                                last_request_at=sig.last_request_at if sig is not None else 0.0,
                                awake_since=max(r.ready_at, self._woke.get(r.id, 0.0)))
         step = idle.idle_step(spec, replica, now=now, wanted=wanted, busy=busy)
@@ -181,3 +190,9 @@ class Sleeper:
         return idle.Resident(id=x.id, model=x.model, memory_mib=x.memory_bytes or total,
                              awake=not sleeping.get(x.id), last_used=sig.last_request_at if sig is not None else 0.0,
                              busy=busy)
+
+    def _refused(self, r: ReplicaRecord) -> bool:
+        """Its agent said its engine cannot sleep (started without its sleep mode): it is not asked again."""
+        view = self._views().get(r.node_id or "")
+        status = view.shards.get(r.shard_id or "") if view is not None else None
+        return status is not None and status.sleep_level == 0 and "without its sleep mode" in status.message

@@ -71,7 +71,8 @@ class SimEngine:
         self.clock = clock
         self.slots = Slots(config.parallel)
         self.stats = Stats()
-        self.sleep = SleepMode(config.sleep, clock=clock)
+        self.sleep = SleepMode(config.sleep, clock=clock,
+                               busy=lambda: self.slots.running > 0 or self.slots.waiting > 0)
         self.ready_at = clock() + config.startup_delay
         self.created = int(time.time())
         # Prompts seen lately, so a repeated one reports its blocks as cached (``prompt_tokens_details``).

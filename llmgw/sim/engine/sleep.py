@@ -1,9 +1,12 @@
 """vLLM's sleep mode, mimicked: ``POST /sleep?level=1|2``, ``POST /wake_up``, ``GET /is_sleeping``.
 
-As vLLM (0.11+, ``vllm/entrypoints/openai/api_server.py``; https://docs.vllm.ai/en/latest/features/sleep_mode/):
-the routes exist only when the engine was started with sleep mode (``--enable-sleep-mode``) and its
-server runs in dev mode (``VLLM_SERVER_DEV_MODE=1`` in its environment); else they are 404. ``/sleep`` and
-``/wake_up`` answer 200 with an empty body once done, ``/is_sleeping`` answers ``{"is_sleeping": bool}``.
+As vLLM (``vllm/entrypoints/openai/api_server.py``, later ``vllm/entrypoints/serve/``;
+https://docs.vllm.ai/en/latest/features/sleep_mode/): the routes exist only when the engine was started
+with sleep mode (``--enable-sleep-mode``) and its server runs in dev mode (``VLLM_SERVER_DEV_MODE=1`` in its
+environment); else they are 404. ``/sleep`` and
+``/wake_up`` answer 200 with an empty body once done, ``/is_sleeping`` answers ``{"is_sleeping": bool}``;
+newer vLLM's ``/sleep`` also takes ``mode`` (``abort`` by default, ``wait`` for the requests in flight),
+which older ones ignore. vLLM's ``/health`` answers 200 while it sleeps (503 only for a dead engine), as here.
 Level 1 offloads the weights to host memory and drops the KV cache; level 2 drops both (a wake reloads
 them). vLLM's sleep mode is CUDA and ROCm only ("This feature is now supported on CUDA and ROCm
 platform", the page above): vLLM on CPU cannot sleep.
@@ -29,6 +32,8 @@ from aiohttp import web
 
 from .protocol import dumps, error
 
+#: ``/sleep``'s ``mode`` (newer vLLM): abort the requests in flight, wait for them, or keep them paused.
+MODES = ("abort", "wait", "keep")
 #: The variable vLLM reads before it serves its dev routes (/sleep among them).
 DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
 
@@ -49,9 +54,12 @@ class SleepConfig:
 class SleepMode:
     """Whether the engine sleeps, and at which level; one lock so a sleep and a wake never overlap."""
 
-    def __init__(self, config: SleepConfig, *, clock: Callable[[], float]) -> None:
+    def __init__(self, config: SleepConfig, *, clock: Callable[[], float],
+                 busy: Callable[[], bool] = lambda: False) -> None:
         self.config = config
         self.clock = clock
+        #: Whether requests run or wait at the engine (``mode=wait`` sleeps once none does).
+        self.busy = busy
         self.level = 0  # 0: awake
         self.sleeps = 0
         self.wakes = 0
@@ -76,6 +84,11 @@ class SleepMode:
         raw = request.query.get("level", "1")
         if raw not in ("1", "2"):
             return error(400, f"level must be 1 or 2, got {raw!r}", type_="invalid_request_error")
+        mode = request.query.get("mode", "abort")
+        if mode not in MODES:
+            return error(400, f"mode must be one of {', '.join(MODES)}, got {mode!r}", type_="invalid_request_error")
+        while mode == "wait" and self.busy():  # noqa: ASYNC110 (the slots have no event to wait on)
+            await asyncio.sleep(0.01)  # vLLM's mode=wait: the requests in flight finish first
         async with self._lock:
             if not self.sleeping:
                 await asyncio.sleep(self.config.sleep_delay)
