@@ -45,7 +45,8 @@ def _report(models: int, i: int) -> LoadReport:
 def _heartbeat(gpus: int, i: int) -> Heartbeat:
     return Heartbeat(memory_total_bytes=512 << 30, memory_available_bytes=(400 << 30) - i, cpu_percent=i % 100,
                      gpus=tuple(Gpu(index=g, uuid=f"u{g}", name="H100", memory_total_bytes=80 << 30,
-                                    memory_used_bytes=(g + 1) << 30) for g in range(gpus)),
+                                    memory_used_bytes=(g + 1) << 30, utilization_percent=(i + g) % 101)
+                           for g in range(gpus)),
                      disks=(Disk("/", 2 << 40, 1 << 40),))
 
 
@@ -72,7 +73,8 @@ def main() -> int:
     model_b = h._series["model"]["m"].nbytes()
     node0_b, node8_b = h._series["node"]["n0"].nbytes(), h._series["node"]["n8"].nbytes()
     assert model_b == 1800 * (len(history.MODEL_FIELDS) * 4 + 6 * 4 + 8), model_b
-    assert node0_b == 1800 * (3 * 8 + 8) and node8_b == 1800 * (11 * 8 + 8), (node0_b, node8_b)
+    # 2 fields a GPU: its memory used and its utilisation.
+    assert node0_b == 1800 * (3 * 8 + 8) and node8_b == 1800 * (19 * 8 + 8), (node0_b, node8_b)
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
     big = history.MetricsHistory()

@@ -100,7 +100,9 @@ def gpus_to_pb(gpus: Iterable[inv.Gpu]) -> list[pb.Gpu]:
                    memory_used_bytes=g.memory_used_bytes, compute_capability=g.compute_capability,
                    nvlink_peers=list(g.nvlink_peers), pci_bus_id=g.pci_bus_id,
                    processes=[pb.GpuProcess(pid=p.pid, used_memory_bytes=p.used_memory_bytes, name=p.name)
-                              for p in g.processes]) for g in gpus]
+                              for p in g.processes],
+                   utilization_percent=g.utilization_percent or 0,
+                   utilization_known=g.utilization_percent is not None) for g in gpus]
 
 
 def gpus_from_pb(gpus: Iterable[pb.Gpu]) -> tuple[inv.Gpu, ...]:
@@ -108,7 +110,10 @@ def gpus_from_pb(gpus: Iterable[pb.Gpu]) -> tuple[inv.Gpu, ...]:
                          memory_used_bytes=g.memory_used_bytes, compute_capability=g.compute_capability,
                          nvlink_peers=tuple(g.nvlink_peers), pci_bus_id=g.pci_bus_id,
                          processes=tuple(inv.GpuProcess(p.pid, p.used_memory_bytes, p.name)
-                                         for p in g.processes)) for g in gpus)
+                                         for p in g.processes),
+                         # An older agent sends neither field: unknown, not an idle 0 %.
+                         utilization_percent=min(g.utilization_percent, 100) if g.utilization_known else None)
+                 for g in gpus)
 
 
 def _disks_to_pb(disks: Iterable[inv.Disk]) -> list[pb.Disk]:

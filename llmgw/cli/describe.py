@@ -162,10 +162,16 @@ def print_installs(installs: list[dict[str, Any]], now: float) -> None:
                 console.print(f"    {line}", markup=False)
 
 
+def _gpu(g: dict[str, Any]) -> str:
+    """A GPU's name, and how busy it is where its agent says (``NVIDIA H100 80GB HBM3 (37% busy)``)."""
+    busy = g.get("utilization_percent")
+    return g["name"] if busy is None else f"{g['name']} ({busy}% busy)"
+
+
 def print_node(doc: dict[str, Any], now: float) -> None:
     for k, v in (("Name", doc["id"]), ("Status", doc["status"]), ("Address", doc["mgmt_addr"] or "-"),
                  ("Agent", tables.agent_version(doc)), ("Last seen", f"{ago(doc['last_seen'], now)} ago"),
-                 ("CPUs", str(doc["cpu_count"])), ("GPUs", ", ".join(g["name"] for g in doc["gpus"]) or "none"),
+                 ("CPUs", str(doc["cpu_count"])), ("GPUs", ", ".join(_gpu(g) for g in doc["gpus"]) or "none"),
                  ("Engines", ", ".join(f"{e['name']} {e['version']}" for e in doc["engines"]) or "none")):
         console.print(f"{k + ':':<12} {v}", markup=False)
     if up := doc.get("upgrade"):

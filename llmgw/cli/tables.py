@@ -59,6 +59,12 @@ def _memory(n: dict[str, Any]) -> str:
     return f"{format_bytes(n['memory_available_bytes'])} / {format_bytes(n['memory_total_bytes'])}"
 
 
+def gpu_util_cell(n: dict[str, Any]) -> str:
+    """GPU UTIL: each GPU's ``37%`` in index order, ``?`` for one whose agent does not report it; ``-``: no GPUs."""
+    return ",".join("?" if g.get("utilization_percent") is None else f"{g['utilization_percent']}%"
+                    for g in n["gpus"]) or "-"
+
+
 NODES = Listing("node", (
     Column("NODE", lambda n: n["id"]),
     Column("STATUS", status_cell),
@@ -67,6 +73,7 @@ NODES = Listing("node", (
     Column("CPUS", lambda n: str(n["cpu_count"])),
     Column("MEMORY FREE/TOTAL", _memory),
     Column("GPUS", lambda n: str(len(n["gpus"]))),
+    Column("GPU UTIL", gpu_util_cell, wide=True),
     Column("ENGINES", lambda n: ", ".join(e["name"] for e in n["engines"]) or "-"),
     Column("ENGINE VERSIONS", lambda n: ", ".join(f"{e['name']} {e['version']}" for e in n["engines"]) or "-",
            wide=True),

@@ -9,14 +9,14 @@ Fed from three places the control plane already has, no Prometheus needed:
   (waiting) and in flight merged over the live routers, and its replicas by state from the agents'
   shard reports;
 * each agent heartbeat: the node's CPU %, memory used, disk used (summed over its disks) and each GPU's
-  memory used. GPU utilisation is not in a heartbeat (``core.inventory.Heartbeat`` carries memory only),
-  so it is not charted.
+  memory used and utilisation (percent; a gap where the agent does not report it: an older agent, a
+  driver that cannot measure it).
 
 Kept in ``core.history.Series`` rings: 1 h at 10 s and 24 h at 1 min (1800 slots). By
 ``core.history``'s arithmetic, a model's 26 fields (6 gauges) take 1800 × (26 × 4 + 6 × 4 + 8) = 244,800 bytes
-(~239 KiB); a node's 3 fields + 1 per GPU (all gauges) 1800 × (8 × (3 + G) + 8): 57,600 bytes (~56 KiB)
-without GPUs, 172,800 (~169 KiB) with 8 (``bench/history.py`` measures it). At most ``MAX_MODELS`` (256:
-~60 MiB) models and ``MAX_NODES`` (512: ~28 MiB without GPUs, ~85 MiB with 8 each) nodes are charted;
+(~239 KiB); a node's 3 fields + 2 per GPU (all gauges) 1800 × (8 × (3 + 2G) + 8): 57,600 bytes (~56 KiB)
+without GPUs, 288,000 (~281 KiB) with 8 (``bench/history.py`` measures it). At most ``MAX_MODELS`` (256:
+~60 MiB) models and ``MAX_NODES`` (512: ~28 MiB without GPUs, ~141 MiB with 8 each) nodes are charted;
 past that a new one takes the place of the one written least recently if that one has been quiet for
 ``IDLE_S`` (10 min), else it is not charted (logged once), so a fleet larger than the cap does not churn.
 In memory on the leader only: a failover starts the new leader's charts empty (they fill
@@ -41,7 +41,7 @@ from llmgw.core.shards import ShardState, ShardStatus
 
 log = logging.getLogger(__name__)
 Scope = Literal["model", "node"]
-#: The most models and nodes charted: ~60 MiB and ~45-90 MiB at most (see the docstring).
+#: The most models and nodes charted: ~60 MiB and ~28-141 MiB at most (see the docstring).
 MAX_MODELS, MAX_NODES = 256, 512
 #: A series not written for this long may be dropped for a new one once the cap is reached.
 IDLE_S = 600.0
@@ -60,9 +60,10 @@ _WORST = ("unhealthy", "starting", "draining", "ready")
 
 
 def node_fields(gpus: int) -> tuple[Field, ...]:
-    """A node's fields: what is used (the totals barely move: the node's inventory says them)."""
+    """A node's fields: what is used (the totals barely move: the node's inventory says them), and how busy
+    each GPU was (percent; a gap where its agent does not report it)."""
     return (Field("cpu_percent"), Field("memory_used"), Field("disk_used"),
-            *(Field(f"gpu{i}_memory_used") for i in range(gpus)))
+            *(Field(f"gpu{i}_memory_used") for i in range(gpus)), *(Field(f"gpu{i}_util") for i in range(gpus)))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -181,6 +182,8 @@ class MetricsHistory:
             values["disk_used"] = sum(max(0, d.total_bytes - d.free_bytes) for d in hb.disks)
         for i, g in enumerate(hb.gpus):
             values[f"gpu{i}_memory_used"] = g.memory_used_bytes
+            if g.utilization_percent is not None:  # unknown is a gap, not an idle 0 %
+                values[f"gpu{i}_util"] = float(g.utilization_percent)
         series.record(now, values)
 
     # -- reading ---------------------------------------------------------------------------------
@@ -260,4 +263,5 @@ def _node_charts(cols: dict[str, list[float | None]], names: list[str]) -> tuple
     if gpus:
         charts.append(Chart("GPU memory", "B", tuple(Line(f"{g} used", "B", tuple(cols[f"{g}_memory_used"]))
                                                      for g in gpus)))
+        charts.append(Chart("GPU utilisation", "%", tuple(Line(g, "%", tuple(cols[f"{g}_util"])) for g in gpus)))
     return tuple(charts)

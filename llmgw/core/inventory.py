@@ -45,6 +45,9 @@ class Gpu:
     #: Every process holding memory on it, so that a GPU another job fills can be
     #: named by pid in a placement refusal; () where the driver lists none.
     processes: tuple[GpuProcess, ...] = ()
+    #: Percent of the last sample period the GPU was busy (0..100); None where the
+    #: driver does not measure it or an older agent does not send it.
+    utilization_percent: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

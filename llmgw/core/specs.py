@@ -118,7 +118,7 @@ __all__ = [
 ]
 
 NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$")
-ROUTING_POLICIES = ("prefix_cache", "least_outstanding", "round_robin", "session_affinity")
+ROUTING_POLICIES = ("prefix_cache", "least_outstanding", "round_robin", "session_affinity", "kv_aware")
 MAX_PRIORITY = 1_000_000
 MAX_CONTEXT = 1 << 24
 
@@ -158,7 +158,7 @@ def parse_manifest(doc: Any, *, stored: bool = False) -> Model:
         engine_args=parse_engine_args(spec_doc.get("engine_args") or [], engine),
         env=parse_env(spec_doc.get("env") or {}, stored=stored),
         aliases=parse_aliases(spec_doc.get("aliases") or [], served),
-        routing=_routing(spec_doc.get("routing", "prefix_cache")),
+        routing=_routing(spec_doc.get("routing", "prefix_cache"), stored=stored),
         max_concurrency_per_replica=integer(or_zero(spec_doc.get("max_concurrency_per_replica")),
                                             "spec.max_concurrency_per_replica", lo=0, hi=1_000_000),
         rollout=parse_rollout(spec_doc.get("rollout") or {}),
@@ -271,7 +271,11 @@ def check_spans_nodes(spec: ModelSpec) -> None:
                                              f"{spec.resources.nnodes}; set nnodes to 1{hint}")
 
 
-def _routing(value: Any) -> str:
+def _routing(value: Any, *, stored: bool = False) -> str:
+    if value not in ROUTING_POLICIES and stored and isinstance(value, str):
+        # Stored by a newer release beside this one (a rolling upgrade): its routers route by it; this
+        # release's, by the default. Refusing would make the whole model unreadable here.
+        return "prefix_cache"
     if value not in ROUTING_POLICIES:
         raise SpecError("spec.routing", f"unknown policy {value!r}; one of: {', '.join(ROUTING_POLICIES)}")
     return str(value)

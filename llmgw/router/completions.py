@@ -33,7 +33,7 @@ from llmgw.router import reports as router_events
 from llmgw.router import signals as router_signals
 from llmgw.router import tracing as router_tracing
 from llmgw.router.asgi import CANCELS, authorization, header_value
-from llmgw.router.policies import KEYED
+from llmgw.router.policies import KEYED, TOKENED
 from llmgw.router.table import RouteTable, TableHolder
 
 EMBEDDINGS_PATH = "/v1/embeddings"
@@ -126,7 +126,8 @@ class Completions:
                 table = self.holder.current
             self.apply_limits(table)
             # Hashing the prompt's blocks is for the routings that use them; round-robin skips it.
-            affinity = (prefix.request_key(req.doc, session_header=header_value(scope, b"x-llmgw-session"))
+            affinity = (prefix.request_key(req.doc, session_header=header_value(scope, b"x-llmgw-session"),
+                                           tokens=route.routing in TOKENED)
                         if route.routing in KEYED else pick.NO_KEY)
             spans = router_tracing.CURRENT.get()
             if spans is not None:

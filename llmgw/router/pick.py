@@ -59,6 +59,9 @@ class RequestKey:
 
     session: str = ""
     blocks: tuple[int, ...] = ()
+    #: The prompt's token ids when the request carries them (a completion's ``prompt`` as token ids): what
+    #: ``kv_aware`` hashes as the engine does. The router has no tokenizer, so a text prompt has none.
+    tokens: tuple[int, ...] = ()
 
 
 NO_KEY = RequestKey()

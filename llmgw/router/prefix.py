@@ -87,10 +87,22 @@ def session_of(doc: Mapping[str, Any], *, header: str = "") -> str:
     return user if isinstance(user, str) else ""
 
 
-def request_key(doc: Mapping[str, Any], *, session_header: str = "", block_chars: int = BLOCK_CHARS) -> RequestKey:
-    """The affinity key of a parsed completion body."""
+def prompt_tokens(doc: Mapping[str, Any]) -> tuple[int, ...]:
+    """A completion's prompt given as token ids (or a batch's first such prompt); () otherwise."""
+    prompt = doc.get("prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
+        prompt = prompt[0]
+    if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+        return tuple(prompt)
+    return ()
+
+
+def request_key(doc: Mapping[str, Any], *, session_header: str = "", block_chars: int = BLOCK_CHARS,
+                tokens: bool = False) -> RequestKey:
+    """The affinity key of a parsed completion body; ``tokens``: with its token ids (only ``kv_aware`` reads them)."""
     return RequestKey(session=session_of(doc, header=session_header),
-                      blocks=block_hashes(prompt_text(doc), block_chars=block_chars))
+                      blocks=block_hashes(prompt_text(doc), block_chars=block_chars),
+                      tokens=prompt_tokens(doc) if tokens else ())
 
 
 class PrefixIndex:

@@ -210,7 +210,7 @@ class Forwarder:
             doc = json.loads(body)
         except ValueError:
             return pick.NO_KEY
-        return prefix.request_key(doc) if isinstance(doc, dict) else pick.NO_KEY
+        return prefix.request_key(doc, tokens=policy.reads_tokens) if isinstance(doc, dict) else pick.NO_KEY
 
     async def open(self, route: ModelRoute, path: str, body: bytes, *,
                    key: pick.RequestKey | None = None, stream: bool = False,

@@ -1,8 +1,15 @@
 """The history charts in a real browser (Debian's Chromium): the overview, a model's page and a node's page draw
 what the leader recorded from the router's reports and the agent's heartbeats, and the overview's charts grow
-with more traffic by themselves (htmx), with no reload. Screenshots go to the test artifact folder."""
+with more traffic by themselves (htmx), with no reload. Screenshots go to the test artifact folder.
+
+This machine has no GPU: the agent reads a captured ``nvidia-smi -q -x`` of two GPUs (0 % and 37 % busy), the
+hardware it lacks, so the GPU memory and utilisation charts have data; the rest is real."""
 
 from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import openai
@@ -16,6 +23,20 @@ pytestmark = pytest.mark.slow
 # Waits, not timings: a bucket is 10 s and the charts refresh every 5 s; the margin is for a loaded CI machine.
 LIVE_S = 60.0
 MODEL = "charted"
+NVIDIA_SMI_XML = Path(__file__).resolve().parent.parent / "fixtures" / "nvidia-smi-q-x-2gpu.xml"
+
+
+@pytest.fixture(scope="module")
+def ui_system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[system.System]:
+    """The shared fixture's server and node1, whose agent reads its GPUs from the fixture (a Python script that
+    prints it: no shell)."""
+    root = tmp_path_factory.mktemp("test_ui_charts")
+    smi = root / "nvidia-smi"
+    smi.write_text(f"#!{sys.executable}\nimport sys\nsys.stdout.write(open({str(NVIDIA_SMI_XML)!r}).read())\n")
+    smi.chmod(0o755)
+    env = {"LLMGW_AGENT_DISCOVERY__PREFER_NVML": "false", "LLMGW_AGENT_DISCOVERY__NVIDIA_SMI": str(smi)}
+    with system.running(root / "cluster", agent_env=env) as s:
+        yield s
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +70,7 @@ def test_overview_model_and_node_charts_show_data_and_grow_live(cluster: system.
     requests, cpu = "#overview-charts svg#ov-requests", "#overview-charts svg#ov-cpu"
     wait_for(page, requests, "el => Number(el.dataset.sum) > 0")
     wait_for(page, cpu, "el => Number(el.dataset.points) > 0")
+    wait_for(page, "#overview-charts svg#ov-gpu-util", "el => Number(el.dataset.sum) > 0")  # mean of 0 and 37 %
     expect(page.locator(f"{requests} text.legend", has_text=MODEL)).to_have_count(0)  # one line: no legend
     expect(page.locator(f"{requests} circle.point title").first).to_contain_text("UTC")
     # More traffic, and the open page's chart takes it in without a reload (a marker set now survives): a newer
@@ -78,6 +100,12 @@ def test_overview_model_and_node_charts_show_data_and_grow_live(cluster: system.
     page.goto("/ui/nodes/node1?window=5m")
     wait_for(page, "#node-charts svg#chart-node-0", "el => Number(el.dataset.points) > 0")  # CPU
     wait_for(page, "#node-charts svg#chart-node-1", "el => Number(el.dataset.sum) > 0")  # memory used
+    expect(page.locator("#node-charts svg#chart-node-3")).to_have_attribute("aria-label", "GPU memory")
+    util = "#node-charts svg#chart-node-4"  # beside GPU memory: a line per GPU, the first (gpu0) at 0 %
+    expect(page.locator(util)).to_have_attribute("aria-label", "GPU utilisation")
+    wait_for(page, util, "el => Number(el.dataset.points) >= 2")
+    expect(page.locator(f"{util} circle.point title", has_text="gpu1: 37%").first).to_be_attached()
+    expect(page.locator('#inv-gpus tr[data-gpu="1"] td.gpu-util')).to_have_text("37%")
     expect(page.locator("#h-node-charts strong")).to_have_text("5m")
     assert chrome.csp_violations == []
     chrome.screenshot(page, "node")

@@ -216,7 +216,7 @@ def test_the_registry_is_the_specs_list_of_policies() -> None:
 
 
 def test_only_the_policies_that_read_the_key_get_the_prompt_hashed() -> None:
-    assert policies.KEYED == {"prefix_cache", "session_affinity"}
+    assert policies.KEYED == {"prefix_cache", "session_affinity", "kv_aware"}
 
 
 @pytest.mark.parametrize("name", list(policies.REGISTRY))

@@ -298,6 +298,16 @@ def test_a_stored_model_an_older_version_accepted_still_reads_back() -> None:
     assert specs.parse_manifest(old, stored=True).spec.resources.nnodes == 2
 
 
+def test_a_routing_policy_stored_by_a_newer_release_reads_back_as_the_default() -> None:
+    """A rolling upgrade: the next release's policy name, read from the store here, is routed by the default;
+    given by a user it is still refused with the list of policies."""
+    newer = doc(routing="a_policy_from_the_future")
+    assert specs.parse_manifest(newer, stored=True).spec.routing == "prefix_cache"
+    with pytest.raises(specs.SpecError, match="unknown policy.*kv_aware"):
+        specs.parse_manifest(newer)
+    assert specs.parse_manifest(doc(routing="kv_aware")).spec.routing == "kv_aware"
+
+
 SHA = "ab" * 32
 
 

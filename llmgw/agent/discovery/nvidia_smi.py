@@ -45,6 +45,18 @@ def _bytes(text: str | None) -> int:
         return 0
 
 
+def _percent(text: str | None) -> int | None:
+    """``"37 %"`` as 37; ``"N/A"`` (vGPU, MIG) and anything unreadable as None, unknown rather than idle."""
+    parts = (text or "").split()
+    if len(parts) != 2 or parts[1] != "%":
+        return None
+    try:
+        value = int(float(parts[0]))
+    except ValueError:
+        return None
+    return value if 0 <= value <= 100 else None
+
+
 def _processes(el: ET.Element) -> tuple[GpuProcess, ...]:
     """The ``<process_info>`` entries of one ``<gpu>``, by pid; one without a readable pid is left out."""
     used: dict[int, GpuProcess] = {}
@@ -87,6 +99,7 @@ def parse_nvidia_smi_xml(text: str) -> tuple[Gpu, ...]:
             memory_total_bytes=_bytes(fb.findtext("total") if fb is not None else None),
             memory_used_bytes=_bytes(fb.findtext("used") if fb is not None else None),
             processes=_processes(el),
+            utilization_percent=_percent(el.findtext("utilization/gpu_util")),
         ))
     return tuple(gpus)
 

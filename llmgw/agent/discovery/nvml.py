@@ -109,6 +109,7 @@ class Nvml:
                     memory_used_bytes=int(memory.used),
                     compute_capability=self._capability(handle),
                     processes=self._processes(handle),
+                    utilization_percent=self._utilization(handle),
                 ))
             except m.NVMLError:
                 continue
@@ -196,6 +197,18 @@ class Nvml:
             return _text(self._m.nvmlSystemGetDriverVersion())
         except (self._m.NVMLError, AttributeError):
             return ""
+
+    def _utilization(self, handle: Any) -> int | None:
+        """Percent of the last sample period the GPU was busy; None where the driver cannot say.
+
+        NotSupported (some vGPU profiles, MIG instances) is unknown, not 0 %: a
+        chart would otherwise show a busy card as idle.
+        """
+        try:
+            busy = int(self._m.nvmlDeviceGetUtilizationRates(handle).gpu)
+        except (self._m.NVMLError, AttributeError, TypeError, ValueError):
+            return None
+        return busy if 0 <= busy <= 100 else None
 
     def _capability(self, handle: Any) -> str:
         try:

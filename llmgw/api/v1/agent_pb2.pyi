@@ -432,7 +432,7 @@ class Disk(_message.Message):
     def __init__(self, path: _Optional[str] = ..., total_bytes: _Optional[int] = ..., free_bytes: _Optional[int] = ...) -> None: ...
 
 class Gpu(_message.Message):
-    __slots__ = ("index", "uuid", "name", "memory_total_bytes", "memory_used_bytes", "compute_capability", "nvlink_peers", "pci_bus_id", "processes")
+    __slots__ = ("index", "uuid", "name", "memory_total_bytes", "memory_used_bytes", "compute_capability", "nvlink_peers", "pci_bus_id", "processes", "utilization_percent", "utilization_known")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -442,6 +442,8 @@ class Gpu(_message.Message):
     NVLINK_PEERS_FIELD_NUMBER: _ClassVar[int]
     PCI_BUS_ID_FIELD_NUMBER: _ClassVar[int]
     PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    UTILIZATION_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    UTILIZATION_KNOWN_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     name: str
@@ -451,7 +453,9 @@ class Gpu(_message.Message):
     nvlink_peers: _containers.RepeatedScalarFieldContainer[int]
     pci_bus_id: str
     processes: _containers.RepeatedCompositeFieldContainer[GpuProcess]
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., memory_used_bytes: _Optional[int] = ..., compute_capability: _Optional[str] = ..., nvlink_peers: _Optional[_Iterable[int]] = ..., pci_bus_id: _Optional[str] = ..., processes: _Optional[_Iterable[_Union[GpuProcess, _Mapping]]] = ...) -> None: ...
+    utilization_percent: int
+    utilization_known: bool
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., memory_used_bytes: _Optional[int] = ..., compute_capability: _Optional[str] = ..., nvlink_peers: _Optional[_Iterable[int]] = ..., pci_bus_id: _Optional[str] = ..., processes: _Optional[_Iterable[_Union[GpuProcess, _Mapping]]] = ..., utilization_percent: _Optional[int] = ..., utilization_known: bool = ...) -> None: ...
 
 class GpuProcess(_message.Message):
     __slots__ = ("pid", "used_memory_bytes", "name")

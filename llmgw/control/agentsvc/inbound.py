@@ -24,6 +24,7 @@ from llmgw.control.agentsvc.link import Link
 from llmgw.control.cluster import Cluster
 from llmgw.core import pki
 from llmgw.core.agentupgrade import State, UpgradeStatus
+from llmgw.core.inventory import Gpu
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +49,12 @@ class Inbound:
         t0 = time.perf_counter()
         hb = convert.heartbeat_from_pb(msg.heartbeat)
         view = self.cluster.nodes.get(link.node_id)
-        if view is not None and hb.gpus and hb.gpus == view.inventory.gpus:
+        if view is not None and hb.gpus:
             # The same GPUs as last time: keep the objects already held, so the new ones die
             # at once instead of living a heartbeat period and reaching the oldest GC
-            # generation (see collector): 8 Gpu objects a beat, per node, otherwise.
-            hb = dataclasses.replace(hb, gpus=view.inventory.gpus)
+            # generation (see collector): 8 Gpu objects a beat, per node, otherwise. A busy
+            # GPU's utilisation moves every beat: only that GPU is new, its processes kept.
+            hb = dataclasses.replace(hb, gpus=_reuse_gpus(hb.gpus, view.inventory.gpus))
         self.cluster.node_heartbeat(link.node_id, hb)
         _observe_heartbeat(time.perf_counter() - t0)
 
@@ -156,3 +158,13 @@ def _count(kind: str | None) -> None:
     counter = _counters.get(kind or "")
     if counter is not None:  # a kind from a newer agent is not a label: it could mint series
         counter.inc()
+
+
+def _reuse_gpus(new: tuple[Gpu, ...], held: tuple[Gpu, ...]) -> tuple[Gpu, ...]:
+    """``new``, made of the objects ``held`` already has wherever they are equal."""
+    if new == held:
+        return held
+    if len(new) != len(held):
+        return new
+    return tuple(h if g == h else dataclasses.replace(g, processes=h.processes) if g.processes == h.processes
+                 else g for g, h in zip(new, held, strict=True))

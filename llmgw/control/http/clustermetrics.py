@@ -5,6 +5,7 @@ What the control plane already holds, read at each scrape (no history kept here,
 - ``llmgw_node_up{node}``: 1 while the node's agent is connected to this (leading) control plane, else 0;
   ``llmgw_node_memory_total_bytes`` / ``llmgw_node_memory_available_bytes``: its last heartbeat's;
 - ``llmgw_gpu_memory_total_bytes`` / ``llmgw_gpu_memory_used_bytes{node,gpu}``: each GPU's, from the heartbeats;
+  ``llmgw_gpu_utilization_ratio{node,gpu}``: how busy it was (0..1), only for a GPU whose agent reports it;
 - ``llmgw_model_replicas{model,phase}``: replicas by model and phase (every phase, 0 included);
   ``llmgw_replica_failures{model,replica}``: a replica's failed starts in a row (a crash loop climbs);
 - ``llmgw_leader`` (1: this control plane leads) and ``llmgw_leader_term`` (the lease's term: it moves at each
@@ -73,6 +74,9 @@ class ClusterCollector(Collector):
         gpu_total = G("llmgw_gpu_memory_total_bytes", "Each GPU's memory", labels=["node", "gpu"])
         gpu_used = G("llmgw_gpu_memory_used_bytes", "Each GPU's memory in use, at the node's last heartbeat",
                      labels=["node", "gpu"])
+        gpu_util = G("llmgw_gpu_utilization_ratio", "Each GPU's busy fraction (0..1) over the driver's last sample "
+                     "period, at the node's last heartbeat; absent where its agent does not report it",
+                     labels=["node", "gpu"])
         for node_id, view in sorted(self.cluster.nodes.items()):
             inv = view.inventory
             up.add_metric([node_id], 1 if view.connected else 0)
@@ -81,7 +85,9 @@ class ClusterCollector(Collector):
             for gpu in inv.gpus:
                 gpu_total.add_metric([node_id, str(gpu.index)], gpu.memory_total_bytes)
                 gpu_used.add_metric([node_id, str(gpu.index)], gpu.memory_used_bytes)
-        yield from (up, total, free, gpu_total, gpu_used)
+                if gpu.utilization_percent is not None:
+                    gpu_util.add_metric([node_id, str(gpu.index)], gpu.utilization_percent / 100)
+        yield from (up, total, free, gpu_total, gpu_used, gpu_util)
 
     def _replicas(self) -> Iterator[metrics_core.Metric]:
         counts: dict[str, dict[str, int]] = {}

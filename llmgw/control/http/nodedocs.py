@@ -55,7 +55,8 @@ def node_doc(n: StoredNode, view: NodeView | None, *, connected: bool, has_repli
         "connected": connected, "last_seen": n.last_seen, "labels": dict(n.labels), "cpu_count": inv.cpu_count,
         "memory_total_bytes": inv.memory_total_bytes, "memory_available_bytes": inv.memory_available_bytes,
         "gpus": [{"index": g.index, "name": g.name, "memory_total_bytes": g.memory_total_bytes,
-                  "memory_used_bytes": g.memory_used_bytes, "nvlink_peers": list(g.nvlink_peers)}
+                  "memory_used_bytes": g.memory_used_bytes, "utilization_percent": g.utilization_percent,
+                  "nvlink_peers": list(g.nvlink_peers)}
                  for g in inv.gpus],
         "engines": [{"name": e, "version": v} for e, v in inv.engines],
         "shards": sum(1 for s in (view.shards.values() if view else ()) if s.state in ShardState.live()),
@@ -101,7 +102,8 @@ def describe_doc(node_id: str, stored: StoredNode, mine: list[ReplicaRecord], mo
         "cpu_count": inv.cpu_count, "memory_total_bytes": inv.memory_total_bytes,
         "memory_available_bytes": inv.memory_available_bytes,
         "gpus": [{"index": g.index, "name": g.name, "memory_total_bytes": g.memory_total_bytes,
-                  "memory_used_bytes": g.memory_used_bytes} for g in inv.gpus],
+                  "memory_used_bytes": g.memory_used_bytes, "utilization_percent": g.utilization_percent}
+                 for g in inv.gpus],
         "engines": [{"name": e, "version": v} for e, v in inv.engines],
         # What llmgw installed here and each install's state (issue 14); the engines above are what runs.
         "installs": [engines.install_doc(i) for i in inv.installs],

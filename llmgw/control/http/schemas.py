@@ -164,6 +164,9 @@ class Gpu(Body):
     name: str
     memory_total_bytes: int
     memory_used_bytes: int
+    utilization_percent: int | None = pydantic.Field(
+        None, description="How busy the GPU was (0..100) at the node's last heartbeat; null where its agent does "
+                          "not report it (an older agent, or a driver that cannot measure it)")
     nvlink_peers: list[int] = pydantic.Field(default_factory=list, description="Only in a list")
 
 

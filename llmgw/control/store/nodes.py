@@ -38,8 +38,19 @@ class StoredNodeCert:
     revoked_at: float = 0.0  # 0: not revoked
 
 
+#: Gpu fields this release added that the previous release's reader (0.1.0,
+#: ``Gpu(**doc)``) would refuse as unexpected keywords. They are live readings,
+#: not facts to keep, so the stored document leaves them out and a node read
+#: back from the store has them unknown until its next heartbeat.
+_LIVE_GPU_FIELDS = ("utilization_percent",)
+
+
 def inventory_to_doc(inv: Inventory) -> dict[str, Any]:
-    return dataclasses.asdict(inv)
+    doc = dataclasses.asdict(inv)
+    for gpu in doc.get("gpus", ()):
+        for key in _LIVE_GPU_FIELDS:
+            gpu.pop(key, None)
+    return doc
 
 
 def inventory_from_doc(doc: dict[str, Any]) -> Inventory:

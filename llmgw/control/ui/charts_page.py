@@ -6,7 +6,7 @@ API's forwarding; each draws ``timecharts.time_series`` SVGs, and the pages refr
 ``REFRESH_S`` (a bucket is 10 s: faster would redraw the same picture). ``?window=`` picks 5m…24h.
 
 The overview draws one chart per signal with a line per model (requests/s, TTFT p90) or per node (CPU,
-memory used, GPU memory used), for at most ``OVERVIEW_MAX`` of each.
+memory used, GPU memory used, GPU utilisation), for at most ``OVERVIEW_MAX`` of each.
 """
 
 from __future__ import annotations
@@ -77,6 +77,15 @@ def _gpu_total(doc: dict[str, Any]) -> list[float | None] | None:
     return [None if any(v is None for v in col) else sum(col) for col in zip(*lines, strict=True)]
 
 
+def _gpu_util_mean(doc: dict[str, Any]) -> list[float | None] | None:
+    """A node's GPU utilisation, averaged over the GPUs that reported it (None where none did)."""
+    lines = [ln["values"] for c in doc.get("charts", []) if c["title"] == "GPU utilisation" for ln in c["lines"]]
+    if not lines:
+        return None
+    cols = ([v for v in col if v is not None] for col in zip(*lines, strict=True))
+    return [sum(known) / len(known) if known else None for known in cols]
+
+
 async def overview_charts(ui: common.Ui, request: Request, window: str) -> dict[str, Any]:
     """The overview's charts: a line per model or node; the names come from the model and node lists."""
     models, _ = await ui.call(request, "GET", "/api/v1/models")
@@ -97,12 +106,16 @@ async def overview_charts(ui: common.Ui, request: Request, window: str) -> dict[
              ("Tokens out by model", "/s", [(n, _line(d, "Tokens", "out")) for n, d in mdocs], "ov-tokens"),
              ("CPU by node", "%", [(n, _line(d, "CPU", "cpu")) for n, d in ndocs], "ov-cpu"),
              ("Memory used by node", "B", [(n, _line(d, "Memory used", "memory")) for n, d in ndocs], "ov-memory"),
-             ("GPU memory used by node", "B", [(n, _gpu_total(d)) for n, d in ndocs], "ov-gpu")]
+             ("GPU memory used by node", "B", [(n, _gpu_total(d)) for n, d in ndocs], "ov-gpu"),
+             ("GPU utilisation by node (mean of its GPUs)", "%", [(n, _gpu_util_mean(d)) for n, d in ndocs],
+              "ov-gpu-util")]
     charts = []
     for title, unit, lines, ident in specs:
         drawn = [(n, v) for n, v in lines if v is not None and len(v) == len(times)]
         if ident == "ov-gpu" and not drawn:
             continue  # no GPU anywhere: no empty chart for it
+        if ident == "ov-gpu-util" and not any(v is not None for _, vs in drawn for v in vs):
+            continue  # no GPU says how busy it is (older agents, vGPU): no chart of gaps
         charts.append(timecharts.time_series(times, drawn, title=title, unit=unit, step_s=step, chart_id=ident))
     return {"error": "", "charts": charts}
 

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from llmgw.router.pick import DEFAULT_ROUTING
 from llmgw.router.policies.base import NO_LOAD, Options, Policy, Ticket
+from llmgw.router.policies.kv_aware import KvAware
 from llmgw.router.policies.least_outstanding import LeastOutstanding
 from llmgw.router.policies.prefix_cache import PrefixCache
 from llmgw.router.policies.round_robin import RoundRobin
 from llmgw.router.policies.session_affinity import SessionAffinity
 
-_POLICIES: tuple[type[Policy], ...] = (PrefixCache, LeastOutstanding, RoundRobin, SessionAffinity)
+_POLICIES: tuple[type[Policy], ...] = (PrefixCache, LeastOutstanding, RoundRobin, SessionAffinity, KvAware)
 
 #: Each policy's class by its name.
 REGISTRY: dict[str, type[Policy]] = {cls.name: cls for cls in _POLICIES}
@@ -27,6 +28,8 @@ REGISTRY: dict[str, type[Policy]] = {cls.name: cls for cls in _POLICIES}
 DEFAULT = DEFAULT_ROUTING
 #: The names of the policies that read the request's affinity key: only for these is the prompt hashed.
 KEYED = frozenset(name for name, cls in REGISTRY.items() if cls.keyed)
+#: The names of the keyed policies that also read the prompt's token ids.
+TOKENED = frozenset(name for name, cls in REGISTRY.items() if cls.reads_tokens)
 
 
 def create(options: Options = Options()) -> dict[str, Policy]:
@@ -34,5 +37,5 @@ def create(options: Options = Options()) -> dict[str, Policy]:
     return {name: cls(options) for name, cls in REGISTRY.items()}
 
 
-__all__ = ["DEFAULT", "KEYED", "NO_LOAD", "REGISTRY", "Options", "Policy", "Ticket", "create",
-           "LeastOutstanding", "PrefixCache", "RoundRobin", "SessionAffinity"]
+__all__ = ["DEFAULT", "KEYED", "TOKENED", "NO_LOAD", "REGISTRY", "Options", "Policy", "Ticket", "create",
+           "KvAware", "LeastOutstanding", "PrefixCache", "RoundRobin", "SessionAffinity"]

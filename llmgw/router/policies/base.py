@@ -25,7 +25,7 @@ import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 from typing import ClassVar
 
-from llmgw.router import prefix
+from llmgw.router import kvview, prefix
 from llmgw.router.pick import NO_KEY, E, RequestKey
 
 NO_LOAD: Mapping[str, float] = {}
@@ -39,6 +39,10 @@ class Options:
     prefix_index: prefix.PrefixIndex | None = None
     #: How long a request may wait for a prefix another is prefilling on its replica; 0: never.
     prefill_wait_s: float = 30.0
+    #: ``kv_aware``: the replicas' KV caches as their agents report them (None: a fresh, empty view).
+    kv_view: kvview.KvView | None = None
+    #: ``kv_aware``: only replicas within this many requests in flight of the least loaded are candidates.
+    kv_imbalance: float = 8.0
 
 
 class Ticket:
@@ -59,6 +63,8 @@ class Policy:
     #: Whether ``pick`` reads the endpoints' load: a policy that does not is given ``NO_LOAD``, and the router
     #: builds no per-request map of every endpoint's load for it (issue 27: a feature pays only when used).
     uses_load: ClassVar[bool] = True
+    #: Whether ``pick`` reads the prompt's token ids (``RequestKey.tokens``): only then are they copied out.
+    reads_tokens: ClassVar[bool] = False
 
     def __init__(self, options: Options = Options()) -> None:
         self.options = options

@@ -19,7 +19,7 @@ import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -36,6 +36,9 @@ from .protocol import (
 )
 from .sleep import SleepConfig, SleepMode
 from .slots import Slots, Stats
+
+if TYPE_CHECKING:  # kvcache imports llmgw.core and zmq: only with --kv-events-config (the wheel ships alone)
+    from .kvcache import SimKvCache
 
 #: The rank variables an agent sets for a rank of a multi-node replica; /sim/stats reports them.
 GROUP_ENV = ("LLMGW_NNODES", "LLMGW_RANK", "LLMGW_LEADER_ADDR", "LLMGW_LEADER_PORT", "NCCL_IB_HCA")
@@ -59,6 +62,11 @@ class Config:
     rank: int = 0
     leader_addr: str = ""
     leader_port: int = 0
+    #: vLLM's ``--kv-events-config`` JSON: publish KV events from the simulated cache (``kvcache``); "" off.
+    kv_events_config: str = ""
+    #: The simulated KV cache's capacity in blocks, and its block size in tokens.
+    kv_cache_blocks: int = 4096
+    block_size: int = 16
     #: vLLM's sleep mode (``sleep.py``): off unless ``--enable-sleep-mode``.
     sleep: SleepConfig = SleepConfig()
 
@@ -77,6 +85,8 @@ class SimEngine:
         self.created = int(time.time())
         # Prompts seen lately, so a repeated one reports its blocks as cached (``prompt_tokens_details``).
         self._seen: collections.OrderedDict[bytes, None] = collections.OrderedDict()
+        #: The simulated KV cache publishing vLLM's events (``--kv-events-config``), set by ``serve``.
+        self.kv: SimKvCache | None = None
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._gate])
@@ -135,7 +145,10 @@ class SimEngine:
                                   "aborts": [{"user": u, "at": t} for u, t in self.stats.aborts],
                                   "arrivals": list(self.stats.arrivals),
                                   "requests": list(self.stats.requests),
-                                  "group": self.group(), "sleep": self.sleep.stats()},
+                                  "group": self.group(), "sleep": self.sleep.stats(),
+                                  # The simulated KV cache (--kv-events-config): blocks found cached / asked.
+                                  "kv_hits": self.kv.hits if self.kv else 0,
+                                  "kv_queries": self.kv.queries if self.kv else 0},
                                  dumps=dumps)
 
     def group(self) -> Json:
@@ -228,6 +241,9 @@ class SimEngine:
         body, n_prompt, n_out = parsed
         tokens = self._tokens(body, n_out, chat=chat)
         cached = self._cached(body, n_prompt, chat=chat)
+        ids = body.get("prompt")
+        if self.kv is not None and not chat and isinstance(ids, list) and all(type(t) is int for t in ids):
+            cached = await self.kv.admit(ids)
         self.stats.total += 1
         self.stats.requests.append(body)
         traceparent = request.headers.get("traceparent")
@@ -301,7 +317,7 @@ class SimEngine:
         pieces, finish = tokens
         n_out = len(pieces)
         async with self.slots.held():
-            until = self._pace(n_prompt)
+            until = self._pace(n_prompt - (cached if self.kv is not None else 0))
             await until(n_out - 1)
         text = "".join(pieces)
         if chat:
@@ -341,7 +357,7 @@ class SimEngine:
             return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
 
         async with self.slots.held():
-            until = self._pace(n_prompt)
+            until = self._pace(n_prompt - (cached if self.kv is not None else 0))
             for i in range(n_out):
                 await until(i)
                 if continuous:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import ssl
@@ -42,6 +43,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rank", type=int, default=0, help="its rank; only rank 0 serves /v1")
     parser.add_argument("--leader-addr", default="", help="rank 0's address")
     parser.add_argument("--leader-port", type=int, default=0, help="rank 0's rendezvous port")
+    parser.add_argument("--kv-events-config", default="",
+                        help="vLLM's flag: JSON {enable_kv_cache_events, endpoint, replay_endpoint, topic}")
+    parser.add_argument("--kv-cache-blocks", type=int, default=4096, help="simulated KV cache capacity in blocks")
+    parser.add_argument("--block-size", type=int, default=16, help="KV cache block size in tokens")
     # As vLLM's: serve TLS with this key and certificate (the agent's engine_tls gives the node's engine ones).
     parser.add_argument("--ssl-keyfile", default="", help="serve HTTPS with this PEM key (with --ssl-certfile)")
     parser.add_argument("--ssl-certfile", default="", help="the PEM certificate for --ssl-keyfile")
@@ -79,6 +84,20 @@ def server_context(keyfile: str, certfile: str) -> ssl.SSLContext | None:
 async def serve(config: Config, *, host: str, port: int, tls: ssl.SSLContext | None = None) -> int:
     """Serve until SIGTERM or SIGINT; the exit status (1 when the port cannot be bound)."""
     engine = SimEngine(config)
+    publisher = None
+    if kv_events_on(config.kv_events_config):
+        try:  # llmgw.core and pyzmq: in an llmgw install, not in the sim's own wheel
+            from .kvcache import SimKvCache
+            from .kvpublish import KvPublisher
+        except ImportError as e:
+            print(f"llmgw sim engine: --kv-events-config needs llmgw and pyzmq ({e}); run the sim as "
+                  "`python -m llmgw.sim.engine` from an llmgw install, or drop --kv-events-config", file=sys.stderr)
+            return 1
+        cfg = json.loads(config.kv_events_config)
+        publisher = KvPublisher(cfg.get("endpoint", "tcp://*:5557"), cfg.get("replay_endpoint"),
+                                topic=cfg.get("topic", ""), buffer_steps=int(cfg.get("buffer_steps", 10_000)))
+        publisher.start()
+        engine.kv = SimKvCache(publisher, capacity_blocks=config.kv_cache_blocks, block_size=config.block_size)
     # shutdown_timeout: aiohttp waits 60 s for open requests by default, and waits it twice
     # (for the handler to end, then for it to end once cancelled); a stopped engine must be gone
     # in well under a second, and its open streams are cut anyway. 0.1 gives ~0.25 s in all.
@@ -103,7 +122,17 @@ async def serve(config: Config, *, host: str, port: int, tls: ssl.SSLContext | N
         await stop.wait()
     finally:
         await runner.cleanup()
+        if publisher is not None:
+            await publisher.close()
     return 0
+
+
+def kv_events_on(config_json: str) -> bool:
+    """Whether vLLM's ``--kv-events-config`` JSON asks for a ZMQ publisher (as ``EventPublisherFactory.create``)."""
+    if not config_json:
+        return False
+    cfg = json.loads(config_json)
+    return bool(cfg.get("enable_kv_cache_events")) and cfg.get("publisher", "zmq") == "zmq"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
                     decode_tps=args.decode_tps, parallel=args.parallel, startup_delay=args.startup_delay,
                     max_tokens_default=args.max_tokens_default, echo=args.echo, nnodes=args.nnodes,
                     rank=args.rank, leader_addr=args.leader_addr, leader_port=args.leader_port,
+                    kv_events_config=args.kv_events_config, kv_cache_blocks=args.kv_cache_blocks,
+                    block_size=args.block_size,
                     sleep=SleepConfig(enabled=args.enable_sleep_mode, wake_delay=args.wake_delay,
                                       sleep_delay=args.sleep_delay, level2_extra_delay=args.level2_extra_delay,
                                       memory_mib=args.memory_mib, sleep_memory_mib=args.sleep_memory_mib))
