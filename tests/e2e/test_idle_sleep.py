@@ -55,6 +55,10 @@ def test_idle_replica_sleeps_and_the_next_request_wakes_it(system: System) -> No
     shown = subprocess.run([*LLMGW, "get", "replicas", "--url", system.url], capture_output=True, text=True,
                            timeout=60, env={**system.cli_env(), "COLUMNS": "300"})
     assert "Sleeping (level 1)" in shown.stdout, shown.stdout + shown.stderr
+    for what in (["describe", "model", "sleepy"], ["describe", "node", "node1"]):
+        shown = subprocess.run([*LLMGW, *what, "--url", system.url], capture_output=True, text=True,
+                               timeout=60, env={**system.cli_env(), "COLUMNS": "300"})
+        assert "Sleeping (level 1)" in shown.stdout, shown.stdout + shown.stderr
 
     # The next request is held (not refused), wakes it, and is served by the same engine.
     c = openai.OpenAI(base_url=f"{system.url}/v1", api_key="unused", max_retries=0, timeout=60)
