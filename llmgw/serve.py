@@ -160,7 +160,8 @@ def _control_plane(cfg: ServerConfig, store: Store, hub: decide.Hub) -> _Control
     # anything listens, so they hold nobody up.
     db = StoreThread(store)
     decide_cfg = decide.Config(node_grace_s=cfg.node_grace_s, unhealthy_grace_s=cfg.unhealthy_grace_s,
-                               weights_gc_free_below_pct=cfg.weights_gc_free_below_pct, hub=hub)
+                               weights_gc_free_below_pct=cfg.weights_gc_free_below_pct, hub=hub,
+                               sleep_overcommit=cfg.sleep_overcommit)
     # Remote models' metadata is read from where their nodes will fetch them (the mirror, or the hub).
     remote_meta = remotemeta.Reader(hub_endpoint=decide_cfg.hub.endpoint, mirror_url=decide_cfg.hub.mirror_url,
                                     token=decide_cfg.hub.token, allow_private=cfg.fetch_allow_private,

@@ -351,6 +351,9 @@ def _commands(cfg: AgentConfig, supervisor: Supervisor, installer: provision.Ins
     async def drain(shard_id: str, timeout_s: float) -> object:
         return await supervisor.drain(shard_id, timeout_s=timeout_s)
 
+    async def sleep(shard_id: str, level: int) -> object:
+        return await supervisor.sleep(shard_id, level)
+
     shard_logs = logs_mod.ShardLogs(run_dir, node_id=cfg.node_id,
                                     known=lambda: [s.shard_id for s in supervisor.statuses()])
 
@@ -366,7 +369,7 @@ def _commands(cfg: AgentConfig, supervisor: Supervisor, installer: provision.Ins
 
     return Commands(start=start, stop=stop_shard, drain=drain, statuses=supervisor.statuses, logs=read_logs,
                     remove_weights=supervisor.remove_weights, provision=provisioned, fabric_test=fabric_runner.run,
-                    upgrade=upgrade)
+                    upgrade=upgrade, sleep=sleep)
 
 
 async def _leave(cfg: AgentConfig, session: Session, supervisor: Supervisor, *, upgrading: bool = False) -> None:

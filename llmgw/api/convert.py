@@ -43,6 +43,7 @@ def spec_to_pb(spec: ShardSpec) -> pb.ShardSpec:
         source_sha256=spec.source_sha256, source_file=spec.source_file, hub_endpoint=spec.hub_endpoint,
         hub_token=spec.hub_token, mirror_url=spec.mirror_url, engine_version=spec.engine_version,
         adapters=[pb.LoraAdapter(name=a.name, source=a.source) for a in spec.adapters],
+        sleep_mode=spec.sleep_mode,
     )
 
 
@@ -61,6 +62,7 @@ def spec_from_pb(msg: pb.ShardSpec) -> ShardSpec:
         source_sha256=msg.source_sha256, source_file=msg.source_file, hub_endpoint=msg.hub_endpoint,
         hub_token=msg.hub_token, mirror_url=msg.mirror_url, engine_version=msg.engine_version,
         adapters=tuple(Adapter(name=a.name, source=a.source) for a in msg.adapters),
+        sleep_mode=msg.sleep_mode,
     )
 
 
@@ -70,6 +72,7 @@ def status_to_pb(st: ShardStatus) -> pb.ShardStatus:
         exited=st.exit_code is not None, exit_code=st.exit_code or 0, last_output=list(st.last_output),
         endpoint=st.endpoint, pid=st.pid, adopted=st.adopted, probe_failures=st.probe_failures,
         adapters=list(st.adapters), adapters_message=st.adapters_message,
+        sleep_level=st.sleep_level,
     )
     if st.spec is not None:
         msg.spec.CopyFrom(spec_to_pb(st.spec))
@@ -90,6 +93,7 @@ def status_from_pb(msg: pb.ShardStatus) -> ShardStatus:
         endpoint=msg.endpoint, pid=msg.pid, spec=spec_from_pb(msg.spec) if msg.HasField("spec") else None,
         adopted=msg.adopted, probe_failures=msg.probe_failures,
         adapters=tuple(msg.adapters), adapters_message=msg.adapters_message,
+        sleep_level=msg.sleep_level,
         fetch=FetchProgress(done_bytes=msg.fetch.done_bytes, total_bytes=msg.fetch.total_bytes,
                             rate_bps=msg.fetch.rate_bps, eta_s=msg.fetch.eta_s, state=msg.fetch.state,
                             message=msg.fetch.message) if msg.HasField("fetch") else None,

@@ -187,7 +187,7 @@ def print_node(doc: dict[str, Any], now: float) -> None:
     console.print("\nReplicas:", markup=False)
     t = Table(("REPLICA", "MODEL", "PHASE", "SHARD", "GPUS", "MESSAGE"))
     for r in doc["replicas"]:
-        t.add_row(r["id"], r["model"], r["phase"], r["shard"] or "-",
+        t.add_row(r["id"], r["model"], tables.phase_of(r), r["shard"] or "-",
                   ",".join(str(g) for g in r["gpus"]) or "-", r["message"])
     output.emit(t.text() if doc["replicas"] else "  none\n")
     console.print("\nEvents:", markup=False)

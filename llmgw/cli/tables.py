@@ -118,6 +118,8 @@ def phase_of(r: dict[str, Any]) -> str:
     A download of unknown size says how much has come; a stalled one says so
     in place of a rate that would read 0 (the message says why).
     """
+    if r.get("sleep_level"):
+        return f"Sleeping (level {r['sleep_level']})"  # spec.idle: Ready, its engine asleep
     f = r.get("fetch")
     if not f:
         return str(r["phase"])

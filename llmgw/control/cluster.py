@@ -28,6 +28,7 @@ from llmgw.control.loop.nodes import Nodes
 from llmgw.control.loop.plan import Loaded, Plan, load, read_targets
 from llmgw.control.loop.planner import Planner
 from llmgw.control.loop.recorder import Recorder
+from llmgw.control.loop.sleeper import Sleeper
 from llmgw.control.loop.table import TablePublisher
 from llmgw.control.reconcile import decide
 from llmgw.control.reconcile import engines as provisioning
@@ -80,6 +81,8 @@ class Cluster:
                                ejections=self.ejections, remote_meta=remote_meta,
                                provisioning_inputs=self._engine_inputs)
         self.table = TablePublisher(self.ctx, engine_ca=engine_ca, held=self._adapters_held)
+        #: spec.idle (issue 31): ready replicas put to sleep when idle, woken when a request is held for them.
+        self.sleeper = Sleeper(self.ctx, self.links, self.signals, lambda: self.node_manager.views, self.record)
         #: Operators' engine wants and the cluster's engine settings (``control.engines`` rebinds them on a change).
         self.engine_wants: tuple[provisioning.ScopedWant, ...] = ()
         self.engine_settings = provisioning.EngineSettings.from_map({})
@@ -115,6 +118,7 @@ class Cluster:
         self.links.provisioned = {}
         self.engine_wants = loaded.wants
         self.engine_settings = provisioning.EngineSettings.from_map(loaded.settings)
+        self.sleeper.take(loaded.settings)
 
     async def take_over(self, term: int) -> None:
         """Starts leading at ``term``: reads the store's picture afresh (it moved on while this one stood by)."""
@@ -236,6 +240,7 @@ class Cluster:
                                  seen=self.planner.observe(models, now))
         write_targets(self.store, plan)
         self._apply(plan)
+        self.sleeper.step(models, replicas, now)
         return plan.again
 
     async def reconcile_pass(self) -> bool:
@@ -251,6 +256,7 @@ class Cluster:
                                        seen=self.planner.observe(models, now))
         await self.db.call(write_targets, self.store, plan)
         self._apply(plan)
+        self.sleeper.step(models, replicas, now)
         return plan.again
 
     def _expire(self, now: float) -> float:

@@ -96,3 +96,10 @@ def summarize(spec: ModelSpec, replicas: Iterable[ReplicaRecord], *, now: float)
     if any(r.failures for r in mine):
         return ModelStatus("Failed", message, ready, desired)
     return ModelStatus("Pending", message, ready, desired)
+
+
+def sleep_level_of(r: ReplicaRecord, nodes: Mapping[str, NodeView]) -> int:
+    """The level a Ready replica's engine sleeps at, as its node last reported it (spec.idle); 0: awake."""
+    view = nodes.get(r.node_id or "")
+    status = view.shards.get(r.shard_id or "") if view is not None else None
+    return status.sleep_level if status is not None and r.phase is Phase.READY else 0

@@ -104,6 +104,8 @@ class ShardSpec:
     #: LoRA adapters the agent loads into the engine once ready (``core.adapters``); changing them alone
     #: (a StartShard for the live shard) loads and unloads at runtime, never restarts it.
     adapters: tuple[Adapter, ...] = ()
+    #: Start the engine with its sleep mode on (spec.idle.action sleep, an engine that has one: issue 31).
+    sleep_mode: bool = False
 
 
 #: Variables llmgw sets itself in every engine's environment: a spec's env may not set them
@@ -159,6 +161,8 @@ class ShardStatus:
     #: The LoRA adapters loaded into its engine now, by name; and why the last load or unload failed.
     adapters: tuple[str, ...] = ()
     adapters_message: str = ""
+    #: The engine sleeps at this level (spec.idle); 0: awake. Only a READY shard sleeps.
+    sleep_level: int = 0
 
 
 #: The longest shard id accepted. The control plane names a shard

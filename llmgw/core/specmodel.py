@@ -9,9 +9,10 @@ from typing import Any
 
 from llmgw.core import adapters as adapters_mod
 from llmgw.core import autoscale as autoscale_mod
+from llmgw.core import idle as idle_mod
 from llmgw.core import quota
 from llmgw.core.specplace import Gpus, Resources, resources_doc
-from llmgw.core.specscale import Rollout, autoscale_doc, count_doc
+from llmgw.core.specscale import Rollout, autoscale_doc, count_doc, idle_doc
 
 API_VERSION = "llmgw/v1"
 DEFAULT_STARTUP_TIMEOUT_S = 600.0
@@ -64,6 +65,8 @@ class ModelSpec:
     #: ``spec.adapters``: LoRA adapters loaded into the running engines (``core.adapters``). Not in the
     #: fingerprint: adding or removing one loads or unloads it at runtime; only the limits they need are.
     adapters: tuple[adapters_mod.Adapter, ...] = ()
+    #: ``spec.idle``: after how long without a request a replica sleeps (or stops); None: never.
+    idle: idle_mod.Idle | None = None
 
     def fingerprint(self) -> str:
         """A short hash of everything that changes the engine process (not replicas, aliases, routing or rollout)."""
@@ -75,6 +78,8 @@ class ModelSpec:
         limits = adapters_mod.lora_limits(self.adapters)
         if limits is not None:  # what the engine is started with: a bigger rank than it allows rolls it
             doc["lora"] = dataclasses.asdict(limits)
+        # idle only says when the control plane sleeps or stops a replica: no restart when it changes.
+        doc.pop("idle")
         # placement and priority only order future decisions: rolling every
         # replica because a tie-break changed would restart engines for nothing.
         # node_selector and pool stay in: changing them is how an operator moves
@@ -145,6 +150,8 @@ class Model:
             spec["access"] = {"projects": list(s.projects)}
         if s.prices is not None:
             spec["pricing"] = s.prices.to_doc()
+        if s.idle is not None:
+            spec["idle"] = idle_doc(s.idle)
         meta: dict[str, Any] = {"name": self.name}
         if self.labels:
             meta["labels"] = dict(self.labels)

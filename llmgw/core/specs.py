@@ -109,7 +109,7 @@ from llmgw.core.specplace import (
     parse_pool,
     parse_resources,
 )
-from llmgw.core.specscale import MAX_REPLICAS, Rollout, parse_autoscale, parse_rollout
+from llmgw.core.specscale import MAX_REPLICAS, Rollout, parse_autoscale, parse_idle, parse_rollout
 
 __all__ = [
     "API_VERSION", "CAPABILITY_RE", "DEFAULT_STARTUP_TIMEOUT_S", "DTYPES", "ENV_NAME_RE", "LABEL_RE",
@@ -128,7 +128,7 @@ _META_FIELDS = ("name", "labels")
 _SPEC_FIELDS = ("engine", "served_name", "source", "replicas", "resources", "startup_timeout",
                 "engine_args", "env", "aliases", "routing", "rollout",
                 "max_concurrency_per_replica", "dtype", "context_length", "source_file", "source_sha256",
-                "autoscale", "access", "pricing", "adapters")
+                "autoscale", "access", "pricing", "adapters", "idle")
 _PLACEMENT_FIELDS = ("engine_version", "node_selector", "pool", "placement", "priority")
 
 
@@ -172,6 +172,7 @@ def parse_manifest(doc: Any, *, stored: bool = False) -> Model:
         context_length=integer(or_zero(spec_doc.get("context_length")), "spec.context_length", lo=0, hi=MAX_CONTEXT),
         projects=parse_access(spec_doc.get("access")),
         prices=parse_pricing(spec_doc.get("pricing")),
+        idle=None if spec_doc.get("idle") is None else parse_idle(spec_doc["idle"]),
     )
     spec = dataclasses.replace(spec, source_file=parse_source_file(spec_doc.get("source_file"), spec.source),
                                source_sha256=parse_source_sha256(spec_doc.get("source_sha256"), spec.source),

@@ -8,9 +8,10 @@ import re
 from typing import Any
 
 from llmgw.core import autoscale as autoscale_mod
+from llmgw.core import idle as idle_mod
 from llmgw.core import units
 from llmgw.core.errors import SpecError
-from llmgw.core.specfields import check_fields, integer, mapping
+from llmgw.core.specfields import check_fields, choice, integer, mapping
 
 MAX_REPLICAS = 1000
 
@@ -123,3 +124,30 @@ def autoscale_doc(a: autoscale_mod.Autoscale) -> dict[str, Any]:
     for key, (attr, _) in _AUTOSCALE_WINDOWS.items():
         doc[key] = getattr(a, attr)
     return doc
+
+
+_IDLE_FIELDS = ("after", "action", "level")
+
+
+def parse_idle(value: Any) -> idle_mod.Idle:
+    """``spec.idle``: ``after`` (required, a duration of at least 1s), ``action`` (sleep|stop), ``level`` (1|2)."""
+    doc = mapping(value, "spec.idle")
+    check_fields(doc, _IDLE_FIELDS, "spec.idle")
+    if doc.get("after") is None:
+        raise SpecError("spec.idle.after", "required: how long a replica may go without a request (such as 10m)")
+    try:
+        seconds = units.parse_duration(doc["after"])
+    except ValueError as e:
+        raise SpecError("spec.idle.after", str(e)) from None
+    if not math.isfinite(seconds) or seconds < 1:
+        raise SpecError("spec.idle.after", f"must be at least 1s, got {doc['after']!r}")
+    action = choice(doc.get("action", "sleep"), "spec.idle.action", idle_mod.ACTIONS)
+    level = integer(doc.get("level", 1), "spec.idle.level", lo=1, hi=2)
+    if level != 1 and action != "sleep":
+        raise SpecError("spec.idle.level", "a sleep level goes with action: sleep; remove level or set action: sleep")
+    return idle_mod.Idle(after_s=seconds, action=action, level=level)
+
+
+def idle_doc(i: idle_mod.Idle) -> dict[str, Any]:
+    """The canonical ``idle`` mapping (``after`` in seconds)."""
+    return {"after": i.after_s, "action": i.action, "level": i.level}

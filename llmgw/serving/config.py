@@ -45,6 +45,8 @@ class ServerConfig:
     unhealthy_grace_s: float = _D.unhealthy_grace
     #: Fetched weights no model asks for go from nodes with less than this percent free (``weightsgc``).
     weights_gc_free_below_pct: float = _D.weights_gc_free_below
+    #: ``--sleep-overcommit`` (``placement/overcommit``).
+    sleep_overcommit: float = _D.sleep_overcommit
     #: Where nodes fetch remote weights from, and the hub's token (``hub_settings``).
     hub: decide.Hub = decide.Hub()
     #: The weights mirror served at ``/mirror`` on the HTTP port (None: not served here).
@@ -194,6 +196,7 @@ def config_of(settings: ServerSettings, env: Mapping[str, str], *, default_data_
                         ports_file=settings.ports_file, node_grace_s=settings.node_grace,
                         unhealthy_grace_s=settings.unhealthy_grace,
                         weights_gc_free_below_pct=settings.weights_gc_free_below, insecure=settings.insecure,
+                        sleep_overcommit=settings.sleep_overcommit,
                         join_port=settings.join_port, node_cert_validity_s=settings.node_cert_validity_s,
                         audit_retention_s=settings.audit_retention_s, engine_index=settings.engine_index,
                         engine_find_links=settings.engine_find_links, model_installs=settings.model_installs,

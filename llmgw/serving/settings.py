@@ -78,6 +78,9 @@ class ServerSettings:
     weights_gc_free_below: float = setting(10.0, help="Remove fetched weights no model asks for, least recently "
                                            "used first, from a node whose weights directory has less than this "
                                            "percent free (0: never)")
+    sleep_overcommit: float = setting(1.0, help="spec.idle: a GPU whose replicas all sleep is offered to another "
+                                      "replica while every replica on it stays within the GPU's memory times this "
+                                      "(1: never; at most 8)")
     hub_endpoint: str = setting("", help="The Hugging Face-compatible endpoint nodes fetch hf:// sources from: the "
                                 "hub, or the cluster's mirror [default: this server's /mirror with --mirror-dir, "
                                 "else https://huggingface.co]")
@@ -177,6 +180,9 @@ class ServerSettings:
         if not 0 <= self.weights_gc_free_below < 100:
             raise ValueError(f"--weights-gc-free-below {self.weights_gc_free_below:g}: a percent from 0 (never) to "
                              "below 100")
+        if not 1.0 <= self.sleep_overcommit <= 8.0:
+            raise ValueError(f"--sleep-overcommit {self.sleep_overcommit:g}: a factor from 1 (never over-commit) "
+                             "to 8")
         if self.tls_cert_validity_s <= 0:
             raise ValueError("--tls-cert-validity must be longer than 0s, e.g. 90d")
         if self.node_cert_validity_s <= 0:

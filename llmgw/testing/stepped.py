@@ -27,6 +27,9 @@ class Link:
     def drain_shard(self, shard_id: str, *, timeout_s: int) -> None:
         self.sent.append(("drain", shard_id))
 
+    def sleep_shard(self, shard_id: str, *, level: int) -> None:
+        self.sent.append(("sleep", f"{shard_id}@{level}"))
+
     def remove_weights(self, cache_name: str) -> None:
         self.sent.append(("remove_weights", cache_name))
 

@@ -354,7 +354,7 @@ def test_source_file_and_sha256_round_trip_and_fingerprint_only_when_set() -> No
     d = dataclasses.asdict(plain.spec)
     for key in ("replicas", "aliases", "routing", "rollout", "max_concurrency_per_replica", "placement", "priority",
                 "engine_version", "node_selector", "pool", "dtype", "context_length", "source_file", "source_sha256",
-                "autoscale", "projects", "prices", "adapters"):
+                "autoscale", "projects", "prices", "adapters", "idle"):
         d.pop(key)
     d["resources"].pop("gpus")
     d["resources"].pop("nnodes")

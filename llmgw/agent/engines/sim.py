@@ -57,9 +57,14 @@ class Sim:
                      "--leader-port", str(spec.leader_port)]
         if tls is not None:
             argv += ["--ssl-keyfile", tls.key, "--ssl-certfile", tls.cert]
+        env = {**base.spec_env(spec), **base.api_key_env(self.name, spec)}
+        if spec.sleep_mode:
+            # As vLLM's (sim/engine/sleep.py): the flag, and the dev mode that serves /sleep and /wake_up.
+            argv.append("--enable-sleep-mode")
+            env["VLLM_SERVER_DEV_MODE"] = "1"
         argv += spec.args
         # The key by environment (the sim reads LLMGW_SIM_API_KEY), never argv.
-        return base.Launch(argv=argv, env={**base.spec_env(spec), **base.api_key_env(self.name, spec)})
+        return base.Launch(argv=argv, env=env)
 
     def probe(self) -> str | None:
         if self._version is not None:

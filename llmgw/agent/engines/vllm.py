@@ -152,6 +152,11 @@ class Vllm:
         if not spec.gpus and not any(a.split("=", 1)[0] in _COMPILE_FLAGS or a.startswith("-O")
                                      for a in spec.args):
             argv.append("--enforce-eager")
+        # spec.idle sleep: vLLM's sleep mode (CUDA and ROCm only: on CPU the control plane stops an idle
+        # replica instead); its /sleep and /wake_up routes are dev routes, served with VLLM_SERVER_DEV_MODE=1.
+        sleepy = spec.sleep_mode and bool(spec.gpus)
+        if sleepy and "--enable-sleep-mode" not in spec.args:
+            argv.append("--enable-sleep-mode")
         argv += spec.args
         env = {"HF_HUB_OFFLINE": "1",
                **base.work_dir_env(work_dir, (("TMPDIR", ""), ("VLLM_CACHE_ROOT", "vllm-cache"), ("HF_HOME", "hf")))}
@@ -167,6 +172,8 @@ class Vllm:
         env |= base.multinode_env(spec, node)
         env |= base.spec_env(spec)
         env |= base.api_key_env(self.name, spec)
+        if sleepy:
+            env["VLLM_SERVER_DEV_MODE"] = "1"
         return base.Launch(argv=argv, env=env, serves_http=not worker, cwd=work_dir)
 
     def probe(self) -> str | None:

@@ -40,6 +40,7 @@ class Commands:
                  fabric_test: Callable[[ft.FabricTestRequest], Awaitable[ft.FabricTestResult]] | None = None,
                  provision: Callable[[prov.Provision], None] | None = None,
                  upgrade: Callable[[upg.UpgradeRequest, Callable[[upg.UpgradeStatus], None]], None] | None = None,
+                 sleep: Callable[[str, int], Awaitable[object]] | None = None,
                  ) -> None:
         self.start, self.stop, self.drain, self.statuses, self.logs = start, stop, drain, statuses, logs
         #: Takes the engines the control plane wants here (the installer's ``apply``); None: ignored, said once.
@@ -51,6 +52,8 @@ class Commands:
         #: Starts this agent's upgrade (``selfupgrade.SelfUpgrade.begin``), which reports through the callable it
         #: is given; None: every upgrade is answered FAILED.
         self.upgrade = upgrade
+        #: Puts a shard's engine to sleep (level 1, 2) or wakes it (0); None: every sleep is ignored, said once.
+        self.sleep = sleep
 
 
 class Handlers:
@@ -122,6 +125,16 @@ class Handlers:
         drain = msg.drain
         log.info("command from the control plane (term %d): drain shard %s", msg.term, drain.shard_id)
         self._spawn(self.commands.drain(drain.shard_id, float(drain.timeout_s or 30)), f"drain {drain.shard_id}")
+        return True
+
+    def sleep_shard(self, msg: pb.ControlMessage) -> bool:
+        cmd = msg.sleep_shard
+        verb = f"put shard {cmd.shard_id} to sleep at level {cmd.level}" if cmd.level else f"wake shard {cmd.shard_id}"
+        log.info("command from the control plane (term %d): %s", msg.term, verb)
+        if self.commands.sleep is None:
+            log.warning("the control plane asks to %s, and this agent cannot", verb)
+            return True
+        self._spawn(self.commands.sleep(cmd.shard_id, min(int(cmd.level), 2)), verb)
         return True
 
     def controlplanes(self, msg: pb.ControlMessage) -> bool:
@@ -261,6 +274,7 @@ HANDLERS: dict[str, Handler] = {
     "fabric_test": Handlers.fabric_test,
     "controlplanes": Handlers.controlplanes,
     "upgrade_agent": Handlers.upgrade_agent,
+    "sleep_shard": Handlers.sleep_shard,
 }
 #: The kinds this agent receives and ignores on purpose, with why.
 NOT_HANDLED: dict[str, str] = {

@@ -95,3 +95,48 @@ async def in_flight(session: aiohttp.ClientSession, endpoint: str, path: str, pa
     if count is None:
         return None, f"{path} did not say how many requests are in flight"
     return count, f"{count} in flight"
+
+
+#: How long a sleep or a wake may take: a wake from level 2 reloads the weights from disk.
+SLEEP_TIMEOUT_S = 300.0
+
+
+async def sleep(session: aiohttp.ClientSession, endpoint: str, level: int, *, api_key: str = "",
+                timeout_s: float = SLEEP_TIMEOUT_S) -> str | None:
+    """Put the engine to sleep at ``level`` (1, 2) or wake it (0) through vLLM's API; None when done, else why not.
+
+    vLLM's routes (``POST /sleep?level=N``, ``POST /wake_up``, served with ``--enable-sleep-mode`` and
+    ``VLLM_SERVER_DEV_MODE=1``) answer 200 once done; a 404 means the engine was started without them.
+    """
+    # mode=wait (newer vLLM; older ones ignore it): a request that reached the engine as it was told to sleep
+    # finishes first instead of being aborted.
+    path = f"/sleep?level={level}&mode=wait" if level else "/wake_up"
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        async with session.post(endpoint + path, headers=headers,
+                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+            body = await r.read()
+            if r.status == 404:
+                return (f"{path} answered 404: the engine runs without its sleep mode (vLLM: --enable-sleep-mode "
+                        "and VLLM_SERVER_DEV_MODE=1)")
+            if r.status != 200:
+                return f"{path} answered {r.status}: {body[:200].decode(errors='replace')}"
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        return f"no answer from {endpoint}{path} ({type(exc).__name__})"
+    return None
+
+
+async def is_sleeping(session: aiohttp.ClientSession, endpoint: str, *, api_key: str = "",
+                      timeout_s: float = PROBE_TIMEOUT_S) -> bool | None:
+    """vLLM's ``GET /is_sleeping`` (``{"is_sleeping": bool}``); None when the engine does not say."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        async with session.get(endpoint + "/is_sleeping", headers=headers,
+                               timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+            if r.status != 200:
+                return None
+            doc = await r.json(content_type=None)
+    except (TimeoutError, aiohttp.ClientError, ValueError):
+        return None
+    said = doc.get("is_sleeping") if isinstance(doc, dict) else None
+    return said if isinstance(said, bool) else None

@@ -97,6 +97,14 @@ class EngineProcess:
         return await probing.health(self._http(), self.plan.endpoint, health_path=self.plan.health_path,
                                     api_key=self.spec.api_key, timeout_s=timeout_s)
 
+    async def sleep(self, level: int) -> str | None:
+        """Sleep at ``level`` (1, 2) or wake (0) through the engine's API; None when done, else why not."""
+        return await probing.sleep(self._http(), self.plan.endpoint, level, api_key=self.spec.api_key)
+
+    async def is_sleeping(self) -> bool | None:
+        """Whether the engine sleeps (vLLM's ``/is_sleeping``); None when it does not say."""
+        return await probing.is_sleeping(self._http(), self.plan.endpoint, api_key=self.spec.api_key)
+
     async def in_flight(self, *, timeout_s: float) -> tuple[int | None, str]:
         """Requests the engine holds, or None and in words why that is unknown."""
         if self._in_flight_probe is None:

@@ -46,6 +46,8 @@ class Shard:
     #: Its LoRA adapters' keeper (``loras.Keeper``) and the task running it; None: its spec lists none.
     loras: Any = None
     lora_task: asyncio.Task[None] | None = None
+    #: Held while a sleep or a wake is asked of its engine, so two never overlap.
+    sleep_lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
 
     def has_process(self) -> bool:
         return self.engine is not None

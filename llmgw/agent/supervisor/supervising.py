@@ -62,6 +62,7 @@ from llmgw.agent.supervisor import (
     loras,
     process,
     records,
+    sleeping,
     watching,
 )
 from llmgw.core import enginecheck, inventory
@@ -342,6 +343,13 @@ class Supervisor(adopting.Adopting):
         rec.draining = asyncio.create_task(
             draining.drain(rec, recs=self._recs, timeout_s=timeout_s, clock=self._clock), name=f"drain {shard_id}")
         return await asyncio.shield(rec.draining)
+
+    async def sleep(self, shard_id: str, level: int) -> ShardStatus:
+        """Put a READY shard's engine to sleep (level 1, 2) or wake it (0); ``sleeping.sleep``."""
+        rec = self._recs.get(shard_id)
+        if rec is None:
+            return ShardStatus(shard_id, "", S.STOPPED, message=f"no shard {shard_id} on this node")
+        return await sleeping.sleep(rec, recs=self._recs, level=level)
 
     async def _end_fetch(self, rec: records.Shard, reason: str) -> ShardStatus:
         """A FETCHING shard's wait ended: STOPPED, nothing launched; the download goes on for any other shard."""

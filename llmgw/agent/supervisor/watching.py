@@ -92,9 +92,14 @@ async def _until_ready(rec: records.Shard, engine: process.EngineProcess, exited
             # Not ready, and not the end of watching: the exit must still be seen.
             log.warning("probing shard %s failed: %r", rec.status.shard_id, probe.exception())
         elif (missing := probe.result()) is None:
+            # An adopted engine may have been put to sleep before this agent started (spec.idle): it says so,
+            # not its level (1 then: the one that keeps the weights), and the control plane routes nothing to it.
+            level = 1 if (rec.status.adopted and engine.spec.sleep_mode and await engine.is_sleeping()) else 0
             if rec.status.state is S.STARTING and not exited.done():
                 what = "adopted engine answers" if rec.status.adopted else "ready"
-                recs.move(rec, S.READY, message=f"{what} after {clock() - rec.started_at:.1f} s", adopted=False)
+                asleep = ", asleep" if level else ""
+                recs.move(rec, S.READY, message=f"{what} after {clock() - rec.started_at:.1f} s{asleep}", adopted=False,
+                          sleep_level=level)
                 return True, ""
             return False, ""
         elif missing != said:

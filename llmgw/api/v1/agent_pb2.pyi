@@ -132,7 +132,7 @@ class Goodbye(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class ControlMessage(_message.Message):
-    __slots__ = ("seq", "term", "start_shard", "stop_shard", "ack", "drain", "logs_request", "logs_cancel", "remove_weights", "cert_issued", "provision", "fabric_test", "controlplanes", "upgrade_agent")
+    __slots__ = ("seq", "term", "start_shard", "stop_shard", "ack", "drain", "logs_request", "logs_cancel", "remove_weights", "cert_issued", "provision", "fabric_test", "controlplanes", "upgrade_agent", "sleep_shard")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     START_SHARD_FIELD_NUMBER: _ClassVar[int]
@@ -147,6 +147,7 @@ class ControlMessage(_message.Message):
     FABRIC_TEST_FIELD_NUMBER: _ClassVar[int]
     CONTROLPLANES_FIELD_NUMBER: _ClassVar[int]
     UPGRADE_AGENT_FIELD_NUMBER: _ClassVar[int]
+    SLEEP_SHARD_FIELD_NUMBER: _ClassVar[int]
     seq: int
     term: int
     start_shard: StartShard
@@ -161,7 +162,16 @@ class ControlMessage(_message.Message):
     fabric_test: FabricTestRequest
     controlplanes: ControlPlanes
     upgrade_agent: UpgradeAgent
-    def __init__(self, seq: _Optional[int] = ..., term: _Optional[int] = ..., start_shard: _Optional[_Union[StartShard, _Mapping]] = ..., stop_shard: _Optional[_Union[StopShard, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., logs_request: _Optional[_Union[LogsRequest, _Mapping]] = ..., logs_cancel: _Optional[_Union[LogsCancel, _Mapping]] = ..., remove_weights: _Optional[_Union[RemoveWeights, _Mapping]] = ..., cert_issued: _Optional[_Union[CertIssued, _Mapping]] = ..., provision: _Optional[_Union[Provision, _Mapping]] = ..., fabric_test: _Optional[_Union[FabricTestRequest, _Mapping]] = ..., controlplanes: _Optional[_Union[ControlPlanes, _Mapping]] = ..., upgrade_agent: _Optional[_Union[UpgradeAgent, _Mapping]] = ...) -> None: ...
+    sleep_shard: SleepShard
+    def __init__(self, seq: _Optional[int] = ..., term: _Optional[int] = ..., start_shard: _Optional[_Union[StartShard, _Mapping]] = ..., stop_shard: _Optional[_Union[StopShard, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., logs_request: _Optional[_Union[LogsRequest, _Mapping]] = ..., logs_cancel: _Optional[_Union[LogsCancel, _Mapping]] = ..., remove_weights: _Optional[_Union[RemoveWeights, _Mapping]] = ..., cert_issued: _Optional[_Union[CertIssued, _Mapping]] = ..., provision: _Optional[_Union[Provision, _Mapping]] = ..., fabric_test: _Optional[_Union[FabricTestRequest, _Mapping]] = ..., controlplanes: _Optional[_Union[ControlPlanes, _Mapping]] = ..., upgrade_agent: _Optional[_Union[UpgradeAgent, _Mapping]] = ..., sleep_shard: _Optional[_Union[SleepShard, _Mapping]] = ...) -> None: ...
+
+class SleepShard(_message.Message):
+    __slots__ = ("shard_id", "level")
+    SHARD_ID_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    shard_id: str
+    level: int
+    def __init__(self, shard_id: _Optional[str] = ..., level: _Optional[int] = ...) -> None: ...
 
 class UpgradeAgent(_message.Message):
     __slots__ = ("id", "version", "index_url", "find_links")
@@ -516,7 +526,7 @@ class Heartbeat(_message.Message):
     def __init__(self, memory_total_bytes: _Optional[int] = ..., memory_available_bytes: _Optional[int] = ..., cpu_percent: _Optional[float] = ..., load1: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., disks: _Optional[_Iterable[_Union[Disk, _Mapping]]] = ..., load5: _Optional[float] = ..., load15: _Optional[float] = ..., shard_load: _Optional[_Iterable[_Union[ShardLoad, _Mapping]]] = ..., hcas: _Optional[_Iterable[_Union[Hca, _Mapping]]] = ..., weights_changed: bool = ..., weights: _Optional[_Iterable[_Union[WeightFile, _Mapping]]] = ..., fabrics_changed: bool = ..., fabrics: _Optional[_Iterable[_Union[Fabric, _Mapping]]] = ..., engines_changed: bool = ..., engines: _Optional[_Iterable[_Union[EngineInfo, _Mapping]]] = ..., model_dirs_changed: bool = ..., model_dirs: _Optional[_Iterable[_Union[ModelDir, _Mapping]]] = ..., nvlink: _Optional[_Union[NvlinkFabric, _Mapping]] = ..., subnet_managers_changed: bool = ..., subnet_managers: _Optional[_Iterable[_Union[SubnetManager, _Mapping]]] = ..., installs_changed: bool = ..., installs: _Optional[_Iterable[_Union[EngineInstall, _Mapping]]] = ...) -> None: ...
 
 class ShardSpec(_message.Message):
-    __slots__ = ("shard_id", "replica_id", "model", "engine", "served_name", "source", "args", "port", "api_key", "threads", "memory_bytes", "startup_timeout_s", "env", "gpus", "nnodes", "rank", "leader_addr", "leader_port", "hcas", "tensor_parallel", "pipeline_parallel", "dtype", "context_length", "gpu_memory_bytes", "source_sha256", "source_file", "hub_endpoint", "hub_token", "mirror_url", "engine_version", "adapters")
+    __slots__ = ("shard_id", "replica_id", "model", "engine", "served_name", "source", "args", "port", "api_key", "threads", "memory_bytes", "startup_timeout_s", "env", "gpus", "nnodes", "rank", "leader_addr", "leader_port", "hcas", "tensor_parallel", "pipeline_parallel", "dtype", "context_length", "gpu_memory_bytes", "source_sha256", "source_file", "hub_endpoint", "hub_token", "mirror_url", "engine_version", "adapters", "sleep_mode")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -555,6 +565,7 @@ class ShardSpec(_message.Message):
     MIRROR_URL_FIELD_NUMBER: _ClassVar[int]
     ENGINE_VERSION_FIELD_NUMBER: _ClassVar[int]
     ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    SLEEP_MODE_FIELD_NUMBER: _ClassVar[int]
     shard_id: str
     replica_id: str
     model: str
@@ -586,7 +597,8 @@ class ShardSpec(_message.Message):
     mirror_url: str
     engine_version: str
     adapters: _containers.RepeatedCompositeFieldContainer[LoraAdapter]
-    def __init__(self, shard_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., model: _Optional[str] = ..., engine: _Optional[str] = ..., served_name: _Optional[str] = ..., source: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., port: _Optional[int] = ..., api_key: _Optional[str] = ..., threads: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., startup_timeout_s: _Optional[int] = ..., env: _Optional[_Mapping[str, str]] = ..., gpus: _Optional[_Iterable[int]] = ..., nnodes: _Optional[int] = ..., rank: _Optional[int] = ..., leader_addr: _Optional[str] = ..., leader_port: _Optional[int] = ..., hcas: _Optional[_Iterable[str]] = ..., tensor_parallel: _Optional[int] = ..., pipeline_parallel: _Optional[int] = ..., dtype: _Optional[str] = ..., context_length: _Optional[int] = ..., gpu_memory_bytes: _Optional[int] = ..., source_sha256: _Optional[str] = ..., source_file: _Optional[str] = ..., hub_endpoint: _Optional[str] = ..., hub_token: _Optional[str] = ..., mirror_url: _Optional[str] = ..., engine_version: _Optional[str] = ..., adapters: _Optional[_Iterable[_Union[LoraAdapter, _Mapping]]] = ...) -> None: ...
+    sleep_mode: bool
+    def __init__(self, shard_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., model: _Optional[str] = ..., engine: _Optional[str] = ..., served_name: _Optional[str] = ..., source: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., port: _Optional[int] = ..., api_key: _Optional[str] = ..., threads: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., startup_timeout_s: _Optional[int] = ..., env: _Optional[_Mapping[str, str]] = ..., gpus: _Optional[_Iterable[int]] = ..., nnodes: _Optional[int] = ..., rank: _Optional[int] = ..., leader_addr: _Optional[str] = ..., leader_port: _Optional[int] = ..., hcas: _Optional[_Iterable[str]] = ..., tensor_parallel: _Optional[int] = ..., pipeline_parallel: _Optional[int] = ..., dtype: _Optional[str] = ..., context_length: _Optional[int] = ..., gpu_memory_bytes: _Optional[int] = ..., source_sha256: _Optional[str] = ..., source_file: _Optional[str] = ..., hub_endpoint: _Optional[str] = ..., hub_token: _Optional[str] = ..., mirror_url: _Optional[str] = ..., engine_version: _Optional[str] = ..., adapters: _Optional[_Iterable[_Union[LoraAdapter, _Mapping]]] = ..., sleep_mode: bool = ...) -> None: ...
 
 class LoraAdapter(_message.Message):
     __slots__ = ("name", "source")
@@ -673,7 +685,7 @@ class RemoveWeights(_message.Message):
     def __init__(self, cache_name: _Optional[str] = ...) -> None: ...
 
 class ShardStatus(_message.Message):
-    __slots__ = ("shard_id", "replica_id", "state", "message", "exited", "exit_code", "last_output", "endpoint", "pid", "spec", "adopted", "probe_failures", "fetch", "adapters", "adapters_message")
+    __slots__ = ("shard_id", "replica_id", "state", "message", "exited", "exit_code", "last_output", "endpoint", "pid", "spec", "adopted", "probe_failures", "fetch", "adapters", "adapters_message", "sleep_level")
     SHARD_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -689,6 +701,7 @@ class ShardStatus(_message.Message):
     FETCH_FIELD_NUMBER: _ClassVar[int]
     ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     ADAPTERS_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    SLEEP_LEVEL_FIELD_NUMBER: _ClassVar[int]
     shard_id: str
     replica_id: str
     state: ShardState
@@ -704,7 +717,8 @@ class ShardStatus(_message.Message):
     fetch: FetchProgress
     adapters: _containers.RepeatedScalarFieldContainer[str]
     adapters_message: str
-    def __init__(self, shard_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., state: _Optional[_Union[ShardState, str]] = ..., message: _Optional[str] = ..., exited: bool = ..., exit_code: _Optional[int] = ..., last_output: _Optional[_Iterable[str]] = ..., endpoint: _Optional[str] = ..., pid: _Optional[int] = ..., spec: _Optional[_Union[ShardSpec, _Mapping]] = ..., adopted: bool = ..., probe_failures: _Optional[int] = ..., fetch: _Optional[_Union[FetchProgress, _Mapping]] = ..., adapters: _Optional[_Iterable[str]] = ..., adapters_message: _Optional[str] = ...) -> None: ...
+    sleep_level: int
+    def __init__(self, shard_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., state: _Optional[_Union[ShardState, str]] = ..., message: _Optional[str] = ..., exited: bool = ..., exit_code: _Optional[int] = ..., last_output: _Optional[_Iterable[str]] = ..., endpoint: _Optional[str] = ..., pid: _Optional[int] = ..., spec: _Optional[_Union[ShardSpec, _Mapping]] = ..., adopted: bool = ..., probe_failures: _Optional[int] = ..., fetch: _Optional[_Union[FetchProgress, _Mapping]] = ..., adapters: _Optional[_Iterable[str]] = ..., adapters_message: _Optional[str] = ..., sleep_level: _Optional[int] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("seq", "ok", "error", "leader", "term", "controlplanes", "rejoin", "protocol", "server_version")

@@ -60,6 +60,10 @@ class Link:
     def drain_shard(self, shard_id: str, *, timeout_s: int) -> None:
         self._put(drain=pb.Drain(shard_id=shard_id, timeout_s=timeout_s))
 
+    def sleep_shard(self, shard_id: str, *, level: int) -> None:
+        """Put the shard's engine to sleep at ``level`` (1, 2), or wake it (0): issue 31, spec.idle."""
+        self._put(sleep_shard=pb.SleepShard(shard_id=shard_id, level=level))
+
     def remove_weights(self, cache_name: str) -> None:
         self._put(remove_weights=pb.RemoveWeights(cache_name=cache_name))
 

@@ -16,7 +16,7 @@ from llmgw.control.cluster import Cluster, in_force
 from llmgw.control.conditions import Condition
 from llmgw.control.events import Event
 from llmgw.control.state import Phase, ReplicaRecord
-from llmgw.control.status import adapters_of, fetch_of, summarize
+from llmgw.control.status import adapters_of, fetch_of, sleep_level_of, summarize
 from llmgw.control.store.store import StoredAutoscale, StoredModel
 
 #: Events a describe shows (the newest).
@@ -68,7 +68,8 @@ def replica_describe(r: ReplicaRecord, cluster: Cluster, fp: str, now: float) ->
             "failures": r.failures, "message": r.message, "last_output": list(r.last_output),
             "fingerprint": r.fingerprint, "current": r.fingerprint == fp, "age_s": round(now - r.created_at, 1),
             "conditions": conditions(cluster.conditions_of(f"replica/{r.id}")), "fetch": fetch_of(r, cluster.nodes),
-            "adapters": adapters_of(r, cluster.nodes)}
+            "adapters": adapters_of(r, cluster.nodes),
+            "sleep_level": sleep_level_of(r, cluster.nodes)}
 
 
 def describe_doc(stored: StoredModel, mine: list[ReplicaRecord], events: list[Event], cluster: Cluster,

@@ -17,7 +17,7 @@ from llmgw.control.cluster import Cluster
 from llmgw.control.http import schemas
 from llmgw.control.routerreports import RouterEvents
 from llmgw.control.state import NodeView, Phase, ReplicaRecord
-from llmgw.control.status import adapters_of, fetch_of
+from llmgw.control.status import adapters_of, fetch_of, sleep_level_of
 from llmgw.control.store.offloop import StoreThread
 
 
@@ -27,7 +27,8 @@ def replica_doc(r: ReplicaRecord, now: float, nodes: Mapping[str, NodeView] | No
             "endpoint": r.endpoint if r.phase is Phase.READY else "", "attempt": r.attempt,
             "failures": r.failures, "message": r.message, "last_output": list(r.last_output),
             "age_s": round(now - r.created_at, 1), "fetch": fetch_of(r, nodes or {}),
-            "adapters": adapters_of(r, nodes or {})}
+            "adapters": adapters_of(r, nodes or {}),
+            "sleep_level": sleep_level_of(r, nodes or {})}
 
 
 def with_router_view(doc: dict[str, Any], reports: RouterEvents) -> dict[str, Any]:

@@ -124,6 +124,8 @@ class Replica(Body):
     adapters: list[str] = pydantic.Field(default_factory=list, description="The LoRA adapters its engine holds now, "
                                                                            "as its node last reported")
     router_ejections: list[Ejection] = pydantic.Field(default_factory=list, description="Only in a list")
+    sleep_level: int = pydantic.Field(default=0, description="spec.idle: the level its engine sleeps at (a Ready "
+                                      "replica shown Sleeping); 0: awake")
 
 
 class ReplicaList(Body):

@@ -18,7 +18,7 @@ from llmgw.control import loadreports
 from llmgw.control.loop.plan import Loaded, Plan
 from llmgw.control.state import Phase, ReplicaRecord
 from llmgw.control.store.store import StoredAutoscale
-from llmgw.core import autoscale, specs
+from llmgw.core import autoscale, idle, specs
 
 
 def in_force(models: Mapping[str, specs.ModelSpec],
@@ -110,6 +110,8 @@ class Autoscaling:
         # A replica of an old fingerprint means a rollout is in flight: its surge and drain move the load
         # per replica, and a count decided on that would fight the roll.
         rolling = any(r.fingerprint != fp for r in mine)
+        # spec.idle (issue 31): where an idle replica is to be stopped, not put to sleep, that is scaling to zero.
+        auto = idle.zero_window(auto, spec.idle, engine=spec.engine, on_gpus=spec.resources.gpus.count > 0)
         # A replica of this model refused a node (not one waiting out a failure's backoff): asking for
         # more would only queue more that cannot be placed, a pass after pass loop.
         unplaceable = next((r.message for r in mine if r.phase is Phase.PENDING and r.message

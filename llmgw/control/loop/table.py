@@ -12,7 +12,8 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 
-from llmgw.api import routing
+from llmgw.api import routemodels, routing
+from llmgw.control.loop import sleeper
 from llmgw.control.loop.autoscaling import in_force
 from llmgw.control.loop.context import LoopContext
 from llmgw.control.state import Phase, ReplicaRecord
@@ -29,9 +30,16 @@ Held = Mapping[str, tuple[str, ...]]
 
 
 def _model_route(spec: specs.ModelSpec, name: str, in_force_spec: specs.ModelSpec, mine: list[ReplicaRecord],
-                 now: float, held: Held) -> routing.ModelEntry:
+                 now: float, held: Held, sleeping: Mapping[str, int] | None = None) -> routing.ModelEntry:
     st = summarize(in_force_spec, mine, now=now)
     auto = spec.autoscale
+    asleep = sleeping or {}
+    hint = None if auto is None else routing.AutoscaleHint(auto.min_replicas, auto.max_replicas,
+                                                           auto.cold_start_timeout_s)
+    if hint is None and spec.idle is not None:
+        # spec.idle (issue 31): with every replica asleep the router holds a request as for a model at zero,
+        # and its report wakes one (``loop/sleeper``); the bounds are the count set by hand.
+        hint = routing.AutoscaleHint(spec.replicas, spec.replicas, routemodels.DEFAULT_COLD_START_TIMEOUT_S)
     return routing.ModelEntry(
         name=name, served_name=spec.served_name, aliases=tuple(spec.aliases), routing=spec.routing,
         engine=spec.engine,
@@ -40,14 +48,13 @@ def _model_route(spec: specs.ModelSpec, name: str, in_force_spec: specs.ModelSpe
         state=st.state, message=st.message,
         endpoints=tuple(routing.EndpointDoc(r.id, r.endpoint, r.api_key, node=r.node_id or "",
                                             adapters=held.get(r.id, ()) if spec.adapters else ())
-                        for r in mine if r.phase is Phase.READY and r.endpoint),
+                        for r in mine if r.phase is Phase.READY and r.endpoint and r.id not in asleep),
         # Replicas out of routing because their engine stopped answering (``router.hung``): a router gives
         # up the requests still waiting for their first byte there and sends them to another replica.
         # Listed apart, because a replica that leaves ``endpoints`` to be drained must keep its requests.
         unhealthy=tuple(routing.UnhealthyDoc(r.id, r.message) for r in mine if r.phase is Phase.UNHEALTHY),
         # A model at zero with this is held by the router, not refused.
-        autoscale=None if auto is None else routing.AutoscaleHint(auto.min_replicas, auto.max_replicas,
-                                                                  auto.cold_start_timeout_s),
+        autoscale=hint,
         # Issue 26: keys of other projects get 404 for it; its prices turn usage into spend.
         projects=spec.projects, prices=spec.prices,
         # /v1/models says it, and the router refuses /v1/embeddings itself for a model that does not.
@@ -67,11 +74,12 @@ def build_endpoints_doc(store: Store, now: float, *, engine_ca: str = "", held: 
     for r in store.list_replicas():
         by_model.setdefault(r.model, []).append(r)
     states = store.autoscale_states()
+    sleeping = sleeper.sleeping_from(store.settings())
     models = []
     for stored in store.list_models():
         m = stored.model
         models.append(_model_route(m.spec, m.name, in_force({m.name: m.spec}, states)[m.name],
-                                   by_model.get(m.name, []), now, held or {}))
+                                   by_model.get(m.name, []), now, held or {}, sleeping))
     stored_keys = store.list_keys()
     keys = tuple(routing.KeyEntry(k.id, k.sha256, tuple(k.models), k.rpm, k.tpm, k.priority, project=k.project,
                                   user=k.user, limits=k.limits)

@@ -60,6 +60,9 @@ class Config:
     weights_gc_free_below_pct: float = 10.0
     #: Where remote weights come from (``Hub``).
     hub: Hub = Hub()
+    #: ``--sleep-overcommit``: a GPU whose replicas all sleep is offered to another replica while every
+    #: replica on it stays within its memory × this (``placement/overcommit``); 1: never.
+    sleep_overcommit: float = 1.0
 
 
 def backoff(failures: int, cfg: Config) -> float:

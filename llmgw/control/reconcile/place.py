@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from llmgw.control import events as ev
-from llmgw.control.placement import fit
+from llmgw.control.placement import fit, overcommit
 from llmgw.control.reconcile import decisions as d
 from llmgw.control.reconcile.shardspec import member_spec, shard_spec
 from llmgw.control.state import Member, Phase, ReplicaRecord
@@ -30,7 +30,9 @@ def place_pending(p: Pass) -> None:
         # Building the placer indexes every node: three quarters of a pass over 10,000
         # nodes with nothing to place, holding the event loop heartbeats wait on.
         return
-    placer = fit.Placer(p.nodes.values(), fit.Ledger(active, p.models), remote=p.remote)
+    ledger = fit.Ledger(active, p.models)
+    overcommit.lend(ledger, active, p.nodes, overcommit=p.cfg.sleep_overcommit)
+    placer = fit.Placer(p.nodes.values(), ledger, remote=p.remote)
     # Rendezvous ports held by the groups already placed: a second leader on
     # the same node given the same port would meet the first group's ranks.
     position = {st.view.id: st.idx for st in placer.states}

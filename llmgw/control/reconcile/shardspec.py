@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from llmgw.control.state import Member, ReplicaRecord
-from llmgw.core import adapters, specs
+from llmgw.core import adapters, idle, specs
 from llmgw.core.shards import ShardSpec
 from llmgw.core.specs import ModelSpec
 
@@ -64,6 +64,7 @@ def shard_spec(r: ReplicaRecord, spec: ModelSpec, *, hub: Hub = Hub()) -> ShardS
         startup_timeout_s=int(spec.startup_timeout_s), env=tuple(sorted(spec.env + lora_env)), gpus=r.gpus,
         tensor_parallel=tp, pipeline_parallel=pp, dtype=spec.dtype, context_length=spec.context_length,
         gpu_memory_bytes=r.memory_bytes if spec.resources.gpus.count else 0, engine_version=spec.engine_version,
+        sleep_mode=spec.idle is not None and spec.idle.action == "sleep" and idle.can_sleep(spec.engine, r.gpus),
         adapters=spec.adapters, **(adapter_fields(spec, hub) | remote_fields(spec.source, spec, hub)),
     )
 

@@ -35,6 +35,7 @@ from .protocol import (
     json_body,
     prompt_chars,
 )
+from .sleep import SleepConfig, SleepMode
 from .slots import Slots, Stats
 
 if TYPE_CHECKING:  # kvcache imports llmgw.core and zmq: only with --kv-events-config (the wheel ships alone)
@@ -69,6 +70,8 @@ class Config:
     block_size: int = 16
     #: vLLM's ``--enable-lora``: adapters may be loaded at runtime (``lora``).
     enable_lora: bool = False
+    #: vLLM's sleep mode (``sleep.py``): off unless ``--enable-sleep-mode``.
+    sleep: SleepConfig = SleepConfig()
 
 
 class SimEngine:
@@ -79,6 +82,8 @@ class SimEngine:
         self.clock = clock
         self.slots = Slots(config.parallel)
         self.stats = Stats()
+        self.sleep = SleepMode(config.sleep, clock=clock,
+                               busy=lambda: self.slots.running > 0 or self.slots.waiting > 0)
         self.ready_at = clock() + config.startup_delay
         self.created = int(time.time())
         # Prompts seen lately, so a repeated one reports its blocks as cached (``prompt_tokens_details``).
@@ -97,6 +102,7 @@ class SimEngine:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/embeddings", self.embeddings)
         self.loras.add_routes(app)
+        self.sleep.routes(app)
         return app
 
     def loading(self) -> bool:
@@ -120,6 +126,9 @@ class SimEngine:
             if self.loading():
                 return error(503, "the model is still loading; retry shortly",
                              type_="unavailable_error", code="model_loading")
+            if self.sleep.sleeping and request.path != "/v1/models":
+                return error(503, "the engine is sleeping; POST /wake_up first",
+                             type_="unavailable_error", code="engine_sleeping")
             try:
                 return await handler(request)
             except web.HTTPException as e:
@@ -141,7 +150,7 @@ class SimEngine:
                                   "aborts": [{"user": u, "at": t} for u, t in self.stats.aborts],
                                   "arrivals": list(self.stats.arrivals),
                                   "requests": list(self.stats.requests),
-                                  "group": self.group(),
+                                  "group": self.group(), "sleep": self.sleep.stats(),
                                   # The simulated KV cache (--kv-events-config): blocks found cached / asked.
                                   "kv_hits": self.kv.hits if self.kv else 0,
                                   "kv_queries": self.kv.queries if self.kv else 0},

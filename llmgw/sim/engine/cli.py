@@ -17,6 +17,7 @@ import sys
 from aiohttp import web
 
 from .app import Config, SimEngine
+from .sleep import SleepConfig
 
 #: The first line of ``--help``.
 DESCRIPTION = "The sim engine: an OpenAI-compatible fake engine with a simple latency model."
@@ -54,7 +55,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-cpu-loras", type=int, default=0, help="accepted as vLLM's, not enforced")
     parser.add_argument("--ssl-keyfile", default="", help="serve HTTPS with this PEM key (with --ssl-certfile)")
     parser.add_argument("--ssl-certfile", default="", help="the PEM certificate for --ssl-keyfile")
+    # As vLLM's --enable-sleep-mode (its routes also need VLLM_SERVER_DEV_MODE=1): sleep.py.
+    parser.add_argument("--enable-sleep-mode", action="store_true", help="serve vLLM's /sleep, /wake_up, "
+                        "/is_sleeping (with VLLM_SERVER_DEV_MODE=1, as vLLM)")
+    parser.add_argument("--wake-delay", type=float, default=0.3, help="seconds a wake from level 1 takes")
+    parser.add_argument("--sleep-delay", type=float, default=0.1, help="seconds going to sleep takes")
+    parser.add_argument("--level2-extra-delay", type=float, default=1.0,
+                        help="seconds a wake from level 2 takes beyond --wake-delay (the weights reloaded)")
+    parser.add_argument("--memory-mib", type=int, default=0, help="accelerator memory it reports awake")
+    parser.add_argument("--sleep-memory-mib", type=int, default=0, help="accelerator memory it reports asleep")
     args = parser.parse_args(argv)
+    if min(args.wake_delay, args.sleep_delay, args.level2_extra_delay, args.memory_mib, args.sleep_memory_mib) < 0:
+        parser.error("--wake-delay, --sleep-delay, --level2-extra-delay, --memory-mib and --sleep-memory-mib "
+                     "must be >= 0")
     if bool(args.ssl_keyfile) != bool(args.ssl_certfile):
         parser.error("--ssl-keyfile and --ssl-certfile go together: give both, or neither for plain HTTP")
     if args.prefill_tps <= 0 or args.decode_tps <= 0 or args.parallel < 1:
@@ -134,7 +147,10 @@ def main(argv: list[str] | None = None) -> int:
                     max_tokens_default=args.max_tokens_default, echo=args.echo, nnodes=args.nnodes,
                     rank=args.rank, leader_addr=args.leader_addr, leader_port=args.leader_port,
                     kv_events_config=args.kv_events_config, kv_cache_blocks=args.kv_cache_blocks,
-                    block_size=args.block_size, enable_lora=args.enable_lora)
+                    block_size=args.block_size, enable_lora=args.enable_lora,
+                    sleep=SleepConfig(enabled=args.enable_sleep_mode, wake_delay=args.wake_delay,
+                                      sleep_delay=args.sleep_delay, level2_extra_delay=args.level2_extra_delay,
+                                      memory_mib=args.memory_mib, sleep_memory_mib=args.sleep_memory_mib))
     try:
         tls = server_context(args.ssl_keyfile, args.ssl_certfile)
     except (OSError, ssl.SSLError) as e:
