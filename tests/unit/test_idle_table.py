@@ -18,16 +18,16 @@ def ready(rid: str) -> ReplicaRecord:
 
 def test_sleeping_replica_leaves_the_endpoints_and_the_model_is_held() -> None:
     spec = specs.ModelSpec(engine="sim", served_name="m", replicas=2, idle=idle.Idle(after_s=60))
-    route = _model_route(spec, "m", spec, [ready("a"), ready("b")], 0.0, {"a": 1})
+    route = _model_route(spec, "m", spec, [ready("a"), ready("b")], 0.0, {}, {"a": 1})
     assert [e.replica_id for e in route.endpoints] == ["b"]
     assert route.autoscale is not None and route.autoscale.cold_start_timeout_s > 0
-    asleep = _model_route(spec, "m", spec, [ready("a"), ready("b")], 0.0, {"a": 1, "b": 2})
+    asleep = _model_route(spec, "m", spec, [ready("a"), ready("b")], 0.0, {}, {"a": 1, "b": 2})
     assert asleep.endpoints == () and asleep.autoscale is not None
 
 
 def test_model_without_idle_is_routed_as_before() -> None:
     spec = specs.ModelSpec(engine="sim", served_name="m")
-    route = _model_route(spec, "m", spec, [ready("a")], 0.0, {})
+    route = _model_route(spec, "m", spec, [ready("a")], 0.0, {}, {})
     assert [e.replica_id for e in route.endpoints] == ["a"] and route.autoscale is None
 
 
