@@ -104,8 +104,8 @@ def test_no_headers_sort_by_name_and_wide(cluster: System) -> None:
     assert sorted(llmgw(cluster, "get", "models", "-o", "name").stdout.splitlines()) == [f"model/{LONG}",
                                                                                         "model/alpha"]
     wide = llmgw(cluster, "get", "nodes", "-o", "wide").stdout
-    (node,) = parse(wide, ["NODE", "STATUS", "ADDRESS", "POOL", "CPUS", "MEMORY FREE/TOTAL", "GPUS", "ENGINES",
-                           "ENGINE VERSIONS", "INSTALLS", "SHARDS", "VERSION", "LABELS"])
+    (node,) = parse(wide, ["NODE", "STATUS", "ADDRESS", "POOL", "CPUS", "MEMORY FREE/TOTAL", "GPUS", "GPU UTIL",
+                           "ENGINES", "ENGINE VERSIONS", "INSTALLS", "SHARDS", "VERSION", "LABELS"])
     assert node["NODE"] == "node1" and node["STATUS"] == "Ready"
     assert node["LABELS"] == f"note={LONG_LABEL},pool=gpu,rack=r1"  # a 100-character value, on its one line
     models_wide = parse(llmgw(cluster, "get", "models", "-o", "wide").stdout,
