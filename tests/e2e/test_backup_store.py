@@ -290,3 +290,22 @@ def test_restore_into_an_empty_directory(data: Path, tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     archive.restore(made.path, PASS, data_dir=tmp_path / "empty")
     assert (tmp_path / "empty" / "pki" / "ca.key").is_file()
+
+
+def test_a_restored_store_has_no_leader_and_the_next_takes_a_higher_term(data: Path, tmp_path: Path) -> None:
+    """The backup of a running leader holds its lease; the restored copy must not keep the restored server a
+    standby (503) until that lease runs out: the lease is ended, and whoever takes it gets a higher term."""
+    store = datadir.open_store(data)
+    try:
+        taken = store.take_lease("old-leader", now=store.db_now(), lease_s=3600.0)
+        assert taken is not None
+    finally:
+        store.close()
+    made = archive.make(tmp_path / "b", PASS, data_dir=data)
+    archive.restore(made.path, PASS, data_dir=tmp_path / "new")
+    restored = datadir.open_store(tmp_path / "new")
+    try:
+        again = restored.take_lease("new-leader", now=restored.db_now(), lease_s=6.0)
+        assert again is not None and again.term == taken.term + 1
+    finally:
+        restored.close()

@@ -247,6 +247,9 @@ def restore(backup: Path, passphrase: str, *, data_dir: Path, database: str = ""
             if manifest["database"] == "postgresql":
                 db_copy.pg_restore(database, dump)
                 dump.unlink()
+                db_copy.release_lease(database)
+            else:
+                db_copy.release_lease(f"sqlite:///{staging / datadir.DB}")
             datadir.remember_database(staging, database)
             os.chmod(staging, 0o700)
             os.rename(staging, data_dir)  # over an empty directory too (POSIX rename)

@@ -117,6 +117,22 @@ def pg_restore(url: str, dump: Path) -> None:
           "--dbname", conninfo, str(dump)], env, "pg_restore into the database given")
 
 
+def release_lease(url: str) -> None:
+    """Ends the leader lease a restored store holds: the backup was taken from a running leader, and its lease
+    (held by an instance that does not run against this copy) would keep the restored server a standby,
+    answering 503, until it expired. The term is kept, so the restored leader's is higher than any an agent saw."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("UPDATE leases SET expires_at = 0"))
+    except sa.exc.SQLAlchemyError as e:
+        reason = (str(getattr(e, "orig", None) or e).strip().splitlines() or [type(e).__name__])[0]
+        raise LlmgwError(f"cannot end the restored store's leader lease: {reason}") from None
+    finally:
+        with contextlib.suppress(Exception):
+            engine.dispose()
+
+
 def database_tables(url: str) -> list[str]:
     """The tables of ``url``'s database outside PostgreSQL's own schemas (empty: a database to restore into)."""
     engine = sa.create_engine(url)
