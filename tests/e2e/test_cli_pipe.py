@@ -156,8 +156,11 @@ class Lines:
 
 
 def test_watch_prints_a_model_applied_meanwhile_then_ends_on_sigint(cluster: System) -> None:
+    # Ctrl-C as on a terminal: SIGINT's default disposition in the child. A test run in the background (`make
+    # test-e2e &`, nohup) inherits SIGINT ignored, and Python then installs no KeyboardInterrupt for it.
     proc = subprocess.Popen([*LLMGW, "get", "models", "--watch", "--url", cluster.url], env=cluster.cli_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         lines = Lines(proc)
         first = lines.until("alpha", timeout=30)
