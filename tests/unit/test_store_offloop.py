@@ -75,3 +75,23 @@ def test_sql_on_the_watched_thread_is_counted_and_through_the_store_thread_is_no
 
     through_thread, direct = asyncio.run(main())
     assert through_thread == 0 and direct >= 1
+
+
+def test_a_queued_write_a_deposed_leader_makes_is_a_warning_not_an_error(caplog: pytest.LogCaptureFixture) -> None:
+    """A fenced write is the lease doing its job: one WARNING with the sentence, no traceback; anything else
+    that fails a queued write stays an ERROR with its traceback."""
+    import concurrent.futures
+
+    from llmgw.control.store import offloop
+    from llmgw.control.store.base import Fenced
+
+    fenced: concurrent.futures.Future[None] = concurrent.futures.Future()
+    fenced.set_exception(Fenced("this control plane led at term 1 and the lease is now held by b at term 2"))
+    broken: concurrent.futures.Future[None] = concurrent.futures.Future()
+    broken.set_exception(ValueError("a bug"))
+    with caplog.at_level("WARNING", logger=offloop.log.name):
+        offloop._log_failure(fenced)
+        offloop._log_failure(broken)
+    (warned, failed) = caplog.records
+    assert warned.levelname == "WARNING" and "term 2" in warned.getMessage() and warned.exc_info is None
+    assert failed.levelname == "ERROR" and failed.exc_info is not None

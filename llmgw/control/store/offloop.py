@@ -40,6 +40,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from sqlalchemy import event
 
+from llmgw.control.store.base import Fenced
 from llmgw.control.store.store import Store
 
 log = logging.getLogger(__name__)
@@ -149,6 +150,12 @@ class StoreThread:
 
 
 def _log_failure(fut: concurrent.futures.Future[Any]) -> None:
-    if not fut.cancelled() and fut.exception() is not None:
-        log.error("a queued store write failed", exc_info=fut.exception())
+    if fut.cancelled() or (e := fut.exception()) is None:
+        return
+    if isinstance(e, Fenced):
+        # A deposed leader's writes are refused by design (the lease's fencing): what was lost is said, in one
+        # line, and the leader's loss itself is logged where it is noticed. Not an error of this process.
+        log.warning("a queued store write was refused: %s", e)
+        return
+    log.error("a queued store write failed", exc_info=e)
 
