@@ -138,7 +138,10 @@ def test_an_agent_upgrades_in_place_keeping_its_engine_and_a_missing_version_fai
         time.sleep(1)
     assert done.returncode == 0, (done.stdout, done.stderr)
     assert f"node/node1 runs llmgw {NEW}" in done.stdout, done.stdout
-    assert "installing: downloading" in done.stdout, done.stdout  # the steps, as the CLI polled them
+    # The steps, as the CLI polled them: which of pip's (resolving, downloading, installing) it catches depends on
+    # how fast pip is from the local wheelhouse, and the restart can pass between two polls; an install step and
+    # the end are always there.
+    assert "installing: " in done.stdout and "done: running llmgw" in done.stdout, done.stdout
     new_python = s.root / "node1" / "llmgw" / NEW / "bin" / "python"
     argv = Path(f"/proc/{agent_pid}/cmdline").read_bytes().split(b"\0")
     assert argv[0].decode() == str(new_python), argv  # the same process, now the new venv's Python
