@@ -109,15 +109,18 @@ chromium:
 
 # The single sign-on tests run a real OpenID Connect provider (the certified `oidc-provider` from the npm
 # registry, tests/oidc/, its version pinned by package-lock.json): node and npm from apt when missing, then
-# `npm ci` into tests/oidc/node_modules (gitignored), again only when the lock file changes.
-OIDC_STAMP := tests/oidc/node_modules/.ci-stamp
+# `npm ci` into test-artifacts/oidc/node_modules (gitignored), again only when the lock file changes.
+# Installed under test-artifacts/oidc (gitignored), beside a copy of the harness, so tests/ holds only our files.
+OIDC_DIR   := test-artifacts/oidc
+OIDC_STAMP := $(OIDC_DIR)/node_modules/.ci-stamp
 oidc-provider: $(OIDC_STAMP)
-$(OIDC_STAMP): tests/oidc/package-lock.json tests/oidc/package.json
+$(OIDC_STAMP): tests/oidc/package-lock.json tests/oidc/package.json tests/oidc/provider.mjs
 	@command -v node >/dev/null && command -v npm >/dev/null || \
 		{ command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && apt-get update -q && \
 		  DEBIAN_FRONTEND=noninteractive apt-get install -y -q nodejs npm; } || \
 		{ echo "node and npm are not installed: the single sign-on tests need them; install Debian's nodejs and npm"; exit 1; }
-	cd tests/oidc && npm ci --no-audit --no-fund
+	mkdir -p $(OIDC_DIR) && cp tests/oidc/package.json tests/oidc/package-lock.json tests/oidc/provider.mjs $(OIDC_DIR)/
+	cd $(OIDC_DIR) && npm ci --no-audit --no-fund
 	@touch $@
 
 bench: $(VENV)/.test-deps

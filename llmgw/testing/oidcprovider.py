@@ -30,7 +30,10 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from llmgw.testing import procs
 
-HARNESS = Path(__file__).resolve().parents[2] / "tests" / "oidc"
+#: The harness as committed (tests/oidc), and where `make oidc-provider` copies it and installs its packages
+#: (test-artifacts/oidc, gitignored), so that tests/ holds only this repository's own files.
+SOURCE = Path(__file__).resolve().parents[2] / "tests" / "oidc"
+HARNESS = Path(__file__).resolve().parents[2] / "test-artifacts" / "oidc"
 CLIENT_ID = "llmgw"
 KID = "llmgw-test-key"
 #: The UI's callback path the client registration allows (the UI engineer's route).
@@ -48,8 +51,8 @@ def node() -> list[str]:
         raise ProviderMissing("node is not installed: `make test-deps` installs Debian's nodejs and npm (or "
                               "`apt-get install nodejs npm`)")
     if not (HARNESS / "node_modules" / "oidc-provider").is_dir():
-        raise ProviderMissing(f"the test provider's packages are missing: run `npm ci` in {HARNESS} (`make "
-                              "test-deps` does)")
+        raise ProviderMissing(f"the test provider's packages are missing in {HARNESS}: run `make oidc-provider` "
+                              f"(it copies {SOURCE} there and runs `npm ci`)")
     version = subprocess.run([found, "--version"], capture_output=True, text=True, check=False).stdout.strip()
     major = int(version.lstrip("v").split(".")[0] or 0) if version.lstrip("v")[:1].isdigit() else 0
     if major < 18:
