@@ -6,6 +6,8 @@ per node, each with its state directory), a standalone router following both con
 replicas and a llama.cpp model of 1 (the tiny GGUF), all of the previous release. Then, with the real
 ``openai`` client sending chat completions (streamed and not) to both models through a router the whole time:
 
+0. (first, as the README's order has it) `llmgw backup` of the previous release, while the cluster serves
+   (restoring is tests/e2e/test_backup_restore.py's and tests/integration/test_backup_*.py's);
 1. control plane B (the standby) is stopped and started on this tree: it stands by again (no migration);
 2. A (the leader) is stopped with SIGTERM: B takes over, both agents register with it (previous-release
    agents with a new control plane: the policy allows N-1), then A starts on this tree and stands by;
@@ -13,9 +15,6 @@ replicas and a llama.cpp model of 1 (the tiny GGUF), all of the previous release
    engines (same pids, none restarted) and its node is Ready;
 4. a second router on this tree takes the traffic (the clients move to it between requests), then the old
    one is stopped with SIGTERM while two long streams are open on it: they must end whole (its graceful drain).
-
-(The README's order starts with `llmgw backup`, which 0.1.0 does not have: that step begins with the upgrade
-from 0.2.0; tests/e2e/test_backup_restore.py and tests/integration/test_backup_*.py test it.)
 
 Asserted: not one failed request, and some served of each model, in every phase; the same engine processes;
 every node Ready at this tree's version; each version change in the events (``AgentVersionChanged`` per node,
@@ -175,6 +174,17 @@ def test_a_rolling_upgrade_under_traffic_fails_no_request_and_restarts_no_engine
 
         with Traffic(old_router.url, ["sim", "tiny"], extra_body={"tiny": {"ignore_eos": True}}) as traffic:
             traffic.wait_served(8)
+
+            # 0. The README's first step: a backup, with the previous release's own `llmgw backup` (pg_dump of the
+            # store, the CA, all sealed), taken while it serves.
+            traffic.phase("backup")
+            started = time.monotonic()
+            backup = tmp_path / "before-upgrade.llmgwbak"
+            prev.run("backup", str(backup), "--data-dir", str(a.data_dir),
+                     env={"LLMGW_BACKUP_PASSPHRASE": "rolling upgrade test"}, timeout=120)
+            assert oct(backup.stat().st_mode & 0o777) == "0o600" and backup.stat().st_size > 1024
+            took["backup"] = time.monotonic() - started
+            traffic.wait_served(4)
 
             # 1. The standby control plane.
             traffic.phase("control plane B (standby)")
