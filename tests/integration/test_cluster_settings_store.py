@@ -18,15 +18,8 @@ from llmgw.control.store import settings as settings_store
 from llmgw.control.store import store as store_mod
 from llmgw.control.store.store import Store
 from llmgw.control.store.tables import ClusterSettingRow
-from llmgw.testing.postgres import Postgres
 
 _names = itertools.count(1)
-
-
-@pytest.fixture(scope="module")
-def pg() -> Iterator[Postgres]:
-    with Postgres() as server:
-        yield server
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
