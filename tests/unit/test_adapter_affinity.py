@@ -1,0 +1,65 @@
+"""The pure decisions of adapter affinity: vLLM's LRU rule for an engine's LoRA cache (``touch``) and which
+replicas an adapter's request may go to (``candidates``)."""
+
+from __future__ import annotations
+
+from llmgw.core.adapteraffinity import BUSY_SPREAD, candidates, touch
+
+
+def test_touch_loads_into_a_free_slot_without_evicting() -> None:
+    assert touch((), "a", 2) == (("a",), ())
+    assert touch(("a",), "b", 2) == (("a", "b"), ())
+
+
+def test_touch_at_the_limit_evicts_the_least_recently_used() -> None:
+    assert touch(("a", "b"), "c", 2) == (("b", "c"), ("a",))
+
+
+def test_touch_of_a_held_adapter_makes_it_the_most_recent_and_evicts_nothing() -> None:
+    held, evicted = touch(("a", "b"), "a", 2)
+    assert (held, evicted) == (("b", "a"), ())
+    # so the next load evicts b, not a
+    assert touch(held, "c", 2) == (("a", "c"), ("b",))
+    assert touch(("a", "b"), "b", 2) == (("a", "b"), ())
+
+
+def test_touch_after_the_limit_shrank_evicts_down_to_it() -> None:
+    assert touch(("a", "b", "c"), "d", 2) == (("c", "d"), ("a", "b"))
+
+
+def test_touch_without_a_capacity_evicts_nothing() -> None:
+    assert touch(("a", "b"), "c", 0) == (("a", "b", "c"), ())
+
+
+def test_a_holder_is_chosen_over_a_less_loaded_replica() -> None:
+    held = {"r1": ("a", "b"), "r2": ("c", "d")}
+    assert candidates("a", ["r1", "r2"], held, {"r1": 2, "r2": 0}) == (("r1",), False)
+    assert candidates("c", ["r1", "r2"], held, {"r1": 0, "r2": 2}) == (("r2",), False)
+
+
+def test_every_holder_that_is_not_busy_is_a_candidate() -> None:
+    held = {"r1": ("a",), "r2": ("a",), "r3": ()}
+    assert candidates("a", ["r1", "r2", "r3"], held, {"r1": 1, "r2": 0}) == (("r1", "r2"), False)
+
+
+def test_a_busy_holder_sends_the_request_to_the_least_loaded_replica_which_loads_it() -> None:
+    held = {"r1": ("a",), "r2": ("b",)}
+    busy = {"r1": BUSY_SPREAD, "r2": 0}
+    assert candidates("a", ["r1", "r2"], held, busy) == (("r2",), True)
+    # one request fewer and it stays with its holder
+    assert candidates("a", ["r1", "r2"], held, {"r1": BUSY_SPREAD - 1, "r2": 0}) == (("r1",), False)
+
+
+def test_an_adapter_no_replica_holds_goes_to_the_least_loaded_with_a_free_slot_first() -> None:
+    held = {"r1": ("a", "b"), "r2": ("c",), "r3": ()}
+    assert candidates("d", ["r1", "r2", "r3"], held, {"r3": 1}) == (("r2",), True)
+    assert candidates("d", ["r1", "r2", "r3"], held, {}) == (("r3",), True)
+    assert candidates("d", ["r1", "r2"], {"r1": ("a",), "r2": ("b",)}, {}) == (("r1", "r2"), True)
+
+
+def test_excluded_replicas_are_never_candidates() -> None:
+    held = {"r1": ("a",), "r2": ()}
+    assert candidates("a", ["r1", "r2"], held, {}, exclude={"r1"}) == (("r2",), True)
+    assert candidates("a", ["r1", "r2"], held, {}, exclude={"r1", "r2"}) == ((), False)
+    # the least loaded is taken among the replicas left, not among the excluded
+    assert candidates("b", ["r1", "r2"], held, {"r1": 0, "r2": 3}, exclude={"r1"}) == (("r2",), True)
