@@ -77,6 +77,8 @@ class ModelRoute:
     embeddings: bool | None = None
     #: For a LoRA adapter's route (``adapter_routes``): the served name of the model it runs on; "": a model.
     parent: str = ""
+    #: For a LoRA adapter's route: how many adapters one engine of its base holds at once (0: not said).
+    adapter_slots: int = 0
 
     def open_to(self, project: str) -> bool:
         """Whether a key of ``project`` may see and use the model (a request without a key may: no keys exist)."""
@@ -197,13 +199,14 @@ def adapter_routes(base: ModelRoute, entry: routing.ModelEntry) -> tuple[ModelRo
     everything counted per model (metering, admission, the router's metrics) counts it under that name. The
     endpoints whose engine holds it are used; while none does (its agents are still loading it, or the
     table came from a standby, which hears no agent), every endpoint of the base is, as a cold model's would.
-    Listed after every model, so a model's own name always wins over an adapter's (``lookup``).
+    Listed after every model, so a model's own name always wins over an adapter's (``lookup``). Which of
+    those endpoints takes a request is the router's adapter affinity (``adaptercache``).
     """
     out = []
     for name in entry.adapters:
         holders = tuple(e for e in base.endpoints if name in e.adapters)
         out.append(dataclasses.replace(base, name=name, served_name=name, aliases=(), parent=base.served_name,
-                                       endpoints=holders or base.endpoints))
+                                       endpoints=holders or base.endpoints, adapter_slots=entry.adapter_slots))
     return tuple(out)
 
 

@@ -3,6 +3,8 @@ its own on the endpoints that hold it (every endpoint of its base while none doe
 
 from __future__ import annotations
 
+import dataclasses
+
 from llmgw.api import routing
 from llmgw.router.table import RouteTable
 
@@ -50,3 +52,16 @@ def test_a_models_name_wins_over_an_adapters() -> None:
     t = table(BASE, other)
     found = t.lookup("sql")
     assert found is not None and found.parent == "" and [e.replica_id for e in found.endpoints] == ["r9"]
+
+
+def test_adapter_slots_round_trip_reach_each_adapter_route_and_a_bad_value_reads_as_unsaid() -> None:
+    entry = dataclasses.replace(BASE, adapter_slots=2)
+    doc = routing.EndpointsDoc(models=(entry,)).to_doc()
+    assert doc["models"][0]["adapter_slots"] == 2
+    assert "adapter_slots" not in routing.EndpointsDoc(models=(BASE,)).to_doc()["models"][0]
+    assert routing.EndpointsDoc.from_doc(doc).models[0] == entry
+    t = table(entry)
+    assert [t.lookup(n).adapter_slots for n in ("sql", "chat", "new")] == [2, 2, 2]  # type: ignore[union-attr]
+    for bad in (-1, "2", True, None):
+        doc["models"][0]["adapter_slots"] = bad
+        assert routing.EndpointsDoc.from_doc(doc).models[0].adapter_slots == 0
