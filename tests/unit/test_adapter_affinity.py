@@ -3,6 +3,9 @@ replicas an adapter's request may go to (``candidates``)."""
 
 from __future__ import annotations
 
+from llmgw.control.loop.table import _model_route
+from llmgw.control.state import Phase, ReplicaRecord
+from llmgw.core import adapters, specs
 from llmgw.core.adapteraffinity import BUSY_SPREAD, candidates, touch
 
 
@@ -63,3 +66,15 @@ def test_excluded_replicas_are_never_candidates() -> None:
     assert candidates("a", ["r1", "r2"], held, {}, exclude={"r1", "r2"}) == ((), False)
     # the least loaded is taken among the replicas left, not among the excluded
     assert candidates("b", ["r1", "r2"], held, {"r1": 0, "r2": 3}, exclude={"r1"}) == (("r2",), True)
+
+
+def test_the_table_says_how_many_adapters_one_engine_holds_as_its_flags_do() -> None:
+    r = ReplicaRecord(id="a", model="m", fingerprint="f", phase=Phase.READY, api_key="k", node_id="n1",
+                      shard_id="a-1", endpoint="http://127.0.0.1:1")
+    listed = tuple(adapters.Adapter(f"l{i}", "/srv/l") for i in range(20))
+    for count, slots in ((0, 0), (3, 4), (20, adapters.MAX_SLOTS)):
+        spec = specs.ModelSpec(engine="vllm", served_name="m", adapters=listed[:count])
+        route = _model_route(spec, "m", spec, [r], 0.0, {"a": ("l0",)})
+        assert route.adapter_slots == slots
+        args = adapters.launch_args("vllm", spec.adapters)[0]
+        assert (args[args.index("--max-cpu-loras") + 1] if args else "0") == str(slots)
