@@ -77,3 +77,34 @@ def test_more_adapters_than_slots_load_on_demand_with_affinity_and_are_metered(s
 
     wait_for(lambda: by_model() == dict.fromkeys(NAMES, 2), timeout=30, interval=0.5,
              what="usage stored per adapter")
+
+
+def test_an_adapter_no_replica_has_registered_yet_is_held_until_one_has_not_refused(system: System,
+                                                                                   tmp_path: Path) -> None:
+    """The table names an adapter as soon as it is applied; its engines register it a while later (here the
+    sim takes 4 s to load one). A request in between is held, as for a cold start, and answered once a
+    replica has it: never sent to an engine that does not know the name (which answers 404)."""
+    for name in ("x", "y"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "adapter_config.json").write_text("{}")
+
+    def model(*names: str) -> dict[str, Any]:
+        return sim_model("slow", args=["--decode-tps", "2000", "--lora-load-delay", "4"],
+                         adapters=[{"name": n, "source": str(tmp_path / n)} for n in names])
+
+    system.apply(model("x"))
+    system.wait_model("slow")
+    wait_for(lambda: [r["adapters"] for r in system.replicas("slow")] == [["x"]], timeout=30, interval=0.1,
+             what="x registered")
+    system.apply(model("x", "y"))
+
+    def names() -> set[str]:
+        return {m["id"] for m in httpx.get(f"{system.url}/v1/models", timeout=10).json()["data"]}
+
+    listed = wait_for(lambda: "y" in names() and [r["adapters"] for r in system.replicas("slow")], timeout=20,
+                      interval=0.05, what="y listed")
+    assert listed == [["x"]]  # the router knows the name before the engine does
+    r = system.request("POST", "/v1/chat/completions", json={
+        "model": "y", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == " y:tok0", r.text
+    assert [r["adapters"] for r in system.replicas("slow")] == [["x", "y"]]
