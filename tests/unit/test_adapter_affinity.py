@@ -1,12 +1,16 @@
-"""The pure decisions of adapter affinity: vLLM's LRU rule for an engine's LoRA cache (``touch``) and which
-replicas an adapter's request may go to (``candidates``)."""
+"""Adapter affinity: the pure decisions (vLLM's LRU rule for an engine's LoRA cache, ``touch``; which replicas
+an adapter's request may go to, ``candidates``), the router's model of each cache built on them, and the
+slots the control plane's table says."""
 
 from __future__ import annotations
 
+from llmgw.api import routing
 from llmgw.control.loop.table import _model_route
 from llmgw.control.state import Phase, ReplicaRecord
 from llmgw.core import adapters, specs
 from llmgw.core.adapteraffinity import BUSY_SPREAD, candidates, touch
+from llmgw.router.adaptercache import AdapterCaches
+from llmgw.router.table import RouteTable
 
 
 def test_touch_loads_into_a_free_slot_without_evicting() -> None:
@@ -78,3 +82,27 @@ def test_the_table_says_how_many_adapters_one_engine_holds_as_its_flags_do() -> 
         assert route.adapter_slots == slots
         args = adapters.launch_args("vllm", spec.adapters)[0]
         assert (args[args.index("--max-cpu-loras") + 1] if args else "0") == str(slots)
+
+
+def test_the_routers_cache_model_follows_its_picks_and_forgets_replicas_gone_from_the_table() -> None:
+    def table(*replicas: str) -> RouteTable:
+        eps = tuple(routing.EndpointDoc(r, f"http://127.0.0.1:{9000 + i}", adapters=("a", "b", "c"))
+                    for i, r in enumerate(replicas))
+        return RouteTable.from_doc(routing.EndpointsDoc(models=(routing.ModelEntry(
+            name="base", endpoints=eps, adapters=("a", "b", "c"), adapter_slots=2),)).to_doc())
+
+    t = table("r1", "r2")
+    a, b, c = (t.lookup(n) for n in "abc")
+    assert a is not None and b is not None and c is not None
+    caches = AdapterCaches()
+    assert caches.exclude(a, ["r1", "r2"], {}, ()) == set()  # nobody holds a: both may take it
+    caches.used(a, "r1")
+    assert caches.exclude(a, ["r1", "r2"], {}, ()) == {"r2"}
+    caches.used(b, "r1")
+    caches.used(c, "r1")  # two slots: a evicted from r1's model
+    assert caches.held["r1"] == ("b", "c")
+    assert caches.exclude(a, ["r1", "r2"], {}, ()) == {"r1"}  # the free replica loads it, not the full one
+    assert caches.exclude(b, ["r1", "r2"], {}, {"r1"}) == {"r1"}  # its holder excluded: the other loads it
+    caches.used(a, "r2")
+    caches.follow(table("r2", "r3"))
+    assert caches.held == {"r2": ("a",)}
