@@ -56,6 +56,8 @@ STAGES: tuple[tuple[str, tuple[str, ...] | None, str], ...] = (
     ("router/quota.py", None, "limits and admission"),
     ("router/budgets.py", None, "limits and admission"),
     ("router/pick.py", None, "pick"),
+    ("router/adaptercache.py", None, "pick"),
+    ("core/adapteraffinity.py", None, "pick"),
     ("router/prefix.py", None, "pick"),
     ("router/loadwatch.py", None, "pick"),
     ("router/hung.py", None, "pick"),

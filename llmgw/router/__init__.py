@@ -17,7 +17,8 @@ A request's path, in order:
   ``relay`` relays the answer, ``openai_shape`` and ``openai_errors`` put llama.cpp's answers and every
   engine's errors in OpenAI's shape;
 * ``upstream``: the choice of endpoint by the model's policy (``policies``: one file per routing
-  policy on ``policies.base.Policy``, wrapping the pure choices in ``pick`` and ``prefix``), the
+  policy on ``policies.base.Policy``, wrapping the pure choices in ``pick`` and ``prefix``; a LoRA
+  adapter's request first narrowed to the replicas whose engine holds it, ``adaptercache``), the
   retry rules, and what is in flight (``loadwatch``; ``enginemetrics`` re-exports what it read of each engine on
   ``/metrics``), ejected (``health``) or hung (``hung``);
   ``lookahead`` what it reads of an engine's answer before handing it over (llama.cpp's progress events,

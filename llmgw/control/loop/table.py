@@ -20,7 +20,7 @@ from llmgw.control.state import Phase, ReplicaRecord
 from llmgw.control.status import summarize
 from llmgw.control.store import store as store_mod
 from llmgw.control.store.store import Store
-from llmgw.core import engines, specs
+from llmgw.core import adapters, engines, specs
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,8 @@ def _model_route(spec: specs.ModelSpec, name: str, in_force_spec: specs.ModelSpe
         embeddings=engines.embeds(spec.engine, spec.engine_args),
         # Each its own model name, routed to the endpoints above that hold it (``router.table``).
         adapters=tuple(a.name for a in spec.adapters),
+        # How many one engine holds at once: the router's model of each engine's cache (``router.adaptercache``).
+        adapter_slots=limits.max_cpu_loras if (limits := adapters.lora_limits(spec.adapters)) else 0,
     )
 
 

@@ -70,6 +70,9 @@ class Config:
     block_size: int = 16
     #: vLLM's ``--enable-lora``: adapters may be loaded at runtime (``lora``).
     enable_lora: bool = False
+    #: vLLM's ``max_cpu_loras``: the adapters its worker holds at once (``lora``), and the seconds a load takes.
+    max_cpu_loras: int = 1
+    lora_load_delay: float = 0.0
     #: vLLM's sleep mode (``sleep.py``): off unless ``--enable-sleep-mode``.
     sleep: SleepConfig = SleepConfig()
 
@@ -90,7 +93,8 @@ class SimEngine:
         self._seen: collections.OrderedDict[bytes, None] = collections.OrderedDict()
         #: The simulated KV cache publishing vLLM's events (``--kv-events-config``), set by ``serve``.
         self.kv: SimKvCache | None = None
-        self.loras = Loras(config.model, enabled=config.enable_lora)
+        self.loras = Loras(config.model, enabled=config.enable_lora, capacity=config.max_cpu_loras,
+                           load_delay=config.lora_load_delay)
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._gate])
@@ -150,7 +154,7 @@ class SimEngine:
                                   "aborts": [{"user": u, "at": t} for u, t in self.stats.aborts],
                                   "arrivals": list(self.stats.arrivals),
                                   "requests": list(self.stats.requests),
-                                  "group": self.group(), "sleep": self.sleep.stats(),
+                                  "group": self.group(), "sleep": self.sleep.stats(), "lora": self.loras.stats(),
                                   # The simulated KV cache (--kv-events-config): blocks found cached / asked.
                                   "kv_hits": self.kv.hits if self.kv else 0,
                                   "kv_queries": self.kv.queries if self.kv else 0},
@@ -247,6 +251,7 @@ class SimEngine:
         tokens = self._tokens(body, n_out, chat=chat)
         if body["model"] != self.config.model:  # an adapter's answer differs from the base's, by its name
             tokens = ([f" {body['model']}:{t.strip()}" for t in tokens[0]], tokens[1])
+            await self.loras.use(str(body["model"]))  # loaded on demand when its worker does not hold it
         cached = self._cached(body, n_prompt, chat=chat)
         ids = body.get("prompt")
         if self.kv is not None and not chat and isinstance(ids, list) and all(type(t) is int for t in ids):
