@@ -34,7 +34,7 @@ from llmgw.router import signals as router_signals
 from llmgw.router import tracing as router_tracing
 from llmgw.router.asgi import CANCELS, authorization, header_value
 from llmgw.router.policies import KEYED, TOKENED
-from llmgw.router.table import RouteTable, TableHolder
+from llmgw.router.table import ModelRoute, RouteTable, TableHolder
 
 EMBEDDINGS_PATH = "/v1/embeddings"
 
@@ -112,7 +112,10 @@ class Completions:
                    else None)
         counts = None
         try:
-            counts = self._signals.arrived(route.name, arrived) if self._signals is not None else None
+            # Counted for the autoscaler under the model whose replicas serve it: an adapter's under its base, so
+            # a request for an adapter of a base at zero wakes the base.
+            counts = (self._signals.arrived(_scaled_name(table, route), arrived) if self._signals is not None
+                      else None)
             started = held = False
             if not route.endpoints and route.autoscale is not None:
                 # A model at zero: held here, not refused, until a replica is Ready (or its cold-start timeout).
@@ -195,3 +198,11 @@ def _usage_of(body: bytes) -> int:
         return ratelimit.usage_tokens(json.loads(body))
     except ValueError:
         return 0
+
+
+def _scaled_name(table: RouteTable, route: ModelRoute) -> str:
+    """The model whose replicas a request to ``route`` runs on: the base of an adapter, else the model itself."""
+    if not route.parent:
+        return route.name
+    base = table.lookup(route.parent)
+    return base.name if base is not None else route.name
