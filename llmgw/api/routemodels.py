@@ -100,6 +100,8 @@ class ModelEntry:
     embeddings: bool | None = None
     #: ``spec.adapters``' names: each a model name of its own, served by this model's endpoints that hold it.
     adapters: tuple[str, ...] = ()
+    #: ``kv_aware``: the version of the model's tokenizer files a router may fetch (``router.tokenizers``); "": none.
+    tokenizer: str = ""
 
     def to_doc(self) -> dict[str, Any]:
         limits: dict[str, int] = {"concurrency_per_replica": self.concurrency_per_replica}
@@ -124,6 +126,8 @@ class ModelEntry:
             doc["embeddings"] = self.embeddings
         if self.adapters:
             doc["adapters"] = list(self.adapters)
+        if self.tokenizer:
+            doc["tokenizer"] = self.tokenizer
         return doc
 
 
@@ -169,7 +173,8 @@ def read_model(where: str, raw: Any) -> ModelEntry:
         endpoints=endpoints, unhealthy=unhealthy, autoscale=_autoscale(where, raw),
         created=created if is_int(created) else 0, projects=_projects_allowed(where, raw),
         prices=_prices(where, raw), embeddings=embeddings if isinstance(embeddings, bool) else None,
-        adapters=_names(f"{where}.adapters", raw.get("adapters")))
+        adapters=_names(f"{where}.adapters", raw.get("adapters")),
+        tokenizer=tokenizer if isinstance(tokenizer := raw.get("tokenizer"), str) else "")
 
 
 def _names(where: str, value: Any) -> tuple[str, ...]:

@@ -77,6 +77,8 @@ class ModelRoute:
     embeddings: bool | None = None
     #: For a LoRA adapter's route (``adapter_routes``): the served name of the model it runs on; "": a model.
     parent: str = ""
+    #: ``kv_aware``: the version of its tokenizer files the control plane offers (``tokenizers``); "": none.
+    tokenizer: str = ""
 
     def open_to(self, project: str) -> bool:
         """Whether a key of ``project`` may see and use the model (a request without a key may: no keys exist)."""
@@ -221,4 +223,4 @@ def _route(where: str, entry: routing.ModelEntry) -> ModelRoute:
         message=entry.message, endpoints=entry.endpoints, created=entry.created, routing=routing_name,
         replica_limit=entry.concurrency_per_replica, engine=entry.engine, unhealthy=entry.unhealthy,
         autoscale=entry.autoscale, projects=frozenset(entry.projects), prices=entry.prices,
-        embeddings=entry.embeddings)
+        embeddings=entry.embeddings, tokenizer=entry.tokenizer)
