@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable, Mapping
 
 from llmgw.api import routemodels, routing
+from llmgw.control import tokenizerfiles
 from llmgw.control.loop import sleeper
 from llmgw.control.loop.autoscaling import in_force
 from llmgw.control.loop.context import LoopContext
@@ -61,6 +62,8 @@ def _model_route(spec: specs.ModelSpec, name: str, in_force_spec: specs.ModelSpe
         embeddings=engines.embeds(spec.engine, spec.engine_args),
         # Each its own model name, routed to the endpoints above that hold it (``router.table``).
         adapters=tuple(a.name for a in spec.adapters),
+        # kv_aware: the version of the tokenizer files routers fetch to tokenize text prompts ("": none offered).
+        tokenizer=tokenizerfiles.version_of(spec),
     )
 
 
