@@ -49,6 +49,13 @@ class Files:
     tokenizer_config: bytes | None
     chat_template: str | None
 
+    def to_doc(self) -> dict[str, str | None]:
+        """The answer of ``GET /api/v1/router/tokenizer/{model}`` (``router.tokenizers.TokenizerFiles`` reads it)."""
+        return {"version": self.version, "tokenizer_json": self.tokenizer_json.decode("utf-8", "replace"),
+                "tokenizer_config": (self.tokenizer_config.decode("utf-8", "replace")
+                                     if self.tokenizer_config is not None else None),
+                "chat_template": self.chat_template}
+
 
 def version_of(spec: specs.ModelSpec) -> str:
     """What a table names as the model's tokenizer version: its source's text, for a ``kv_aware`` model whose

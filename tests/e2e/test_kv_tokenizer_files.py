@@ -20,6 +20,7 @@ import httpx
 from llmgw.router import tokenizer as rtok
 from llmgw.router import tokenizers, usagehttp
 from llmgw.testing import hfrepo
+from llmgw.testing.procs import wait_for
 from llmgw.testing.system import System, sim_model
 
 FIXTURES = Path(__file__).parents[1] / "fixtures/kvtok"
@@ -91,3 +92,29 @@ def test_routers_fetch_a_kv_aware_models_tokenizer_files_from_the_control_plane(
     finally:
         s.close()
 
+
+
+def test_router_workers_load_the_tokenizer_through_the_servers_hub(tmp_path: Path) -> None:
+    """``llmgw server --router-workers 2``: each worker fetches the files through the server's own hub."""
+    s = System(tmp_path / "sys", server_args=["--mirror-dir", str(_mirror(tmp_path / "mirror")),
+                                              "--router-workers", "2"])
+    try:
+        s.start_server()
+        s.apply(sim_model("hfm", replicas=0, source="hf://org/tiny", routing="kv_aware"))
+        s.apply(sim_model("plain", replicas=0, source="hf://org/tiny", routing="prefix_cache"))
+        log = s.root / "server.log"
+        body = {"model": "hfm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+
+        def loaded() -> bool:
+            # Each request to the model (no replica: answered 503) starts the load in the worker it reached; a new
+            # connection each time, so the kernel spreads them over both workers (SO_REUSEPORT).
+            with httpx.Client(base_url=s.url, trust_env=False, timeout=30) as c:
+                c.post("/v1/chat/completions", json=body)
+                c.post("/v1/chat/completions", json={**body, "model": "plain"})
+            return log.read_text(errors="replace").count("hfm's tokenizer loaded (hf://org/tiny)") >= 2
+
+        wait_for(loaded, timeout=60, interval=0.1, what="both workers loading hfm's tokenizer")
+        text = log.read_text(errors="replace")
+        assert "cannot load" not in text and "plain's tokenizer" not in text  # not kv_aware: never fetched
+    finally:
+        s.close()

@@ -44,9 +44,6 @@ def router(db: StoreThread, cluster: Cluster) -> APIRouter:
             files = await cluster.tokenizer_files.for_model(db, model)
         except NoTokenizer as exc:
             raise NotFound.said(str(exc), code="no_tokenizer") from None
-        return {"version": files.version, "tokenizer_json": files.tokenizer_json.decode("utf-8", "replace"),
-                "tokenizer_config": (files.tokenizer_config.decode("utf-8", "replace")
-                                     if files.tokenizer_config is not None else None),
-                "chat_template": files.chat_template}
+        return files.to_doc()
 
     return api
