@@ -11,6 +11,9 @@ chat template. For prompts of about 100, 1,000 and 4,000 tokens, best and median
   bound of ``kv_aware``'s pick, which stops one block past the longest match;
 * ``thread hop``: ``asyncio.to_thread`` of a call that does nothing: what moving the tokenizing off the event
   loop costs (``tokenizers.INLINE_CHARS`` is set where tokenizing costs about as much);
+* ``loop while off``: how many turns another task on the event loop gets while a 4,000-token prompt is
+  tokenized in a worker thread, with ``encode`` (holds the GIL for the whole call) and ``encode_batch``
+  (releases it: what ``tokenizers.prompt_ids`` uses);
 * ``not kv_aware``: the one test the request path adds for every other model
   (``route.routing in TOKENED and ...``, False at its first term), in ns.
 """
@@ -73,6 +76,25 @@ async def hop_cost(calls: int, repeats: int) -> tuple[float, float]:
     return min(runs), statistics.median(runs)
 
 
+async def loop_turns(fn: Callable[[], object]) -> int:
+    """Turns another task on the loop gets while ``fn`` runs in a worker thread."""
+    turns = 0
+    done = False
+
+    async def spin() -> None:
+        nonlocal turns
+        while not done:
+            turns += 1
+            await asyncio.sleep(0)
+
+    spinner = asyncio.create_task(spin())
+    await asyncio.sleep(0)
+    await asyncio.to_thread(fn)
+    done = True
+    await spinner
+    return turns
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=50)
@@ -94,6 +116,12 @@ def main() -> None:
         for name, fn in runs.items():
             print(f"  {name:<11} {fmt(timed(fn, a.calls, a.repeats))}")
     print(f"thread hop    {fmt(asyncio.run(hop_cost(a.calls * 4, a.repeats)))}")
+    big = text_of(tok, 4000)
+    held = [asyncio.run(loop_turns(lambda: tok.encode(big, add_special_tokens=True))) for _ in range(a.repeats)]
+    freed = [asyncio.run(loop_turns(lambda: tok.encode(big, add_special_tokens=True, release_gil=True)))
+             for _ in range(a.repeats)]
+    print(f"loop while off: encode {statistics.median(held):.0f} turns, encode_batch {statistics.median(freed):.0f} "
+          "turns (median)")
     routing, tokenizer = "prefix_cache", "hf://x/y"
     n = 1_000_000
     check = timed(lambda: routing in TOKENED and not () and tokenizer, n, a.repeats)

@@ -129,10 +129,14 @@ class ModelTokenizer:
                 self.chat_refused = str(exc)
                 log.warning("kv_aware: %s; its chat requests fall back to prefix_cache", exc)
 
-    def encode(self, text: str, *, add_special_tokens: bool) -> tuple[int, ...]:
+    def encode(self, text: str, *, add_special_tokens: bool, release_gil: bool = False) -> tuple[int, ...]:
+        """``text``'s ids; ``release_gil``: through ``encode_batch``, which lets the event loop's thread run
+        meanwhile (``encode`` holds the GIL for its whole call: measured, bench/README.md), for a worker thread."""
+        if release_gil:
+            return tuple(self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids)
         return tuple(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
 
-    def completion_ids(self, doc: Mapping[str, Any]) -> tuple[int, ...] | None:
+    def completion_ids(self, doc: Mapping[str, Any], *, release_gil: bool = False) -> tuple[int, ...] | None:
         """A ``/v1/completions`` body's prompt ids (a batch's first prompt), or None to fall back."""
         prompt = doc.get("prompt")
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
@@ -140,9 +144,9 @@ class ModelTokenizer:
         if not isinstance(prompt, str) or any(doc.get(f) is not None for f in _COMPLETION_FALLBACK_FIELDS):
             return None
         add = doc.get("add_special_tokens", True)
-        return self.encode(prompt, add_special_tokens=add) if isinstance(add, bool) else None
+        return self.encode(prompt, add_special_tokens=add, release_gil=release_gil) if isinstance(add, bool) else None
 
-    def chat_ids(self, doc: Mapping[str, Any]) -> tuple[int, ...] | None:
+    def chat_ids(self, doc: Mapping[str, Any], *, release_gil: bool = False) -> tuple[int, ...] | None:
         """A ``/v1/chat/completions`` body's prompt ids, or None to fall back (a debug log says why)."""
         why = self._chat_refusal(doc)
         if why is None:
@@ -150,7 +154,7 @@ class ModelTokenizer:
             messages = [_message(m) for m in doc["messages"]]
             text = self.chat.render(messages)
             if text is not None:
-                return self.encode(text, add_special_tokens=False)
+                return self.encode(text, add_special_tokens=False, release_gil=release_gil)
             why = "its chat template did not render it (see the debug log above)"
         log.debug("kv_aware falls back to prefix_cache for a chat request: %s", why)
         return None
@@ -196,12 +200,13 @@ def _message(m: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def ids_for(tokenizer: ModelTokenizer, path: str, doc: Mapping[str, Any]) -> tuple[int, ...] | None:
+def ids_for(tokenizer: ModelTokenizer, path: str, doc: Mapping[str, Any], *,
+            release_gil: bool = False) -> tuple[int, ...] | None:
     """The prompt ids of a request to ``path`` (a completion or a chat), or None to fall back."""
     if path.endswith("/chat/completions"):
-        return tokenizer.chat_ids(doc)
+        return tokenizer.chat_ids(doc, release_gil=release_gil)
     if path.endswith("/completions"):
-        return tokenizer.completion_ids(doc)
+        return tokenizer.completion_ids(doc, release_gil=release_gil)
     return None
 
 

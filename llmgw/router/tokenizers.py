@@ -15,13 +15,15 @@ The cost is only ``kv_aware``'s: for any other routing nothing here is called (`
 for routes in ``policies.TOKENED``); for a ``kv_aware`` model whose table entry names no tokenizer, one
 attribute read. A fetch runs in the background: until it is done (or after it failed, for ``RETRY_S``),
 requests fall back to ``prefix_cache``, never wait. Tokenizing a long prompt goes to a worker thread
-(``INLINE_CHARS``: below it, inline is cheaper than the hop; ``bench/kv_tokenize.py`` measures both).
+(``INLINE_CHARS``: below it, inline is cheaper than the hop; ``bench/kv_tokenize.py`` measures both), through
+``encode_batch``, which releases the GIL while it works (``encode`` holds it: the loop would stall all the same).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -35,8 +37,9 @@ log = logging.getLogger(__name__)
 MAX_BYTES = 64 << 20
 #: A fetch that failed is tried again after this long; meanwhile the model's requests fall back.
 RETRY_S = 60.0
-#: Prompt text (characters) tokenized on the event loop; longer goes to a worker thread. About 1 ms of work.
-INLINE_CHARS = 4096
+#: Prompt text (characters) tokenized on the event loop; longer goes to a worker thread (and releases the GIL
+#: there): about 250 tokens, 0.1-0.3 ms, where the hop to a thread costs about 0.2 ms (bench/kv_tokenize.py).
+INLINE_CHARS = 1024
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -138,7 +141,7 @@ async def prompt_ids(tokenizer: rtok.ModelTokenizer, path: str, doc: Mapping[str
     """``tokenizer.ids_for``, in a worker thread when the request's text is long (the event loop stays free)."""
     if _text_chars(doc) <= INLINE_CHARS:
         return rtok.ids_for(tokenizer, path, doc)
-    return await asyncio.to_thread(rtok.ids_for, tokenizer, path, doc)
+    return await asyncio.to_thread(functools.partial(rtok.ids_for, tokenizer, path, doc, release_gil=True))
 
 
 def _text_chars(doc: Mapping[str, Any]) -> int:

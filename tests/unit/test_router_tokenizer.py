@@ -55,6 +55,7 @@ def test_completion_prompts_tokenize_as_vllm(variant: tuple[dict, rtok.ModelToke
         if not case["add_special_tokens"]:
             body["add_special_tokens"] = False
         assert tok.completion_ids(body) == tuple(case["ids"]), (v["name"], case["prompt"], case["add_special_tokens"])
+        assert tok.completion_ids(body, release_gil=True) == tuple(case["ids"])  # encode_batch: the same ids
 
 
 def test_chats_tokenize_as_vllm(variant: tuple[dict, rtok.ModelTokenizer]) -> None:
@@ -64,6 +65,8 @@ def test_chats_tokenize_as_vllm(variant: tuple[dict, rtok.ModelTokenizer]) -> No
             [{"role": m["role"], "content": rtok._text(m["content"])} for m in case["messages"]]) == case["text"]
         assert tok.chat_ids({"model": "m", "messages": case["messages"]}) == tuple(case["ids"]), (v["name"], case)
         assert rtok.ids_for(tok, "/v1/chat/completions", {"messages": case["messages"]}) == tuple(case["ids"])
+        assert rtok.ids_for(tok, "/v1/chat/completions", {"messages": case["messages"]},
+                            release_gil=True) == tuple(case["ids"])
 
 
 def test_a_batch_is_keyed_by_its_first_prompt() -> None:

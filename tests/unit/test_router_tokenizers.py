@@ -98,3 +98,15 @@ def test_the_table_carries_the_tokenizer_version_and_an_old_table_has_none() -> 
 def test_long_text_is_measured_for_the_worker_thread() -> None:
     assert tokenizers._text_chars({"prompt": "abc"}) == 3
     assert tokenizers._text_chars({"messages": [{"content": "ab"}, {"content": [{"text": "cd"}, {"text": 5}]}]}) == 4
+
+
+def test_a_long_prompt_is_tokenized_in_a_worker_thread_to_the_same_ids() -> None:
+    from llmgw.router import tokenizer as rtok
+
+    tok = rtok.ModelTokenizer(TOKENIZER_JSON, b"{}", "{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    long = "the quick brown fox " * (tokenizers.INLINE_CHARS // 10)
+    assert len(long) > tokenizers.INLINE_CHARS
+    for path, doc in (("/v1/completions", {"prompt": long}),
+                      ("/v1/chat/completions", {"messages": [{"role": "user", "content": long}]})):
+        expected = rtok.ids_for(tok, path, doc)
+        assert expected and asyncio.run(tokenizers.prompt_ids(tok, path, doc)) == expected
