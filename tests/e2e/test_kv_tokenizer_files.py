@@ -17,6 +17,8 @@ from pathlib import Path
 
 import httpx
 
+from llmgw.core import skew
+from llmgw.core.version import version as llmgw_version
 from llmgw.router import tokenizer as rtok
 from llmgw.router import tokenizers, usagehttp
 from llmgw.testing import hfrepo
@@ -52,7 +54,9 @@ def test_routers_fetch_a_kv_aware_models_tokenizer_files_from_the_control_plane(
             s.apply(sim_model(name, replicas=0, source=source, routing=routing))
         router_token = s.request("POST", "/api/v1/routers", json={"name": "edge"}).json()["token"]
         as_router = {"Authorization": f"Bearer {router_token}"}
-        table = {m["name"]: m for m in s.request("GET", "/api/v1/endpoints", headers=as_router).json()["models"]}
+        said = skew.headers(skew.PROTOCOL, llmgw_version())  # a router says its protocol, or it is refused as too old
+        table = {m["name"]: m for m in
+                 s.request("GET", "/api/v1/endpoints", headers={**as_router, **said}).json()["models"]}
         assert table["hfm"]["tokenizer"] == "hf://org/tiny"
         assert table["mirm"]["tokenizer"] == "mirror://tinyfiles"
         assert "tokenizer" not in table["plain"]  # not kv_aware: nothing offered, nothing fetched
