@@ -103,6 +103,8 @@ class ModelEntry:
     #: How many adapters one of its engines holds at once (``--max-cpu-loras``), least recently used
     #: evicted (``core.adapteraffinity``); 0: not said (an older control plane).
     adapter_slots: int = 0
+    #: ``kv_aware``: the version of the model's tokenizer files a router may fetch (``router.tokenizers``); "": none.
+    tokenizer: str = ""
 
     def to_doc(self) -> dict[str, Any]:
         limits: dict[str, int] = {"concurrency_per_replica": self.concurrency_per_replica}
@@ -129,6 +131,8 @@ class ModelEntry:
             doc["adapters"] = list(self.adapters)
         if self.adapter_slots:
             doc["adapter_slots"] = self.adapter_slots
+        if self.tokenizer:
+            doc["tokenizer"] = self.tokenizer
         return doc
 
 
@@ -176,7 +180,8 @@ def read_model(where: str, raw: Any) -> ModelEntry:
         created=created if is_int(created) else 0, projects=_projects_allowed(where, raw),
         prices=_prices(where, raw), embeddings=embeddings if isinstance(embeddings, bool) else None,
         adapters=_names(f"{where}.adapters", raw.get("adapters")),
-        adapter_slots=slots if is_int(slots) and slots > 0 else 0)
+        adapter_slots=slots if is_int(slots) and slots > 0 else 0,
+        tokenizer=tokenizer if isinstance(tokenizer := raw.get("tokenizer"), str) else "")
 
 
 def _names(where: str, value: Any) -> tuple[str, ...]:

@@ -40,6 +40,7 @@ from llmgw.router import (
     metrics,
     proxying,
     ratelimit,
+    tokenizers,
     upstream,
     usagejournal,
 )
@@ -71,10 +72,12 @@ class RouterApp:
                  signals: router_signals.Reporter | None = None,
                  quota: router_quota.QuotaTransport | None = None, usage: usagejournal.UsageTransport | None = None,
                  usage_journal_dir: Path | None = None, router_id: str = "router",
-                 metrics_source: Callable[[], Awaitable[tuple[bytes, str]]] | None = None) -> None:
+                 metrics_source: Callable[[], Awaitable[tuple[bytes, str]]] | None = None,
+                 tokenizer_fetch: tokenizers.Fetch | None = None) -> None:
         """``quota``/``usage``: the control plane's budget and usage services (None: the per-router rpm/tpm
         window, and nothing metered); ``usage_journal_dir``: where unsent usage survives a ``kill -9``;
-        ``metrics_source``: what ``GET /metrics`` answers (a hub's worker: every worker's sum), else ``render()``."""
+        ``metrics_source``: what ``GET /metrics`` answers (a hub's worker: every worker's sum), else ``render()``;
+        ``tokenizer_fetch``: how ``kv_aware`` models' tokenizer files are fetched (``tokenizers``; None: never)."""
         self.holder = holder
         self._watcher = watcher
         self._serve_metrics = serve_metrics
@@ -94,10 +97,11 @@ class RouterApp:
         # Requests held for a model at zero, each woken by the next table.
         self._cold = cold.ColdHold(holder, keepalive_s=keepalive_s, signals=signals)
         self._metering(router_id, quota, usage, usage_journal_dir)
+        self.tokenizers = tokenizers.Tokenizers(tokenizer_fetch)
         self._completions = completions.Completions(
             holder, proxy=self._proxy, cold_hold=self._cold, admission=self._admission,
             limiter=ratelimit.RateLimiter(), source=source, max_body_bytes=max_body_bytes, events=events,
-            signals=signals, meter=self.meter, quota=self.quota)
+            signals=signals, meter=self.meter, quota=self.quota, tokenizers=self.tokenizers)
         self._complete = self._completions.complete
         #: ``http`` scopes straight to their handler, for a server that knows (``server.Server``): no ``__call__``.
         self.asgi_http = self._http
@@ -130,6 +134,7 @@ class RouterApp:
         if self._watcher is not None:
             await self._watcher.stop()
         await self._forwarder.close()
+        await self.tokenizers.close()
         if self._events is not None:
             await self._events.stop()
         if self._signals is not None:

@@ -12,6 +12,7 @@ request's arrival (and a queue as it forms) go to the autoscaler's counts.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 
@@ -26,6 +27,7 @@ from llmgw.router import (
     proxying,
     ratelimit,
     request,
+    tokenizers,
 )
 from llmgw.router import metering as router_metering
 from llmgw.router import quota as router_quota
@@ -45,8 +47,10 @@ class Completions:
     def __init__(self, holder: TableHolder, *, proxy: proxying.Proxy, cold_hold: cold.ColdHold,
                  admission: admission.Admission, limiter: ratelimit.RateLimiter, source: str, max_body_bytes: int,
                  events: router_events.Sink | None = None, signals: router_signals.Reporter | None = None,
-                 meter: router_metering.Meter | None = None, quota: router_quota.QuotaClient | None = None) -> None:
+                 meter: router_metering.Meter | None = None, quota: router_quota.QuotaClient | None = None,
+                 tokenizers: tokenizers.Tokenizers | None = None) -> None:
         self.holder = holder
+        self._tokenizers = tokenizers  # kv_aware's, for a text prompt (None: only prompts sent as token ids)
         self._proxy = proxy
         self._cold = cold_hold
         self._admission = admission
@@ -61,6 +65,14 @@ class Completions:
         # A new table's limits apply as it arrives: applied by the next request only, a replica that
         # turned Ready admitted nobody waiting until someone else came (and then a burst at once).
         holder.listen(self.apply_limits)
+
+    async def _tokenized(self, key: pick.RequestKey, model: str, version: str, path: str,
+                         doc: dict[str, object]) -> pick.RequestKey:
+        """``key`` with the prompt's token ids from the model's tokenizer, once loaded (until then: as it was)."""
+        assert self._tokenizers is not None
+        found = self._tokenizers.get(model, version)
+        ids = await tokenizers.prompt_ids(found, path, doc) if found is not None else None
+        return dataclasses.replace(key, tokens=ids) if ids else key
 
     def apply_limits(self, table: RouteTable) -> None:
         if table.limits is not self._limits_seen:
@@ -132,6 +144,8 @@ class Completions:
             affinity = (prefix.request_key(req.doc, session_header=header_value(scope, b"x-llmgw-session"),
                                            tokens=route.routing in TOKENED)
                         if route.routing in KEYED else pick.NO_KEY)
+            if route.routing in TOKENED and not affinity.tokens and route.tokenizer and self._tokenizers is not None:
+                affinity = await self._tokenized(affinity, route.name, route.tokenizer, path, req.doc)
             spans = router_tracing.CURRENT.get()
             if spans is not None:
                 spans.admission_start()

@@ -120,7 +120,7 @@ def build(settings: RouterSettings, *, token: str = "", static_hub: bool = False
             metered["metrics_source"] = pushes.scrape
         watcher = _Together(*parts)
         metered |= {"quota": calls.quota, "usage": calls.usage, "usage_journal_dir": settings.usage_journal_dir,
-                    "router_id": name}
+                    "router_id": name, "tokenizer_fetch": calls.tokenizer}
         if static_hub:
             del metered["usage"], metered["usage_journal_dir"]
         else:

@@ -79,6 +79,8 @@ class ModelRoute:
     parent: str = ""
     #: For a LoRA adapter's route: how many adapters one engine of its base holds at once (0: not said).
     adapter_slots: int = 0
+    #: ``kv_aware``: the version of its tokenizer files the control plane offers (``tokenizers``); "": none.
+    tokenizer: str = ""
 
     def open_to(self, project: str) -> bool:
         """Whether a key of ``project`` may see and use the model (a request without a key may: no keys exist)."""
@@ -234,4 +236,4 @@ def _route(where: str, entry: routing.ModelEntry) -> ModelRoute:
         message=entry.message, endpoints=entry.endpoints, created=entry.created, routing=routing_name,
         replica_limit=entry.concurrency_per_replica, engine=entry.engine, unhealthy=entry.unhealthy,
         autoscale=entry.autoscale, projects=frozenset(entry.projects), prices=entry.prices,
-        embeddings=entry.embeddings)
+        embeddings=entry.embeddings, tokenizer=entry.tokenizer)

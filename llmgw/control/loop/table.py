@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable, Mapping
 
 from llmgw.api import routemodels, routing
+from llmgw.control import tokenizerfiles
 from llmgw.control.loop import sleeper
 from llmgw.control.loop.autoscaling import in_force
 from llmgw.control.loop.context import LoopContext
@@ -63,6 +64,8 @@ def _model_route(spec: specs.ModelSpec, name: str, in_force_spec: specs.ModelSpe
         adapters=tuple(a.name for a in spec.adapters),
         # How many one engine holds at once: the router's model of each engine's cache (``router.adaptercache``).
         adapter_slots=limits.max_cpu_loras if (limits := adapters.lora_limits(spec.adapters)) else 0,
+        # kv_aware: the version of the tokenizer files routers fetch to tokenize text prompts ("": none offered).
+        tokenizer=tokenizerfiles.version_of(spec),
     )
 
 
