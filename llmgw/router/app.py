@@ -6,6 +6,8 @@
   ``completions`` (the key, the model, rate limits, a model at zero held by ``cold``, admission),
   then ``proxying`` (the engine's response opened by ``upstream``, relayed by ``relay``, the client's
   disconnect watched);
+* ``POST /v1/messages`` and ``/v1/messages/count_tokens``: Anthropic's Messages API, translated onto the
+  chat completions' path and back (``anthropic``), its refusals in Anthropic's shape;
 * ``GET /v1/models``: from the route table, only the models the key may use, cached per table, each
   with ``llmgw.embeddings`` where its spec says whether it embeds (``completions`` refuses
   ``/v1/embeddings`` for one that does not, saying how to turn them on);
@@ -47,6 +49,7 @@ from llmgw.router import quota as router_quota
 from llmgw.router import reports as router_events
 from llmgw.router import signals as router_signals
 from llmgw.router import tracing as router_tracing
+from llmgw.router.anthropic import messages as anthropic_messages
 from llmgw.router.asgi import authorization
 from llmgw.router.table import ModelRoute, RouteTable, TableHolder
 
@@ -99,6 +102,8 @@ class RouterApp:
             limiter=ratelimit.RateLimiter(), source=source, max_body_bytes=max_body_bytes, events=events,
             signals=signals, meter=self.meter, quota=self.quota)
         self._complete = self._completions.complete
+        # Anthropic's Messages API: translated onto the same path (``anthropic``), tried only after the OpenAI paths.
+        self._messages = anthropic_messages.Messages(self._complete, max_body_bytes=max_body_bytes)
         #: ``http`` scopes straight to their handler, for a server that knows (``server.Server``): no ``__call__``.
         self.asgi_http = self._http
 
@@ -164,6 +169,8 @@ class RouterApp:
                 # A key with requests or tokens budgets learns where they stand here too.
                 extra = self.quota.headers(self.quota.plan(key, auth_now.projects)) if self.quota is not None else None
                 await asgi.send_bytes(send, 200, self._models_body(key), extra=extra or None)
+            elif path in anthropic_messages.PATHS:
+                await self._messages.serve(scope, path, arrived, receive, send)
             elif path == METRICS_PATH and self._serve_metrics and method in ("GET", "HEAD"):
                 body, content_type = (await self._metrics_source() if self._metrics_source is not None
                                       else metrics.render())
