@@ -103,7 +103,7 @@ class RouterApp:
             signals=signals, meter=self.meter, quota=self.quota)
         self._complete = self._completions.complete
         # Anthropic's Messages API: translated onto the same path (``anthropic``), tried only after the OpenAI paths.
-        self._messages = anthropic_messages.Messages(self._complete, max_body_bytes=max_body_bytes)
+        self._messages = anthropic_messages.Messages(holder, self._complete, max_body_bytes=max_body_bytes)
         #: ``http`` scopes straight to their handler, for a server that knows (``server.Server``): no ``__call__``.
         self.asgi_http = self._http
 

@@ -1,15 +1,18 @@
 """``POST /v1/messages`` and ``/v1/messages/count_tokens``: Anthropic's Messages API on the router's path.
 
-``Messages.serve`` reads the body, turns it into a chat completion request (``convert``) and hands it to the
-same path a client's ``/v1/chat/completions`` takes (``completions.Completions.complete``: the key, the
-model's lookup, budgets and rate limits, a model held at zero, admission, routing, metering), with
+``Messages.serve`` reads the body and hands it to the same path a client's ``/v1/chat/completions`` takes
+(``completions.Completions.complete``: the key, the model's lookup, budgets and rate limits, a model held at
+zero, admission, routing, metering). A model whose engine serves the Messages API itself (the engine record's
+``anthropic_messages``, ``core.engines``: vLLM) gets the request as it came, on the same path at the engine;
+any other gets it turned into a chat completion request (``convert``) on ``/v1/chat/completions``. Either way
 
-* the body it reads replaced by the translated one,
+* the body the path reads is the one to send,
 * the key taken from ``x-api-key`` when there is no ``Authorization`` header (the Anthropic SDK and Claude
   Code send ``x-api-key``), as an ``Authorization: Bearer`` header on the request's scope,
-* ``send`` wrapped by ``Reply``: a stream's events rewritten as they pass (``events``), a whole answer
-  (``answer.message``, or a count_tokens answer) and every error (the router's own refusals, the engine's)
-  rewritten once whole, in Anthropic's shapes.
+* ``send`` wrapped by ``Reply``: translated, a stream's events rewritten as they pass (``events``) and a
+  whole answer (``answer.message``, or a count_tokens answer) once whole; passed through, the engine's answer
+  as it is but for the router's own mid-stream error event, named ``error`` as Anthropic's; and every error
+  (the router's own refusals, the engine's, which ``relay`` makes OpenAI-shaped) in Anthropic's shape.
 
 ``anthropic-version`` and ``anthropic-beta`` are accepted and not checked. The chat routes are untouched:
 this module runs only for its two paths.
@@ -21,9 +24,11 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from llmgw.core import engines
 from llmgw.router import admission, asgi, errors, metrics, ratelimit
 from llmgw.router.anthropic import answer, convert
 from llmgw.router.anthropic.events import Events
+from llmgw.router.table import TableHolder
 
 MESSAGES_PATH = "/v1/messages"
 COUNT_PATH = "/v1/messages/count_tokens"
@@ -36,7 +41,8 @@ Complete = Callable[[asgi.Scope, str, float, asgi.Receive, asgi.Send], Awaitable
 class Messages:
     """Serves ``PATHS`` through ``complete``, the chat completions path."""
 
-    def __init__(self, complete: Complete, *, max_body_bytes: int) -> None:
+    def __init__(self, holder: TableHolder, complete: Complete, *, max_body_bytes: int) -> None:
+        self._holder = holder
         self._complete = complete
         self._max_body = max_body_bytes
 
@@ -46,11 +52,15 @@ class Messages:
         try:
             if scope["method"] != "POST":
                 raise errors.method_not_allowed(scope["method"], path, "POST")
-            doc = _decode(await asgi.read_body(receive, limit=self._max_body))
+            body = await asgi.read_body(receive, limit=self._max_body)
+            doc = _decode(body)
             count = path == COUNT_PATH
+            if self._native(doc.get("model")):
+                reply = Reply(send, model="", stops=None, count=count, native=True)
+                await self._complete(_with_key(scope), path, arrived, _replaced(receive, body), reply.send)
+                return
             chat = convert.to_chat(doc, count_only=count)
-            stops = chat.get("stop")
-            reply = Reply(send, model=chat["model"], stops=stops, count=count)
+            reply = Reply(send, model=chat["model"], stops=chat.get("stop"), count=count)
             body = json.dumps(chat, ensure_ascii=False, separators=(",", ":")).encode()
             await self._complete(_with_key(scope), CHAT_PATH, arrived, _replaced(receive, body), reply.send)
         except errors.ApiError as exc:  # raised only before the answer started
@@ -61,6 +71,13 @@ class Messages:
             await asgi.send_bytes(send, exc.status,
                                   json.dumps(answer.error(exc.status, _for_anthropic(exc), exc.code)).encode(),
                                   extra=extra)
+
+
+    def _native(self, model: object) -> bool:
+        """Whether ``model``'s engine serves the Messages API itself (the lookup the path makes again)."""
+        route = self._holder.current.lookup(model) if isinstance(model, str) else None
+        found = engines.ENGINES.get(route.engine) if route is not None else None
+        return found is not None and found.anthropic_messages
 
 
 def _decode(body: bytes) -> dict[str, Any]:
@@ -114,21 +131,27 @@ def _replaced(receive: asgi.Receive, body: bytes) -> asgi.Receive:
 class Reply:
     """The client's ``send``, behind which the engine's answer is rewritten in Anthropic's shapes."""
 
-    def __init__(self, send: asgi.Send, *, model: str, stops: list[str] | None, count: bool) -> None:
+    def __init__(self, send: asgi.Send, *, model: str, stops: list[str] | None, count: bool,
+                 native: bool = False) -> None:
         self._send = send
+        self._native = native  # the engine answers in Anthropic's shapes: only errors are rewritten
         self._model = model
         self._stops = stops
         self._count = count
         self._start: asgi.Message | None = None
         self._events: Events | None = None
         self._whole: list[bytes] = []
+        self._passing = False
 
     async def send(self, message: asgi.Message) -> None:
         if message["type"] == "http.response.start":
             headers = [(k, v) for k, v in message.get("headers", ()) if k != b"content-length"]
             sse = message["status"] == 200 and any(
                 k == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers)
-            if sse and not self._count:
+            if self._native and message["status"] == 200:
+                self._passing = True
+                await self._send(message)
+            elif sse and not self._count:
                 self._events = Events(self._model, self._stops)
                 await self._send({**message, "headers": headers})
             else:
@@ -139,6 +162,11 @@ class Reply:
             return
         chunk = message.get("body", b"")
         more = message.get("more_body", False)
+        if self._passing:
+            if chunk.startswith(b'data: {"error"'):  # the router's own (``relay.error_event``): named as Anthropic's
+                chunk = Events("", None).feed(chunk)
+            await self._send({**message, "body": chunk})
+            return
         if self._events is not None:
             out = self._events.feed(chunk) if chunk else b""
             if not more:
