@@ -7,8 +7,9 @@
 * ``error``: any refusal, the router's own or an engine's OpenAI-shaped one, as Anthropic's
   ``{"type": "error", "error": {"type", "message"}}``, its type from the status as Anthropic's API uses them
   (400 invalid_request_error, 401 authentication_error, 403 permission_error, 404 not_found_error,
-  413 request_too_large, 429 rate_limit_error, 500 api_error, 503/529 overloaded_error); the router's
-  full admission queue (a 429 ``model_overloaded``) is an overloaded_error.
+  429 rate_limit_error, 500 api_error, 503/529 overloaded_error; any other 4xx, 413 among them, an
+  invalid_request_error: the SDK's error types have no request_too_large); the router's full admission
+  queue (a 429 ``model_overloaded``) is an overloaded_error.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 Json = dict[str, Any]
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 402: "billing_error",
-          403: "permission_error", 404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+          403: "permission_error", 404: "not_found_error", 429: "rate_limit_error",
           503: "overloaded_error", 504: "timeout_error", 529: "overloaded_error"}
 
 
