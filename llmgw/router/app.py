@@ -25,6 +25,7 @@ alone. A ``watcher`` passed in is started and stopped with it.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -102,8 +103,10 @@ class RouterApp:
             limiter=ratelimit.RateLimiter(), source=source, max_body_bytes=max_body_bytes, events=events,
             signals=signals, meter=self.meter, quota=self.quota)
         self._complete = self._completions.complete
-        # Anthropic's Messages API: translated onto the same path (``anthropic``), tried only after the OpenAI paths.
-        self._messages = anthropic_messages.Messages(holder, self._complete, max_body_bytes=max_body_bytes)
+        # Anthropic's Messages API: onto the same path (``anthropic``; traced as it is), after the OpenAI paths.
+        self._messages = anthropic_messages.Messages(
+            holder, self._complete if tracing is None else functools.partial(tracing.around, self._complete),
+            max_body_bytes=max_body_bytes)
         #: ``http`` scopes straight to their handler, for a server that knows (``server.Server``): no ``__call__``.
         self.asgi_http = self._http
 
