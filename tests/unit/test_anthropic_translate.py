@@ -144,6 +144,14 @@ def test_requests_become_chat_completions() -> None:
     assert tool == {"role": "tool", "tool_call_id": "t1", "content": "Error: boom"}
     assert convert.to_chat({"model": "m", "messages": [{"role": "user", "content": "x"}]},
                            count_only=True)["max_tokens"] == 1
+    # A tool result's image (a screenshot) follows the tool message in a user message: a tool message is text.
+    shot = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "BBBB"}}
+    after = convert.to_chat({"model": "m", "max_tokens": 5, "messages": [
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                      "content": [{"type": "text", "text": "took it"}, shot]}]}]})["messages"]
+    assert after == [{"role": "tool", "tool_call_id": "t1", "content": "took it"},
+                     {"role": "user", "content": [{"type": "image_url",
+                                                   "image_url": {"url": "data:image/png;base64,BBBB"}}]}]
 
 
 @pytest.mark.parametrize(("doc", "field"), [

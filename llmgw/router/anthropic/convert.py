@@ -154,7 +154,7 @@ def _blocks(role: str, blocks: list[Any], where: str) -> list[Json]:
             if not isinstance(block.get("tool_use_id"), str):
                 raise _bad(f"{at}: a tool_result block needs 'tool_use_id' (the tool_use block's id).", "messages")
             results.append({"role": "tool", "tool_call_id": block["tool_use_id"],
-                            "content": _result_text(block.get("content"), block.get("is_error") is True, at)})
+                            "content": _result_text(block.get("content"), block.get("is_error") is True, at, parts)})
         elif kind in ("thinking", "redacted_thinking") and role == "assistant":
             continue
         else:
@@ -182,15 +182,26 @@ def _image(source: object, at: str) -> Json:
     return {"type": "image_url", "image_url": {"url": url}}
 
 
-def _result_text(content: object, is_error: bool, at: str) -> str:
+def _result_text(content: object, is_error: bool, at: str, images: list[Json]) -> str:
+    """A tool result's text (a ``tool`` message holds only text); its images go to ``images``, the user message
+    that follows the tool messages (a screenshot a tool took reaches a model that reads images)."""
     if content is None:
         text = ""
     elif isinstance(content, str):
         text = content
     elif isinstance(content, list):
-        text = _text_of(content, f"{at}.content")
+        texts = []
+        for i, block in enumerate(content):
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind == "image":
+                images.append(_image(block.get("source"), f"{at}.content.{i}"))
+            elif kind == "text" and isinstance(block.get("text"), str):
+                texts.append(block["text"])
+            else:
+                raise _bad(f"{at}.content.{i}: a tool result's content blocks must be text or image.", "messages")
+        text = "\n\n".join(texts)
     else:
-        raise _bad(f"{at}.content: a tool result's content must be a string or text blocks.", "messages")
+        raise _bad(f"{at}.content: a tool result's content must be a string or text and image blocks.", "messages")
     return f"Error: {text}" if is_error else text
 
 
