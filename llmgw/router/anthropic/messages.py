@@ -48,7 +48,6 @@ class Messages:
 
     async def serve(self, scope: asgi.Scope, path: str, arrived: float, receive: asgi.Receive,
                     send: asgi.Send) -> None:
-        reply: Reply | None = None
         try:
             if scope["method"] != "POST":
                 raise errors.method_not_allowed(scope["method"], path, "POST")
@@ -64,8 +63,7 @@ class Messages:
             body = json.dumps(chat, ensure_ascii=False, separators=(",", ":")).encode()
             await self._complete(_with_key(scope), CHAT_PATH, arrived, _replaced(receive, body), reply.send)
         except errors.ApiError as exc:  # raised only before the answer started
-            if reply is None:
-                metrics.count_request("", "", exc.status)  # as the chat routes count a refusal before the lookup
+            metrics.count_request("", "", exc.status)  # as the app counts the chat routes' refusals: model=""
             extra = exc.headers() if isinstance(exc, ratelimit.Throttled | admission.Overloaded
                                                 | errors.ColdStartTimeout) else None
             await asgi.send_bytes(send, exc.status,
