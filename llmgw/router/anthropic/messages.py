@@ -70,7 +70,6 @@ class Messages:
                                   json.dumps(answer.error(exc.status, _for_anthropic(exc), exc.code)).encode(),
                                   extra=extra)
 
-
     def _native(self, model: object) -> bool:
         """Whether ``model``'s engine serves the Messages API itself (the lookup the path makes again)."""
         route = self._holder.current.lookup(model) if isinstance(model, str) else None
