@@ -8,7 +8,8 @@
   disconnect watched);
 * ``POST /v1/messages`` and ``/v1/messages/count_tokens``: Anthropic's Messages API, translated onto the
   chat completions' path and back (``anthropic``), its refusals in Anthropic's shape;
-* ``GET /v1/models``: from the route table, only the models the key may use, cached per table, each
+* ``GET /v1/models``: from the route table, only the models the key may use (Anthropic's list for a request
+  that says ``anthropic-version``: ``anthropic.models``), cached per table, each
   with ``llmgw.embeddings`` where its spec says whether it embeds (``completions`` refuses
   ``/v1/embeddings`` for one that does not, saying how to turn them on);
 * ``GET /metrics`` with ``serve_metrics`` (the standalone router); in the server process the
@@ -51,6 +52,7 @@ from llmgw.router import reports as router_events
 from llmgw.router import signals as router_signals
 from llmgw.router import tracing as router_tracing
 from llmgw.router.anthropic import messages as anthropic_messages
+from llmgw.router.anthropic import models as anthropic_models
 from llmgw.router.asgi import authorization
 from llmgw.router.table import ModelRoute, RouteTable, TableHolder
 
@@ -165,6 +167,10 @@ class RouterApp:
             elif path == MODELS_PATH:
                 if method not in ("GET", "HEAD"):
                     raise errors.method_not_allowed(method, path, "GET")
+                if anthropic_models.asked(scope):  # an Anthropic SDK's list: its shape, x-api-key read too
+                    await anthropic_models.serve(self.holder, scope, send, self._models_body,
+                                                 authorization(anthropic_messages.with_key(scope)))
+                    return
                 auth_now = self.holder.current.auth
                 key = auth_now.identify(authorization(scope))
                 if isinstance(key, errors.ApiError):

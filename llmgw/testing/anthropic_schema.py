@@ -21,6 +21,7 @@ ROOTS: dict[str, str] = {
     "count": "MessageTokensCount",
     "event": "RawMessageStreamEvent",
     "error": "ErrorResponse",
+    "model": "ModelInfo",
 }
 
 

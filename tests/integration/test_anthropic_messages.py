@@ -236,3 +236,16 @@ def test_both_key_headers_on_messages_and_only_bearer_on_openai_routes(cluster: 
     assert cluster.post("/v1/messages", body, headers={"x-api-key": KEY}).status_code == 200
     chat = cluster.post("/v1/chat/completions", body, headers={"x-api-key": KEY})
     assert chat.status_code == 401 and chat.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_an_anthropic_clients_model_list_is_anthropics(cluster: Cluster) -> None:
+    """GET /v1/models with anthropic-version: the key's models as ModelInfo, x-api-key read; OpenAI's list otherwise."""
+    assert sorted(m.id for m in cluster.client.models.list()) == ["claude-sonnet-4-5", "sim-m"]
+    raw = httpx.get(cluster.router + "/v1/models", headers={"x-api-key": KEY, "anthropic-version": "2023-06-01"})
+    assert raw.status_code == 200 and raw.json()["has_more"] is False
+    for entry in raw.json()["data"]:
+        anthropic_schema.validate("model", entry)
+    refused = httpx.get(cluster.router + "/v1/models", headers={"x-api-key": "wrong", "anthropic-version": "x"})
+    _error(refused, 401, "authentication_error")
+    openai_list = httpx.get(cluster.router + "/v1/models", headers={"authorization": f"Bearer {KEY}"}).json()
+    assert openai_list["object"] == "list" and {m["object"] for m in openai_list["data"]} == {"model"}

@@ -56,12 +56,12 @@ class Messages:
             count = path == COUNT_PATH
             if self._native(doc.get("model")):
                 reply = Reply(send, model="", stops=None, count=count, native=True)
-                await self._complete(_with_key(scope), path, arrived, _replaced(receive, body), reply.send)
+                await self._complete(with_key(scope), path, arrived, _replaced(receive, body), reply.send)
                 return
             chat = convert.to_chat(doc, count_only=count)
             reply = Reply(send, model=chat["model"], stops=chat.get("stop"), count=count)
             body = json.dumps(chat, ensure_ascii=False, separators=(",", ":")).encode()
-            await self._complete(_with_key(scope), CHAT_PATH, arrived, _replaced(receive, body), reply.send)
+            await self._complete(with_key(scope), CHAT_PATH, arrived, _replaced(receive, body), reply.send)
         except errors.ApiError as exc:  # raised only before the answer started
             metrics.count_request("", "", exc.status)  # as the app counts the chat routes' refusals: model=""
             extra = exc.headers() if isinstance(exc, ratelimit.Throttled | admission.Overloaded
@@ -96,7 +96,7 @@ def _for_anthropic(exc: errors.ApiError) -> str:
     return exc.message
 
 
-def _with_key(scope: asgi.Scope) -> asgi.Scope:
+def with_key(scope: asgi.Scope) -> asgi.Scope:
     """``scope``, with ``x-api-key`` as ``Authorization: Bearer`` when it has no Authorization header."""
     key = None
     for name, value in scope.get("headers", ()):

@@ -24,6 +24,7 @@ ROOTS: dict[str, str] = {
     "MessageTokensCount": "anthropic.types.MessageTokensCount",
     "RawMessageStreamEvent": "anthropic.types.RawMessageStreamEvent",
     "ErrorResponse": "anthropic.types.shared.ErrorResponse",
+    "ModelInfo": "anthropic.types.ModelInfo",
 }
 
 
