@@ -81,6 +81,7 @@ STAGES: tuple[tuple[str, tuple[str, ...] | None, str], ...] = (
     ("router/metrics.py", None, "metrics and logging"),
     ("router/tracing.py", None, "metrics and logging"),
     ("/logging/", None, "metrics and logging"),
+    ("router/anthropic/", None, "anthropic translation"),  # /v1/messages only
     ("router/completions.py", None, "dispatch (app, completions, proxying)"),
     ("router/app.py", None, "dispatch (app, completions, proxying)"),
     ("router/proxying.py", None, "dispatch (app, completions, proxying)"),
@@ -88,7 +89,7 @@ STAGES: tuple[tuple[str, tuple[str, ...] | None, str], ...] = (
 LOOP = "event loop (epoll, socket reads, tasks)"
 ORDER = ("accept and parse", "auth and key lookup", "limits and admission", "pick", "upstream connect and reuse",
          "write upstream", "read upstream", "shape", "relay", "write to client", "metering and signals",
-         "metrics and logging", "dispatch (app, completions, proxying)", LOOP)
+         "metrics and logging", "anthropic translation", "dispatch (app, completions, proxying)", LOOP)
 
 
 def stage_of(frames: list[str]) -> str:

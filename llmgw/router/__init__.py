@@ -13,6 +13,9 @@ A request's path, in order:
   keeps them), ``cold`` holds a request for a model scaled to zero, ``admission`` queues it;
   ``metering`` makes each request's usage record, ``usagejournal`` keeps and sends them
   (``usagehttp``: the standalone router's transports);
+* ``anthropic``: Anthropic's Messages API (``/v1/messages``, ``count_tokens``) onto the same path: the request
+  translated to a chat completion and the answer back (or passed through to an engine that serves it), its
+  refusals and stream in Anthropic's shapes;
 * ``proxying``: the admitted request's trip: ``upstream.Forwarder`` picks the endpoint and retries,
   ``relay`` relays the answer, ``openai_shape`` and ``openai_errors`` put llama.cpp's answers and every
   engine's errors in OpenAI's shape;

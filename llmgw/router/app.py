@@ -6,7 +6,10 @@
   ``completions`` (the key, the model, rate limits, a model at zero held by ``cold``, admission),
   then ``proxying`` (the engine's response opened by ``upstream``, relayed by ``relay``, the client's
   disconnect watched);
-* ``GET /v1/models``: from the route table, only the models the key may use, cached per table, each
+* ``POST /v1/messages`` and ``/v1/messages/count_tokens``: Anthropic's Messages API, translated onto the
+  chat completions' path and back (``anthropic``), its refusals in Anthropic's shape;
+* ``GET /v1/models``: from the route table, only the models the key may use (Anthropic's list for a request
+  that says ``anthropic-version``: ``anthropic.models``), cached per table, each
   with ``llmgw.embeddings`` where its spec says whether it embeds (``completions`` refuses
   ``/v1/embeddings`` for one that does not, saying how to turn them on);
 * ``GET /metrics`` with ``serve_metrics`` (the standalone router); in the server process the
@@ -23,6 +26,7 @@ alone. A ``watcher`` passed in is started and stopped with it.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -48,6 +52,8 @@ from llmgw.router import quota as router_quota
 from llmgw.router import reports as router_events
 from llmgw.router import signals as router_signals
 from llmgw.router import tracing as router_tracing
+from llmgw.router.anthropic import messages as anthropic_messages
+from llmgw.router.anthropic import models as anthropic_models
 from llmgw.router.asgi import authorization
 from llmgw.router.table import ModelRoute, RouteTable, TableHolder
 
@@ -103,6 +109,10 @@ class RouterApp:
             limiter=ratelimit.RateLimiter(), source=source, max_body_bytes=max_body_bytes, events=events,
             signals=signals, meter=self.meter, quota=self.quota, tokenizers=self.tokenizers)
         self._complete = self._completions.complete
+        # Anthropic's Messages API: onto the same path (``anthropic``; traced as it is), after the OpenAI paths.
+        self._messages = anthropic_messages.Messages(
+            holder, self._complete if tracing is None else functools.partial(tracing.around, self._complete),
+            max_body_bytes=max_body_bytes)
         #: ``http`` scopes straight to their handler, for a server that knows (``server.Server``): no ``__call__``.
         self.asgi_http = self._http
 
@@ -162,6 +172,10 @@ class RouterApp:
             elif path == MODELS_PATH:
                 if method not in ("GET", "HEAD"):
                     raise errors.method_not_allowed(method, path, "GET")
+                if anthropic_models.asked(scope):  # an Anthropic SDK's list: its shape, x-api-key read too
+                    await anthropic_models.serve(self.holder, scope, send, self._models_body,
+                                                 authorization(anthropic_messages.with_key(scope)))
+                    return
                 auth_now = self.holder.current.auth
                 key = auth_now.identify(authorization(scope))
                 if isinstance(key, errors.ApiError):
@@ -169,6 +183,8 @@ class RouterApp:
                 # A key with requests or tokens budgets learns where they stand here too.
                 extra = self.quota.headers(self.quota.plan(key, auth_now.projects)) if self.quota is not None else None
                 await asgi.send_bytes(send, 200, self._models_body(key), extra=extra or None)
+            elif path in anthropic_messages.PATHS:
+                await self._messages.serve(scope, path, arrived, receive, send)
             elif path == METRICS_PATH and self._serve_metrics and method in ("GET", "HEAD"):
                 body, content_type = (await self._metrics_source() if self._metrics_source is not None
                                       else metrics.render())
