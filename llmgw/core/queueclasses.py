@@ -20,6 +20,7 @@ Pure: standard library and ``core`` only.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Iterable
 
@@ -98,7 +99,11 @@ class Classes:
 
     def lowered(self, queue_as: QueueAs, asked: str) -> QueueAs | str:
         """``queue_as`` with the class a request's header asks for: lower taken, higher clamped; a refusal
-        (the sentence) for a name the cluster does not list."""
+        (the sentence) for a name the cluster does not list. Memoized: a batch runner sends the same header on
+        every line, and a new ``QueueAs`` a request was a microsecond."""
+        return _lowered(self, queue_as, asked)
+
+    def _lowered(self, queue_as: QueueAs, asked: str) -> QueueAs | str:
         asked = asked.strip().lower()
         ranks = self.ranks
         rank = ranks.get(asked)
@@ -109,3 +114,7 @@ class Classes:
         if rank <= queue_as.rank:
             return queue_as  # at or above its own: its own (a client may lower its class, never raise it)
         return dataclasses.replace(queue_as, klass=asked, rank=rank)
+
+
+# Bounded: keys x classes in practice; a client sending a new string each time only churns its own entries.
+_lowered = functools.lru_cache(maxsize=4096)(Classes._lowered)

@@ -26,26 +26,41 @@ QUEUE_WAIT = prom.Histogram("llmgw_router_queue_wait_seconds",
                             f"(past {MAX_PROJECTS} projects: project=\"other\")",
                             ["class", "project"], buckets=WAIT_BUCKETS, registry=REGISTRY)
 
-_projects: set[str] = set()
+# The labelled children, resolved once: ``labels()`` takes a lock and checks its arguments each call (~1 us),
+# and a waiter touches them three times. Bounded as the labels are.
+_depth: dict[str, prom.metrics.Gauge] = {}
+_waits: dict[tuple[str, str], prom.metrics.Histogram] = {}
+_named: set[str] = set()
 
 
 def project_label(project: str) -> str:
     """``project``, or "other" once ``MAX_PROJECTS`` others have been named."""
-    if project in _projects:
+    if project in _named:
         return project
-    if len(_projects) >= MAX_PROJECTS:
+    if len(_named) >= MAX_PROJECTS:
         return "other"
-    _projects.add(project)
+    _named.add(project)
     return project
 
 
+def _gauge(klass: str) -> prom.metrics.Gauge:
+    child = _depth.get(klass)
+    if child is None:
+        child = _depth[klass] = QUEUED_BY_CLASS.labels(klass)
+    return child
+
+
 def queued(klass: str) -> None:
-    QUEUED_BY_CLASS.labels(klass).inc()
+    _gauge(klass).inc()
 
 
 def left(klass: str) -> None:
-    QUEUED_BY_CLASS.labels(klass).dec()
+    _gauge(klass).dec()
 
 
 def waited(klass: str, project: str, seconds: float) -> None:
-    QUEUE_WAIT.labels(klass, project_label(project)).observe(seconds)
+    label = project_label(project)
+    child = _waits.get((klass, label))
+    if child is None:
+        child = _waits[(klass, label)] = QUEUE_WAIT.labels(klass, label)
+    child.observe(seconds)
