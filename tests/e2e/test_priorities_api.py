@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 
+from llmgw.core import skew
 from llmgw.testing.system import LLMGW, System
 
 
@@ -21,7 +22,8 @@ def _auth(system: System) -> dict:
         made = system.request("POST", "/api/v1/routers", json={"name": "prio-test"})
         assert made.status_code == 201, made.text
         _ROUTER_TOKENS[system.url] = made.json()["token"]
-    r = system.request("GET", "/api/v1/endpoints", headers={"Authorization": f"Bearer {_ROUTER_TOKENS[system.url]}"})
+    r = system.request("GET", "/api/v1/endpoints", headers={"Authorization": f"Bearer {_ROUTER_TOKENS[system.url]}",
+                                                             **skew.headers()})
     assert r.status_code == 200, r.text
     return dict(r.json()["auth"])
 
