@@ -78,12 +78,10 @@ def router(db: StoreThread, cluster: _Kicker) -> APIRouter:
                                 code="unknown_priority_class", param="priority_class")
         if body.weight is not None and (why := queueclasses.weight_refusal(body.weight)):
             raise Unprocessable(why, code="invalid_weight", param="weight")
-        now = (await db.call(queueing.read, db.store))
-        before = getattr(now, kind).get(name, queueing.Assigned())
-        after = queueing.Assigned(before.priority_class if body.priority_class is None else body.priority_class,
-                                  before.weight if body.weight is None else float(body.weight))
         who = request.scope.get(PRINCIPAL)
-        await db.call(queueing.assign, db.store, kind, name, after, by=who.name if who is not None else "")
+        after = await db.call(queueing.change, db.store, kind, name, body.priority_class,
+                              None if body.weight is None else float(body.weight),
+                              by=who.name if who is not None else "")
         cluster.kick()
         return _doc(name, after)
 

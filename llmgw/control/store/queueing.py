@@ -80,20 +80,31 @@ def read(store: Store) -> Queueing:
 
 def assign(store: Store, kind: str, name: str, assigned: Assigned, *, by: str, now: float | None = None) -> None:
     """Sets ``kind`` (keys or projects) ``name``'s class and weight; ``Assigned()`` removes its entry."""
+    change(store, kind, name, assigned.priority_class, assigned.weight, by=by, now=now)
+
+
+def change(store: Store, kind: str, name: str, priority_class: str | None, weight: float | None, *, by: str,
+           now: float | None = None) -> Assigned:
+    """Changes what is given (None: as it is) of ``name``'s entry, under the row's lock; the entry as it is now.
+    Both unset removes it."""
     with store._tx() as s:
         row = s.scalars(sa.select(ClusterSettingRow).where(ClusterSettingRow.key == ROW).with_for_update()).first()
         value: dict[str, Any] = dict(row.value) if row is not None and isinstance(row.value, dict) else {}
         entries = {**(value.get(kind) if isinstance(value.get(kind), dict) else {})}
-        if assigned == Assigned():
+        before = _assigned(entries.get(name)) or Assigned()
+        after = Assigned(before.priority_class if priority_class is None else priority_class,
+                         before.weight if weight is None else float(weight))
+        if after == Assigned():
             entries.pop(name, None)
         else:
-            entries[name] = assigned.to_doc()
+            entries[name] = after.to_doc()
         value[kind] = entries
+        stamp = time.time() if now is None else now
         if row is None:
-            s.add(ClusterSettingRow(key=ROW, value=value, updated_at=time.time() if now is None else now,
-                                    updated_by=by))
+            s.add(ClusterSettingRow(key=ROW, value=value, updated_at=stamp, updated_by=by))
         else:
-            row.value, row.updated_at, row.updated_by = value, time.time() if now is None else now, by
+            row.value, row.updated_at, row.updated_by = value, stamp, by
+        return after
 
 
 def forget(s: Session, kind: str, name: str) -> None:
