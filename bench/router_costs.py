@@ -55,6 +55,9 @@ STAGES: tuple[tuple[str, tuple[str, ...] | None, str], ...] = (
     ("router/admission.py", None, "limits and admission"),
     ("router/quota.py", None, "limits and admission"),
     ("router/budgets.py", None, "limits and admission"),
+    ("core/fairqueue.py", None, "limits and admission"),  # issue 32: only when a queue forms
+    ("core/queueclasses.py", None, "limits and admission"),  # only with X-Llmgw-Priority
+    ("router/queuemetrics.py", None, "limits and admission"),  # only when a queue forms
     ("router/pick.py", None, "pick"),
     ("router/adaptercache.py", None, "pick"),
     ("core/adapteraffinity.py", None, "pick"),

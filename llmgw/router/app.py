@@ -74,6 +74,7 @@ class RouterApp:
                  source: str = "the control plane", connect_timeout_s: float = 5.0,
                  max_endpoints: int = 3, max_body_bytes: int = 32 << 20, keepalive_s: float = 15.0,
                  serve_metrics: bool = False, admission_queue: int = 100, admission_wait_s: float = 30.0,
+                 fair: bool = True,
                  events: router_events.Sink | None = None, tracing: router_tracing.Tracing | None = None,
                  signals: router_signals.Reporter | None = None,
                  quota: router_quota.QuotaTransport | None = None, usage: usagejournal.UsageTransport | None = None,
@@ -94,7 +95,8 @@ class RouterApp:
         self._events = events  # ejections and recoveries, for the control plane
         self._tracing = tracing  # None: the untraced path, no SDK call anywhere
         self._models_cache: tuple[RouteTable, dict[tuple[frozenset[str], str], bytes]] | None = None
-        self._admission = admission.Admission(max_queue=admission_queue, max_wait_s=admission_wait_s)
+        self._admission = admission.Admission(max_queue=admission_queue, max_wait_s=admission_wait_s,
+                                              fair=fair)
         # The autoscaler's signals (None: not reported); it reads per-replica in flight and the queue itself.
         self._signals = signals
         if signals is not None:

@@ -16,7 +16,7 @@ import dataclasses
 import functools
 import json
 
-from llmgw.core import engines
+from llmgw.core import engines, priorities
 from llmgw.router import (
     admission,
     asgi,
@@ -39,6 +39,7 @@ from llmgw.router.policies import KEYED, TOKENED
 from llmgw.router.table import ModelRoute, RouteTable, TableHolder
 
 EMBEDDINGS_PATH = "/v1/embeddings"
+PRIORITY_HEADER = priorities.HEADER.lower().encode()
 
 
 class Completions:
@@ -101,6 +102,12 @@ class Completions:
             refused = table.auth.check(header, req.model, names=(route.name, route.served_name, *route.aliases))
             if isinstance(refused, errors.ApiError):
                 raise refused
+        queue_as = key.queue_as
+        if asked := header_value(scope, PRIORITY_HEADER):  # a lower class asked for (issue 32)
+            lowered = table.auth.classes.lowered(queue_as, asked)
+            if isinstance(lowered, str):
+                raise errors.ApiError(400, lowered, type="invalid_request_error", code="unknown_priority_class")
+            queue_as = lowered
         if route.embeddings is False and path == EMBEDDINGS_PATH:
             # Said here, not by the engine's 501 (llama.cpp: "start it with --embeddings", a flag a client cannot set).
             found = engines.record(route.engine)
@@ -152,7 +159,7 @@ class Completions:
             if (self._signals is not None and not self._admission.queued(route.name)
                     and self._admission.would_wait(route.name)):
                 self._signals.queue_forming()  # the autoscaler hears of a queue as it forms, not an interval later
-            async with self._admission.slot(route.name, priority=key.priority):
+            async with self._admission.slot(route.name, priority=key.priority, queue_as=queue_as):
                 if spans is not None:
                     spans.admitted(route.name)
                 if self.holder.current is not table:

@@ -157,7 +157,7 @@ def proxied(holder: table_mod.TableHolder, proxy: ProxySettings, **parts: Any) -
     traced = tracing.Tracing(proxy.tracing_endpoint) if proxy.tracing_endpoint else None
     return app_mod.RouterApp(holder, max_body_bytes=proxy.max_body_bytes, keepalive_s=proxy.keepalive,
                              tracing=traced, admission_queue=proxy.admission_queue,
-                             admission_wait_s=proxy.admission_wait, **parts)
+                             admission_wait_s=proxy.admission_wait, fair=proxy.admission_order == "fair", **parts)
 
 
 def parser(file: Mapping[str, Any] | None = None) -> argparse.ArgumentParser:

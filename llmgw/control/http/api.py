@@ -33,6 +33,7 @@ from llmgw.control.http import (
     nodes,
     nodeupgrade,
     preview,
+    priorities,
     projects,
     replicas,
     routercreds,
@@ -100,6 +101,7 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extr
                  models.router(db, cluster), replicas.router(db, cluster, reports), routers.router(cluster, reports),
                  nodes.router(db, cluster), nodeupgrade.router(db, cluster), history_http.router(cluster),
                  projects.router(db, cluster), routertokenizer.router(db, cluster),
+                 priorities.router(db, cluster),
                  routerusage.router(usage or UsageService(db)), ca.router(cluster_ca),
                  preview.router(db, cluster, catalog if catalog is not None else catalog_entries.load())):
         app.include_router(part, responses=REFUSALS)
