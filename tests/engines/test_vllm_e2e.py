@@ -22,7 +22,7 @@ import openai
 import psutil
 import pytest
 
-from llmgw.core import engines
+from llmgw.core import engines, skew
 from llmgw.router import loadwatch, table
 from llmgw.testing import openai_schema
 from llmgw.testing.procs import wait_for
@@ -112,7 +112,7 @@ def served(vllm_system: System, tiny_hf_model: Path) -> Served:
     system.wait_router(MODEL, 1, timeout=30)
     # The endpoints document is served to router credentials only.
     router = system.request("POST", "/api/v1/routers", json={"name": "vllm-test"}).json()["token"]
-    doc = system.request("GET", "/api/v1/endpoints", headers={"Authorization": f"Bearer {router}"}).json()
+    doc = system.request("GET", "/api/v1/endpoints", headers=as_router(router)).json()
     (route,) = [m for m in table.RouteTable.from_doc(doc).models if m.name == MODEL]
     (endpoint,) = route.endpoints
     (replica,) = system.replicas(MODEL)
@@ -266,3 +266,8 @@ def test_delete_drains_then_stops_and_leaves_nothing(served: Served) -> None:
     wait_for(lambda: not alive(tree) and not marked_pids(served.shard_id), timeout=30,
              what="every process of the shard gone")
     wait_for(lambda: not served.work_dir.exists(), timeout=30, what="the shard's work dir removed")
+
+
+def as_router(token: str) -> dict[str, str]:
+    """A router's headers for the endpoints document: its credential and this release's protocol."""
+    return {"Authorization": f"Bearer {token}", **skew.headers()}
