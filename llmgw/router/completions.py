@@ -131,10 +131,11 @@ class Completions:
                    else None)
         counts = None
         try:
-            # Counted for the autoscaler under the model whose replicas serve it: an adapter's under its base, so
-            # a request for an adapter of a base at zero wakes the base.
-            counts = (self._signals.arrived(_scaled_name(table, route), arrived) if self._signals is not None
-                      else None)
+            # Counted and admitted under the model whose replicas serve it: an adapter's under its base, so a
+            # request for an adapter of a base at zero wakes the base, and one for a base whose replicas are full
+            # waits in the base's queue with the base's own requests (their slots are the same replicas').
+            runs_on = _scaled_name(table, route)
+            counts = self._signals.arrived(runs_on, arrived) if self._signals is not None else None
             started = held = False
             if not route.endpoints and route.autoscale is not None:
                 # A model at zero: held here, not refused, until a replica is Ready (or its cold-start timeout).
@@ -156,10 +157,10 @@ class Completions:
             spans = router_tracing.CURRENT.get()
             if spans is not None:
                 spans.admission_start()
-            if (self._signals is not None and not self._admission.queued(route.name)
-                    and self._admission.would_wait(route.name)):
+            if (self._signals is not None and not self._admission.queued(runs_on)
+                    and self._admission.would_wait(runs_on)):
                 self._signals.queue_forming()  # the autoscaler hears of a queue as it forms, not an interval later
-            async with self._admission.slot(route.name, priority=key.priority, queue_as=queue_as):
+            async with self._admission.slot(runs_on, priority=key.priority, queue_as=queue_as):
                 if spans is not None:
                     spans.admitted(route.name)
                 if self.holder.current is not table:
