@@ -304,7 +304,7 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
         crew = routerworkers.RouterWorkers(cfg, http_port=http_port, front=served, router_id=f"server-{me.id}",
                                            services=routerworkers.Services(cp.cluster, cp.reports, cp.usage,
                                                                            worker_metrics),
-                                           tls_files=tls.files)
+                                           tls_files=tls.files, tunnels=hub)
         await crew.start()
     log.info("llmgw server %s: API at %s (OpenAI API /v1, REST /api/v1) on %s:%d, %s, in %d router process%s, "
              "agents on %s:%d (%s), %s, data in %s; advertised as %s and %s", me.id, me.http_url, cfg.host, http_port,

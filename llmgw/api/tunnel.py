@@ -75,6 +75,7 @@ class Stream:
         self.mux, self.sid = mux, sid
         self.window = WINDOW  # bytes we may send before the peer's next CREDIT
         self.pending = bytearray()  # written while the window was shut
+        self.blocked = False  # the source was told to pause
         self.held: list[bytes] = []  # received while the consumer was paused
         self.paused = False  # the consumer asked for no more data for now
         self.unacked = 0  # consumed bytes not yet credited back
@@ -91,6 +92,7 @@ class Stream:
             return
         if self.pending or self.window <= 0:
             self.pending += data
+            self._block(True)
             return
         self._send(data)
 
@@ -103,7 +105,7 @@ class Stream:
             view = view[len(part):]
         if view:
             self.pending += view
-            self.on_blocked(True)
+            self._block(True)
 
     def credit(self, n: int) -> None:
         self.window += n
@@ -111,7 +113,13 @@ class Stream:
             data, self.pending = bytes(self.pending), bytearray()
             self._send(data)
             if not self.pending:
-                self.on_blocked(False)
+                self._block(False)
+
+    def _block(self, shut: bool) -> None:
+        """Tells the source to pause (the window is shut and bytes wait) or resume, once per change."""
+        if shut != self.blocked:
+            self.blocked = shut
+            self.on_blocked(shut)
 
     def received(self, data: bytes) -> None:
         if self.paused:

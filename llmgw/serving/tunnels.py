@@ -32,8 +32,7 @@ CONNECT_TIMEOUT_S = 2.0
 async def start(cfg: ServerConfig, cluster: Cluster, tls: join_mod.AgentTls | None) -> tuple[TunnelHub | None,
                                                                                               EngineAccess]:
     """The tunnel port listening (None with --insecure: agents have no certificate) and the nodes' engine access."""
-    access = EngineAccess(on_change=cluster.kick)
-    cluster.table.tunnels = access.routes
+    access = cluster.engine_access
     if tls is None or cluster.db is None:
         return None, access
     issuer = join_mod.Issuer(tls, cluster.db)

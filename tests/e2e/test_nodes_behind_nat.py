@@ -7,6 +7,7 @@ fails no request that had no byte sent, and the replica comes back without its e
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -20,7 +21,7 @@ from llmgw.control import datadir
 from llmgw.core import pki
 from llmgw.testing import netns
 from llmgw.testing.procs import Proc, wait_for
-from llmgw.testing.system import System, sim_model
+from llmgw.testing.system import LLMGW, System, sim_model
 
 WHY = netns.forbidden()
 pytestmark = pytest.mark.skipif(bool(WHY), reason=f"no network namespace for a node behind NAT: {WHY}")
@@ -34,7 +35,8 @@ def nat() -> Iterator[netns.Nat]:
 
 def _system(root: Path, nat: netns.Nat) -> System:
     # The server listens beyond loopback, where the node dials it; its certificate names that address.
-    s = System(root, server_args=["--host", "0.0.0.0", "--plain-http", "--router-workers", "1"])
+    # Two router processes: the in-process router and a worker reaching the tunnels through the server's relay.
+    s = System(root, server_args=["--host", "0.0.0.0", "--plain-http", "--router-workers", "2"])
     done = datadir.init(s.data_dir, hosts=[nat.host_ip], database="")
     s.admin_password = done.admin_password or ""
     s.ca_hash = pki.ca_hash(datadir.read_ca(s.data_dir).cert_pem)
@@ -57,6 +59,17 @@ def _client(s: System) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{s.url}/v1", api_key="none", max_retries=0, timeout=60)
 
 
+def _cli(s: System, *args: str) -> str:
+    done = subprocess.run([*LLMGW, *args, "--url", s.url], capture_output=True, text=True, timeout=60,
+                          env={**s.cli_env(), "COLUMNS": "300"})
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _access(s: System) -> dict:
+    return dict(s.get("/api/v1/nodes/nat1")["engine_access"] or {})
+
+
 def _nat_replica(s: System, model: str) -> dict:
     return next(r for r in s.replicas(model) if r["node"] == "nat1")
 
@@ -77,6 +90,11 @@ def test_a_node_behind_nat_serves_through_its_tunnel_and_survives_a_cut(tmp_path
             assert got.choices[0].message.content
         engines_before = s.engine_pids("nat1")
         assert engines_before
+        # Which, and why, where a person looks.
+        wide = next(line for line in _cli(s, "get", "nodes", "-o", "wide").splitlines() if line.startswith("nat1"))
+        assert " tunnel " in wide, wide
+        assert "tunnel: engine_access tunnel (its agent's setting); its tunnel is up" in _cli(s, "describe", "node",
+                                                                                              "nat1")
 
         # A second node, reachable directly, and the model spread over both.
         s.start_agent("local1")
@@ -111,7 +129,9 @@ def test_a_node_behind_nat_serves_through_its_tunnel_and_survives_a_cut(tmp_path
         try:
             time.sleep(2)
             nat.link(up=False)  # the cable pulled: nothing reaches the node, its tunnel goes silent
-            time.sleep(8)
+            wait_for(lambda: "its tunnel is down: nothing heard" in _access(s)["reason"], timeout=20, interval=0.2,
+                     what="the tunnel seen down")
+            time.sleep(2)
             nat.link(up=True)
             wait_for(lambda: "nat1: tunnel up" in (s.root / "server.log").read_text().split("tunnel down")[-1],
                      timeout=60, interval=0.2, what="the tunnel dialled again")
@@ -144,6 +164,7 @@ def test_the_same_node_with_direct_access_is_unreachable_and_the_router_says_why
         s.apply(sim_model("m"))
         s.wait_model("m", timeout=90)  # Ready: its agent probes it on the node, where it answers
         assert nat.node_ip in _nat_replica(s, "m")["endpoint"]
+        assert _access(s) == {"mode": "direct", "reason": "engine_access direct (its agent's setting)"}
         time.sleep(1.5)
         with pytest.raises(openai.APIStatusError) as refused:
             _client(s).chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],

@@ -228,3 +228,34 @@ def test_a_dropped_tunnel_fails_its_streams_and_is_dialled_again(tmp_path: Path)
             assert (await response.read()).endswith(b"[DONE]\n\n")
             pool.close()
     run(main)
+
+
+def test_a_router_worker_reaches_the_tunnel_through_its_servers_relay(tmp_path: Path) -> None:
+    from llmgw.router.tunnel.relay import RelayServer, RelayTunnels
+
+    async def main() -> None:
+        async with tunnelled(tmp_path) as (hub, dialer, engine, engine_url, _, _k):
+            dialer.offer("127.0.0.1", hub.port)
+            await eventually(lambda: "n1" in hub.up(), "the tunnel up")
+            relay = RelayServer(hub, "s3cret")
+            address = await relay.start()
+            pool = client.Pool()
+            pool.tunnels = RelayTunnels(address, secret="s3cret")
+            url = tunnel.url("n1", port_of(engine_url))
+            for _ in range(2):
+                response = await pool.request(url, "/v1/chat/completions", b"", BODY)
+                assert (await response.read()).endswith(b"data: [DONE]\n\n")
+            response = await pool.request(url, "/slow", b"", b"")  # a leaving client stops the engine, relayed too
+            assert await response.readany()
+            response.close()
+            await asyncio.wait_for(engine.left.wait(), 10)
+            with pytest.raises(client.ConnectFailed, match="no tunnel from it"):
+                await pool.request(tunnel.url("n2", 1), "/", b"", b"")
+            stranger = client.Pool()
+            stranger.tunnels = RelayTunnels(address, secret="guess")
+            with pytest.raises(client.ConnectFailed, match="for its own router workers"):
+                await stranger.request(url, "/v1/chat/completions", b"", BODY)
+            pool.close()
+            stranger.close()
+            await relay.stop()
+    run(main)
