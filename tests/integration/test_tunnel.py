@@ -136,6 +136,15 @@ async def tunnelled(root: Path, refused: dict[str, str] | None = None,
             await hub.stop()
 
 
+async def dialled(hub: TunnelHub, dialer: TunnelDialer) -> client.Pool:
+    """The tunnel offered, dialled and up; a router's pool that reaches it."""
+    dialer.offer("127.0.0.1", hub.port)
+    await eventually(lambda: "n1" in hub.up(), "the tunnel up")
+    pool = client.Pool(connect_timeout_s=5)
+    pool.tunnels = hub
+    return pool
+
+
 def run(coro: Callable[[], Awaitable[None]]) -> None:
     asyncio.run(coro())
 
@@ -143,10 +152,7 @@ def run(coro: Callable[[], Awaitable[None]]) -> None:
 def test_a_stream_through_the_tunnel_and_nothing_but_the_nodes_engine(tmp_path: Path) -> None:
     async def main() -> None:
         async with tunnelled(tmp_path) as (hub, dialer, engine, engine_url, other_url, _):
-            dialer.offer("127.0.0.1", hub.port)
-            await eventually(lambda: "n1" in hub.up(), "the tunnel up")
-            pool = client.Pool(connect_timeout_s=5)
-            pool.tunnels = hub
+            pool = await dialled(hub, dialer)
             url = tunnel.url("n1", port_of(engine_url))
             for _ in range(3):  # the connection is kept alive and reused over the same stream
                 response = await pool.request(url, "/v1/chat/completions", b"Content-Type: application/json\r\n",
@@ -177,10 +183,7 @@ def test_a_certificate_the_control_plane_refuses_gets_no_tunnel(tmp_path: Path) 
 def test_a_client_that_leaves_closes_the_engines_connection(tmp_path: Path) -> None:
     async def main() -> None:
         async with tunnelled(tmp_path) as (hub, dialer, engine, engine_url, _, _k):
-            dialer.offer("127.0.0.1", hub.port)
-            await eventually(lambda: "n1" in hub.up(), "the tunnel up")
-            pool = client.Pool()
-            pool.tunnels = hub
+            pool = await dialled(hub, dialer)
             response = await pool.request(tunnel.url("n1", port_of(engine_url)), "/slow", b"", b"")
             assert await response.readany()
             response.close()  # the relay's close when its client went away
@@ -192,10 +195,7 @@ def test_a_client_that_leaves_closes_the_engines_connection(tmp_path: Path) -> N
 def test_a_slow_reader_holds_the_engine_back(tmp_path: Path) -> None:
     async def main() -> None:
         async with tunnelled(tmp_path) as (hub, dialer, engine, engine_url, _, _k):
-            dialer.offer("127.0.0.1", hub.port)
-            await eventually(lambda: "n1" in hub.up(), "the tunnel up")
-            pool = client.Pool()
-            pool.tunnels = hub
+            pool = await dialled(hub, dialer)
             response = await pool.request(tunnel.url("n1", port_of(engine_url)), "/big", b"", b"")
             await asyncio.sleep(0.5)  # not reading: the router's buffer, the window and the sockets fill, then stop
             held = engine.big_sent
@@ -209,12 +209,9 @@ def test_a_slow_reader_holds_the_engine_back(tmp_path: Path) -> None:
 def test_a_dropped_tunnel_fails_its_streams_and_is_dialled_again(tmp_path: Path) -> None:
     async def main() -> None:
         async with tunnelled(tmp_path) as (hub, dialer, engine, engine_url, _, _k):
-            dialer.offer("127.0.0.1", hub.port)
-            await eventually(lambda: "n1" in hub.up(), "the tunnel up")
+            pool = await dialled(hub, dialer)
             changes: list[tuple[str, bool]] = []
             hub.on_change = lambda node, up, why: changes.append((node, up))
-            pool = client.Pool()
-            pool.tunnels = hub
             url = tunnel.url("n1", port_of(engine_url))
             response = await pool.request(url, "/slow", b"", b"")
             hub._tunnels["n1"].drop("cut by the test")
@@ -235,11 +232,9 @@ def test_a_router_worker_reaches_the_tunnel_through_its_servers_relay(tmp_path: 
 
     async def main() -> None:
         async with tunnelled(tmp_path) as (hub, dialer, engine, engine_url, _, _k):
-            dialer.offer("127.0.0.1", hub.port)
-            await eventually(lambda: "n1" in hub.up(), "the tunnel up")
+            pool = await dialled(hub, dialer)
             relay = RelayServer(hub, "s3cret")
             address = await relay.start()
-            pool = client.Pool()
             pool.tunnels = RelayTunnels(address, secret="s3cret")
             url = tunnel.url("n1", port_of(engine_url))
             for _ in range(2):
