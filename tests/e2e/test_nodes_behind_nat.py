@@ -181,3 +181,23 @@ def test_the_same_node_with_direct_access_is_unreachable_and_the_router_says_why
         wait_for(ejected, timeout=90, interval=0.1, what="the ejection")
     finally:
         s.close()
+
+
+def test_auto_finds_the_engines_unreachable_and_serves_them_through_the_tunnel(tmp_path: Path,
+                                                                                nat: netns.Nat) -> None:
+    s = _system(tmp_path, nat)
+    try:
+        _start_nat_agent(s, nat, "auto")
+        s.apply(sim_model("m"))
+        s.wait_model("m", timeout=90)
+        # The engine listens at the node's address, with TLS (beyond loopback); the check cannot connect to it.
+        assert _nat_replica(s, "m")["endpoint"].startswith(f"https://{nat.node_ip}:")
+        access = wait_for(lambda: (a := _access(s)).get("mode") == "tunnel" and "tunnel is up" in a["reason"] and a,
+                          timeout=60, interval=0.2, what="auto deciding on the tunnel")
+        assert f"could not reach its engines (no connection to {nat.node_ip}:" in access["reason"], access
+        s.wait_router("m", 1, timeout=30)  # through the tunnel; the agent speaks TLS to its engine
+        got = _client(s).chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
+                                                 max_tokens=4)
+        assert got.choices[0].message.content
+    finally:
+        s.close()
