@@ -65,9 +65,7 @@ Key = tuple[str, int, bool, enginetls.Expected | None, str]
 
 class Tunnels(Protocol):
     """What reaches a tunnelled engine (``router.tunnel.hub.TunnelHub``)."""
-
-    async def connect(self, node: str, port: int,
-                      factory: Callable[[], asyncio.Protocol]) -> asyncio.Protocol: ...
+    async def connect(self, node: str, port: int, factory: Callable[[], asyncio.Protocol]) -> asyncio.Protocol: ...
 
 
 class Connection(asyncio.Protocol):
@@ -366,9 +364,13 @@ class Pool:
             # Without TCP_NODELAY, Nagle holds a small request until the engine's delayed
             # ACK: about 40 ms added to every first token.
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return self._track(protocol)
+
+    def _track(self, protocol: Connection) -> Connection:
+        """A new connection, counted and watched by the ticker."""
         self._all.add(protocol)
         if self._ticker is None:
-            self._ticker = loop.call_later(self._tick_s, self._tick)
+            self._ticker = asyncio.get_running_loop().call_later(self._tick_s, self._tick)
         return protocol
 
     async def _through(self, key: Key, node: str, port: int, url: str) -> Connection:
@@ -376,17 +378,13 @@ class Pool:
         if self.tunnels is None:
             raise ConnectFailed(f"cannot connect to {url}: the engine is behind its node's tunnel, and this router "
                                 "has no tunnel port (the control plane's in-process router serves such replicas)")
-        loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.connect_timeout_s or None):
                 protocol = await self.tunnels.connect(node, port, lambda: Connection(self, key))
         except TimeoutError:
             raise ConnectFailed(f"cannot connect to {url}: no stream within {self.connect_timeout_s:g}s") from None
         assert isinstance(protocol, Connection)
-        self._all.add(protocol)
-        if self._ticker is None:
-            self._ticker = loop.call_later(self._tick_s, self._tick)
-        return protocol
+        return self._track(protocol)
 
     def _idle(self, connection: Connection) -> None:
         if connection.usable():
