@@ -17,7 +17,7 @@ BASE   := .made-from-$(subst /,_,$(PYTHON))
 # True when venv $(1) was made from $(PYTHON): its pyvenv.cfg's home is that Python's directory.
 made_from = [ -x $(1)/bin/python ] && [ "$$(sed -n 's/^home = //p' $(1)/pyvenv.cfg)" = "$$(dirname "$$(command -v $(PYTHON))")" ]
 
-.PHONY: up test test-e2e test-engines lint bench bench-costs bench-engine-tls bench-peers clean-venv postgres chromium oidc-provider prometheus
+.PHONY: up test test-e2e test-engines lint bench bench-costs bench-engine-tls bench-peers clean-venv postgres chromium oidc-provider prometheus netns
 
 # A venv already made from this Python (its pyvenv.cfg's home is the Python's directory) is kept.
 $(VENV)/$(BASE):
@@ -64,7 +64,7 @@ test: lint postgres oidc-provider
 # downloads (nothing outside the package registries is reachable): apt installs it as it does postgresql.
 # deploy/prometheus's rules are checked with Debian's `prometheus` (promtool), and a real Prometheus scrapes a
 # cluster for every dashboard panel's query (tests/e2e/test_prometheus_*.py, llmgw/testing/prometheus.py).
-test-e2e: $(VENV)/.test-deps postgres chromium oidc-provider prometheus
+test-e2e: $(VENV)/.test-deps postgres chromium oidc-provider prometheus netns
 	$(VENV)/bin/pytest -q -p no:cacheprovider --durations=15 tests/e2e $(PYTEST_ARGS)
 
 # vLLM in its own venv, so its torch and pins never touch .venv. The stamp names the pin: a second run
@@ -100,6 +100,13 @@ prometheus:
 		{ command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && apt-get update -q && \
 		  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus; } || \
 		echo "prometheus not installed: tests/e2e/test_prometheus_*.py will fail; install Debian's prometheus package"
+
+# Issue 33's tests put a node behind NAT in a network namespace (llmgw/testing/netns.py): ip and nft.
+netns:
+	@{ command -v ip && command -v nft; } >/dev/null 2>&1 || \
+		{ command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && apt-get update -q && \
+		  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends iproute2 nftables; } || \
+		echo "iproute2 or nftables not installed: tests/e2e/test_nodes_behind_nat.py will skip; install them"
 
 chromium:
 	@test -x /usr/bin/chromium || \

@@ -59,7 +59,7 @@ from llmgw.router.app import RouterApp
 from llmgw.router.standalone import proxied
 from llmgw.router.table import TableHolder
 from llmgw.router.watch import LocalWatcher
-from llmgw.serving import front, httptls, routerworkers, tokenizerfetch
+from llmgw.serving import front, httptls, routerworkers, tokenizerfetch, tunnels
 from llmgw.serving.config import (
     HUB_TOKEN_ENV,
     INSECURE_HEADER,
@@ -249,8 +249,10 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
     cp = _control_plane(cfg, store, front.own_mirror_hub(cfg, http_port) if cfg.mirror is not None else cfg.hub)
     cp.db.watch_loop()
     try:
+        hub, access = await tunnels.start(cfg, cp.cluster, _agent_tls(cfg))  # issue 33: nodes behind NAT
         grpc_server, agent_port, join_port = await agentsvc.serve(
-            cp.cluster, host=cfg.host, port=cfg.agent_port, tls=_agent_tls(cfg), join_port=cfg.join_port)
+            cp.cluster, host=cfg.host, port=cfg.agent_port, tls=_agent_tls(cfg), join_port=cfg.join_port,
+            engine_access=access, tunnel_port=hub.port if hub is not None else 0)
     except OSError as e:
         http_sock.close()
         raise LlmgwError(str(e)) from None
@@ -263,6 +265,7 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
     # Single sign-on (--sso-issuer): its flows for the REST API and the UI, its refresher on the leader.
     sso_service = sso.SsoService(cfg.sso, cp.db, auth) if cfg.sso is not None and not cfg.insecure else None
     router = _router(cfg, cp)
+    router.use_tunnels(hub)
     # The router workers' metrics (--router-workers), summed with the in-process router's into one set of families.
     worker_metrics = metricsmerge.Snapshots()
     api = create_api(cp.db, cp.cluster, auth=auth,
@@ -302,7 +305,7 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
         crew = routerworkers.RouterWorkers(cfg, http_port=http_port, front=served, router_id=f"server-{me.id}",
                                            services=routerworkers.Services(cp.cluster, cp.reports, cp.usage,
                                                                            worker_metrics),
-                                           tls_files=tls.files)
+                                           tls_files=tls.files, tunnels=hub)
         await crew.start()
     log.info("llmgw server %s: API at %s (OpenAI API /v1, REST /api/v1) on %s:%d, %s, in %d router process%s, "
              "agents on %s:%d (%s), %s, data in %s; advertised as %s and %s", me.id, me.http_url, cfg.host, http_port,
@@ -312,11 +315,16 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
              me.agent_addr)
     if cfg.ports_file:
         cfg.ports_file.write_text(json.dumps({"http_port": http_port, "agent_port": agent_port,
-                                              "join_port": join_port, "router_processes": cfg.router_processes}))
+                                              "join_port": join_port, "router_processes": cfg.router_processes,
+                                              "tunnel_port": hub.port if hub is not None else 0}))
+    reachability = asyncio.create_task(tunnels.check_reachable(cp.cluster, access), name="engine access check")
     try:
         await _until_stopped(stop, tasks.reconcile, lease_task)
     finally:
         log.info("llmgw server stopping")
+        reachability.cancel()
+        if hub is not None:
+            await hub.stop()
         await cp.cluster.close()
         # Open long polls (a watching router, `llmgw events -f`) and streams get 3 s, then are cut: here and in
         # the router workers, which stop listening with this process and finish theirs meanwhile.

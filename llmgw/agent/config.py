@@ -74,6 +74,8 @@ class AgentConfig:
     tls: nodepki.NodePki | None = None
     #: settings.engine_tls: auto, on or off (``enginetls``).
     engine_tls: str = "auto"
+    #: settings.engine_access: direct, tunnel or auto (``agent.tunnel``; issue 33).
+    engine_access: str = "direct"
     #: Who engines run as (settings.engine_user and engine_uids, resolved on this node): never root.
     engine_users: engine_identity.Policy = dataclasses.field(
         default_factory=lambda: engine_identity.resolve(engine_identity.AUTO))
@@ -173,7 +175,11 @@ def from_settings(st: AgentSettings) -> AgentConfig:
         prefer_nvml=st.discovery.prefer_nvml, nvidia_smi=st.discovery.nvidia_smi,
         sysfs_root=st.discovery.sysfs_root, sminfo=st.discovery.sminfo, saquery=st.discovery.saquery, tls=tls,
         engine_users=engine_identity.resolve(st.engine_user, st.engine_uids), engine_tls=st.engine_tls,
-        protocol=st.protocol)
+        engine_access=st.engine_access, protocol=st.protocol)
+    if tls is None and st.engine_access != "direct":
+        raise LlmgwError(f"engine_access is {st.engine_access}, and this agent has no node certificate (--insecure, "
+                         "or not joined) to dial the tunnel with; join the node (`llmgw agent join`) or set "
+                         "engine_access to direct")
     if tls is None and enginetls.wanted(st.engine_tls, found_addr):
         if st.engine_tls == "on":
             raise LlmgwError("engine_tls is on, and this agent has no certificates (--insecure, or not joined) to "

@@ -39,6 +39,10 @@ class AgentFlags:
                                              "LLMGW_AGENT_VLLM_PYTHON, ...; default: the agent's own]")
     engine_tls: str | None = setting(None, help="TLS on engines: auto (when they listen beyond loopback), on, off "
                                                 "[auto; env LLMGW_AGENT_ENGINE_TLS]")
+    engine_access: str | None = setting(None, help="How routers reach engines: direct (at the node's address), "
+                                                   "tunnel (through a connection the agent dials out: for a node "
+                                                   "behind NAT), auto (tunnel when a router cannot reach the "
+                                                   "address) [direct; env LLMGW_AGENT_ENGINE_ACCESS]")
     log_level: str = setting("info", help="The log level: debug, info, warning, error")
 
     def settings(self) -> dict[str, Any]:
@@ -48,4 +52,4 @@ class AgentFlags:
                 "model_dirs": [p.resolve() for p in self.model_dirs], "heartbeat_interval": self.heartbeat_interval,
                 "stop_grace": self.stop_grace, "stop_engines_on_exit": True if self.stop_engines_on_exit else None,
                 "engine_python": list(self.engine_python), "insecure": True if self.insecure else None,
-                "engine_tls": self.engine_tls}
+                "engine_tls": self.engine_tls, "engine_access": self.engine_access}

@@ -46,6 +46,7 @@ from llmgw.agent.provision import ospkg
 from llmgw.agent.session import Commands, Session
 from llmgw.agent.supervisor import Supervisor, fetching
 from llmgw.agent.supervisor.identity import Users
+from llmgw.agent.tunnel.dialer import for_agent as tunnel_dialer
 from llmgw.core import enginecheck
 from llmgw.core.inventory import Gpu, Heartbeat, Inventory, WeightFile
 from llmgw.core.provision import Provision
@@ -253,7 +254,9 @@ async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Ev
     run_dir = cfg.state_dir / "shards"
     engine_tls = enginetls.EngineTls(mode=cfg.engine_tls, pki_dir=cfg.tls.dir if cfg.tls else None,
                                      node_id=cfg.node_id)
-    supervisor = Supervisor(run_dir=run_dir, host=cfg.mgmt_addr, on_status=on_status, grace_s=cfg.stop_grace_s,
+    # engine_access tunnel (issue 33): the engines listen on loopback only, reached through the agent's tunnel.
+    supervisor = Supervisor(run_dir=run_dir, host="127.0.0.1" if cfg.engine_access == "tunnel" else cfg.mgmt_addr,
+                            on_status=on_status, grace_s=cfg.stop_grace_s,
                             engine_tls=engine_tls,
                             adopt_timeout_s=cfg.adopt_ready_timeout_s, live=cfg.probes,
                             node=found.node_facts, fetcher=fetcher, on_weights_changed=found.weights.expire,
@@ -288,10 +291,11 @@ async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Ev
         log.info("adopted %d engines a previous agent left running: %s", len(adopted),
                  ", ".join(s.shard_id for s in adopted))
 
+    dialer = tunnel_dialer(cfg, supervisor.statuses, engine_tls)
     session = Session(cfg, inventory=found.inventory, heartbeat=lambda: found.heartbeat(supervisor.pids()),
                       on_register=found.registered,
                       commands=_commands(cfg, supervisor, installer, ring, run_dir, session=lambda: session,
-                                         upgrade=upgrader.begin),
+                                         upgrade=upgrader.begin, tunnel=dialer.offer if dialer else None),
                       agent_version=version(), engine_tls=engine_tls)
     versions = asyncio.create_task(found.engines.run(), name="probe engine versions")
     installing = asyncio.create_task(installer.run(), name="engine installer")
@@ -306,6 +310,8 @@ async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Ev
         stream.cancel()
         versions.cancel()
         installing.cancel()
+        if dialer is not None:
+            await dialer.close()
         await supervisor.close()
         await fetcher.close()
         found.close()
@@ -333,7 +339,8 @@ def _weights_dirs(cfg: AgentConfig) -> tuple[list[Path], Path, sourcepaths.Roots
 
 def _commands(cfg: AgentConfig, supervisor: Supervisor, installer: provision.Installer, ring: LogRing,
               run_dir: Path, *, session: Callable[[], Session | None],
-              upgrade: Callable[..., None] | None = None) -> Commands:
+              upgrade: Callable[..., None] | None = None,
+              tunnel: Callable[[str, int], None] | None = None) -> Commands:
     """What the control plane's messages do on this node: the supervisor's, the installer's, the fabric test's."""
 
     async def start(spec: ShardSpec) -> object:
@@ -369,7 +376,7 @@ def _commands(cfg: AgentConfig, supervisor: Supervisor, installer: provision.Ins
 
     return Commands(start=start, stop=stop_shard, drain=drain, statuses=supervisor.statuses, logs=read_logs,
                     remove_weights=supervisor.remove_weights, provision=provisioned, fabric_test=fabric_runner.run,
-                    upgrade=upgrade, sleep=sleep)
+                    upgrade=upgrade, sleep=sleep, tunnel=tunnel)
 
 
 async def _leave(cfg: AgentConfig, session: Session, supervisor: Supervisor, *, upgrading: bool = False) -> None:

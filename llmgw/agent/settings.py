@@ -223,6 +223,10 @@ class AgentSettings(_Strict):
     engine_uids: UidRange = identity.DEFAULT_UIDS
     #: TLS on the engines (``enginetls``): auto (when they listen beyond loopback), on (always), off (never).
     engine_tls: Literal["auto", "on", "off"] = "auto"
+    #: How routers reach the engines (issue 33): direct (at mgmt_addr), tunnel (through a connection the agent
+    #: dials out to the control plane; the engines listen on loopback only), auto (tunnel when a router cannot
+    #: reach mgmt_addr). tunnel and auto need the node certificate (a joined agent, not --insecure).
+    engine_access: Literal["direct", "tunnel", "auto"] = "direct"
     discovery: DiscoverySettings = pydantic.Field(default_factory=DiscoverySettings)
     #: The wire protocol this agent says it speaks (``core.skew``): this release's. Set only to test the skew
     #: policy (an agent acting as a newer or older release); a control plane refuses one outside its policy.

@@ -183,6 +183,8 @@ def print_node(doc: dict[str, Any], now: float) -> None:
     if up := doc.get("upgrade"):
         console.print(f"{'Upgrade:':<12} {up['summary']}" + (f": {up['message']}" if up.get("message") else ""),
                       markup=False)
+    if access := doc.get("engine_access"):  # issue 33: direct or through its tunnel, and why
+        console.print(f"{'Engines at:':<12} {access['mode']}: {access['reason']}", markup=False)
     print_installs(doc.get("installs", []), now)
     console.print("\nReplicas:", markup=False)
     t = Table(("REPLICA", "MODEL", "PHASE", "SHARD", "GPUS", "MESSAGE"))

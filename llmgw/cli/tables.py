@@ -80,6 +80,8 @@ NODES = Listing("node", (
     Column("INSTALLS", lambda n: install_cell(n.get(ENGINES_KEY, {}).get("installs", [])), wide=True),
     Column("SHARDS", lambda n: str(n["shards"])),
     Column("VERSION", agent_version),
+    # Issue 33: how routers reach its engines (direct, tunnel); `describe node` says why.
+    Column("ENGINE ACCESS", lambda n: (n.get("engine_access") or {}).get("mode") or "-", wide=True),
     Column("LABELS", lambda n: labels_cell(n.get("labels")), wide=True),
 ), name=lambda n: str(n["id"]), labels=lambda n: n.get("labels") or {})
 

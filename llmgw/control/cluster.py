@@ -19,6 +19,7 @@ from llmgw.api import routing
 from llmgw.control import conditions as cond
 from llmgw.control import events as ev
 from llmgw.control import loadreports, remotemeta, tokenizerfiles, upgrades
+from llmgw.control.engineaccess import EngineAccess
 from llmgw.control.history import MetricsHistory
 from llmgw.control.loop.autoscaling import Autoscaling, in_force
 from llmgw.control.loop.context import InContext, LoopContext
@@ -83,6 +84,9 @@ class Cluster:
                                ejections=self.ejections, remote_meta=remote_meta,
                                provisioning_inputs=self._engine_inputs)
         self.table = TablePublisher(self.ctx, engine_ca=engine_ca, held=self._adapters_held)
+        #: Issue 33: how routers reach each node's engines (direct or its tunnel), read by the table and the API.
+        self.engine_access = EngineAccess(on_change=self.kick)
+        self.table.tunnels = self.engine_access.routes
         #: spec.idle (issue 31): ready replicas put to sleep when idle, woken when a request is held for them.
         self.sleeper = Sleeper(self.ctx, self.links, self.signals, lambda: self.node_manager.views, self.record)
         #: Operators' engine wants and the cluster's engine settings (``control.engines`` rebinds them on a change).

@@ -37,6 +37,7 @@ from llmgw.router import (
     admission,
     asgi,
     auth,
+    client,
     cold,
     completions,
     errors,
@@ -125,6 +126,10 @@ class RouterApp:
         self.quota = router_quota.QuotaClient(router_id, quota) if quota is not None else None
         self.meter = (metering.Meter(self.journal.append if self.journal is not None else None)
                       if usage is not None or quota is not None else None)
+
+    def use_tunnels(self, tunnels: client.Tunnels | None) -> None:
+        """Engines of nodes behind NAT are reached through ``tunnels`` (``router.tunnel.hub``; issue 33)."""
+        self._forwarder.use_tunnels(tunnels)
 
     async def startup(self) -> None:
         await self._forwarder.start()

@@ -37,10 +37,12 @@ import asyncio
 import socket
 import ssl as ssl_mod
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
 import httptools
 
+from llmgw.api import tunnel
 from llmgw.router import enginetls
 from llmgw.router.response import (
     BodyError,
@@ -56,8 +58,14 @@ from llmgw.router.response import (
 __all__ = ["BodyError", "ClientError", "ConnectFailed", "Connection", "Disconnected", "Headers", "Pool",
            "ReadTimeout", "Response", "TlsRefused"]
 
-#: A pool key: host, port, TLS, and for a verified engine what it must present (None: nothing checked).
-Key = tuple[str, int, bool, enginetls.Expected | None]
+#: A pool key: host, port, TLS, for a verified engine what it must present (None: nothing checked), and the node
+#: whose tunnel reaches it ("": none, a socket; ``api.tunnel.url``).
+Key = tuple[str, int, bool, enginetls.Expected | None, str]
+
+
+class Tunnels(Protocol):
+    """What reaches a tunnelled engine (``router.tunnel.hub.TunnelHub``)."""
+    async def connect(self, node: str, port: int, factory: Callable[[], asyncio.Protocol]) -> asyncio.Protocol: ...
 
 
 class Connection(asyncio.Protocol):
@@ -231,6 +239,8 @@ class Pool:
         self._ticker: asyncio.TimerHandle | None = None
         self._tick_s = 1.0
         self._tick_within(read_timeout_s)
+        #: Engines of nodes behind NAT, reached through their tunnels (issue 33); None: no tunnel port here.
+        self.tunnels: Tunnels | None = None
 
     def _tick_within(self, timeout_s: float) -> None:
         """Make the ticker run often enough for ``timeout_s``: every quarter of it, at most each second."""
@@ -269,8 +279,9 @@ class Pool:
             tls = parts.scheme == "https"
             port = parts.port or (443 if tls else 80)
             expect = self._expect.get(url) if tls else None
-            found = self._targets[url] = ((parts.hostname, port, tls, expect), parts.netloc.encode("idna"),
-                                          parts.path.rstrip("/"))
+            via = tunnel.node_of(parts.netloc)
+            found = self._targets[url] = ((parts.hostname, port, tls, expect, via[0] if via else ""),
+                                          parts.netloc.encode("idna"), parts.path.rstrip("/"))
         return found
 
     async def request(self, url: str, path: str, head_lines: bytes, body: bytes, *,
@@ -319,7 +330,9 @@ class Pool:
         return None
 
     async def _connect(self, key: Key, url: str) -> Connection:
-        host, port, tls, expect = key
+        host, port, tls, expect, via = key
+        if via:
+            return await self._through(key, via, port, url)
         loop = asyncio.get_running_loop()
         context: ssl_mod.SSLContext | None = None
         if expect is not None:
@@ -351,10 +364,27 @@ class Pool:
             # Without TCP_NODELAY, Nagle holds a small request until the engine's delayed
             # ACK: about 40 ms added to every first token.
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return self._track(protocol)
+
+    def _track(self, protocol: Connection) -> Connection:
+        """A new connection, counted and watched by the ticker."""
         self._all.add(protocol)
         if self._ticker is None:
-            self._ticker = loop.call_later(self._tick_s, self._tick)
+            self._ticker = asyncio.get_running_loop().call_later(self._tick_s, self._tick)
         return protocol
+
+    async def _through(self, key: Key, node: str, port: int, url: str) -> Connection:
+        """A connection to a tunnelled engine: a stream of its node's tunnel (the tunnel is TLS already)."""
+        if self.tunnels is None:
+            raise ConnectFailed(f"cannot connect to {url}: the engine is behind its node's tunnel, and this router "
+                                "has no tunnel port (the control plane's in-process router serves such replicas)")
+        try:
+            async with asyncio.timeout(self.connect_timeout_s or None):
+                protocol = await self.tunnels.connect(node, port, lambda: Connection(self, key))
+        except TimeoutError:
+            raise ConnectFailed(f"cannot connect to {url}: no stream within {self.connect_timeout_s:g}s") from None
+        assert isinstance(protocol, Connection)
+        return self._track(protocol)
 
     def _idle(self, connection: Connection) -> None:
         if connection.usable():

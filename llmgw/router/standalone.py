@@ -56,6 +56,7 @@ from llmgw.router import (
 from llmgw.router import server as server_mod
 from llmgw.router import table as table_mod
 from llmgw.router.settings import HUB_PID_ENV, HUB_STATIC_ENV, TOKEN_ENV, ProxySettings, RouterSettings
+from llmgw.router.tunnel import relay as tunnelrelay
 
 #: The settings file when no --config is given (``RouterSettings.ENV_PREFIX`` + CONFIG, as ``llmgw router``).
 CONFIG_ENV = RouterSettings.ENV_PREFIX + "CONFIG"
@@ -227,7 +228,11 @@ def run(settings: RouterSettings) -> int:
     except (OSError, ValueError, table_mod.TableError) as exc:
         print(f"llmgw router: cannot load the route table: {exc}", file=sys.stderr)
         return 2
-    # A worker of `llmgw server --router-workers`: what is not the OpenAI API goes to the server.
+    # A worker of `llmgw server --router-workers`: tunnelled engines (issue 33) through the server's relay, and
+    # what is not the OpenAI API goes to the server.
+    relay_at = os.environ.get(tunnelrelay.RELAY_ENV, "").strip() if hub_pid is not None else ""
+    if relay_at:
+        router.use_tunnels(tunnelrelay.RelayTunnels(relay_at, secret=token))
     passed_to = os.environ.get(passthrough.PASSTHROUGH_ENV, "").strip() if hub_pid is not None else ""
     front = passthrough.Passthrough(router, passed_to, secret=token) if passed_to else router
     try:

@@ -61,6 +61,7 @@ from collections.abc import Awaitable, Iterable, Iterator
 
 import aiohttp
 
+from llmgw.api import tunnel
 from llmgw.router import (
     adaptercache,
     admission,
@@ -125,6 +126,8 @@ class Forwarder:
         self._first_byte_timeout_s = first_byte_timeout_s
         self._connect_timeout_s = connect_timeout_s
         self._pool: client.Pool | None = None
+        #: What reaches engines behind NAT (issue 33, ``router.tunnel``); None: no tunnel port in this process.
+        self._tunnels: client.Tunnels | None = None
         self._pooled: aiohttp.ClientSession | None = None  # the load scraper's session only
         # Header lines per endpoint, built once: (url, api_key) -> bytes.
         self._heads: dict[tuple[str, str], bytes] = {}
@@ -159,9 +162,9 @@ class Forwarder:
             self._pool.expect(self._expected)
 
     def _scrape_verified(self, endpoint: Endpoint) -> Awaitable[tuple[int, bytes]] | None:
-        """A verified engine's ``/metrics`` through the pool (its certificate checked before the key is sent);
-        None for the others (the scraper's own session)."""
-        if endpoint.url not in self._expected or self._pool is None:
+        """A verified or tunnelled engine's ``/metrics`` through the pool (its certificate checked before the key is
+        sent; the tunnel only the pool reaches); None for the others (the scraper's own session)."""
+        if (endpoint.url not in self._expected and tunnel.HOST_SUFFIX not in endpoint.url) or self._pool is None:
             return None
         return self._pool.get(endpoint.url, "/metrics", self._head(endpoint))
 
@@ -194,8 +197,15 @@ class Forwarder:
             self._pool = client.Pool(connect_timeout_s=self._connect_timeout_s,
                                      read_timeout_s=self._first_byte_timeout_s)
             self._pool.expect(self._expected)
+            self._pool.tunnels = self._tunnels
             self._pooled = self._session(force_close=False)
             self._watch.start(self._pooled)
+
+    def use_tunnels(self, tunnels: client.Tunnels | None) -> None:
+        """Tunnelled engines (``api.tunnel.url``) are reached through ``tunnels`` (the process's tunnel port)."""
+        self._tunnels = tunnels
+        if self._pool is not None:
+            self._pool.tunnels = tunnels
 
     async def close(self) -> None:
         await self._watch.stop()

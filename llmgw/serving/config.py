@@ -60,6 +60,8 @@ class ServerConfig:
     insecure: bool = False
     #: Where `llmgw agent join` reaches the control plane (TLS, server-auth only; 0 picks a free port).
     join_port: int = _D.join_port
+    #: Where agents behind NAT dial their engine tunnel (issue 33; mutual TLS, 0 picks a free port).
+    tunnel_port: int = _D.tunnel_port
     #: How long a node certificate is valid; agents renew at two thirds over their stream.
     node_cert_validity_s: float = _D.node_cert_validity_s
     #: How long the audit log keeps an entry; the leader prunes older ones (``control.auditprune``).
@@ -197,7 +199,8 @@ def config_of(settings: ServerSettings, env: Mapping[str, str], *, default_data_
                         unhealthy_grace_s=settings.unhealthy_grace,
                         weights_gc_free_below_pct=settings.weights_gc_free_below, insecure=settings.insecure,
                         sleep_overcommit=settings.sleep_overcommit,
-                        join_port=settings.join_port, node_cert_validity_s=settings.node_cert_validity_s,
+                        join_port=settings.join_port, tunnel_port=settings.tunnel_port,
+                        node_cert_validity_s=settings.node_cert_validity_s,
                         audit_retention_s=settings.audit_retention_s, engine_index=settings.engine_index,
                         engine_find_links=settings.engine_find_links, model_installs=settings.model_installs,
                         engine_os_packages=settings.engine_os_packages, database=settings.database,

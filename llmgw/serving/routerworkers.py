@@ -55,6 +55,8 @@ from llmgw.core.version import version
 from llmgw.router import asgi, hub, metricsmerge, passthrough, reports, signals, workers
 from llmgw.router import server as router_server
 from llmgw.router.settings import RouterSettings
+from llmgw.router.tunnel import relay as tunnelrelay
+from llmgw.router.tunnel.hub import TunnelHub
 from llmgw.serving.config import ServerConfig
 
 log = logging.getLogger("llmgw.serve")
@@ -206,9 +208,11 @@ class RouterWorkers:
     """The internal listener and the ``count - 1`` workers of a server with ``count`` router processes."""
 
     def __init__(self, cfg: ServerConfig, *, http_port: int, front: App, services: Services, router_id: str,
-                 tls_files: tuple[Path, Path] | None = None) -> None:
-        """``tls_files``: the certificate and key the HTTP port serves; each worker watches them itself."""
+                 tls_files: tuple[Path, Path] | None = None, tunnels: TunnelHub | None = None) -> None:
+        """``tls_files``: the certificate and key the HTTP port serves; each worker watches them itself.
+        ``tunnels``: the server's tunnel port (issue 33), relayed to the workers (``router.tunnel.relay``)."""
         self._cfg = cfg
+        self._tunnels = tunnels
         self._tls_files = tls_files
         self._http_port = http_port
         self._front = front
@@ -217,6 +221,7 @@ class RouterWorkers:
         self._internal: router_server.Server | None = None
         self._crew: workers.Supervisor | None = None
         self._private: Path | None = None
+        self._relay: tunnelrelay.RelayServer | None = None
 
     @property
     def supervisor(self) -> workers.Supervisor | None:
@@ -248,6 +253,9 @@ class RouterWorkers:
                                                                                   port=self._http_port))
                    for i in range(cfg.router_processes - 1)]
         env = workers.worker_env(os.environ, secret=secret, hub_pid=os.getpid()) | {passthrough.PASSTHROUGH_ENV: url}
+        if self._tunnels is not None:  # issue 33: the workers reach tunnelled engines through this process's hub
+            self._relay = tunnelrelay.RelayServer(self._tunnels, secret)
+            env[tunnelrelay.RELAY_ENV] = await self._relay.start()
         self._crew = workers.Supervisor(configs, env, grace_s=GRACE_S)
         self._crew.start()
 
@@ -261,4 +269,6 @@ class RouterWorkers:
                 await self._internal.shutdown(0.5)
             if self._private is not None:
                 shutil.rmtree(self._private, ignore_errors=True)
+            if self._relay is not None:
+                await self._relay.stop()
 

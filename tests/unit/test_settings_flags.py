@@ -140,7 +140,7 @@ def test_the_agents_flags_are_its_settings() -> None:
     assert AgentFlags(servers=("cp:8081",), heartbeat_interval=2.0).settings() == {
         "servers": ["cp:8081"], "node_id": None, "mgmt_addr": None, "state_dir": None, "model_dirs": [],
         "heartbeat_interval": 2.0, "stop_grace": None, "stop_engines_on_exit": None, "engine_python": [],
-        "insecure": None, "engine_tls": None}
+        "insecure": None, "engine_tls": None, "engine_access": None}
 
 
 def _click_envvars(*path: str) -> dict[str, str | None]:

@@ -84,6 +84,8 @@ class Rotation:
 
     def __init__(self, configured: tuple[str, ...], state_dir: Path) -> None:
         self._configured, self._state_dir = configured, state_dir
+        #: The control plane the last accepted Register went to ("": none yet): where the tunnel is dialled.
+        self.current = ""
         known = read_controlplanes(state_dir)
         #: Control planes learned from Registers' answers (and the last run's file), after the configured ones.
         self._learned = [a for a in known if a not in configured]
@@ -98,6 +100,7 @@ class Rotation:
 
     def learn(self, listed: Iterable[str], addr: str) -> None:
         """Adds the control planes an accepted Register lists to the rotation, and stores them for the next run."""
+        self.current = addr
         addrs = _valid(listed, f"control plane {addr}")[:MAX_LEARNED]
         if not addrs:
             return  # an older control plane, which lists none: what we know stays

@@ -41,6 +41,7 @@ class Commands:
                  provision: Callable[[prov.Provision], None] | None = None,
                  upgrade: Callable[[upg.UpgradeRequest, Callable[[upg.UpgradeStatus], None]], None] | None = None,
                  sleep: Callable[[str, int], Awaitable[object]] | None = None,
+                 tunnel: Callable[[str, int], None] | None = None,
                  ) -> None:
         self.start, self.stop, self.drain, self.statuses, self.logs = start, stop, drain, statuses, logs
         #: Takes the engines the control plane wants here (the installer's ``apply``); None: ignored, said once.
@@ -54,6 +55,8 @@ class Commands:
         self.upgrade = upgrade
         #: Puts a shard's engine to sleep (level 1, 2) or wakes it (0); None: every sleep is ignored, said once.
         self.sleep = sleep
+        #: Dials (or keeps) the engine tunnel to HOST, PORT (``agent.tunnel``); None: offers are ignored, said once.
+        self.tunnel = tunnel
 
 
 class Handlers:
@@ -256,6 +259,18 @@ class Handlers:
         task.add_done_callback(self._tasks.discard)
 
 
+def _tunnel_offer(handlers: Handlers, msg: pb.ControlMessage) -> bool:
+    """Issue 33: dial the control plane's tunnel port, on the host this stream registered with."""
+    addr = handlers._rotation.current
+    host = addr.rpartition(":")[0].strip("[]")
+    if handlers.commands.tunnel is None or not host:
+        log.warning("the control plane offers an engine tunnel (port %d), and this agent has none to dial (its "
+                    "engine_access is direct?); its engines are reached directly", msg.tunnel_offer.port)
+        return False
+    handlers.commands.tunnel(host, msg.tunnel_offer.port)
+    return False
+
+
 Handler = Callable[[Handlers, pb.ControlMessage], bool]
 
 _UPGRADE_STATES = {upg.State.INSTALLING: pb.UPGRADE_INSTALLING, upg.State.RESTARTING: pb.UPGRADE_RESTARTING,
@@ -275,6 +290,7 @@ HANDLERS: dict[str, Handler] = {
     "controlplanes": Handlers.controlplanes,
     "upgrade_agent": Handlers.upgrade_agent,
     "sleep_shard": Handlers.sleep_shard,
+    "tunnel_offer": _tunnel_offer,
 }
 #: The kinds this agent receives and ignores on purpose, with why.
 NOT_HANDLED: dict[str, str] = {

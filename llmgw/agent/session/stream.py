@@ -261,6 +261,7 @@ class Session:
         return self.outbox.message(register=pb.Register(
             node_id=self.cfg.node_id, hostname=self.cfg.node_id, agent_version=self._agent_version,
             protocol=self.cfg.protocol, mgmt_addr=self.cfg.mgmt_addr, labels=dict(self.cfg.labels),
+            engine_access=self.cfg.engine_access,
             shards=[convert.status_to_pb(s) for s in self._commands.statuses()],
             **convert.register_fields(inventory)))  # type: ignore[arg-type]
 

@@ -132,7 +132,7 @@ class Goodbye(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class ControlMessage(_message.Message):
-    __slots__ = ("seq", "term", "start_shard", "stop_shard", "ack", "drain", "logs_request", "logs_cancel", "remove_weights", "cert_issued", "provision", "fabric_test", "controlplanes", "upgrade_agent", "sleep_shard")
+    __slots__ = ("seq", "term", "start_shard", "stop_shard", "ack", "drain", "logs_request", "logs_cancel", "remove_weights", "cert_issued", "provision", "fabric_test", "controlplanes", "upgrade_agent", "sleep_shard", "tunnel_offer")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     START_SHARD_FIELD_NUMBER: _ClassVar[int]
@@ -148,6 +148,7 @@ class ControlMessage(_message.Message):
     CONTROLPLANES_FIELD_NUMBER: _ClassVar[int]
     UPGRADE_AGENT_FIELD_NUMBER: _ClassVar[int]
     SLEEP_SHARD_FIELD_NUMBER: _ClassVar[int]
+    TUNNEL_OFFER_FIELD_NUMBER: _ClassVar[int]
     seq: int
     term: int
     start_shard: StartShard
@@ -163,7 +164,14 @@ class ControlMessage(_message.Message):
     controlplanes: ControlPlanes
     upgrade_agent: UpgradeAgent
     sleep_shard: SleepShard
-    def __init__(self, seq: _Optional[int] = ..., term: _Optional[int] = ..., start_shard: _Optional[_Union[StartShard, _Mapping]] = ..., stop_shard: _Optional[_Union[StopShard, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., logs_request: _Optional[_Union[LogsRequest, _Mapping]] = ..., logs_cancel: _Optional[_Union[LogsCancel, _Mapping]] = ..., remove_weights: _Optional[_Union[RemoveWeights, _Mapping]] = ..., cert_issued: _Optional[_Union[CertIssued, _Mapping]] = ..., provision: _Optional[_Union[Provision, _Mapping]] = ..., fabric_test: _Optional[_Union[FabricTestRequest, _Mapping]] = ..., controlplanes: _Optional[_Union[ControlPlanes, _Mapping]] = ..., upgrade_agent: _Optional[_Union[UpgradeAgent, _Mapping]] = ..., sleep_shard: _Optional[_Union[SleepShard, _Mapping]] = ...) -> None: ...
+    tunnel_offer: TunnelOffer
+    def __init__(self, seq: _Optional[int] = ..., term: _Optional[int] = ..., start_shard: _Optional[_Union[StartShard, _Mapping]] = ..., stop_shard: _Optional[_Union[StopShard, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., logs_request: _Optional[_Union[LogsRequest, _Mapping]] = ..., logs_cancel: _Optional[_Union[LogsCancel, _Mapping]] = ..., remove_weights: _Optional[_Union[RemoveWeights, _Mapping]] = ..., cert_issued: _Optional[_Union[CertIssued, _Mapping]] = ..., provision: _Optional[_Union[Provision, _Mapping]] = ..., fabric_test: _Optional[_Union[FabricTestRequest, _Mapping]] = ..., controlplanes: _Optional[_Union[ControlPlanes, _Mapping]] = ..., upgrade_agent: _Optional[_Union[UpgradeAgent, _Mapping]] = ..., sleep_shard: _Optional[_Union[SleepShard, _Mapping]] = ..., tunnel_offer: _Optional[_Union[TunnelOffer, _Mapping]] = ...) -> None: ...
+
+class TunnelOffer(_message.Message):
+    __slots__ = ("port",)
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    port: int
+    def __init__(self, port: _Optional[int] = ...) -> None: ...
 
 class SleepShard(_message.Message):
     __slots__ = ("shard_id", "level")
@@ -206,7 +214,7 @@ class ControlPlanes(_message.Message):
     def __init__(self, addrs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("node_id", "hostname", "agent_version", "inventory", "shards", "mgmt_addr", "labels", "engines", "mgmt_interface", "host", "hcas", "fabrics", "model_dirs", "weights", "nvlink", "installs", "subnet_managers", "protocol")
+    __slots__ = ("node_id", "hostname", "agent_version", "inventory", "shards", "mgmt_addr", "labels", "engines", "mgmt_interface", "host", "hcas", "fabrics", "model_dirs", "weights", "nvlink", "installs", "subnet_managers", "protocol", "engine_access")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -232,6 +240,7 @@ class Register(_message.Message):
     INSTALLS_FIELD_NUMBER: _ClassVar[int]
     SUBNET_MANAGERS_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_ACCESS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     hostname: str
     agent_version: str
@@ -250,7 +259,8 @@ class Register(_message.Message):
     installs: _containers.RepeatedCompositeFieldContainer[EngineInstall]
     subnet_managers: _containers.RepeatedCompositeFieldContainer[SubnetManager]
     protocol: int
-    def __init__(self, node_id: _Optional[str] = ..., hostname: _Optional[str] = ..., agent_version: _Optional[str] = ..., inventory: _Optional[_Union[Inventory, _Mapping]] = ..., shards: _Optional[_Iterable[_Union[ShardStatus, _Mapping]]] = ..., mgmt_addr: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., engines: _Optional[_Iterable[_Union[EngineInfo, _Mapping]]] = ..., mgmt_interface: _Optional[str] = ..., host: _Optional[_Union[HostFacts, _Mapping]] = ..., hcas: _Optional[_Iterable[_Union[Hca, _Mapping]]] = ..., fabrics: _Optional[_Iterable[_Union[Fabric, _Mapping]]] = ..., model_dirs: _Optional[_Iterable[_Union[ModelDir, _Mapping]]] = ..., weights: _Optional[_Iterable[_Union[WeightFile, _Mapping]]] = ..., nvlink: _Optional[_Union[NvlinkFabric, _Mapping]] = ..., installs: _Optional[_Iterable[_Union[EngineInstall, _Mapping]]] = ..., subnet_managers: _Optional[_Iterable[_Union[SubnetManager, _Mapping]]] = ..., protocol: _Optional[int] = ...) -> None: ...
+    engine_access: str
+    def __init__(self, node_id: _Optional[str] = ..., hostname: _Optional[str] = ..., agent_version: _Optional[str] = ..., inventory: _Optional[_Union[Inventory, _Mapping]] = ..., shards: _Optional[_Iterable[_Union[ShardStatus, _Mapping]]] = ..., mgmt_addr: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., engines: _Optional[_Iterable[_Union[EngineInfo, _Mapping]]] = ..., mgmt_interface: _Optional[str] = ..., host: _Optional[_Union[HostFacts, _Mapping]] = ..., hcas: _Optional[_Iterable[_Union[Hca, _Mapping]]] = ..., fabrics: _Optional[_Iterable[_Union[Fabric, _Mapping]]] = ..., model_dirs: _Optional[_Iterable[_Union[ModelDir, _Mapping]]] = ..., weights: _Optional[_Iterable[_Union[WeightFile, _Mapping]]] = ..., nvlink: _Optional[_Union[NvlinkFabric, _Mapping]] = ..., installs: _Optional[_Iterable[_Union[EngineInstall, _Mapping]]] = ..., subnet_managers: _Optional[_Iterable[_Union[SubnetManager, _Mapping]]] = ..., protocol: _Optional[int] = ..., engine_access: _Optional[str] = ...) -> None: ...
 
 class HostFacts(_message.Message):
     __slots__ = ("os_id", "os_version", "os_codename", "arch", "kernel", "cpu_flags", "nvidia_driver")

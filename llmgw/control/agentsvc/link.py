@@ -127,6 +127,10 @@ class Link:
                                                    "during the test; its agent was reconnecting or stopped"))
         self._fabric.clear()
 
+    def tunnel_offer(self, port: int) -> None:
+        """Issue 33: the tunnel port this node's agent dials (``agent.tunnel``)."""
+        self._put(tunnel_offer=pb.TunnelOffer(port=port))
+
     def controlplanes(self, addrs: tuple[str, ...]) -> None:
         self._put(controlplanes=pb.ControlPlanes(addrs=addrs))
 

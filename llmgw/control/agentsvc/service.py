@@ -30,6 +30,7 @@ from llmgw.control.agentsvc import collector, inbound, metrics
 from llmgw.control.agentsvc import join as join_mod
 from llmgw.control.agentsvc.link import Link
 from llmgw.control.cluster import Cluster
+from llmgw.control.engineaccess import EngineAccess
 from llmgw.control.store.store import StoredNode
 from llmgw.core import pki, skew
 from llmgw.core.version import version
@@ -63,6 +64,9 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         self.issuer = issuer
         #: Named in the join port's refusal of a stream (set once the port is bound).
         self.agent_port = agent_port
+        #: Issue 33: each node's engine_access (``control.engineaccess``), and the tunnel port offered (0: none).
+        self.engine_access: EngineAccess | None = None
+        self.tunnel_port = 0
         #: The stream each node id holds now. A Register for one of these is refused: before,
         #: it replaced the stream, so any process that named a connected node took its place
         #: and received its StartShards (issue 13).
@@ -155,6 +159,10 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             labels=dict(reg.labels), first_seen=now, last_seen=now)
         link.ack(first.seq, ok=True, controlplanes=self.cluster.hint()[1], protocol=self.protocol,
                  server_version=self.server_version)
+        if self.engine_access is not None:  # issue 33: how routers reach its engines, and its tunnel port
+            self.engine_access.registered(reg.node_id, reg.engine_access)
+            if reg.engine_access in ("tunnel", "auto") and self.tunnel_port:
+                link.tunnel_offer(self.tunnel_port)
         metrics.REGISTRATIONS.inc()
         collector.note_registration()
         self.cluster.node_registered(node, [convert.status_from_pb(s) for s in reg.shards], link)
@@ -258,7 +266,8 @@ def _check_register(msg: pb.AgentMessage) -> str:
 
 
 async def serve(cluster: Cluster, *, host: str, port: int, tls: join_mod.AgentTls | None = None,
-                join_port: int = 0) -> tuple[grpc.aio.Server, int, int]:
+                join_port: int = 0, engine_access: EngineAccess | None = None,
+                tunnel_port: int = 0) -> tuple[grpc.aio.Server, int, int]:
     """Starts the gRPC server; returns it, the agent port and the join port (0 without TLS).
 
     ``port``/``join_port`` 0 pick free ones. Without ``tls`` (``--insecure``) there is one plaintext port.
@@ -268,6 +277,7 @@ async def serve(cluster: Cluster, *, host: str, port: int, tls: join_mod.AgentTl
     if tls is not None and issuer is None:
         raise OSError("the agent service with TLS needs the cluster's store thread (Cluster(db=...))")
     service = AgentService(cluster, issuer=issuer)
+    service.engine_access, service.tunnel_port = engine_access, tunnel_port
     agent_pb2_grpc.add_AgentServiceServicer_to_server(service, server)
     bound_join = 0
     if tls is None:

@@ -9,6 +9,7 @@ from typing import Any
 
 from llmgw.control import engines, upgrades
 from llmgw.control.cluster import Cluster
+from llmgw.control.engineaccess import EngineAccess
 from llmgw.control.events import Event
 from llmgw.control.http import modeldocs
 from llmgw.control.state import NodeView, ReplicaRecord
@@ -43,12 +44,19 @@ def upgrade_doc(cluster: Cluster, node_id: str) -> dict[str, Any] | None:
     return None if a is None else {**a.doc(), "summary": a.words()}
 
 
+def access_doc(access: EngineAccess | None, node_id: str) -> dict[str, str] | None:
+    """Issue 33: how routers reach the node's engines (``mode``: direct or tunnel) and why; None: not known yet."""
+    mode, reason = access.describe(node_id) if access is not None else ("", "")
+    return {"mode": mode, "reason": reason} if mode else None
+
+
 def node_doc(n: StoredNode, view: NodeView | None, *, connected: bool, has_replicas: bool,
-             upgrade: dict[str, Any] | None = None) -> dict[str, Any]:
+             upgrade: dict[str, Any] | None = None, access: dict[str, str] | None = None) -> dict[str, Any]:
     """A node as ``GET /api/v1/nodes`` lists it: its marks, what it has, and the shards it runs."""
     inv = view.inventory if view else n.inventory
     return {
         "id": n.id, "hostname": n.hostname, "mgmt_addr": n.mgmt_addr, "agent_version": n.agent_version,
+        "engine_access": access,
         "version_skew": skew.skewed(n.agent_version, _own_version()),
         "upgrade": upgrade,
         **scheduling(view, connected=connected, has_replicas=has_replicas),
@@ -80,11 +88,14 @@ def node_doc(n: StoredNode, view: NodeView | None, *, connected: bool, has_repli
 
 
 def nodes_body(page: list[StoredNode], total: int, views: dict[str, NodeView], connected: set[str],
-               occupied: set[str], upgrades: dict[str, dict[str, Any]] | None = None) -> bytes:
+               occupied: set[str], upgrades: dict[str, dict[str, Any]] | None = None,
+               access: dict[str, dict[str, str]] | None = None) -> bytes:
     """One page of nodes as the API's JSON, with ``total``, how many there are in all."""
     ups = upgrades or {}
     return json.dumps({"items": [node_doc(n, views.get(n.id), connected=n.id in connected,
-                                          has_replicas=n.id in occupied, upgrade=ups.get(n.id)) for n in page],
+                                          has_replicas=n.id in occupied, upgrade=ups.get(n.id),
+                                          access=(access or {}).get(n.id))
+                                 for n in page],
                        "total": total}).encode()
 
 
@@ -98,6 +109,7 @@ def describe_doc(node_id: str, stored: StoredNode, mine: list[ReplicaRecord], mo
     inv = view.inventory if view else stored.inventory
     return {
         "id": node_id, "hostname": stored.hostname, "mgmt_addr": stored.mgmt_addr,
+        "engine_access": access_doc(cluster.engine_access, node_id),
         "agent_version": stored.agent_version, "version_skew": skew.skewed(stored.agent_version, _own_version()),
         "connected": cluster.connected(node_id), "upgrade": upgrade_doc(cluster, node_id),
         "last_seen": stored.last_seen, "labels": stored.labels,

@@ -50,7 +50,9 @@ def router(db: StoreThread, cluster: Cluster) -> APIRouter:
         # their JSON are built in a thread, as a pass reads its snapshot (see cluster's docstring).
         views, connected = dict(cluster.nodes), {n.id for n in stored if cluster.connected(n.id)}
         upgrades = {n.id: doc for n in stored if (doc := nodedocs.upgrade_doc(cluster, n.id)) is not None}
-        body = await asyncio.to_thread(nodedocs.nodes_body, stored, total, views, connected, occupied, upgrades)
+        access = {n.id: doc for n in stored if (doc := nodedocs.access_doc(cluster.engine_access, n.id)) is not None}
+        body = await asyncio.to_thread(nodedocs.nodes_body, stored, total, views, connected, occupied, upgrades,
+                                       access)
         return Response(body, media_type="application/json")
 
     @api.get("/api/v1/nodes/{node_id}", response_model=schemas.Node)
@@ -61,7 +63,8 @@ def router(db: StoreThread, cluster: Cluster) -> APIRouter:
             raise unknown(node_id)
         occupied = await db.occupied_nodes()
         return nodedocs.node_doc(stored, cluster.nodes.get(node_id), connected=cluster.connected(node_id),
-                                 has_replicas=node_id in occupied, upgrade=nodedocs.upgrade_doc(cluster, node_id))
+                                 has_replicas=node_id in occupied, upgrade=nodedocs.upgrade_doc(cluster, node_id),
+                                 access=nodedocs.access_doc(cluster.engine_access, node_id))
 
     @api.get("/api/v1/nodes/{node_id}/describe", response_model=schemas.NodeDescribe,
              response_model_exclude_unset=True)

@@ -195,9 +195,16 @@ class NodeUpgrade(Body):
     summary: str
 
 
+class EngineAccessDoc(Body):
+    mode: str = pydantic.Field(description="How routers reach the node's engines: direct (at its address) or tunnel "
+                               "(through the connection its agent dials out; issue 33)")
+    reason: str = pydantic.Field(description="Why: the agent's engine_access, auto's check, the tunnel's state")
+
+
 class Node(Scheduling):
     hostname: str
     mgmt_addr: str
+    engine_access: EngineAccessDoc | None = None
     agent_version: str
     version_skew: bool = pydantic.Field(description="The agent runs another llmgw version than this control plane "
                                         "(an upgrade under way, or one forgotten)")
@@ -232,6 +239,7 @@ class NodeList(Body):
 class NodeDescribe(Scheduling):
     hostname: str
     mgmt_addr: str
+    engine_access: EngineAccessDoc | None = None
     agent_version: str
     version_skew: bool = pydantic.Field(description="The agent runs another llmgw version than this control plane "
                                         "(an upgrade under way, or one forgotten)")

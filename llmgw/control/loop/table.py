@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import urllib.parse
 from collections.abc import Callable, Mapping
 
-from llmgw.api import routemodels, routing
-from llmgw.control import tokenizerfiles
+from llmgw.api import routemodels, routing, tunnel
+from llmgw.control import engineaccess, tokenizerfiles
 from llmgw.control.loop import sleeper
 from llmgw.control.loop.autoscaling import in_force
 from llmgw.control.loop.context import LoopContext
@@ -28,12 +29,15 @@ from llmgw.core import adapters, engines, quota, specs
 log = logging.getLogger(__name__)
 
 
+#: The nodes whose replicas are served through their tunnel (issue 33, ``control.engineaccess``), by node id.
+Tunnels = Mapping[str, engineaccess.Route]
 #: The LoRA adapters each replica's engine holds now, by replica id (agents' ``ShardStatus.adapters``).
 Held = Mapping[str, tuple[str, ...]]
 
 
 def _model_route(spec: specs.ModelSpec, name: str, in_force_spec: specs.ModelSpec, mine: list[ReplicaRecord],
-                 now: float, held: Held, sleeping: Mapping[str, int] | None = None) -> routing.ModelEntry:
+                 now: float, held: Held, sleeping: Mapping[str, int] | None = None,
+                 tunnels: Tunnels | None = None) -> routing.ModelEntry:
     st = summarize(in_force_spec, mine, now=now)
     auto = spec.autoscale
     asleep = sleeping or {}
@@ -49,13 +53,16 @@ def _model_route(spec: specs.ModelSpec, name: str, in_force_spec: specs.ModelSpe
         # Read by the router's admission; 0 is no limit.
         concurrency_per_replica=spec.max_concurrency_per_replica,
         state=st.state, message=st.message,
-        endpoints=tuple(routing.EndpointDoc(r.id, r.endpoint, r.api_key, node=r.node_id or "",
+        endpoints=tuple(routing.EndpointDoc(r.id, _reached(r, tunnels), r.api_key, node=r.node_id or "",
                                             adapters=held.get(r.id, ()) if spec.adapters else ())
-                        for r in mine if r.phase is Phase.READY and r.endpoint and r.id not in asleep),
+                        for r in mine if r.phase is Phase.READY and r.endpoint and r.id not in asleep
+                        and not _tunnel_down(r, tunnels)),
         # Replicas out of routing because their engine stopped answering (``router.hung``): a router gives
         # up the requests still waiting for their first byte there and sends them to another replica.
         # Listed apart, because a replica that leaves ``endpoints`` to be drained must keep its requests.
-        unhealthy=tuple(routing.UnhealthyDoc(r.id, r.message) for r in mine if r.phase is Phase.UNHEALTHY),
+        unhealthy=tuple(routing.UnhealthyDoc(r.id, r.message) for r in mine if r.phase is Phase.UNHEALTHY) + tuple(
+            routing.UnhealthyDoc(r.id, f"the tunnel of node {r.node_id} is down: {_tunnel_down(r, tunnels)}")
+            for r in mine if r.phase is Phase.READY and r.endpoint and _tunnel_down(r, tunnels)),
         # A model at zero with this is held by the router, not refused.
         autoscale=hint,
         # Issue 26: keys of other projects get 404 for it; its prices turn usage into spend.
@@ -71,8 +78,23 @@ def _model_route(spec: specs.ModelSpec, name: str, in_force_spec: specs.ModelSpe
     )
 
 
-def build_endpoints_doc(store: Store, now: float, *, engine_ca: str = "", held: Held | None = None
-                        ) -> routing.EndpointsDoc:
+def _reached(r: ReplicaRecord, tunnels: Tunnels | None) -> str:
+    """The replica's URL for routers: its engine's, or through its node's tunnel (``api.tunnel.url``)."""
+    if tunnels and r.node_id in tunnels:
+        port = urllib.parse.urlsplit(r.endpoint).port
+        if port:
+            return tunnel.url(r.node_id, port)
+    return r.endpoint
+
+
+def _tunnel_down(r: ReplicaRecord, tunnels: Tunnels | None) -> str:
+    """Why a replica served through its node's tunnel is out of routing now ("": it is not)."""
+    route = tunnels.get(r.node_id or "") if tunnels else None
+    return route.down if route is not None else ""
+
+
+def build_endpoints_doc(store: Store, now: float, *, engine_ca: str = "", held: Held | None = None,
+                        tunnels: Tunnels | None = None) -> routing.EndpointsDoc:
     """The routers' table as the store holds it now: each model's routes, and the API keys (version 0).
 
     ``engine_ca``: the cluster CA's certificate (PEM, public), which routers verify ``https://`` engines with.
@@ -86,7 +108,7 @@ def build_endpoints_doc(store: Store, now: float, *, engine_ca: str = "", held: 
     for stored in store.list_models():
         m = stored.model
         models.append(_model_route(m.spec, m.name, in_force({m.name: m.spec}, states)[m.name],
-                                   by_model.get(m.name, []), now, held or {}, sleeping))
+                                   by_model.get(m.name, []), now, held or {}, sleeping, tunnels))
     stored_keys = store.list_keys()
     assigned = queueing.read(store)  # classes and weights (issue 32)
     none = queueing.Assigned()
@@ -116,23 +138,26 @@ class TablePublisher:
         #: router then sends an adapter's requests to any ready endpoint of its model).
         self._held = held
         self._engine_ca = engine_ca  # the cluster CA's certificate, published with every table
+        #: The tunnelled nodes (issue 33; ``control.engineaccess``), read on the loop at each build.
+        self.tunnels: Callable[[], Tunnels] = dict
         self._changed = asyncio.Condition()
         self.table = routing.EndpointsDoc()
         self._published = False  # the first build is published (version 1) even when it routes nothing
         self._closing = False
 
-    def doc(self, held: Held | None = None) -> routing.EndpointsDoc:
+    def doc(self, held: Held | None = None, tunnels: Tunnels | None = None) -> routing.EndpointsDoc:
         """The document as the store holds it now (without its version); reads the store where it is called.
 
         ``held``: the adapters each replica holds, taken on the loop (the agents' reports are the loop's).
         """
         held = self._held() if held is None else held
-        return build_endpoints_doc(self._ctx.store, self._ctx.clock(), engine_ca=self._engine_ca, held=held)
+        return build_endpoints_doc(self._ctx.store, self._ctx.clock(), engine_ca=self._engine_ca, held=held,
+                                   tunnels=tunnels)
 
     async def publish(self) -> None:
         """Builds the table and, when anything but its version changed, publishes it under the next version."""
         # Built where the store is read: it is store rows and a summary of each model, nothing of the loop's.
-        doc = await self._ctx.call(self.doc, self._held())
+        doc = await self._ctx.call(self.doc, self._held(), dict(self.tunnels()))
         # Everything but the version is compared: a key created or deleted must reach the router too.
         if not self._published or not doc.same_routes(self.table):
             async with self._changed:

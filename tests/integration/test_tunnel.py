@@ -1,0 +1,256 @@
+"""The engine tunnel (issue 33) end to end in one process, with real TLS and real HTTP: an agent's dialer, the
+router's tunnel port (``TunnelHub``) and the router's HTTP client (``client.Pool``) reaching an aiohttp engine
+through it. Streaming, the refusal of anything that is not the node's engine (no open proxy), a certificate the
+control plane refuses, cancellation reaching the engine, back-pressure, and a tunnel that drops and is re-dialled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from llmgw.agent.tunnel.dialer import TunnelDialer
+from llmgw.api import tunnel
+from llmgw.core import pki
+from llmgw.router import client
+from llmgw.router.tunnel.hub import TunnelHub, server_context
+from llmgw.testing.aioserve import serving
+
+BODY = b'{"model": "m", "stream": true}'
+BIG_CHUNKS = 1024  # 64 MiB: more than the sockets between engine and router hold
+
+
+class Pki:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.ca = pki.create_ca()
+        server = pki.server_cert(self.ca, ["127.0.0.1"])
+        (root / "ca.crt").write_bytes(self.ca.cert_pem)
+        (root / "server.crt").write_bytes(server.cert_pem)
+        (root / "server.key").write_bytes(server.key_pem)
+
+    def node(self, node_id: str) -> Callable[[], ssl.SSLContext]:
+        key = pki.new_key()
+        cert = pki.sign_csr(self.ca, pki.create_csr(node_id, key), node_id)
+        (self.root / f"{node_id}.crt").write_bytes(cert)
+        (self.root / f"{node_id}.key").write_bytes(pki.key_pem(key))
+
+        def context() -> ssl.SSLContext:
+            ctx = ssl.create_default_context(cafile=str(self.root / "ca.crt"))
+            ctx.load_cert_chain(str(self.root / f"{node_id}.crt"), str(self.root / f"{node_id}.key"))
+            return ctx
+        return context
+
+    def hub_context(self) -> ssl.SSLContext:
+        return server_context(ca_pem=self.ca.cert_pem, cert_file=str(self.root / "server.crt"),
+                              key_file=str(self.root / "server.key"))
+
+
+class Engine:
+    """An engine's HTTP API: SSE chunks, a large body, and a stream that waits (to see its client leave)."""
+
+    def __init__(self) -> None:
+        self.left = asyncio.Event()
+        self.first_byte = asyncio.Event()  # set to let /slow answer
+        self.app = web.Application()
+        self.app.router.add_post("/v1/chat/completions", self.chat)
+        self.app.router.add_post("/big", self.big)
+        self.app.router.add_post("/slow", self.slow)
+        self.big_sent = 0
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        assert await request.read() == BODY
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(5):
+            await resp.write(b"data: {\"i\": %d}\n\n" % i)
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    async def big(self, request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        await resp.prepare(request)
+        try:
+            for _ in range(BIG_CHUNKS):
+                await resp.write(b"x" * 65536)
+                self.big_sent += 65536
+        except (ConnectionError, asyncio.CancelledError):
+            self.left.set()
+            raise
+        return resp
+
+    async def slow(self, request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        try:
+            while True:
+                await resp.write(b"data: tick\n\n")
+                await asyncio.sleep(0.05)
+        except (ConnectionError, asyncio.CancelledError):
+            self.left.set()
+            raise
+
+
+def port_of(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+async def eventually(check: Callable[[], Any], what: str, timeout: float = 10.0) -> Any:
+    async with asyncio.timeout(timeout):
+        for _ in range(int(timeout / 0.02) + 1):
+            if got := check():
+                return got
+            await asyncio.sleep(0.02)
+    raise AssertionError(f"not {what} within {timeout:g}s")
+
+
+@contextlib.asynccontextmanager
+async def tunnelled(root: Path, refused: dict[str, str] | None = None,
+                    ) -> AsyncIterator[tuple[TunnelHub, TunnelDialer, Engine, str, str, Pki]]:
+    """A hub, an engine and a second service beside it on loopback, node ``n1``'s dialer offered the hub."""
+    keys = Pki(root)
+
+    async def check(cert_pem: bytes, node: str) -> str:
+        return (refused or {}).get(node, "")
+
+    hub = TunnelHub(context=keys.hub_context(), check=check)
+    await hub.start("127.0.0.1", 0)
+    engine = Engine()
+    other = web.Application()
+    other.router.add_post("/secret", lambda r: web.Response(text="the node's other service"))
+    async with serving(engine.app) as engine_url, serving(other) as other_url:
+        dialer = TunnelDialer(node_id="n1", context=keys.node("n1"),
+                              engines=lambda: {port_of(engine_url): ("127.0.0.1", port_of(engine_url), False)},
+                              engine_ssl=lambda: True)
+        try:
+            yield hub, dialer, engine, engine_url, other_url, keys
+        finally:
+            await dialer.close()
+            await hub.stop()
+
+
+async def dialled(hub: TunnelHub, dialer: TunnelDialer) -> client.Pool:
+    """The tunnel offered, dialled and up; a router's pool that reaches it."""
+    dialer.offer("127.0.0.1", hub.port)
+    await eventually(lambda: "n1" in hub.up(), "the tunnel up")
+    pool = client.Pool(connect_timeout_s=5)
+    pool.tunnels = hub
+    return pool
+
+
+def run(coro: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(coro())
+
+
+def test_a_stream_through_the_tunnel_and_nothing_but_the_nodes_engine(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with tunnelled(tmp_path) as (hub, dialer, engine, engine_url, other_url, _):
+            pool = await dialled(hub, dialer)
+            url = tunnel.url("n1", port_of(engine_url))
+            for _ in range(3):  # the connection is kept alive and reused over the same stream
+                response = await pool.request(url, "/v1/chat/completions", b"Content-Type: application/json\r\n",
+                                              BODY)
+                assert response.status == 200
+                body = await response.read()
+                assert body.count(b"data: ") == 6 and body.endswith(b"data: [DONE]\n\n")
+            # The node's other service, on a port of the same host: refused by the agent, nothing sent.
+            with pytest.raises(client.ConnectFailed, match="not an engine of node n1"):
+                await pool.request(tunnel.url("n1", port_of(other_url)), "/secret", b"", b"")
+            # Another node's name through this node's tunnel: there is none.
+            with pytest.raises(client.ConnectFailed, match="no tunnel from it"):
+                await pool.request(tunnel.url("n2", port_of(engine_url)), "/v1/chat/completions", b"", BODY)
+            pool.close()
+    run(main)
+
+
+def test_a_certificate_the_control_plane_refuses_gets_no_tunnel(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with tunnelled(tmp_path, refused={"n1": "its certificate is revoked"}) as (hub, dialer, *_):
+            dialer.offer("127.0.0.1", hub.port)
+            await eventually(lambda: dialer.mux is not None and dialer.mux.admitted, "the refusal")
+            assert dialer.mux is not None and dialer.mux.admitted == "its certificate is revoked"
+            assert "n1" not in hub.up()
+    run(main)
+
+
+def test_a_client_that_leaves_closes_the_engines_connection(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with tunnelled(tmp_path) as (hub, dialer, engine, engine_url, _, _k):
+            pool = await dialled(hub, dialer)
+            response = await pool.request(tunnel.url("n1", port_of(engine_url)), "/slow", b"", b"")
+            assert await response.readany()
+            response.close()  # the relay's close when its client went away
+            await asyncio.wait_for(engine.left.wait(), 10)
+            pool.close()
+    run(main)
+
+
+def test_a_slow_reader_holds_the_engine_back(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with tunnelled(tmp_path) as (hub, dialer, engine, engine_url, _, _k):
+            pool = await dialled(hub, dialer)
+            response = await pool.request(tunnel.url("n1", port_of(engine_url)), "/big", b"", b"")
+            await asyncio.sleep(0.5)  # not reading: the router's buffer, the window and the sockets fill, then stop
+            held = engine.big_sent
+            assert held < BIG_CHUNKS * 65536, "the engine wrote its whole 64 MiB to a reader that read nothing"
+            got = len(await response.read())
+            assert got == BIG_CHUNKS * 65536 and engine.big_sent == BIG_CHUNKS * 65536
+            pool.close()
+    run(main)
+
+
+def test_a_dropped_tunnel_fails_its_streams_and_is_dialled_again(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with tunnelled(tmp_path) as (hub, dialer, engine, engine_url, _, _k):
+            pool = await dialled(hub, dialer)
+            changes: list[tuple[str, bool]] = []
+            hub.on_change = lambda node, up, why: changes.append((node, up))
+            url = tunnel.url("n1", port_of(engine_url))
+            response = await pool.request(url, "/slow", b"", b"")
+            hub._tunnels["n1"].drop("cut by the test")
+            with pytest.raises(client.BodyError, match="cut by the test"):
+                await response.read()
+            with pytest.raises(client.ConnectFailed, match="cut by the test"):
+                await pool.request(url, "/v1/chat/completions", b"", BODY)
+            await eventually(lambda: "n1" in hub.up(), "the tunnel dialled again")
+            assert changes == [("n1", False), ("n1", True)] and dialer.dials == 2
+            response = await pool.request(url, "/v1/chat/completions", b"", BODY)
+            assert (await response.read()).endswith(b"[DONE]\n\n")
+            pool.close()
+    run(main)
+
+
+def test_a_router_worker_reaches_the_tunnel_through_its_servers_relay(tmp_path: Path) -> None:
+    from llmgw.router.tunnel.relay import RelayServer, RelayTunnels
+
+    async def main() -> None:
+        async with tunnelled(tmp_path) as (hub, dialer, engine, engine_url, _, _k):
+            pool = await dialled(hub, dialer)
+            relay = RelayServer(hub, "s3cret")
+            address = await relay.start()
+            pool.tunnels = RelayTunnels(address, secret="s3cret")
+            url = tunnel.url("n1", port_of(engine_url))
+            for _ in range(2):
+                response = await pool.request(url, "/v1/chat/completions", b"", BODY)
+                assert (await response.read()).endswith(b"data: [DONE]\n\n")
+            response = await pool.request(url, "/slow", b"", b"")  # a leaving client stops the engine, relayed too
+            assert await response.readany()
+            response.close()
+            await asyncio.wait_for(engine.left.wait(), 10)
+            with pytest.raises(client.ConnectFailed, match="no tunnel from it"):
+                await pool.request(tunnel.url("n2", 1), "/", b"", b"")
+            stranger = client.Pool()
+            stranger.tunnels = RelayTunnels(address, secret="guess")
+            with pytest.raises(client.ConnectFailed, match="for its own router workers"):
+                await stranger.request(url, "/v1/chat/completions", b"", BODY)
+            pool.close()
+            stranger.close()
+            await relay.stop()
+    run(main)
