@@ -34,6 +34,9 @@ os.environ.setdefault("LLMGW_ROUTER_WORKERS", "1")
 # in-process router's alone while the workers serve part of the traffic. The tests of the server's router workers
 # give the flag themselves.
 os.environ.setdefault("LLMGW_SERVER_ROUTER_WORKERS", "1")
+# Every `llmgw server` of the tests listens for tunnels on a free port, as for its other ports (the tests give those
+# as flags): the default, 8083, would collide between the servers a test runs side by side.
+os.environ.setdefault("LLMGW_SERVER_TUNNEL_PORT", "0")
 
 _OURS: Path | None = None
 _FAILED = False

@@ -33,10 +33,10 @@ class ServerSettings:
     agent_port: int = setting(8081, **_PORT, help="The agents' gRPC stream (mutual TLS)")
     join_port: int = setting(8082, **_PORT, help="Where `llmgw agent join` reaches this server with a token (TLS; "
                                                  "not with --insecure)")
-    tunnel_port: int = setting(0, **_PORT, help="Where agents of nodes behind NAT (engine_access tunnel or auto) "
-                                                "dial the tunnel their engines are reached through (mutual TLS; not "
-                                                "with --insecure); the port is offered to them over their stream. "
-                                                "0: a free one (set one a firewall can let in)")
+    tunnel_port: int = setting(8083, **_PORT, help="Where agents of nodes behind NAT (engine_access tunnel or "
+                                                   "auto) dial the tunnel their engines are reached through (mutual "
+                                                   "TLS; not with --insecure); the port is offered to them over "
+                                                   "their stream. 0: a free one")
     data_dir: Path | None = setting(None, help="Database and cluster CA directory, initialised on first start "
                                                "[default $XDG_DATA_HOME/llmgw]")
     ports_file: Path | None = setting(None, help="Write the bound ports here as JSON once listening")
