@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from llmgw.api import routing
 from llmgw.control import conditions as cond
 from llmgw.control import events as ev
-from llmgw.control import loadreports, remotemeta, upgrades
+from llmgw.control import kvrelay, loadreports, remotemeta, upgrades
 from llmgw.control.history import MetricsHistory
 from llmgw.control.loop.autoscaling import Autoscaling, in_force
 from llmgw.control.loop.context import InContext, LoopContext
@@ -81,6 +81,8 @@ class Cluster:
                                ejections=self.ejections, remote_meta=remote_meta,
                                provisioning_inputs=self._engine_inputs)
         self.table = TablePublisher(self.ctx, engine_ca=engine_ca, held=self._adapters_held)
+        #: The replicas' KV block sets from their agents, relayed to routers (routing kv_aware), in memory.
+        self.kv = kvrelay.KvRelay()
         #: spec.idle (issue 31): ready replicas put to sleep when idle, woken when a request is held for them.
         self.sleeper = Sleeper(self.ctx, self.links, self.signals, lambda: self.node_manager.views, self.record)
         #: Operators' engine wants and the cluster's engine settings (``control.engines`` rebinds them on a change).
@@ -193,6 +195,7 @@ class Cluster:
                 self.upgrades.step(lambda n: upgrades.not_ready(self.nodes.get(n), self.connected(n)))
                 self._sample_history()
             await self.table.update()
+            self.kv.table_changed(self.table.table)  # a replica gone from the table: its KV set with it
             self.links.announce_peers()
             # Give the event loop at least as long as the pass took before the next one:
             # passes kicked back to back by a thousand re-registering agents held the
