@@ -118,7 +118,8 @@ def test_kv_aware_follows_the_engines_caches_through_the_relay(tmp_path: Path) -
 
 def _serving(url: str) -> bool:
     try:
-        return httpx.post(url, json={"model": "kv", "prompt": [1, 2, 3], "max_tokens": 1}, timeout=10).status_code == 200
+        r = httpx.post(url, json={"model": "kv", "prompt": [1, 2, 3], "max_tokens": 1}, timeout=10)
+        return r.status_code == 200
     except httpx.ConnectError:
         return False
 
