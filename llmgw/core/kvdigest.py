@@ -21,6 +21,7 @@ each replica's set (``Sets``) and a log of the changes, which routers long-poll 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections import deque
 from collections.abc import Iterable
 
@@ -93,13 +94,13 @@ class Sampler:
         if hashing is None:
             return None
         every = rate(hashing.block_size)
-        now: set[int] = set()
-        for h in blocks:
-            k = key64(h)
-            if sampled(k, every):
-                now.add(k)
-                if len(now) >= MAX_KEYS:
-                    break
+        # vLLM's default int hashes are their own keys (64 bits, unsigned): one pass, no conversion.
+        if all(type(h) is int for h in itertools.islice(blocks, 1)) and every > 1:
+            now = {h & _MASK for h in blocks if not h % every}  # type: ignore[operator]
+        else:
+            now = {k for k in map(key64, blocks) if sampled(k, every)}
+        if len(now) > MAX_KEYS:
+            now = set(sorted(now)[:MAX_KEYS])
         full = self.must_resend
         if full:
             added, removed = tuple(now), ()

@@ -1,7 +1,8 @@
 """KV-aware routing end to end: sim engines publish vLLM's KV events to a real agent, which sends sampled
 digests over its mutual-TLS stream to the server; the server relays them to its in-process router and to a
-standalone `llmgw router` (``GET /api/v1/router/kv``), whose ``kv_aware`` then sends a prompt to the replica
-whose engine holds its prefix, and stops doing so once that engine's cache is gone (the engine restarted).
+standalone `llmgw router` with two workers (``GET /api/v1/router/kv``, through the router's hub), whose
+``kv_aware`` then sends a prompt to the replica whose engine holds its prefix, and stops doing so once that
+engine's cache is gone (the engine restarted).
 
 The prefix is put into one engine's cache directly (not through a router), so no router's own guess
 (``prefix_cache``) can know it: only the engines' events can. Prompts are token ids (the router has no
@@ -77,25 +78,30 @@ def test_kv_aware_follows_the_engines_caches_through_the_relay(tmp_path: Path) -
         token_file = tmp_path / "router.token"
         token_file.write_text(token + "\n")
         port = free_port()
-        edge = Proc.start([*LLMGW, "router", "--control", s.url, "--port", str(port), "--token-file", str(token_file)],
-                          log_path=tmp_path / "router.log")
+        # With two workers: each follows the relay through the router's hub.
+        edge = Proc.start([*LLMGW, "router", "--control", s.url, "--port", str(port), "--token-file", str(token_file),
+                           "--workers", "2"], log_path=tmp_path / "router.log")
         try:
             routers = {"in-process": (f"{s.url}/v1/completions", {"Authorization": f"Bearer {s.token}"}),
                        "standalone": (f"http://127.0.0.1:{port}/v1/completions", {})}
             wait_for(lambda: _serving(routers["standalone"][0]), timeout=30, interval=0.2, what="the router")
             replicas = {r["id"]: r["endpoint"] for r in s.replicas("kv")}
             holder, other = sorted(replicas)
-            prompt = _prefix(1)
-            keys = _sampled_keys(prompt)
-            assert keys, "the prompt has a sampled block (a fixed prompt: this never moves)"
+            prompt, second = _prefix(1), _prefix(2)
+            keys, keys2 = _sampled_keys(prompt), _sampled_keys(second)
+            assert keys and keys2, "each prompt has a sampled block (fixed prompts: this never moves)"
+            # Each engine holds one prompt: a router that guessed could not place both right, every time.
             _direct(s, replicas[holder], prompt)
-            wait_for(lambda: set(keys) <= _relayed(s, token).get(holder, set()), timeout=20, interval=0.1,
-                     what="the holder's blocks relayed")
+            _direct(s, replicas[other], second)
+            wait_for(lambda: set(keys) <= _relayed(s, token).get(holder, set())
+                     and set(keys2) <= _relayed(s, token).get(other, set()), timeout=20, interval=0.1,
+                     what="both engines' blocks relayed")
             assert not set(keys) & _relayed(s, token).get(other, set())
             time.sleep(1.5)  # the routers' long polls answer within a coalescing interval (0.25 s) of the relay
             for name, (url, headers) in routers.items():
-                for turn in range(3):  # later turns: the shared prefix and a new tail
+                for turn in range(4):  # later turns: the shared prefix and a new tail (over both workers)
                     assert _upstream(url, prompt + [7, 8, 9 + turn], headers) == holder, name
+                    assert _upstream(url, second + [7, 8, 9 + turn], headers) == other, name
             # The holder's engine restarts: its cache is empty, its set cleared; put the prefix in the other's.
             pid, _ = _engine(s, replicas[holder])
             os.kill(pid, signal.SIGKILL)
@@ -108,6 +114,7 @@ def test_kv_aware_follows_the_engines_caches_through_the_relay(tmp_path: Path) -
             wait_for(lambda: set(keys) <= _relayed(s, token).get(other, set()), timeout=20, interval=0.1,
                      what="the other's blocks relayed")
             assert all(not set(keys) & v for r, v in _relayed(s, token).items() if r != other)
+            # The restarted holder's engine now holds nothing: the first prompt goes where the second was sent too.
             time.sleep(1.5)
             for name, (url, headers) in routers.items():
                 picked = {_upstream(url, prompt + [5, 6, turn], headers) for turn in range(3)}
