@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 
 #: How long a router's poll is held after the first change, so one answer batches many digests.
 COALESCE_S = 0.25
+#: Sets kept for replicas the table does not route (yet): a bound on what agents can make the leader hold.
+MAX_UNROUTED = 1024
 
 
 class KvRelay:
@@ -49,7 +51,9 @@ class KvRelay:
         """One agent's digest; False when refused (a replica not on that node) or dropped (a lost one)."""
         node = self._nodes.get(digest.replica_id) if self._nodes is not None else None
         # A replica not in the table yet (its engine published before its Ready reached the table) is taken.
-        if node not in (None, "", node_id):
+        if node not in (None, "", node_id) or (node is None and self._nodes is not None and
+                                                digest.replica_id not in self.sets.replicas and
+                                                len(self.sets.replicas) - len(self._routed) >= MAX_UNROUTED):
             self.refused += 1
             return False
         ok = self.sets.apply(digest)

@@ -2,7 +2,8 @@
 digests over its mutual-TLS stream to the server; the server relays them to its in-process router and to a
 standalone `llmgw router` with two workers (``GET /api/v1/router/kv``, through the router's hub), whose
 ``kv_aware`` then sends a prompt to the replica whose engine holds its prefix, and stops doing so once that
-engine's cache is gone (the engine restarted).
+engine's cache is gone (the engine restarted). A restarted control plane gets every set again from the agents
+(the resend after each Register, as after a failover).
 
 The prefix is put into one engine's cache directly (not through a router), so no router's own guess
 (``prefix_cache``) can know it: only the engines' events can. Prompts are token ids (the router has no
@@ -102,6 +103,18 @@ def test_kv_aware_follows_the_engines_caches_through_the_relay(tmp_path: Path) -
                 for turn in range(4):  # later turns: the shared prefix and a new tail (over both workers)
                     assert _upstream(url, prompt + [7, 8, 9 + turn], headers) == holder, name
                     assert _upstream(url, second + [7, 8, 9 + turn], headers) == other, name
+            # A new control plane (restarted here; a standby taking over is the same to the relay: a process that
+            # knows nothing): each agent registers with it and sends its whole sets again, unasked.
+            s.stop_server()
+            s.start_server()
+            wait_for(lambda: set(keys) <= _relayed(s, token).get(holder, set())
+                     and set(keys2) <= _relayed(s, token).get(other, set()), timeout=60, interval=0.2,
+                     what="both engines' blocks resent to the new control plane")
+            s.wait_router("kv", 2, timeout=30)
+            time.sleep(6.0)  # the standalone router's feed retries with backoff (at most 5 s) and takes a reset
+            for name, (url, headers) in routers.items():
+                assert _upstream(url, prompt + [4, 4], headers) == holder, name
+                assert _upstream(url, second + [4, 4], headers) == other, name
             # The holder's engine restarts: its cache is empty, its set cleared; put the prefix in the other's.
             pid, _ = _engine(s, replicas[holder])
             os.kill(pid, signal.SIGKILL)
