@@ -18,8 +18,10 @@ The workload: ``--groups`` shared system prompts of ``--system`` tokens, ``--use
 ``--turns`` turns; every turn sends the conversation so far plus ``--grow`` new tokens, and the turn's answer
 is stood in for by ``--answer`` more tokens (so the next turn's prompt extends this one's). Prompts are token
 ids (``/v1/completions``, streamed): the router has no tokenizer yet (another branch's work), and ``kv_aware``
-scores only token ids. ``--concurrency`` conversations at a time. Reported per contender: TTFT p50/p90 of turns
-2+ (send to first streamed token) and the engines' prefix cache hit rate over the run (vLLM's
+scores only token ids. sglang-router refuses token ids: it gets the same prompts as text (the engine's
+``/detokenize`` of each, before the run), which the engine tokenizes again (not always to the same ids).
+``--concurrency`` conversations at a time. Reported per contender: TTFT p50/p90 of turns 2+ (send to first
+streamed token) and the engines' prefix cache hit rate over the run (vLLM's
 ``vllm:prefix_cache_hits``/``queries`` counters).
 """
 
@@ -155,21 +157,44 @@ class Turn:
     ok: bool
 
 
-async def workload(url: str, a: argparse.Namespace) -> list[Turn]:
+def prompts(a: argparse.Namespace) -> list[list[list[int]]]:
+    """Each conversation's prompt at each turn (token ids): fixed by the arguments, whatever the answers."""
     rng = random.Random(7)
     systems = [[rng.randrange(100, 40000) for _ in range(a.system)] for _ in range(a.groups)]
     convs = [list(systems[g]) for g in range(a.groups) for _ in range(a.users)]
     rng.shuffle(convs)
+    out = []
+    for c, prompt in enumerate(convs):
+        r, turns = random.Random(1000 + c), []
+        for _ in range(a.turns):
+            prompt = prompt + [r.randrange(100, 40000) for _ in range(a.grow)]
+            turns.append(prompt)
+            prompt = prompt + [r.randrange(100, 40000) for _ in range(a.answer)]
+        out.append(turns)
+    return out
+
+
+async def as_text(url: str, convs: list[list[list[int]]]) -> list[list[str]]:
+    """The prompts as text (the engine's own ``/detokenize``), for a router that refuses token ids."""
+    async with aiohttp.ClientSession() as s:
+        out = []
+        for turns in convs:
+            texts = []
+            for tokens in turns:
+                async with s.post(url + "/detokenize", json={"model": pw.MODEL, "tokens": tokens}) as resp:
+                    texts.append(str((await resp.json())["prompt"]))
+            out.append(texts)
+    return out
+
+
+async def workload(url: str, a: argparse.Namespace, convs: list[list[list[int]]] | list[list[str]]) -> list[Turn]:
     out: list[Turn] = []
     sem = asyncio.Semaphore(a.concurrency)
-    timeout = aiohttp.ClientTimeout(total=300)
+    timeout = aiohttp.ClientTimeout(total=600)
 
     async def one(c: int, session: aiohttp.ClientSession) -> None:
         async with sem:
-            r = random.Random(1000 + c)
-            prompt = convs[c]
-            for t in range(a.turns):
-                prompt = prompt + [r.randrange(100, 40000) for _ in range(a.grow)]
+            for t, prompt in enumerate(convs[c]):
                 body = {"model": pw.MODEL, "prompt": prompt, "max_tokens": 4, "stream": True, "temperature": 0}
                 start = time.perf_counter()
                 ttft, ok = 0.0, False
@@ -182,7 +207,6 @@ async def workload(url: str, a: argparse.Namespace) -> list[Turn]:
                 except aiohttp.ClientError:
                     ok = False
                 out.append(Turn(c, t, ttft or time.perf_counter() - start, ok))
-                prompt = prompt + [r.randrange(100, 40000) for _ in range(a.answer)]
 
     async with aiohttp.ClientSession(timeout=timeout) as session:
         await asyncio.gather(*(one(c, session) for c in range(len(convs))))
@@ -215,6 +239,10 @@ async def run_cache(blocks: int, a: argparse.Namespace, model: Path, work: Path)
     sending = asyncio.create_task(links.run())
     procs, urls = await start_engines(model, work, links, blocks)
     rows: list[dict[str, object]] = []
+    convs = prompts(a)
+    # sglang-router 0.3.2 refuses token-id prompts ("prompt: data did not match any variant of untagged enum
+    # StringOrArray"): it gets the same prompts as text, detokenized by the engine before the run.
+    texts = await as_text(urls[0], convs) if any(c.startswith("sglang") for c in a.only or CONTENDERS) else []
     try:
         for contender in a.only or CONTENDERS:
             front.set_table(contender.split(":", 1)[1], urls)
@@ -229,7 +257,8 @@ async def run_cache(blocks: int, a: argparse.Namespace, model: Path, work: Path)
                 await asyncio.sleep(1.0)
                 before = await counters(urls)
                 t0 = time.perf_counter()
-                turns = await workload(f"http://127.0.0.1:{port}", a)
+                sent = texts if contender.startswith("sglang") else convs
+                turns = await workload(f"http://127.0.0.1:{port}", a, sent)
                 took = time.perf_counter() - t0
                 after = await counters(urls)
             finally:
@@ -237,8 +266,10 @@ async def run_cache(blocks: int, a: argparse.Namespace, model: Path, work: Path)
             later = [t.ttft * 1e3 for t in turns if t.turn > 0 and t.ok]
             hits = after.get("vllm:prefix_cache_hits_total", 0) - before.get("vllm:prefix_cache_hits_total", 0)
             asked = after.get("vllm:prefix_cache_queries_total", 0) - before.get("vllm:prefix_cache_queries_total", 0)
-            row = {"blocks": blocks, "contender": contender, "later_p50_ms": round(pct(later, 0.5)),
-                   "later_p90_ms": round(pct(later, 0.9)), "hit_rate": round(hits / asked, 3) if asked else None,
+            row = {"blocks": blocks, "contender": contender,
+                   "later_p50_ms": round(pct(later, 0.5)) if later else None,
+                   "later_p90_ms": round(pct(later, 0.9)) if later else None,
+                   "hit_rate": round(hits / asked, 3) if asked else None,
                    "failed": sum(not t.ok for t in turns), "requests": len(turns), "run_s": round(took)}
             print(json.dumps(row), flush=True)
             rows.append(row)
