@@ -61,7 +61,7 @@ from llmgw.router.kvview import KvView
 from llmgw.router.standalone import Together, proxied
 from llmgw.router.table import TableHolder
 from llmgw.router.watch import LocalWatcher
-from llmgw.serving import front, httptls, routerworkers
+from llmgw.serving import front, httptls, routerworkers, tokenizerfetch
 from llmgw.serving.config import (
     HUB_TOKEN_ENV,
     INSECURE_HEADER,
@@ -230,7 +230,8 @@ def _router(cfg: ServerConfig, cp: _ControlPlane) -> RouterApp:
                    # Budgets and usage through the same service standalone routers reach over HTTP; the
                    # router's id is this instance's, so two servers' in-process routers hold separate leases.
                    quota=cp.usage.sync, usage=cp.usage.ingest, usage_journal_dir=cfg.data_dir / "usage-journal",
-                   router_id=f"server-{leader_mod.instance_id(cfg.data_dir)}")
+                   router_id=f"server-{leader_mod.instance_id(cfg.data_dir)}",
+                   tokenizer_fetch=tokenizerfetch.in_process(cp.cluster.tokenizer_files, cp.db))
 
 
 async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:

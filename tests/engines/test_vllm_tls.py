@@ -19,6 +19,7 @@ import pytest
 
 from llmgw.agent import enginetls
 from llmgw.control import datadir
+from llmgw.core import skew
 from llmgw.testing import system as system_mod
 from llmgw.testing.procs import wait_for
 from llmgw.testing.system import System
@@ -50,7 +51,7 @@ def test_vllm_serves_tls_with_the_nodes_engine_certificate(tls_system: System, t
 
     wait_for(ready, timeout=READY_TIMEOUT_S, interval=0.5, what=f"{MODEL} Ready")
     router = s.request("POST", "/api/v1/routers", json={"name": "vllm-tls"}).json()["token"]
-    doc = s.request("GET", "/api/v1/endpoints?timeout=0", headers={"Authorization": f"Bearer {router}"}).json()
+    doc = s.request("GET", "/api/v1/endpoints?timeout=0", headers=as_router(router)).json()
     (entry,) = [m for m in doc["models"] if m["name"] == MODEL]
     (endpoint,) = entry["endpoints"]
     assert urlsplit(endpoint["url"]).scheme == "https" and endpoint["node"] == "node1", endpoint
@@ -77,3 +78,8 @@ def test_vllm_serves_tls_with_the_nodes_engine_certificate(tls_system: System, t
     assert streamed.status_code == 200 and streamed.text.rstrip().endswith("data: [DONE]"), streamed.text
     (replica,) = s.replicas(MODEL)
     assert replica["router_ejections"] == [], replica
+
+
+def as_router(token: str) -> dict[str, str]:
+    """A router's headers for the endpoints document: its credential and this release's protocol."""
+    return {"Authorization": f"Bearer {token}", **skew.headers()}

@@ -25,6 +25,7 @@ import httpx
 import pytest
 
 from llmgw.control import datadir
+from llmgw.core import skew
 from llmgw.testing.procs import Proc, free_port, wait_for
 from llmgw.testing.system import LLMGW
 
@@ -167,7 +168,7 @@ def test_only_a_router_token_reads_endpoints_and_it_reaches_nothing_else(server:
     router = server.admin("POST", "/api/v1/routers", json={"name": "edge1"})["token"]
     assert re.fullmatch(r"llmgw_[a-z0-9]{12}_[a-z0-9]{32}", router)
     assert router not in json.dumps(server.admin("GET", "/api/v1/routers"))
-    r = server.call("GET", "/api/v1/endpoints?timeout=0", token=router)
+    r = server.call("GET", "/api/v1/endpoints?timeout=0", token=router, headers=skew.headers())
     assert r.status_code == 200 and "version" in r.json(), r.text
     assert server.call("POST", "/api/v1/router/events", token=router,
                        json={"router": "edge1", "events": []}).status_code == 200
@@ -177,11 +178,12 @@ def test_only_a_router_token_reads_endpoints_and_it_reaches_nothing_else(server:
         r = server.call(method, path, token=router, json={})
         assert r.status_code == 403, (method, path, r.text)
         assert "a router credential reaches only GET /api/v1/endpoints" in r.json()["error"]["message"]
-    r = server.call("GET", "/api/v1/endpoints", token=server.admin_token)
+    r = server.call("GET", "/api/v1/endpoints", token=server.admin_token, headers=skew.headers())
     assert r.status_code == 403 and "only routers read it" in r.json()["error"]["message"], r.text
     server.admin("DELETE", "/api/v1/routers/edge1")
     t0 = time.monotonic()
-    wait_for(lambda: server.call("GET", "/api/v1/endpoints?timeout=0", token=router).status_code == 401,
+    wait_for(lambda: server.call("GET", "/api/v1/endpoints?timeout=0", token=router,
+                                 headers=skew.headers()).status_code == 401,
              timeout=5, what="the deleted router token refused")
     print(f"deleted router token refused after {time.monotonic() - t0:.3f}s")
     assert time.monotonic() - t0 < 1.0
@@ -336,7 +338,7 @@ def test_insecure_on_loopback_answers_everyone_and_says_so(tmp_path: Path) -> No
     try:
         r = httpx.get(f"{s.url}/api/v1/models", timeout=10)
         assert r.status_code == 200 and r.headers["x-llmgw-insecure"] == "1"
-        assert httpx.get(f"{s.url}/api/v1/endpoints?timeout=0", timeout=10).status_code == 200
+        assert httpx.get(f"{s.url}/api/v1/endpoints?timeout=0", headers=skew.headers(), timeout=10).status_code == 200
         assert "WARNING llmgw.serve: INSECURE" in (tmp_path / "server.log").read_text()
         assert not (tmp_path / "data" / "pki").exists()  # nothing initialised: no CA, no admin
         cli = subprocess.run([*LLMGW, "get", "models", "--url", s.url], env=env_for(tmp_path), capture_output=True,

@@ -30,6 +30,7 @@ from typing import Any
 import psutil
 import pytest
 
+from llmgw.core import skew
 from llmgw.testing.load import Load
 from llmgw.testing.procs import wait_for
 from llmgw.testing.system import LLMGW, System, sim_model
@@ -158,7 +159,7 @@ def test_an_engine_that_answers_again_before_its_grace_is_kept_and_routed(system
     router = system.request("POST", "/api/v1/routers", json={"name": "hung-test"}).json()["token"]
 
     def routes() -> dict:
-        return dict(system.request("GET", "/api/v1/endpoints", headers={"Authorization": f"Bearer {router}"}).json())
+        return dict(system.request("GET", "/api/v1/endpoints", headers=as_router(router)).json())
 
     with Load(system.url, "blip", clients=4, timeout_s=60) as load:
         load.wait_ok(20)
@@ -180,3 +181,8 @@ def test_an_engine_that_answers_again_before_its_grace_is_kept_and_routed(system
     told = [(e["reason"], e["object"]) for e in system.get("/api/v1/models/blip/describe")["events"]]
     assert ("Unhealthy", f"replica/{victim}") in told and ("Recovered", f"replica/{victim}") in told, told
     assert ("Replacing", f"replica/{victim}") not in told
+
+
+def as_router(token: str) -> dict[str, str]:
+    """A router's headers for the endpoints document: its credential and this release's protocol."""
+    return {"Authorization": f"Bearer {token}", **skew.headers()}

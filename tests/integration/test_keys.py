@@ -11,6 +11,7 @@ import time
 
 import openai
 
+from llmgw.core import skew
 from llmgw.testing.procs import wait_for
 from llmgw.testing.system import LLMGW, System, sim_model
 
@@ -28,7 +29,7 @@ def _router_token(system: System) -> str:
 
 
 def _endpoints(system: System, token: str) -> dict:
-    r = system.request("GET", "/api/v1/endpoints", headers={"Authorization": f"Bearer {token}"})
+    r = system.request("GET", "/api/v1/endpoints", headers={"Authorization": f"Bearer {token}", **skew.headers()})
     assert r.status_code == 200, r.text
     return dict(r.json())
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import jsonschema
 
+from llmgw.core import skew
 from llmgw.testing import system as system_mod
 
 GETS = ["/healthz", "/api/v1/models", "/api/v1/models/m1", "/api/v1/models/m2", "/api/v1/models/m1/describe",
@@ -69,7 +70,7 @@ def test_real_answers_validate_against_their_response_schemas(tmp_path: Path) ->
             checked += 1
         made = s.request("POST", "/api/v1/routers", json={"name": "r1"})
         check(doc, "POST", "/api/v1/routers", 201, made.json())
-        as_router = {"headers": {"Authorization": f"Bearer {made.json()['token']}"}}
+        as_router = {"headers": {"Authorization": f"Bearer {made.json()['token']}", **skew.headers()}}
         calls: list[tuple[str, str, dict[str, Any]]] = [
             ("GET", "/api/v1/endpoints?timeout=0", as_router),
             ("POST", "/api/v1/router/signals", {**as_router, "json": {"router": "r1", "interval_s": 2.0,

@@ -4,6 +4,8 @@ adapter's name (the engine serves it under that name) and counted under it; the 
 
 from __future__ import annotations
 
+import concurrent.futures
+import time
 from pathlib import Path
 
 import httpx
@@ -12,6 +14,7 @@ import pytest
 
 from llmgw.core import adapters
 from llmgw.testing import routed
+from llmgw.testing.procs import wait_for
 
 
 def load(url: str, name: str, path: Path) -> None:
@@ -48,7 +51,41 @@ def test_adapters_route_to_their_holders_and_answer_as_themselves(tmp_path: Path
             answers[model] = got[0].choices[0].message.content
         assert answers["sql"] == " sql:tok0 sql:tok1" and answers["base"] == " tok0 tok1"
         assert len(set(answers.values())) == 3
-        # sql: only the holder; chat and base: both (round robin), 4 + 2 + 2 on the holder.
-        assert (completed(holder), completed(other)) == (8, 4)
+        # sql: only the holder; base: both (round robin); chat: both hold it, and adapter affinity keeps it on
+        # one, the one whose cache it fills without sharing (the holder's has sql): 4 + 2 there, 4 + 2 here.
+        assert (completed(holder), completed(other)) == (6, 6)
         metrics = httpx.get(f"{router}/metrics", timeout=10).text
         assert 'model="sql"' in metrics and 'model="chat"' in metrics
+
+
+def test_an_adapters_requests_wait_in_its_bases_queue_for_the_replicas_they_share(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An adapter runs on its base's replicas, so it takes the base's admission slots: with one replica taking one
+    request at a time, a request for the adapter made while the base's runs waits in the router's queue and is
+    served after it, never sent to the full replica beside it (nor refused)."""
+    monkeypatch.setenv(adapters.VLLM_RUNTIME_ENV, "True")
+    with routed.started(tmp_path) as p:
+        sim = p.sim("base", "--enable-lora", "--decode-tps", "4")
+        load(sim, "sql", tmp_path)
+        router = p.router([{
+            "name": "base", "served_name": "base", "routing": "round_robin", "adapters": ["sql"],
+            "limits": {"concurrency_per_replica": 1},
+            "endpoints": [{"replica_id": "r1", "url": sim, "adapters": ["sql"]}],
+        }])
+        running: list[int] = []
+
+        def ask(model: str) -> httpx.Response:
+            return httpx.post(f"{router}/v1/chat/completions", timeout=60, json={
+                "model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6})
+
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            first = pool.submit(ask, "base")
+            wait_for(lambda: httpx.get(f"{sim}/sim/stats", timeout=10).json()["running"] == 1, timeout=20,
+                     what="the base's request running")
+            second = pool.submit(ask, "sql")
+            while not (first.done() and second.done()):
+                running.append(int(httpx.get(f"{sim}/sim/stats", timeout=10).json()["running"]))
+                time.sleep(0.05)
+        assert (first.result().status_code, second.result().status_code) == (200, 200), second.result().text
+        assert second.result().json()["model"] == "sql"
+        assert max(running) == 1, running  # one at a time: the adapter's waited for the base's

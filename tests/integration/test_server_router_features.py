@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from llmgw.core import skew
 from llmgw.testing.otlp import Collector
 from llmgw.testing.procs import wait_for
 from llmgw.testing.system import System, sim_model
@@ -39,7 +40,7 @@ def test_server_router_has_the_limit_and_traces_to_the_engine(traced: tuple[Syst
     system.wait_router("t", 1)
     # The endpoints document is served to router credentials only.
     router = system.request("POST", "/api/v1/routers", json={"name": "features-test"}).json()["token"]
-    doc = system.request("GET", "/api/v1/endpoints", headers={"Authorization": f"Bearer {router}"}).json()
+    doc = system.request("GET", "/api/v1/endpoints", headers=as_router(router)).json()
     (model,) = [m for m in doc["models"] if m["name"] == "t"]
     assert model["limits"] == {"concurrency_per_replica": 3}
     assert model["engine"] == "sim"  # what the router may add for an engine (return_progress: llamacpp's)
@@ -59,3 +60,8 @@ def test_server_router_has_the_limit_and_traces_to_the_engine(traced: tuple[Syst
     wait_for(exported, timeout=20, what="the upstream spans the engine's traceparents name")
     names = {s.name for s in collector.spans}
     assert {"router /v1/chat/completions", "admission", "schedule", "upstream"} <= names
+
+
+def as_router(token: str) -> dict[str, str]:
+    """A router's headers for the endpoints document: its credential and this release's protocol."""
+    return {"Authorization": f"Bearer {token}", **skew.headers()}

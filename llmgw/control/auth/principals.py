@@ -98,6 +98,8 @@ def required(method: str, path: str) -> Need | None:
     if method in ("GET", "HEAD"):
         if path in ("/api/v1/endpoints", "/api/v1/router/kv"):  # engines' addresses and keys; what they hold
             return Need(router=True)
+        if path.startswith("/api/v1/router/tokenizer/"):  # a kv_aware model's public tokenizer files (issue 31)
+            return Need(VIEWER, router=True)
         if _under(path, "/api/v1/audit"):
             return Need(OPERATOR)
         if path == "/api/v1/controlplanes":  # who leads and where (`llmgw get controlplanes`): every user role
