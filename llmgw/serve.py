@@ -56,7 +56,9 @@ from llmgw.router import reports as router_events
 from llmgw.router import server as router_server
 from llmgw.router import signals as router_signals
 from llmgw.router.app import RouterApp
-from llmgw.router.standalone import proxied
+from llmgw.router.kvfeed import LocalKvFeed
+from llmgw.router.kvview import KvView
+from llmgw.router.standalone import Together, proxied
 from llmgw.router.table import TableHolder
 from llmgw.router.watch import LocalWatcher
 from llmgw.serving import front, httptls, routerworkers, tokenizerfetch, tunnels
@@ -218,8 +220,10 @@ def _router(cfg: ServerConfig, cp: _ControlPlane) -> RouterApp:
     # whenever a later table leaves this listen without any.
     listen_guard = router_auth.ListenGuard(cfg.host)
     holder = TableHolder()
-    watcher = LocalWatcher(cp.cluster.wait_table, holder, listen_guard=listen_guard)
-    return proxied(holder, cfg.router, watcher=watcher, source="this control plane",
+    kv_view = KvView()  # kv_aware's, from this control plane's relay of the agents' KV digests
+    watcher = Together(LocalWatcher(cp.cluster.wait_table, holder, listen_guard=listen_guard),
+                       LocalKvFeed(kv_view, cp.cluster.kv.wait))
+    return proxied(holder, cfg.router, watcher=watcher, source="this control plane", kv_view=kv_view,
                    events=router_events.CallbackSink("server", cp.reports.record),
                    signals=router_signals.Reporter("server", deliver=cp.load_signals.record,
                                                    interval_s=cfg.router.signals_interval),

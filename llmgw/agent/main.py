@@ -30,6 +30,7 @@ from llmgw.agent import (
     enginetls,
     fabric,
     fetch,
+    kvlink,
     privfile,
     provision,
     selfupgrade,
@@ -247,7 +248,10 @@ async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Ev
     found = _Discovery(cfg, model_dirs, mark=lambda ws: fetching.mark_fetched(ws, cache_dir, fetcher.held()))
     session: Session | None = None
 
+    kv = kvlink.KvLinks(lambda **body: session.outbox.send(**body) if session is not None else None)
+
     def on_status(status: ShardStatus) -> None:
+        kv.seen(status)
         if session is not None:
             session.report(status)
 
@@ -260,7 +264,7 @@ async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Ev
                             engine_tls=engine_tls,
                             adopt_timeout_s=cfg.adopt_ready_timeout_s, live=cfg.probes,
                             node=found.node_facts, fetcher=fetcher, on_weights_changed=found.weights.expire,
-                            users=users,
+                            users=users, on_plan=kv.attach,
                             resolve=weights.resolver(roots), resolve_adapter=weights.adapter_resolver(roots))
     ca_bundle = fetch_trust.bundle(cfg.state_dir, cluster_ca)  # what pip verifies an https:// index with
     installer = provision.Installer(
@@ -293,13 +297,14 @@ async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Ev
 
     dialer = tunnel_dialer(cfg, supervisor.statuses, engine_tls)
     session = Session(cfg, inventory=found.inventory, heartbeat=lambda: found.heartbeat(supervisor.pids()),
-                      on_register=found.registered,
+                      on_register=lambda inv: (kv.resend(), found.registered(inv))[-1],
                       commands=_commands(cfg, supervisor, installer, ring, run_dir, session=lambda: session,
                                          upgrade=upgrader.begin, tunnel=dialer.offer if dialer else None),
                       agent_version=version(), engine_tls=engine_tls)
     versions = asyncio.create_task(found.engines.run(), name="probe engine versions")
     installing = asyncio.create_task(installer.run(), name="engine installer")
     stream = asyncio.create_task(session.run_forever())
+    kv_sending = asyncio.create_task(kv.run(), name="send KV digests")
     stopping = asyncio.create_task(stop.wait(), name="wait for a stop signal")
     try:
         # The stream ends by itself only when the cluster refuses this node for good (rejoin.CertificateRefused).
@@ -308,6 +313,8 @@ async def run(cfg: AgentConfig, *, ring: LogRing | None = None, stop: asyncio.Ev
         stopping.cancel()
         await _leave(cfg, session, supervisor, upgrading=bool(upgraded))
         stream.cancel()
+        kv_sending.cancel()
+        kv.close()
         versions.cancel()
         installing.cancel()
         if dialer is not None:

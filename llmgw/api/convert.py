@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from llmgw.api.v1 import agent_pb2 as pb
 from llmgw.core import fabrictest as ft
 from llmgw.core import inventory as inv
+from llmgw.core import kvdigest
 from llmgw.core import provision as prov
 from llmgw.core.adapters import Adapter
 from llmgw.core.shards import FetchProgress, ShardSpec, ShardState, ShardStatus
@@ -43,7 +44,7 @@ def spec_to_pb(spec: ShardSpec) -> pb.ShardSpec:
         source_sha256=spec.source_sha256, source_file=spec.source_file, hub_endpoint=spec.hub_endpoint,
         hub_token=spec.hub_token, mirror_url=spec.mirror_url, engine_version=spec.engine_version,
         adapters=[pb.LoraAdapter(name=a.name, source=a.source) for a in spec.adapters],
-        sleep_mode=spec.sleep_mode,
+        sleep_mode=spec.sleep_mode, kv_events=spec.kv_events,
     )
 
 
@@ -62,7 +63,7 @@ def spec_from_pb(msg: pb.ShardSpec) -> ShardSpec:
         source_sha256=msg.source_sha256, source_file=msg.source_file, hub_endpoint=msg.hub_endpoint,
         hub_token=msg.hub_token, mirror_url=msg.mirror_url, engine_version=msg.engine_version,
         adapters=tuple(Adapter(name=a.name, source=a.source) for a in msg.adapters),
-        sleep_mode=msg.sleep_mode,
+        sleep_mode=msg.sleep_mode, kv_events=msg.kv_events,
     )
 
 
@@ -340,3 +341,16 @@ def fabric_result_to_pb(r: ft.FabricTestResult) -> pb.FabricTestResult:
 def fabric_result_from_pb(m: pb.FabricTestResult) -> ft.FabricTestResult:
     return ft.FabricTestResult(test_id=m.test_id, role=m.role, ok=m.ok, error=m.error, gbps=m.gbps,
                                port_rate_gbps=m.port_rate_gbps, output=tuple(m.output))
+
+
+# -- KV digests (routing kv_aware) -------------------------------------------------------
+def digest_to_pb(d: kvdigest.Digest) -> pb.KvDigest:
+    return pb.KvDigest(replica_id=d.replica_id, epoch=d.epoch, seq=d.seq, block_size=d.hashing.block_size,
+                       hash_algo=d.hashing.algo, hash_seed=d.hashing.seed, added=list(d.added),
+                       removed=list(d.removed), full=d.full)
+
+
+def digest_from_pb(msg: pb.KvDigest) -> kvdigest.Digest:
+    return kvdigest.Digest(msg.replica_id, msg.epoch, msg.seq,
+                           kvdigest.Hashing(max(1, msg.block_size), msg.hash_algo or "sha256", msg.hash_seed),
+                           tuple(msg.added), tuple(msg.removed), msg.full)

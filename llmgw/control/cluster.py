@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from llmgw.api import routing
 from llmgw.control import conditions as cond
 from llmgw.control import events as ev
-from llmgw.control import loadreports, remotemeta, tokenizerfiles, upgrades
+from llmgw.control import kvrelay, loadreports, remotemeta, tokenizerfiles, upgrades
 from llmgw.control.engineaccess import EngineAccess
 from llmgw.control.history import MetricsHistory
 from llmgw.control.loop.autoscaling import Autoscaling, in_force
@@ -87,6 +87,8 @@ class Cluster:
         #: Issue 33: how routers reach each node's engines (direct or its tunnel), read by the table and the API.
         self.engine_access = EngineAccess(on_change=self.kick)
         self.table.tunnels = self.engine_access.routes
+        #: The replicas' KV block sets from their agents, relayed to routers (routing kv_aware), in memory.
+        self.kv = kvrelay.KvRelay()
         #: spec.idle (issue 31): ready replicas put to sleep when idle, woken when a request is held for them.
         self.sleeper = Sleeper(self.ctx, self.links, self.signals, lambda: self.node_manager.views, self.record)
         #: Operators' engine wants and the cluster's engine settings (``control.engines`` rebinds them on a change).
@@ -199,6 +201,7 @@ class Cluster:
                 self.upgrades.step(lambda n: upgrades.not_ready(self.nodes.get(n), self.connected(n)))
                 self._sample_history()
             await self.table.update()
+            self.kv.table_changed(self.table.table)  # a replica gone from the table: its KV set with it
             self.links.announce_peers()
             # Give the event loop at least as long as the pass took before the next one:
             # passes kicked back to back by a thousand re-registering agents held the

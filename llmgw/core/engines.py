@@ -173,6 +173,7 @@ _SIM = Engine(
     runnable=True,
     needs_source=False,
     reserved_flags=frozenset({"--host", "--port", "--model", "--api-key", "--ssl-keyfile", "--ssl-certfile",
+                              "--kv-events-config",
                               "--nnodes", "--rank", "--leader-addr", "--leader-port"}),
     # It holds no KV cache and refuses any context flag (llmgw.sim.engine's parser).
     context_flags=(),
@@ -210,6 +211,9 @@ _VLLM = Engine(
         "--device-ids",
         # The node's engine key and certificate (engine_tls).
         "--ssl-keyfile", "--ssl-certfile",
+        # Its publisher binds sockets (a PUB with '*' binds every interface): the agent gives it loopback
+        # endpoints for a kv_aware model (agent/kvlink.py), nobody else.
+        "--kv-events-config",
     }),
     context_flags=("--max-model-len",),
     context_default=0,
@@ -267,7 +271,7 @@ _SGLANG = Engine(
         "--model-path", "--model", "--served-model-name", "--host", "--port", "--api-key",
         "--tp-size", "--tensor-parallel-size", "--pp-size", "--pipeline-parallel-size",
         "--nnodes", "--node-rank", "--dist-init-addr", "--nccl-init-addr", "--mem-fraction-static",
-        "--dtype", "--config", "--ssl-keyfile", "--ssl-certfile",
+        "--dtype", "--config", "--ssl-keyfile", "--ssl-certfile", "--kv-events-config",
     }),
     context_flags=("--context-length",),
     context_default=0,

@@ -106,6 +106,8 @@ class ShardSpec:
     adapters: tuple[Adapter, ...] = ()
     #: Start the engine with its sleep mode on (spec.idle.action sleep, an engine that has one: issue 31).
     sleep_mode: bool = False
+    #: Start the engine publishing its KV cache events to the agent (routing kv_aware; ``agent/kvlink.py``).
+    kv_events: bool = False
 
 
 #: Variables llmgw sets itself in every engine's environment: a spec's env may not set them

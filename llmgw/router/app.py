@@ -41,6 +41,7 @@ from llmgw.router import (
     cold,
     completions,
     errors,
+    kvview,
     metering,
     metrics,
     proxying,
@@ -81,7 +82,7 @@ class RouterApp:
                  quota: router_quota.QuotaTransport | None = None, usage: usagejournal.UsageTransport | None = None,
                  usage_journal_dir: Path | None = None, router_id: str = "router",
                  metrics_source: Callable[[], Awaitable[tuple[bytes, str]]] | None = None,
-                 tokenizer_fetch: tokenizers.Fetch | None = None) -> None:
+                 tokenizer_fetch: tokenizers.Fetch | None = None, kv_view: kvview.KvView | None = None) -> None:
         """``quota``/``usage``: the control plane's budget and usage services (None: the per-router rpm/tpm
         window, and nothing metered); ``usage_journal_dir``: where unsent usage survives a ``kill -9``;
         ``metrics_source``: what ``GET /metrics`` answers (a hub's worker: every worker's sum), else ``render()``;
@@ -92,7 +93,8 @@ class RouterApp:
         self._metrics_source = metrics_source
         # With the holder, the forwarder scrapes every endpoint's load, not only those already asked.
         self._forwarder = upstream.Forwarder(connect_timeout_s=connect_timeout_s,
-                                             max_endpoints=max_endpoints, holder=holder, events=events)
+                                             max_endpoints=max_endpoints, holder=holder, events=events,
+                                             kv_view=kv_view)
         self._events = events  # ejections and recoveries, for the control plane
         self._tracing = tracing  # None: the untraced path, no SDK call anywhere
         self._models_cache: tuple[RouteTable, dict[tuple[frozenset[str], str], bytes]] | None = None

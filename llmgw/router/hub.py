@@ -11,7 +11,8 @@ SO_REUSEPORT, so the kernel spreads connections over them:
   received (``Feed``). The version is the hub's own, bumped when the document changes: one subscription
   upstream, fanned out, and a failover between control planes (whose versions are each their own) costs
   the workers nothing.
-- ``POST /api/v1/router/{usage,quota,signals,events}``: relayed to the control plane followed now
+- ``GET /api/v1/router/kv`` (the KV block sets ``kv_aware`` reads) and
+  ``POST /api/v1/router/{usage,quota,signals,events}``: relayed to the control plane followed now
   (``current_url``), with the hub's credential, its answer (status and body) handed back (``Relay``).
   Each worker is a router of its own to the control plane, ``ROUTER_ID.wI``: its usage journal, its
   quota leases and its load reports are its own (the control plane merges load reports per router
@@ -166,6 +167,19 @@ class Relay:
             return _error(502, f"the control plane at {url} did not answer: {str(exc) or type(exc).__name__}")
 
 
+    async def kv(self, query: str) -> web.Response:
+        """A worker's long poll of the KV block sets (``kv_aware``), sent on as it came (its own version and origin)."""
+        assert self._session is not None
+        url = self._control_url().rstrip("/") + "/api/v1/router/kv?" + query
+        try:
+            async with self._session.get(url, headers=self._headers,
+                                         timeout=aiohttp.ClientTimeout(total=MAX_HOLD_S + RELAY_TIMEOUT_S)) as resp:
+                return web.Response(status=resp.status, body=await resp.read(),
+                                    content_type=resp.content_type or "application/json")
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return _error(502, f"the control plane at {url} did not answer: {str(exc) or type(exc).__name__}")
+
+
 class LocalLedger:
     """``quota`` and ``usage`` answered from an in-memory ledger (a static table); load reports dropped."""
 
@@ -256,6 +270,9 @@ def app(secret: str, feed: Feed, calls: Handler, snapshots: metricsmerge.Snapsho
     made.router.add_get(metricsmerge.MERGED_PATH, merged)
     made.router.add_get("/api/v1/endpoints", endpoints)
     made.router.add_get(TOKENIZER_PATH + "{model}", tokenizer)
+    if isinstance(calls, Relay):  # over a static table there is no relay: a worker's kv_aware falls back
+        relayed = calls
+        made.router.add_get("/api/v1/router/kv", lambda request: relayed.kv(request.query_string))
     for path in RELAYED:
         made.router.add_post(path, post)
     return made

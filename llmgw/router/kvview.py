@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from llmgw.core import kvhash
@@ -17,15 +18,18 @@ from llmgw.core import kvhash
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ReplicaCache:
-    blocks: frozenset[int | bytes]
+    #: The external hashes it holds; relayed (``kvfeed``): a live set of sampled 64-bit keys (``core.kvdigest``).
+    blocks: AbstractSet[int | bytes]
     block_size: int
     algo: str = "sha256"
     pythonhashseed: str | None = None
     int_hashes: bool = True
+    #: Only blocks whose key is a multiple of this are in ``blocks`` (``kvdigest.sampled``); 1: every block.
+    sample: int = 1
 
     @property
-    def hashing(self) -> tuple[int, str, str | None, bool]:
-        return (self.block_size, self.algo, self.pythonhashseed, self.int_hashes)
+    def hashing(self) -> tuple[int, str, str | None, bool, int]:
+        return (self.block_size, self.algo, self.pythonhashseed, self.int_hashes, self.sample)
 
 
 #: Block hashes remembered across requests (a chat's later turns re-hash its earlier ones): about 200 B each.
@@ -59,7 +63,10 @@ def matched_blocks(tokens: Sequence[int], caches: Sequence[ReplicaCache], memo: 
     """For each cache, how many leading blocks of ``tokens`` it holds (vLLM's hashing, chained).
 
     Hashes are computed lazily and stop at the first block no cache holds, so a request pays for
-    its matched prefix plus one block, not its whole prompt; with ``memo`` a block hashed for an
+    its matched prefix plus one block, not its whole prompt. A sampled cache (``sample`` > 1: relayed,
+    ``core.kvdigest``) is checked on its sampled blocks only: its depth is the deepest sampled block it
+    holds (the chain makes that block's hash its whole prefix's), and hashing stops one sampled block past
+    the longest match; with ``memo`` a block hashed for an
     earlier request (the same prefix) is looked up instead (cleared whole past ``MEMO_ENTRIES``).
     """
     if memo is None:
@@ -67,10 +74,10 @@ def matched_blocks(tokens: Sequence[int], caches: Sequence[ReplicaCache], memo: 
     elif len(memo) > MEMO_ENTRIES:
         memo.clear()
     depth = [0] * len(caches)
-    groups: dict[tuple[int, str, str | None, bool], list[int]] = {}
+    groups: dict[tuple[int, str, str | None, bool, int], list[int]] = {}
     for i, cache in enumerate(caches):
         groups.setdefault(cache.hashing, []).append(i)
-    for (block_size, algo, seed, int_hashes), members in groups.items():
+    for (block_size, algo, seed, int_hashes, sample), members in groups.items():
         parent = kvhash.none_hash(algo, seed)
         live = list(members)
         for b in range(len(tokens) // block_size):
@@ -81,6 +88,8 @@ def matched_blocks(tokens: Sequence[int], caches: Sequence[ReplicaCache], memo: 
                 digest = kvhash.digest(algo, (parent, block, None))
                 known = memo[mkey] = (digest, kvhash.external(digest, int_hashes=int_hashes))
             parent, ext = known
+            if sample > 1 and ext % sample:  # type: ignore[operator]  # sampled sets hold 64-bit int keys
+                continue  # not a sampled block: the next sampled one says whether this prefix is held
             live = [i for i in live if ext in caches[i].blocks]
             if not live:
                 break

@@ -43,6 +43,8 @@ from llmgw.router import (
     auth,
     controltls,
     httphead,
+    kvfeed,
+    kvview,
     limits,
     metricspush,
     passthrough,
@@ -113,13 +115,17 @@ def build(settings: RouterSettings, *, token: str = "", static_hub: bool = False
         name = settings.router_id or socket.gethostname()
         # Budgets and usage too: the quota and usage services of the control plane followed now.
         calls = usagehttp.ControlCalls(lambda: following.current_url, headers=headers, ssl_context=control_ssl)
-        parts: list[app_mod.Lifecycle] = [following, calls]
+        # kv_aware's view of the replicas' KV caches, from the same control plane's relay.
+        metered["kv_view"] = kvview.KvView()
+        feed = kvfeed.KvFeed(metered["kv_view"], lambda: following.current_url, headers=headers,
+                             ssl_context=control_ssl)
+        parts: list[app_mod.Lifecycle] = [following, calls, feed]
         if worker:
             # Stopped with the router, after the drain: its last push has every request's counts.
             pushes = metricspush.MetricsPush(name, lambda: following.current_url, headers=headers)
             parts.append(pushes)
             metered["metrics_source"] = pushes.scrape
-        watcher = _Together(*parts)
+        watcher = Together(*parts)
         metered |= {"quota": calls.quota, "usage": calls.usage, "usage_journal_dir": settings.usage_journal_dir,
                     "router_id": name, "tokenizer_fetch": calls.tokenizer}
         if static_hub:
@@ -138,7 +144,7 @@ def build(settings: RouterSettings, *, token: str = "", static_hub: bool = False
                    **metered)
 
 
-class _Together:
+class Together:
     """Several parts started in order and stopped in reverse, as one ``watcher``."""
 
     def __init__(self, *parts: app_mod.Lifecycle) -> None:

@@ -71,6 +71,7 @@ from llmgw.router import (
     errors,
     health,
     hung,
+    kvview,
     loadwatch,
     metrics,
     pick,
@@ -112,9 +113,11 @@ class Forwarder:
                  first_byte_timeout_s: float = 600.0, idle_timeout_s: float = 300.0, max_endpoints: int = 3,
                  holder: TableHolder | None = None, scrape_interval_s: float = 1.5,
                  outliers: health.Outliers | None = None, prefix_index: prefix.PrefixIndex | None = None,
-                 events: router_events.Sink | None = None, prefill_wait_s: float = 30.0) -> None:
-        #: One instance of each routing policy, by name (``policies.REGISTRY``).
-        self.policies = policies.create(policies.Options(prefix_index=prefix_index, prefill_wait_s=prefill_wait_s))
+                 events: router_events.Sink | None = None, prefill_wait_s: float = 30.0,
+                 kv_view: kvview.KvView | None = None) -> None:
+        #: One instance of each routing policy, by name (``policies.REGISTRY``); kv_view: kv_aware's (``kvfeed``).
+        self.policies = policies.create(policies.Options(prefix_index=prefix_index, prefill_wait_s=prefill_wait_s,
+                                                         kv_view=kv_view))
         self._default_policy = self.policies[policies.DEFAULT]
         self._max_endpoints = max_endpoints
         self._idle_timeout_s = idle_timeout_s

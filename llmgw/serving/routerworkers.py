@@ -10,6 +10,7 @@ is answered 401 (``Internal``). On that listener:
 
 - ``GET /api/v1/endpoints`` (``Authorization: Bearer SECRET``): the long poll, answered from this control plane's
   table (``Cluster.wait_table``, the document the REST API serves routers): one table, read in process;
+- ``GET /api/v1/router/kv``: the replicas' KV block sets (``kv_aware``), from this control plane's relay in process;
 - ``POST /api/v1/router/{usage,quota,events,signals}``: handed to this control plane's services in process, as
   the REST handlers do (``UsageService.ingest``/``sync``, ``RouterEvents.record``, the load signals): the
   ledger is the one the in-process router and every standalone router draw from, so limits and metering stay
@@ -136,6 +137,13 @@ class Internal:
         try:
             if path == "/api/v1/endpoints" and method == "GET":
                 doc = await self._endpoints(scope)
+            elif path == "/api/v1/router/kv" and method == "GET":  # kv_aware's view, from the relay in process
+                query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+                body = await self._services.cluster.kv.wait_json(
+                    after=int(query.get("after", ["-1"])[0]), origin=query.get("origin", [""])[0][:64],
+                    timeout=min(max(float(query.get("timeout", ["25"])[0]), 0.0), hub.MAX_HOLD_S))
+                await asgi.send_bytes(send, 200, body)
+                return
             elif path == metricsmerge.PUSH_PATH and method == "POST":
                 doc = self._metrics(scope, await asgi.read_body(receive, limit=64 << 20))
             elif path in hub.RELAYED and method == "POST":

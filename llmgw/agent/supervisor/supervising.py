@@ -96,7 +96,8 @@ class Supervisor(adopting.Adopting):
                  worker_settle_s: float = watching.WORKER_SETTLE_S,
                  fetcher: fetching.Fetcher | None = None,
                  on_weights_changed: Callable[[], None] = lambda: None,
-                 users: identity.Users | None = None, engine_tls: enginetls.EngineTls | None = None) -> None:
+                 users: identity.Users | None = None, engine_tls: enginetls.EngineTls | None = None,
+                 on_plan: Callable[[ShardSpec, launching.Plan], launching.Plan] = lambda _s, p: p) -> None:
         # Absolute, and resolved once: it is the marker in every engine's
         # environment, and the next agent must spell it the same way.
         self._run_dir, self._host = Path(run_dir).resolve(), host
@@ -123,8 +124,8 @@ class Supervisor(adopting.Adopting):
         # Who each engine runs as (the agent passes its engine_user policy): by default engine_user auto,
         # so no engine runs as root however the supervisor was made.
         self._users = users or identity.Users(identity.resolve(identity.AUTO))
-        # TLS on engines (engine_tls): None or off, every engine is plain HTTP.
-        self._engine_tls = engine_tls
+        # TLS on engines (engine_tls): None or off, every engine is plain HTTP. on_plan: the KV events link's flag.
+        self._engine_tls, self._on_plan = engine_tls, on_plan
 
     def status(self, shard_id: str) -> ShardStatus | None:
         rec = self._recs.get(shard_id)
@@ -235,8 +236,9 @@ class Supervisor(adopting.Adopting):
             tls = await self._engine_tls.material() if enginetls.wanted_by(self._engine_tls, self._host) else None
             user = self._users.take(spec.shard_id, live={r.status.shard_id for r in self._recs.all()
                                                          if r.status.state in S.live()})
-            plan = launching.plan(spec, adapter, host=self._host, model_path=model_path,
-                                  cpu_count=self._cpu_count, run_dir=self._run_dir, node=node, user=user, tls=tls)
+            plan = self._on_plan(spec, launching.plan(spec, adapter, host=self._host, model_path=model_path,
+                                                      cpu_count=self._cpu_count, run_dir=self._run_dir, node=node,
+                                                      user=user, tls=tls))
             # Asked before the spawn: an adapter that raised here after it would
             # leave a running engine that no watcher follows.
             in_flight = draining.probe_of(adapter)

@@ -102,7 +102,7 @@ class CertIssued(_message.Message):
     def __init__(self, cert_pem: _Optional[bytes] = ..., error: _Optional[str] = ..., purpose: _Optional[_Union[CertPurpose, str]] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
-    __slots__ = ("seq", "register", "heartbeat", "shard_status", "ack", "logs_reply", "renew_cert", "fabric_result", "goodbye", "upgrade_status")
+    __slots__ = ("seq", "register", "heartbeat", "shard_status", "ack", "logs_reply", "renew_cert", "fabric_result", "goodbye", "upgrade_status", "kv_digest")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     REGISTER_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
@@ -113,6 +113,7 @@ class AgentMessage(_message.Message):
     FABRIC_RESULT_FIELD_NUMBER: _ClassVar[int]
     GOODBYE_FIELD_NUMBER: _ClassVar[int]
     UPGRADE_STATUS_FIELD_NUMBER: _ClassVar[int]
+    KV_DIGEST_FIELD_NUMBER: _ClassVar[int]
     seq: int
     register: Register
     heartbeat: Heartbeat
@@ -123,7 +124,30 @@ class AgentMessage(_message.Message):
     fabric_result: FabricTestResult
     goodbye: Goodbye
     upgrade_status: UpgradeStatus
-    def __init__(self, seq: _Optional[int] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., shard_status: _Optional[_Union[ShardStatus, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., logs_reply: _Optional[_Union[LogsReply, _Mapping]] = ..., renew_cert: _Optional[_Union[RenewCert, _Mapping]] = ..., fabric_result: _Optional[_Union[FabricTestResult, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ..., upgrade_status: _Optional[_Union[UpgradeStatus, _Mapping]] = ...) -> None: ...
+    kv_digest: KvDigest
+    def __init__(self, seq: _Optional[int] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., shard_status: _Optional[_Union[ShardStatus, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., logs_reply: _Optional[_Union[LogsReply, _Mapping]] = ..., renew_cert: _Optional[_Union[RenewCert, _Mapping]] = ..., fabric_result: _Optional[_Union[FabricTestResult, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ..., upgrade_status: _Optional[_Union[UpgradeStatus, _Mapping]] = ..., kv_digest: _Optional[_Union[KvDigest, _Mapping]] = ...) -> None: ...
+
+class KvDigest(_message.Message):
+    __slots__ = ("replica_id", "epoch", "seq", "block_size", "hash_algo", "hash_seed", "added", "removed", "full")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    HASH_ALGO_FIELD_NUMBER: _ClassVar[int]
+    HASH_SEED_FIELD_NUMBER: _ClassVar[int]
+    ADDED_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    FULL_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    epoch: int
+    seq: int
+    block_size: int
+    hash_algo: str
+    hash_seed: str
+    added: _containers.RepeatedScalarFieldContainer[int]
+    removed: _containers.RepeatedScalarFieldContainer[int]
+    full: bool
+    def __init__(self, replica_id: _Optional[str] = ..., epoch: _Optional[int] = ..., seq: _Optional[int] = ..., block_size: _Optional[int] = ..., hash_algo: _Optional[str] = ..., hash_seed: _Optional[str] = ..., added: _Optional[_Iterable[int]] = ..., removed: _Optional[_Iterable[int]] = ..., full: bool = ...) -> None: ...
 
 class Goodbye(_message.Message):
     __slots__ = ("reason",)
@@ -536,7 +560,7 @@ class Heartbeat(_message.Message):
     def __init__(self, memory_total_bytes: _Optional[int] = ..., memory_available_bytes: _Optional[int] = ..., cpu_percent: _Optional[float] = ..., load1: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., disks: _Optional[_Iterable[_Union[Disk, _Mapping]]] = ..., load5: _Optional[float] = ..., load15: _Optional[float] = ..., shard_load: _Optional[_Iterable[_Union[ShardLoad, _Mapping]]] = ..., hcas: _Optional[_Iterable[_Union[Hca, _Mapping]]] = ..., weights_changed: bool = ..., weights: _Optional[_Iterable[_Union[WeightFile, _Mapping]]] = ..., fabrics_changed: bool = ..., fabrics: _Optional[_Iterable[_Union[Fabric, _Mapping]]] = ..., engines_changed: bool = ..., engines: _Optional[_Iterable[_Union[EngineInfo, _Mapping]]] = ..., model_dirs_changed: bool = ..., model_dirs: _Optional[_Iterable[_Union[ModelDir, _Mapping]]] = ..., nvlink: _Optional[_Union[NvlinkFabric, _Mapping]] = ..., subnet_managers_changed: bool = ..., subnet_managers: _Optional[_Iterable[_Union[SubnetManager, _Mapping]]] = ..., installs_changed: bool = ..., installs: _Optional[_Iterable[_Union[EngineInstall, _Mapping]]] = ...) -> None: ...
 
 class ShardSpec(_message.Message):
-    __slots__ = ("shard_id", "replica_id", "model", "engine", "served_name", "source", "args", "port", "api_key", "threads", "memory_bytes", "startup_timeout_s", "env", "gpus", "nnodes", "rank", "leader_addr", "leader_port", "hcas", "tensor_parallel", "pipeline_parallel", "dtype", "context_length", "gpu_memory_bytes", "source_sha256", "source_file", "hub_endpoint", "hub_token", "mirror_url", "engine_version", "adapters", "sleep_mode")
+    __slots__ = ("shard_id", "replica_id", "model", "engine", "served_name", "source", "args", "port", "api_key", "threads", "memory_bytes", "startup_timeout_s", "env", "gpus", "nnodes", "rank", "leader_addr", "leader_port", "hcas", "tensor_parallel", "pipeline_parallel", "dtype", "context_length", "gpu_memory_bytes", "source_sha256", "source_file", "hub_endpoint", "hub_token", "mirror_url", "engine_version", "adapters", "sleep_mode", "kv_events")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -576,6 +600,7 @@ class ShardSpec(_message.Message):
     ENGINE_VERSION_FIELD_NUMBER: _ClassVar[int]
     ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     SLEEP_MODE_FIELD_NUMBER: _ClassVar[int]
+    KV_EVENTS_FIELD_NUMBER: _ClassVar[int]
     shard_id: str
     replica_id: str
     model: str
@@ -608,7 +633,8 @@ class ShardSpec(_message.Message):
     engine_version: str
     adapters: _containers.RepeatedCompositeFieldContainer[LoraAdapter]
     sleep_mode: bool
-    def __init__(self, shard_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., model: _Optional[str] = ..., engine: _Optional[str] = ..., served_name: _Optional[str] = ..., source: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., port: _Optional[int] = ..., api_key: _Optional[str] = ..., threads: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., startup_timeout_s: _Optional[int] = ..., env: _Optional[_Mapping[str, str]] = ..., gpus: _Optional[_Iterable[int]] = ..., nnodes: _Optional[int] = ..., rank: _Optional[int] = ..., leader_addr: _Optional[str] = ..., leader_port: _Optional[int] = ..., hcas: _Optional[_Iterable[str]] = ..., tensor_parallel: _Optional[int] = ..., pipeline_parallel: _Optional[int] = ..., dtype: _Optional[str] = ..., context_length: _Optional[int] = ..., gpu_memory_bytes: _Optional[int] = ..., source_sha256: _Optional[str] = ..., source_file: _Optional[str] = ..., hub_endpoint: _Optional[str] = ..., hub_token: _Optional[str] = ..., mirror_url: _Optional[str] = ..., engine_version: _Optional[str] = ..., adapters: _Optional[_Iterable[_Union[LoraAdapter, _Mapping]]] = ..., sleep_mode: bool = ...) -> None: ...
+    kv_events: bool
+    def __init__(self, shard_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., model: _Optional[str] = ..., engine: _Optional[str] = ..., served_name: _Optional[str] = ..., source: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., port: _Optional[int] = ..., api_key: _Optional[str] = ..., threads: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., startup_timeout_s: _Optional[int] = ..., env: _Optional[_Mapping[str, str]] = ..., gpus: _Optional[_Iterable[int]] = ..., nnodes: _Optional[int] = ..., rank: _Optional[int] = ..., leader_addr: _Optional[str] = ..., leader_port: _Optional[int] = ..., hcas: _Optional[_Iterable[str]] = ..., tensor_parallel: _Optional[int] = ..., pipeline_parallel: _Optional[int] = ..., dtype: _Optional[str] = ..., context_length: _Optional[int] = ..., gpu_memory_bytes: _Optional[int] = ..., source_sha256: _Optional[str] = ..., source_file: _Optional[str] = ..., hub_endpoint: _Optional[str] = ..., hub_token: _Optional[str] = ..., mirror_url: _Optional[str] = ..., engine_version: _Optional[str] = ..., adapters: _Optional[_Iterable[_Union[LoraAdapter, _Mapping]]] = ..., sleep_mode: bool = ..., kv_events: bool = ...) -> None: ...
 
 class LoraAdapter(_message.Message):
     __slots__ = ("name", "source")

@@ -77,6 +77,9 @@ class Inbound:
         self.cluster.upgrades.reported(link.node_id, UpgradeStatus(m.id, m.version, state, m.message,
                                                                    tuple(m.last_output)))
 
+    def kv_digest(self, msg: pb.AgentMessage, link: Link) -> None:
+        self.cluster.kv.take(link.node_id, convert.digest_from_pb(msg.kv_digest))
+
     def logs_reply(self, msg: pb.AgentMessage, link: Link) -> None:
         link.logs_reply(msg.logs_reply)
 
@@ -143,6 +146,7 @@ HANDLERS: dict[str, Handler] = {
     "fabric_result": Inbound.fabric_result,
     "goodbye": Inbound.goodbye,
     "upgrade_status": Inbound.upgrade_status,
+    "kv_digest": Inbound.kv_digest,
 }
 #: The kinds ignored on purpose, with why (none: every kind an agent sends is acted on).
 NOT_HANDLED: dict[str, str] = {}

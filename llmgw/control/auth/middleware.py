@@ -36,6 +36,7 @@ PRINCIPAL = "llmgw.principal"
 INSECURE_HEADER = "x-llmgw-insecure"
 LOGOUT = "/api/v1/logout"
 _ROUTER_REACHES = ("a router credential reaches only GET /api/v1/endpoints, GET /api/v1/router/tokenizer/MODEL, "
+                   "GET /api/v1/router/kv, "
                    "POST /api/v1/router/events, "
                    "POST /api/v1/router/signals, POST /api/v1/router/usage, POST /api/v1/router/quota and /metrics")
 

@@ -96,7 +96,7 @@ def required(method: str, path: str) -> Need | None:
         # (``projectaccess``), as only the store knows who belongs to which project.
         return Need(VIEWER)
     if method in ("GET", "HEAD"):
-        if path == "/api/v1/endpoints":  # every engine's address and bearer key: routers only
+        if path in ("/api/v1/endpoints", "/api/v1/router/kv"):  # engines' addresses and keys; what they hold
             return Need(router=True)
         if path.startswith("/api/v1/router/tokenizer/"):  # a kv_aware model's public tokenizer files (issue 31)
             return Need(VIEWER, router=True)

@@ -51,6 +51,15 @@ def router(cluster: Cluster, reports: RouterEvents, *, protocol: int = skew.PROT
         response.headers.update(said)
         return (await cluster.wait_table(after=after, timeout=timeout)).to_doc()
 
+    @api.get("/api/v1/router/kv", response_model=schemas.RouterKv)
+    async def router_kv(after: int = Query(default=-1, ge=-1, le=paging.MAX_ID),
+                        origin: str = Query(default="", max_length=64),
+                        timeout: float = Query(default=25.0, ge=0, le=LONG_POLL_MAX_S)) -> Response:
+        """What each replica's engine holds in its KV cache, as its agent reports it (routing ``kv_aware``),
+        long-polled: answered when something changed after version ``after`` of relay ``origin`` (or at ``timeout``)."""
+        body = await cluster.kv.wait_json(after=after, origin=origin, timeout=timeout)
+        return Response(content=body, media_type="application/json")
+
     @api.get("/api/v1/router/versions", response_model=schemas.RouterVersions)
     async def router_versions() -> dict[str, Any]:
         """The routers reporting to this control plane now, each with the llmgw version and protocol it says

@@ -271,6 +271,16 @@ class RouterTable(Body):
                                     "https:// engines with; absent without one (an --insecure server)")
 
 
+class RouterKv(Body):
+    """The replicas' sampled KV block sets (``GET /api/v1/router/kv``, ``llmgw.api.kvdocs.KvDoc``): each change a
+    replica's ``added``/``removed`` keys (base64 of 8-byte big-endian), ``full`` (its whole set) or ``gone``."""
+
+    version: int
+    origin: str = pydantic.Field(description="names the relay (one leader's run) the versions count in")
+    reset: bool = pydantic.Field(description="true: every set whole, replacing what the router held")
+    changes: list[dict[str, Any]]
+
+
 #: The windows ``GET /api/v1/metrics/history`` reads (``control.history.WINDOWS``).
 HistoryWindow = Literal["5m", "15m", "1h", "6h", "24h"]
 

@@ -65,7 +65,8 @@ def shard_spec(r: ReplicaRecord, spec: ModelSpec, *, hub: Hub = Hub()) -> ShardS
         tensor_parallel=tp, pipeline_parallel=pp, dtype=spec.dtype, context_length=spec.context_length,
         gpu_memory_bytes=r.memory_bytes if spec.resources.gpus.count else 0, engine_version=spec.engine_version,
         sleep_mode=spec.idle is not None and spec.idle.action == "sleep" and idle.can_sleep(spec.engine, r.gpus),
-        adapters=spec.adapters, **(adapter_fields(spec, hub) | remote_fields(spec.source, spec, hub)),
+        adapters=spec.adapters, kv_events=spec.routing == "kv_aware",
+        **(adapter_fields(spec, hub) | remote_fields(spec.source, spec, hub)),
     )
 
 
