@@ -31,8 +31,7 @@ from llmgw.core.shards import ShardSpec, ShardState, ShardStatus
 
 log = logging.getLogger(__name__)
 
-#: The engines that publish vLLM's KV events with ``--kv-events-config``.
-PUBLISHERS = frozenset({"vllm", "sim"})
+PUBLISHERS = kvdigest.PUBLISHERS
 TOPIC = "kv"
 _ENDED = frozenset({ShardState.STOPPED, ShardState.FAILED})
 #: Each replica's whole set is sent again this often: a leader that lost a digest has it back (the leader

@@ -25,6 +25,10 @@ import itertools
 from collections import deque
 from collections.abc import Iterable
 
+#: The engines that publish vLLM's KV events with ``--kv-events-config`` (the agent asks them to for a
+#: ``kv_aware`` model; a change of routing to or from it restarts them: ``specmodel.fingerprint``).
+PUBLISHERS = frozenset({"vllm", "sim"})
+
 #: Sample one block in this many tokens' worth (a 16-token block: one in 8).
 SAMPLE_TOKENS = 128
 #: How often an agent sends the changes of each replica.

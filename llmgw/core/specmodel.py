@@ -10,7 +10,7 @@ from typing import Any
 from llmgw.core import adapters as adapters_mod
 from llmgw.core import autoscale as autoscale_mod
 from llmgw.core import idle as idle_mod
-from llmgw.core import quota
+from llmgw.core import kvdigest, quota
 from llmgw.core.specplace import Gpus, Resources, resources_doc
 from llmgw.core.specscale import Rollout, autoscale_doc, count_doc, idle_doc
 
@@ -78,8 +78,14 @@ class ModelSpec:
         limits = adapters_mod.lora_limits(self.adapters)
         if limits is not None:  # what the engine is started with: a bigger rank than it allows rolls it
             doc["lora"] = dataclasses.asdict(limits)
-        # idle only says when the control plane sleeps or stops a replica: no restart when it changes.
+        # idle only says when the control plane sleeps or stops a replica: no restart when it changes, but for
+        # the flag a sleeping engine must be started with (vLLM's --enable-sleep-mode), and likewise kv_aware's
+        # event publisher: without a restart they would reach only replicas started later (issue 31).
         doc.pop("idle")
+        if self.idle is not None and self.idle.action == "sleep" and self.engine in idle_mod.SLEEPERS:
+            doc["sleep_mode"] = True
+        if self.routing == "kv_aware" and self.engine in kvdigest.PUBLISHERS:
+            doc["kv_events"] = True
         # placement and priority only order future decisions: rolling every
         # replica because a tie-break changed would restart engines for nothing.
         # node_selector and pool stay in: changing them is how an operator moves

@@ -177,3 +177,20 @@ def test_sleepers_and_models_that_keep_a_replica_keep_their_window() -> None:
 def test_can_sleep_by_engine_and_accelerator() -> None:
     assert idle.can_sleep("vllm", (0,)) and not idle.can_sleep("vllm", ())
     assert idle.can_sleep("sim", ()) and not idle.can_sleep("llamacpp", (0,)) and not idle.can_sleep("sglang", (0,))
+
+
+def test_sleep_and_kv_events_enter_the_fingerprint_where_the_engine_is_started_for_them() -> None:
+    """An engine is started with what sleeping and kv_aware need (--enable-sleep-mode, --kv-events-config): setting
+    or dropping them rolls the replicas, or they would reach only replicas started later. Where the engine starts
+    no differently (stop on idle, llama.cpp), nothing restarts."""
+    base = specs.parse_manifest(doc())
+    slept = specs.parse_manifest(doc(idle={"after": 30, "action": "sleep"}))
+    stopped = specs.parse_manifest(doc(idle={"after": 30, "action": "stop"}))
+    routed = specs.parse_manifest(doc(routing="kv_aware"))
+    assert slept.spec.fingerprint() != base.spec.fingerprint()
+    assert stopped.spec.fingerprint() == base.spec.fingerprint()
+    assert routed.spec.fingerprint() != base.spec.fingerprint()
+    assert specs.parse_manifest(doc(routing="prefix_cache")).spec.fingerprint() == base.spec.fingerprint()
+    llama = {"engine": "llamacpp", "source": "file:///models/m.gguf"}
+    assert specs.parse_manifest(doc(routing="kv_aware", **llama)).spec.fingerprint() == \
+        specs.parse_manifest(doc(**llama)).spec.fingerprint()
