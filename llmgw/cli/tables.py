@@ -147,6 +147,14 @@ def fetch_bar(f: dict[str, Any], *, width: int = 30) -> str:
 
 
 # SHARD is what `llmgw logs NODE SHARD` takes.
+ADAPTERS = Listing("adapter", (
+    Column("ADAPTER", lambda a: a["name"]),
+    Column("BASE", lambda a: a["base"]),
+    Column("SOURCE", lambda a: a["source"]),
+    Column("RANK", lambda a: str(a["rank"] or "-")),
+    Column("APPLIED AS", lambda a: a["applied"]),
+), name=lambda a: a["name"])
+
 REPLICAS = Listing("replica", (
     Column("REPLICA", lambda r: r["id"]),
     Column("MODEL", lambda r: r["model"]),

@@ -93,7 +93,7 @@ def parse_adapters(value: Any, engine: str, served: str, aliases: Iterable[str] 
     if not isinstance(value, list):
         raise SpecError("spec.adapters", "expected a list such as [{name: my-lora, source: hf://org/repo}]")
     if engine not in ENGINES and not stored:
-        why = _WHY_NOT.get(engine, f"engine {engine} serves no LoRA adapters")
+        why = why_not(engine)
         raise SpecError("spec.adapters", f"{why}; use engine vllm for adapters, or remove spec.adapters")
     if len(value) > MAX_ADAPTERS:
         raise SpecError("spec.adapters", f"at most {MAX_ADAPTERS} adapters per model, got {len(value)}")
@@ -119,6 +119,11 @@ def parse_adapters(value: Any, engine: str, served: str, aliases: Iterable[str] 
         rank = integer(doc.get("rank") or 0, f"{where}.rank", lo=0, hi=VLLM_RANKS[-1])
         out.append(Adapter(name=name, source=source, rank=rank))
     return tuple(out)
+
+
+def why_not(engine: str) -> str:
+    """Why ``engine`` serves no adapters (for an engine not in ENGINES)."""
+    return _WHY_NOT.get(engine, f"engine {engine} serves no LoRA adapters")
 
 
 def lora_limits(adapters: tuple[Adapter, ...]) -> LoraLimits | None:
