@@ -19,10 +19,11 @@ largest rank rounded up to one vLLM accepts, how many adapters fit at once) are:
 passes the running engine's ``--max-lora-rank`` cannot be loaded into it, so such a change rolls the
 replicas, and only such a change.
 
-Engines: vLLM and the sim (which mimics vLLM's routes) take adapters. SGLang and llama.cpp are refused
-at apply, with why: llmgw does not yet load adapters into them at runtime (SGLang has ``--enable-lora``
-and ``/load_lora_adapter``, llama.cpp only ``--lora FILE`` at start), and a spec whose adapters change
-would silently not apply.
+Engines: vLLM and the sim (which mimics vLLM's routes) load adapters at runtime. llama.cpp takes them
+only at start (``--lora FILE`` each, fetched by the agent before it launches, all at scale 0: the router
+asks for one per request with llama.cpp's ``lora: [{id, scale}]`` field, ``router/loraroute.py``), so
+for llama.cpp the adapter list is in the fingerprint (``AT_START``): adding or removing one rolls the
+replicas. SGLang is refused at apply, with why.
 """
 
 from __future__ import annotations
@@ -38,8 +39,10 @@ from llmgw.core.specfields import check_fields, integer, mapping, string
 
 #: An adapter's name: as a model's (``metadata.name``), since it is a model name clients send.
 NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$")
-#: The engines llmgw loads adapters into at runtime.
-ENGINES = ("vllm", "sim")
+#: The engines that serve adapters (at runtime, or at start for those in AT_START).
+ENGINES = ("vllm", "sim", "llamacpp")
+#: Engines that take their adapters only at start (llama.cpp's ``--lora``): the list is in the fingerprint.
+AT_START = ("llamacpp",)
 #: ``--max-lora-rank`` values vLLM 0.32 accepts (``vllm/config/lora.py``: ``MaxLoRARanks``).
 VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 #: The rank assumed for an adapter that does not say its own (vLLM's default ``--max-lora-rank``).
@@ -54,8 +57,6 @@ _FIELDS = ("name", "source", "rank")
 _WHY_NOT = {
     "sglang": "llmgw does not yet load adapters into SGLang at runtime (its --enable-lora and /load_lora_adapter "
               "are not driven by the agent)",
-    "llamacpp": "llama.cpp takes adapters only at start (--lora FILE), so a change to the list would need a "
-                "restart, which llmgw does not do for adapters",
 }
 
 
@@ -146,7 +147,7 @@ def vllm_args(limits: LoraLimits) -> tuple[str, ...]:
 
 #: The flags ``spec.adapters`` sets; engine_args may not set them too.
 LORA_FLAGS = ("--enable-lora", "--no-enable-lora", "--max-lora-rank", "--max-loras", "--max-cpu-loras",
-              "--lora-modules")
+              "--lora-modules", "--lora", "--lora-scaled", "--lora-init-without-apply")
 
 
 def check_args(engine_args: tuple[str, ...], env: tuple[tuple[str, str], ...]) -> None:
@@ -164,7 +165,9 @@ def check_args(engine_args: tuple[str, ...], env: tuple[tuple[str, str], ...]) -
 def launch_args(engine: str, adapters: tuple[Adapter, ...]) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
     """The flags and environment an engine serving ``adapters`` is started with (nothing without adapters)."""
     limits = lora_limits(adapters)
-    if limits is None or engine not in ENGINES:  # the sim takes vLLM's flags and variable (``llmgw.sim.engine.lora``)
+    # llama.cpp's files are the agent's to add (``agent/supervisor/lorafiles.py``); the sim takes vLLM's
+    # flags and variable (``llmgw.sim.engine.lora``).
+    if limits is None or engine not in ENGINES or engine in AT_START:
         return (), ()
     return vllm_args(limits), ((VLLM_RUNTIME_ENV, "True"),)
 

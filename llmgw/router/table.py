@@ -21,9 +21,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from llmgw.api import routing
+from llmgw.core import adapters as adapters_mod
 from llmgw.core import quota
 from llmgw.core.errors import LlmgwError
-from llmgw.router import pick
+from llmgw.router import loraroute, pick
 from llmgw.router.auth import Authenticator
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,8 @@ class ModelRoute:
     embeddings: bool | None = None
     #: For a LoRA adapter's route (``adapter_routes``): the served name of the model it runs on; "": a model.
     parent: str = ""
+    #: What its requests get added for adapters the engine picks per request (``loraroute``); None: nothing.
+    lora: loraroute.Lora | None = None
 
     def open_to(self, project: str) -> bool:
         """Whether a key of ``project`` may see and use the model (a request without a key may: no keys exist)."""
@@ -200,11 +203,18 @@ def adapter_routes(base: ModelRoute, entry: routing.ModelEntry) -> tuple[ModelRo
     Listed after every model, so a model's own name always wins over an adapter's (``lookup``).
     """
     out = []
-    for name in entry.adapters:
-        holders = tuple(e for e in base.endpoints if name in e.adapters)
+    at_start = base.engine in adapters_mod.AT_START
+    for i, name in enumerate(entry.adapters):
+        # llama.cpp names an adapter by its index: an engine started with another list (a rollout) is not used.
+        holders = tuple(e for e in base.endpoints if name in e.adapters and (not at_start or _index(e, name) == i))
         out.append(dataclasses.replace(base, name=name, served_name=name, aliases=(), parent=base.served_name,
-                                       endpoints=holders or base.endpoints))
+                                       endpoints=holders or base.endpoints,
+                                       lora=loraroute.of_adapter(base.engine, name, i)))
     return tuple(out)
+
+
+def _index(endpoint: Endpoint, name: str) -> int:
+    return endpoint.adapters.index(name)
 
 
 def _route(where: str, entry: routing.ModelEntry) -> ModelRoute:
@@ -221,4 +231,4 @@ def _route(where: str, entry: routing.ModelEntry) -> ModelRoute:
         message=entry.message, endpoints=entry.endpoints, created=entry.created, routing=routing_name,
         replica_limit=entry.concurrency_per_replica, engine=entry.engine, unhealthy=entry.unhealthy,
         autoscale=entry.autoscale, projects=frozenset(entry.projects), prices=entry.prices,
-        embeddings=entry.embeddings)
+        embeddings=entry.embeddings, lora=loraroute.of_base(entry.engine, entry.name, entry.adapters))

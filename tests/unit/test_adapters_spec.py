@@ -47,7 +47,7 @@ def test_bad_adapters_are_named(adapters_doc: Any, field: str, words: str) -> No
     assert e.value.field == field and words in e.value.reason
 
 
-@pytest.mark.parametrize("engine", ["sglang", "llamacpp"])
+@pytest.mark.parametrize("engine", ["sglang"])
 def test_engines_llmgw_cannot_load_adapters_into_are_refused_with_why(engine: str) -> None:
     with pytest.raises(SpecError) as e:
         specs.parse_manifest(doc(engine, adapters=TWO))
