@@ -4,9 +4,9 @@ Unlike vLLM's (``loras``: loaded into the running engine), these are files on th
 
 - ``paths``: before the launch, each adapter of ``spec.adapters`` is fetched like the weights (remote sources
   through the agent's fetcher, with the shard FETCHING and its progress in ``ShardStatus.fetch`` as for
-  weights; a local one checked against the agent's source roots), in the spec's order: a request's ``lora``
-  id is the adapter's index (``router/loraroute.py``). A directory (an hf repository) must hold exactly one
-  ``.gguf``, the adapter.
+  weights; a local file resolved as weights are, within the agent's source roots), in the spec's order: a
+  request's ``lora`` id is the adapter's index (``router/loraroute.py``). A directory (an hf repository)
+  must hold exactly one ``.gguf``, the adapter.
 - ``keep``: once the engine is READY, its ``GET /lora-adapters`` must list as many adapters as the spec,
   each at scale 0 (a llama-server that applied them to every request is set to 0 with ``POST
   /lora-adapters``); the names then go up in ``ShardStatus.adapters`` (the router sends an adapter's
@@ -28,7 +28,7 @@ import aiohttp
 from llmgw.agent.fetch import records as fetch_records
 from llmgw.agent.supervisor import fetching, loras, records
 from llmgw.core import adapters as adapters_mod
-from llmgw.core.errors import FetchError, SpecError
+from llmgw.core.errors import EngineError, FetchError, SpecError
 from llmgw.core.shards import ShardSpec, ShardState
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,10 @@ async def paths(rec: records.Shard, recs: records.Records, spec: ShardSpec, *, f
     for adapter in spec.adapters:
         req = loras.request_of(spec, adapter, spec.hub_token)
         if req is None:
-            path = await asyncio.to_thread(resolve, adapter.source)
+            try:  # a file, as weights are: within the agent's source roots
+                path = await asyncio.to_thread(resolve, adapter.source)
+            except EngineError as exc:
+                raise SpecError("spec.adapters", f"adapter {adapter.name}: {exc}") from None
             if not path:
                 raise SpecError("spec.adapters", f"adapter {adapter.name}: {adapter.source} names no files on this "
                                                  "node (or none under the agent's source_roots)")
