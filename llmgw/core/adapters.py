@@ -19,11 +19,18 @@ largest rank rounded up to one vLLM accepts, how many adapters fit at once) are:
 passes the running engine's ``--max-lora-rank`` cannot be loaded into it, so such a change rolls the
 replicas, and only such a change.
 
-Engines: vLLM and the sim (which mimics vLLM's routes) load adapters at runtime. llama.cpp takes them
-only at start (``--lora FILE`` each, fetched by the agent before it launches, all at scale 0: the router
-asks for one per request with llama.cpp's ``lora: [{id, scale}]`` field, ``router/loraroute.py``), so
-for llama.cpp the adapter list is in the fingerprint (``AT_START``): adding or removing one rolls the
-replicas. SGLang is refused at apply, with why.
+Engines: vLLM and the sim (which mimics vLLM's routes) load adapters at runtime. llama.cpp and SGLang are
+given them at start (``AT_START``: fetched by the agent before it launches, ``agent/supervisor/lorafiles.py``),
+so for them the adapter list is in the fingerprint: adding or removing one rolls the replicas.
+
+- llama.cpp: ``--lora FILE`` each (a GGUF LoRA file), all at scale 0; the router asks for one per request
+  with llama.cpp's ``lora: [{id, scale}]`` field, the id the adapter's index (``BY_ID``,
+  ``router/loraroute.py``), at the ``lora_scale`` a request may give.
+- SGLang: ``--enable-lora --lora-paths NAME=DIR ... --max-loras-per-batch N --max-lora-rank R`` (``sglang_args``,
+  each in SGLang 0.5.23's recorded parser); the router asks for an adapter as SGLang's OpenAI API takes it,
+  ``model: "BASE:ADAPTER"`` (``SUFFIXED``). SGLang also loads adapters at runtime (``/load_lora_adapter``),
+  which llmgw does not drive yet: the agent reads what an engine holds from ``GET /v1/models`` (vLLM lists
+  adapters there with their ``parent``), and what SGLang 0.5.23 lists there is not checked on a real one.
 """
 
 from __future__ import annotations
@@ -40,9 +47,14 @@ from llmgw.core.specfields import check_fields, integer, mapping, string
 #: An adapter's name: as a model's (``metadata.name``), since it is a model name clients send.
 NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$")
 #: The engines that serve adapters (at runtime, or at start for those in AT_START).
-ENGINES = ("vllm", "sim", "llamacpp")
-#: Engines that take their adapters only at start (llama.cpp's ``--lora``): the list is in the fingerprint.
-AT_START = ("llamacpp",)
+ENGINES = ("vllm", "sim", "llamacpp", "sglang")
+#: Engines given their adapters at start (llama.cpp's ``--lora``, SGLang's ``--lora-paths``): the list is in the
+#: fingerprint.
+AT_START = ("llamacpp", "sglang")
+#: Engines a request names an adapter by its index in (llama.cpp's ``lora: [{id, scale}]``), with a scale.
+BY_ID = ("llamacpp",)
+#: Engines a request names an adapter in as ``model: "BASE:ADAPTER"`` (SGLang's OpenAI API).
+SUFFIXED = ("sglang",)
 #: ``--max-lora-rank`` values vLLM 0.32 accepts (``vllm/config/lora.py``: ``MaxLoRARanks``).
 VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 #: The rank assumed for an adapter that does not say its own (vLLM's default ``--max-lora-rank``).
@@ -54,10 +66,6 @@ MAX_ADAPTERS = 64
 #: The environment variable vLLM serves ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` under.
 VLLM_RUNTIME_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 _FIELDS = ("name", "source", "rank")
-_WHY_NOT = {
-    "sglang": "llmgw does not yet load adapters into SGLang at runtime (its --enable-lora and /load_lora_adapter "
-              "are not driven by the agent)",
-}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -124,7 +132,7 @@ def parse_adapters(value: Any, engine: str, served: str, aliases: Iterable[str] 
 
 def why_not(engine: str) -> str:
     """Why ``engine`` serves no adapters (for an engine not in ENGINES)."""
-    return _WHY_NOT.get(engine, f"engine {engine} serves no LoRA adapters")
+    return f"engine {engine} serves no LoRA adapters"
 
 
 def lora_limits(adapters: tuple[Adapter, ...]) -> LoraLimits | None:
@@ -147,7 +155,8 @@ def vllm_args(limits: LoraLimits) -> tuple[str, ...]:
 
 #: The flags ``spec.adapters`` sets; engine_args may not set them too.
 LORA_FLAGS = ("--enable-lora", "--no-enable-lora", "--max-lora-rank", "--max-loras", "--max-cpu-loras",
-              "--lora-modules", "--lora", "--lora-scaled", "--lora-init-without-apply")
+              "--lora-modules", "--lora", "--lora-scaled", "--lora-init-without-apply", "--lora-paths",
+              "--max-loras-per-batch", "--max-loaded-loras", "--lora-target-modules")
 
 
 def check_args(engine_args: tuple[str, ...], env: tuple[tuple[str, str], ...]) -> None:
@@ -170,6 +179,15 @@ def launch_args(engine: str, adapters: tuple[Adapter, ...]) -> tuple[tuple[str, 
     if limits is None or engine not in ENGINES or engine in AT_START:
         return (), ()
     return vllm_args(limits), ((VLLM_RUNTIME_ENV, "True"),)
+
+
+def sglang_args(adapters: tuple[Adapter, ...], paths: tuple[str, ...]) -> tuple[str, ...]:
+    """SGLang 0.5.23's flags for ``adapters`` at ``paths`` (each in ``testing/engineflags/sglang-0.5.23.json``)."""
+    limits = lora_limits(adapters)
+    if limits is None:
+        return ()
+    return ("--enable-lora", "--max-lora-rank", str(limits.max_rank), "--max-loras-per-batch", str(limits.max_loras),
+            "--lora-paths", *(f"{a.name}={p}" for a, p in zip(adapters, paths, strict=True)))
 
 
 def names(adapters: Iterable[Adapter]) -> tuple[str, ...]:

@@ -13,9 +13,10 @@ slot's cached prompt across requests with different adapters (measured on xllama
 greedy request answered differently after another adapter's ran in its slot), so with the cache on, an
 answer would depend on the request before it.
 
-On an engine that loads adapters at runtime (vLLM, the sim), an adapter runs at the scale it was trained
-with: ``lora_scale`` there is refused with a sentence (``Lora.scalable`` False). A model without adapters
-has no ``Lora`` (``ModelRoute.lora`` None): its requests pay one attribute test.
+On the other engines (vLLM, the sim, SGLang, which is asked for an adapter as ``model: "BASE:ADAPTER"``,
+``table.adapter_routes``), an adapter runs at the scale it was trained with: ``lora_scale`` there is
+refused with a sentence (``Lora.scalable`` False). A model without adapters has no ``Lora``
+(``ModelRoute.lora`` None): its requests pay one attribute test.
 """
 
 from __future__ import annotations
@@ -48,14 +49,14 @@ class Lora:
 
 def of_base(engine: str, name: str, adapters: tuple[str, ...]) -> Lora | None:
     """The base model's: llama.cpp with adapters gets its prompt cache off; None for the rest."""
-    if not adapters or engine not in adapters_mod.AT_START:
+    if not adapters or engine not in adapters_mod.BY_ID:
         return None
     return Lora(fields=_NO_CACHE, name=name)
 
 
 def of_adapter(engine: str, name: str, index: int) -> Lora:
     """An adapter's: llama.cpp's names it by id (``index``); a runtime engine's adds nothing."""
-    if engine not in adapters_mod.AT_START:
+    if engine not in adapters_mod.BY_ID:
         return Lora(fields=b"", name=name)
     return Lora(fields=_fields(index, 1.0), id=index, name=name, scalable=True)
 

@@ -91,7 +91,9 @@ class ModelRoute:
         return self.autoscale is not None and not self.endpoints
 
     def public_names(self) -> tuple[str, ...]:
-        """The ids ``/v1/models`` lists for this model: served name first, then aliases."""
+        """The ids ``/v1/models`` lists for this model: served name first, then aliases (an adapter: its name)."""
+        if self.parent:  # SGLang's is served as "BASE:ADAPTER"
+            return (self.name,)
         return tuple(dict.fromkeys((self.served_name, *self.aliases)))
 
 
@@ -203,11 +205,13 @@ def adapter_routes(base: ModelRoute, entry: routing.ModelEntry) -> tuple[ModelRo
     Listed after every model, so a model's own name always wins over an adapter's (``lookup``).
     """
     out = []
-    at_start = base.engine in adapters_mod.AT_START
+    by_id, suffixed = base.engine in adapters_mod.BY_ID, base.engine in adapters_mod.SUFFIXED
     for i, name in enumerate(entry.adapters):
         # llama.cpp names an adapter by its index: an engine started with another list (a rollout) is not used.
-        holders = tuple(e for e in base.endpoints if name in e.adapters and (not at_start or _index(e, name) == i))
-        out.append(dataclasses.replace(base, name=name, served_name=name, aliases=(), parent=base.served_name,
+        holders = tuple(e for e in base.endpoints if name in e.adapters and (not by_id or _index(e, name) == i))
+        # SGLang's OpenAI API takes an adapter as "BASE:ADAPTER" (``request.for_engine`` writes it).
+        served = f"{base.served_name}:{name}" if suffixed else name
+        out.append(dataclasses.replace(base, name=name, served_name=served, aliases=(), parent=base.served_name,
                                        endpoints=holders or base.endpoints,
                                        lora=loraroute.of_adapter(base.engine, name, i)))
     return tuple(out)

@@ -48,7 +48,7 @@ import sys
 from collections.abc import Callable
 
 from llmgw.agent.engines import base
-from llmgw.core import enginecheck, engines, errors, inventory, shards
+from llmgw.core import adapters, enginecheck, engines, errors, inventory, shards
 
 MODULE = "sglang.launch_server"
 DISTRIBUTIONS = ("sglang",)
@@ -94,7 +94,9 @@ class Sglang:
 
     def launch(self, spec: shards.ShardSpec, *, host: str, port: int, model_path: str | None,
                cpu_count: int, node: enginecheck.NodeFacts = enginecheck.NodeFacts(), work_dir: str = "",
-               python: str | None = None, tls: base.TlsFiles | None = None) -> base.Launch:
+               python: str | None = None, tls: base.TlsFiles | None = None,
+               lora_paths: tuple[str, ...] = ()) -> base.Launch:
+        """``lora_paths``: the directories of ``spec.adapters``, in their order (``adapters.sglang_args``)."""
         self.validate(spec, node=node)
         model_path = base.require_model_dir(spec, model_path)
         worker = spec.nnodes > 1 and spec.rank > 0
@@ -118,6 +120,7 @@ class Sglang:
             argv += ["--config", path]
         if tls is not None and not worker:
             argv += ["--ssl-keyfile", tls.key, "--ssl-certfile", tls.cert]
+        argv += adapters.sglang_args(spec.adapters, lora_paths) if lora_paths else ()
         argv += spec.args
         env = {"HF_HUB_OFFLINE": "1", **base.work_dir_env(work_dir, (("TMPDIR", ""), ("HF_HOME", "hf")))}
         env |= base.multinode_env(spec, node)

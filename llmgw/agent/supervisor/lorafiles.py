@@ -1,13 +1,14 @@
-"""LoRA adapters of an engine that takes them only at start (llama.cpp's ``--lora FILE``, ``adapters.AT_START``).
+"""LoRA adapters of an engine given them at start (llama.cpp's ``--lora FILE``, SGLang's ``--lora-paths NAME=DIR``;
+``adapters.AT_START``).
 
 Unlike vLLM's (``loras``: loaded into the running engine), these are files on the engine's command line:
 
 - ``paths``: before the launch, each adapter of ``spec.adapters`` is fetched like the weights (remote sources
   through the agent's fetcher, with the shard FETCHING and its progress in ``ShardStatus.fetch`` as for
   weights; a local file resolved as weights are, within the agent's source roots), in the spec's order: a
-  request's ``lora`` id is the adapter's index (``router/loraroute.py``). A directory (an hf repository)
-  must hold exactly one ``.gguf``, the adapter.
-- ``keep``: once the engine is READY, its ``GET /lora-adapters`` must list as many adapters as the spec,
+  request's ``lora`` id is the adapter's index (``router/loraroute.py``). For llama.cpp a directory (an hf
+  repository) must hold exactly one ``.gguf``, the adapter; SGLang takes the directory.
+- ``keep``: once the engine is READY, llama.cpp's ``GET /lora-adapters`` must list as many adapters as the spec,
   each at scale 0 (a llama-server that applied them to every request is set to 0 with ``POST
   /lora-adapters``); the names then go up in ``ShardStatus.adapters`` (the router sends an adapter's
   requests only to engines that hold it), or why not in ``adapters_message``.
@@ -58,8 +59,13 @@ def gguf_in(path: str, name: str) -> str:
 
 
 async def paths(rec: records.Shard, recs: records.Records, spec: ShardSpec, *, fetch: Fetch | None,
-                resolve: Callable[[str], str | None], clock: Callable[[], float]) -> tuple[str, ...]:
-    """The local file of each adapter, fetched where remote; FetchError or SpecError when one cannot be had."""
+                resolve: Callable[[str], str | None], resolve_dir: Callable[[str], str | None],
+                clock: Callable[[], float]) -> tuple[str, ...]:
+    """The local file (llama.cpp) or directory (SGLang: as PEFT saves one, ``resolve_dir``) of each adapter,
+    fetched where remote; FetchError or SpecError when one cannot be had."""
+    files = spec.engine in adapters_mod.BY_ID
+    if not files:
+        resolve = resolve_dir
     out: list[str] = []
     for adapter in spec.adapters:
         req = loras.request_of(spec, adapter, spec.hub_token)
@@ -84,7 +90,7 @@ async def paths(rec: records.Shard, recs: records.Records, spec: ShardSpec, *, f
                     recs.move(rec, ShardState.FETCHING, fetch=got, message=fetching.describe(source, got), quiet=True)
 
             path = await fetch(req, on_progress)
-        out.append(await asyncio.to_thread(gguf_in, path, adapter.name))
+        out.append(await asyncio.to_thread(gguf_in, path, adapter.name) if files else path)
     if rec.status.state is ShardState.FETCHING and not fetching.is_remote(spec.source):
         # The weights are local: no fetch of theirs moves the shard on (``Supervisor._fetch``).
         recs.move(rec, ShardState.STARTING, fetch=None, message="fetched its adapters; launching")
@@ -103,8 +109,8 @@ async def keep(rec: records.Shard, recs: records.Records, *, http: Callable[[], 
     if spec is None:
         return
     while True:
-        try:
-            message = await _check(rec.status.endpoint, spec, http())
+        try:  # SGLang: it refuses to start on an adapter it cannot load, so READY is proof enough
+            message = await _check(rec.status.endpoint, spec, http()) if spec.engine in adapters_mod.BY_ID else ""
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             message = f"cannot read the engine's /lora-adapters: {exc or type(exc).__name__}"
         held = adapters_mod.names(spec.adapters) if not message else ()

@@ -218,7 +218,8 @@ class Supervisor(adopting.Adopting):
         plan: launching.Plan | None = None
         try:
             lora_paths = await lorafiles.paths(rec, self._recs, spec, fetch=self._ensure if self._fetcher else None,
-                                               resolve=self._resolve, clock=self._clock) \
+                                               resolve=self._resolve, resolve_dir=self._resolve_adapter,
+                                               clock=self._clock) \
                 if lorafiles.at_start(spec) else ()
             fetched = await self._fetch(rec, spec)
         except (FetchError, SpecError) as exc:

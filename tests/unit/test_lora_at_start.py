@@ -4,6 +4,7 @@ routed by adding llama.cpp's ``lora`` field (the adapter's index, the scale aske
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -111,3 +112,32 @@ def test_a_runtime_engines_adapter_request_is_sent_as_the_client_wrote_it() -> N
     assert route is not None and route.lora is not None
     assert loraroute.apply(route.lora, request.parse(body), body) == body
     assert t.lookup("base").lora is None  # type: ignore[union-attr]
+
+
+def test_sglang_starts_with_its_adapters_named_and_each_flag_parses() -> None:
+    from llmgw.agent.engines import sglang
+    from llmgw.testing import argcheck
+
+    model = specs.parse_manifest(doc("sglang", source="/srv/base", adapters=[
+        {"name": "sql", "source": "/srv/sql", "rank": 32}, {"name": "chat", "source": "/srv/chat"}]))
+    assert model.spec.fingerprint() != specs.parse_manifest(doc("sglang", source="/srv/base")).spec.fingerprint()
+    spec = shards.ShardSpec(shard_id="s1", replica_id="r1", model="base", engine="sglang", served_name="base",
+                            source="file:///srv/base", gpus=(0,), adapters=model.spec.adapters)
+    argv = sglang.Sglang(python="/py").launch(spec, host="127.0.0.1", port=1, model_path="/srv/base", cpu_count=8,
+                                              lora_paths=("/c/sql", "/c/chat")).argv
+    parsed = argcheck.parse_with_fixture("sglang-0.5.23", argv[3:])
+    assert (parsed["enable_lora"], parsed["max_lora_rank"], parsed["max_loras_per_batch"]) == (True, 32, 4)
+    assert parsed["lora_paths"] == ["sql=/c/sql", "chat=/c/chat"]
+    plain = sglang.Sglang(python="/py").launch(dataclasses.replace(spec, adapters=()), host="h", port=1,
+                                               model_path="/srv/base", cpu_count=8).argv
+    assert "--enable-lora" not in plain
+
+
+def test_an_sglang_adapter_is_asked_for_as_base_colon_adapter_and_listed_by_its_name() -> None:
+    t = routes("sglang")
+    route = t.lookup("sql")
+    assert route is not None and route.public_names() == ("sql",) and route.parent == "base"
+    assert sent(t, {"model": "sql", "messages": []}) == {"model": "base:sql", "messages": []}
+    assert "sql" in t.public_names() and "base:sql" not in t.public_names()
+    with pytest.raises(errors.ApiError, match="only llama.cpp models take a scale"):
+        sent(t, {"model": "sql", "lora_scale": 0.5})
