@@ -176,24 +176,24 @@ def scale(
     console.print(f"model/{name} scaled to {replicas} replicas")
 
 
+def _delete(kind: str, name: str, url: str) -> None:
+    try:
+        _client(url).request("DELETE", f"/api/v1/{kind}s/{quote(name, safe='')}")
+    except LlmgwError as e:
+        raise _fail(str(e)) from None
+    console.print(f"{kind}/{name} deleted")
+
+
 @delete_app.command("model")
 def delete_model(name: str, url: str = UrlOpt) -> None:
     """Delete a model; its replicas are stopped."""
-    try:
-        _client(url).request("DELETE", f"/api/v1/models/{name}")
-    except LlmgwError as e:
-        raise _fail(str(e)) from None
-    console.print(f"model/{name} deleted")
+    _delete("model", name, url)
 
 
 @delete_app.command("adapter")
 def delete_adapter(name: str, url: str = UrlOpt) -> None:
     """Delete an adapter applied on its own (kind: Adapter); its base model's engines drop it."""
-    try:
-        _client(url).request("DELETE", f"/api/v1/adapters/{quote(name, safe='')}")
-    except LlmgwError as e:
-        raise _fail(str(e)) from None
-    console.print(f"adapter/{name} deleted")
+    _delete("adapter", name, url)
 
 
 logs_mod.register(app)

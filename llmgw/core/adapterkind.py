@@ -30,7 +30,7 @@ from typing import Any
 
 from llmgw.core import adapters as adapters_mod
 from llmgw.core.errors import SpecError
-from llmgw.core.specfields import check_fields, mapping, string
+from llmgw.core.specfields import check_fields, header, mapping, string
 from llmgw.core.specmodel import API_VERSION, Model
 
 KIND = "Adapter"
@@ -38,7 +38,6 @@ KIND = "Adapter"
 ATTACHED_LABEL = "llmgw.io/adapters"
 #: 0.2.0 refuses a label value longer than this (``specs.parse_labels``).
 MAX_LABEL = 253
-_TOP_FIELDS = ("apiVersion", "kind", "metadata", "spec")
 _SPEC_FIELDS = ("base", "source", "rank")
 
 
@@ -65,15 +64,7 @@ def is_adapter(doc: Any) -> bool:
 
 def parse(doc: Any) -> AdapterManifest:
     """A ``kind: Adapter`` document checked; SpecError names the field and what to write."""
-    if not isinstance(doc, Mapping):
-        raise SpecError("", "an adapter file is a mapping with apiVersion, kind, metadata and spec")
-    check_fields(doc, _TOP_FIELDS, "")
-    if doc.get("apiVersion") != API_VERSION:
-        raise SpecError("apiVersion", f"must be {API_VERSION!r}, got {doc.get('apiVersion')!r}")
-    if doc.get("kind") != KIND:
-        raise SpecError("kind", f"must be {KIND!r}, got {doc.get('kind')!r}")
-    meta = mapping(doc.get("metadata"), "metadata")
-    check_fields(meta, ("name",), "metadata")
+    meta = header(doc, kind=KIND, api_version=API_VERSION, meta_fields=("name",))
     spec = mapping(doc.get("spec"), "spec")
     check_fields(spec, _SPEC_FIELDS, "spec")
     base = string(spec.get("base"), "spec.base").strip()

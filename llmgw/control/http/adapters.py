@@ -15,8 +15,8 @@ from fastapi import APIRouter, Request, Response
 from llmgw.control import events as ev
 from llmgw.control.cluster import Cluster
 from llmgw.control.http import schemas
-from llmgw.control.http.apierrors import NotFound, Unprocessable, read_json
-from llmgw.control.http.models import MAX_BODY, check_model
+from llmgw.control.http.apierrors import NotFound, Unprocessable
+from llmgw.control.http.models import check_model, read_body
 from llmgw.control.store.offloop import StoreThread
 from llmgw.core import adapterkind
 from llmgw.core.errors import SpecError
@@ -60,11 +60,7 @@ def router(db: StoreThread, cluster: Cluster) -> APIRouter:
     @api.post("/api/v1/adapters", response_model=AdapterEntry)
     async def apply_adapter(request: Request, response: Response) -> dict[str, Any]:
         """Creates or updates the ``kind: Adapter`` the body describes (201 when new), on its base model."""
-        doc = read_json(await request.body(), limit=MAX_BODY)
-        try:
-            item = adapterkind.parse(doc)
-        except SpecError as e:
-            raise Unprocessable(str(e), code="invalid_spec", param=e.field) from None
+        item = await read_body(request, adapterkind.parse)
         base = await db.get_model(item.base)
         if base is None:
             raise Unprocessable(f"spec.base: model {item.base!r} does not exist; apply it first (`llmgw get models` "

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request, Response
 
@@ -26,17 +26,23 @@ from llmgw.core import adapterkind, adapters, enginecheck, specpolicy, specs
 from llmgw.core.errors import SpecError
 
 MAX_BODY = 1 << 20
+T = TypeVar("T")
 _HINT = "`llmgw get models` lists them"
+
+
+async def read_body(request: Request, parse: Callable[[Any], T]) -> T:
+    """The request's JSON body read by ``parse``; its SpecError a 422 naming the field."""
+    doc = read_json(await request.body(), limit=MAX_BODY)
+    try:
+        return parse(doc)
+    except SpecError as e:
+        raise Unprocessable(str(e), code="invalid_spec", param=e.field) from None
 
 
 async def read_manifest(db: StoreThread, request: Request) -> specs.Model:
     """The request's model file, with the adapters applied on their own beside the stored one kept
     (``adapterkind.carry``), checked against the spec, the cluster's policy and what any engine refuses."""
-    doc = read_json(await request.body(), limit=MAX_BODY)
-    try:
-        model = specs.parse_manifest(doc)
-    except SpecError as e:
-        raise Unprocessable(str(e), code="invalid_spec", param=e.field) from None
+    model = await read_body(request, specs.parse_manifest)
     before = await db.get_model(model.name)
     model = adapterkind.carry(before.model if before else None, model)
     await check_model(db, model)
