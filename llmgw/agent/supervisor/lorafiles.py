@@ -14,6 +14,10 @@ Unlike vLLM's (``loras``: loaded into the running engine), these are files on th
   requests only to engines that hold it), or why not in ``adapters_message``.
 
 A change to the list is a new fingerprint, so a new shard: nothing here changes a running engine's list.
+
+``fetch_shown`` is the fetch that ``loras.Keeper`` (vLLM's adapters, loaded while the engine serves) is
+given: its progress goes up in ``ShardStatus.fetch`` of the READY shard, as a fetch's before a launch does,
+and is cleared when the fetch ends.
 """
 
 from __future__ import annotations
@@ -45,6 +49,23 @@ def at_start(spec: ShardSpec) -> bool:
 def remote(spec: ShardSpec) -> bool:
     """Whether an adapter must be fetched before ``spec``'s launch."""
     return at_start(spec) and any(fetching.is_remote(a.source) for a in spec.adapters)
+
+
+async def fetch_shown(rec: records.Shard, recs: records.Records, ensure: Fetch, clock: Callable[[], float],
+                      req: fetch_records.Request) -> str:
+    """``ensure(req)`` with its progress in the shard's ``fetch`` (its state unchanged), cleared at the end."""
+    throttle = fetching.Throttle(clock)
+
+    def on_progress(p: fetch_records.Progress) -> None:
+        got = fetching.progress_of(p)
+        if throttle.due(got):
+            recs.move(rec, rec.status.state, fetch=got, quiet=True)
+
+    try:
+        return await ensure(req, on_progress)
+    finally:
+        if rec.status.fetch is not None:
+            recs.move(rec, rec.status.state, fetch=None, quiet=True)
 
 
 def gguf_in(path: str, name: str) -> str:

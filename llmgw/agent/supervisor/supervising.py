@@ -40,6 +40,7 @@ does both; ``recovering`` decides, ``orphans`` watches and ends what we did not 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -176,7 +177,8 @@ class Supervisor(adopting.Adopting):
             keep = lorafiles.keep(rec, self._recs, http=self._http, interval_s=self._interval_s)
             rec.lora_task = asyncio.create_task(keep, name=f"adapters {spec.shard_id}")
             return
-        rec.loras = loras.Keeper(rec, self._recs, http=self._http, fetch=self._ensure if self._fetcher else None,
+        fetch = functools.partial(lorafiles.fetch_shown, rec, self._recs, self._ensure, self._clock)
+        rec.loras = loras.Keeper(rec, self._recs, http=self._http, fetch=fetch if self._fetcher else None,
                                      token=spec.hub_token, interval_s=self._interval_s,
                                      resolve=self._resolve_adapter)
         rec.lora_task = asyncio.create_task(rec.loras.keep(), name=f"adapters {spec.shard_id}")
