@@ -129,14 +129,18 @@ def detach(base: Model, name: str) -> Model:
 def carry(stored: Model | None, new: Model) -> Model:
     """``new`` (a model file applied) with the adapters ``stored`` had applied on their own kept.
 
-    The label in ``new`` is not the file's to set: it is replaced by what was stored. An adapter the file
-    now lists under the same name is the file's from then on.
+    The label in ``new`` only keeps what was stored: a name it gives that was not applied on its own is
+    dropped. An adapter applied on its own that the file lists too stays applied on its own when the file's
+    label names it (the file is the model as ``llmgw get model -o yaml`` wrote it, edited), and is the file's
+    from then on when it does not (the file took it over).
     """
     listed = {a.name for a in new.spec.adapters}
     mine = attached(stored) if stored is not None else ()
+    said = set(dict(new.labels).get(ATTACHED_LABEL, "").split(","))
     keep = tuple(a for a in (stored.spec.adapters if stored is not None else ())
                  if a.name in mine and a.name not in listed)
-    return _with(new, (*new.spec.adapters, *keep), tuple(a.name for a in keep))
+    stays = tuple(n for n in mine if n in listed and n in said)
+    return _with(new, (*new.spec.adapters, *keep), (*stays, *(a.name for a in keep)))
 
 
 def entries(model: Model) -> list[dict[str, Any]]:

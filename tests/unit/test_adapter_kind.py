@@ -75,6 +75,12 @@ def test_reapplying_the_base_keeps_what_was_applied_on_its_own_and_detach_remove
     listed = specs.parse_manifest(model_doc(adapters=[{"name": "base-sql", "source": "/srv/x"}]))
     taken = adapterkind.carry(joined, listed)
     assert adapterkind.attached(taken) == () and [a.source for a in taken.spec.adapters] == ["file:///srv/x"]
+    # The model as `get model -o yaml` wrote it, applied again (edited): what was applied on its own stays so.
+    round_trip = specs.parse_manifest(dataclasses.replace(joined, spec=dataclasses.replace(
+        joined.spec, replicas=2)).to_manifest())
+    again = adapterkind.carry(joined, round_trip)
+    assert adapterkind.attached(again) == ("base-sql",) and again.spec.replicas == 2
+    assert adapters.names(again.spec.adapters) == ("base-sql",)
     # A label written in the file by hand is not the file's to set.
     forged = specs.parse_manifest({**model_doc(), "metadata": {"name": "base",
                                                                "labels": {adapterkind.ATTACHED_LABEL: "zz"}}})
