@@ -141,3 +141,21 @@ def test_an_sglang_adapter_is_asked_for_as_base_colon_adapter_and_listed_by_its_
     assert "sql" in t.public_names() and "base:sql" not in t.public_names()
     with pytest.raises(errors.ApiError, match="only llama.cpp models take a scale"):
         sent(t, {"model": "sql", "lora_scale": 0.5})
+
+
+def test_an_sglang_older_than_the_checked_one_is_refused_before_launch_with_why() -> None:
+    from llmgw.agent.engines import sglang
+    from llmgw.core import adapters
+    from llmgw.core import errors as core_errors
+
+    spec = shards.ShardSpec(shard_id="s1", replica_id="r1", model="base", engine="sglang", served_name="base",
+                            source="file:///srv/base", gpus=(0,), adapters=(adapters.Adapter("sql", "/srv/sql"),))
+    old = sglang.Sglang(python="/opt/sgl/bin/python", run=lambda argv: "0.4.10.post2\n")
+    with pytest.raises(core_errors.EngineError) as e:
+        old.launch(spec, host="h", port=1, model_path="/srv/base", cpu_count=8, lora_paths=("/c/sql",))
+    assert "SGLang 0.4.10.post2 is older than 0.5.23" in str(e.value) and "remove the model's adapters" in str(e.value)
+    # Without adapters that SGLang still runs; one as new as the checked one takes them.
+    assert old.launch(dataclasses.replace(spec, adapters=()), host="h", port=1, model_path="/srv/base", cpu_count=8)
+    new = sglang.Sglang(python="/opt/sgl/bin/python", run=lambda argv: "0.5.23\n")
+    assert "--lora-paths" in new.launch(spec, host="h", port=1, model_path="/srv/base", cpu_count=8,
+                                        lora_paths=("/c/sql",)).argv
