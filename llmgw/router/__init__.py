@@ -15,7 +15,7 @@ A request's path, in order:
   (``usagehttp``: the standalone router's transports);
 * ``proxying``: the admitted request's trip: ``upstream.Forwarder`` picks the endpoint and retries,
   ``relay`` relays the answer, ``openai_shape`` and ``openai_errors`` put llama.cpp's answers and every
-  engine's errors in OpenAI's shape;
+  engine's errors in OpenAI's shape, ``loraroute`` adds what an adapter's request needs (llama.cpp's ``lora``);
 * ``upstream``: the choice of endpoint by the model's policy (``policies``: one file per routing
   policy on ``policies.base.Policy``, wrapping the pure choices in ``pick`` and ``prefix``), the
   retry rules, and what is in flight (``loadwatch``; ``enginemetrics`` re-exports what it read of each engine on
