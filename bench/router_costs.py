@@ -88,6 +88,7 @@ STAGES: tuple[tuple[str, tuple[str, ...] | None, str], ...] = (
     ("router/completions.py", None, "dispatch (app, completions, proxying)"),
     ("router/app.py", None, "dispatch (app, completions, proxying)"),
     ("router/proxying.py", None, "dispatch (app, completions, proxying)"),
+    ("router/loraroute.py", None, "dispatch (app, completions, proxying)"),  # only for a model with adapters
 )
 LOOP = "event loop (epoll, socket reads, tasks)"
 ORDER = ("accept and parse", "auth and key lookup", "limits and admission", "pick", "upstream connect and reuse",

@@ -88,6 +88,12 @@ def register(get_app: typer.Typer) -> None:
         """Models and whether they are Ready."""
         run(tables.MODELS, _items("/api/v1/models"), _flags(output, no_headers, sort_by, selector, watching, url))
 
+    @get_app.command("adapters")
+    def get_adapters(output: Format = OUTPUT_OPT, no_headers: bool = NO_HEADERS_OPT, sort_by: str = SORT_OPT,
+                     watching: bool = WATCH_OPT, url: str = URL_OPT) -> None:
+        """LoRA adapters: each model's, from its file (APPLIED AS Model) or applied on their own (Adapter)."""
+        run(tables.ADAPTERS, _items("/api/v1/adapters"), _flags(output, no_headers, sort_by, "", watching, url))
+
     @get_app.command("replicas")
     def get_replicas(model: str = typer.Option(None, help="Only this model's replicas"),
                      output: Format = OUTPUT_OPT, no_headers: bool = NO_HEADERS_OPT, sort_by: str = SORT_OPT,

@@ -34,6 +34,7 @@ from llmgw.cli import sim as sim_mod
 from llmgw.cli import usage as usage_mod
 from llmgw.cli import users as users_mod
 from llmgw.cli import version as version_mod
+from llmgw.core import adapterkind
 from llmgw.core.errors import LlmgwError
 from llmgw.router.settings import RouterSettings
 from llmgw.serving.settings import ServerSettings
@@ -148,11 +149,15 @@ def apply(
         c = _client(url)
         if dry_run:
             for m in models:
+                if isinstance(m, adapterkind.AdapterManifest):
+                    raise LlmgwError(f"adapter/{m.name}: --dry-run previews models only; apply the adapter "
+                                     "without it")
                 plan_mod.preview_manifest(c, m.to_manifest())
             return
         for m in models:
-            status, _ = c.request("POST", "/api/v1/models", json=m.to_manifest())
-            console.print(f"model/{m.name} {'created' if status == 201 else 'configured'}")
+            kind = "adapter" if isinstance(m, adapterkind.AdapterManifest) else "model"
+            status, _ = c.request("POST", f"/api/v1/{kind}s", json=m.to_manifest())
+            console.print(f"{kind}/{m.name} {'created' if status == 201 else 'configured'}")
     except LlmgwError as e:
         raise _fail(str(e)) from None
 
@@ -171,14 +176,24 @@ def scale(
     console.print(f"model/{name} scaled to {replicas} replicas")
 
 
+def _delete(kind: str, name: str, url: str) -> None:
+    try:
+        _client(url).request("DELETE", f"/api/v1/{kind}s/{quote(name, safe='')}")
+    except LlmgwError as e:
+        raise _fail(str(e)) from None
+    console.print(f"{kind}/{name} deleted")
+
+
 @delete_app.command("model")
 def delete_model(name: str, url: str = UrlOpt) -> None:
     """Delete a model; its replicas are stopped."""
-    try:
-        _client(url).request("DELETE", f"/api/v1/models/{name}")
-    except LlmgwError as e:
-        raise _fail(str(e)) from None
-    console.print(f"model/{name} deleted")
+    _delete("model", name, url)
+
+
+@delete_app.command("adapter")
+def delete_adapter(name: str, url: str = UrlOpt) -> None:
+    """Delete an adapter applied on its own (kind: Adapter); its base model's engines drop it."""
+    _delete("adapter", name, url)
 
 
 logs_mod.register(app)

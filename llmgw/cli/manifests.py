@@ -1,4 +1,5 @@
-"""Reading model files: YAML (one or more documents) into validated models, errors naming file and field."""
+"""Reading model files: YAML (one or more documents) into validated models and adapters (``kind: Adapter``),
+errors naming file and field."""
 
 from __future__ import annotations
 
@@ -7,12 +8,12 @@ from pathlib import Path
 
 import yaml
 
-from llmgw.core import specs
+from llmgw.core import adapterkind, specs
 from llmgw.core.errors import LlmgwError, SpecError
 
 
-def load(path: str) -> list[specs.Model]:
-    """Every model in ``path`` (``-`` for standard input); nothing is applied if any is invalid."""
+def load(path: str) -> list[specs.Model | adapterkind.AdapterManifest]:
+    """Every model and adapter in ``path`` (``-`` for standard input); nothing is applied if any is invalid."""
     name = "<stdin>" if path == "-" else path
     try:
         text = sys.stdin.read() if path == "-" else Path(path).read_text()
@@ -27,11 +28,22 @@ def load(path: str) -> list[specs.Model]:
         raise LlmgwError(f"{name}:{where}: not valid YAML: {problem}") from None
     if not docs:
         raise LlmgwError(f"{name}: holds no document; see examples/ for a model file")
-    models = []
+    models: list[specs.Model | adapterkind.AdapterManifest] = []
     for i, doc in enumerate(docs, 1):
         try:
-            models.append(specs.parse_manifest(doc))
+            models.append(adapterkind.parse(doc) if adapterkind.is_adapter(doc) else specs.parse_manifest(doc))
         except SpecError as e:
             which = f" (document {i})" if len(docs) > 1 else ""
             raise LlmgwError(f"{name}{which}: {e}") from None
     return models
+
+
+def load_models(path: str) -> list[specs.Model]:
+    """Every model in ``path``; an adapter there is refused (where only models are taken)."""
+    out = []
+    for item in load(path):
+        if not isinstance(item, specs.Model):
+            raise LlmgwError(f"{path}: adapter/{item.name} is a kind: Adapter; give a model file here, and apply "
+                             "the adapter with `llmgw apply -f`")
+        out.append(item)
+    return out

@@ -115,7 +115,7 @@ def _rate(bps: float) -> str:
 
 
 def phase_of(r: dict[str, Any]) -> str:
-    """A replica's phase as `get replicas` shows it: ``Fetching 41% 210 MB/s`` while its weights download.
+    """A replica's phase as `get replicas` shows it: ``Fetching 41% 210 MB/s`` while its weights (or adapters) download.
 
     A download of unknown size says how much has come; a stalled one says so
     in place of a rate that would read 0 (the message says why).
@@ -126,11 +126,13 @@ def phase_of(r: dict[str, Any]) -> str:
     if not f:
         return str(r["phase"])
     far = f"{int(100 * f['done_bytes'] / f['total_bytes'])}%" if f["total_bytes"] else format_bytes(f["done_bytes"])
+    # A Ready replica fetches a LoRA adapter its engine loads while it serves.
+    lead = "Ready, fetching an adapter" if r["phase"] == "Ready" else "Fetching"
     if f["state"] == "stalled":
-        return f"Fetching {far} stalled"
+        return f"{lead} {far} stalled"
     if f["state"] == "verifying":
-        return f"Fetching {far} verifying"
-    return f"Fetching {far} {_rate(f['rate_bps'])}"
+        return f"{lead} {far} verifying"
+    return f"{lead} {far} {_rate(f['rate_bps'])}"
 
 
 def fetch_bar(f: dict[str, Any], *, width: int = 30) -> str:
@@ -149,6 +151,14 @@ def fetch_bar(f: dict[str, Any], *, width: int = 30) -> str:
 
 
 # SHARD is what `llmgw logs NODE SHARD` takes.
+ADAPTERS = Listing("adapter", (
+    Column("ADAPTER", lambda a: a["name"]),
+    Column("BASE", lambda a: a["base"]),
+    Column("SOURCE", lambda a: a["source"]),
+    Column("RANK", lambda a: str(a["rank"] or "-")),
+    Column("APPLIED AS", lambda a: a["applied"]),
+), name=lambda a: a["name"])
+
 REPLICAS = Listing("replica", (
     Column("REPLICA", lambda r: r["id"]),
     Column("MODEL", lambda r: r["model"]),

@@ -208,7 +208,7 @@ def agent_state(data_dir: Path, *, euid: int | None = None) -> Path:
 def run(*, http_port: int, agent_port: int, data_dir: Path, model_file: Path | None, wait_s: float,
         console: Console) -> int:
     t_start = time.monotonic()
-    model = manifests.load(str(model_file))[0] if model_file else specs.parse_manifest(DEFAULT_MODEL)
+    model = manifests.load_models(str(model_file))[0] if model_file else specs.parse_manifest(DEFAULT_MODEL)
     _check_engine(model)
     for port, flag in ((http_port, "--http-port"), (agent_port, "--agent-port")):
         if port and portuse.in_use(port):

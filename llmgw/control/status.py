@@ -26,14 +26,15 @@ class ModelStatus:
 
 
 def fetch_of(r: ReplicaRecord, nodes: Mapping[str, NodeView]) -> dict[str, Any] | None:
-    """How far the fetch of ``r``'s weights is, as its node last reported (a group: its leader's); None unless fetching.
+    """How far the fetch of ``r``'s weights is, as its node last reported (a group: its leader's); None unless fetching
+    (an adapter's, while Ready: ``agent/supervisor/lorafiles.fetch_shown``).
 
     Read from the node's live report, never stored: progress changes every
     second, and the replica's record is written only when its target changes.
     """
     view = nodes.get(r.node_id or "")
     st = view.shards.get(r.shard_id or "") if view is not None else None
-    if st is None or st.state is not ShardState.FETCHING or st.fetch is None:
+    if st is None or st.state not in (ShardState.FETCHING, ShardState.READY) or st.fetch is None:
         return None
     return dataclasses.asdict(st.fetch)
 

@@ -19,10 +19,18 @@ largest rank rounded up to one vLLM accepts, how many adapters fit at once) are:
 passes the running engine's ``--max-lora-rank`` cannot be loaded into it, so such a change rolls the
 replicas, and only such a change.
 
-Engines: vLLM and the sim (which mimics vLLM's routes) take adapters. SGLang and llama.cpp are refused
-at apply, with why: llmgw does not yet load adapters into them at runtime (SGLang has ``--enable-lora``
-and ``/load_lora_adapter``, llama.cpp only ``--lora FILE`` at start), and a spec whose adapters change
-would silently not apply.
+Engines: vLLM and the sim (which mimics vLLM's routes) load adapters at runtime. llama.cpp and SGLang are
+given them at start (``AT_START``: fetched by the agent before it launches, ``agent/supervisor/lorafiles.py``),
+so for them the adapter list is in the fingerprint: adding or removing one rolls the replicas.
+
+- llama.cpp: ``--lora FILE`` each (a GGUF LoRA file), all at scale 0; the router asks for one per request
+  with llama.cpp's ``lora: [{id, scale}]`` field, the id the adapter's index (``BY_ID``,
+  ``router/loraroute.py``), at the ``lora_scale`` a request may give.
+- SGLang: ``--enable-lora --lora-paths NAME=DIR ... --max-loras-per-batch N --max-lora-rank R`` (``sglang_args``,
+  each in SGLang 0.5.23's recorded parser); the router asks for an adapter as SGLang's OpenAI API takes it,
+  ``model: "BASE:ADAPTER"`` (``SUFFIXED``). SGLang also loads adapters at runtime (``/load_lora_adapter``),
+  which llmgw does not drive yet: the agent reads what an engine holds from ``GET /v1/models`` (vLLM lists
+  adapters there with their ``parent``), and what SGLang 0.5.23 lists there is not checked on a real one.
 """
 
 from __future__ import annotations
@@ -38,8 +46,15 @@ from llmgw.core.specfields import check_fields, integer, mapping, string
 
 #: An adapter's name: as a model's (``metadata.name``), since it is a model name clients send.
 NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$")
-#: The engines llmgw loads adapters into at runtime.
-ENGINES = ("vllm", "sim")
+#: The engines that serve adapters (at runtime, or at start for those in AT_START).
+ENGINES = ("vllm", "sim", "llamacpp", "sglang")
+#: Engines given their adapters at start (llama.cpp's ``--lora``, SGLang's ``--lora-paths``): the list is in the
+#: fingerprint.
+AT_START = ("llamacpp", "sglang")
+#: Engines a request names an adapter by its index in (llama.cpp's ``lora: [{id, scale}]``), with a scale.
+BY_ID = ("llamacpp",)
+#: Engines a request names an adapter in as ``model: "BASE:ADAPTER"`` (SGLang's OpenAI API).
+SUFFIXED = ("sglang",)
 #: ``--max-lora-rank`` values vLLM 0.32 accepts (``vllm/config/lora.py``: ``MaxLoRARanks``).
 VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 #: The rank assumed for an adapter that does not say its own (vLLM's default ``--max-lora-rank``).
@@ -55,12 +70,6 @@ MAX_ADAPTERS = 64
 #: The environment variable vLLM serves ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` under.
 VLLM_RUNTIME_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 _FIELDS = ("name", "source", "rank")
-_WHY_NOT = {
-    "sglang": "llmgw does not yet load adapters into SGLang at runtime (its --enable-lora and /load_lora_adapter "
-              "are not driven by the agent)",
-    "llamacpp": "llama.cpp takes adapters only at start (--lora FILE), so a change to the list would need a "
-                "restart, which llmgw does not do for adapters",
-}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -97,7 +106,7 @@ def parse_adapters(value: Any, engine: str, served: str, aliases: Iterable[str] 
     if not isinstance(value, list):
         raise SpecError("spec.adapters", "expected a list such as [{name: my-lora, source: hf://org/repo}]")
     if engine not in ENGINES and not stored:
-        why = _WHY_NOT.get(engine, f"engine {engine} serves no LoRA adapters")
+        why = why_not(engine)
         raise SpecError("spec.adapters", f"{why}; use engine vllm for adapters, or remove spec.adapters")
     if len(value) > MAX_ADAPTERS:
         raise SpecError("spec.adapters", f"at most {MAX_ADAPTERS} adapters per model, got {len(value)}")
@@ -125,6 +134,11 @@ def parse_adapters(value: Any, engine: str, served: str, aliases: Iterable[str] 
     return tuple(out)
 
 
+def why_not(engine: str) -> str:
+    """Why ``engine`` serves no adapters (for an engine not in ENGINES)."""
+    return f"engine {engine} serves no LoRA adapters"
+
+
 def lora_limits(adapters: tuple[Adapter, ...]) -> LoraLimits | None:
     """The engine's LoRA limits for ``adapters``; None without adapters (the engine runs without LoRA)."""
     if not adapters:
@@ -145,7 +159,8 @@ def vllm_args(limits: LoraLimits) -> tuple[str, ...]:
 
 #: The flags ``spec.adapters`` sets; engine_args may not set them too.
 LORA_FLAGS = ("--enable-lora", "--no-enable-lora", "--max-lora-rank", "--max-loras", "--max-cpu-loras",
-              "--lora-modules")
+              "--lora-modules", "--lora", "--lora-scaled", "--lora-init-without-apply", "--lora-paths",
+              "--max-loras-per-batch", "--max-loaded-loras", "--lora-target-modules")
 
 
 def check_args(engine_args: tuple[str, ...], env: tuple[tuple[str, str], ...]) -> None:
@@ -163,9 +178,20 @@ def check_args(engine_args: tuple[str, ...], env: tuple[tuple[str, str], ...]) -
 def launch_args(engine: str, adapters: tuple[Adapter, ...]) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
     """The flags and environment an engine serving ``adapters`` is started with (nothing without adapters)."""
     limits = lora_limits(adapters)
-    if limits is None or engine not in ENGINES:  # the sim takes vLLM's flags and variable (``llmgw.sim.engine.lora``)
+    # llama.cpp's files are the agent's to add (``agent/supervisor/lorafiles.py``); the sim takes vLLM's
+    # flags and variable (``llmgw.sim.engine.lora``).
+    if limits is None or engine not in ENGINES or engine in AT_START:
         return (), ()
     return vllm_args(limits), ((VLLM_RUNTIME_ENV, "True"),)
+
+
+def sglang_args(adapters: tuple[Adapter, ...], paths: tuple[str, ...]) -> tuple[str, ...]:
+    """SGLang 0.5.23's flags for ``adapters`` at ``paths`` (each in ``testing/engineflags/sglang-0.5.23.json``)."""
+    limits = lora_limits(adapters)
+    if limits is None:
+        return ()
+    return ("--enable-lora", "--max-lora-rank", str(limits.max_rank), "--max-loras-per-batch", str(limits.max_loras),
+            "--lora-paths", *(f"{a.name}={p}" for a, p in zip(adapters, paths, strict=True)))
 
 
 def names(adapters: Iterable[Adapter]) -> tuple[str, ...]:

@@ -46,3 +46,18 @@ def choice(value: Any, field: str, choices: tuple[str, ...]) -> str:
 
 def or_zero(value: Any) -> Any:
     return 0 if value is None else value  # a YAML "key:" with nothing after it is null: not set
+
+
+def header(doc: Any, *, kind: str, api_version: str, meta_fields: tuple[str, ...]) -> Mapping[str, Any]:
+    """A manifest's header checked (a mapping of apiVersion, kind, metadata and spec; its kind ``kind``) and its
+    metadata, checked against ``meta_fields``; SpecError naming the field."""
+    if not isinstance(doc, Mapping):
+        raise SpecError("", f"a {kind.lower()} file must be a mapping with apiVersion, kind, metadata and spec")
+    check_fields(doc, ("apiVersion", "kind", "metadata", "spec"), "")
+    if doc.get("apiVersion") != api_version:
+        raise SpecError("apiVersion", f"must be {api_version!r}, got {doc.get('apiVersion')!r}")
+    if doc.get("kind") != kind:
+        raise SpecError("kind", f"must be {kind!r}, got {doc.get('kind')!r}")
+    meta = mapping(doc.get("metadata"), "metadata")
+    check_fields(meta, meta_fields, "metadata")
+    return meta

@@ -78,6 +78,8 @@ class ModelSpec:
         limits = adapters_mod.lora_limits(self.adapters)
         if limits is not None:  # what the engine is started with: a bigger rank than it allows rolls it
             doc["lora"] = dataclasses.asdict(limits)
+        if self.adapters and self.engine in adapters_mod.AT_START:  # llama.cpp's --lora files: a change restarts
+            doc["lora_files"] = [a.to_doc() for a in self.adapters]
         # idle only says when the control plane sleeps or stops a replica: no restart when it changes, but for
         # the flag a sleeping engine must be started with (vLLM's --enable-sleep-mode), and likewise kv_aware's
         # event publisher: without a restart they would reach only replicas started later (issue 31).

@@ -92,7 +92,7 @@ from llmgw.core.specengine import (
     parse_source_file,
     parse_source_sha256,
 )
-from llmgw.core.specfields import check_fields, choice, integer, mapping, or_zero, string
+from llmgw.core.specfields import check_fields, choice, header, integer, mapping, or_zero, string
 from llmgw.core.specmodel import API_VERSION, DEFAULT_STARTUP_TIMEOUT_S, Model, ModelSpec
 from llmgw.core.specplace import (
     CAPABILITY_RE,
@@ -123,7 +123,6 @@ ROUTING_POLICIES = ("prefix_cache", "least_outstanding", "round_robin", "session
 MAX_PRIORITY = 1_000_000
 MAX_CONTEXT = 1 << 24
 
-_TOP_FIELDS = ("apiVersion", "kind", "metadata", "spec")
 _META_FIELDS = ("name", "labels")
 _SPEC_FIELDS = ("engine", "served_name", "source", "replicas", "resources", "startup_timeout",
                 "engine_args", "env", "aliases", "routing", "rollout",
@@ -209,15 +208,7 @@ def parse_labels(value: Any) -> tuple[tuple[str, str], ...]:
 
 def _name(doc: Any) -> str:
     """The document's header checked (apiVersion, kind, metadata) and the model's name."""
-    if not isinstance(doc, Mapping):
-        raise SpecError("", "a model file must be a mapping with apiVersion, kind, metadata and spec")
-    check_fields(doc, _TOP_FIELDS, "")
-    if doc.get("apiVersion") != API_VERSION:
-        raise SpecError("apiVersion", f"must be {API_VERSION!r}, got {doc.get('apiVersion')!r}")
-    if doc.get("kind") != "Model":
-        raise SpecError("kind", f"must be 'Model', got {doc.get('kind')!r}")
-    meta = mapping(doc.get("metadata"), "metadata")
-    check_fields(meta, _META_FIELDS, "metadata")
+    meta = header(doc, kind="Model", api_version=API_VERSION, meta_fields=_META_FIELDS)
     name = string(meta.get("name"), "metadata.name")
     if not NAME_RE.match(name):
         raise SpecError("metadata.name", f"{name!r} is not a valid name: use lower-case letters, digits, "

@@ -18,7 +18,7 @@ A request's path, in order:
   refusals and stream in Anthropic's shapes;
 * ``proxying``: the admitted request's trip: ``upstream.Forwarder`` picks the endpoint and retries,
   ``relay`` relays the answer, ``openai_shape`` and ``openai_errors`` put llama.cpp's answers and every
-  engine's errors in OpenAI's shape;
+  engine's errors in OpenAI's shape, ``loraroute`` adds what an adapter's request needs (llama.cpp's ``lora``);
 * ``upstream``: the choice of endpoint by the model's policy (``policies``: one file per routing
   policy on ``policies.base.Policy``, wrapping the pure choices in ``pick`` and ``prefix``; a LoRA
   adapter's request first narrowed to the replicas whose engine holds it, ``adaptercache``), the

@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from llmgw.router import asgi, errors, metering, metrics, openai_shape, pick, relay, request, upstream
+from llmgw.router import asgi, errors, loraroute, metering, metrics, openai_shape, pick, relay, request, upstream
 from llmgw.router import quota as router_quota
 from llmgw.router import signals as router_signals
 from llmgw.router.client import Response
@@ -69,6 +69,14 @@ class Proxy:
             _finish(trace, time.perf_counter())
             return
         body = request.for_engine(req, route.served_name)
+        if route.lora is not None:  # a model with adapters the engine picks per request (llama.cpp)
+            try:
+                body = loraroute.apply(route.lora, req, body)
+            except errors.ApiError as refusal:
+                trace.status = refusal.status
+                await asgi.send_error(send, refusal)
+                _finish(trace, time.perf_counter())
+                return
         if metered is not None:
             body = metered.ask_usage(req, path, body)  # a stream's usage, asked of the engine if the client did not
         # What the engine's answer needs to be OpenAI's shape (llama.cpp's); None for engines that conform.

@@ -21,9 +21,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from llmgw.api import routing
+from llmgw.core import adapters as adapters_mod
 from llmgw.core import quota
 from llmgw.core.errors import LlmgwError
-from llmgw.router import pick
+from llmgw.router import loraroute, pick
 from llmgw.router.auth import Authenticator
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,8 @@ class ModelRoute:
     adapter_slots: int = 0
     #: ``kv_aware``: the version of its tokenizer files the control plane offers (``tokenizers``); "": none.
     tokenizer: str = ""
+    #: What its requests get added for adapters the engine picks per request (``loraroute``); None: nothing.
+    lora: loraroute.Lora | None = None
 
     def open_to(self, project: str) -> bool:
         """Whether a key of ``project`` may see and use the model (a request without a key may: no keys exist)."""
@@ -92,7 +95,9 @@ class ModelRoute:
         return self.autoscale is not None and not self.endpoints
 
     def public_names(self) -> tuple[str, ...]:
-        """The ids ``/v1/models`` lists for this model: served name first, then aliases."""
+        """The ids ``/v1/models`` lists for this model: served name first, then aliases (an adapter: its name)."""
+        if self.parent:  # SGLang's is served as "BASE:ADAPTER"
+            return (self.name,)
         return tuple(dict.fromkeys((self.served_name, *self.aliases)))
 
 
@@ -208,10 +213,15 @@ def adapter_routes(base: ModelRoute, entry: routing.ModelEntry) -> tuple[ModelRo
     """
     reported = any(e.adapters for e in base.endpoints)
     out = []
-    for name in entry.adapters:
-        holders = tuple(e for e in base.endpoints if name in e.adapters)
-        route = dataclasses.replace(base, name=name, served_name=name, aliases=(), parent=base.served_name,
-                                    endpoints=holders or base.endpoints, adapter_slots=entry.adapter_slots)
+    by_id, suffixed = base.engine in adapters_mod.BY_ID, base.engine in adapters_mod.SUFFIXED
+    for i, name in enumerate(entry.adapters):
+        # llama.cpp names an adapter by its index: an engine started with another list (a rollout) is not used.
+        holders = tuple(e for e in base.endpoints if name in e.adapters and (not by_id or _index(e, name) == i))
+        # SGLang's OpenAI API takes an adapter as "BASE:ADAPTER" (``request.for_engine`` writes it).
+        served = f"{base.served_name}:{name}" if suffixed else name
+        route = dataclasses.replace(base, name=name, served_name=served, aliases=(), parent=base.served_name,
+                                    endpoints=holders or base.endpoints, adapter_slots=entry.adapter_slots,
+                                    lora=loraroute.of_adapter(base.engine, name, i))
         if reported and not holders:
             route = dataclasses.replace(
                 route, endpoints=(), autoscale=base.autoscale or RouteAutoscale(len(base.endpoints),
@@ -220,6 +230,10 @@ def adapter_routes(base: ModelRoute, entry: routing.ModelEntry) -> tuple[ModelRo
                         f"are fetching or loading it; `llmgw describe model {base.name}` says why a load failed)")
         out.append(route)
     return tuple(out)
+
+
+def _index(endpoint: Endpoint, name: str) -> int:
+    return endpoint.adapters.index(name)
 
 
 def _route(where: str, entry: routing.ModelEntry) -> ModelRoute:
@@ -236,4 +250,5 @@ def _route(where: str, entry: routing.ModelEntry) -> ModelRoute:
         message=entry.message, endpoints=entry.endpoints, created=entry.created, routing=routing_name,
         replica_limit=entry.concurrency_per_replica, engine=entry.engine, unhealthy=entry.unhealthy,
         autoscale=entry.autoscale, projects=frozenset(entry.projects), prices=entry.prices,
-        embeddings=entry.embeddings, tokenizer=entry.tokenizer)
+        embeddings=entry.embeddings, tokenizer=entry.tokenizer,
+        lora=loraroute.of_base(entry.engine, entry.name, entry.adapters))

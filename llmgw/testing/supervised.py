@@ -41,6 +41,26 @@ class SupervisorHarness:
         return self.run(poll())
 
 
+@contextlib.contextmanager
+def torn_down(h: SupervisorHarness, *, after: Callable[[], Awaitable[object]] | None = None,
+              ) -> Iterator[SupervisorHarness]:
+    """``h``; after, whatever happened: its engines stopped, ``after()`` run on its loop (a fetcher closed),
+    the loop closed and the processes this one started killed (an ``llmgw mirror`` spared: its test stops it)."""
+    try:
+        yield h
+    finally:
+        try:
+            h.run(h.sup.stop_all(reason="test over"))
+            h.run(h.sup.close())
+            if after is not None:
+                h.run(after())
+        finally:
+            h.loop.close()
+            for child in psutil.Process().children(recursive=True):
+                if "llmgw mirror" not in " ".join(child.cmdline()):
+                    child.kill()
+
+
 def run_supervised(run_dir: Path, body: Callable[[Supervisor], Awaitable[None]], **kw: Any) -> list[ShardStatus]:
     """Run ``body(sup)`` on a fresh loop; stop and close the supervisor and kill this process's children after.
 

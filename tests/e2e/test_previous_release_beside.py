@@ -118,6 +118,12 @@ def test_the_previous_release_runs_beside_this_one_on_its_schema(
                 "schema_floor": "0015", "schema_written_by": version()}
         engine.dispose()
         head.apply(sim_model("from-head", replicas=2))
+        # A kind: Adapter is stored in its base's manifest (no migration): the previous release reads it as one of
+        # the model's spec.adapters.
+        added = head.request("POST", "/api/v1/adapters", json={
+            "apiVersion": "llmgw/v1", "kind": "Adapter", "metadata": {"name": "from-head-sql"},
+            "spec": {"base": "from-head", "source": "/srv/loras/sql"}})
+        assert added.status_code == 201, added.text
         assert head.request("POST", "/api/v1/keys", json={"name": "head-key"}).status_code == 201
         assert head.request("POST", "/api/v1/users", json={"name": "ops", "role": "viewer"}).status_code == 201
         audited(head, "model/from-head", "user/ops")
@@ -132,6 +138,7 @@ def test_the_previous_release_runs_beside_this_one_on_its_schema(
         hand_over(head, prev)
         doc = prev.get("/api/v1/models/from-head")
         assert doc["metadata"]["name"] == "from-head" and doc["spec"]["replicas"] == 2
+        assert [a["name"] for a in doc["spec"]["adapters"]] == ["from-head-sql"]
         assert names(prev, "/api/v1/keys") == ["head-key"]
         assert "ops" in names(prev, "/api/v1/users")
         prev.apply(sim_model("from-previous", replicas=3))
@@ -144,6 +151,8 @@ def test_the_previous_release_runs_beside_this_one_on_its_schema(
         assert names(head, "/api/v1/models", "metadata") == ["from-head", "from-previous"]
         assert head.get("/api/v1/models/from-previous")["spec"]["replicas"] == 3
         assert names(head, "/api/v1/keys") == ["head-key", "previous-key"]
+        assert [(a["name"], a["applied"]) for a in head.get("/api/v1/adapters")["items"]] == [("from-head-sql",
+                                                                                              "Adapter")]
         assert {"model/from-head", "model/from-previous"} <= {e["object"] for e in head.get("/api/v1/audit")["items"]}
         head.apply(sim_model("after", replicas=1))
         assert names(prev, "/api/v1/models", "metadata") == ["after", "from-head", "from-previous"]  # forwarded

@@ -13,13 +13,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from llmgw.agent.fetch import records as fetch_records
 from llmgw.core.errors import FetchError
 from llmgw.core.shards import ShardSpec, ShardState
-from llmgw.testing.supervised import SupervisorHarness
+from llmgw.testing.supervised import SupervisorHarness, torn_down
 
 S = ShardState
 pytestmark = pytest.mark.slow
@@ -71,17 +70,8 @@ class Harness(SupervisorHarness):
 
 @pytest.fixture
 def harness(tmp_path: Path) -> Iterator[Harness]:
-    h = Harness(tmp_path)
-    try:
+    with torn_down(Harness(tmp_path)) as h:
         yield h
-    finally:
-        try:
-            h.run(h.sup.stop_all(reason="test over"))
-            h.run(h.sup.close())
-        finally:
-            h.loop.close()
-            for child in psutil.Process().children(recursive=True):
-                child.kill()
 
 
 def spec(shard_id: str, *, source: str = "hf://org/repo") -> ShardSpec:

@@ -12,29 +12,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
-import psutil
 import pytest
 
 from llmgw.core import adapters
 from llmgw.core.shards import ShardSpec, ShardState, ShardStatus
-from llmgw.testing.supervised import SupervisorHarness
+from llmgw.testing.supervised import SupervisorHarness, torn_down
 
 S = ShardState
 
 
 @pytest.fixture
 def harness(tmp_path: Path) -> Iterator[SupervisorHarness]:
-    h = SupervisorHarness(tmp_path / "run")
-    try:
+    with torn_down(SupervisorHarness(tmp_path / "run")) as h:
         yield h
-    finally:
-        try:
-            h.run(h.sup.stop_all(reason="test over"))
-            h.run(h.sup.close())
-        finally:
-            h.loop.close()
-            for child in psutil.Process().children(recursive=True):
-                child.kill()
 
 
 def spec(listed: tuple[adapters.Adapter, ...]) -> ShardSpec:

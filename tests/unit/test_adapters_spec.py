@@ -47,13 +47,6 @@ def test_bad_adapters_are_named(adapters_doc: Any, field: str, words: str) -> No
     assert e.value.field == field and words in e.value.reason
 
 
-@pytest.mark.parametrize("engine", ["sglang", "llamacpp"])
-def test_engines_llmgw_cannot_load_adapters_into_are_refused_with_why(engine: str) -> None:
-    with pytest.raises(SpecError) as e:
-        specs.parse_manifest(doc(engine, adapters=TWO))
-    assert e.value.field == "spec.adapters" and "use engine vllm" in e.value.reason
-
-
 def test_lora_flags_by_hand_are_refused_beside_adapters() -> None:
     with pytest.raises(SpecError) as e:
         specs.parse_manifest(doc(adapters=TWO, engine_args=["--max-lora-rank=64"]))

@@ -121,6 +121,11 @@ def test_get_replicas_phase_and_describe_bar_show_progress() -> None:
     stalled = {"phase": "Starting", "fetch": fetch_of(rec(), {"n1": node(fetching(state="stalled"))})}
     assert tables.phase_of(stalled) == "Fetching 41% stalled"
     assert tables.phase_of({"phase": "Ready", "fetch": None}) == "Ready"
+    # A Ready replica fetching a LoRA adapter its engine loads at runtime says so (agent: lorafiles.fetch_shown).
+    ready = dataclasses.replace(fetching(), state=ShardState.READY)
+    shown = {"phase": "Ready", "fetch": fetch_of(rec(), {"n1": node(ready)})}
+    assert tables.phase_of(shown) == "Ready, fetching an adapter 41% 210 MB/s"
+    assert fetch_of(rec(), {"n1": node(dataclasses.replace(ready, fetch=None))}) is None
 
 
 def test_hub_token_from_file_or_environment_never_empty_file(tmp_path: Path) -> None:

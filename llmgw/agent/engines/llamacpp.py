@@ -146,7 +146,10 @@ class LlamaCpp:
 
     def launch(self, spec: shards.ShardSpec, *, host: str, port: int, model_path: str | None,
                cpu_count: int, node: enginecheck.NodeFacts = enginecheck.NodeFacts(), work_dir: str = "",
-               python: str | None = None, tls: base.TlsFiles | None = None) -> base.Launch:
+               python: str | None = None, tls: base.TlsFiles | None = None,
+               lora_paths: tuple[str, ...] = ()) -> base.Launch:
+        """``lora_paths``: the files of ``spec.adapters``, in their order (a request's ``lora`` id is the index),
+        loaded at scale 0 (``--lora-init-without-apply``): only a request for an adapter applies it."""
         # node and work_dir are unused: llama.cpp runs one process on one node and keeps no cache.
         self.validate(spec)
         if not model_path:
@@ -168,6 +171,10 @@ class LlamaCpp:
             # llama-server's own flags (a build with SSL serves TLS itself); the launcher takes the same and,
             # the xllamacpp wheels being built without SSL, serves them from a relay in its process.
             argv += ["--ssl-key-file", tls.key, "--ssl-cert-file", tls.cert]
+        for path in lora_paths:
+            argv += ["--lora", path]
+        if lora_paths:
+            argv.append("--lora-init-without-apply")
         argv += spec.args
         # The key by environment (llama-server and the launcher both read LLAMA_API_KEY), not argv.
         return base.Launch(argv=argv, env={**base.spec_env(spec), **base.api_key_env(self.name, spec)})

@@ -35,6 +35,15 @@ Facts about xllamacpp this is built on (2026.10):
   type 'none' is not OAI compatible". An input must fit one physical batch
   (``--ubatch-size``, at most ``--batch-size``), or llama.cpp answers 500 "input
   (N tokens) is too large to process".
+* ``--lora FILE`` (repeatable) loads a GGUF LoRA adapter, ``params.lora_adapters`` (a list of
+  ``CommonAdapterLoraInfo(path, scale)``), numbered from 0 in the order given; a request picks some with
+  llama.cpp's ``"lora": [{"id": 0, "scale": 1.0}]`` (the others then run at scale 0), and ``GET
+  /lora-adapters`` lists them. ``params.lora_init_without_apply`` alone does not keep them off a request
+  that names none (measured: such a request ran every adapter at its scale 1.0, and ``"lora": []`` too), so
+  ``--lora-init-without-apply`` loads each at scale 0, which is what the flag means. And a slot's cached
+  prompt is reused across requests with different adapters (the same request answered differently after
+  another adapter's), so the router turns the prompt cache off for such a model's requests
+  (``router/loraroute.py``).
 """
 
 from __future__ import annotations
@@ -94,6 +103,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "model has none, so give mean)")
     parser.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", default=None,
                         help="layers on the GPU: a number, 'auto' or 'all'")
+    parser.add_argument("--lora", action="append", default=[], metavar="FILE",
+                        help="a GGUF LoRA adapter (repeatable; numbered from 0 in this order)")
+    parser.add_argument("--lora-init-without-apply", action="store_true",
+                        help="load the adapters at scale 0: only a request's own 'lora' field applies one")
     parser.add_argument("--ssl-key-file", default="", help="serve HTTPS with this PEM key (with --ssl-cert-file)")
     parser.add_argument("--ssl-cert-file", default="", help="the PEM certificate for --ssl-key-file")
     args = parser.parse_args(argv)
@@ -116,19 +129,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def check_model(path: str) -> str | None:
-    """Why ``path`` cannot be loaded as a GGUF model, or None when it looks loadable."""
+def check_model(path: str, what: str = "model") -> str | None:
+    """Why ``path`` cannot be loaded as a GGUF model (or LoRA adapter), or None when it looks loadable."""
     if not os.path.exists(path):
-        return f"model file {path} does not exist"
+        return f"{what} file {path} does not exist"
     if not os.path.isfile(path):
-        return f"model path {path} is not a file"
+        return f"{what} path {path} is not a file"
     try:
         with open(path, "rb") as f:
             magic = f.read(4)
     except OSError as e:
-        return f"model file {path} cannot be read: {e.strerror or e}"
+        return f"{what} file {path} cannot be read: {e.strerror or e}"
     if magic != b"GGUF":
-        return f"model file {path} is not a GGUF file (it starts with {magic!r}, not b'GGUF')"
+        return f"{what} file {path} is not a GGUF file (it starts with {magic!r}, not b'GGUF')"
     return None
 
 
@@ -201,6 +214,9 @@ def build_params(args: argparse.Namespace, xllamacpp: Any) -> Any:
     layers = gpu_layers(args.n_gpu_layers, xllamacpp)
     if layers is not None:
         params.n_gpu_layers = layers
+    if args.lora:
+        scale = 0.0 if args.lora_init_without_apply else 1.0
+        params.lora_adapters = [xllamacpp.CommonAdapterLoraInfo(path, scale) for path in args.lora]
     return params
 
 
@@ -235,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     # Until the server is up, a stop ends the process at once (see the module docstring).
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     args = parse_args(argv)
-    problem = check_model(args.model) or check_port(args.host, args.port)
+    problem = (check_model(args.model) or next(filter(None, (check_model(p, "LoRA adapter") for p in args.lora)), None)
+               or check_port(args.host, args.port))
     if problem:
         print(f"{PROG}: {problem}", file=sys.stderr, flush=True)
         return 1

@@ -48,7 +48,7 @@ import sys
 from collections.abc import Callable
 
 from llmgw.agent.engines import base
-from llmgw.core import enginecheck, engines, errors, inventory, shards
+from llmgw.core import adapters, enginecheck, engines, errors, inventory, shards
 
 MODULE = "sglang.launch_server"
 DISTRIBUTIONS = ("sglang",)
@@ -76,6 +76,10 @@ def write_config(path: str, values: dict[str, str]) -> None:
         f.write(text)
 
 
+#: The SGLang whose LoRA flags (``adapters.sglang_args``) were checked against its parser: older ones are refused.
+LORA_CHECKED = "0.5.23"
+
+
 class Sglang:
     """Adapter for SGLang's OpenAI-compatible server."""
 
@@ -94,8 +98,12 @@ class Sglang:
 
     def launch(self, spec: shards.ShardSpec, *, host: str, port: int, model_path: str | None,
                cpu_count: int, node: enginecheck.NodeFacts = enginecheck.NodeFacts(), work_dir: str = "",
-               python: str | None = None, tls: base.TlsFiles | None = None) -> base.Launch:
+               python: str | None = None, tls: base.TlsFiles | None = None,
+               lora_paths: tuple[str, ...] = ()) -> base.Launch:
+        """``lora_paths``: the directories of ``spec.adapters``, in their order (``adapters.sglang_args``)."""
         self.validate(spec, node=node)
+        if lora_paths:
+            self._check_lora(spec, python or self.python)
         model_path = base.require_model_dir(spec, model_path)
         worker = spec.nnodes > 1 and spec.rank > 0
         argv = [python or self.python, "-m", MODULE, "--model-path", model_path,
@@ -118,6 +126,7 @@ class Sglang:
             argv += ["--config", path]
         if tls is not None and not worker:
             argv += ["--ssl-keyfile", tls.key, "--ssl-certfile", tls.cert]
+        argv += adapters.sglang_args(spec.adapters, lora_paths) if lora_paths else ()
         argv += spec.args
         env = {"HF_HUB_OFFLINE": "1", **base.work_dir_env(work_dir, (("TMPDIR", ""), ("HF_HOME", "hf")))}
         env |= base.multinode_env(spec, node)
@@ -127,5 +136,25 @@ class Sglang:
     def probe(self) -> str | None:
         return self._versions.get(self.python)
 
+    def _check_lora(self, spec: shards.ShardSpec, python: str) -> None:
+        """EngineError when the SGLang that would run is older than the one whose LoRA flags llmgw checked."""
+        found = self._versions.get(python)
+        if found and _release(found) < _release(LORA_CHECKED):
+            raise errors.EngineError(
+                f"shard {spec.shard_id}: SGLang {found} is older than {LORA_CHECKED}, the release whose LoRA flags "
+                "llmgw starts it with (--enable-lora, --max-lora-rank, --max-loras-per-batch, --lora-paths "
+                f"NAME=DIR, checked against its parser); install SGLang {LORA_CHECKED} or newer on this node "
+                "(`llmgw engine install`), pin spec.engine_version to it, or remove the model's adapters")
+
     def in_flight_probe(self) -> base.InFlightProbe:
         return "/metrics", parse_metrics_in_flight
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """(0, 5, 23) from "0.5.23" or "0.5.23.post1"; the parts that are not numbers end it."""
+    out = []
+    for part in version.split("."):
+        if not part.isdigit():
+            break
+        out.append(int(part))
+    return tuple(out)

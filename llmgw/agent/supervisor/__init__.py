@@ -7,7 +7,9 @@ alive, or busy, ``watching`` follows each process, ``liveness`` decides what a
 Ready engine's health probe means (UNHEALTHY, READY again), ``draining`` waits
 out its requests, ``ending`` signals and describes exits, and ``records``
 holds each shard and reports its transitions; ``fetching`` turns a remote
-source into the weights fetcher's request and its progress into reports. Engines
+source into the weights fetcher's request and its progress into reports; ``loras``
+keeps a running engine's LoRA adapters, ``lorafiles`` fetches those an engine is given at
+start (llama.cpp, SGLang) and shows an adapter's fetch. Engines
 outlive the agent: ``statefiles`` describes each on disk, ``adopting`` (a part
 of ``Supervisor``) writes those files and takes the engines back, ``recovering``
 decides what a restarted agent adopts or kills, and ``orphans`` watches and

@@ -176,7 +176,8 @@ def fabric_env(spec: ShardSpec, launch: engines.Launch) -> dict[str, str]:
 
 def plan(spec: ShardSpec, adapter: engines.Adapter, *, host: str, model_path: str | None,
          cpu_count: int, run_dir: Path, node: enginecheck.NodeFacts | None = None,
-         user: identity.EngineUser | None = None, tls: enginetls.Material | None = None) -> Plan:
+         user: identity.EngineUser | None = None, tls: enginetls.Material | None = None,
+         lora_paths: tuple[str, ...] = ()) -> Plan:
     """The argv, environment and endpoint for ``spec``, and its work dir made; EngineError when it cannot run.
 
     ``run_dir`` must be absolute: it is the marker a later agent compares.
@@ -184,7 +185,8 @@ def plan(spec: ShardSpec, adapter: engines.Adapter, *, host: str, model_path: st
     GPU indices are checked against the spec's. ``user``: who the engine runs
     as (None: the agent's own user); its work dir is given to it. ``tls``: the
     node's engine key and certificate, copied into the work dir (0600, the
-    engine's) for the engine to serve TLS with; the endpoint is then https.
+    engine's) for the engine to serve TLS with; the endpoint is then https. ``lora_paths``: the adapter
+    files an engine that takes them at start is given (``lorafiles``).
     """
     try:
         # The shard id becomes a file name under run_dir; "../x" or "a/b" would
@@ -201,7 +203,9 @@ def plan(spec: ShardSpec, adapter: engines.Adapter, *, host: str, model_path: st
     make_work_dir(work_dir)
     try:
         # Only given when there is TLS: an adapter written before it takes no tls argument.
-        extra = {"tls": enginetls.place(work_dir, tls)} if tls is not None else {}
+        extra: dict[str, object] = {"tls": enginetls.place(work_dir, tls)} if tls is not None else {}
+        if lora_paths:
+            extra["lora_paths"] = lora_paths
         launch = adapter.launch(spec, host=host, port=port, model_path=model_path, cpu_count=cpu_count,
                                 node=node or enginecheck.NodeFacts(), work_dir=str(work_dir), **extra)
         if not launch.argv:

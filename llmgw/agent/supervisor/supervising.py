@@ -40,6 +40,7 @@ does both; ``recovering`` decides, ``orphans`` watches and ends what we did not 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -59,6 +60,7 @@ from llmgw.agent.supervisor import (
     identity,
     launching,
     liveness,
+    lorafiles,
     loras,
     process,
     records,
@@ -143,7 +145,7 @@ class Supervisor(adopting.Adopting):
         """Launch ``spec``'s engine, or report the shard already known by its id."""
         rec = self._recs.get(spec.shard_id)
         if rec is None:
-            remote = fetching.is_remote(spec.source)
+            remote = fetching.is_remote(spec.source) or lorafiles.remote(spec)
             first = ShardStatus(spec.shard_id, spec.replica_id, S.FETCHING if remote else S.STARTING,
                                 spec=fetching.stored(spec), fetch=FetchProgress() if remote else None,
                                 message=f"fetching {spec.source}" if remote else "")
@@ -170,20 +172,24 @@ class Supervisor(adopting.Adopting):
             rec.loras.token = spec.hub_token or rec.loras.token
             rec.loras.wanted.set()
             return
-        if not spec.adapters:
+        if not spec.adapters or rec.lora_task is not None:
             return
-        fetcher = self._fetcher
-
-        async def fetch(req: fetch_records.Request) -> str:
-            assert fetcher is not None
-            path = await fetcher.ensure(req)
-            self._on_weights_changed()
-            return path
-
-        rec.loras = loras.Keeper(rec, self._recs, http=self._http, fetch=fetch if fetcher else None,
+        if lorafiles.at_start(spec):  # llama.cpp: files on its command line, checked once it is READY
+            keep = lorafiles.keep(rec, self._recs, http=self._http, interval_s=self._interval_s)
+            rec.lora_task = asyncio.create_task(keep, name=f"adapters {spec.shard_id}")
+            return
+        fetch = functools.partial(lorafiles.fetch_shown, rec, self._recs, self._ensure, self._clock)
+        rec.loras = loras.Keeper(rec, self._recs, http=self._http, fetch=fetch if self._fetcher else None,
                                      token=spec.hub_token, interval_s=self._interval_s,
                                      resolve=self._resolve_adapter)
         rec.lora_task = asyncio.create_task(rec.loras.keep(), name=f"adapters {spec.shard_id}")
+
+    async def _ensure(self, req: fetch_records.Request,
+                      on_progress: Callable[[fetch_records.Progress], None] | None = None) -> str:
+        assert self._fetcher is not None
+        path = await self._fetcher.ensure(req, on_progress=on_progress)
+        self._on_weights_changed()
+        return path
 
     async def _fetch(self, rec: records.Shard, spec: ShardSpec) -> str | None:
         """The local path of ``spec``'s remote weights once fetched (None: its source is local).
@@ -214,6 +220,10 @@ class Supervisor(adopting.Adopting):
     async def _launch(self, rec: records.Shard, spec: ShardSpec) -> ShardStatus:
         plan: launching.Plan | None = None
         try:
+            lora_paths = await lorafiles.paths(rec, self._recs, spec, fetch=self._ensure if self._fetcher else None,
+                                               resolve=self._resolve, resolve_dir=self._resolve_adapter,
+                                               clock=self._clock) \
+                if lorafiles.at_start(spec) else ()
             fetched = await self._fetch(rec, spec)
         except (FetchError, SpecError) as exc:
             return self._recs.move(rec, S.FAILED, fetch=None, message=str(exc))
@@ -238,7 +248,7 @@ class Supervisor(adopting.Adopting):
                                                          if r.status.state in S.live()})
             plan = self._on_plan(spec, launching.plan(spec, adapter, host=self._host, model_path=model_path,
                                                       cpu_count=self._cpu_count, run_dir=self._run_dir, node=node,
-                                                      user=user, tls=tls))
+                                                      user=user, tls=tls, lora_paths=lora_paths))
             # Asked before the spawn: an adapter that raised here after it would
             # leave a running engine that no watcher follows.
             in_flight = draining.probe_of(adapter)

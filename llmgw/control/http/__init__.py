@@ -1,6 +1,6 @@
 """The control plane's REST API, one module per resource; ``api.create_api`` assembles them.
 
-- ``models`` (``modeldocs``): models applied, read, scaled, described, deleted.
+- ``models`` (``modeldocs``): models applied, read, scaled, described, deleted; ``adapters``: ``kind: Adapter``.
 - ``nodes`` (``nodedocs``): nodes listed, described, cordoned/uncordoned/drained, their logs;
   ``nodecerts``: their certificates and revocation; ``nodeupgrade``: their agents' upgrades.
 - ``replicas``; ``events``; ``weights``; ``engines``; ``fabric`` (RDMA tests).

@@ -19,6 +19,7 @@ from llmgw.control.auth import middleware as auth_mw
 from llmgw.control.catalog import entries as catalog_entries
 from llmgw.control.cluster import Cluster
 from llmgw.control.http import (
+    adapters,
     apidocs,
     ca,
     engines,
@@ -98,7 +99,8 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extr
                  keys.router(db, cluster), nodecerts.router(db, cluster), tokens.router(db, join),
                  events.router(db), weights.router(db, cluster), fabric.router(cluster),
                  engines.router(db, cluster), settings.router(db), meta.router(leadership),
-                 models.router(db, cluster), replicas.router(db, cluster, reports), routers.router(cluster, reports),
+                 models.router(db, cluster), adapters.router(db, cluster), replicas.router(db, cluster, reports),
+                 routers.router(cluster, reports),
                  nodes.router(db, cluster), nodeupgrade.router(db, cluster), history_http.router(cluster),
                  projects.router(db, cluster), routertokenizer.router(db, cluster),
                  priorities.router(db, cluster),

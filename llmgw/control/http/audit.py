@@ -70,6 +70,8 @@ AUDITED: tuple[Audited, ...] = (
     _route("PUT", "/api/v1/models/{name}", "apply", "model"),
     _route("DELETE", "/api/v1/models/{name}", "delete", "model"),
     _route("POST", "/api/v1/models/{name}/scale", "scale", "model"),
+    _route("POST", "/api/v1/adapters", "apply", "adapter"),  # the name is in the body
+    _route("DELETE", "/api/v1/adapters/{name}", "delete", "adapter"),
     _route("POST", "/api/v1/nodes/{name}/cordon", "cordon", "node"),
     _route("POST", "/api/v1/nodes/{name}/uncordon", "uncordon", "node"),
     _route("POST", "/api/v1/nodes/{name}/drain", "drain", "node"),
@@ -160,7 +162,7 @@ def object_of(route: Audited, path: str, request_body: bytes, response_body: byt
     ``username`` (login), or the answer's ``id`` (key and token create); nothing else of a body is read."""
     m = route.path.match(path)
     name = m.group("name") if m and "name" in m.groupdict() else ""
-    if not name and route.kind == "model":
+    if not name and route.kind in ("model", "adapter"):
         doc = _json(request_body)
         meta = doc.get("metadata") if isinstance(doc, dict) else None
         name = meta.get("name") if isinstance(meta, dict) and isinstance(meta.get("name"), str) else ""

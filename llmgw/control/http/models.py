@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request, Response
 
@@ -21,18 +22,38 @@ from llmgw.control.http.apierrors import BadRequest, Conflict, NotFound, Unproce
 from llmgw.control.state import ReplicaRecord
 from llmgw.control.store.offloop import StoreThread
 from llmgw.control.store.store import StoredModel
-from llmgw.core import adapters, enginecheck, specpolicy, specs
+from llmgw.core import adapterkind, adapters, enginecheck, specpolicy, specs
 from llmgw.core.errors import SpecError
 
 MAX_BODY = 1 << 20
+T = TypeVar("T")
 _HINT = "`llmgw get models` lists them"
 
 
-async def read_manifest(db: StoreThread, request: Request) -> specs.Model:
-    """The request's model file, checked against the spec, the cluster's policy and what any engine refuses."""
+async def read_body(request: Request, parse: Callable[[Any], T]) -> T:
+    """The request's JSON body read by ``parse``; its SpecError a 422 naming the field."""
     doc = read_json(await request.body(), limit=MAX_BODY)
     try:
-        model = specs.parse_manifest(doc)
+        return parse(doc)
+    except SpecError as e:
+        raise Unprocessable(str(e), code="invalid_spec", param=e.field) from None
+
+
+async def read_manifest(db: StoreThread, request: Request) -> specs.Model:
+    """The request's model file, with the adapters applied on their own beside the stored one kept
+    (``adapterkind.carry``), checked against the spec, the cluster's policy and what any engine refuses."""
+    model = await read_body(request, specs.parse_manifest)
+    before = await db.get_model(model.name)
+    model = adapterkind.carry(before.model if before else None, model)
+    await check_model(db, model)
+    return model
+
+
+async def check_model(db: StoreThread, model: specs.Model, *, field_of: Callable[[str], str] = str) -> None:
+    """422 naming the field when ``model`` breaks the spec, the cluster's policy, another model's names or what
+    every engine would refuse; ``field_of`` renames a field for the document the caller was given."""
+    try:
+        specs.parse_manifest(model.to_manifest())  # a model joined with adapters is checked as one file would be
         # The cluster's env allowlist and code flags (issue 24), with the admin's settings in force.
         policy = await settings_http.current(db)
         specpolicy.check(model.spec, allowed_env=policy.allowed_env, allow_remote_code=policy.allow_remote_code)
@@ -41,7 +62,7 @@ async def read_manifest(db: StoreThread, request: Request) -> specs.Model:
         s = model.spec
         adapters.check_unique(model.name, s.served_name, s.aliases, s.adapters, others)
     except SpecError as e:
-        raise Unprocessable(str(e), code="invalid_spec", param=e.field) from None
+        raise Unprocessable(str(e), code="invalid_spec", param=field_of(e.field)) from None
     # What the model file alone proves the engine would refuse (fp8 without a GPU, a reserved
     # flag spelt with underscores) is refused here. Checks that need the weights' metadata or
     # a node's facts run at placement, where the answer is the model's Placed condition
@@ -50,7 +71,6 @@ async def read_manifest(db: StoreThread, request: Request) -> specs.Model:
     if found:
         raise Unprocessable(f"{model.spec.engine} would refuse this model on any node: {'; '.join(found)}",
                             code="engine_refused", param="spec")
-    return model
 
 
 def _replica_count(doc: object) -> int:
@@ -157,6 +177,10 @@ def _changes(db: StoreThread, cluster: Cluster) -> APIRouter:
 
     @api.delete("/api/v1/models/{name}", response_model=schemas.Deleted)
     async def delete_model(name: str) -> dict[str, Any]:
+        stored = await _stored(db, name)
+        if mine := adapterkind.attached(stored.model):
+            raise Conflict(f"model {name} has adapters applied on their own ({', '.join(mine)}); delete them first "
+                           f"(`llmgw delete adapter {mine[0]}`), then the model", code="has_adapters")
         if not await db.delete_model(name):
             await _stored(db, name)
         cluster.record(ev.Event(time.time(), ev.NORMAL, "Deleted", f"model/{name}",
