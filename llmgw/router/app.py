@@ -33,6 +33,7 @@ from llmgw.router import (
     admission,
     asgi,
     auth,
+    batchrun,
     cold,
     completions,
     errors,
@@ -71,10 +72,13 @@ class RouterApp:
                  signals: router_signals.Reporter | None = None,
                  quota: router_quota.QuotaTransport | None = None, usage: usagejournal.UsageTransport | None = None,
                  usage_journal_dir: Path | None = None, router_id: str = "router",
-                 metrics_source: Callable[[], Awaitable[tuple[bytes, str]]] | None = None) -> None:
+                 metrics_source: Callable[[], Awaitable[tuple[bytes, str]]] | None = None,
+                 batches: batchrun.BatchTransport | None = None, batch_concurrency: int = 4,
+                 batch_waiting_below: float = 1.0) -> None:
         """``quota``/``usage``: the control plane's budget and usage services (None: the per-router rpm/tpm
         window, and nothing metered); ``usage_journal_dir``: where unsent usage survives a ``kill -9``;
-        ``metrics_source``: what ``GET /metrics`` answers (a hub's worker: every worker's sum), else ``render()``."""
+        ``metrics_source``: what ``GET /metrics`` answers (a hub's worker: every worker's sum), else ``render()``.
+        ``batches``: the control plane's batch lines (issue 32), run here on idle capacity (``batchrun``)."""
         self.holder = holder
         self._watcher = watcher
         self._serve_metrics = serve_metrics
@@ -99,6 +103,10 @@ class RouterApp:
             limiter=ratelimit.RateLimiter(), source=source, max_body_bytes=max_body_bytes, events=events,
             signals=signals, meter=self.meter, quota=self.quota)
         self._complete = self._completions.complete
+        self.batches = (batchrun.BatchRunner(router_id, batches, holder, admission_=self._admission,
+                                             loads=self._forwarder.loads, proxy=self._proxy, meter=self.meter,
+                                             concurrency=batch_concurrency, waiting_below=batch_waiting_below)
+                        if batches is not None else None)
         #: ``http`` scopes straight to their handler, for a server that knows (``server.Server``): no ``__call__``.
         self.asgi_http = self._http
 
@@ -120,8 +128,12 @@ class RouterApp:
             await self.journal.start()
         if self._watcher is not None:
             await self._watcher.start()
+        if self.batches is not None:
+            await self.batches.start()
 
     async def shutdown(self) -> None:
+        if self.batches is not None:
+            await self.batches.stop()
         # What is held goes back and what is metered goes out while the control plane is still followed.
         if self.quota is not None:
             await self.quota.stop()
