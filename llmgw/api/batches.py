@@ -22,11 +22,18 @@ from typing import Any
 
 from llmgw.api.reports import MAX_ROUTER_ID, BadReport
 
+#: The OpenAI API's paths the control plane serves itself (a router passes them on): files and batches.
+OPENAI_PREFIXES = ("/v1/files", "/v1/batches")
 CLAIM_PATH = "/api/v1/router/batch/claim"
 RESULTS_PATH = "/api/v1/router/batch/results"
 #: More lines than one claim or one results document may carry.
 MAX_LINES = 1000
 MAX_MODELS = 1000
+
+
+def openai_path(path: str) -> bool:
+    """Whether ``path`` is ``/v1/files...`` or ``/v1/batches...``."""
+    return any(path == p or path.startswith(p + "/") for p in OPENAI_PREFIXES)
 
 
 def _text(doc: Any, name: str, limit: int, *, where: str) -> str:

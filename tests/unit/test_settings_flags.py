@@ -56,7 +56,7 @@ def test_every_entry_point_takes_every_setting(cls: type, flags: object) -> None
 
 def test_the_server_and_both_routers_take_the_in_process_routers_settings() -> None:
     proxy = _flags_of(ProxySettings)
-    assert len(proxy) == 10
+    assert len(proxy) == 12  # with --batch-concurrency and --batch-waiting-below (issue 32)
     assert proxy <= _click_flags("server") and proxy <= _click_flags("router")
 
 

@@ -23,17 +23,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from llmgw.api import batches as wire
 from llmgw.control.batches import objects
 from llmgw.control.batches.service import BatchService, Refused
 from llmgw.core import quota
 
-PREFIXES = ("/v1/files", "/v1/batches")
 HOW_TO = "Create one with `llmgw key create NAME` and send it as `Authorization: Bearer <key>`."
 
 
-def serves(path: str) -> bool:
-    """Whether ``path`` is one of this app's (``/v1/files...``, ``/v1/batches...``)."""
-    return any(path == p or path.startswith(p + "/") for p in PREFIXES)
+serves = wire.openai_path
 
 
 def _json(model: Any, status: int = 200) -> JSONResponse:
