@@ -275,7 +275,7 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
                      extra_registries=(metricsmerge.Merged(router_metrics.REGISTRY, worker_metrics),
                                        agentsvc_metrics.REGISTRY, cp.usage.registry, backup_schedule.REGISTRY),
                      router_events=cp.reports, leadership=leadership, join=_join_point(cfg, advertised, join_port),
-                     usage=cp.usage, sso_service=sso_service, catalog=cfg.catalog,
+                     usage=cp.usage, sso_service=sso_service, catalog=cfg.catalog, batches=cp.batches,
                      cluster_ca=None if cfg.insecure else datadir.ca_cert(cfg.data_dir).read_bytes(),
                      cert_files={name: cfg.data_dir / datadir.PKI / f"{name}.crt" for name in ("ca", "api", "server")})
     # A standby answers routers' tables, /healthz, /metrics and the control planes' list itself, and

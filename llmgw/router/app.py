@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from llmgw.api.batches import openai_path
 from llmgw.router import (
     admission,
     asgi,
@@ -74,11 +75,13 @@ class RouterApp:
                  usage_journal_dir: Path | None = None, router_id: str = "router",
                  metrics_source: Callable[[], Awaitable[tuple[bytes, str]]] | None = None,
                  batches: batchrun.BatchTransport | None = None, batch_concurrency: int = 4,
-                 batch_waiting_below: float = 1.0) -> None:
+                 batch_waiting_below: float = 1.0,
+                 files: Callable[[asgi.Scope, asgi.Receive, asgi.Send], Awaitable[None]] | None = None) -> None:
         """``quota``/``usage``: the control plane's budget and usage services (None: the per-router rpm/tpm
         window, and nothing metered); ``usage_journal_dir``: where unsent usage survives a ``kill -9``;
         ``metrics_source``: what ``GET /metrics`` answers (a hub's worker: every worker's sum), else ``render()``.
-        ``batches``: the control plane's batch lines (issue 32), run here on idle capacity (``batchrun``)."""
+        ``batches``: the control plane's batch lines (issue 32), run here on idle capacity (``batchrun``);
+        ``files``: what answers ``/v1/files`` and ``/v1/batches`` (a standalone router's ``controlpass``)."""
         self.holder = holder
         self._watcher = watcher
         self._serve_metrics = serve_metrics
@@ -103,6 +106,7 @@ class RouterApp:
             limiter=ratelimit.RateLimiter(), source=source, max_body_bytes=max_body_bytes, events=events,
             signals=signals, meter=self.meter, quota=self.quota)
         self._complete = self._completions.complete
+        self._files = files
         self.batches = (batchrun.BatchRunner(router_id, batches, holder, admission_=self._admission,
                                              loads=self._forwarder.loads, proxy=self._proxy, meter=self.meter,
                                              concurrency=batch_concurrency, waiting_below=batch_waiting_below)
@@ -176,6 +180,8 @@ class RouterApp:
                 # A key with requests or tokens budgets learns where they stand here too.
                 extra = self.quota.headers(self.quota.plan(key, auth_now.projects)) if self.quota is not None else None
                 await asgi.send_bytes(send, 200, self._models_body(key), extra=extra or None)
+            elif self._files is not None and openai_path(path):
+                await self._files(scope, receive, send)
             elif path == METRICS_PATH and self._serve_metrics and method in ("GET", "HEAD"):
                 body, content_type = (await self._metrics_source() if self._metrics_source is not None
                                       else metrics.render())

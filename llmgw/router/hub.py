@@ -63,6 +63,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from llmgw.api import batches as batchwire
 from llmgw.api import usage as wire
 from llmgw.core import skew
 from llmgw.core.version import version
@@ -73,7 +74,8 @@ from llmgw.router.settings import RouterSettings
 log = logging.getLogger("llmgw.router.hub")
 
 #: The paths a router posts to the control plane it follows.
-RELAYED = (wire.USAGE_PATH, wire.QUOTA_PATH, signals.SIGNALS_PATH, reports.EVENTS_PATH)
+RELAYED = (wire.USAGE_PATH, wire.QUOTA_PATH, signals.SIGNALS_PATH, reports.EVENTS_PATH, batchwire.CLAIM_PATH,
+           batchwire.RESULTS_PATH)
 #: The longest a worker's long poll is held, whatever it asks.
 MAX_HOLD_S = 60.0
 RELAY_TIMEOUT_S = 10.0

@@ -65,7 +65,7 @@ def test_the_flags_that_existed_keep_their_names() -> None:
             "--keepalive", "--header-timeout", "--body-timeout", "--idle-timeout", "--max-connections-per-address",
             "--graceful-shutdown", "--router-id", "--tracing-endpoint", "--admission-queue", "--admission-wait",
             "--signals-interval", "--config", "--usage-journal-dir", "--workers", "--tls-cert", "--tls-key",
-            "--plain-http", "--control-ca", "--control-ca-hash"} \
+            "--plain-http", "--control-ca", "--control-ca-hash", "--batch-concurrency", "--batch-waiting-below"} \
         == _argparse_flags(standalone.parser()) - {"-h", "--help"}
     assert {"--host", "--http-port", "--agent-port", "--join-port", "--data-dir", "--ports-file", "--database",
             "--advertise-address", "--lease", "--lease-renew", "--insecure", "--node-cert-validity", "--node-grace",
