@@ -5,7 +5,8 @@ through its own path at batch priority, and posts the answers back; the control 
 once and its leader writes the output files. A line starts only while, for its model, the admission queue is
 empty (no interactive request waits), the engines' reported waiting is below ``waiting_below`` and fewer than
 ``concurrency`` lines of this router run; otherwise it waits, backing off, and lines not started are given back
-when their batch stops (cancelled, expired) or the router stops. This throttle is the runner's own: the admission
+when their batch stops (cancelled, expired), when the router stops, or when a line waited half its lease (so
+that no line runs past its lease, when another router may claim it). This throttle is the runner's own: the admission
 queue's priority classes (``core.priorities``) order what does queue, the runner keeps lines out of the queue.
 
 A line's usage is metered as its key's, in its project, with the user ``batch:<user>`` (the batch marker in the
@@ -59,6 +60,7 @@ class BatchRunner:
         self._admission, self._loads, self._proxy, self._meter = admission_, loads, proxy, meter
         self.concurrency, self.waiting_below, self._idle_s, self._clock = concurrency, waiting_below, idle_s, clock
         self._waiting: dict[str, list[wire.Line]] = {}  # by model: claimed, not started
+        self._fresh_until: dict[tuple[str, int], float] = {}  # a waiting line's start-by time: half its lease
         self._running: dict[str, int] = {}
         self._done: list[wire.Result] = []
         self._released: list[tuple[str, int]] = []
@@ -82,6 +84,7 @@ class BatchRunner:
         self._main = None
         self._released += [(x.batch, x.idx) for lines in self._waiting.values() for x in lines]
         self._waiting.clear()
+        self._fresh_until.clear()
         if self._poster is not None:
             self._poster.cancel()
             await asyncio.gather(self._poster, return_exceptions=True)
@@ -111,7 +114,10 @@ class BatchRunner:
                 route = table.lookup(model)
                 while lines and route is not None and self.open_for(route):
                     line = lines.pop(0)
-                    if line.batch in self._stopped:
+                    start_by = self._fresh_until.pop((line.batch, line.idx), 0.0)
+                    if line.batch in self._stopped or self._clock() > start_by:
+                        # Stopped, or held so long (interactive load) that its lease may run out while it runs
+                        # and another router run it too: given back unrun.
                         self._released.append((line.batch, line.idx))
                         continue
                     self._start(route, line)
@@ -128,8 +134,10 @@ class BatchRunner:
                 except Exception as exc:  # the control plane away: tried again after a while
                     log.debug("batch claim failed: %s", exc)
                     claimed = wire.ClaimedLines((), 0)
+                start_by = self._clock() + claimed.lease_s / 2
                 for line in claimed.lines:
                     self._waiting.setdefault(line.model, []).append(line)
+                    self._fresh_until[(line.batch, line.idx)] = start_by
                 if claimed.lines:
                     backoff = self._idle_s / 4
                     continue
@@ -228,6 +236,9 @@ class BatchRunner:
             self._stopped.update(ack.stopped)
             for model, lines in list(self._waiting.items()):
                 keep = [x for x in lines if x.batch not in self._stopped]
+                for x in lines:
+                    if x.batch in self._stopped:
+                        self._fresh_until.pop((x.batch, x.idx), None)
                 self._released += [(x.batch, x.idx) for x in lines if x.batch in self._stopped]
                 self._waiting[model] = keep
 
