@@ -105,20 +105,24 @@ def _keys(store: Store) -> None:
 
 @contextlib.asynccontextmanager
 async def batch_cluster(tmp: Path, *, url: str = "", concurrency: int = 4, step_s: float = 0.1,
-                        engine: Engine | None = None, usage: Any = None) -> AsyncIterator[BatchCluster]:
+                        engine: Engine | None = None, usage: Any = None, engine_url: str = "",
+                        waiting_below: float = 1.0) -> AsyncIterator[BatchCluster]:
+    """``engine_url``: an engine of the caller's (a sim process) instead of the counting one in process."""
     engine = engine or Engine(decode_tps=5000, prefill_tps=10**6)
     runner = web.AppRunner(engine.app())
     await runner.setup()
     sim_port, port = free_port(), free_port()
-    await web.TCPSite(runner, "127.0.0.1", sim_port).start()
+    if not engine_url:
+        await web.TCPSite(runner, "127.0.0.1", sim_port).start()
     store = Store.open_url(url) if url else Store.open(tmp)
     _keys(store)
     db = StoreThread(store)
     service = BatchService(db, FilesConfig(dir=None if url else tmp / "files", max_file_bytes=8 << 20,
                                            max_files_per_project=50))
     holder = table.TableHolder()
-    holder.swap(_table(f"http://127.0.0.1:{sim_port}"))
+    holder.swap(_table(engine_url or f"http://127.0.0.1:{sim_port}"))
     router = app_mod.RouterApp(holder, batches=service, batch_concurrency=concurrency, router_id="r1",
+                               batch_waiting_below=waiting_below,
                                **({"usage": usage, "usage_journal_dir": tmp / "journal"} if usage else {}))
     files = batches_http.create_app(service)
 

@@ -266,25 +266,33 @@ class BatchStore(StoreBase):
         models = list(models)
         if not models or limit <= 0:
             return []
+        pg = self.engine.dialect.name == "postgresql"
+        out: list[ClaimedLine] = []
         with self._begin() as s:
-            q = (sa.select(line.batch_id, line.idx).join(batch, batch.id == line.batch_id)
-                 .where(batch.status == "in_progress", line.model.in_(models),
-                        sa.or_(line.state == "pending", sa.and_(line.state == "claimed", line.claim_until < now)))
-                 .order_by(batch.created_at, line.batch_id, line.idx).limit(limit))
-            if s.bind.dialect.name == "postgresql":
-                q = q.with_for_update(of=line, skip_locked=True)
-            keys = s.execute(q).all()
-            if not keys:
-                return []
-            for batch_id, idxs in _by_batch(keys).items():
-                s.execute(sa.update(line).where(line.batch_id == batch_id, line.idx.in_(idxs))
+            running = s.execute(sa.select(batch.id, batch.endpoint, batch.project, batch.key_id, batch.user)
+                                .where(batch.status == "in_progress").order_by(batch.created_at, batch.id)).all()
+            for batch_id, endpoint, project, key_id, user in running:
+                want = limit - len(out)
+                if want <= 0:
+                    break
+                found: list[Any] = []
+                # Pending lines first (the index's order), then lines whose router's lease ran out.
+                for cond in (line.state == "pending", sa.and_(line.state == "claimed", line.claim_until < now)):
+                    q = (sa.select(line.idx, line.custom_id, line.model, line.body)
+                         .where(line.batch_id == batch_id, cond, line.model.in_(models))
+                         .order_by(line.idx).limit(want - len(found)))
+                    if pg:
+                        q = q.with_for_update(skip_locked=True)
+                    found += s.execute(q).all()
+                    if len(found) >= want:
+                        break
+                if not found:
+                    continue
+                s.execute(sa.update(line).where(line.batch_id == batch_id, line.idx.in_([r[0] for r in found]))
                           .values(state="claimed", claimed_by=router, claim_until=now + lease_s))
-            rows = s.execute(sa.select(line.batch_id, line.idx, line.custom_id, line.model, line.body, batch.endpoint,
-                                       batch.project, batch.key_id, batch.user)
-                             .join(batch, batch.id == line.batch_id)
-                             .where(sa.tuple_(line.batch_id, line.idx).in_([tuple(k) for k in keys]))
-                             .order_by(line.batch_id, line.idx)).all()
-        return [ClaimedLine(r[0], r[1], r[2] or "", r[3], r[4], r[5], r[6], r[7], r[8]) for r in rows]
+                out += [ClaimedLine(batch_id, r[0], r[1] or "", r[2], r[3], endpoint, project, key_id, user)
+                        for r in found]
+        return out
 
     def finish_lines(self, results: Sequence[LineResult]) -> int:
         """Each line's answer written once: a line done already keeps its first answer. The number written."""
@@ -315,13 +323,16 @@ class BatchStore(StoreBase):
                                   .where(OaiBatchRow.id.in_(list(batch_ids)))).all()) if batch_ids else {}
 
     def lines_left(self, batch_id: str, *, now: float) -> tuple[int, int]:
-        """(pending or claimed lines, of those the ones held by a router whose lease has not run out)."""
+        """(1 when any line is pending or claimed else 0, the lines held by a router whose lease has not run out):
+        both read through the (batch, state) index, never every line of a large batch."""
         line = OaiBatchLineRow
         with self._session() as s:
-            left, held = s.execute(sa.select(sa.func.count(), sa.func.sum(sa.case((line.claim_until >= now, 1),
-                                                                                   else_=0)))
-                                   .where(line.batch_id == batch_id, line.state.in_(("pending", "claimed")))).one()
-        return int(left), int(held or 0)
+            left = s.scalar(sa.select(line.idx).where(line.batch_id == batch_id, line.state == "pending").limit(1))
+            held = s.scalar(sa.select(sa.func.count()).select_from(line).where(
+                line.batch_id == batch_id, line.state == "claimed", line.claim_until >= now)) or 0
+            if left is None:
+                left = s.scalar(sa.select(line.idx).where(line.batch_id == batch_id, line.state == "claimed").limit(1))
+        return int(left is not None), int(held)
 
     def finished_lines(self, batch_id: str, *, after: int = -1, limit: int = 5000) -> list[DoneLine]:
         """The batch's done and invalid lines in line order, from after line ``after``."""
@@ -340,9 +351,3 @@ class BatchStore(StoreBase):
             return [(r[0], r[1]) for r in s.execute(sa.select(line.idx, line.custom_id).where(
                 line.batch_id == batch_id, line.state.in_(("pending", "claimed"))).order_by(line.idx)).all()]
 
-
-def _by_batch(keys: Iterable[Any]) -> dict[str, list[int]]:
-    out: dict[str, list[int]] = {}
-    for batch_id, idx in keys:
-        out.setdefault(batch_id, []).append(idx)
-    return out

@@ -62,7 +62,8 @@ class OaiBatchRow(Base):
 
 class OaiBatchLineRow(Base):
     __tablename__ = "oai_batch_lines"
-    __table_args__ = (Index("ix_oai_batch_lines_state", "state", "claim_until"),)
+    #: A batch's lines by state in line order: a claim reads the first pending ones, not every line answered.
+    __table_args__ = (Index("ix_oai_batch_lines_state", "batch_id", "state", "idx"),)
 
     batch_id: Mapped[str] = mapped_column(String(40), primary_key=True)
     idx: Mapped[int] = mapped_column(Integer, primary_key=True)

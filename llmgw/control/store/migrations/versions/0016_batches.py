@@ -64,7 +64,7 @@ def upgrade() -> None:
         sa.Column("response", sa.Text, nullable=False),
         sa.Column("error", sa.Text, nullable=False),
     )
-    op.create_index("ix_oai_batch_lines_state", "oai_batch_lines", ["state", "claim_until"])
+    op.create_index("ix_oai_batch_lines_state", "oai_batch_lines", ["batch_id", "state", "idx"])
 
 
 def downgrade() -> None:
