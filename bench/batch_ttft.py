@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -89,14 +90,18 @@ async def bench(args: argparse.Namespace) -> None:
             alone: list[float] = []
             beside: list[float] = []
             done_rates: list[float] = []
+            cpu = {"alone": 0.0, "beside": 0.0}  # this process's (router, batch service) CPU seconds per phase
             for r in range(args.rounds):
+                c0 = time.process_time()
                 alone += await asyncio.to_thread(run_client, c.url, args.seconds, args.rate, 2 * r)
+                cpu["alone"] += time.process_time() - c0
                 b = await oai.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
                                              completion_window="24h")
                 while (await oai.batches.retrieve(b.id)).status != "in_progress":  # noqa: ASYNC110
                     await asyncio.sleep(0.1)
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 beside += await asyncio.to_thread(run_client, c.url, args.seconds, args.rate, 2 * r + 1)
+                cpu["beside"] += time.process_time() - c0
                 done = (await oai.batches.retrieve(b.id)).request_counts.completed
                 done_rates.append(done / (time.perf_counter() - t0))
                 await oai.batches.cancel(b.id)
@@ -110,8 +115,11 @@ async def bench(args: argparse.Namespace) -> None:
     print("|---|---|---|---|---|")
     for name, xs in (("interactive alone", alone), ("interactive + batch", beside)):
         print(f"| {name} | {len(xs)} | {statistics.median(xs):.1f} | {pct(xs, 90):.1f} | {pct(xs, 99):.1f} |")
+    span = args.rounds * args.seconds
     print(f"p90 ratio (with/without): {pct(beside, 90) / pct(alone, 90):.3f}; batch lines answered during the "
-          f"with-batch phases: {statistics.mean(done_rates):.1f}/s")
+          f"with-batch phases: {statistics.mean(done_rates):.1f}/s; the router process's CPU: "
+          f"{cpu['alone'] / span * 100:.0f}% of a core alone, {cpu['beside'] / span * 100:.0f}% with the batch; "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
 
 
 def main() -> None:

@@ -39,6 +39,8 @@ BATCH_USER = "batch:"
 #: The class a line is queued under (``core.priorities``), and its admission priority: below every key's (>= 0).
 CLASS = priorities.BATCH
 PRIORITY = -1
+#: The fewest lines a claim asks for: a claim is a store transaction, not to be paid per line or two.
+CHUNK = 16
 
 
 class BatchTransport(Protocol):
@@ -127,10 +129,10 @@ class BatchRunner:
             for route in table.models:
                 if self.open_for(route) and not any(n in self._waiting for n in route.public_names()):
                     wanted.extend(route.public_names())
-            if wanted and sum(map(len, self._waiting.values())) < self.concurrency * 2:
+            chunk = max(self.concurrency * 2, CHUNK)
+            if wanted and sum(map(len, self._waiting.values())) < chunk // 2:
                 try:
-                    claimed = await self._transport.claim(wire.LineClaim(self.router_id, tuple(wanted),
-                                                                         self.concurrency * 2))
+                    claimed = await self._transport.claim(wire.LineClaim(self.router_id, tuple(wanted), chunk))
                 except Exception as exc:  # the control plane away: tried again after a while
                     log.debug("batch claim failed: %s", exc)
                     claimed = wire.ClaimedLines((), 0)
