@@ -155,6 +155,30 @@ def main() -> int:
     return 0
 
 
+_ANSWER = json.dumps({"id": "x", "object": "chat.completion", "created": 1, "model": MODEL,
+                      "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
+                                   "finish_reason": "length"}],
+                      "usage": {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10}}).encode()
+
+
+class _Canned:
+    status = 200
+    headers = {"Content-Type": "application/json"}
+
+    async def read(self) -> bytes:
+        return _ANSWER
+
+    def close(self) -> None:
+        pass
+
+
+class CannedUpstream:
+    """A forwarder answering every request with one whole chat completion, no socket (``--inproc``)."""
+
+    async def open(self, route: object, path: str, body: bytes, **_: object) -> tuple[object, _Canned]:
+        return route.endpoints[0], _Canned()  # type: ignore[attr-defined]
+
+
 async def inproc(n: int) -> int:
     """The app's CPU per request (process time), off / meter / on, each the best of five runs of ``n``."""
     import tempfile as tmp
@@ -163,25 +187,6 @@ async def inproc(n: int) -> int:
     from llmgw.router import table as table_mod
     from llmgw.router.asgi import CANCELS
     from llmgw.sim.ledger import SimLedger
-
-    answer = json.dumps({"id": "x", "object": "chat.completion", "created": 1, "model": MODEL,
-                         "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
-                                      "finish_reason": "length"}],
-                         "usage": {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10}}).encode()
-
-    class Canned:
-        status = 200
-        headers = {"Content-Type": "application/json"}
-
-        async def read(self) -> bytes:
-            return answer
-
-        def close(self) -> None:
-            pass
-
-    class Upstream:
-        async def open(self, route: object, path: str, body: bytes, **_: object) -> tuple[object, Canned]:
-            return route.endpoints[0], Canned()  # type: ignore[attr-defined]
 
     body = json.dumps({"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]}).encode()
     scope = {"type": "http", "path": "/v1/chat/completions", "method": "POST",
@@ -204,7 +209,7 @@ async def inproc(n: int) -> int:
             parts = {"usage": ledger.ingest, "usage_journal_dir": Path(tmp.mkdtemp(prefix="llmgw-journal-")),
                      "router_id": "bench", "quota": ledger.sync if mode == "on" else None}
         app = app_mod.RouterApp(holder, **parts)  # type: ignore[arg-type]
-        app._proxy.forwarder = Upstream()  # type: ignore[assignment]
+        app._proxy.forwarder = CannedUpstream()  # type: ignore[assignment]
         if app.journal is not None:
             await app.journal.start()
         for _ in range(2000):

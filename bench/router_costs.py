@@ -55,7 +55,12 @@ STAGES: tuple[tuple[str, tuple[str, ...] | None, str], ...] = (
     ("router/admission.py", None, "limits and admission"),
     ("router/quota.py", None, "limits and admission"),
     ("router/budgets.py", None, "limits and admission"),
+    ("core/fairqueue.py", None, "limits and admission"),  # issue 32: only when a queue forms
+    ("core/queueclasses.py", None, "limits and admission"),  # only with X-Llmgw-Priority
+    ("router/queuemetrics.py", None, "limits and admission"),  # only when a queue forms
     ("router/pick.py", None, "pick"),
+    ("router/adaptercache.py", None, "pick"),
+    ("core/adapteraffinity.py", None, "pick"),
     ("router/prefix.py", None, "pick"),
     ("router/loadwatch.py", None, "pick"),
     ("router/hung.py", None, "pick"),
@@ -79,6 +84,7 @@ STAGES: tuple[tuple[str, tuple[str, ...] | None, str], ...] = (
     ("router/metrics.py", None, "metrics and logging"),
     ("router/tracing.py", None, "metrics and logging"),
     ("/logging/", None, "metrics and logging"),
+    ("router/anthropic/", None, "anthropic translation"),  # /v1/messages only
     ("router/completions.py", None, "dispatch (app, completions, proxying)"),
     ("router/app.py", None, "dispatch (app, completions, proxying)"),
     ("router/proxying.py", None, "dispatch (app, completions, proxying)"),
@@ -86,7 +92,7 @@ STAGES: tuple[tuple[str, tuple[str, ...] | None, str], ...] = (
 LOOP = "event loop (epoll, socket reads, tasks)"
 ORDER = ("accept and parse", "auth and key lookup", "limits and admission", "pick", "upstream connect and reuse",
          "write upstream", "read upstream", "shape", "relay", "write to client", "metering and signals",
-         "metrics and logging", "dispatch (app, completions, proxying)", LOOP)
+         "metrics and logging", "anthropic translation", "dispatch (app, completions, proxying)", LOOP)
 
 
 def stage_of(frames: list[str]) -> str:

@@ -61,7 +61,7 @@ from llmgw.router.app import RouterApp
 from llmgw.router.standalone import proxied
 from llmgw.router.table import TableHolder
 from llmgw.router.watch import LocalWatcher
-from llmgw.serving import front, httptls, routerworkers
+from llmgw.serving import front, httptls, routerworkers, tokenizerfetch
 from llmgw.serving.config import (
     HUB_TOKEN_ENV,
     INSECURE_HEADER,
@@ -232,7 +232,8 @@ def _router(cfg: ServerConfig, cp: _ControlPlane) -> RouterApp:
                    # Budgets and usage through the same service standalone routers reach over HTTP; the
                    # router's id is this instance's, so two servers' in-process routers hold separate leases.
                    quota=cp.usage.sync, usage=cp.usage.ingest, usage_journal_dir=cfg.data_dir / "usage-journal",
-                   router_id=f"server-{leader_mod.instance_id(cfg.data_dir)}", batches=cp.batches,
+                   router_id=f"server-{leader_mod.instance_id(cfg.data_dir)}",
+                   tokenizer_fetch=tokenizerfetch.in_process(cp.cluster.tokenizer_files, cp.db), batches=cp.batches,
                    batch_concurrency=cfg.router.batch_concurrency, batch_waiting_below=cfg.router.batch_waiting_below)
 
 

@@ -100,6 +100,11 @@ class ModelEntry:
     embeddings: bool | None = None
     #: ``spec.adapters``' names: each a model name of its own, served by this model's endpoints that hold it.
     adapters: tuple[str, ...] = ()
+    #: How many adapters one of its engines holds at once (``--max-cpu-loras``), least recently used
+    #: evicted (``core.adapteraffinity``); 0: not said (an older control plane).
+    adapter_slots: int = 0
+    #: ``kv_aware``: the version of the model's tokenizer files a router may fetch (``router.tokenizers``); "": none.
+    tokenizer: str = ""
 
     def to_doc(self) -> dict[str, Any]:
         limits: dict[str, int] = {"concurrency_per_replica": self.concurrency_per_replica}
@@ -124,6 +129,10 @@ class ModelEntry:
             doc["embeddings"] = self.embeddings
         if self.adapters:
             doc["adapters"] = list(self.adapters)
+        if self.adapter_slots:
+            doc["adapter_slots"] = self.adapter_slots
+        if self.tokenizer:
+            doc["tokenizer"] = self.tokenizer
         return doc
 
 
@@ -158,6 +167,7 @@ def read_model(where: str, raw: Any) -> ModelEntry:
     limits = limits if isinstance(limits, Mapping) else {}
     concurrency = limits.get("concurrency")
     embeddings = raw.get("embeddings")
+    slots = raw.get("adapter_slots")
     return ModelEntry(
         name=name, served_name=_str(where, raw, "served_name", default=name), aliases=tuple(aliases),
         # Not checked against the policies here (the router knows them): an unknown one is its to warn about.
@@ -169,7 +179,9 @@ def read_model(where: str, raw: Any) -> ModelEntry:
         endpoints=endpoints, unhealthy=unhealthy, autoscale=_autoscale(where, raw),
         created=created if is_int(created) else 0, projects=_projects_allowed(where, raw),
         prices=_prices(where, raw), embeddings=embeddings if isinstance(embeddings, bool) else None,
-        adapters=_names(f"{where}.adapters", raw.get("adapters")))
+        adapters=_names(f"{where}.adapters", raw.get("adapters")),
+        adapter_slots=slots if is_int(slots) and slots > 0 else 0,
+        tokenizer=tokenizer if isinstance(tokenizer := raw.get("tokenizer"), str) else "")
 
 
 def _names(where: str, value: Any) -> tuple[str, ...]:

@@ -49,7 +49,7 @@ from llmgw.api.routemodels import (
     is_int,
     read_model,
 )
-from llmgw.core import quota
+from llmgw.core import queueclasses, quota
 
 __all__ = ["AuthDoc", "AutoscaleHint", "BadReport", "BadTable", "Ejected", "EndpointDoc", "EndpointsDoc", "KeyEntry",
            "KeyUsed", "LoadReport", "ModelEntry", "ModelLoad", "ProjectEntry", "Recovered", "RouterEvent",
@@ -73,6 +73,9 @@ class KeyEntry:
     user: str = ""  # the user the key was made for; "": none in particular
     #: The key's budgets beyond rpm/tpm (``core.quota.Limits``); rpm and tpm are its requests/tokens per minute.
     limits: quota.Limits = quota.Limits()
+    #: Its priority class and weight (issue 32, ``core.queueclasses``); "" and 0: its project's.
+    priority_class: str = ""
+    weight: float = 0.0
 
     def to_doc(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"id": self.id, "sha256": self.sha256, "models": list(self.models), "rpm": self.rpm,
@@ -81,18 +84,31 @@ class KeyEntry:
             doc["user"] = self.user
         if self.limits.any:
             doc["limits"] = self.limits.to_doc()
+        _queueing(doc, self.priority_class, self.weight)
         return doc
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ProjectEntry:
-    """A project with budgets: routers enforce them on every key of the project together."""
+    """A project with budgets, a priority class or a weight: routers apply them to every key of the project."""
 
     name: str
     limits: quota.Limits = quota.Limits()
+    priority_class: str = ""  # "": interactive
+    weight: float = 0.0  # 0: 1
 
     def to_doc(self) -> dict[str, Any]:
-        return {"name": self.name, "limits": self.limits.to_doc()}
+        doc: dict[str, Any] = {"name": self.name, "limits": self.limits.to_doc()}
+        _queueing(doc, self.priority_class, self.weight)
+        return doc
+
+
+def _queueing(doc: dict[str, Any], priority_class: str, weight: float) -> None:
+    # Only when set: a table without them is the same bytes as before (and 0.2.0 routers ignore them).
+    if priority_class:
+        doc["priority_class"] = priority_class
+    if weight:
+        doc["weight"] = weight
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -101,13 +117,17 @@ class AuthDoc:
 
     required: bool = False
     keys: tuple[KeyEntry, ...] = ()
-    #: The projects that have budgets (a project without one is not listed).
+    #: The projects that have budgets, a class or a weight (a project without any is not listed).
     projects: tuple[ProjectEntry, ...] = ()
+    #: The cluster's priority classes, highest first (issue 32, the cluster setting ``priority_classes``).
+    priority_classes: tuple[str, ...] = queueclasses.DEFAULT_CLASSES
 
     def to_doc(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"required": self.required, "keys": [k.to_doc() for k in self.keys]}
         if self.projects:
             doc["projects"] = [p.to_doc() for p in self.projects]
+        if self.priority_classes != queueclasses.DEFAULT_CLASSES:
+            doc["priority_classes"] = list(self.priority_classes)
         return doc
 
     @classmethod
@@ -185,14 +205,27 @@ def _auth(doc: Any) -> AuthDoc:
             priority=priority if is_int(priority) else 0,
             project=raw["project"] if isinstance(raw.get("project"), str) and raw["project"] else quota.DEFAULT_PROJECT,
             user=raw["user"] if isinstance(raw.get("user"), str) else "",
-            limits=_limits(f"auth.keys[{raw.get('id', '')}]", raw.get("limits"))))
+            limits=_limits(f"auth.keys[{raw.get('id', '')}]", raw.get("limits")), **_read_queueing(raw)))
     projects = []
     raw_projects = doc.get("projects")
     for raw in raw_projects if isinstance(raw_projects, list) else ():
         if isinstance(raw, Mapping) and isinstance(raw.get("name"), str):
             projects.append(ProjectEntry(name=raw["name"], limits=_limits(f"auth.projects[{raw['name']}]",
-                                                                          raw.get("limits"))))
-    return AuthDoc(required=bool(doc.get("required")), keys=tuple(keys), projects=tuple(projects))
+                                                                          raw.get("limits")), **_read_queueing(raw)))
+    classes = doc.get("priority_classes")
+    if classes is None or (why := queueclasses.classes_refusal(classes if isinstance(classes, list) else [classes])):
+        if classes is not None:
+            log.warning("auth.%s; the default classes are used", why)
+        classes = queueclasses.DEFAULT_CLASSES
+    return AuthDoc(required=bool(doc.get("required")), keys=tuple(keys), projects=tuple(projects),
+                   priority_classes=tuple(classes))
+
+
+def _read_queueing(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """A key's or project's class and weight, tolerantly: a malformed one is left out (its project's, else 1)."""
+    klass, weight = raw.get("priority_class", ""), raw.get("weight", 0.0)
+    return {"priority_class": klass if isinstance(klass, str) and queueclasses.NAME.match(klass) else "",
+            "weight": float(weight) if queueclasses.weight_refusal(weight) is None else 0.0}
 
 
 def _limits(where: str, value: Any) -> quota.Limits:

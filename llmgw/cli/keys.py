@@ -18,6 +18,7 @@ from rich.console import Console
 
 from llmgw.cli import client as client_mod
 from llmgw.cli import output as out
+from llmgw.cli import priorityflags
 from llmgw.cli.limitflags import limits_cell, with_limit_flags
 from llmgw.core import units
 from llmgw.core.errors import LlmgwError
@@ -73,10 +74,13 @@ def register(app: typer.Typer) -> None:
         priority: int = typer.Option(0, "--priority", help="Higher is admitted first when a model is busy"),
         project: str = typer.Option("default", "--project", help="The project the key belongs to"),
         user: str = typer.Option("", "--user", help="The user the key is for [default: none in particular]"),
+        priority_class: str | None = priorityflags.class_option(),
+        weight: float | None = priorityflags.weight_option(),
         url: str = url_opt,
         *, limits: dict[str, Any],
     ) -> None:
         """Create a key and print its secret, this once."""
+        queueing = priorityflags.body(priority_class, weight)
         body = {"name": name, "models": [m.strip() for m in models.split(",") if m.strip()], "rpm": rpm,
                 "tpm": tpm, "priority": priority, "project": project, "user": user, "limits": limits}
         try:
@@ -84,6 +88,13 @@ def register(app: typer.Typer) -> None:
         except LlmgwError as e:
             raise _fail(str(e)) from None
         err_console.print(f"key/{doc['id']} created. Store the key now: it will not be shown again.")
+        if queueing:
+            try:
+                err_console.print(f"key/{doc['id']}: " + priorityflags.said(
+                    priorityflags.put(_client(url), "keys", doc["id"], queueing)))
+            except LlmgwError as e:  # the key exists: its secret is printed all the same
+                err_console.print(f"[red]error:[/red] key/{doc['id']} was created but its priority was not set: {e}; "
+                                  f"set it with `llmgw key update {doc['id']} --priority-class ...`", markup=True)
         print(doc["key"], flush=True)  # plain print: a script reads it, Rich could wrap it
 
     @key_app.command("update")
@@ -93,23 +104,32 @@ def register(app: typer.Typer) -> None:
         models: str | None = typer.Option(None, "--models", help="Comma-separated models it may use ('': all)"),
         rpm: int | None = typer.Option(None, "--rpm", min=0, help="Requests a minute [0: unlimited]"),
         tpm: int | None = typer.Option(None, "--tpm", min=0, help="Tokens a minute [0: unlimited]"),
+        priority_class: str | None = priorityflags.class_option(),
+        weight: float | None = priorityflags.weight_option(),
         url: str = url_opt,
         *, limits: dict[str, Any],
     ) -> None:
-        """Change a key's models, rpm, tpm or budgets (budgets: operators and admins); the rest stays."""
+        """Change a key's models, rpm, tpm, budgets, priority class or weight (the last three: operators and
+        admins); the rest stays."""
         body: dict[str, Any] = {"rpm": rpm, "tpm": tpm}
         if models is not None:
             body["models"] = [m.strip() for m in models.split(",") if m.strip()]
         if limits:
             body["limits"] = limits
         body = {k: v for k, v in body.items() if v is not None}
-        if not body:
-            raise _fail("nothing to change: give --models, --rpm, --tpm or a limit such as --tokens-per-day")
+        queueing = priorityflags.body(priority_class, weight)
+        if not body and not queueing:
+            raise _fail("nothing to change: give --models, --rpm, --tpm, --priority-class, --weight or a limit such "
+                        "as --tokens-per-day")
         try:
-            _, doc = _client(url).request("PATCH", f"/api/v1/keys/{key_id}", json=body)
+            if queueing:
+                console.print(f"key/{key_id}: " + priorityflags.said(priorityflags.put(_client(url), "keys", key_id,
+                                                                                       queueing)))
+            if body:
+                _, doc = _client(url).request("PATCH", f"/api/v1/keys/{key_id}", json=body)
+                console.print(f"key/{key_id} updated: limits {limits_cell(doc['limits'])}")
         except LlmgwError as e:
             raise _fail(str(e)) from None
-        console.print(f"key/{key_id} updated: limits {limits_cell(doc['limits'])}")
 
     @key_app.command("list")
     def list_(output: out.Format = typer.Option(out.Format.table, "-o", "--output",

@@ -12,7 +12,7 @@ from urllib.parse import quote
 import typer
 from rich.console import Console
 
-from llmgw.cli import agentcmd, getcmds, manifests, settingsflags
+from llmgw.cli import agentcmd, getcmds, manifests, priorityflags, settingsflags
 from llmgw.cli import audit as audit_mod
 from llmgw.cli import backup as backup_mod
 from llmgw.cli import client as client_mod
@@ -187,6 +187,7 @@ engines_mod.register(app)
 settings_mod.register(app)
 keys_mod.register(app)
 projects_mod.register(app)
+priorityflags.register(app)
 audit_mod.register(app)
 sim_mod.register(app)
 mirror_mod.register(app)

@@ -16,6 +16,7 @@ from rich.console import Console
 
 from llmgw.cli import client as client_mod
 from llmgw.cli import output as out
+from llmgw.cli import priorityflags
 from llmgw.cli.limitflags import limits_cell, with_limit_flags
 from llmgw.core import quota, units
 from llmgw.core.errors import LlmgwError
@@ -74,10 +75,24 @@ def register(app: typer.Typer) -> None:
     @project_app.command("create")
     def create(name: str = typer.Argument(..., help="1-63 lowercase letters, digits and '-'"),
                description: str = typer.Option("", "--description", help="What the project is"),
+               priority_class: str | None = priorityflags.class_option(),
+               weight: float | None = priorityflags.weight_option(),
                url: str = url_opt) -> None:
         """Create a project (operators and admins)."""
         _call(url, "POST", "/api/v1/projects", {"name": name, "description": description})
         console.print(f"project/{name} created")
+        if priorityflags.body(priority_class, weight):
+            set_priority(name, priority_class, weight, url)
+
+    @project_app.command("set-priority")
+    def set_priority(name: str = typer.Argument(...), priority_class: str | None = priorityflags.class_option(),
+                     weight: float | None = priorityflags.weight_option(), url: str = url_opt) -> None:
+        """Set a project's priority class and weight (operators and admins); its keys take them unless they have
+        their own."""
+        if not (queueing := priorityflags.body(priority_class, weight)):
+            raise _fail("give --priority-class, --weight or both")
+        doc = _call(url, "PUT", f"/api/v1/projects/{name}/priority", queueing)
+        console.print(f"project/{name}: {priorityflags.said(doc)}")
 
     @project_app.command("list")
     def list_(output: out.Format = typer.Option(out.Format.table, "-o", "--output",

@@ -2,7 +2,8 @@
 
 ``set KEY VALUE`` replaces a key; for the list ``allowed_env``, ``allowed_env+=NAME`` adds names and
 ``allowed_env-=NAME`` removes them (read, changed, written back: an admin's occasional command, where the
-last writer wins). Values: ``allow_remote_code true|false``; ``allowed_env A,B`` (``""`` for none).
+last writer wins). Values: ``allow_remote_code true|false``; ``allowed_env A,B`` (``""`` for none);
+``priority_classes premium,interactive,batch`` (highest first, issue 32).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from llmgw.core.errors import LlmgwError
 console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True, highlight=False)
 PATH = "/api/v1/settings"
-KEYS = ("allowed_env", "allow_remote_code", "sso_required", "sso_break_glass")
+KEYS = ("allowed_env", "allow_remote_code", "sso_required", "sso_break_glass", "priority_classes")
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 
 
@@ -53,6 +54,11 @@ def change(current: dict[str, Any], key: str, value: str | None) -> dict[str, An
             raise LlmgwError("sso_break_glass is the name of the one local user who may log in with a password "
                              "when sso_required is on, e.g. admin")
         return {key: value}
+    if key == "priority_classes":
+        if op != "=":
+            raise LlmgwError("priority_classes is replaced whole, highest first: "
+                             "`llmgw settings set priority_classes premium,interactive,batch`")
+        return {key: _names(value)}
     names = _names(value)
     have = list(current.get("allowed_env") or [])
     if op == "+=":
@@ -74,6 +80,8 @@ def _show(doc: dict[str, Any]) -> None:
     if "sso_required" in doc:
         console.print(f"sso_required: {'true' if doc['sso_required'] else 'false'} (break-glass local user: "
                       f"{doc.get('sso_break_glass', 'admin')})", markup=False)
+    if "priority_classes" in doc:
+        console.print(f"priority_classes: {', '.join(doc['priority_classes'])} (highest first)", markup=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from llmgw.api import routing
 from llmgw.control import conditions as cond
 from llmgw.control import events as ev
-from llmgw.control import loadreports, remotemeta, upgrades
+from llmgw.control import loadreports, remotemeta, tokenizerfiles, upgrades
 from llmgw.control.history import MetricsHistory
 from llmgw.control.loop.autoscaling import Autoscaling, in_force
 from llmgw.control.loop.context import InContext, LoopContext
@@ -61,6 +61,8 @@ class Cluster:
         self.remote_meta = remote_meta
         if remote_meta is not None:
             remote_meta.on_read = self.kick  # an answer lets the replicas waiting for it be placed
+        #: kv_aware models' tokenizer files for routers, read through the same hub or mirror (issue 31).
+        self.tokenizer_files = tokenizerfiles.TokenizerFiles(remote_meta) if remote_meta is not None else None
         #: The replicas routers have ejected now, with their sentence (their reports: ``RouterEvents.current``):
         #: evidence for an Unhealthy replica's grace, never a reason alone (``reconcile.liveness``).
         self.ejections = ejections or dict

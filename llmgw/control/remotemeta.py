@@ -114,6 +114,16 @@ class Reader:
         await asyncio.gather(*self._tasks.values(), return_exceptions=True)
 
     # -- the reads (in a worker thread) ------------------------------------------------
+    def client(self) -> httpx.Client:
+        """An HTTP client under this reader's network guard and trust (``tokenizerfiles`` reads through it too)."""
+        inner = self._transport or (httpx.HTTPTransport(verify=self._verify) if self._verify else None)
+        return httpx.Client(timeout=self.timeout_s, transport=netguard.Transport(self.policy, inner),
+                            follow_redirects=True)
+
+    def auth_headers(self) -> dict[str, str]:
+        """The hub token's header (the hub's own reads only; never sent to a mirror)."""
+        return {"Authorization": f"Bearer {self._token}"} if self._token else {}
+
     def read(self, source: str) -> RemoteWeights:
         """The metadata of ``source`` (a fetched source's text), blocking; never raises: a failure gives the problem."""
         return self.read_facts(source)[0]
@@ -124,9 +134,7 @@ class Reader:
         session: _Session | None = None
         try:
             src = sources.parse(source)
-            inner = self._transport or (httpx.HTTPTransport(verify=self._verify) if self._verify else None)
-            guarded = netguard.Transport(self.policy, inner)
-            with httpx.Client(timeout=self.timeout_s, transport=guarded, follow_redirects=True) as http:
+            with self.client() as http:
                 session = _Session(http, self)
                 weight = session.read(src)
         except (Unreadable, weightmeta.BadHeader, ValueError, netpolicy.Refused) as exc:

@@ -47,6 +47,10 @@ DEFAULT_RANK = 16
 #: Adapters one replica holds on its accelerator at once, at least (``--max-loras``): adding adapters up
 #: to it restarts nothing.
 MIN_SLOTS = 4
+#: ... and at most (``--max-loras`` and ``--max-cpu-loras``): a model with more registers them all on every
+#: replica, each engine holding this many, least recently used evicted, the others loaded on demand, and
+#: the router sends an adapter's requests where it is held (``core.adapteraffinity``).
+MAX_SLOTS = 16
 MAX_ADAPTERS = 64
 #: The environment variable vLLM serves ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` under.
 VLLM_RUNTIME_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
@@ -128,7 +132,7 @@ def lora_limits(adapters: tuple[Adapter, ...]) -> LoraLimits | None:
     rank = max(a.rank or DEFAULT_RANK for a in adapters)
     max_rank = next(r for r in VLLM_RANKS if r >= rank)
     slots = MIN_SLOTS
-    while slots < len(adapters):  # powers of two: adding one adapter rolls the replicas only at 4, 8, 16...
+    while slots < min(len(adapters), MAX_SLOTS):  # powers of two: adding one rolls the replicas only at 4, 8, 16
         slots *= 2
     return LoraLimits(max_rank=max_rank, max_loras=slots, max_cpu_loras=slots)
 

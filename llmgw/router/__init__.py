@@ -13,11 +13,15 @@ A request's path, in order:
   keeps them), ``cold`` holds a request for a model scaled to zero, ``admission`` queues it;
   ``metering`` makes each request's usage record, ``usagejournal`` keeps and sends them
   (``usagehttp``: the standalone router's transports);
+* ``anthropic``: Anthropic's Messages API (``/v1/messages``, ``count_tokens``) onto the same path: the request
+  translated to a chat completion and the answer back (or passed through to an engine that serves it), its
+  refusals and stream in Anthropic's shapes;
 * ``proxying``: the admitted request's trip: ``upstream.Forwarder`` picks the endpoint and retries,
   ``relay`` relays the answer, ``openai_shape`` and ``openai_errors`` put llama.cpp's answers and every
   engine's errors in OpenAI's shape;
 * ``upstream``: the choice of endpoint by the model's policy (``policies``: one file per routing
-  policy on ``policies.base.Policy``, wrapping the pure choices in ``pick`` and ``prefix``), the
+  policy on ``policies.base.Policy``, wrapping the pure choices in ``pick`` and ``prefix``; a LoRA
+  adapter's request first narrowed to the replicas whose engine holds it, ``adaptercache``), the
   retry rules, and what is in flight (``loadwatch``; ``enginemetrics`` re-exports what it read of each engine on
   ``/metrics``), ejected (``health``) or hung (``hung``);
   ``lookahead`` what it reads of an engine's answer before handing it over (llama.cpp's progress events,

@@ -1,10 +1,12 @@
-"""Admission control: at most N requests per model at once, the rest wait in a bounded priority queue.
+"""Admission control: at most N requests per model at once, the rest wait in a bounded fair queue.
 
-``async with admission.slot(model, priority=key.priority):`` holds one of the
-model's slots for the body. When all are taken the request waits, higher
-priority first and first-come first-served within a priority, for at most
-``max_wait_s``; a full queue or a wait that runs out raises ``Overloaded`` (429
-with ``retry_after_s``). Waiting here rather than at the engine keeps a burst
+``async with admission.slot(model, priority=key.priority, queue_as=...):`` holds one of the
+model's slots for the body. When all are taken the request waits, in the order ``core.fairqueue``
+decides (issue 32): its priority class first (``core.queueclasses``), then the key's integer
+priority, then a weighted fair share among the class's projects (first come first served with
+``fair=False``), for at most ``max_wait_s``; a full queue or a wait that runs out raises
+``Overloaded`` (429 with ``retry_after_s``). The waits and the depth per class go to ``/metrics``
+(``queuemetrics``). Waiting here rather than at the engine keeps a burst
 from piling into an engine's own queue, where a paying key's request would sit
 behind a thousand batch ones.
 
@@ -24,13 +26,22 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import heapq
-import itertools
 import math
 import time
 from collections.abc import Callable, Mapping
 
-from llmgw.router import errors, metrics
+from llmgw.core import fairqueue
+from llmgw.core.queueclasses import QueueAs
+from llmgw.router import errors, metrics, queuemetrics
+
+#: A request queued as nothing in particular: interactive, a flow of its own.
+PLAIN = QueueAs()
+
+
+@dataclasses.dataclass(slots=True)
+class _Waiter:
+    fut: asyncio.Future[None]
+    queue_as: QueueAs
 
 
 class Overloaded(errors.ApiError):
@@ -48,20 +59,21 @@ class Overloaded(errors.ApiError):
 class _Gate:
     active: int = 0
     queued: int = 0  # waiters not yet granted nor gone
-    heap: list[tuple[int, int, asyncio.Future[None]]] = dataclasses.field(default_factory=list)
+    queue: fairqueue.FairQueue[_Waiter] = dataclasses.field(default_factory=fairqueue.FairQueue)
     last_wait_s: float = 0.0
     hold_s: float = 1.0  # moving average of how long a slot is held, for Retry-After
 
 
 class Admission:
     def __init__(self, *, limits: Mapping[str, int] | None = None, default_limit: int | None = None,
-                 max_queue: int = 100, max_wait_s: float = 30.0,
+                 max_queue: int = 100, max_wait_s: float = 30.0, fair: bool = True,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.limits: dict[str, int] = dict(limits or {})
         self.default_limit, self.max_queue, self.max_wait_s = default_limit, max_queue, max_wait_s
+        #: Weighted fair shares among a class's projects; False: first come first served within a class.
+        self.fair = fair
         self._clock = clock
         self._gates: dict[str, _Gate] = {}
-        self._seq = itertools.count()
         #: Requests refused with 429 since start, for metrics.
         self.rejected = 0
 
@@ -98,11 +110,17 @@ class Admission:
         """Requests waiting, every model together."""
         return sum(g.queued for g in self._gates.values())
 
-    def slot(self, model: str, *, priority: int = 0) -> _Slot:
+    def slot(self, model: str, *, priority: int = 0, queue_as: QueueAs = PLAIN) -> _Slot:
         """``async with`` it to hold one of ``model``'s slots (waiting in the queue when every one is taken)."""
-        return _Slot(self, model, priority)
+        return _Slot(self, model, priority, queue_as)
 
-    async def _acquire(self, model: str, gate: _Gate, priority: int) -> None:
+    def _gate(self, model: str) -> _Gate:
+        gate = self._gates.get(model)
+        if gate is None:
+            gate = self._gates[model] = _Gate(queue=fairqueue.FairQueue(fair=self.fair))
+        return gate
+
+    async def _acquire(self, model: str, gate: _Gate, priority: int, queue_as: QueueAs = PLAIN) -> None:
         limit = self.limit(model)
         if limit is None or (gate.active < limit and not gate.queued):
             gate.active += 1
@@ -114,9 +132,11 @@ class Admission:
                              f"more are waiting, the most that may; retry in {self._retry(gate)}s.",
                              retry_after_s=self._retry(gate))
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(gate.heap, (-priority, next(self._seq), fut))
+        gate.queue.push(_Waiter(fut, queue_as), rank=queue_as.rank, priority=priority, flow=queue_as.flow,
+                        weight=queue_as.weight)
         gate.queued += 1
         metrics.QUEUED.inc()  # only waiters touch it: an admitted-at-once request never does
+        queuemetrics.queued(queue_as.klass)
         start = self._clock()
         try:
             async with asyncio.timeout(self.max_wait_s):
@@ -130,6 +150,7 @@ class Admission:
                 fut.cancel()
                 gate.queued -= 1
                 metrics.QUEUED.dec()
+                queuemetrics.left(queue_as.klass)
             if isinstance(exc, TimeoutError):
                 self.rejected += 1
                 raise Overloaded(f"The model {model!r} had no free slot within {self.max_wait_s:g}s "
@@ -137,17 +158,19 @@ class Admission:
                                  retry_after_s=self._retry(gate)) from None
             raise
         gate.last_wait_s = self._clock() - start
+        queuemetrics.waited(queue_as.klass, queue_as.project, gate.last_wait_s)
 
     def _grant(self, model: str, gate: _Gate) -> None:
         limit = self.limit(model)
-        while gate.heap and (limit is None or gate.active < limit):
-            _, _, fut = heapq.heappop(gate.heap)
-            if fut.done():  # its waiter gave up; it counted itself out
+        while gate.queue and (limit is None or gate.active < limit):
+            waiter = gate.queue.pop()
+            if waiter is None or waiter.fut.done():  # its waiter gave up; it counted itself out
                 continue
             gate.queued -= 1
             metrics.QUEUED.dec()
+            queuemetrics.left(waiter.queue_as.klass)
             gate.active += 1
-            fut.set_result(None)
+            waiter.fut.set_result(None)
 
     def _retry(self, gate: _Gate) -> int:
         # The queue ahead drains at about (slots / hold time) a second; at least 1s.
@@ -160,30 +183,31 @@ class _Slot:
     """One request's hold on a slot: a class, not ``contextlib.asynccontextmanager``, whose generator and
     wrapper cost ~3 us a request at capacity (issue 27); a request admitted at once does not await at all."""
 
-    __slots__ = ("_admission", "_model", "_priority", "_gate", "_start")
+    __slots__ = ("_admission", "_model", "_priority", "_queue_as", "_gate", "_start")
 
-    def __init__(self, admission: Admission, model: str, priority: int) -> None:
+    def __init__(self, admission: Admission, model: str, priority: int, queue_as: QueueAs) -> None:
         self._admission = admission
         self._model = model
         self._priority = priority
+        self._queue_as = queue_as
 
     async def __aenter__(self) -> None:
         admission, model = self._admission, self._model
         gate = admission._gates.get(model)
         if gate is None:
-            gate = admission._gates[model] = _Gate()
+            gate = admission._gate(model)
         self._gate = gate
         limit = admission.limits.get(model, admission.default_limit)
         if limit is None or (gate.active < limit and not gate.queued):
             gate.active += 1
             gate.last_wait_s = 0.0
         else:
-            await admission._acquire(model, gate, self._priority)
+            await admission._acquire(model, gate, self._priority, self._queue_as)
         self._start = admission._clock()
 
     async def __aexit__(self, *exc: object) -> None:
         gate = self._gate
         gate.hold_s = 0.8 * gate.hold_s + 0.2 * (self._admission._clock() - self._start)
         gate.active -= 1
-        if gate.heap:
+        if gate.queued:  # an int, not the queue's __len__: the exit of every request reads it
             self._admission._grant(self._model, gate)

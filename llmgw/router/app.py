@@ -6,7 +6,10 @@
   ``completions`` (the key, the model, rate limits, a model at zero held by ``cold``, admission),
   then ``proxying`` (the engine's response opened by ``upstream``, relayed by ``relay``, the client's
   disconnect watched);
-* ``GET /v1/models``: from the route table, only the models the key may use, cached per table, each
+* ``POST /v1/messages`` and ``/v1/messages/count_tokens``: Anthropic's Messages API, translated onto the
+  chat completions' path and back (``anthropic``), its refusals in Anthropic's shape;
+* ``GET /v1/models``: from the route table, only the models the key may use (Anthropic's list for a request
+  that says ``anthropic-version``: ``anthropic.models``), cached per table, each
   with ``llmgw.embeddings`` where its spec says whether it embeds (``completions`` refuses
   ``/v1/embeddings`` for one that does not, saying how to turn them on);
 * ``GET /metrics`` with ``serve_metrics`` (the standalone router); in the server process the
@@ -23,6 +26,7 @@ alone. A ``watcher`` passed in is started and stopped with it.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -42,6 +46,7 @@ from llmgw.router import (
     metrics,
     proxying,
     ratelimit,
+    tokenizers,
     upstream,
     usagejournal,
 )
@@ -49,6 +54,8 @@ from llmgw.router import quota as router_quota
 from llmgw.router import reports as router_events
 from llmgw.router import signals as router_signals
 from llmgw.router import tracing as router_tracing
+from llmgw.router.anthropic import messages as anthropic_messages
+from llmgw.router.anthropic import models as anthropic_models
 from llmgw.router.asgi import authorization
 from llmgw.router.table import ModelRoute, RouteTable, TableHolder
 
@@ -69,17 +76,20 @@ class RouterApp:
                  source: str = "the control plane", connect_timeout_s: float = 5.0,
                  max_endpoints: int = 3, max_body_bytes: int = 32 << 20, keepalive_s: float = 15.0,
                  serve_metrics: bool = False, admission_queue: int = 100, admission_wait_s: float = 30.0,
+                 fair: bool = True,
                  events: router_events.Sink | None = None, tracing: router_tracing.Tracing | None = None,
                  signals: router_signals.Reporter | None = None,
                  quota: router_quota.QuotaTransport | None = None, usage: usagejournal.UsageTransport | None = None,
                  usage_journal_dir: Path | None = None, router_id: str = "router",
                  metrics_source: Callable[[], Awaitable[tuple[bytes, str]]] | None = None,
+                 tokenizer_fetch: tokenizers.Fetch | None = None,
                  batches: batchrun.BatchTransport | None = None, batch_concurrency: int = 4,
                  batch_waiting_below: float = 1.0,
                  files: Callable[[asgi.Scope, asgi.Receive, asgi.Send], Awaitable[None]] | None = None) -> None:
         """``quota``/``usage``: the control plane's budget and usage services (None: the per-router rpm/tpm
         window, and nothing metered); ``usage_journal_dir``: where unsent usage survives a ``kill -9``;
-        ``metrics_source``: what ``GET /metrics`` answers (a hub's worker: every worker's sum), else ``render()``.
+        ``metrics_source``: what ``GET /metrics`` answers (a hub's worker: every worker's sum), else ``render()``;
+        ``tokenizer_fetch``: how ``kv_aware`` models' tokenizer files are fetched (``tokenizers``; None: never);
         ``batches``: the control plane's batch lines (issue 32), run here on idle capacity (``batchrun``);
         ``files``: what answers ``/v1/files`` and ``/v1/batches`` (a standalone router's ``controlpass``)."""
         self.holder = holder
@@ -92,7 +102,8 @@ class RouterApp:
         self._events = events  # ejections and recoveries, for the control plane
         self._tracing = tracing  # None: the untraced path, no SDK call anywhere
         self._models_cache: tuple[RouteTable, dict[tuple[frozenset[str], str], bytes]] | None = None
-        self._admission = admission.Admission(max_queue=admission_queue, max_wait_s=admission_wait_s)
+        self._admission = admission.Admission(max_queue=admission_queue, max_wait_s=admission_wait_s,
+                                              fair=fair)
         # The autoscaler's signals (None: not reported); it reads per-replica in flight and the queue itself.
         self._signals = signals
         if signals is not None:
@@ -101,11 +112,16 @@ class RouterApp:
         # Requests held for a model at zero, each woken by the next table.
         self._cold = cold.ColdHold(holder, keepalive_s=keepalive_s, signals=signals)
         self._metering(router_id, quota, usage, usage_journal_dir)
+        self.tokenizers = tokenizers.Tokenizers(tokenizer_fetch)
         self._completions = completions.Completions(
             holder, proxy=self._proxy, cold_hold=self._cold, admission=self._admission,
             limiter=ratelimit.RateLimiter(), source=source, max_body_bytes=max_body_bytes, events=events,
-            signals=signals, meter=self.meter, quota=self.quota)
+            signals=signals, meter=self.meter, quota=self.quota, tokenizers=self.tokenizers)
         self._complete = self._completions.complete
+        # Anthropic's Messages API: onto the same path (``anthropic``; traced as it is), after the OpenAI paths.
+        self._messages = anthropic_messages.Messages(
+            holder, self._complete if tracing is None else functools.partial(tracing.around, self._complete),
+            max_body_bytes=max_body_bytes)
         self._files = files
         self.batches = (batchrun.BatchRunner(router_id, batches, holder, admission_=self._admission,
                                              loads=self._forwarder.loads, proxy=self._proxy, meter=self.meter,
@@ -146,6 +162,7 @@ class RouterApp:
         if self._watcher is not None:
             await self._watcher.stop()
         await self._forwarder.close()
+        await self.tokenizers.close()
         if self._events is not None:
             await self._events.stop()
         if self._signals is not None:
@@ -173,6 +190,10 @@ class RouterApp:
             elif path == MODELS_PATH:
                 if method not in ("GET", "HEAD"):
                     raise errors.method_not_allowed(method, path, "GET")
+                if anthropic_models.asked(scope):  # an Anthropic SDK's list: its shape, x-api-key read too
+                    await anthropic_models.serve(self.holder, scope, send, self._models_body,
+                                                 authorization(anthropic_messages.with_key(scope)))
+                    return
                 auth_now = self.holder.current.auth
                 key = auth_now.identify(authorization(scope))
                 if isinstance(key, errors.ApiError):
@@ -180,6 +201,8 @@ class RouterApp:
                 # A key with requests or tokens budgets learns where they stand here too.
                 extra = self.quota.headers(self.quota.plan(key, auth_now.projects)) if self.quota is not None else None
                 await asgi.send_bytes(send, 200, self._models_body(key), extra=extra or None)
+            elif path in anthropic_messages.PATHS:
+                await self._messages.serve(scope, path, arrived, receive, send)
             elif self._files is not None and openai_path(path):
                 await self._files(scope, receive, send)
             elif path == METRICS_PATH and self._serve_metrics and method in ("GET", "HEAD"):

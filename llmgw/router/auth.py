@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from llmgw.api import routing
-from llmgw.core import quota
+from llmgw.core import queueclasses, quota
 from llmgw.router import errors
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,9 @@ class KeyInfo:
     user: str = ""
     #: The key's budgets beyond rpm/tpm (issue 26).
     limits: quota.Limits = quota.Limits()
+    #: How its requests wait in a model's queue (issue 32): class, flow, weight; resolved once per table.
+    #: Derived from the key's and its project's fields, so not compared.
+    queue_as: queueclasses.QueueAs = dataclasses.field(default=queueclasses.QueueAs(), compare=False)
 
     def allows(self, *names: str) -> bool:
         """Whether the key may use a model known by any of ``names`` (its name, served name, aliases)."""
@@ -63,19 +66,31 @@ class Authenticator:
     by_hash: Mapping[str, KeyInfo] = dataclasses.field(default_factory=dict)
     #: The budgets of the projects that have any, by project name.
     projects: Mapping[str, quota.Limits] = dataclasses.field(default_factory=dict)
+    #: The cluster's priority classes (issue 32), which ``X-Llmgw-Priority`` names one of.
+    classes: queueclasses.Classes = queueclasses.Classes()
 
     @classmethod
     def from_doc(cls, doc: routing.AuthDoc | Any) -> Authenticator:
         """From the table's keys (``AuthDoc``, or its JSON: tolerant, a missing or malformed one is no keys)."""
         auth = routing.AuthDoc.from_doc(doc)
+        classes = queueclasses.Classes(auth.priority_classes)
+        queueing = {p.name: p for p in auth.projects}
+        none = routing.ProjectEntry("")
+
+        def queue_as(k: routing.KeyEntry) -> queueclasses.QueueAs:
+            p = queueing.get(k.project, none)
+            return classes.queue_as(key_id=k.id, project=k.project, key_class=k.priority_class, key_weight=k.weight,
+                                    project_class=p.priority_class, project_weight=p.weight)
+
         by_hash = {k.sha256.lower(): KeyInfo(id=k.id, models=frozenset(k.models), rpm=k.rpm, tpm=k.tpm,
-                                             priority=k.priority, project=k.project, user=k.user, limits=k.limits)
+                                             priority=k.priority, project=k.project, user=k.user, limits=k.limits,
+                                             queue_as=queue_as(k))
                    for k in auth.keys}
         # `required` as the control plane says it, even with no usable key: it says so while any key
         # exists, and with every key disabled that is everyone refused, which is what disabling means.
         # Following the usable keys instead opened the API to anyone the moment the last one was disabled.
         return cls(required=auth.required, by_hash=by_hash,
-                   projects={p.name: p.limits for p in auth.projects if p.limits.any})
+                   projects={p.name: p.limits for p in auth.projects if p.limits.any}, classes=classes)
 
     def identify(self, authorization: bytes | None) -> KeyInfo | errors.ApiError:
         """The caller behind an ``Authorization`` header, scope not yet checked."""

@@ -1,13 +1,14 @@
 """The batch runner (issue 32): batches' lines run through this router on the capacity interactive requests leave.
 
 The router claims a bounded chunk of lines from the control plane (``api.batches``: held for a lease), runs each
-through its own path at batch priority, and posts the answers back; the control plane writes each line's answer
-once and its leader writes the output files. A line starts only while, for its model, the admission queue is
-empty (no interactive request waits), the engines' reported waiting is below ``waiting_below`` and fewer than
-``concurrency`` lines of this router run; otherwise it waits, backing off, and lines not started are given back
-when their batch stops (cancelled, expired), when the router stops, or when a line waited half its lease (so
-that no line runs past its lease, when another router may claim it). This throttle is the runner's own: the admission
-queue's priority classes (``core.priorities``) order what does queue, the runner keeps lines out of the queue.
+through its own path in the batch class (the admission queue's lowest), and posts the answers back; the control
+plane writes each line's answer once and its leader writes the output files. A line starts only while, for its
+model, the admission queue is empty (no interactive request waits), the engines' reported waiting is below
+``waiting_below`` and fewer than ``concurrency`` lines of this router run; otherwise it waits, backing off, and
+lines not started are given back when their batch stops (cancelled, expired), when the router stops, or when a
+line waited half its lease (so that no line runs past its lease, when another router may claim it). This throttle
+is the runner's own: the admission queue's priority classes (``core.queueclasses``) order what does queue, the
+runner keeps lines out of it.
 
 A line's usage is metered as its key's, in its project, with the user ``batch:<user>`` (the batch marker in the
 usage rollups). Answers the control plane did not take (a failover) are kept and posted again: a line is never
@@ -36,9 +37,8 @@ from llmgw.router.table import ModelRoute, TableHolder
 log = logging.getLogger(__name__)
 #: The usage rollups' user of a batch line: ``batch:`` and the batch creator's user.
 BATCH_USER = "batch:"
-#: The class a line is queued under (``core.priorities``), and its admission priority: below every key's (>= 0).
+#: The class a line is queued under (``core.priorities``): the lowest, admitted only while no other class waits.
 CLASS = priorities.BATCH
-PRIORITY = -1
 #: The fewest lines a claim asks for: a claim is a store transaction, not to be paid per line or two.
 CHUNK = 16
 
@@ -198,8 +198,11 @@ class BatchRunner:
             await asyncio.Event().wait()  # the client (this runner) never leaves
             return {"type": "http.disconnect"}
 
+        # Queued in the batch class (the lowest: ``core.queueclasses``), by its key's priority and its project's share.
+        queue_as = self._holder.current.auth.classes.lowered(key.queue_as, CLASS)
         try:
-            async with self._admission.slot(route.name, priority=PRIORITY):
+            async with self._admission.slot(route.name, priority=key.priority,
+                                            queue_as=queue_as if not isinstance(queue_as, str) else key.queue_as):
                 await self._proxy.serve(route, req, line.url, time.perf_counter(), receive, send, pick.NO_KEY,
                                         metered=metered)
         finally:

@@ -12,10 +12,11 @@ request's arrival (and a queue as it forms) go to the autoscaler's counts.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 
-from llmgw.core import engines
+from llmgw.core import engines, priorities
 from llmgw.router import (
     admission,
     asgi,
@@ -26,6 +27,7 @@ from llmgw.router import (
     proxying,
     ratelimit,
     request,
+    tokenizers,
 )
 from llmgw.router import metering as router_metering
 from llmgw.router import quota as router_quota
@@ -34,9 +36,10 @@ from llmgw.router import signals as router_signals
 from llmgw.router import tracing as router_tracing
 from llmgw.router.asgi import CANCELS, authorization, header_value
 from llmgw.router.policies import KEYED, TOKENED
-from llmgw.router.table import RouteTable, TableHolder
+from llmgw.router.table import ModelRoute, RouteTable, TableHolder
 
 EMBEDDINGS_PATH = "/v1/embeddings"
+PRIORITY_HEADER = priorities.HEADER.lower().encode()
 
 
 class Completions:
@@ -45,8 +48,10 @@ class Completions:
     def __init__(self, holder: TableHolder, *, proxy: proxying.Proxy, cold_hold: cold.ColdHold,
                  admission: admission.Admission, limiter: ratelimit.RateLimiter, source: str, max_body_bytes: int,
                  events: router_events.Sink | None = None, signals: router_signals.Reporter | None = None,
-                 meter: router_metering.Meter | None = None, quota: router_quota.QuotaClient | None = None) -> None:
+                 meter: router_metering.Meter | None = None, quota: router_quota.QuotaClient | None = None,
+                 tokenizers: tokenizers.Tokenizers | None = None) -> None:
         self.holder = holder
+        self._tokenizers = tokenizers  # kv_aware's, for a text prompt (None: only prompts sent as token ids)
         self._proxy = proxy
         self._cold = cold_hold
         self._admission = admission
@@ -61,6 +66,14 @@ class Completions:
         # A new table's limits apply as it arrives: applied by the next request only, a replica that
         # turned Ready admitted nobody waiting until someone else came (and then a burst at once).
         holder.listen(self.apply_limits)
+
+    async def _tokenized(self, key: pick.RequestKey, model: str, version: str, path: str,
+                         doc: dict[str, object]) -> pick.RequestKey:
+        """``key`` with the prompt's token ids from the model's tokenizer, once loaded (until then: as it was)."""
+        assert self._tokenizers is not None
+        found = self._tokenizers.get(model, version)
+        ids = await tokenizers.prompt_ids(found, path, doc) if found is not None else None
+        return dataclasses.replace(key, tokens=ids) if ids else key
 
     def apply_limits(self, table: RouteTable) -> None:
         if table.limits is not self._limits_seen:
@@ -89,6 +102,12 @@ class Completions:
             refused = table.auth.check(header, req.model, names=(route.name, route.served_name, *route.aliases))
             if isinstance(refused, errors.ApiError):
                 raise refused
+        queue_as = key.queue_as
+        if asked := header_value(scope, PRIORITY_HEADER):  # a lower class asked for (issue 32)
+            lowered = table.auth.classes.lowered(queue_as, asked)
+            if isinstance(lowered, str):
+                raise errors.ApiError(400, lowered, type="invalid_request_error", code="unknown_priority_class")
+            queue_as = lowered
         if route.embeddings is False and path == EMBEDDINGS_PATH:
             # Said here, not by the engine's 501 (llama.cpp: "start it with --embeddings", a flag a client cannot set).
             found = engines.record(route.engine)
@@ -112,7 +131,10 @@ class Completions:
                    else None)
         counts = None
         try:
-            counts = self._signals.arrived(route.name, arrived) if self._signals is not None else None
+            # Counted for the autoscaler under the model whose replicas serve it: an adapter's under its base, so
+            # a request for an adapter of a base at zero wakes the base.
+            counts = (self._signals.arrived(_scaled_name(table, route), arrived) if self._signals is not None
+                      else None)
             started = held = False
             if not route.endpoints and route.autoscale is not None:
                 # A model at zero: held here, not refused, until a replica is Ready (or its cold-start timeout).
@@ -129,13 +151,15 @@ class Completions:
             affinity = (prefix.request_key(req.doc, session_header=header_value(scope, b"x-llmgw-session"),
                                            tokens=route.routing in TOKENED)
                         if route.routing in KEYED else pick.NO_KEY)
+            if route.routing in TOKENED and not affinity.tokens and route.tokenizer and self._tokenizers is not None:
+                affinity = await self._tokenized(affinity, route.name, route.tokenizer, path, req.doc)
             spans = router_tracing.CURRENT.get()
             if spans is not None:
                 spans.admission_start()
             if (self._signals is not None and not self._admission.queued(route.name)
                     and self._admission.would_wait(route.name)):
                 self._signals.queue_forming()  # the autoscaler hears of a queue as it forms, not an interval later
-            async with self._admission.slot(route.name, priority=key.priority):
+            async with self._admission.slot(route.name, priority=key.priority, queue_as=queue_as):
                 if spans is not None:
                     spans.admitted(route.name)
                 if self.holder.current is not table:
@@ -195,3 +219,11 @@ def _usage_of(body: bytes) -> int:
         return ratelimit.usage_tokens(json.loads(body))
     except ValueError:
         return 0
+
+
+def _scaled_name(table: RouteTable, route: ModelRoute) -> str:
+    """The model whose replicas a request to ``route`` runs on: the base of an adapter, else the model itself."""
+    if not route.parent:
+        return route.name
+    base = table.lookup(route.parent)
+    return base.name if base is not None else route.name

@@ -85,7 +85,8 @@ def failed_mid_stream(replica_id: str, why: str) -> ApiError:
 
 def path_not_found(method: str, path: str) -> ApiError:
     return ApiError(404, f"Unknown endpoint {method} {path}. The router serves GET /v1/models, "
-                         "POST /v1/chat/completions, /v1/completions, /v1/embeddings and /v1/responses.",
+                         "POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses and (Anthropic's) "
+                         "/v1/messages.",
                     type="invalid_request_error", code="unknown_url")
 
 

@@ -76,6 +76,8 @@ log = logging.getLogger("llmgw.router.hub")
 #: The paths a router posts to the control plane it follows.
 RELAYED = (wire.USAGE_PATH, wire.QUOTA_PATH, signals.SIGNALS_PATH, reports.EVENTS_PATH, batchwire.CLAIM_PATH,
            batchwire.RESULTS_PATH)
+#: A kv_aware model's tokenizer files (``router.tokenizers``): a GET, relayed as the POSTs are (a static table: none).
+TOKENIZER_PATH = "/api/v1/router/tokenizer/"
 #: The longest a worker's long poll is held, whatever it asks.
 MAX_HOLD_S = 60.0
 RELAY_TIMEOUT_S = 10.0
@@ -149,11 +151,16 @@ class Relay:
             await self._session.close()
             self._session = None
 
-    async def __call__(self, path: str, body: bytes) -> web.Response:
+    async def get(self, path: str) -> web.Response:
+        """A worker's GET of ``TOKENIZER_PATH``, sent on as the POSTs are."""
+        return await self.__call__(path, None)
+
+    async def __call__(self, path: str, body: bytes | None) -> web.Response:
         assert self._session is not None
         url = self._control_url().rstrip("/") + path
         try:
-            async with self._session.post(url, data=body, headers=self._headers) as resp:
+            async with self._session.request("GET" if body is None else "POST", url, data=body,
+                                             headers=self._headers) as resp:
                 return web.Response(status=resp.status, body=await resp.read(),
                                     content_type=resp.content_type or "application/json")
         except (aiohttp.ClientError, TimeoutError) as exc:
@@ -241,10 +248,16 @@ def app(secret: str, feed: Feed, calls: Handler, snapshots: metricsmerge.Snapsho
     async def merged(request: web.Request) -> web.Response:
         return web.Response(body=kept.merged(), headers={"Content-Type": _EXPOSITION})
 
+    async def tokenizer(request: web.Request) -> web.Response:
+        if isinstance(calls, Relay):
+            return await calls.get(request.path_qs)
+        return _error(404, "a router serving a table file offers no tokenizer files: kv_aware falls back for text")
+
     made = web.Application(middlewares=[only_workers], client_max_size=64 << 20)
     made.router.add_post(metricsmerge.PUSH_PATH, push)
     made.router.add_get(metricsmerge.MERGED_PATH, merged)
     made.router.add_get("/api/v1/endpoints", endpoints)
+    made.router.add_get(TOKENIZER_PATH + "{model}", tokenizer)
     for path in RELAYED:
         made.router.add_post(path, post)
     return made

@@ -85,6 +85,9 @@ class ProxySettings:
     batch_waiting_below: float = setting(1.0, metavar="N", min=0,
                                          help="a batch line starts only while the model's engines report fewer "
                                               "requests waiting than this (their own queue, last scrape)")
+    admission_order: str = setting("fair", metavar="fair|fifo",
+                                   help="within a priority class, admit waiting requests by their projects' weighted "
+                                        "fair shares (fair) or first come first served (fifo)")
     signals_interval: float = setting(2.0, metavar="SECONDS", parse=positive_seconds,
                                       help="how often the load the autoscaler scales on is reported to the control "
                                            "plane (a request held for a model at zero is reported at once)")
@@ -96,6 +99,8 @@ class ProxySettings:
                              "OTLP/HTTP collector")
         if not 0 < self.signals_interval < math.inf:
             raise ValueError(f"--signals-interval: expected seconds > 0, got {self.signals_interval!r}")
+        if self.admission_order not in ("fair", "fifo"):
+            raise ValueError(f"--admission-order: expected fair or fifo, got {self.admission_order!r}")
 
     @property
     def limits(self) -> limits.Limits:

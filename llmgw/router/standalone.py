@@ -121,7 +121,7 @@ def build(settings: RouterSettings, *, token: str = "", static_hub: bool = False
             metered["metrics_source"] = pushes.scrape
         watcher = _Together(*parts)
         metered |= {"quota": calls.quota, "usage": calls.usage, "usage_journal_dir": settings.usage_journal_dir,
-                    "router_id": name}
+                    "router_id": name, "tokenizer_fetch": calls.tokenizer}
         if static_hub:
             del metered["usage"], metered["usage_journal_dir"]
         else:
@@ -163,7 +163,7 @@ def proxied(holder: table_mod.TableHolder, proxy: ProxySettings, **parts: Any) -
     traced = tracing.Tracing(proxy.tracing_endpoint) if proxy.tracing_endpoint else None
     return app_mod.RouterApp(holder, max_body_bytes=proxy.max_body_bytes, keepalive_s=proxy.keepalive,
                              tracing=traced, admission_queue=proxy.admission_queue,
-                             admission_wait_s=proxy.admission_wait, **parts)
+                             admission_wait_s=proxy.admission_wait, fair=proxy.admission_order == "fair", **parts)
 
 
 def parser(file: Mapping[str, Any] | None = None) -> argparse.ArgumentParser:

@@ -77,6 +77,10 @@ class ModelRoute:
     embeddings: bool | None = None
     #: For a LoRA adapter's route (``adapter_routes``): the served name of the model it runs on; "": a model.
     parent: str = ""
+    #: For a LoRA adapter's route: how many adapters one engine of its base holds at once (0: not said).
+    adapter_slots: int = 0
+    #: ``kv_aware``: the version of its tokenizer files the control plane offers (``tokenizers``); "": none.
+    tokenizer: str = ""
 
     def open_to(self, project: str) -> bool:
         """Whether a key of ``project`` may see and use the model (a request without a key may: no keys exist)."""
@@ -194,16 +198,27 @@ def adapter_routes(base: ModelRoute, entry: routing.ModelEntry) -> tuple[ModelRo
     """One route per LoRA adapter of ``base``: its own model name, on the base's endpoints that hold it.
 
     The request's ``model`` stays the adapter's name (vLLM serves an adapter under its ``lora_name``), and
-    everything counted per model (metering, admission, the router's metrics) counts it under that name. The
-    endpoints whose engine holds it are used; while none does (its agents are still loading it, or the
-    table came from a standby, which hears no agent), every endpoint of the base is, as a cold model's would.
-    Listed after every model, so a model's own name always wins over an adapter's (``lookup``).
+    everything counted per model (metering, admission, the router's metrics) counts it under that name.
+    The endpoints whose engine holds it (has it registered: its agent fetched and loaded it) are used;
+    which of them takes a request is the router's adapter affinity (``adaptercache``). While none does
+    but others hold adapters (its agents are still fetching or loading it), it has no endpoint and is
+    held as a cold start is (``cold``), so no request goes to an engine that would answer 404; when no
+    endpoint says what it holds (a standby's table, which hears no agent), every endpoint of the base is
+    used. Listed after every model, so a model's own name always wins over an adapter's (``lookup``).
     """
+    reported = any(e.adapters for e in base.endpoints)
     out = []
     for name in entry.adapters:
         holders = tuple(e for e in base.endpoints if name in e.adapters)
-        out.append(dataclasses.replace(base, name=name, served_name=name, aliases=(), parent=base.served_name,
-                                       endpoints=holders or base.endpoints))
+        route = dataclasses.replace(base, name=name, served_name=name, aliases=(), parent=base.served_name,
+                                    endpoints=holders or base.endpoints, adapter_slots=entry.adapter_slots)
+        if reported and not holders:
+            route = dataclasses.replace(
+                route, endpoints=(), autoscale=base.autoscale or RouteAutoscale(len(base.endpoints),
+                                                                                len(base.endpoints)),
+                message=f"adapter {name} is not loaded into any replica of {base.served_name} yet (its agents "
+                        f"are fetching or loading it; `llmgw describe model {base.name}` says why a load failed)")
+        out.append(route)
     return tuple(out)
 
 
@@ -221,4 +236,4 @@ def _route(where: str, entry: routing.ModelEntry) -> ModelRoute:
         message=entry.message, endpoints=entry.endpoints, created=entry.created, routing=routing_name,
         replica_limit=entry.concurrency_per_replica, engine=entry.engine, unhealthy=entry.unhealthy,
         autoscale=entry.autoscale, projects=frozenset(entry.projects), prices=entry.prices,
-        embeddings=entry.embeddings)
+        embeddings=entry.embeddings, tokenizer=entry.tokenizer)

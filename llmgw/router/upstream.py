@@ -62,6 +62,7 @@ from collections.abc import Awaitable, Iterable, Iterator
 import aiohttp
 
 from llmgw.router import (
+    adaptercache,
     admission,
     client,
     enginemetrics,
@@ -135,8 +136,11 @@ class Forwarder:
         self.events = events  # told of each ejection and recovery, for the control plane
         # Attempts waiting on a first byte, given up when their replica is found hung (``hung``).
         self.waits = hung.Waits()
+        #: Each replica's LoRA cache as this router models it: an adapter's requests go where it is held.
+        self.adapters = adaptercache.AdapterCaches()
         if holder is not None:
             holder.listen(self.waits.follow)
+            holder.listen(self.adapters.follow)
         self._holder = holder
         self._seen: dict[str, ModelRoute] = {}  # model name -> its latest route, when no holder
         self._watch = loadwatch.LoadWatch(self.loads, self._endpoints, interval_s=scrape_interval_s,
@@ -300,6 +304,8 @@ class Forwarder:
         full = pick.at_limit(ids, self.loads.in_flight, route.replica_limit)
         # The usual first attempt excludes nothing: no set is built for it.
         exclude = tried | ejected | full if tried or ejected or full else _NOTHING
+        if route.parent:  # a LoRA adapter's request: to a replica whose engine holds it (``adaptercache``)
+            exclude = self.adapters.exclude(route, ids, self.loads.in_flight, exclude)
         endpoint, lacking = policy.pick(route.name, route.endpoints, load=load, key=key, exclude=exclude)
         if endpoint is None and ejected:
             # Every endpoint left is ejected: trying one beats failing the request.
@@ -308,6 +314,8 @@ class Forwarder:
             raise admission.Overloaded(
                 f"Every replica of {route.name!r} is at its limit of {route.replica_limit} requests at "
                 "once; retry in 1s.", retry_after_s=1)
+        if route.parent and endpoint is not None:
+            self.adapters.used(route, endpoint.replica_id)
         return endpoint, lacking
 
     def _answered(self, route: ModelRoute, endpoint: Endpoint, response: client.Response) -> None:

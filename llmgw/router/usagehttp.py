@@ -12,6 +12,7 @@ server`` the same two callables are the control plane's ``UsageService`` methods
 from __future__ import annotations
 
 import ssl
+import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -19,7 +20,7 @@ import aiohttp
 
 from llmgw.api import batches as batchwire
 from llmgw.api import usage as wire
-from llmgw.router import controltls
+from llmgw.router import controltls, tokenizers
 
 
 class CallFailed(Exception):
@@ -58,6 +59,21 @@ class ControlCalls:
 
     async def results(self, doc: batchwire.LineResults) -> batchwire.ResultsAck:
         return batchwire.ResultsAck.from_doc(await self._post(batchwire.RESULTS_PATH, doc.to_doc()))
+
+    async def tokenizer(self, model: str) -> tokenizers.TokenizerFiles:
+        """A kv_aware model's tokenizer files (``GET /api/v1/router/tokenizer/{model}``), for ``router.tokenizers``."""
+        if self._session is None:
+            await self.start()
+        assert self._session is not None
+        base = self._control_url if isinstance(self._control_url, str) else self._control_url()
+        path = "/api/v1/router/tokenizer/" + urllib.parse.quote(model, safe="")
+        async with self._session.get(base.rstrip("/") + path, headers=self._headers,
+                                     timeout=aiohttp.ClientTimeout(total=max(self._timeout_s, 120.0))) as resp:
+            if resp.status != 200:
+                raise CallFailed(f"HTTP {resp.status} from {path}: {(await resp.text(errors='replace'))[:300]}")
+            if (resp.content_length or 0) > tokenizers.MAX_BYTES * 2:
+                raise CallFailed(f"{path}: {resp.content_length} bytes, past what a router takes")
+            return tokenizers.TokenizerFiles.from_doc(await resp.json())
 
     async def _post(self, path: str, doc: dict[str, Any]) -> Any:
         if self._session is None:

@@ -43,11 +43,12 @@ import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, unquote
 
 from llmgw.api.usage import QUOTA_PATH, USAGE_PATH, QuotaSync, UsageBatch
 from llmgw.control.cluster import Cluster
 from llmgw.control.routerreports import RouterEvents
+from llmgw.control.tokenizerfiles import NoTokenizer
 from llmgw.control.usage.service import UsageService
 from llmgw.core import skew
 from llmgw.core.version import version
@@ -137,6 +138,13 @@ class Internal:
                 doc = self._metrics(scope, await asgi.read_body(receive, limit=64 << 20))
             elif path in hub.RELAYED and method == "POST":
                 doc = await self._post(path, json.loads(await asgi.read_body(receive, limit=64 << 20)))
+            elif path.startswith(hub.TOKENIZER_PATH) and method == "GET":
+                model = unquote(path[len(hub.TOKENIZER_PATH):])
+                doc = await self._tokenizer(model)
+                if doc is None:
+                    await _error(send, 404, f"model {model!r} offers no tokenizer files to routers (only a kv_aware "
+                                            "model with an hf:// or mirror:// source does)")
+                    return
             else:
                 await _error(send, 404, f"no {method} {path} here")
                 return
@@ -166,6 +174,17 @@ class Internal:
         if table.version == after and left > 0:
             await asyncio.sleep(left)  # answered early, unchanged: the cluster is closing; no poll in a loop
         return table.to_doc()
+
+    async def _tokenizer(self, model: str) -> dict[str, Any] | None:
+        """A kv_aware model's tokenizer files, as ``GET /api/v1/router/tokenizer/{model}`` answers; None: none."""
+        cluster = self._services.cluster
+        if cluster.tokenizer_files is None or cluster.db is None:
+            return None
+        try:
+            files = await cluster.tokenizer_files.for_model(cluster.db, model)
+        except NoTokenizer:
+            return None
+        return files.to_doc()
 
     async def _post(self, path: str, doc: Any) -> dict[str, Any]:
         s = self._services

@@ -63,6 +63,7 @@ class Postgres:
         self.dir: Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._as: list[str] = []
+        self._made = 0
 
     @property
     def url(self) -> str:
@@ -70,7 +71,12 @@ class Postgres:
         return f"postgresql+psycopg://{self._user}@127.0.0.1:{self.port}/{DB}"
 
     def create_database(self, name: str) -> str:
-        """Creates an empty database on this server (one per test, so tests share one server); its URL."""
+        """Creates an empty database on this server (one per test, so tests share one server); its URL.
+
+        ``name`` gets a number of this server's own (``name_3``): modules sharing one server (tests/integration's
+        session-wide ``pg``) may each count their names from 1."""
+        self._made += 1
+        name = f"{name}_{self._made}"
         with psycopg.connect(f"host=127.0.0.1 port={self.port} user={self._user} dbname={DB}",
                              autocommit=True) as conn:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))

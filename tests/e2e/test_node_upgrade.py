@@ -1,9 +1,9 @@
 """`llmgw node upgrade` against real processes: a real server, a real agent with a running sim replica, and a
-wheelhouse on 127.0.0.1 holding llmgw built from this working tree at another version (0.2.0.post1) with its
+wheelhouse on 127.0.0.1 holding llmgw built from this working tree at another version (this tree's, .post1) with its
 dependencies (``llmgw.testing.llmgwwheel``; the dependencies are downloaded once and kept in test-artifacts/).
 
 The agent installs that llmgw into a venv of its own, checks it, and re-executes itself into it: the same pid,
-now running the new venv's Python; the node registers again reporting 0.2.0.post1; the engine is the same
+now running the new venv's Python; the node registers again reporting it; the engine is the same
 process, adopted, and the router serves it throughout. A version the index lacks fails with pip's reason and
 leaves the old agent connected with its old version; with ``--all`` the command stops at that node and the next
 (node2) is never asked. ``--all`` later passes over node1 (at the version) and upgrades node2 after it. An agent
@@ -35,8 +35,9 @@ from llmgw.testing.procs import wait_for
 from llmgw.testing.system import LLMGW, System, sim_model
 
 pytestmark = pytest.mark.timeout(600)
-NEW = "0.2.0.post1"
-MISSING = "0.2.0.post2"
+#: A release after this tree's (the wheel built from it says so), and one the index does not have.
+NEW = f"{version()}.post1"
+MISSING = f"{version()}.post2"
 
 
 @pytest.fixture(scope="module")

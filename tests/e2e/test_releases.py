@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,12 @@ def _imports(release: Release, module: str = "llmgw") -> dict[str, str]:
     return dict(json.loads(done.stdout))
 
 
+def _version_at(commit: str | None) -> str:
+    """The version pyproject.toml says at a commit (None: the working tree), read without building anything."""
+    text = (REPO / "pyproject.toml").read_text() if commit is None else _git(REPO, "show", f"{commit}:pyproject.toml")
+    return str(tomllib.loads(text)["project"]["version"])
+
+
 def _site(release: Release) -> str:
     """The venv's site-packages, relative to the release's home (the venv's parent)."""
     (site,) = release.venv.glob("lib/python*/site-packages")
@@ -47,8 +54,8 @@ def test_previous_and_working_tree_build_into_venvs_of_their_own(tmp_path: Path)
     assert commit == _git(REPO, "rev-parse", f"{commit}^{{commit}}").strip()
     previous = releases.build(REPO, commit, tmp_path)
     head = releases.build(REPO, None, tmp_path)
-    assert (previous.version, previous.commit, previous.built) == ("0.1.0", commit, True)
-    assert (head.version, head.commit, head.built) == ("0.2.0", _git(REPO, "rev-parse", "HEAD").strip(), True)
+    assert (previous.version, previous.commit, previous.built) == (_version_at(commit), commit, True)
+    assert (head.version, head.commit, head.built) == (_version_at(None), _git(REPO, "rev-parse", "HEAD").strip(), True)
     assert head.tree and previous.tree is None
     assert previous.venv != head.venv
     for release in (previous, head):
@@ -88,9 +95,9 @@ def test_two_processes_building_one_release_at_once_build_it_once(tmp_path: Path
         assert p.returncode == 0, err
         outs.append(json.loads(out.strip().splitlines()[-1]))
     assert sorted(o["built"] for o in outs) == [False, True]
-    assert outs[0]["venv"] == outs[1]["venv"] and outs[0]["version"] == "0.1.0"
+    assert outs[0]["venv"] == outs[1]["venv"] and outs[0]["version"] == _version_at(commit)
     said = _imports(releases.build(REPO, commit, tmp_path))
-    assert said["version"] == "0.1.0"
+    assert said["version"] == _version_at(commit)
 
 
 def test_previous_names_a_commit_of_the_full_history(tmp_path: Path) -> None:

@@ -6,6 +6,8 @@ per node, each with its state directory), a standalone router following both con
 replicas and a llama.cpp model of 1 (the tiny GGUF), all of the previous release. Then, with the real
 ``openai`` client sending chat completions (streamed and not) to both models through a router the whole time:
 
+0. (first, as the README's order has it) `llmgw backup` of the previous release, while the cluster serves
+   (restoring is tests/e2e/test_backup_restore.py's and tests/integration/test_backup_*.py's);
 1. control plane B (the standby) is stopped and started on this tree: it stands by again (no migration);
 2. A (the leader) is stopped with SIGTERM: B takes over, both agents register with it (previous-release
    agents with a new control plane: the policy allows N-1), then A starts on this tree and stands by;
@@ -13,9 +15,6 @@ replicas and a llama.cpp model of 1 (the tiny GGUF), all of the previous release
    engines (same pids, none restarted) and its node is Ready;
 4. a second router on this tree takes the traffic (the clients move to it between requests), then the old
    one is stopped with SIGTERM while two long streams are open on it: they must end whole (its graceful drain).
-
-(The README's order starts with `llmgw backup`, which 0.1.0 does not have: that step begins with the upgrade
-from 0.2.0; tests/e2e/test_backup_restore.py and tests/integration/test_backup_*.py test it.)
 
 Asserted: not one failed request, and some served of each model, in every phase; the same engine processes;
 every node Ready at this tree's version; each version change in the events (``AgentVersionChanged`` per node,
@@ -31,6 +30,7 @@ logs; the node never becomes Ready there.
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -175,6 +175,17 @@ def test_a_rolling_upgrade_under_traffic_fails_no_request_and_restarts_no_engine
         with Traffic(old_router.url, ["sim", "tiny"], extra_body={"tiny": {"ignore_eos": True}}) as traffic:
             traffic.wait_served(8)
 
+            # 0. The README's first step: a backup, with the previous release's own `llmgw backup` (pg_dump of the
+            # store, the CA, all sealed), taken while it serves.
+            traffic.phase("backup")
+            started = time.monotonic()
+            backup = tmp_path / "before-upgrade.llmgwbak"
+            prev.run("backup", str(backup), "--data-dir", str(a.data_dir),
+                     env={"LLMGW_BACKUP_PASSPHRASE": "rolling upgrade test"}, timeout=120)
+            assert oct(backup.stat().st_mode & 0o777) == "0o600" and backup.stat().st_size > 1024
+            took["backup"] = time.monotonic() - started
+            traffic.wait_served(4)
+
             # 1. The standby control plane.
             traffic.phase("control plane B (standby)")
             started = time.monotonic()
@@ -255,10 +266,10 @@ def test_a_rolling_upgrade_under_traffic_fails_no_request_and_restarts_no_engine
         assert len(parts) == 1 + 2 + len(NODES), said  # the CLI, two control planes, the agents
         assert all(line.split()[-1] == head.version for line in parts), said
         # The routers reporting now: the new one at HEAD (the old one's workers, stopped, may still be listed a
-        # while, with no version: 0.1.0's reports carry none).
-        routers = {line.split()[1]: line.split()[-1] for line in said if line.startswith("router ")}
+        # while, at the previous version, marked as differing; 0.1.0's reports carried none: "-").
+        routers = {line.split()[1]: line.split()[2] for line in said if line.startswith("router ")}
         assert routers.get(new_router.name) == head.version, said
-        assert set(routers.values()) <= {head.version, "-"}, said
+        assert set(routers.values()) <= {head.version, prev.version, "-"}, said
     finally:
         for router in (new_router, old_router):
             router.stop(timeout=5)
@@ -269,12 +280,21 @@ def test_a_rolling_upgrade_under_traffic_fails_no_request_and_restarts_no_engine
         kill_engines(tmp_path)
 
 
+def _protocol_of(release: releases.Release) -> int:
+    """The wire protocol a release's code says (0: a release before protocols, which sends none)."""
+    probe = "import importlib.util as u; print(__import__('llmgw.core.skew').core.skew.PROTOCOL " \
+            "if u.find_spec('llmgw.core.skew') else 0)"
+    # Run from the venv, not the checkout: `python -c` puts its working directory first on sys.path.
+    return int(subprocess.run(release.python_argv("-c", probe), env=release.env(), cwd=release.venv,
+                              capture_output=True, text=True, check=True, timeout=60).stdout.strip())
+
+
 def test_an_agent_and_a_router_newer_than_the_previous_release_control_plane_refuse_it(
         tmp_path: Path, builds: tuple[releases.Release, releases.Release]) -> None:
-    """This tree's agent and router (protocol 2) against a control plane of the previous release (protocol 1: it
-    sends none): the old control plane serves them, unable to know better, and each refuses it itself, logging
-    ``core.skew``'s sentence (its own version and the control plane's protocol: a 0.1.0 control plane's answers
-    name no version). The agent never says it registered and its node is not Ready there; the router keeps no
+    """This tree's agent and router (``skew.PROTOCOL``) against a control plane of the previous release (one
+    protocol older; 0.1.0 sent none): the old control plane serves them, unable to know better, and each refuses
+    it itself, logging ``core.skew``'s sentence (its own version and the control plane's protocol and version).
+    The agent never says it registered and its node is not Ready there; the router keeps no
     table from it. (The policy's other side, an agent and a router of the previous release under a newer
     control plane, is the rolling upgrade's failover step above: allowed, and not a request failed.)"""
     prev, head = builds
@@ -291,9 +311,11 @@ def test_an_agent_and_a_router_newer_than_the_previous_release_control_plane_ref
         proc = agent.start(head, [cp])
         write_secret(router.token_file, api.post(cp, "/api/v1/routers", {"name": "edge"})["token"])
         routed = router.start(head, [cp])
+        theirs = _protocol_of(prev)
         for kind, p in (("agent", proc), ("router", routed)):
-            sentence = skew.server_refusal(kind, 0, "", own_protocol=skew.PROTOCOL, own_version=head.version)
-            assert head.version in sentence and "(protocol 1)" in sentence, sentence
+            sentence = skew.server_refusal(kind, theirs, prev.version if theirs else "", own_protocol=skew.PROTOCOL,
+                                           own_version=head.version)
+            assert head.version in sentence and f"(protocol {skew.effective(theirs)})" in sentence, sentence
             until(lambda s=sentence, q=p: s in q.log_tail(200) or q.poll() is not None,  # type: ignore[misc]
                   timeout=60, what=f"the {kind}'s refusal")
             assert sentence in p.log_tail(200), p.log_tail(200)

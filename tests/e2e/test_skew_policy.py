@@ -3,11 +3,12 @@ real agents over mutual TLS:
 
 - an agent newer than the control plane (protocol 3, one that says so with ``LLMGW_AGENT_PROTOCOL``) is refused with
   the sentence naming both versions, which the agent logs at ERROR once however often it redials;
-- a legacy agent (protocol 0, as 0.1.0 registers) is served, and one at another llmgw version shows as a skew in
-  ``llmgw get nodes`` (table and JSON) and ``llmgw describe node``, its version change told as an event;
+- an agent one protocol older (the previous release's) is served, and one at another llmgw version shows as a skew
+  in ``llmgw get nodes`` (table and JSON) and ``llmgw describe node``, its version change told as an event; a
+  legacy agent (protocol 0, as 0.1.0 registers: two protocols behind) is refused as too old;
 - a router's table request with a protocol newer than the control plane's is refused with 409 and the sentence (a
-  real ``TableWatcher`` then logs it and installs nothing), and one without the header (0.1.0) is answered, with the
-  control plane's own protocol and version in the answer's headers;
+  real ``TableWatcher`` then logs it and installs nothing), one a protocol older is answered, with the control
+  plane's own protocol and version in the answer's headers, and one without the header (0.1.0) is refused as too old;
 - a control plane starting at another version than the cluster's last leader tells it as an event.
 
 A control plane too old for the agent (0.1.0's, answering no protocol) is ``tests/unit/test_agent_skew.py``'s, and
@@ -95,25 +96,32 @@ def test_an_agent_newer_than_the_control_plane_is_refused_naming_both_versions(c
         proc.stop(timeout=15)
 
 
-async def _register_as_0_1_0(addr: str, state_dir: Path, node_id: str) -> pb.Ack:
-    """What a 0.1.0 agent sends on the node's certificate: a Register without a protocol, at version 0.1.0."""
+#: The previous release's version and protocol, as its agents say them.
+PREVIOUS = ("0.2.0", skew.PROTOCOL - 1)
+
+
+async def _register_as(addr: str, state_dir: Path, node_id: str, version: str, protocol: int) -> pb.Ack:
+    """What an agent of another release sends on the node's certificate: a Register at its version and protocol
+    (0.1.0 sent none: 0)."""
     async with dial.channel(addr, nodepki.of(state_dir)) as channel:
         await dial.connect(channel)
         call = agent_pb2_grpc.AgentServiceStub(channel).Connect()
         await call.write(pb.AgentMessage(seq=1, register=pb.Register(
-            node_id=node_id, hostname=node_id, agent_version="0.1.0", mgmt_addr="127.0.0.1")))
+            node_id=node_id, hostname=node_id, agent_version=version, protocol=protocol, mgmt_addr="127.0.0.1")))
         first = await call.read()
         call.cancel()
         return first.ack
 
 
-def test_a_legacy_agent_is_served_and_its_version_shown_as_a_skew(cluster: System) -> None:
-    """protocol 0 (what a release before 0.2.0 sends) is inside the policy: the real agent registers so, and a Register
-    at version 0.1.0 on the node's certificate is accepted and shown as a skew, its change an event each way."""
+def test_an_agent_a_protocol_older_is_served_and_its_version_shown_as_a_skew(cluster: System) -> None:
+    """One protocol older (the previous release's) is inside the policy: the real agent registers so, and a Register
+    at the previous release's version on the node's certificate is accepted and shown as a skew, its change an event
+    each way. Two protocols older (0.1.0's, none sent) is refused as too old, naming the upgrade."""
+    old_version, old_protocol = PREVIOUS
     cluster.stop_agent("node1")
-    cluster.agent_env = {"LLMGW_AGENT_PROTOCOL": "0"}
+    cluster.agent_env = {"LLMGW_AGENT_PROTOCOL": str(old_protocol)}
     try:
-        cluster.start_agent("node1")  # waits until it registered: a legacy protocol is served
+        cluster.start_agent("node1")  # waits until it registered: N-1 is served
     finally:
         cluster.agent_env = {}
     table = _cli(cluster, "get", "nodes")
@@ -121,17 +129,22 @@ def test_a_legacy_agent_is_served_and_its_version_shown_as_a_skew(cluster: Syste
     assert _row(table.stdout, "node1")[-1] == HEAD  # VERSION, no skew
     cluster.stop_agent("node1")
 
-    ack = asyncio.run(_register_as_0_1_0(f"127.0.0.1:{cluster.agent_port}", cluster.root / "node1", "node1"))
+    addr = f"127.0.0.1:{cluster.agent_port}"
+    legacy = asyncio.run(_register_as(addr, cluster.root / "node1", "node1", "0.1.0", 0))
+    assert not legacy.ok
+    assert legacy.error.startswith(f"this agent 0.1.0 (protocol 1) is too old for the control plane {HEAD} "
+                                   f"(protocol {skew.PROTOCOL})"), legacy.error
+    ack = asyncio.run(_register_as(addr, cluster.root / "node1", "node1", old_version, old_protocol))
     assert ack.ok, ack.error
     assert (ack.protocol, ack.server_version) == (skew.PROTOCOL, HEAD)  # every answer says the control plane's
 
     table = _cli(cluster, "get", "nodes")
-    assert _row(table.stdout, "node1")[-1] == "0.1.0 (skew)"
+    assert _row(table.stdout, "node1")[-1] == f"{old_version} (skew)"
     as_json = _cli(cluster, "get", "nodes", "-o", "json")
     node = next(n for n in json.loads(as_json.stdout) if n["id"] == "node1")
-    assert (node["agent_version"], node["version_skew"]) == ("0.1.0", True)
+    assert (node["agent_version"], node["version_skew"]) == (old_version, True)
     described = _cli(cluster, "describe", "node", "node1")
-    assert "0.1.0 (skew)" in described.stdout, described.stdout
+    assert f"{old_version} (skew)" in described.stdout, described.stdout
 
     cluster.start_agent("node1")  # back at this release
     node = next(n for n in cluster.get("/api/v1/nodes")["items"] if n["id"] == "node1")
@@ -142,10 +155,10 @@ def test_a_legacy_agent_is_served_and_its_version_shown_as_a_skew(cluster: Syste
                 if e["reason"] == "AgentVersionChanged" and e["object"] == "node/node1"]
 
     wait_for(lambda: len(changes()) >= 2, timeout=30, what="both version changes as events")
-    assert f"agent {HEAD} → 0.1.0" in changes() and f"agent 0.1.0 → {HEAD}" in changes()
+    assert f"agent {HEAD} → {old_version}" in changes() and f"agent {old_version} → {HEAD}" in changes()
 
 
-def test_a_router_newer_than_the_control_plane_is_refused_and_one_without_a_protocol_is_served(
+def test_a_router_newer_than_the_control_plane_or_two_protocols_older_is_refused_and_one_older_is_served(
         cluster: System, caplog: pytest.LogCaptureFixture) -> None:
     token = cluster.request("POST", "/api/v1/routers", json={"name": "edge-skew"}).json()["token"]
     auth = {"Authorization": f"Bearer {token}"}
@@ -153,6 +166,7 @@ def test_a_router_newer_than_the_control_plane_is_refused_and_one_without_a_prot
     with httpx.Client(verify=cluster.ssl_context() or True, timeout=30) as http:
         newer = http.get(url, headers={**auth, **skew.headers(skew.PROTOCOL + 1, "9.9.9")})
         legacy = http.get(url, headers=auth)  # 0.1.0's router says no protocol
+        older = http.get(url, headers={**auth, **skew.headers(PREVIOUS[1], PREVIOUS[0])})
         same = http.get(url, headers={**auth, **skew.headers(skew.PROTOCOL, HEAD)})
     assert newer.status_code == 409, newer.text
     error = newer.json()["error"]
@@ -160,7 +174,10 @@ def test_a_router_newer_than_the_control_plane_is_refused_and_one_without_a_prot
     assert error["message"].startswith(f"this router 9.9.9 (protocol {skew.PROTOCOL + 1}) is newer than the control "
                                        f"plane {HEAD} (protocol {skew.PROTOCOL})")
     assert newer.headers[skew.PROTOCOL_HEADER] == str(skew.PROTOCOL)
-    for answer in (legacy, same):
+    assert legacy.status_code == 409, legacy.text
+    assert legacy.json()["error"]["message"].startswith(
+        f"this router of an unknown version (protocol 1) is too old for the control plane {HEAD}"), legacy.text
+    for answer in (older, same):
         assert answer.status_code == 200, answer.text
         assert "models" in answer.json()
         assert answer.headers[skew.PROTOCOL_HEADER] == str(skew.PROTOCOL)

@@ -225,6 +225,30 @@ def test_router_reads_the_engine_queue_from_its_metrics(served: Served) -> None:
     assert last.kv_cache_usage is not None
 
 
+def test_anthropic_messages_pass_through_to_vllm(served: Served) -> None:
+    """vLLM serves /v1/messages itself, so the router passes Anthropic's requests to it untranslated.
+
+    Told by the answer's id: vLLM 0.32 names a Message after its chat completion (``chatcmpl-…``,
+    ``vllm/entrypoints/anthropic/serving.py``), the router's translation ``msg_…``.
+    """
+    import anthropic
+
+    from llmgw.testing import anthropic_schema
+
+    c = anthropic.Anthropic(base_url=served.system.url, api_key="unused", max_retries=0, timeout=120)
+    m = c.messages.create(model=MODEL, max_tokens=4, messages=[{"role": "user", "content": "hello"}],
+                          extra_body=LONG)
+    assert m.id.startswith("chatcmpl-"), m.id
+    assert m.stop_reason == "max_tokens" and m.usage.output_tokens == 4 and m.usage.input_tokens > 0
+    with c.messages.stream(model=MODEL, max_tokens=4, messages=[{"role": "user", "content": "hi"}],
+                           extra_body=LONG) as s:
+        final = s.get_final_message()
+    assert final.id.startswith("chatcmpl-") and final.usage.output_tokens == 4
+    problems = anthropic_schema.errors("message", m.model_dump(mode="json", exclude_unset=True))
+    assert not problems, problems
+    assert c.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": "hello"}]).input_tokens > 0
+
+
 def test_delete_drains_then_stops_and_leaves_nothing(served: Served) -> None:
     """A stream in flight when the model is deleted finishes; then no process of the shard and no work dir remain."""
     system = served.system

@@ -5,6 +5,7 @@ from collections.abc import Iterator
 import pytest
 
 from llmgw.testing.fixtures import system, system_args  # noqa: F401 (fixtures, shared with tests/e2e)
+from llmgw.testing.postgres import Postgres
 from llmgw.testing.system import System
 from llmgw.testing.uiclient import Browser, logged_in
 
@@ -27,3 +28,11 @@ def admin(system: System) -> Iterator[Browser]:  # noqa: F811 (the fixture impor
         yield b
     finally:
         b.close()
+
+
+@pytest.fixture(scope="session")
+def pg() -> Iterator[Postgres]:
+    """One PostgreSQL server for the whole run (each test makes a database of its own on it), stopped by pid at
+    the end whatever happened: a start is ~2.5 s, once per module before."""
+    with Postgres() as server:
+        yield server

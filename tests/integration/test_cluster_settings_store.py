@@ -18,15 +18,8 @@ from llmgw.control.store import settings as settings_store
 from llmgw.control.store import store as store_mod
 from llmgw.control.store.store import Store
 from llmgw.control.store.tables import ClusterSettingRow
-from llmgw.testing.postgres import Postgres
 
 _names = itertools.count(1)
-
-
-@pytest.fixture(scope="module")
-def pg() -> Iterator[Postgres]:
-    with Postgres() as server:
-        yield server
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -65,3 +58,30 @@ def test_a_stored_name_the_rule_now_refuses_is_left_out(store: Store) -> None:
     with store._tx() as s:
         s.add(ClusterSettingRow(key="allowed_env", value=["FOO_BAR", "LD_PRELOAD"], updated_at=1.0, updated_by="x"))
     assert settings_store.read(store).allowed_env == ["FOO_BAR"]
+
+
+def test_priority_classes_and_assignments_and_their_deletion(store: Store) -> None:
+    """Issue 32: the classes are a setting; a key's and a project's class and weight live in the ``queueing`` row,
+    unread by the settings document, changed one entry at a time, and forgotten with the key or project."""
+    from llmgw.control.store import queueing
+    from llmgw.control.store.store import StoredKey
+
+    assert settings_store.read(store).priority_classes == ["interactive", "batch"]
+    assert settings_store.write(store, {"priority_classes": ["premium", "interactive", "batch"]}, by="t") == [
+        "priority_classes"]
+    store.create_project("team", description="", created_by="t", now=1.0)
+    store.add_key(StoredKey(id="key-q", name="k", sha256="a" * 64, project="team", created_at=1.0))
+    queueing.assign(store, "projects", "team", queueing.Assigned("premium", 3.0), by="t")
+    queueing.assign(store, "keys", "key-q", queueing.Assigned("batch", 0.0), by="t")
+    queueing.assign(store, "keys", "key-gone", queueing.Assigned("", 2.0), by="t")
+    queueing.assign(store, "keys", "key-gone", queueing.Assigned(), by="t")  # unset: the entry goes
+    found = queueing.read(store)
+    assert found.keys == {"key-q": queueing.Assigned("batch", 0.0)}
+    assert found.projects == {"team": queueing.Assigned("premium", 3.0)}
+    assert settings_store.read(store).priority_classes == ["premium", "interactive", "batch"]
+    assert store.delete_key("key-q") and store.delete_project("team")
+    assert queueing.read(store) == queueing.Queueing()
+    with store._tx() as s:  # a value a later version wrote that this one cannot read is left out, not a failure
+        s.get(ClusterSettingRow, queueing.ROW).value = {"keys": {"k": {"priority_class": 7, "weight": "x"},
+                                                                 "k2": {"weight": 2}}, "projects": []}
+    assert queueing.read(store).keys == {"k2": queueing.Assigned("", 2.0)}

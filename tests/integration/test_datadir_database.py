@@ -10,23 +10,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import pytest
 
 from llmgw.control import datadir
 from llmgw.control.store.store import Store
 from llmgw.testing.postgres import Postgres
 from llmgw.testing.procs import Proc, free_port
 from llmgw.testing.system import LLMGW
-
-
-@pytest.fixture(scope="module")
-def pg() -> Iterator[Postgres]:
-    with Postgres() as server:
-        yield server
 
 
 def _llmgw(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,12 +21,6 @@ from llmgw.testing.postgres import Postgres
 
 _names = itertools.count(1)
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def pg() -> Iterator[Postgres]:
-    with Postgres() as server:
-        yield server
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

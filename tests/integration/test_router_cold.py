@@ -156,3 +156,21 @@ def test_a_control_plane_refusing_reports_delays_no_request(procs: Spawner, cold
         assert whole.result(30).choices[0].message.content == " tok0 tok1"
     logs = "".join(p.read_text() for p in tmp_path.glob("router-*.log"))
     assert logs.count("cannot report load signals") == 1 and "HTTP 500" in logs
+
+
+def test_a_request_for_an_adapter_of_a_base_at_zero_wakes_the_base(procs: Spawner) -> None:
+    """An adapter's replicas are its base's: a request held for the adapter is reported as the base's (the
+    autoscaler scales models, not adapters), so the base wakes; reported as the adapter's, it never would."""
+    base = {**cold_model(timeout_s=3.0), "adapters": ["sql"]}
+    control = RouterControl({"version": 1, "models": [base]})
+    try:
+        control.start()
+        router = procs.spawn_router("--control", control.url, "--signals-interval", "3600")
+        with concurrent.futures.ThreadPoolExecutor(1) as one:
+            asked = one.submit(httpx.post, router + "/v1/chat/completions", timeout=30,
+                               json={"model": "sql", "messages": MESSAGES, "max_tokens": 3})
+            wait_for(lambda: held(control) == 1, timeout=20, what="a report holding the adapter's request for m")
+            assert all(m["model"] != "sql" for r in list(control.reports) for m in r["models"])
+            assert asked.result(30).status_code == 503  # no replica ever came: the cold-start timeout's answer
+    finally:
+        control.close()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,12 +23,6 @@ from llmgw.testing.postgres import Postgres
 from llmgw.testing.procs import wait_for
 
 _names = itertools.count(1)
-
-
-@pytest.fixture(scope="module")
-def pg() -> Iterator[Postgres]:
-    with Postgres() as server:
-        yield server
 
 
 def model(name: str) -> specs.Model:

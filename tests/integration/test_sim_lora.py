@@ -109,3 +109,40 @@ def test_routes_need_the_runtime_variable_and_lora_needs_enable_lora(tmp_path: P
     finally:
         off.stop()
         plain.stop()
+
+
+def test_the_worker_holds_at_most_its_limit_and_loads_an_evicted_adapter_on_demand(tmp_path: Path) -> None:
+    """vLLM's LRUCacheWorkerLoRAManager: every adapter stays registered (listed, servable); the cache holds
+    --max-cpu-loras of them, least recently used evicted, and a request for an evicted one loads it again."""
+    proc, url = start(tmp_path, "--enable-lora", "--max-loras", "1", "--max-cpu-loras", "2")
+    try:
+        for name in ("a", "b", "c"):
+            (tmp_path / name).mkdir()
+            got = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(tmp_path / name)})
+            assert got.status_code == 200, got.text
+
+        def lora() -> dict[str, object]:
+            return dict(httpx.get(f"{url}/sim/stats").json()["lora"])
+
+        # Each load through the API reads the adapter into the cache: the third evicted the first.
+        assert lora() == {"capacity": 2, "held": ["b", "c"], "registered": ["a", "b", "c"], "loads": 3,
+                          "evictions": 1}
+        assert [c["id"] for c in httpx.get(f"{url}/v1/models").json()["data"]] == [BASE, "a", "b", "c"]
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+
+        def ask(model: str) -> str:
+            out = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}],
+                                                 max_tokens=1)
+            return str(out.choices[0].message.content)
+
+        assert ask("b") == " b:tok0"  # held: touched, so c is now the least recently used
+        assert lora()["held"] == ["c", "b"] and lora()["loads"] == 3
+        assert ask("a") == " a:tok0"  # evicted, yet served: loaded on demand, c evicted for it
+        assert lora() == {"capacity": 2, "held": ["b", "a"], "registered": ["a", "b", "c"], "loads": 4,
+                          "evictions": 2}
+        assert ask(BASE) == " tok0" and lora()["held"] == ["b", "a"]  # the base touches no adapter
+        # An unload forgets the name only: its weights stay held until evicted, as vLLM's do.
+        assert httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "a"}).status_code == 200
+        assert lora()["held"] == ["b", "a"] and lora()["registered"] == ["b", "c"]
+    finally:
+        proc.stop()

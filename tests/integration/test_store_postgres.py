@@ -39,13 +39,6 @@ HEAD = "0016"
 _db_names = itertools.count(1)
 
 
-@pytest.fixture(scope="module")
-def pg() -> Iterator[Postgres]:
-    """One PostgreSQL server for the module, stopped by pid at the end whatever happened."""
-    with Postgres() as server:
-        yield server
-
-
 @pytest.fixture(params=["sqlite", "postgresql"])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh, empty database of each kind."""

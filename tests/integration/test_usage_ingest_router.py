@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -34,12 +33,6 @@ from llmgw.testing.procs import free_port
 SECRET = "sk-usage-e2e"
 LIMIT = 20
 _names = itertools.count(1)
-
-
-@pytest.fixture(scope="module")
-def pg() -> Iterator[Postgres]:
-    with Postgres() as server_:
-        yield server_
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

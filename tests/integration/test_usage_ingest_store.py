@@ -29,12 +29,6 @@ NOW = 1_796_000_000.0  # a fixed instant: periods do not roll over under the tes
 _names = itertools.count(1)
 
 
-@pytest.fixture(scope="module")
-def pg() -> Iterator[Postgres]:
-    with Postgres() as server:
-        yield server
-
-
 @pytest.fixture(params=["sqlite", "postgresql"])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":

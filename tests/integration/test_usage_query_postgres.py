@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +24,6 @@ _spec.loader.exec_module(cases)
 STORE_TESTS: dict[str, Callable[[Store], Any]] = {
     name: fn for name, fn in vars(cases).items()
     if name.startswith("test_") and list(inspect.signature(fn).parameters) == ["store"]}
-
-
-@pytest.fixture(scope="module")
-def pg() -> Iterator[Postgres]:
-    with Postgres() as server:
-        yield server
 
 
 def test_the_cases_are_found() -> None:

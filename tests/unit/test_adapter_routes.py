@@ -3,6 +3,8 @@ its own on the endpoints that hold it (every endpoint of its base while none doe
 
 from __future__ import annotations
 
+import dataclasses
+
 from llmgw.api import routing
 from llmgw.router.table import RouteTable
 
@@ -40,7 +42,11 @@ def test_each_adapter_routes_to_its_holders_under_its_own_name() -> None:
     assert (sql.name, sql.served_name, sql.parent) == ("sql", "sql", "base-8b")
     assert [e.replica_id for e in sql.endpoints] == ["r1"]
     assert [e.replica_id for e in chat.endpoints] == ["r1", "r2"]
-    assert [e.replica_id for e in new.endpoints] == ["r1", "r2"]  # held nowhere yet: every endpoint of its base
+    # Held nowhere yet, while its base's endpoints say what they hold: no endpoint, and held as a cold start
+    # is (an engine that has not registered it answers 404), saying why.
+    assert new.endpoints == () and new.cold and new.autoscale is not None
+    assert "not loaded into any replica of base-8b yet" in new.message
+    assert sql.autoscale is None and not chat.cold
     assert t.lookup("base-8b").parent == ""  # type: ignore[union-attr]
     assert t.public_names() == ["base-8b", "sql", "chat", "new"]
 
@@ -50,3 +56,23 @@ def test_a_models_name_wins_over_an_adapters() -> None:
     t = table(BASE, other)
     found = t.lookup("sql")
     assert found is not None and found.parent == "" and [e.replica_id for e in found.endpoints] == ["r9"]
+
+
+def test_adapter_slots_round_trip_reach_each_adapter_route_and_a_bad_value_reads_as_unsaid() -> None:
+    entry = dataclasses.replace(BASE, adapter_slots=2)
+    doc = routing.EndpointsDoc(models=(entry,)).to_doc()
+    assert doc["models"][0]["adapter_slots"] == 2
+    assert "adapter_slots" not in routing.EndpointsDoc(models=(BASE,)).to_doc()["models"][0]
+    assert routing.EndpointsDoc.from_doc(doc).models[0] == entry
+    t = table(entry)
+    assert [t.lookup(n).adapter_slots for n in ("sql", "chat", "new")] == [2, 2, 2]  # type: ignore[union-attr]
+    for bad in (-1, "2", True, None):
+        doc["models"][0]["adapter_slots"] = bad
+        assert routing.EndpointsDoc.from_doc(doc).models[0].adapter_slots == 0
+
+
+def test_without_any_endpoint_saying_what_it_holds_every_endpoint_of_the_base_serves_each_adapter() -> None:
+    """A standby's table (it hears no agent): nothing to hold a request for, so every endpoint is used."""
+    silent = dataclasses.replace(BASE, endpoints=tuple(dataclasses.replace(e, adapters=()) for e in (A, B)))
+    new = table(silent).lookup("new")
+    assert new is not None and [e.replica_id for e in new.endpoints] == ["r1", "r2"] and not new.cold

@@ -83,6 +83,10 @@ def test_fingerprint_keeps_the_limits_not_the_list() -> None:
     ([0], 2, adapters.LoraLimits(16, 4, 4)),
     ([17], 5, adapters.LoraLimits(32, 8, 8)),
     ([300], 1, adapters.LoraLimits(320, 4, 4)),
+    ([8], 16, adapters.LoraLimits(8, 16, 16)),
+    # More than one engine holds: at most MAX_SLOTS, the others loaded on demand (``core.adapteraffinity``).
+    ([8], 17, adapters.LoraLimits(8, 16, 16)),
+    ([8], adapters.MAX_ADAPTERS, adapters.LoraLimits(8, adapters.MAX_SLOTS, adapters.MAX_SLOTS)),
 ])
 def test_limits(ranks: list[int], count: int, limits: adapters.LoraLimits) -> None:
     listed = tuple(adapters.Adapter(f"a{i}", "/srv/a", ranks[i % len(ranks)]) for i in range(count))

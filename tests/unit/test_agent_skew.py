@@ -132,8 +132,8 @@ def test_a_control_plane_too_old_for_the_agent_is_refused_once_per_outage(tmp_pa
             assert old.after_ack == []  # no heartbeat, no status: no session ran
             errors = _errors(caplog)
             assert len(errors) == 1, errors
-            assert "this agent 0.2.0 (protocol 2) is newer than the control plane of an unknown version " \
-                   "(protocol 1)" in errors[0]
+            assert f"this agent 0.2.0 (protocol {skew.PROTOCOL}) is newer than the control plane of an unknown " \
+                   "version (protocol 1)" in errors[0]
             assert "upgrade the control planes first" in errors[0]
 
     asyncio.run(main())

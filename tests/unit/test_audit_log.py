@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import httpx
@@ -169,3 +170,31 @@ def test_middleware_records_a_crash_as_failed_and_a_refusal_with_its_message(tmp
         [("erin@10.0.0.7", "delete", "model/m", "failed"), ("10.0.0.7", "cordon", "node/n9", "refused")]
     assert "RuntimeError" in rows[0].detail and "disk on fire" not in rows[0].detail
     assert rows[1].detail == "node 'n9' is not known"
+
+
+def test_a_deposed_leader_still_records_what_it_did_and_a_standby_records_nothing(tmp_path: Path) -> None:
+    """An audit entry is history, not state: a leader deposed between its change and the entry saying so (paused
+    past its lease) still records it, where its state writes are fenced; a standby writes no entry at all."""
+    from llmgw.control.store import store as store_mod
+    from llmgw.control.store.base import Fenced
+
+    a, b = Store.open(tmp_path), Store.open(tmp_path)
+    try:
+        taken = a.take_lease("a", now=a.db_now(), lease_s=0.01)
+        assert taken is not None
+        a.fence = ("a", taken.term)
+        a.put_settings({"k": "1"})  # under its lease
+        time.sleep(0.05)
+        by_b = b.take_lease("b", now=b.db_now(), lease_s=60.0)
+        assert by_b is not None and by_b.term == taken.term + 1  # a is deposed
+        with pytest.raises(Fenced):
+            a.put_settings({"k": "2"})
+        a.record_audit(actor="user/admin", action="settings", object="setting/k", outcome="ok")
+        b.fence = store_mod.STANDBY
+        with pytest.raises(Fenced, match="standby"):
+            b.record_audit(actor="user/admin", action="settings", object="setting/k", outcome="ok")
+        assert [(e.object, e.outcome) for e in a.list_audit()] == [("setting/k", "ok")]
+        assert a.settings()["k"] == "1"
+    finally:
+        a.close()
+        b.close()

@@ -79,12 +79,12 @@ def test_a_control_plane_outside_the_policy_keeps_the_last_table(caplog: pytest.
                     errors = _errors(caplog)
                     assert len(errors) == 1, errors
                     if acting_as == "0.1.0":
-                        assert ("this router 0.2.0 (protocol 2) is newer than the control plane of an unknown "
-                                "version (protocol 1)") in errors[0]
+                        assert (f"this router 0.2.0 (protocol {skew.PROTOCOL}) is newer than the control plane of an "
+                                "unknown version (protocol 1)") in errors[0]
                         assert "upgrade the control planes first" in errors[0]
                     else:
-                        assert ("this router 0.2.0 (protocol 2) is too old for the control plane 0.4.0 "
-                                "(protocol 4)") in errors[0]
+                        assert (f"this router 0.2.0 (protocol {skew.PROTOCOL}) is too old for the control plane 0.4.0 "
+                                f"(protocol {skew.PROTOCOL + 2})") in errors[0]
                     assert "serving the last table (v1)" in errors[0]
                     control.said = skew.headers(skew.PROTOCOL, "0.2.0")  # upgraded (or rolled back) to this release
                     await _until(lambda: holder.current.version == 2, "the table after the upgrade")

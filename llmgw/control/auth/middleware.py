@@ -35,9 +35,10 @@ log = logging.getLogger(__name__)
 PRINCIPAL = "llmgw.principal"
 INSECURE_HEADER = "x-llmgw-insecure"
 LOGOUT = "/api/v1/logout"
-_ROUTER_REACHES = ("a router credential reaches only GET /api/v1/endpoints, POST /api/v1/router/events, "
-                   "POST /api/v1/router/signals, POST /api/v1/router/usage, POST /api/v1/router/quota, "
-                   "POST /api/v1/router/batch/claim, POST /api/v1/router/batch/results and /metrics")
+_ROUTER_REACHES = ("a router credential reaches only GET /api/v1/endpoints, GET /api/v1/router/tokenizer/MODEL, "
+                   "POST /api/v1/router/events, POST /api/v1/router/signals, POST /api/v1/router/usage, "
+                   "POST /api/v1/router/quota, POST /api/v1/router/batch/claim, POST /api/v1/router/batch/results "
+                   "and /metrics")
 
 
 def _headers(scope: Scope) -> dict[str, str]:

@@ -98,6 +98,8 @@ def required(method: str, path: str) -> Need | None:
     if method in ("GET", "HEAD"):
         if path == "/api/v1/endpoints":  # every engine's address and bearer key: routers only
             return Need(router=True)
+        if path.startswith("/api/v1/router/tokenizer/"):  # a kv_aware model's public tokenizer files (issue 31)
+            return Need(VIEWER, router=True)
         if _under(path, "/api/v1/audit"):
             return Need(OPERATOR)
         if path == "/api/v1/controlplanes":  # who leads and where (`llmgw get controlplanes`): every user role

@@ -34,11 +34,13 @@ from llmgw.control.http import (
     nodes,
     nodeupgrade,
     preview,
+    priorities,
     projects,
     replicas,
     routerbatches,
     routercreds,
     routers,
+    routertokenizer,
     routerusage,
     settings,
     sso,
@@ -102,7 +104,9 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extr
                  engines.router(db, cluster), settings.router(db), meta.router(leadership),
                  models.router(db, cluster), replicas.router(db, cluster, reports), routers.router(cluster, reports),
                  nodes.router(db, cluster), nodeupgrade.router(db, cluster), history_http.router(cluster),
-                 projects.router(db, cluster), routerusage.router(usage or UsageService(db)), ca.router(cluster_ca),
+                 projects.router(db, cluster), routertokenizer.router(db, cluster),
+                 priorities.router(db, cluster),
+                 routerusage.router(usage or UsageService(db)), ca.router(cluster_ca),
                  preview.router(db, cluster, catalog if catalog is not None else catalog_entries.load())):
         app.include_router(part, responses=REFUSALS)
     app.include_router(usage_http.router(db), responses=REFUSALS)

@@ -87,6 +87,8 @@ AUDITED: tuple[Audited, ...] = (
     _route("PUT", "/api/v1/projects/{name}/members", "project member set", "project"),
     _route("DELETE", "/api/v1/projects/{name}/members/[^/]+", "project member remove", "project"),
     _route("PUT", "/api/v1/projects/{name}/limits", "project set-limits", "project"),
+    _route("PUT", "/api/v1/projects/{name}/priority", "project set-priority", "project"),
+    _route("PUT", "/api/v1/keys/{name}/priority", "key set-priority", "key"),
     _route("POST", "/api/v1/users", "user create", "user"),  # the name is in the body
     _route("PUT", "/api/v1/users/{name}", "user change", "user"),
     _route("DELETE", "/api/v1/users/{name}", "user delete", "user"),

@@ -13,14 +13,17 @@ import logging
 from collections.abc import Callable, Mapping
 
 from llmgw.api import routemodels, routing
+from llmgw.control import tokenizerfiles
 from llmgw.control.loop import sleeper
 from llmgw.control.loop.autoscaling import in_force
 from llmgw.control.loop.context import LoopContext
 from llmgw.control.state import Phase, ReplicaRecord
 from llmgw.control.status import summarize
+from llmgw.control.store import queueing
+from llmgw.control.store import settings as cluster_settings
 from llmgw.control.store import store as store_mod
 from llmgw.control.store.store import Store
-from llmgw.core import engines, specs
+from llmgw.core import adapters, engines, quota, specs
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +64,10 @@ def _model_route(spec: specs.ModelSpec, name: str, in_force_spec: specs.ModelSpe
         embeddings=engines.embeds(spec.engine, spec.engine_args),
         # Each its own model name, routed to the endpoints above that hold it (``router.table``).
         adapters=tuple(a.name for a in spec.adapters),
+        # How many one engine holds at once: the router's model of each engine's cache (``router.adaptercache``).
+        adapter_slots=limits.max_cpu_loras if (limits := adapters.lora_limits(spec.adapters)) else 0,
+        # kv_aware: the version of the tokenizer files routers fetch to tokenize text prompts ("": none offered).
+        tokenizer=tokenizerfiles.version_of(spec),
     )
 
 
@@ -81,16 +88,24 @@ def build_endpoints_doc(store: Store, now: float, *, engine_ca: str = "", held: 
         models.append(_model_route(m.spec, m.name, in_force({m.name: m.spec}, states)[m.name],
                                    by_model.get(m.name, []), now, held or {}, sleeping))
     stored_keys = store.list_keys()
+    assigned = queueing.read(store)  # classes and weights (issue 32)
+    none = queueing.Assigned()
     keys = tuple(routing.KeyEntry(k.id, k.sha256, tuple(k.models), k.rpm, k.tpm, k.priority, project=k.project,
-                                  user=k.user, limits=k.limits)
+                                  user=k.user, limits=k.limits, **assigned.keys.get(k.id, none).to_doc())
                  for k in stored_keys if not k.disabled)
-    # Only projects with budgets: the rest need nothing from a router but their name, which each key carries.
-    projects = tuple(routing.ProjectEntry(name, limits) for name, limits in sorted(store.project_limits().items()))
+    # Only projects with budgets, a class or a weight: the rest need nothing from a router but their name, which
+    # each key carries.
+    limited = store.project_limits()
+    projects = tuple(routing.ProjectEntry(name, limited.get(name, quota.Limits()),
+                                          **assigned.projects.get(name, none).to_doc())
+                     for name in sorted(limited.keys() | assigned.projects.keys()))
+    classes = tuple(cluster_settings.read(store).priority_classes)
     # Required only once a key exists, so a fresh `make up` keeps answering without one. A disabled
     # key counts: with every key disabled everyone is refused, where following the enabled keys
     # opened the API to anyone the moment the last one was disabled.
     return routing.EndpointsDoc(models=tuple(models), auth=routing.AuthDoc(required=bool(stored_keys), keys=keys,
-                                                                                    projects=projects),
+                                                                                    projects=projects,
+                                                                                    priority_classes=classes),
                                 engine_ca=engine_ca)
 
 

@@ -36,14 +36,13 @@ made mostly of such nodes a walk is long, though never longer than one scan.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
-import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from llmgw.control.placement import filters as f
 from llmgw.control.placement import gpus as gpus_mod
+from llmgw.control.placement import order
 from llmgw.control.placement.explain import Refused, engine_refusal, metadata_pending, refusal
 from llmgw.control.placement.ledger import Ledger
 from llmgw.control.placement.needs import Need, RemoteWeights, context_tokens, fetched_source, need_for, weights_key
@@ -61,7 +60,6 @@ Estimator = Callable[[WeightFile, int, int, bool], "int | None"]
 def estimate_memory(weight: WeightFile, ctx_tokens: int, ranks: int, gpu: bool) -> int | None:
     """The estimator a pass uses unless given another: ``llmgw.core.estimate``."""
     return estimate_mod.memory_bytes(weight, ctx_tokens, tensor_parallel=ranks, gpu=gpu)
-_Key = tuple[int, int, int]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -77,56 +75,6 @@ class Placed:
 
 
 #: The first resource of a node that lacks the threads an order is for: below anything a need asks.
-_SHORT = -(2**62)
-
-
-def _measure(gpu: bool, threads: int) -> Callable[[f.NodeState], tuple[int, int]]:
-    """The sort key of an order for replicas needing ``threads`` threads.
-
-    A node with fewer threads left than that sorts below every need, so walks
-    never meet it: binpacked CPU replicas that run a node out of threads long
-    before memory otherwise left it at the start of every walk (10,000
-    replicas of 8 threads on 64-thread nodes took 1.4 s, not 0.2 s).
-    """
-    if gpu:
-        return lambda st: (st.unheld_gpus if st.free_threads >= threads else -1, st.free_memory)
-    return lambda st: (st.free_memory if st.free_threads >= threads else _SHORT, st.free_threads)
-
-
-class _Order:
-    """Node positions sorted by (first resource, second resource, position)."""
-
-    __slots__ = ("keys", "key_of", "measure")
-
-    def __init__(self, members: Iterable[f.NodeState], measure: Callable[[f.NodeState], tuple[int, int]]) -> None:
-        self.measure = measure
-        self.key_of: dict[int, _Key] = {st.idx: (*measure(st), st.idx) for st in members}
-        self.keys: list[_Key] = sorted(self.key_of.values())
-
-    def ascending(self, first: float) -> Iterator[int]:
-        """Positions from the least free with at least ``first`` of the first resource, upward."""
-        for key in itertools.islice(self.keys, bisect.bisect_left(self.keys, (first,)), None):
-            yield key[2]
-
-    def descending(self, first: float) -> Iterator[int]:
-        """Positions from the most free down to ``first`` of the first resource; equals by lowest position."""
-        keys, hi = self.keys, len(self.keys)
-        while hi > 0 and keys[hi - 1][0] >= first:
-            k1, k2, _ = keys[hi - 1]
-            lo = bisect.bisect_left(keys, (k1, k2), 0, hi)
-            for key in keys[lo:hi]:
-                yield key[2]
-            hi = lo
-
-    def update(self, st: f.NodeState) -> None:
-        old = self.key_of[st.idx]
-        new = (*self.measure(st), st.idx)
-        if new != old:
-            del self.keys[bisect.bisect_left(self.keys, old)]
-            bisect.insort(self.keys, new)
-            self.key_of[st.idx] = new
-
-
 class Placer:
     """Places replicas one at a time within a pass, keeping what each placement took."""
 
@@ -157,8 +105,8 @@ class Placer:
         self._classes: dict[tuple[object, ...], tuple[list[int], set[int], dict[int, f.Reason]]] = {}
         self._weights: dict[str, list[int]] | None = None
         self._holding: dict[str, set[int]] = {}
-        self._orders: dict[tuple[object, ...], _Order] = {}
-        self._in_orders: list[list[_Order]] = [[] for _ in self.states]
+        self._orders: dict[tuple[object, ...], order.Order] = {}
+        self._in_orders: list[list[order.Order]] = [[] for _ in self.states]
         #: position -> rendezvous ports given to group leaders there in this pass.
         self.leader_ports: dict[int, set[int]] = {}
 
@@ -286,14 +234,14 @@ class Placer:
             found = self._classes[need.static_key] = (members, set(members), out)
         return found
 
-    def _order(self, need: Need, path: str) -> _Order:
+    def _order(self, need: Need, path: str) -> order.Order:
         gpu = need.gpu_count > 0
         key = (need.static_key, path, gpu, need.threads)
         found = self._orders.get(key)
         if found is None:
             members, member_set, _ = self.members(need)
             chosen = [i for i in self.weights().get(path, ()) if i in member_set] if path else members
-            found = self._orders[key] = _Order((self.states[i] for i in chosen), _measure(gpu, need.threads))
+            found = self._orders[key] = order.Order((self.states[i] for i in chosen), order.measure(gpu, need.threads))
             for i in chosen:
                 self._in_orders[i].append(found)
         return found
@@ -334,7 +282,7 @@ class Placer:
         # The least a node must have of the list's first resource. Without a
         # memory need that is nothing at all: a node whose loading replicas put
         # its free memory below zero still takes a replica that states none.
-        first: float = need.gpu_count or need.memory_bytes or (_SHORT + 1 if need.threads else -math.inf)
+        first: float = need.gpu_count or need.memory_bytes or (order.SHORT + 1 if need.threads else -math.inf)
         if need.policy == "binpack":
             for o in self._tiers(need):
                 for idx in o.ascending(first):
@@ -362,7 +310,7 @@ class Placer:
                 return self.states[idx], free
         return None
 
-    def _tiers(self, need: Need) -> list[_Order]:
+    def _tiers(self, need: Need) -> list[order.Order]:
         tiers = [self._order(need, "")]
         if need.weights_path and need.weights_path in self.weights():
             tiers.insert(0, self._order(need, need.weights_path))

@@ -113,6 +113,18 @@ class StoreBase:
                 self._check_fence(s, fence)
             yield s
 
+    @contextlib.contextmanager
+    def _append_tx(self) -> Iterator[Session]:
+        """A transaction for appending a fact about the past (an audit entry): refused on a standby, as every
+        write, but not fenced by the lease's term. A leader deposed between a change it made under its lease
+        and the entry saying so (paused past the lease) still records that the change happened: the entry is
+        history, not the cluster's state, and losing it would hide a change that was made."""
+        fence = self.fence
+        if fence is not None and fence[1] == 0:
+            raise Fenced("this control plane is a standby and writes nothing; the leader does")
+        with self._session.begin() as s:
+            yield s
+
     def _check_fence(self, s: Session, fence: tuple[str, int]) -> None:
         holder, term = fence
         if term == 0:

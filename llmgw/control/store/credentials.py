@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping
 
 import sqlalchemy as sa
 
+from llmgw.control.store import queueing
 from llmgw.control.store.base import StoreBase
 from llmgw.control.store.projects import UnknownProject
 from llmgw.control.store.tables import (
@@ -153,6 +154,7 @@ class CredentialStore(StoreBase):
             if row is None:
                 return False
             s.delete(row)
+            queueing.forget(s, "keys", key_id)
             return True
 
     def set_key_disabled(self, key_id: str, disabled: bool) -> StoredKey | None:

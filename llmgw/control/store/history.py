@@ -83,7 +83,7 @@ class HistoryStore(StoreBase):
             raise ValueError(f"audit outcome {outcome!r}: expected one of {', '.join(AUDIT_OUTCOMES)}")
         row = AuditRow(at=time.time() if at is None else at, actor=actor[:320], action=action[:32],
                        object=object[:320], outcome=outcome, detail=db_text(detail[:2000]))
-        with self._tx() as s:
+        with self._append_tx() as s:  # a deposed leader still records what it did under its lease
             s.add(row)
             s.flush()
             return AuditEntry(row.id, row.at, row.actor, row.action, row.object, row.outcome, row.detail)

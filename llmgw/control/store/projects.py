@@ -12,6 +12,7 @@ import dataclasses
 
 import sqlalchemy as sa
 
+from llmgw.control.store import queueing
 from llmgw.control.store.base import StoreBase
 from llmgw.control.store.tables import ApiKeyRow, ProjectMemberRow, ProjectRow, UserRow
 from llmgw.core import quota
@@ -99,6 +100,7 @@ class ProjectStore(StoreBase):
                                              "them to another project first")
             s.execute(sa.delete(ProjectMemberRow).where(ProjectMemberRow.project == name))
             s.delete(row)
+            queueing.forget(s, "projects", name)  # one made again under the name starts without its class
             return True
 
     def put_member(self, project: str, user: str, role: str) -> StoredProject:

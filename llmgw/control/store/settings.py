@@ -7,6 +7,8 @@ Four keys today, each a row of ``cluster_settings`` with a JSON value:
   loader, path or llmgw variable) is refused here too, so the list never claims what apply refuses.
 - ``allow_remote_code``: whether ``engine_args`` may carry flags that run or load code or files the
   model file names (``--trust-remote-code``, ``llmgw.core.flagpolicy``).
+- ``priority_classes`` (issue 32): the requests' priority classes, highest first (``core.queueclasses``); routers
+  get them in the table.
 - ``sso_required`` (issue 28): password logins refused for every user but ``sso_break_glass`` (a local
   admin kept for when the identity provider is down); a cluster setting, not a server flag, so that an
   admin changes it without a restart, for every control plane at once, audited.
@@ -26,7 +28,7 @@ import sqlalchemy as sa
 
 from llmgw.control.store.store import Store
 from llmgw.control.store.tables import ClusterSettingRow
-from llmgw.core import envpolicy
+from llmgw.core import envpolicy, queueclasses
 
 MAX_ALLOWED_ENV = 500
 
@@ -44,6 +46,9 @@ class ClusterSettings(pydantic.BaseModel):
     sso_required: bool = False
     #: The one local user who may still log in with a password when ``sso_required`` is on.
     sso_break_glass: str = pydantic.Field(default="admin", max_length=63)
+    #: The priority classes, highest first: ``interactive`` among them, ``batch`` last (issue 32).
+    priority_classes: list[str] = pydantic.Field(default_factory=lambda: list(queueclasses.DEFAULT_CLASSES),
+                                                 max_length=queueclasses.MAX_CLASSES)
 
     @pydantic.field_validator("allowed_env")
     @classmethod
@@ -53,6 +58,14 @@ class ClusterSettings(pydantic.BaseModel):
             if why is not None:
                 raise ValueError(why)
         return sorted(set(names))
+
+    @pydantic.field_validator("priority_classes")
+    @classmethod
+    def _classes(cls, names: list[str]) -> list[str]:
+        why = queueclasses.classes_refusal(names)
+        if why is not None:
+            raise ValueError(why.removeprefix("priority_classes: "))
+        return names
 
 
 class SettingsChange(pydantic.BaseModel):
@@ -64,6 +77,7 @@ class SettingsChange(pydantic.BaseModel):
     allow_remote_code: pydantic.StrictBool | None = None
     sso_required: pydantic.StrictBool | None = None
     sso_break_glass: str | None = pydantic.Field(default=None, min_length=1, max_length=63)
+    priority_classes: list[str] | None = pydantic.Field(default=None, max_length=queueclasses.MAX_CLASSES)
 
     def values(self) -> dict[str, Any]:
         """The keys given, validated as the document validates them."""
@@ -85,6 +99,9 @@ def read(store: Store) -> ClusterSettings:
     names = rows.get("allowed_env")
     if isinstance(names, list):
         doc["allowed_env"] = [n for n in names if isinstance(n, str) and envpolicy.allowed_env_refusal(n) is None]
+    classes = rows.get("priority_classes")
+    if isinstance(classes, list) and queueclasses.classes_refusal(classes) is None:
+        doc["priority_classes"] = classes
     return ClusterSettings(**doc)
 
 

@@ -39,7 +39,8 @@ non-streaming request whose client closed after 0.2 s still held its slot
 (``llmgw_sim_requests_aborted_total``): a test sees what a client sent through a
 router, and that a cancelled request stopped generating at the engine.
 
-One module per job: ``protocol`` (the OpenAI bodies read and written), ``slots`` (how many run at once, what
+One module per job: ``protocol`` (the OpenAI bodies read and written), ``toolcalls`` (a tool call when asked
+for one, stop sequences), ``slots`` (how many run at once, what
 is counted), ``app`` (the routes and the latency model) and ``cli`` (the flags and the process). The package
 imports only the standard library and aiohttp, each part by a relative import, because it also ships alone
 as a wheel (``python -m llmgw_sim_engine``, built by ``llmgw.testing.wheelhouse``).

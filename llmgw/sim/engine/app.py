@@ -37,6 +37,7 @@ from .protocol import (
 )
 from .sleep import SleepConfig, SleepMode
 from .slots import Slots, Stats
+from .toolcalls import Answer, choice_extra, delta, message, shape
 
 if TYPE_CHECKING:  # kvcache imports llmgw.core and zmq: only with --kv-events-config (the wheel ships alone)
     from .kvcache import SimKvCache
@@ -70,6 +71,9 @@ class Config:
     block_size: int = 16
     #: vLLM's ``--enable-lora``: adapters may be loaded at runtime (``lora``).
     enable_lora: bool = False
+    #: vLLM's ``max_cpu_loras``: the adapters its worker holds at once (``lora``), and the seconds a load takes.
+    max_cpu_loras: int = 1
+    lora_load_delay: float = 0.0
     #: vLLM's sleep mode (``sleep.py``): off unless ``--enable-sleep-mode``.
     sleep: SleepConfig = SleepConfig()
 
@@ -90,7 +94,8 @@ class SimEngine:
         self._seen: collections.OrderedDict[bytes, None] = collections.OrderedDict()
         #: The simulated KV cache publishing vLLM's events (``--kv-events-config``), set by ``serve``.
         self.kv: SimKvCache | None = None
-        self.loras = Loras(config.model, enabled=config.enable_lora)
+        self.loras = Loras(config.model, enabled=config.enable_lora, capacity=config.max_cpu_loras,
+                           load_delay=config.lora_load_delay)
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._gate])
@@ -150,7 +155,7 @@ class SimEngine:
                                   "aborts": [{"user": u, "at": t} for u, t in self.stats.aborts],
                                   "arrivals": list(self.stats.arrivals),
                                   "requests": list(self.stats.requests),
-                                  "group": self.group(), "sleep": self.sleep.stats(),
+                                  "group": self.group(), "sleep": self.sleep.stats(), "lora": self.loras.stats(),
                                   # The simulated KV cache (--kv-events-config): blocks found cached / asked.
                                   "kv_hits": self.kv.hits if self.kv else 0,
                                   "kv_queries": self.kv.queries if self.kv else 0},
@@ -246,7 +251,8 @@ class SimEngine:
         body, n_prompt, n_out = parsed
         tokens = self._tokens(body, n_out, chat=chat)
         if body["model"] != self.config.model:  # an adapter's answer differs from the base's, by its name
-            tokens = ([f" {body['model']}:{t.strip()}" for t in tokens[0]], tokens[1])
+            tokens = dataclasses.replace(tokens, pieces=[f" {body['model']}:{t.strip()}" for t in tokens.pieces])
+            await self.loras.use(str(body["model"]))  # loaded on demand when its worker does not hold it
         cached = self._cached(body, n_prompt, chat=chat)
         ids = body.get("prompt")
         if self.kv is not None and not chat and isinstance(ids, list) and all(type(t) is int for t in ids):
@@ -277,13 +283,14 @@ class SimEngine:
         self.stats.completed += 1
         return response
 
-    def _tokens(self, body: Json, n_out: int, *, chat: bool) -> tuple[list[str], str]:
+    def _tokens(self, body: Json, n_out: int, *, chat: bool) -> Answer:
         """The pieces of text to send, one a token, and the finish_reason: `` tok0 tok1 …`` up to ``n_out``
-        ("length"), or with ``echo`` the last user message, cut at ``n_out`` ("length") or whole ("stop")."""
+        ("length"), or with ``echo`` the last user message, cut at ``n_out`` ("length") or whole ("stop");
+        then a tool call instead when one is asked for, or the text cut at a stop sequence (``toolcalls``)."""
         if self.config.echo and chat:
             pieces = echo_pieces(body) or [""]
-            return pieces[:n_out], "length" if len(pieces) > n_out else "stop"
-        return [f" tok{i}" for i in range(n_out)], "length"
+            return shape(body, pieces[:n_out], "length" if len(pieces) > n_out else "stop")
+        return shape(body, [f" tok{i}" for i in range(n_out)], "length")
 
     def _pace(self, n_prompt: int) -> Callable[[int], Awaitable[None]]:
         """After admission: a function that sleeps until token ``i`` is ready."""
@@ -319,26 +326,26 @@ class SimEngine:
         return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out,
                 "prompt_tokens_details": {"cached_tokens": cached}}
 
-    async def _whole(self, n_prompt: int, tokens: tuple[list[str], str], *, chat: bool,
+    async def _whole(self, n_prompt: int, tokens: Answer, *, chat: bool,
                      cached: int = 0, model: str = "") -> web.Response:
-        pieces, finish = tokens
+        pieces, finish = tokens.pieces, tokens.finish
         n_out = len(pieces)
         async with self.slots.held():
             until = self._pace(n_prompt - (cached if self.kv is not None else 0))
             await until(n_out - 1)
         text = "".join(pieces)
         if chat:
-            message = {"role": "assistant", "content": text, "refusal": None}
-            choice: Json = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+            choice: Json = {"index": 0, "message": message(tokens, text), "logprobs": None,
+                            "finish_reason": finish} | choice_extra(tokens, True)
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
         usage = self._usage(n_prompt, n_out, cached)
         out = self._envelope(chat, chunk=False, model=model) | {"choices": [choice], "usage": usage}
         return web.json_response(out, dumps=dumps)
 
-    async def _stream(self, request: web.Request, body: Json, n_prompt: int, tokens: tuple[list[str], str], *,
+    async def _stream(self, request: web.Request, body: Json, n_prompt: int, tokens: Answer, *,
                       chat: bool, arrival: dict[str, Any] | None = None, cached: int = 0) -> web.StreamResponse:
-        pieces, finish = tokens
+        pieces, finish = tokens.pieces, tokens.finish
         n_out = len(pieces)
         options = body.get("stream_options")
         include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
@@ -360,8 +367,8 @@ class SimEngine:
 
         def choice(i: int, text: str, finish: str | None) -> Json:
             if chat:
-                delta: Json = {"content": text} if i else {"role": "assistant", "content": text}
-                return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+                return {"index": 0, "delta": delta(tokens, i, text), "logprobs": None,
+                        "finish_reason": finish} | choice_extra(tokens, finish is not None)
             return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
 
         async with self.slots.held():

@@ -48,11 +48,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kv-cache-blocks", type=int, default=4096, help="simulated KV cache capacity in blocks")
     parser.add_argument("--block-size", type=int, default=16, help="KV cache block size in tokens")
     # As vLLM's: serve TLS with this key and certificate (the agent's engine_tls gives the node's engine ones).
-    # vLLM's LoRA flags (``sim.engine.lora``): --enable-lora turns adapters on; the limits are taken, not enforced.
+    # vLLM's LoRA flags (``sim.engine.lora``): --enable-lora turns adapters on; --max-cpu-loras (else
+    # --max-loras) bounds the adapters held, least recently used evicted, as vLLM's worker does.
     parser.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters loaded at runtime")
     parser.add_argument("--max-lora-rank", type=int, default=16, help="accepted as vLLM's, not enforced")
-    parser.add_argument("--max-loras", type=int, default=1, help="accepted as vLLM's, not enforced")
-    parser.add_argument("--max-cpu-loras", type=int, default=0, help="accepted as vLLM's, not enforced")
+    parser.add_argument("--max-loras", type=int, default=1, help="as vLLM's: adapters in one batch (not enforced); "
+                                                                  "the cache's size when --max-cpu-loras is not given")
+    parser.add_argument("--max-cpu-loras", type=int, default=0, help="as vLLM's: adapters held at once, least "
+                                                                      "recently used evicted")
+    parser.add_argument("--lora-load-delay", type=float, default=0.0,
+                        help="sim only: seconds loading an adapter not held takes")
     parser.add_argument("--ssl-keyfile", default="", help="serve HTTPS with this PEM key (with --ssl-certfile)")
     parser.add_argument("--ssl-certfile", default="", help="the PEM certificate for --ssl-keyfile")
     # As vLLM's --enable-sleep-mode (its routes also need VLLM_SERVER_DEV_MODE=1): sleep.py.
@@ -148,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                     rank=args.rank, leader_addr=args.leader_addr, leader_port=args.leader_port,
                     kv_events_config=args.kv_events_config, kv_cache_blocks=args.kv_cache_blocks,
                     block_size=args.block_size, enable_lora=args.enable_lora,
+                    max_cpu_loras=args.max_cpu_loras or args.max_loras, lora_load_delay=args.lora_load_delay,
                     sleep=SleepConfig(enabled=args.enable_sleep_mode, wake_delay=args.wake_delay,
                                       sleep_delay=args.sleep_delay, level2_extra_delay=args.level2_extra_delay,
                                       memory_mib=args.memory_mib, sleep_memory_mib=args.sleep_memory_mib))

@@ -7,7 +7,18 @@ What is mimicked, from vLLM 0.32 (``vllm/entrypoints/serve/lora/api_router.py``,
 
 - The routes exist only when the engine runs with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` true (vLLM attaches
   its LoRA router only then) and LoRA is enabled (``--enable-lora``; the sim takes the flag, and vLLM's
-  ``--max-lora-rank``/``--max-loras``/``--max-cpu-loras``, which it accepts and does not enforce).
+  ``--max-lora-rank`` and ``--max-loras``, which it accepts and does not enforce).
+- The engine's limit (``--max-cpu-loras``, ``--max-loras`` when not given: ``vllm/config/lora.py``): what
+  is *registered* (loaded through the API, listed in ``/v1/models``) is not bounded, what the worker
+  *holds* is. vLLM's ``LRUCacheWorkerLoRAManager.add_adapter`` (``vllm/lora/worker_manager.py``) runs
+  for each load through the API and for each request's adapter: a held one is touched (most recently
+  used), one not held is read from its path and, with ``capacity`` held already, the least recently
+  used is evicted (``LRUCacheLoRAModelManager.remove_oldest_adapter``, ``vllm/lora/model_manager.py``).
+  So a request for a registered adapter that was evicted is served: its engine loads it again on demand
+  (``--lora-load-delay`` seconds here). The worker keys its cache by ``lora_int_id``: an unload only
+  forgets the name (``OpenAIServingModels.unload_lora_adapter``), its weights stay held until evicted,
+  and a name loaded again gets a new id. ``/sim/stats``'s ``lora`` shows the cache (least recent first),
+  and how many loads and evictions it made.
 - ``POST /v1/load_lora_adapter {"lora_name", "lora_path"}``: 200 with the text ``Success: LoRA adapter
   'NAME' added successfully.``; 400 ``InvalidUserInput`` when either is missing, when the name is the
   base model's, or when it is loaded already (without ``load_inplace``); 404 ``NotFoundError`` when the
@@ -24,9 +35,12 @@ so that a test sees which adapter answered.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 
 from aiohttp import web
+
+from llmgw.core.adapteraffinity import touch
 
 from .protocol import Json, error, json_body
 
@@ -40,12 +54,39 @@ def runtime_updating() -> bool:
 
 
 class Loras:
-    """The adapters loaded into one sim engine: name to path, in load order."""
+    """The adapters registered in one sim engine (name to path, in load order) and its worker's LRU cache."""
 
-    def __init__(self, base: str, *, enabled: bool) -> None:
+    def __init__(self, base: str, *, enabled: bool, capacity: int = 1, load_delay: float = 0.0) -> None:
         self.base = base
         self.enabled = enabled
         self.loaded: dict[str, str] = {}
+        #: The cache's size: vLLM's ``max_cpu_loras`` (``--max-cpu-loras``, else ``--max-loras``).
+        self.capacity = capacity
+        self.load_delay = load_delay
+        #: The registered names' ``lora_int_id`` (vLLM's ``lora_id_counter``, from 1); the cache holds ids.
+        self._ids: dict[str, int] = {}
+        self._names: dict[int, str] = {}
+        self._counter = itertools.count(1)
+        self.held: tuple[int, ...] = ()
+        self.loads = 0
+        self.evictions = 0
+
+    def stats(self) -> Json:
+        return {"capacity": self.capacity, "held": [self._names[i] for i in self.held],
+                "registered": list(self.loaded), "loads": self.loads, "evictions": self.evictions}
+
+    async def use(self, name: str) -> None:
+        """A request's adapter, as vLLM's worker takes it: touched when held, else loaded (evicting at the limit)."""
+        await self._add(self._ids[name])
+
+    async def _add(self, lora_id: int) -> None:
+        if lora_id not in self.held:
+            self.loads += 1
+            if self.load_delay > 0:
+                await asyncio.sleep(self.load_delay)
+        # touch is vLLM's rule; the worker loads before evicting, so a load that raced another settles here.
+        self.held, evicted = touch(self.held, lora_id, self.capacity)
+        self.evictions += len(evicted)
 
     def add_routes(self, app: web.Application) -> None:
         if runtime_updating():
@@ -77,6 +118,9 @@ class Loras:
                               "adapter in place, set 'load_inplace' to True.", type_="InvalidUserInput")
         if not await asyncio.to_thread(os.path.exists, path):
             return error(404, f"Loading lora {name} failed: No adapter found for {path}", type_="NotFoundError")
+        lora_id = self._ids.get(name) or next(self._counter)  # load_inplace keeps the id, as vLLM does
+        await self._add(lora_id)  # vLLM's add_lora "preloads it for incoming requests": into the cache
+        self._ids[name], self._names[lora_id] = lora_id, name
         self.loaded[name] = path
         return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
 
@@ -90,4 +134,5 @@ class Loras:
         if name not in self.loaded:
             return error(404, f"The lora adapter '{name}' cannot be found.", type_="NotFoundError")
         del self.loaded[name]
+        del self._ids[name]  # the id (and its weights, while held) stays in the worker's cache
         return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")

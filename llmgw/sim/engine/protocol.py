@@ -66,13 +66,13 @@ def embedding_inputs(value: Any) -> list[str] | None:
 
 
 def echo_pieces(body: Json) -> list[str]:
-    """What ``--echo`` answers a chat with: the last user message's text in word-sized pieces (each piece a token,
-    with the whitespace before it, so newlines survive); ``[""]``-free, possibly empty."""
+    """What ``--echo`` answers a chat with: the last user message's (or tool result's) text in word-sized pieces
+    (each piece a token, with the whitespace before it, so newlines survive); ``[""]``-free, possibly empty."""
     messages = body.get("messages")
     text = ""
     if isinstance(messages, list):
         for message in messages:
-            if isinstance(message, dict) and message.get("role") == "user":
+            if isinstance(message, dict) and message.get("role") in ("user", "tool"):  # a tool's result answers too
                 content = message.get("content")
                 if isinstance(content, list):
                     content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
