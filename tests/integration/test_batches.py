@@ -91,8 +91,10 @@ def test_cancel_stops_the_batch_and_writes_what_was_done(tmp_path: Path) -> None
         engine.gate.set()  # the lines started run; then the cancel
         while len(engine.count) < 5:  # noqa: ASYNC110 (the engine's state)
             await asyncio.sleep(0.01)
+        engine.gate.clear()  # the lines sent from now on wait at the engine: the cancel lands mid-batch
         cancelling = await oai.batches.cancel(b.id)
         assert cancelling.status in ("cancelling", "cancelled")
+        engine.gate.set()  # the lines already sent are answered and written; no other is sent
         done = await until(oai, b.id, "cancelled")
         answered = set(engine.count)
         assert 5 <= len(answered) < 200 and set(engine.count.values()) == {1}
