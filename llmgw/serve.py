@@ -34,6 +34,8 @@ from llmgw.control.agentsvc import metrics as agentsvc_metrics
 from llmgw.control.agentsvc import service as agentsvc
 from llmgw.control.auth import Auth
 from llmgw.control.backup import schedule as backup_schedule
+from llmgw.control.batches import http as batches_http
+from llmgw.control.batches.service import BatchService
 from llmgw.control.cluster import Cluster
 from llmgw.control.http import forward as forward_http
 from llmgw.control.http import tokens as tokens_http
@@ -141,6 +143,8 @@ class _ControlPlane:
     key_uses: keyuse.Writer
     #: Routers' usage batches and quota syncs (issue 26), the in-process router's and standalone ones' alike.
     usage: UsageService
+    #: OpenAI files and batches (issue 32); their bytes in the data directory on SQLite, in the database else.
+    batches: BatchService
 
 
 def _open_store(cfg: ServerConfig) -> Store:
@@ -180,7 +184,9 @@ def _control_plane(cfg: ServerConfig, store: Store, hub: decide.Hub) -> _Control
     # Keys' "last used", as routers report it, written by the leader every few seconds per key at most.
     key_uses = keyuse.Writer(db, leading=lambda: cluster.leading)
     reports.on_key_used = key_uses.note
-    return _ControlPlane(store, db, cluster, reports, load_signals, key_uses, UsageService(db, cfg.usage))
+    files = dataclasses.replace(cfg.files, dir=None if cfg.database else cfg.data_dir / "files")
+    return _ControlPlane(store, db, cluster, reports, load_signals, key_uses, UsageService(db, cfg.usage),
+                         BatchService(db, files))
 
 
 def _leadership(cfg: ServerConfig, cp: _ControlPlane,
@@ -231,7 +237,8 @@ def _router(cfg: ServerConfig, cp: _ControlPlane) -> RouterApp:
                    # router's id is this instance's, so two servers' in-process routers hold separate leases.
                    quota=cp.usage.sync, usage=cp.usage.ingest, usage_journal_dir=cfg.data_dir / "usage-journal",
                    router_id=f"server-{leader_mod.instance_id(cfg.data_dir)}",
-                   tokenizer_fetch=tokenizerfetch.in_process(cp.cluster.tokenizer_files, cp.db))
+                   tokenizer_fetch=tokenizerfetch.in_process(cp.cluster.tokenizer_files, cp.db), batches=cp.batches,
+                   batch_concurrency=cfg.router.batch_concurrency, batch_waiting_below=cfg.router.batch_waiting_below)
 
 
 async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
@@ -276,7 +283,7 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
                      extra_registries=(metricsmerge.Merged(router_metrics.REGISTRY, worker_metrics),
                                        agentsvc_metrics.REGISTRY, cp.usage.registry, backup_schedule.REGISTRY),
                      router_events=cp.reports, leadership=leadership, join=_join_point(cfg, advertised, join_port),
-                     usage=cp.usage, sso_service=sso_service, catalog=cfg.catalog,
+                     usage=cp.usage, sso_service=sso_service, catalog=cfg.catalog, batches=cp.batches,
                      cluster_ca=None if cfg.insecure else datadir.ca_cert(cfg.data_dir).read_bytes(),
                      cert_files={name: cfg.data_dir / datadir.PKI / f"{name}.crt" for name in ("ca", "api", "server")})
     # A standby answers routers' tables, /healthz, /metrics and the control planes' list itself, and
@@ -291,7 +298,8 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
     # The router's own HTTP server, as a standalone router has (router/server.py): uvicorn's
     # per-request machinery cost the router more than its own work.
     served = front.dispatch(router, rest, mirror=mirror, behind_tls_proxy=cfg.tls.marked_plain,
-                            callback_urls=front.callback_urls(cfg, http_port))
+                            callback_urls=front.callback_urls(cfg, http_port),
+                            batches=batches_http.create_app(cp.batches))
     # Only a router worker sets the headers the internal listener reads; a client's are dropped.
     web = router_server.Server(routerworkers.untrusting(served), max_body_bytes=cfg.router.max_body_bytes,
                                limits=cfg.router.limits, marks=tls.marks)
@@ -400,7 +408,8 @@ class _Tasks:
             asyncio.create_task(auditprune.run(cp.db, retention_s=cfg.audit_retention_s,
                                                leading=lambda: cp.cluster.leading)),
             asyncio.create_task(usageprune.run(cp.db, cfg.usage, leading=lambda: cp.cluster.leading)),
-            asyncio.create_task(cp.usage.follow(cp.cluster.wait_table)), *_backups(cfg, cp)))
+            asyncio.create_task(cp.usage.follow(cp.cluster.wait_table)), *_backups(cfg, cp),
+            asyncio.create_task(cp.batches.run(lambda: cp.cluster.leading))))
 
     async def stop(self, leadership: leader_mod.Leadership, lease_task: asyncio.Task[None]) -> None:
         leadership.stop()

@@ -33,10 +33,12 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from llmgw.api.batches import openai_path
 from llmgw.router import (
     admission,
     asgi,
     auth,
+    batchrun,
     client,
     cold,
     completions,
@@ -82,11 +84,16 @@ class RouterApp:
                  quota: router_quota.QuotaTransport | None = None, usage: usagejournal.UsageTransport | None = None,
                  usage_journal_dir: Path | None = None, router_id: str = "router",
                  metrics_source: Callable[[], Awaitable[tuple[bytes, str]]] | None = None,
-                 tokenizer_fetch: tokenizers.Fetch | None = None, kv_view: kvview.KvView | None = None) -> None:
+                 tokenizer_fetch: tokenizers.Fetch | None = None, kv_view: kvview.KvView | None = None,
+                 batches: batchrun.BatchTransport | None = None, batch_concurrency: int = 4,
+                 batch_waiting_below: float = 1.0,
+                 files: Callable[[asgi.Scope, asgi.Receive, asgi.Send], Awaitable[None]] | None = None) -> None:
         """``quota``/``usage``: the control plane's budget and usage services (None: the per-router rpm/tpm
         window, and nothing metered); ``usage_journal_dir``: where unsent usage survives a ``kill -9``;
         ``metrics_source``: what ``GET /metrics`` answers (a hub's worker: every worker's sum), else ``render()``;
-        ``tokenizer_fetch``: how ``kv_aware`` models' tokenizer files are fetched (``tokenizers``; None: never)."""
+        ``tokenizer_fetch``: how ``kv_aware`` models' tokenizer files are fetched (``tokenizers``; None: never);
+        ``batches``: the control plane's batch lines (issue 32), run here on idle capacity (``batchrun``);
+        ``files``: what answers ``/v1/files`` and ``/v1/batches`` (a standalone router's ``controlpass``)."""
         self.holder = holder
         self._watcher = watcher
         self._serve_metrics = serve_metrics
@@ -118,6 +125,11 @@ class RouterApp:
         self._messages = anthropic_messages.Messages(
             holder, self._complete if tracing is None else functools.partial(tracing.around, self._complete),
             max_body_bytes=max_body_bytes)
+        self._files = files
+        self.batches = (batchrun.BatchRunner(router_id, batches, holder, admission_=self._admission,
+                                             loads=self._forwarder.loads, proxy=self._proxy, meter=self.meter,
+                                             concurrency=batch_concurrency, waiting_below=batch_waiting_below)
+                        if batches is not None else None)
         #: ``http`` scopes straight to their handler, for a server that knows (``server.Server``): no ``__call__``.
         self.asgi_http = self._http
 
@@ -143,8 +155,12 @@ class RouterApp:
             await self.journal.start()
         if self._watcher is not None:
             await self._watcher.start()
+        if self.batches is not None:
+            await self.batches.start()
 
     async def shutdown(self) -> None:
+        if self.batches is not None:
+            await self.batches.stop()
         # What is held goes back and what is metered goes out while the control plane is still followed.
         if self.quota is not None:
             await self.quota.stop()
@@ -194,6 +210,8 @@ class RouterApp:
                 await asgi.send_bytes(send, 200, self._models_body(key), extra=extra or None)
             elif path in anthropic_messages.PATHS:
                 await self._messages.serve(scope, path, arrived, receive, send)
+            elif self._files is not None and openai_path(path):
+                await self._files(scope, receive, send)
             elif path == METRICS_PATH and self._serve_metrics and method in ("GET", "HEAD"):
                 body, content_type = (await self._metrics_source() if self._metrics_source is not None
                                       else metrics.render())

@@ -64,6 +64,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from llmgw.api import batches as batchwire
 from llmgw.api import usage as wire
 from llmgw.core import skew
 from llmgw.core.version import version
@@ -74,7 +75,8 @@ from llmgw.router.settings import RouterSettings
 log = logging.getLogger("llmgw.router.hub")
 
 #: The paths a router posts to the control plane it follows.
-RELAYED = (wire.USAGE_PATH, wire.QUOTA_PATH, signals.SIGNALS_PATH, reports.EVENTS_PATH)
+RELAYED = (wire.USAGE_PATH, wire.QUOTA_PATH, signals.SIGNALS_PATH, reports.EVENTS_PATH, batchwire.CLAIM_PATH,
+           batchwire.RESULTS_PATH)
 #: A kv_aware model's tokenizer files (``router.tokenizers``): a GET, relayed as the POSTs are (a static table: none).
 TOKENIZER_PATH = "/api/v1/router/tokenizer/"
 #: The longest a worker's long poll is held, whatever it asks.

@@ -3,6 +3,7 @@
 The server's workers accept on the server's own HTTP port (SO_REUSEPORT), so a connection for the REST API,
 the admin UI, the mirror, ``/healthz`` or ``/metrics`` lands on a worker as often as on the server. A worker
 answers ``/v1/...`` itself (``RouterApp``, as the server's in-process router does) and passes everything else
+(``/v1/files`` and ``/v1/batches`` too: the control plane serves them, issue 32)
 to the server over its loopback internal listener (``serving.routerworkers``), whose URL it is given in
 ``PASSTHROUGH_ENV``:
 
@@ -26,6 +27,7 @@ import aiohttp
 import yarl
 from multidict import CIMultiDict
 
+from llmgw.api.batches import openai_path
 from llmgw.router import app as app_mod
 from llmgw.router import asgi, errors
 
@@ -93,7 +95,7 @@ class Passthrough:
             self._session = None
 
     async def __call__(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
-        if scope["type"] != "http" or scope["path"].startswith("/v1/"):
+        if scope["type"] != "http" or (scope["path"].startswith("/v1/") and not openai_path(scope["path"])):
             await self.router(scope, receive, send)
         else:
             await self.pass_on(scope, receive, send)

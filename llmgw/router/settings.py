@@ -78,6 +78,13 @@ class ProxySettings:
                                    help="requests that may wait per model when it is at its concurrency limit")
     admission_wait: float = setting(30.0, metavar="SECONDS",
                                     help="how long one may wait for a slot before a 429 with Retry-After")
+    batch_concurrency: int = setting(4, metavar="N", min=0, max=1024,
+                                     help="batch lines (issue 32) this router runs at once per model, only while the "
+                                          "model's admission queue is empty and its engines' queues are short; 0: "
+                                          "this router runs no batch lines")
+    batch_waiting_below: float = setting(1.0, metavar="N", min=0,
+                                         help="a batch line starts only while the model's engines report fewer "
+                                              "requests waiting than this (their own queue, last scrape)")
     admission_order: str = setting("fair", metavar="fair|fifo",
                                    help="within a priority class, admit waiting requests by their projects' weighted "
                                         "fair shares (fair) or first come first served (fifo)")

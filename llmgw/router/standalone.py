@@ -41,6 +41,7 @@ from llmgw.core import settingsgen
 from llmgw.router import app as app_mod
 from llmgw.router import (
     auth,
+    controlpass,
     controltls,
     httphead,
     kvfeed,
@@ -131,6 +132,14 @@ def build(settings: RouterSettings, *, token: str = "", static_hub: bool = False
         if static_hub:
             del metered["usage"], metered["usage_journal_dir"]
         else:
+            # Batch lines run here; files and batches are the control plane's, passed to it (issue 32). A hub's
+            # worker follows the hub, which serves its workers only: files and batches are not passed from there.
+            metered |= {"batches": calls, "batch_concurrency": proxy.batch_concurrency,
+                        "batch_waiting_below": proxy.batch_waiting_below}
+            if not worker:
+                files = controlpass.ControlPass(lambda: following.current_url, ssl_context=control_ssl)
+                watcher = Together(*parts, files)
+                metered["files"] = files
             sink = reports.HttpSink(name, lambda: following.current_url, headers=headers, ssl_context=control_ssl)
             reporter = signals.Reporter(name, control_url=lambda: following.current_url, headers=headers,
                                         interval_s=proxy.signals_interval, ssl_context=control_ssl)

@@ -1,7 +1,8 @@
 """A standalone router's quota and usage transports: POSTs to the control plane it follows.
 
 ``ControlCalls.quota`` and ``ControlCalls.usage`` are the ``QuotaTransport`` and ``UsageTransport``
-(``router.quota``, ``router.usagejournal``) of a router outside ``llmgw server``: each POSTs the
+(``router.quota``, ``router.usagejournal``), ``claim``/``results`` the ``BatchTransport`` (``router.batchrun``), of
+a router outside ``llmgw server``: each POSTs the
 document (``api.usage``) with the router's credential to the control plane the table watcher
 follows now (``current_url``), so a failover moves them with the table. A failure raises: the
 journal sends the batch again, the quota client fails closed on empty leases. Inside ``llmgw
@@ -17,6 +18,7 @@ from typing import Any
 
 import aiohttp
 
+from llmgw.api import batches as batchwire
 from llmgw.api import usage as wire
 from llmgw.router import controltls, tokenizers
 
@@ -50,6 +52,13 @@ class ControlCalls:
 
     async def usage(self, batch: wire.UsageBatch) -> wire.UsageAck:
         return wire.UsageAck.from_doc(await self._post(wire.USAGE_PATH, batch_doc(batch)))
+
+    async def claim(self, claim: batchwire.LineClaim) -> batchwire.ClaimedLines:
+        """Batch lines for this router (issue 32: ``router.batchrun``'s transport, with ``results``)."""
+        return batchwire.ClaimedLines.from_doc(await self._post(batchwire.CLAIM_PATH, claim.to_doc()))
+
+    async def results(self, doc: batchwire.LineResults) -> batchwire.ResultsAck:
+        return batchwire.ResultsAck.from_doc(await self._post(batchwire.RESULTS_PATH, doc.to_doc()))
 
     async def tokenizer(self, model: str) -> tokenizers.TokenizerFiles:
         """A kv_aware model's tokenizer files (``GET /api/v1/router/tokenizer/{model}``), for ``router.tokenizers``."""

@@ -16,6 +16,7 @@ from pathlib import Path
 from llmgw.control import leader as leader_mod
 from llmgw.control.backup import schedule as backup_schedule
 from llmgw.control.backup import sealed
+from llmgw.control.batches.config import FilesConfig
 from llmgw.control.catalog import entries as catalog_entries
 from llmgw.control.reconcile import decide
 from llmgw.control.sso import config as sso_config
@@ -90,6 +91,8 @@ class ServerConfig:
     router_processes: int = 1
     #: Usage retention per grain, the request log's, the budget webhook (``control.usage.config``).
     usage: UsageConfig = UsageConfig()
+    #: /v1/files' limits (issue 32); where the bytes go is decided at start (``serving.batches``).
+    files: FilesConfig = FilesConfig()
     #: How the HTTP port is served: HTTPS (and with which certificate) or plain (``tls_plan``).
     tls: TlsPlan = dataclasses.field(default_factory=lambda: TlsPlan())
     #: Single sign-on through an OpenID Connect provider (``control.sso``); None: not configured.
@@ -209,6 +212,9 @@ def config_of(settings: ServerSettings, env: Mapping[str, str], *, default_data_
                         fetch_allow_private=settings.fetch_allow_private, router=settings.router,
                         catalog=catalog_entries.load(settings.catalog) if settings.catalog is not None else None,
                         router_processes=settings.router_worker_count, usage=usage_config(settings),
+                        files=FilesConfig(max_file_bytes=settings.files_max_bytes,
+                                          max_files_per_project=settings.files_max_per_project,
+                                          max_bytes_per_project=settings.files_max_bytes_per_project),
                         tls=tls_plan(host=settings.host, tls=settings.tls, plain_http=settings.plain_http,
                                      tls_cert=settings.tls_cert, tls_key=settings.tls_key, tls_san=settings.tls_san,
                                      insecure=settings.insecure, validity_s=settings.tls_cert_validity_s),

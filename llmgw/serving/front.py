@@ -1,7 +1,8 @@
 """``llmgw server``'s HTTP front: one listener for the OpenAI API, the REST API, the admin UI and the mirror.
 
-:func:`dispatch` sends each request by its path: ``/v1/`` to the router, ``/ui`` to the admin UI,
-``/mirror`` to the mounted weights mirror, the rest to the REST API (a browser opening ``/`` is sent to
+:func:`dispatch` sends each request by its path: ``/v1/`` to the router (``/v1/files`` and ``/v1/batches`` to the
+control plane's batches), ``/ui`` to the admin UI, ``/mirror`` to the mounted weights mirror, the rest to the
+REST API (a browser opening ``/`` is sent to
 the UI). Also the listening socket, the loopback URL the in-process router reaches the REST API by,
 and the hub settings that name this server's own mirror.
 """
@@ -14,6 +15,7 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from llmgw.api.batches import openai_path
 from llmgw.control.auth import Auth, principals
 from llmgw.control.reconcile import decide
 from llmgw.control.ui import app as ui_app
@@ -31,7 +33,7 @@ UI_PREFIX = "/ui"
 
 
 def dispatch(router: RouterApp, api: Any, *, mirror: Any = None, behind_tls_proxy: bool = False,
-             callback_urls: CallbackUrls = CallbackUrls()) -> Any:
+             callback_urls: CallbackUrls = CallbackUrls(), batches: Any = None) -> Any:
     """The front app. ``behind_tls_proxy`` (``--plain-http``): the UI and REST API see the scheme ``https``, the
     one the browser used to reach the TLS-terminating proxy, so the session cookie is ``Secure`` there too.
     ``callback_urls``: where the provider may send a browser back after single sign-on (``CallbackUrls``)."""
@@ -41,7 +43,7 @@ def dispatch(router: RouterApp, api: Any, *, mirror: Any = None, behind_tls_prox
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         path = scope["path"] if scope["type"] == "http" else ""
         if path.startswith("/v1/"):
-            await router(scope, receive, send)
+            await (batches if batches is not None and openai_path(path) else router)(scope, receive, send)
             return
         if behind_tls_proxy and scope["type"] == "http":
             scope = {**scope, "scheme": "https"}

@@ -139,6 +139,12 @@ class ServerSettings:
     budget_webhook_secret_file: Path | None = setting(None, help="A file holding the secret the budget webhook's "
                                                       "body is signed with (X-Llmgw-Signature: sha256=HMAC); a "
                                                       "secret is never given on the command line")
+    files_max_bytes: int = setting(200 << 20, metavar="BYTES", min=1, help="The largest file /v1/files takes "
+                                   "(a batch's input, issue 32)")
+    files_max_per_project: int = setting(1000, metavar="N", min=0, help="How many files a project may keep in "
+                                         "/v1/files (0: no limit); a batch's output files do not count")
+    files_max_bytes_per_project: int = setting(10 << 30, metavar="BYTES", min=0, help="How many bytes of files a "
+                                               "project may keep in /v1/files (0: no limit)")
     sso_issuer: str = setting("", help="Single sign-on: the OpenID Connect provider's issuer URL, e.g. "
                               "https://idp.example.com/realms/main (its /.well-known/openid-configuration is read) "
                               "[default: no single sign-on]")

@@ -1,6 +1,6 @@
 """A newer release's migrations, made in a test: a copy of this release's with synthetic ones after its head.
 
-``newer(tmp, EXPAND, floor="0015")`` is the script directory of a release that added an expanding 0016;
+``newer(tmp, EXPAND, floor="0015")`` is the script directory of a release that added an expanding 0017;
 ``Store.open_url(url, migrations=that)`` migrates a database as that release would, and this release's
 ``Store.open_url(url)`` then meets a revision it does not know (``control.store.schemafloor``).
 """
@@ -69,7 +69,7 @@ def add(location: Path, revision: str, down: str, body: str, *, floor: str | Non
     return path
 
 
-def newer(tmp: Path, body: str, *, floor: str, revision: str = "0016", down: str = "0015") -> Path:
+def newer(tmp: Path, body: str, *, floor: str, revision: str = "0017", down: str = "0016") -> Path:
     """A copy of this release's migrations under ``tmp`` with one more; its script directory."""
     location = copy(tmp / f"migrations-{revision}")
     add(location, revision, down, body, floor=floor)

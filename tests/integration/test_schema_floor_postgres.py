@@ -43,7 +43,7 @@ def test_an_expanded_newer_schema_is_run_beside(pg: Postgres, tmp_path: Path) ->
         assert [m.model.name for m in newer.list_models()] == ["from-newer", "from-this"]
         assert [u.name for u in newer.list_users()] == ["ops"]
         with this.engine.connect() as c:
-            assert c.execute(sa.text("select version_num from alembic_version")).scalar_one() == "0016"
+            assert c.execute(sa.text("select version_num from alembic_version")).scalar_one() == "0017"
     finally:
         this.close()
         newer.close()
@@ -51,11 +51,11 @@ def test_an_expanded_newer_schema_is_run_beside(pg: Postgres, tmp_path: Path) ->
 
 def test_a_contracted_newer_schema_is_refused_and_left_as_it_was(pg: Postgres, tmp_path: Path) -> None:
     url = pg.create_database(f"floor{next(_names)}")
-    Store.open_url(url, migrations=migrations.newer(tmp_path, migrations.CONTRACT, floor="0016")).close()
+    Store.open_url(url, migrations=migrations.newer(tmp_path, migrations.CONTRACT, floor="0017")).close()
     migrations.set_writer(url, "0.3.0")
     before = migrations.snapshot(url)
-    with pytest.raises(SchemaTooNew, match=r"^the database's schema is at 0016, written by llmgw 0\.3\.0, which no "
-                                           r"release before schema 0016 may run against; this llmgw "):
+    with pytest.raises(SchemaTooNew, match=r"^the database's schema is at 0017, written by llmgw 0\.3\.0, which no "
+                                           r"release before schema 0017 may run against; this llmgw "):
         Store.open_url(url)
     assert migrations.snapshot(url) == before
 
@@ -78,9 +78,9 @@ def test_the_check_waits_for_a_newer_release_migrating_under_the_lock(pg: Postgr
     """A newer release holds the migration lock, contracting the schema, when this release starts: this one
     waits on the lock rather than read the revision before the commit, then refuses what it finds."""
     url = pg.create_database(f"floor{next(_names)}")
-    Store.open_url(url).close()  # this release's schema, 0015
+    Store.open_url(url).close()  # this release's schema, 0016
     cfg = AlembicConfig()
-    cfg.set_main_option("script_location", str(migrations.newer(tmp_path, migrations.CONTRACT, floor="0016")))
+    cfg.set_main_option("script_location", str(migrations.newer(tmp_path, migrations.CONTRACT, floor="0017")))
     engine = sa.create_engine(url)
     proc: subprocess.Popen[str] | None = None
     try:
@@ -89,7 +89,7 @@ def test_the_check_waits_for_a_newer_release_migrating_under_the_lock(pg: Postgr
             conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
             cfg.attributes["connection"] = conn
             alembic_command.upgrade(cfg, "head")
-            conn.execute(sa.text("UPDATE settings SET value = '0016' WHERE key = 'schema_floor'"))
+            conn.execute(sa.text("UPDATE settings SET value = '0017' WHERE key = 'schema_floor'"))
             proc = subprocess.Popen([sys.executable, "-c", _OPEN, url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     text=True, start_new_session=True)
             with engine.connect() as watcher:
@@ -105,5 +105,5 @@ def test_the_check_waits_for_a_newer_release_migrating_under_the_lock(pg: Postgr
             proc.wait()
         engine.dispose()
     assert proc.returncode == 3, err[-2000:]
-    assert out.startswith(f"refused: the database's schema is at 0016, written by llmgw {version()}, which no release "
-                          "before schema 0016 may run against")
+    assert out.startswith(f"refused: the database's schema is at 0017, written by llmgw {version()}, which no release "
+                          "before schema 0017 may run against")

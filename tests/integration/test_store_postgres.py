@@ -35,7 +35,7 @@ from llmgw.testing.procs import Proc, free_port
 LLMGW = [sys.executable, "-m", "llmgw"]
 MODEL = specs.parse_manifest({"apiVersion": "llmgw/v1", "kind": "Model", "metadata": {"name": "m"},
                               "spec": {"engine": "sim", "replicas": 2}})
-HEAD = "0015"
+HEAD = "0016"
 _db_names = itertools.count(1)
 
 

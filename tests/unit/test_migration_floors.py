@@ -18,12 +18,12 @@ def test_this_releases_migrations_pass_the_lint() -> None:
 
 
 def test_every_migration_declares_its_floor_and_the_head_lets_0_1_0_run() -> None:
-    """Alembic's own reading of the chain agrees with the lint's: 0001..0015, each with a floor; the head's
+    """Alembic's own reading of the chain agrees with the lint's: 0001..0016, each with a floor; the head's
     floor is 0015, 0.1.0's head, so the previous release runs on this release's schema."""
     chain = schemafloor.load_chain(MIGRATIONS)
-    assert [m.revision for m in chain.migrations] == [f"{i:04d}" for i in range(1, 16)]
+    assert [m.revision for m in chain.migrations] == [f"{i:04d}" for i in range(1, 17)]
     assert all(m.floor is not None for m in chain.migrations)
-    assert chain.head == "0015" and chain.floor_of(chain.head) == "0015"
+    assert chain.head == "0016" and chain.floor_of(chain.head) == "0015"
 
 
 @pytest.mark.parametrize(("body", "what"), [
@@ -44,12 +44,12 @@ def test_a_contracting_migration_that_claims_expand_only_is_caught(tmp_path: Pat
     location = migrations.newer(tmp_path, body, floor="0015")
     found = migrationlint.problems(location / "versions")
     assert len(found) == 1, found
-    assert found[0].startswith("0016_synthetic.py: line ") and what in found[0]
-    assert "raise the floor to 0016, or drop it in the next release" in found[0]
+    assert found[0].startswith("0017_synthetic.py: line ") and what in found[0]
+    assert "raise the floor to 0017, or drop it in the next release" in found[0]
 
 
 def test_the_same_contraction_with_its_floor_raised_passes(tmp_path: Path) -> None:
-    location = migrations.newer(tmp_path, migrations.CONTRACT, floor="0016")
+    location = migrations.newer(tmp_path, migrations.CONTRACT, floor="0017")
     assert migrationlint.problems(location / "versions") == []
 
 
@@ -57,33 +57,33 @@ def test_expanding_migrations_pass_and_drops_in_downgrade_do_not_count(tmp_path:
     """EXPAND (a table, a nullable column) and a NOT NULL column with a server default keep the floor; the
     template's downgrade() is not upgrade()'s business."""
     location = migrations.newer(tmp_path, migrations.EXPAND, floor="0015")
-    migrations.add(location, "0017", "0016", 'op.add_column("users", sa.Column("team", sa.String(63), '
+    migrations.add(location, "0018", "0017", 'op.add_column("users", sa.Column("team", sa.String(63), '
                    'nullable=False, server_default=""))\nop.create_index("ix_users_role", "users", ["role"])',
                    floor="0015")
-    (location / "versions" / "0017_synthetic.py").write_text(
-        (location / "versions" / "0017_synthetic.py").read_text().replace(
+    (location / "versions" / "0018_synthetic.py").write_text(
+        (location / "versions" / "0018_synthetic.py").read_text().replace(
             "def downgrade() -> None:\n    pass", 'def downgrade() -> None:\n    op.drop_column("users", "team")'))
     assert migrationlint.problems(location / "versions") == []
 
 
 @pytest.mark.parametrize(("floor", "sentence"), [
-    (None, '0016_synthetic.py: declares no floor: add floor = "NNNN"'),
-    ("0017", "0016_synthetic.py: floor '0017' is not a revision of the chain"),
-    ("0014", "0016_synthetic.py: floor 0014 is below the floor of the migration before it (0015): floors never "
+    (None, '0017_synthetic.py: declares no floor: add floor = "NNNN"'),
+    ("0018", "0017_synthetic.py: floor '0018' is not a revision of the chain"),
+    ("0014", "0017_synthetic.py: floor 0014 is below the floor of the migration before it (0015): floors never "
              "go down"),
 ])
 def test_a_missing_or_wrong_floor_is_caught(tmp_path: Path, floor: str | None, sentence: str) -> None:
     location = migrations.newer(tmp_path, migrations.EXPAND, floor="0015")
-    migrations.add(location, "0016", "0015", migrations.EXPAND, floor=floor)
+    migrations.add(location, "0017", "0016", migrations.EXPAND, floor=floor)
     found = migrationlint.problems(location / "versions")
     assert len(found) == 1 and found[0].startswith(sentence), found
 
 
 def test_a_floor_above_its_own_revision_is_caught(tmp_path: Path) -> None:
-    location = migrations.newer(tmp_path, migrations.EXPAND, floor="0017")
-    migrations.add(location, "0017", "0016", migrations.EXPAND.replace("future_", "later_"), floor="0017")
+    location = migrations.newer(tmp_path, migrations.EXPAND, floor="0018")
+    migrations.add(location, "0018", "0017", migrations.EXPAND.replace("future_", "later_"), floor="0018")
     assert migrationlint.problems(location / "versions") == [
-        "0016_synthetic.py: floor 0017 is above its own revision 0016"]
+        "0017_synthetic.py: floor 0018 is above its own revision 0017"]
 
 
 def test_the_template_makes_a_migration_the_lint_refuses_until_its_floor_is_set(tmp_path: Path) -> None:
@@ -91,7 +91,7 @@ def test_the_template_makes_a_migration_the_lint_refuses_until_its_floor_is_set(
     template = (MIGRATIONS / "script.py.mako").read_text()
     assert "\nfloor = None\n" in template
     location = migrations.newer(tmp_path, migrations.EXPAND, floor="0015")
-    path = location / "versions" / "0016_synthetic.py"
+    path = location / "versions" / "0017_synthetic.py"
     path.write_text(path.read_text().replace('floor = "0015"', "floor = None"))
     assert [p.split(":")[1] for p in migrationlint.problems(location / "versions")] == [" declares no floor"]
 

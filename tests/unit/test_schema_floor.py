@@ -115,7 +115,7 @@ def test_0_1_0s_schema_gets_the_record_at_the_first_start(tmp_path: Path) -> Non
 
 def test_an_expanded_newer_schema_is_read_and_written_beside_the_newer_release(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """A newer release added an expanding 0016 (floor 0015): this release starts without migrating, warns, and
+    """A newer release added an expanding 0017 (floor 0015): this release starts without migrating, warns, and
     reads and writes; the newer release reads what this one wrote; the revision and the record stay the newer's."""
     url = f"sqlite:///{tmp_path / 'llmgw.db'}"
     newer_migrations = migrations.newer(tmp_path, migrations.EXPAND, floor="0015")
@@ -126,7 +126,7 @@ def test_an_expanded_newer_schema_is_read_and_written_beside_the_newer_release(
     with caplog.at_level(logging.WARNING, logger="llmgw.control.store.base"):
         this = Store.open_url(url)
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
-        schemafloor.decide(schemafloor.load_chain(MIGRATIONS), "0016",
+        schemafloor.decide(schemafloor.load_chain(MIGRATIONS), "0017",
                            {"schema_floor": "0015", "schema_written_by": "0.3.0"}, version()).message]
     assert "written by llmgw 0.3.0" in caplog.text and f"this llmgw {version()}" in caplog.text
     try:
@@ -135,7 +135,7 @@ def test_an_expanded_newer_schema_is_read_and_written_beside_the_newer_release(
         this.put_user(StoredUser("ops", "viewer", "h", 1.0))
     finally:
         this.close()
-    assert revision(url) == "0016"
+    assert revision(url) == "0017"
     assert rows(url)["schema_written_by"] == "0.3.0" and rows(url)["schema_floor"] == "0015"
     newer = Store.open_url(url, migrations=newer_migrations)
     try:
@@ -149,17 +149,17 @@ def test_an_expanded_newer_schema_is_read_and_written_beside_the_newer_release(
 
 def test_a_contracted_newer_schema_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'llmgw.db'}"
-    Store.open_url(url, migrations=migrations.newer(tmp_path, migrations.CONTRACT, floor="0016")).close()
+    Store.open_url(url, migrations=migrations.newer(tmp_path, migrations.CONTRACT, floor="0017")).close()
     migrations.set_writer(url, "0.3.0")
     before = migrations.snapshot(url)
     with pytest.raises(SchemaTooNew) as refused:
         Store.open_url(url)
     assert str(refused.value) == (
-        f"the database's schema is at 0016, written by llmgw 0.3.0, which no release before schema 0016 may run "
-        f"against; this llmgw {version()} knows schema up to 0015: run llmgw 0.3.0 or newer, or restore a backup "
+        f"the database's schema is at 0017, written by llmgw 0.3.0, which no release before schema 0017 may run "
+        f"against; this llmgw {version()} knows schema up to 0016: run llmgw 0.3.0 or newer, or restore a backup "
         "taken before the upgrade (`llmgw restore`)")
     assert migrations.snapshot(url) == before
-    assert revision(url) == "0016"
+    assert revision(url) == "0017"
 
 
 def test_an_unknown_revision_without_a_record_is_refused_and_left_as_it_was(tmp_path: Path) -> None:

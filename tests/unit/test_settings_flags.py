@@ -56,7 +56,7 @@ def test_every_entry_point_takes_every_setting(cls: type, flags: object) -> None
 
 def test_the_server_and_both_routers_take_the_in_process_routers_settings() -> None:
     proxy = _flags_of(ProxySettings)
-    assert len(proxy) == 11
+    assert len(proxy) == 13  # with --batch-concurrency and --batch-waiting-below (issue 32)
     assert proxy <= _click_flags("server") and proxy <= _click_flags("router")
 
 
@@ -65,7 +65,8 @@ def test_the_flags_that_existed_keep_their_names() -> None:
             "--keepalive", "--header-timeout", "--body-timeout", "--idle-timeout", "--max-connections-per-address",
             "--graceful-shutdown", "--router-id", "--tracing-endpoint", "--admission-queue", "--admission-wait",
             "--admission-order", "--signals-interval", "--config", "--usage-journal-dir", "--workers", "--tls-cert",
-            "--tls-key", "--plain-http", "--control-ca", "--control-ca-hash"} \
+            "--tls-key", "--plain-http", "--control-ca", "--control-ca-hash", "--batch-concurrency",
+            "--batch-waiting-below"} \
         == _argparse_flags(standalone.parser()) - {"-h", "--help"}
     assert {"--host", "--http-port", "--agent-port", "--join-port", "--data-dir", "--ports-file", "--database",
             "--advertise-address", "--lease", "--lease-renew", "--insecure", "--node-cert-validity", "--node-grace",

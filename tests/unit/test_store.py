@@ -26,7 +26,7 @@ def test_migrations_create_the_schema(tmp_path: Path) -> None:
     assert {"models", "nodes", "replicas", "api_keys", "events", "bootstrap_tokens", "users", "audit", "api_tokens",
             "node_certs", "engine_wants", "settings", "leases", "controlplanes", "autoscale",
             "cluster_settings", "sso_pending", "sso_links"} <= tables
-    assert rev == "0015"
+    assert rev == "0016"
     store.close()
 
 

@@ -36,9 +36,9 @@ PRINCIPAL = "llmgw.principal"
 INSECURE_HEADER = "x-llmgw-insecure"
 LOGOUT = "/api/v1/logout"
 _ROUTER_REACHES = ("a router credential reaches only GET /api/v1/endpoints, GET /api/v1/router/tokenizer/MODEL, "
-                   "GET /api/v1/router/kv, "
-                   "POST /api/v1/router/events, "
-                   "POST /api/v1/router/signals, POST /api/v1/router/usage, POST /api/v1/router/quota and /metrics")
+                   "GET /api/v1/router/kv, POST /api/v1/router/events, POST /api/v1/router/signals, "
+                   "POST /api/v1/router/usage, POST /api/v1/router/quota, POST /api/v1/router/batch/claim, "
+                   "POST /api/v1/router/batch/results and /metrics")
 
 
 def _headers(scope: Scope) -> dict[str, str]:

@@ -106,7 +106,8 @@ def required(method: str, path: str) -> Need | None:
             return Need(VIEWER)
         return Need(VIEWER)
     if method == "POST" and path in ("/api/v1/router/events", "/api/v1/router/signals", "/api/v1/router/usage",
-                                     "/api/v1/router/quota"):
+                                     "/api/v1/router/quota", "/api/v1/router/batch/claim",
+                                     "/api/v1/router/batch/results"):
         return Need(router=True)
     if method == "POST" and path == "/api/v1/logout":  # anyone logged in may end their own token
         return Need(VIEWER)

@@ -16,6 +16,7 @@ from fastapi import FastAPI
 
 from llmgw.control.auth import Auth
 from llmgw.control.auth import middleware as auth_mw
+from llmgw.control.batches.service import BatchService
 from llmgw.control.catalog import entries as catalog_entries
 from llmgw.control.cluster import Cluster
 from llmgw.control.http import (
@@ -37,6 +38,7 @@ from llmgw.control.http import (
     priorities,
     projects,
     replicas,
+    routerbatches,
     routercreds,
     routers,
     routertokenizer,
@@ -64,7 +66,8 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extr
                join: tokens.JoinPoint | None = None, usage: UsageService | None = None,
                sso_service: SsoService | None = None, cluster_ca: bytes | None = None,
                cert_files: Mapping[str, Path] | None = None,
-               catalog: tuple[catalog_entries.Entry, ...] | None = None) -> FastAPI:
+               catalog: tuple[catalog_entries.Entry, ...] | None = None,
+               batches: BatchService | None = None) -> FastAPI:
     """The REST app; ``extra_registries`` (the in-process router's) are served on the same /metrics.
 
     Every store call is awaited on the store's thread (``store.offloop``), never made on the
@@ -80,6 +83,7 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extr
     served unauthenticated at ``/api/v1/ca`` for clients to pin; None (``--insecure``): those answer 404.
     ``cert_files``: the certificates (name -> PEM file) whose expiry ``/metrics`` exports.
     ``catalog``: the models ``/api/v1/catalog`` lists (``--catalog``); None: the shipped catalog.
+    ``batches``: what answers routers' batch claims and results (issue 32); a fresh one over ``store`` if not given.
     """
     reports = router_events if router_events is not None else RouterEvents()
     app = FastAPI(title="llmgw control plane", version="v1", docs_url=None, redoc_url=None,
@@ -108,6 +112,7 @@ def create_api(store: Store | StoreThread, cluster: Cluster, *, auth: Auth, extr
                  preview.router(db, cluster, catalog if catalog is not None else catalog_entries.load())):
         app.include_router(part, responses=REFUSALS)
     app.include_router(usage_http.router(db), responses=REFUSALS)
+    app.include_router(routerbatches.router(batches or BatchService(db)), responses=REFUSALS)
     # Text, and refuses nothing itself.
     app.include_router(metrics.router(db, cluster, reports, extra_registries, cert_files))
     return app

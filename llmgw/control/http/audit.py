@@ -122,6 +122,10 @@ NOT_AUDITED: dict[tuple[str, str], str] = {
                                     "SSO service",
     ("POST", "/api/v1/sso/device/token"): "polled every few seconds until approved: the SSO service records the "
                                           "sign-in or its refusal once, not each 'pending'",
+    ("POST", "/api/v1/router/batch/claim"): "a router's claim of batch lines, every second or so from each router; "
+                                            "the batch's lines keep who holds them",
+    ("POST", "/api/v1/router/batch/results"): "a router's answers to batch lines; the batch's output file is their "
+                                              "record",
     ("POST", "/api/v1/router/quota"): "a router's quota sync, every second or so from each router; a budget's "
                                       "thresholds are audited as they are crossed",
 }

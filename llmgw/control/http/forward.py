@@ -47,7 +47,9 @@ LOCAL_PATHS = frozenset({"/healthz", "/metrics", "/api/v1/endpoints", "/api/v1/c
 #: database in one transaction of their own (the journal's mark, the ledger's rows under a lock), the same on
 #: every instance. Forwarded, they failed with the leader: a failover left every budget without a grant
 #: until a new leader was elected, and its routers refused all traffic of keys with budgets meanwhile.
-LOCAL_POSTS = frozenset({"/api/v1/router/usage", "/api/v1/router/quota"})
+LOCAL_POSTS = frozenset({"/api/v1/router/usage", "/api/v1/router/quota",
+                         # Batch lines claimed and answered (issue 32): conditional writes, the same on every instance.
+                         "/api/v1/router/batch/claim", "/api/v1/router/batch/results"})
 #: Request headers the API reads; nothing else is forwarded (``Host`` above all: the leader's is its own).
 REQUEST_HEADERS = ("authorization", "cookie", "content-type", "accept", "accept-encoding", "origin", "user-agent",
                    "x-llmgw-actor")

@@ -19,7 +19,8 @@ through the fenced transaction of ``base.StoreBase``:
 - ``usagequery``: usage read from the rollups, and who belongs to which project.
 - ``usage``: routers' usage rollups, applied once per record;
 - ``quotas``: the quota ledger and routers' leases;
-- ``sso``: single sign-on's pending flows and its users' links (issue 28).
+- ``sso``: single sign-on's pending flows and its users' links (issue 28);
+- ``batches``: OpenAI files, batches and their lines (issue 32).
 
 The records and errors are importable from here, where callers have always found them.
 """
@@ -39,6 +40,7 @@ from llmgw.control.store.base import (
     sqlite_url,
     unreachable,
 )
+from llmgw.control.store.batches import BatchStore
 from llmgw.control.store.clusterwide import ClusterwideStore, StoredAutoscale
 from llmgw.control.store.credentials import (
     CredentialStore,
@@ -68,7 +70,7 @@ __all__ = [
 
 
 class Store(WorkloadStore, NodeStore, CredentialStore, ProjectStore, HistoryStore, LeadershipStore,
-            ClusterwideStore, UsageStore, QuotaStore, UsageQueryStore, SsoStore, StoreBase):
+            ClusterwideStore, UsageStore, QuotaStore, UsageQueryStore, SsoStore, BatchStore, StoreBase):
     """The cluster's state in SQLite or PostgreSQL: open with ``Store.open``/``Store.open_url``.
 
     ``fence`` (``StoreBase``) guards every write of the cluster's state; see ``base.StoreBase._tx``.

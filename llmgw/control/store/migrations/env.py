@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from alembic import context
 
-from llmgw.control.store import usagetables  # noqa: F401 - its tables join Base.metadata
+from llmgw.control.store import batchtables, usagetables  # noqa: F401 - their tables join Base.metadata
 from llmgw.control.store.tables import Base
 
 connection = context.config.attributes["connection"]
