@@ -21,15 +21,12 @@ import dataclasses
 import json
 import logging
 import signal
-import socket
-import sys
 from collections.abc import Coroutine
 from typing import Any
 
 from llmgw.control import auditprune, cpversions, datadir, engines, keyuse, loadreports, remotemeta, sso
 from llmgw.control import leader as leader_mod
 from llmgw.control.agentsvc import collector as agentsvc_collector
-from llmgw.control.agentsvc import join as agentsvc_join
 from llmgw.control.agentsvc import metrics as agentsvc_metrics
 from llmgw.control.agentsvc import service as agentsvc
 from llmgw.control.auth import Auth
@@ -38,7 +35,6 @@ from llmgw.control.batches import http as batches_http
 from llmgw.control.batches.service import BatchService
 from llmgw.control.cluster import Cluster
 from llmgw.control.http import forward as forward_http
-from llmgw.control.http import tokens as tokens_http
 from llmgw.control.http.api import create_api
 from llmgw.control.reconcile import decide
 from llmgw.control.routerreports import RouterEvents
@@ -47,7 +43,6 @@ from llmgw.control.store.offloop import StoreThread
 from llmgw.control.store.store import Store
 from llmgw.control.usage import prune as usageprune
 from llmgw.control.usage.service import UsageService
-from llmgw.core import pki
 from llmgw.core.errors import LlmgwError
 from llmgw.core.version import version
 from llmgw.mirror import app as mirror_app
@@ -63,7 +58,7 @@ from llmgw.router.kvview import KvView
 from llmgw.router.standalone import Together, proxied
 from llmgw.router.table import TableHolder
 from llmgw.router.watch import LocalWatcher
-from llmgw.serving import front, httptls, routerworkers, tokenizerfetch, tunnels
+from llmgw.serving import front, httptls, routerworkers, startup, tokenizerfetch, tunnels
 from llmgw.serving.config import (
     HUB_TOKEN_ENV,
     INSECURE_HEADER,
@@ -80,55 +75,6 @@ __all__ = ["INSECURE_HEADER", "HUB_TOKEN_ENV", "MirrorConfig", "ServerConfig", "
            "config_of", "hub_settings", "lease_timing", "run"]
 
 log = logging.getLogger(__name__)
-
-
-def _advertised(cfg: ServerConfig) -> str:
-    host = cfg.advertise or (socket.getfqdn() if cfg.host in ("0.0.0.0", "::", "") else cfg.host)
-    return f"[{host.strip('[]')}]" if ":" in host else host
-
-
-def _init_if_needed(cfg: ServerConfig) -> None:
-    """First start of a secure server: ``llmgw init`` done here, the password printed once to the terminal.
-
-    Printed, not logged: a log line is kept in files and journals, and the password must live only
-    on the terminal of whoever started the server (the store keeps its argon2 hash). Without a terminal,
-    in a 0600 file of the data directory instead (``datadir.tell_admin_password``).
-    """
-    if cfg.insecure or datadir.is_initialised(cfg.data_dir):
-        return
-    wildcard = cfg.host in ("0.0.0.0", "::", "")
-    hosts = [socket.getfqdn()] if wildcard else [] if cfg.host == "localhost" else [cfg.host.strip("[]")]
-    try:
-        done = datadir.init(cfg.data_dir, hosts=hosts, database=cfg.database)
-    except (store_mod.StoreUrlRefused, store_mod.StoreUnreachable) as e:
-        raise LlmgwError(f"--database: {e}") from None
-    # On a terminal, printed; under a service manager (its journal keeps stderr) a 0600 file, named here.
-    datadir.tell_admin_password(done, sys.stderr)
-
-
-def _join_point(cfg: ServerConfig, advertised: str, join_port: int) -> tokens_http.JoinPoint | None:
-    """Where agents join: the advertised host and the join port this server really listens on (the command
-    ``POST /api/v1/tokens`` answers names it; `llmgw token create` printed 8082 whatever the port was)."""
-    if cfg.insecure or not join_port:
-        return None
-    return tokens_http.JoinPoint(f"{advertised}:{join_port}", pki.ca_hash(datadir.read_ca(cfg.data_dir).cert_pem))
-
-
-def _agent_tls(cfg: ServerConfig) -> agentsvc_join.AgentTls | None:
-    """The agent service's CA and certificate from the data directory; None with ``--insecure``."""
-    if cfg.insecure:
-        return None
-    pki_dir = cfg.data_dir / datadir.PKI
-    try:
-        return agentsvc_join.AgentTls(ca=datadir.read_ca(cfg.data_dir),
-                                      server_cert_pem=(pki_dir / "server.crt").read_bytes(),
-                                      server_key_pem=(pki_dir / "server.key").read_bytes(),
-                                      node_cert_validity_s=cfg.node_cert_validity_s)
-    except OSError as e:
-        raise LlmgwError(f"cannot read the server's certificate in {pki_dir}: {e.strerror or e}; it is made by "
-                         "`llmgw init`") from None
-
-
 
 
 @dataclasses.dataclass(slots=True)
@@ -250,7 +196,7 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
     check_advertise(cfg.advertise)
     # The data directory remembers its cluster's database: without --database, that one, not SQLite here.
     cfg = dataclasses.replace(cfg, database=datadir.database_for(cfg.data_dir, cfg.database))
-    _init_if_needed(cfg)
+    startup.init_if_needed(cfg)
     # The HTTP port's certificate (issued from the cluster CA, or the operator's checked) before anything listens.
     tls = httptls.prepare(cfg)
     store = _open_store(cfg)
@@ -260,14 +206,14 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
     cp = _control_plane(cfg, store, front.own_mirror_hub(cfg, http_port) if cfg.mirror is not None else cfg.hub)
     cp.db.watch_loop()
     try:
-        hub, access = await tunnels.start(cfg, cp.cluster, _agent_tls(cfg))  # issue 33: nodes behind NAT
+        hub, access = await tunnels.start(cfg, cp.cluster, startup.agent_tls(cfg))  # issue 33: nodes behind NAT
         grpc_server, agent_port, join_port = await agentsvc.serve(
-            cp.cluster, host=cfg.host, port=cfg.agent_port, tls=_agent_tls(cfg), join_port=cfg.join_port,
+            cp.cluster, host=cfg.host, port=cfg.agent_port, tls=startup.agent_tls(cfg), join_port=cfg.join_port,
             engine_access=access, tunnel_port=hub.port if hub is not None else 0)
     except OSError as e:
         http_sock.close()
         raise LlmgwError(str(e)) from None
-    advertised = _advertised(cfg)
+    advertised = startup.advertised(cfg)
     me = leader_mod.Me(id=leader_mod.instance_id(cfg.data_dir), http_url=f"{tls.plan.scheme}://{advertised}:{http_port}",
                        agent_addr=f"{advertised}:{agent_port}", version=version())
     leadership, versions = _leadership(cfg, cp, me)
@@ -282,7 +228,8 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
     api = create_api(cp.db, cp.cluster, auth=auth,
                      extra_registries=(metricsmerge.Merged(router_metrics.REGISTRY, worker_metrics),
                                        agentsvc_metrics.REGISTRY, cp.usage.registry, backup_schedule.REGISTRY),
-                     router_events=cp.reports, leadership=leadership, join=_join_point(cfg, advertised, join_port),
+                     router_events=cp.reports, leadership=leadership,
+                     join=startup.join_point(cfg, advertised, join_port),
                      usage=cp.usage, sso_service=sso_service, catalog=cfg.catalog, batches=cp.batches,
                      cluster_ca=None if cfg.insecure else datadir.ca_cert(cfg.data_dir).read_bytes(),
                      cert_files={name: cfg.data_dir / datadir.PKI / f"{name}.crt" for name in ("ca", "api", "server")})
