@@ -87,6 +87,8 @@ class Cluster:
         #: Issue 33: how routers reach each node's engines (direct or its tunnel), read by the table and the API.
         self.engine_access = EngineAccess(on_change=self.kick)
         self.table.tunnels = self.engine_access.routes
+        #: The tunnel port (0: none), told to standalone routers with each table (``api.tunnel.PORT_HEADER``).
+        self.tunnel_port = 0
         #: spec.idle (issue 31): ready replicas put to sleep when idle, woken when a request is held for them.
         self.sleeper = Sleeper(self.ctx, self.links, self.signals, lambda: self.node_manager.views, self.record)
         #: Operators' engine wants and the cluster's engine settings (``control.engines`` rebinds them on a change).
