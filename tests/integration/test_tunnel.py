@@ -358,3 +358,27 @@ def test_a_router_tries_its_control_planes_for_the_one_holding_the_tunnel(tmp_pa
                 door.stop()
             await standby.stop()
     run(main)
+
+
+def test_the_routers_door_closes_a_silent_or_malformed_connection(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from llmgw.router.tunnel import relay
+
+    monkeypatch.setattr(relay, "LINE_TIMEOUT_S", 0.3)
+
+    async def nobody(token: str) -> str:
+        return "refused"
+
+    async def main() -> None:
+        async with tunnelled(tmp_path) as (hub, _d, _e, _u, _o, keys):
+            door = relay.Door(hub, nobody)
+            hub.routers = door.protocol
+            trust = ssl.create_default_context(cadata=keys.ca.cert_pem.decode())
+            for sent, said in ((b"", b"ERR no request line within 0.3s\n"),
+                               (b"one two\n", b"ERR expected one line: CREDENTIAL NODE PORT\n")):
+                reader, writer = await asyncio.open_connection("127.0.0.1", hub.port, ssl=trust)
+                writer.write(sent)
+                assert await asyncio.wait_for(reader.read(), 10) == said
+                writer.close()
+            door.stop()
+    run(main)

@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 RELAY_ENV = "LLMGW_TUNNEL_RELAY"
 _MAX_LINE = 512
+#: A connection that has not sent its line by then is closed (the tunnel port is reachable by anyone).
+LINE_TIMEOUT_S = 10.0
 #: (credential) -> why it is refused ("": it is not).
 Check = Callable[[str], Awaitable[str]]
 
@@ -63,9 +65,12 @@ class _Worker(asyncio.Protocol):
         self.stream: asyncio.Transport | None = None
         self.buf = bytearray()
         self.opening = False
+        self.silent: asyncio.TimerHandle | None = None  # closes a connection that sends no line
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.silent = asyncio.get_running_loop().call_later(
+            LINE_TIMEOUT_S, self._refuse, f"no request line within {LINE_TIMEOUT_S:g}s")
 
     def data_received(self, data: bytes) -> None:
         if self.stream is not None:
@@ -85,6 +90,8 @@ class _Worker(asyncio.Protocol):
             self._refuse("expected one line: CREDENTIAL NODE PORT")
             return
         self.opening = True
+        if self.silent is not None:
+            self.silent.cancel()
         self.credential = words[0]
         task = asyncio.get_running_loop().create_task(self._open(words[1], int(words[2])))
         task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
@@ -117,6 +124,8 @@ class _Worker(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        if self.silent is not None:
+            self.silent.cancel()
         self.live.discard(self)
         if self.stream is not None:
             self.stream.close()
