@@ -22,6 +22,7 @@ from llmgw.core import pki
 from llmgw.router import client
 from llmgw.router.tunnel.hub import TunnelHub, server_context
 from llmgw.testing.aioserve import serving
+from llmgw.testing.procs import free_port
 
 BODY = b'{"model": "m", "stream": true}'
 BIG_CHUNKS = 1024  # 64 MiB: more than the sockets between engine and router hold
@@ -321,6 +322,13 @@ def test_a_standalone_router_reaches_the_tunnel_with_its_router_token_only(tmp_p
     run(main)
 
 
+class Kept(asyncio.Protocol):
+    transport: asyncio.BaseTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+
 def test_a_router_tries_its_control_planes_for_the_one_holding_the_tunnel(tmp_path: Path) -> None:
     from llmgw.router.tunnel.relay import Door
     from llmgw.router.tunnel.remote import ControlTunnels
@@ -347,6 +355,14 @@ def test_a_router_tries_its_control_planes_for_the_one_holding_the_tunnel(tmp_pa
             # Neither holds node n2's tunnel: the refusal names both.
             with pytest.raises(client.ConnectFailed, match=f"{first}.*no tunnel from it.*{second}.*no tunnel"):
                 await pool.request(tunnel.url("n2", 1), "/", b"", b"")
+            # A control plane whose tunnel port cannot be reached is tried after the others while it backs off.
+            dead = "https://127.0.0.1:3"
+            around = ControlTunnels([dead, second], token="t", ports={dead: free_port(), second: hub.port},
+                                    ca_pem=lambda: keys.ca.cert_pem.decode())
+            kept = await around.connect("n1", port_of(engine_url), Kept)
+            assert around.backing_off() == {dead} and around.holder("n1") == second
+            assert isinstance(kept, Kept) and kept.transport is not None
+            kept.transport.close()
             # A hub with no door (an --insecure server's routers, or none opened) says what it takes.
             standby.routers = None
             lone = ControlTunnels([first], token="t", ports={first: standby.port},

@@ -201,6 +201,10 @@ class RelayServer:
             self._server = None
 
 
+class Refused(ConnectFailed):
+    """The relay or door answered, refusing the stream (``ERR why``): it is up."""
+
+
 class _Answer(asyncio.Protocol):
     """The worker's end until the relay answered its line."""
 
@@ -220,7 +224,7 @@ class _Answer(asyncio.Protocol):
             self.answered.set_result(b"")
         else:
             why = line.removeprefix(b"ERR ").decode(errors="replace")
-            self.answered.set_exception(ConnectFailed(f"{self.what} answered: {why}"))
+            self.answered.set_exception(Refused(f"{self.what} answered: {why}"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.answered.done():

@@ -10,19 +10,22 @@ Where: the host of each ``--control`` URL, on the port that control plane's endp
 last opened a stream to the node is tried first, then the others in the order given: only the one holding the
 node's tunnel (the leader, which has the agents) opens it; the others answer that the node has no tunnel there.
 The port's certificate is verified with the cluster CA the table carries (``engine_ca``) and the URL's host.
-A failed open is ``ConnectFailed`` (nothing sent): the client's retry elsewhere, ejection and recovery probes are
-its backoff.
+A control plane that cannot be reached is tried after the others for a backoff (0.2 s doubling to 5 s) until it
+answers again. A failed open is ``ConnectFailed`` (nothing sent): the client retries elsewhere, ejects, probes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ssl
+import time
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 
 from llmgw.router.response import ConnectFailed
-from llmgw.router.tunnel.relay import open_line
+from llmgw.router.tunnel.relay import Refused, open_line
+
+BACKOFF_MIN_S, BACKOFF_MAX_S = 0.2, 5.0
 
 
 class ControlTunnels:
@@ -34,10 +37,20 @@ class ControlTunnels:
         self._token, self._ports, self._ca_pem, self._timeout_s = token, ports, ca_pem, timeout_s
         self._holder: dict[str, str] = {}  # node -> the control plane that last opened one of its streams
         self._context: tuple[str, ssl.SSLContext] | None = None
+        self._failing: dict[str, tuple[float, float]] = {}  # control plane -> (tried last until, backoff)
 
     def holder(self, node: str) -> str:
         """The control plane that last opened a stream to ``node`` ("": none yet)."""
         return self._holder.get(node, "")
+
+    def backing_off(self) -> frozenset[str]:
+        """The control planes tried last for now: their tunnel port could not be reached."""
+        now = time.monotonic()
+        return frozenset(u for u, (until, _) in self._failing.items() if until > now)
+
+    def _failed(self, base: str) -> None:
+        backoff = min(self._failing.get(base, (0.0, BACKOFF_MIN_S / 2))[1] * 2, BACKOFF_MAX_S)
+        self._failing[base] = (time.monotonic() + backoff, backoff)
 
     def _trust(self) -> ssl.SSLContext:
         ca = self._ca_pem()
@@ -62,15 +75,22 @@ class ControlTunnels:
                                 "said its tunnel port yet (one of this release, not --insecure, says it)")
         context = self._trust()
         why: list[str] = []
-        for base in dict.fromkeys(order):
+        later = self.backing_off()
+        for base in sorted(dict.fromkeys(order), key=lambda u: u in later):  # stable: the order otherwise kept
             host = urllib.parse.urlsplit(base).hostname or ""
             try:
                 protocol = await open_line(host, self._ports[base], f"{self._token} {node} {port}", factory,
                                            what=f"the tunnel port of {base} (port {self._ports[base]})",
                                            ssl_context=context, timeout_s=self._timeout_s)
-            except ConnectFailed as exc:
+            except Refused as exc:  # it answered: up, but not holding the node's tunnel (or refusing the token)
+                self._failing.pop(base, None)
                 why.append(str(exc))
                 continue
+            except ConnectFailed as exc:
+                self._failed(base)
+                why.append(str(exc))
+                continue
+            self._failing.pop(base, None)
             self._holder[node] = base
             return protocol
         raise ConnectFailed("; ".join(why))
