@@ -1,7 +1,9 @@
 """Issue 33: what the engine tunnel adds, same run, on loopback: TTFT p50/p99 of a streamed request and streams/s
 at concurrency 16, through ``router.client.Pool`` straight to an engine vs through a ``TunnelHub`` and an agent's
-``TunnelDialer`` (mutual TLS, ``api.tunnel``) to the same engine. The engine is an aiohttp SSE stream of 16 chunks
-(a near-zero-cost upstream, so the figures are the path's). The two paths are alternated request by request.
+``TunnelDialer`` (mutual TLS, ``api.tunnel``) to the same engine, and as a standalone router does (``standalone``:
+a TLS connection to the hub's port that says a router token, ``tunnel.remote.ControlTunnels`` and ``relay.Door``,
+spliced onto the same tunnel). The engine is an aiohttp SSE stream of 16 chunks (a near-zero-cost upstream, so the
+figures are the path's). The paths are alternated request by request.
 
     .venv/bin/python bench/tunnel.py [--requests 400]
 """
@@ -23,6 +25,8 @@ from llmgw.api import tunnel
 from llmgw.core import pki
 from llmgw.router import client
 from llmgw.router.tunnel.hub import TunnelHub, server_context
+from llmgw.router.tunnel.relay import Door
+from llmgw.router.tunnel.remote import ControlTunnels
 
 CHUNKS = 16
 
@@ -37,7 +41,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     return resp
 
 
-def keys(root: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+def keys(root: Path) -> tuple[ssl.SSLContext, ssl.SSLContext, str]:
     ca = pki.create_ca()
     server = pki.server_cert(ca, ["127.0.0.1"])
     key = pki.new_key()
@@ -47,7 +51,13 @@ def keys(root: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
         (root / name).write_bytes(data)
     agent = ssl.create_default_context(cafile=str(root / "ca.crt"))
     agent.load_cert_chain(str(root / "n.crt"), str(root / "n.key"))
-    return server_context(ca_pem=ca.cert_pem, cert_file=str(root / "s.crt"), key_file=str(root / "s.key")), agent
+    hub = server_context(ca_pem=ca.cert_pem, cert_file=str(root / "s.crt"), key_file=str(root / "s.key"))
+    return hub, agent, ca.cert_pem.decode()
+
+
+async def router_token(token: str) -> str:
+    """The door's check (the control plane's is ``serving.tunnels.router_check``: a cached store lookup)."""
+    return "" if token == "bench-token" else "refused"
 
 
 async def one(pool: client.Pool, url: str) -> float:
@@ -79,7 +89,7 @@ async def main(requests: int) -> None:
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     port = runner.addresses[0][1]
     with tempfile.TemporaryDirectory() as tmp:
-        hub_ctx, agent_ctx = keys(Path(tmp))
+        hub_ctx, agent_ctx, ca_pem = keys(Path(tmp))
         up = asyncio.Event()
         hub = TunnelHub(context=hub_ctx, on_change=lambda node, is_up, why: up.set() if is_up else None)
         await hub.start("127.0.0.1", 0)
@@ -87,27 +97,36 @@ async def main(requests: int) -> None:
                               engines=lambda: {port: ("127.0.0.1", port, False)}, engine_ssl=lambda: True)
         dialer.offer("127.0.0.1", hub.port)
         await asyncio.wait_for(up.wait(), 10)
-        pool = client.Pool()
+        door = Door(hub, router_token)
+        hub.routers = door.protocol
+        pool, remote = client.Pool(), client.Pool()
         pool.tunnels = hub
-        urls = {"direct": f"http://127.0.0.1:{port}", "tunnel": tunnel.url("n1", port)}
-        ttft: dict[str, list[float]] = {"direct": [], "tunnel": []}
-        for url in urls.values():  # warm both
+        cp = "https://127.0.0.1:1"
+        remote.tunnels = ControlTunnels([cp], token="bench-token", ports={cp: hub.port}, ca_pem=lambda: ca_pem)
+        paths = {"direct": (pool, f"http://127.0.0.1:{port}"), "tunnel": (pool, tunnel.url("n1", port)),
+                 "standalone": (remote, tunnel.url("n1", port))}
+        ttft: dict[str, list[float]] = {name: [] for name in paths}
+        for on, url in paths.values():  # warm each
             for _ in range(20):
-                await one(pool, url)
+                await one(on, url)
         for _ in range(requests):
-            for name, url in urls.items():
-                ttft[name].append(await one(pool, url))
-        rate = {name: 0.0 for name in urls}
-        for order in (list(urls.items()), list(reversed(urls.items()))):  # neither goes first every time
-            for name, url in order:
-                rate[name] = max(rate[name], await streams_per_s(pool, url, requests))
+            for name, (on, url) in paths.items():
+                ttft[name].append(await one(on, url))
+        rate = {name: 0.0 for name in paths}
+        for order in (list(paths.items()), list(reversed(paths.items()))):  # none goes first every time
+            for name, (on, url) in order:
+                rate[name] = max(rate[name], await streams_per_s(on, url, requests))
         for name, values in ttft.items():
             q = statistics.quantiles(values, n=100)
-            print(f"{name:7s} TTFT p50 {q[49] * 1e3:.3f} ms  p99 {q[98] * 1e3:.3f} ms  streams/s {rate[name]:.0f}")
-        d, t = statistics.quantiles(ttft["direct"], n=100), statistics.quantiles(ttft["tunnel"], n=100)
-        print(f"added   TTFT p50 {(t[49] - d[49]) * 1e3:+.3f} ms  p99 {(t[98] - d[98]) * 1e3:+.3f} ms  "
-              f"streams/s {rate['tunnel'] / rate['direct'] * 100:.0f}% of direct")
+            print(f"{name:10s} TTFT p50 {q[49] * 1e3:.3f} ms  p99 {q[98] * 1e3:.3f} ms  streams/s {rate[name]:.0f}")
+        d = statistics.quantiles(ttft["direct"], n=100)
+        for name in ("tunnel", "standalone"):
+            t = statistics.quantiles(ttft[name], n=100)
+            print(f"{name:10s} added TTFT p50 {(t[49] - d[49]) * 1e3:+.3f} ms  p99 {(t[98] - d[98]) * 1e3:+.3f} ms  "
+                  f"streams/s {rate[name] / rate['direct'] * 100:.0f}% of direct")
         pool.close()
+        remote.close()
+        door.stop()
         await dialer.close()
         await hub.stop()
     await runner.cleanup()

@@ -223,6 +223,7 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
     sso_service = sso.SsoService(cfg.sso, cp.db, auth) if cfg.sso is not None and not cfg.insecure else None
     router = _router(cfg, cp)
     router.use_tunnels(hub)
+    door = tunnels.open_door(hub, auth)  # standalone routers' way to tunnelled engines, with their router token
     # The router workers' metrics (--router-workers), summed with the in-process router's into one set of families.
     worker_metrics = metricsmerge.Snapshots()
     api = create_api(cp.db, cp.cluster, auth=auth,
@@ -282,6 +283,8 @@ async def run(cfg: ServerConfig, *, stop: asyncio.Event | None = None) -> None:
     finally:
         log.info("llmgw server stopping")
         reachability.cancel()
+        if door is not None:
+            door.stop()
         if hub is not None:
             await hub.stop()
         await cp.cluster.close()

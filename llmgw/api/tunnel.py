@@ -45,6 +45,9 @@ DEAD_S = 4.0
 #: ``.invalid`` never resolves (RFC 2606), so a router without tunnels (an older release) fails the connect and
 #: ejects the replica, instead of sending its request and the engine's key to whatever listens at that port.
 HOST_SUFFIX = ".tunnel.invalid"
+#: On the control plane's endpoints answer: its tunnel port, where a standalone router opens its tunnel streams
+#: (``router.tunnel.remote``) at the host it reads the table from.
+PORT_HEADER = "X-Llmgw-Tunnel-Port"
 
 
 class TunnelError(Exception):

@@ -89,6 +89,8 @@ class Cluster:
         self.table.tunnels = self.engine_access.routes
         #: The replicas' KV block sets from their agents, relayed to routers (routing kv_aware), in memory.
         self.kv = kvrelay.KvRelay()
+        #: The tunnel port (0: none), told to standalone routers with each table (``api.tunnel.PORT_HEADER``).
+        self.tunnel_port = 0
         #: spec.idle (issue 31): ready replicas put to sleep when idle, woken when a request is held for them.
         self.sleeper = Sleeper(self.ctx, self.links, self.signals, lambda: self.node_manager.views, self.record)
         #: Operators' engine wants and the cluster's engine settings (``control.engines`` rebinds them on a change).

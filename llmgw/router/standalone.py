@@ -60,6 +60,7 @@ from llmgw.router import server as server_mod
 from llmgw.router import table as table_mod
 from llmgw.router.settings import HUB_PID_ENV, HUB_STATIC_ENV, TOKEN_ENV, ProxySettings, RouterSettings
 from llmgw.router.tunnel import relay as tunnelrelay
+from llmgw.router.tunnel import remote as tunnelremote
 
 #: The settings file when no --config is given (``RouterSettings.ENV_PREFIX`` + CONFIG, as ``llmgw router``).
 CONFIG_ENV = RouterSettings.ENV_PREFIX + "CONFIG"
@@ -149,8 +150,12 @@ def build(settings: RouterSettings, *, token: str = "", static_hub: bool = False
     else:
         raise ValueError("give a table file or a control-plane URL")
     # serve_metrics: alone, nothing else serves the router's metrics; its own app does.
-    return proxied(holder, proxy, watcher=watcher, source=source, serve_metrics=True, events=sink, signals=reporter,
-                   **metered)
+    router = proxied(holder, proxy, watcher=watcher, source=source, serve_metrics=True, events=sink, signals=reporter,
+                     **metered)
+    if settings.control and not worker:  # issue 33: tunnelled engines through the control plane's tunnel port
+        router.use_tunnels(tunnelremote.ControlTunnels(settings.control, token=token, ports=following.tunnel_ports,
+                                                       ca_pem=lambda: holder.current.engine_ca))
+    return router
 
 
 class Together:

@@ -50,7 +50,7 @@ from typing import Any
 
 import aiohttp
 
-from llmgw.api import routing
+from llmgw.api import routing, tunnel
 from llmgw.core import skew
 from llmgw.core.background import Background
 from llmgw.core.version import version
@@ -155,6 +155,8 @@ class TableWatcher(_Follower):
         self._headers = {**skew.headers(protocol, self._version), **(headers or {})}
         self._after = -1  # no version yet: the first poll answers at once
         self._task = Background("llmgw-router-table-watch")
+        #: Each control plane's tunnel port, as its answers say (``api.tunnel.PORT_HEADER``; issue 33).
+        self.tunnel_ports: dict[str, int] = {}
 
     async def start(self) -> None:
         if self._task.running:
@@ -263,6 +265,9 @@ class TableWatcher(_Follower):
                                           own_version=self._version)
             if refusal:  # a control plane too old for this router (one before 0.2.0 says no protocol)
                 raise _Skew(refusal)
+            said = resp.headers.get(tunnel.PORT_HEADER, "")
+            if said.isdigit():
+                self.tunnel_ports[base_url] = int(said)
             return doc
 
 

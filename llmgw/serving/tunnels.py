@@ -6,7 +6,8 @@ control plane's ``EngineAccess`` (each node's engine_access and tunnel, read by 
 service (which offers the port after a Register). A node certificate is checked as the agent port checks it (known
 to the store, not revoked: ``Issuer.check_presented``). For engine_access auto, ``check_reachable`` connects to each
 auto node's ready engines from here every few seconds: a node whose engines this router cannot reach is served
-through its tunnel.
+through its tunnel. ``open_door`` lets standalone routers in on the same port with their router token
+(``router.tunnel.relay.Door``).
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ import logging
 import urllib.parse
 
 from llmgw.control.agentsvc import join as join_mod
+from llmgw.control.auth.credentials import Auth
 from llmgw.control.cluster import Cluster
 from llmgw.control.engineaccess import EngineAccess
 from llmgw.control.state import Phase
 from llmgw.router.tunnel.hub import TunnelHub, server_context
+from llmgw.router.tunnel.relay import Check, Door
 from llmgw.serving.config import ServerConfig
 
 log = logging.getLogger(__name__)
@@ -45,7 +48,29 @@ async def start(cfg: ServerConfig, cluster: Cluster, tls: join_mod.AgentTls | No
     except OSError as exc:
         raise OSError(f"cannot listen for tunnels on {cfg.host}:{cfg.tunnel_port}: {exc.strerror or exc}; pass "
                       "--tunnel-port") from None
+    cluster.tunnel_port = hub.port
     return hub, access
+
+
+def router_check(auth: Auth) -> Check:
+    """A standalone router's credential at the tunnel port: a router token the REST API takes now."""
+    async def check(token: str) -> str:
+        found = await auth.principal(token)
+        if found is None or found.kind != "router":
+            return ("this tunnel port takes only a router token the control plane knows (this one is unknown, "
+                    "expired or deleted); make one with `llmgw router-token create NAME` and give it to the "
+                    "router's --token-file")
+        return ""
+    return check
+
+
+def open_door(hub: TunnelHub | None, auth: Auth) -> Door | None:
+    """Standalone routers reach tunnelled engines through ``hub`` with their router token (None: no hub)."""
+    if hub is None:
+        return None
+    door = Door(hub, router_check(auth))
+    hub.routers = door.protocol
+    return door
 
 
 async def _reaches(url: str) -> str:

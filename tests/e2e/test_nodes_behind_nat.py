@@ -1,7 +1,9 @@
 """Issue 33's proof: a real agent in a network namespace that can only connect out (``testing.netns``) joins a real
 server, gets a sim replica, and serves through the router over the tunnel it dialled; the same node with
 ``engine_access: direct`` is unreachable and the router says why; the tunnel cut (link down) and restored under load
-fails no request that had no byte sent, and the replica comes back without its engine restarted.
+fails no request that had no byte sent, and the replica comes back without its engine restarted. A standalone
+``llmgw router`` serves the same node through the control plane's tunnel port, with its router token (refused once
+the token is deleted).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import pytest
 from llmgw.control import datadir
 from llmgw.core import pki
 from llmgw.testing import netns
-from llmgw.testing.procs import Proc, wait_for
+from llmgw.testing.procs import Proc, free_port, wait_for
 from llmgw.testing.system import LLMGW, System, sim_model
 
 WHY = netns.forbidden()
@@ -200,4 +202,48 @@ def test_auto_finds_the_engines_unreachable_and_serves_them_through_the_tunnel(t
                                                  max_tokens=4)
         assert got.choices[0].message.content
     finally:
+        s.close()
+
+
+def test_a_standalone_router_serves_the_node_through_the_control_planes_tunnel_port(tmp_path: Path,
+                                                                                   nat: netns.Nat) -> None:
+    s = _system(tmp_path, nat)
+    router: Proc | None = None
+    try:
+        _start_nat_agent(s, nat, "tunnel")
+        s.apply(sim_model("m", args=["--decode-tps", "200"]))
+        s.wait_model("m", timeout=90)
+        token = s.request("POST", "/api/v1/routers", json={"name": "edge"}).json()["token"]
+        (tmp_path / "router.token").write_text(token + "\n")
+        port = free_port()
+        router = Proc.start([*LLMGW, "router", "--control", s.url, "--token-file", str(tmp_path / "router.token"),
+                             "--port", str(port), "--log-level", "info"], log_path=tmp_path / "router.log")
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=60)
+        messages = [{"role": "user", "content": "hi"}]
+
+        def served() -> bool:
+            try:
+                return bool(client.chat.completions.create(model="m", messages=messages, max_tokens=4).choices)
+            except (openai.APIConnectionError, openai.APIStatusError):
+                return False
+        wait_for(served, timeout=60, interval=0.2, what="the standalone router serving through the tunnel")
+        # The node's engine listens on its loopback: nothing but the tunnel reaches it. Streams too.
+        for _ in range(3):
+            chunks = list(client.chat.completions.create(model="m", messages=messages, max_tokens=8, stream=True))
+            assert any(c.choices and c.choices[0].delta.content for c in chunks)
+        assert "ejected" not in router.log_tail(200)
+        # Its token deleted: the tunnel port refuses it (the table it holds names the replica still).
+        assert s.request("DELETE", "/api/v1/routers/edge").status_code == 200
+
+        def refused() -> str:
+            try:
+                client.chat.completions.create(model="m", messages=messages, max_tokens=4)
+            except openai.APIStatusError as exc:
+                return str(exc)
+            return ""
+        said = wait_for(refused, timeout=30, interval=0.2, what="the deleted token refused")
+        assert "takes only a router token the control plane knows" in said, said
+    finally:
+        if router is not None:
+            router.stop()
         s.close()

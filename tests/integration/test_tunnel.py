@@ -22,6 +22,7 @@ from llmgw.core import pki
 from llmgw.router import client
 from llmgw.router.tunnel.hub import TunnelHub, server_context
 from llmgw.testing.aioserve import serving
+from llmgw.testing.procs import free_port
 
 BODY = b'{"model": "m", "stream": true}'
 BIG_CHUNKS = 1024  # 64 MiB: more than the sockets between engine and router hold
@@ -253,4 +254,147 @@ def test_a_router_worker_reaches_the_tunnel_through_its_servers_relay(tmp_path: 
             pool.close()
             stranger.close()
             await relay.stop()
+    run(main)
+
+
+@contextlib.asynccontextmanager
+async def store_auth(root: Path) -> AsyncIterator[tuple[Any, Any]]:
+    """A real store (SQLite) and the control plane's ``Auth`` on it."""
+    from llmgw.control.auth import Auth
+    from llmgw.control.store.offloop import StoreThread
+    from llmgw.control.store.store import Store
+
+    db = StoreThread(Store.open(root / "store"))
+    try:
+        yield db, Auth(db)
+    finally:
+        db.close()
+
+
+def test_a_standalone_router_reaches_the_tunnel_with_its_router_token_only(tmp_path: Path) -> None:
+    from llmgw.control.auth import tokens
+    from llmgw.router.tunnel.remote import ControlTunnels
+    from llmgw.serving.tunnels import open_door
+
+    async def main() -> None:
+        async with tunnelled(tmp_path) as (hub, dialer, engine, engine_url, other_url, keys), \
+                store_auth(tmp_path) as (db, auth):
+            await dialled(hub, dialer)
+            door = open_door(hub, auth)
+            assert door is not None
+            token, _ = await auth.issue(kind="router", subject="r1")
+            user_token, _ = await auth.issue(kind="user", subject="admin")
+            cp = "https://127.0.0.1:1"  # the control plane's URL: its host, and the tunnel port its answer said
+
+            def router(with_token: str) -> client.Pool:
+                pool = client.Pool(connect_timeout_s=5)
+                pool.tunnels = ControlTunnels([cp], token=with_token, ports={cp: hub.port},
+                                              ca_pem=lambda: keys.ca.cert_pem.decode())
+                return pool
+
+            pool = router(token)
+            url = tunnel.url("n1", port_of(engine_url))
+            for _ in range(2):  # TLS verified with the table's engine_ca and the URL's host
+                response = await pool.request(url, "/v1/chat/completions", b"", BODY)
+                assert (await response.read()).endswith(b"data: [DONE]\n\n")
+            # No open proxy: the node's other service, and a node with no tunnel, are refused with nothing sent.
+            with pytest.raises(client.ConnectFailed, match="not an engine of node n1"):
+                await pool.request(tunnel.url("n1", port_of(other_url)), "/secret", b"", b"")
+            with pytest.raises(client.ConnectFailed, match="no tunnel from it"):
+                await pool.request(tunnel.url("n2", port_of(engine_url)), "/", b"", b"")
+            # Only a router token: a user's (an administrator's even) and a made-up one are refused.
+            for other in (user_token, "llmgw_made_up", "x"):
+                stranger = router(other)
+                with pytest.raises(client.ConnectFailed, match="takes only a router token"):
+                    await stranger.request(url, "/v1/chat/completions", b"", BODY)
+                stranger.close()
+            # A router token deleted (as `llmgw router-token delete` does, in another process): its open stream is
+            # cut and a new one refused, within about a second.
+            response = await pool.request(url, "/slow", b"", b"")
+            assert await response.readany()
+            await db.call(db.store.delete_api_token, tokens.token_id(token))
+            await asyncio.wait_for(engine.left.wait(), 10)
+            response.close()
+            pool.close()
+            with pytest.raises(client.ConnectFailed, match="takes only a router token"):
+                await router(token).request(url, "/v1/chat/completions", b"", BODY)
+            door.stop()
+    run(main)
+
+
+class Kept(asyncio.Protocol):
+    transport: asyncio.BaseTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+
+def test_a_router_tries_its_control_planes_for_the_one_holding_the_tunnel(tmp_path: Path) -> None:
+    from llmgw.router.tunnel.relay import Door
+    from llmgw.router.tunnel.remote import ControlTunnels
+
+    async def allowed(token: str) -> str:
+        return "" if token == "t" else "refused"
+
+    async def main() -> None:
+        async with tunnelled(tmp_path) as (hub, dialer, engine, engine_url, _, keys):
+            await dialled(hub, dialer)
+            standby = TunnelHub(context=keys.hub_context())  # a control plane no agent dialled
+            await standby.start("127.0.0.1", 0)
+            doors = [Door(hub, allowed), Door(standby, allowed)]
+            hub.routers, standby.routers = doors[0].protocol, doors[1].protocol
+            first, second = "https://127.0.0.1:1", "https://127.0.0.1:2"
+            remote = ControlTunnels([first, second], token="t", ports={first: standby.port, second: hub.port},
+                                    ca_pem=lambda: keys.ca.cert_pem.decode())
+            pool = client.Pool(connect_timeout_s=5)
+            pool.tunnels = remote
+            url = tunnel.url("n1", port_of(engine_url))
+            response = await pool.request(url, "/v1/chat/completions", b"", BODY)
+            assert (await response.read()).endswith(b"data: [DONE]\n\n")
+            assert remote.holder("n1") == second
+            # Neither holds node n2's tunnel: the refusal names both.
+            with pytest.raises(client.ConnectFailed, match=f"{first}.*no tunnel from it.*{second}.*no tunnel"):
+                await pool.request(tunnel.url("n2", 1), "/", b"", b"")
+            # A control plane whose tunnel port cannot be reached is tried after the others while it backs off.
+            dead = "https://127.0.0.1:3"
+            around = ControlTunnels([dead, second], token="t", ports={dead: free_port(), second: hub.port},
+                                    ca_pem=lambda: keys.ca.cert_pem.decode())
+            kept = await around.connect("n1", port_of(engine_url), Kept)
+            assert around.backing_off() == {dead} and around.holder("n1") == second
+            assert isinstance(kept, Kept) and kept.transport is not None
+            kept.transport.close()
+            # A hub with no door (an --insecure server's routers, or none opened) says what it takes.
+            standby.routers = None
+            lone = ControlTunnels([first], token="t", ports={first: standby.port},
+                                  ca_pem=lambda: keys.ca.cert_pem.decode())
+            with pytest.raises(client.ConnectFailed, match="takes node certificates"):
+                await lone.connect("n1", port_of(engine_url), asyncio.Protocol)
+            pool.close()
+            for door in doors:
+                door.stop()
+            await standby.stop()
+    run(main)
+
+
+def test_the_routers_door_closes_a_silent_or_malformed_connection(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from llmgw.router.tunnel import relay
+
+    monkeypatch.setattr(relay, "LINE_TIMEOUT_S", 0.3)
+
+    async def nobody(token: str) -> str:
+        return "refused"
+
+    async def main() -> None:
+        async with tunnelled(tmp_path) as (hub, _d, _e, _u, _o, keys):
+            door = relay.Door(hub, nobody)
+            hub.routers = door.protocol
+            trust = ssl.create_default_context(cadata=keys.ca.cert_pem.decode())
+            for sent, said in ((b"", b"ERR no request line within 0.3s\n"),
+                               (b"one two\n", b"ERR expected one line: CREDENTIAL NODE PORT\n")):
+                reader, writer = await asyncio.open_connection("127.0.0.1", hub.port, ssl=trust)
+                writer.write(sent)
+                assert await asyncio.wait_for(reader.read(), 10) == said
+                writer.close()
+            door.stop()
     run(main)

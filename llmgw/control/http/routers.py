@@ -13,6 +13,7 @@ from typing import Any
 
 from fastapi import APIRouter, Query, Request, Response
 
+from llmgw.api import tunnel
 from llmgw.control import loadreports
 from llmgw.control.cluster import Cluster
 from llmgw.control.http import paging, schemas
@@ -49,6 +50,8 @@ def router(cluster: Cluster, reports: RouterEvents, *, protocol: int = skew.PROT
         if refusal:
             raise Conflict(refusal, code=skew.REFUSAL_CODE, headers=said)
         response.headers.update(said)
+        if cluster.tunnel_port:  # issue 33: where a standalone router reaches tunnelled engines
+            response.headers[tunnel.PORT_HEADER] = str(cluster.tunnel_port)
         return (await cluster.wait_table(after=after, timeout=timeout)).to_doc()
 
     @api.get("/api/v1/router/kv", response_model=schemas.RouterKv)

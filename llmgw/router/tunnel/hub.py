@@ -30,10 +30,11 @@ OnChange = Callable[[str, bool, str], None]
 
 
 def server_context(*, ca_pem: bytes, cert_file: str, key_file: str) -> ssl.SSLContext:
-    """The tunnel port's TLS: the server's certificate; a client must present one the cluster CA issued."""
+    """The tunnel port's TLS: the server's certificate; a client certificate, when one is presented (an agent's),
+    must be one the cluster CA issued. A connection without one is a standalone router's (``relay.Door``)."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cadata=ca_pem.decode())
     context.load_cert_chain(cert_file, key_file)
-    context.verify_mode = ssl.CERT_REQUIRED
+    context.verify_mode = ssl.CERT_OPTIONAL
     return context
 
 
@@ -46,8 +47,11 @@ class _Tunnel(tunnel.Mux):
         self.node = ""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
         der = transport.get_extra_info("ssl_object").getpeercert(binary_form=True)
+        if der is None:  # no client certificate: a standalone router's connection, or nobody's
+            self.hub._no_certificate(transport)  # type: ignore[arg-type]
+            return
+        super().connection_made(transport)
         task = asyncio.get_running_loop().create_task(self.hub._admit(self, ssl.DER_cert_to_PEM_cert(der).encode()))
         self.hub._tasks.add(task)
         task.add_done_callback(self.hub._tasks.discard)
@@ -68,6 +72,8 @@ class TunnelHub:
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.port = 0
+        #: Standalone routers' connections (no client certificate; ``relay.Door.protocol``); None: refused.
+        self.routers: Callable[[], asyncio.Protocol] | None = None
 
     async def start(self, host: str, port: int) -> int:
         self._server = await asyncio.get_running_loop().create_server(lambda: _Tunnel(self), host, port,
@@ -85,6 +91,16 @@ class TunnelHub:
         if self._server is not None:
             await self._server.wait_closed()
             self._server = None
+
+    def _no_certificate(self, transport: asyncio.Transport) -> None:
+        if self.routers is None:
+            transport.write(b"ERR this tunnel port takes node certificates (agents) and router tokens of a secure "
+                            b"control plane only\n")
+            transport.close()
+            return
+        protocol = self.routers()
+        transport.set_protocol(protocol)
+        protocol.connection_made(transport)
 
     def up(self) -> frozenset[str]:
         """The nodes whose tunnel is up now."""
