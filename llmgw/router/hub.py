@@ -40,6 +40,10 @@ at its stop), the hub keeps the latest of each (``metricsmerge.Snapshots``: a re
 one, a worker silent for ``metricsmerge.STALE_S`` is dropped) and answers ``GET metricsmerge.MERGED_PATH`` with
 their sum, which a worker's ``/metrics`` serves (``metricspush``). So a scrape lags the requests by up to one
 push interval.
+
+Tunnelled engines (issue 33): the hub learns the control plane's tunnel port (``Upstream.tunnel_ports``) and runs
+a relay for its workers on 127.0.0.1 (``tunnel.remote.workers_relay``, their secret; ``relay.RELAY_ENV`` in their
+environment) that opens each stream on that port with the hub's router token.
 """
 
 from __future__ import annotations
@@ -68,9 +72,13 @@ from llmgw.api import batches as batchwire
 from llmgw.api import usage as wire
 from llmgw.core import skew
 from llmgw.core.version import version
-from llmgw.router import budgets, controltls, ledger, metricsmerge, reports, signals, watch, workers
+from llmgw.router import controltls, metricsmerge, reports, signals, watch, workers
 from llmgw.router import table as table_mod
+from llmgw.router.hubledger import LocalLedger, table_limits
+from llmgw.router.hubledger import error as _error
 from llmgw.router.settings import RouterSettings
+from llmgw.router.tunnel import relay as tunnelrelay
+from llmgw.router.tunnel import remote as tunnelremote
 
 log = logging.getLogger("llmgw.router.hub")
 
@@ -130,6 +138,10 @@ class Upstream(watch.TableWatcher):
         super()._install(table)  # only a document that is a table: a bad one never reaches the workers
         self._feed.publish(self._doc)
 
+    def engine_ca(self) -> str:
+        """The cluster CA the last table carried: the tunnel port's certificate is verified with it."""
+        return self._holder.current.engine_ca
+
 
 Handler = Callable[[str, bytes], Awaitable[web.Response]]
 
@@ -168,7 +180,6 @@ class Relay:
             # The worker's own failure path follows: the journal sends again, budgets fail closed.
             return _error(502, f"the control plane at {url} did not answer: {str(exc) or type(exc).__name__}")
 
-
     async def kv(self, query: str) -> web.Response:
         """A worker's long poll of the KV block sets (``kv_aware``), sent on as it came (its own version and origin)."""
         assert self._session is not None
@@ -182,42 +193,8 @@ class Relay:
             return _error(502, f"the control plane at {url} did not answer: {str(exc) or type(exc).__name__}")
 
 
-class LocalLedger:
-    """``quota`` and ``usage`` answered from an in-memory ledger (a static table); load reports dropped."""
-
-    def __init__(self, limits: dict[tuple[str, str], int]) -> None:
-        self.ledger = ledger.Ledger(limits, keep_records=False)
-
-    async def __call__(self, path: str, body: bytes) -> web.Response:
-        try:
-            doc = json.loads(body)
-            if path == wire.QUOTA_PATH:
-                return web.json_response((await self.ledger.sync(wire.QuotaSync.from_doc(doc))).to_doc())
-            if path == wire.USAGE_PATH:
-                return web.json_response((await self.ledger.ingest(wire.UsageBatch.from_doc(doc))).to_doc())
-        except ValueError as exc:  # BadReport and bad JSON alike
-            return _error(400, str(exc))
-        return web.json_response({})
-
-
-def table_limits(doc: Mapping[str, Any]) -> dict[tuple[str, str], int]:
-    """The budgets a table's keys and projects set, as a ledger takes them: (scope, kind) -> units."""
-    auth = table_mod.RouteTable.from_doc(doc).auth
-    out: dict[tuple[str, str], int] = {}
-    scopes = [(f"key:{k.id}", budgets.with_minute(k.limits, k.rpm, k.tpm)) for k in auth.by_hash.values()]
-    scopes += [(f"project:{name}", limits) for name, limits in auth.projects.items()]
-    for scope, limits in scopes:
-        for kind in limits.in_force():
-            out[(scope, kind)] = limits.units(kind)
-    return out
-
-
 #: What the hub says of itself to its workers' table requests (``core.skew``): this release.
 _SAID = skew.headers(skew.PROTOCOL, version())
-
-
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": {"message": message}}, status=status)
 
 
 def app(secret: str, feed: Feed, calls: Handler, snapshots: metricsmerge.Snapshots | None = None) -> web.Application:
@@ -367,13 +344,17 @@ async def _serve(settings: RouterSettings, token: str, doc: Mapping[str, Any] | 
     await site.start()
     hub_port = runner.addresses[0][1]
     private = Path(tempfile.mkdtemp(prefix="llmgw-router-hub-"))  # 0700
+    env = workers.worker_env(os.environ, secret=secret, hub_pid=os.getpid(), static=settings.table_file is not None)
+    env.pop(tunnelrelay.RELAY_ENV, None)  # only this hub's relay, never one inherited
+    tunnels = None if upstream is None else tunnelremote.workers_relay(
+        settings.control, token=token, ports=upstream.tunnel_ports, ca_pem=upstream.engine_ca, secret=secret)
     try:
+        if tunnels is not None:
+            env[tunnelrelay.RELAY_ENV] = await tunnels.start()
         n = settings.worker_count
         configs = [workers.write_config(private, i, workers.worker_settings(
             settings, i, hub_url=f"http://127.0.0.1:{hub_port}", port=port)) for i in range(n)]
-        crew = workers.Supervisor(configs, workers.worker_env(os.environ, secret=secret, hub_pid=os.getpid(),
-                                                            static=settings.table_file is not None),
-                                  grace_s=settings.graceful_shutdown)
+        crew = workers.Supervisor(configs, env, grace_s=settings.graceful_shutdown)
         crew.start()
         log.info("router on http://%s:%d with %d workers (hub pid %d), routes from %s", settings.host, port, n,
                  os.getpid(), settings.source)
@@ -382,6 +363,8 @@ async def _serve(settings: RouterSettings, token: str, doc: Mapping[str, Any] | 
         await crew.stop()
     finally:
         shutil.rmtree(private, ignore_errors=True)
+        if tunnels is not None:
+            await tunnels.stop()
         if upstream is not None:
             await upstream.stop()
         await runner.cleanup()

@@ -248,8 +248,8 @@ def run(settings: RouterSettings) -> int:
     except (OSError, ValueError, table_mod.TableError) as exc:
         print(f"llmgw router: cannot load the route table: {exc}", file=sys.stderr)
         return 2
-    # A worker of `llmgw server --router-workers`: tunnelled engines (issue 33) through the server's relay, and
-    # what is not the OpenAI API goes to the server.
+    # A worker of `llmgw server --router-workers` or of `llmgw router --workers N`'s hub: tunnelled engines (issue 33)
+    # through its parent's relay; of the server, what is not the OpenAI API goes to the server.
     relay_at = os.environ.get(tunnelrelay.RELAY_ENV, "").strip() if hub_pid is not None else ""
     if relay_at:
         router.use_tunnels(tunnelrelay.RelayTunnels(relay_at, secret=token))

@@ -5,7 +5,9 @@ a relay beside the hub on 127.0.0.1 (``RelayServer``): a worker connects, sends 
 is answered ``OK`` (then the connection is the tunnel stream's bytes, both ways) or ``ERR why``. The secret is the
 one the server gave its workers (``workers.TOKEN_ENV``); any other is refused. A worker finds the relay in
 ``RELAY_ENV`` and reaches tunnelled engines through it (``RelayTunnels``, the client's ``Tunnels``): one loopback
-hop more than the in-process router, and no other change.
+hop more than the in-process router, and no other change. ``llmgw router --workers N``'s hub runs the same relay
+for its workers, over ``remote.ControlTunnels`` instead of a ``TunnelHub`` (``remote.workers_relay``): its router
+token stays in the hub's process.
 
 A standalone router speaks the same line on the tunnel port itself, over TLS (``Door``: the hub hands it a
 connection that presented no client certificate), with its router token for the secret: ``check`` (the control
@@ -23,8 +25,8 @@ import socket
 import ssl
 from collections.abc import Awaitable, Callable
 
+from llmgw.router.client import Tunnels
 from llmgw.router.response import ConnectFailed
-from llmgw.router.tunnel.hub import TunnelHub
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +60,7 @@ class _Splice(asyncio.Protocol):
 class _Worker(asyncio.Protocol):
     """A worker's connection to the relay: its line read, the stream opened, then bytes both ways."""
 
-    def __init__(self, hub: TunnelHub, check: Check, live: set[_Worker]) -> None:
+    def __init__(self, hub: Tunnels, check: Check, live: set[_Worker]) -> None:
         self.hub, self.check, self.live = hub, check, live
         self.credential = ""
         self.transport: asyncio.Transport | None = None
@@ -144,7 +146,7 @@ def secret_check(secret: str) -> Check:
     async def check(credential: str) -> str:
         if hmac.compare_digest(credential.encode(), secret.encode()):
             return ""
-        return "this is a server's tunnel relay, for its own router workers"
+        return "this is a tunnel relay, for its own router workers only (the secret their parent gave them)"
     return check
 
 
@@ -153,7 +155,7 @@ class Door:
     client certificate); every ``recheck_s`` the credentials of the streams open are checked again, and the streams
     of one refused now are cut (a deleted router token)."""
 
-    def __init__(self, hub: TunnelHub, check: Check, *, recheck_s: float = 0.5) -> None:
+    def __init__(self, hub: Tunnels, check: Check, *, recheck_s: float = 0.5) -> None:
         self._hub, self._check, self._recheck_s = hub, check, recheck_s
         self._live: set[_Worker] = set()
         self._task: asyncio.Task[None] | None = None
@@ -181,7 +183,10 @@ class Door:
 
 
 class RelayServer:
-    def __init__(self, hub: TunnelHub, secret: str) -> None:
+    """The workers' relay on 127.0.0.1: their secret's streams opened through ``hub`` (a ``TunnelHub``, or a
+    standalone router hub's ``remote.ControlTunnels``)."""
+
+    def __init__(self, hub: Tunnels, secret: str) -> None:
         self._hub, self._check = hub, secret_check(secret)
         self._live: set[_Worker] = set()
         self._server: asyncio.Server | None = None
@@ -268,7 +273,8 @@ async def open_line(host: str, port: int, line: str, factory: Callable[[], async
 
 
 class RelayTunnels:
-    """A router worker's way to tunnelled engines: through its server's relay (``client.Tunnels``)."""
+    """A router worker's way to tunnelled engines: through its parent's relay (``llmgw server`` or a router's hub;
+    ``client.Tunnels``)."""
 
     def __init__(self, address: str, *, secret: str) -> None:
         host, _, port = address.rpartition(":")
@@ -276,4 +282,4 @@ class RelayTunnels:
 
     async def connect(self, node: str, port: int, factory: Callable[[], asyncio.Protocol]) -> asyncio.Protocol:
         return await open_line(self._host, self._port, f"{self._secret} {node} {port}", factory,
-                               what="the server's tunnel relay")
+                               what="the router workers' tunnel relay")

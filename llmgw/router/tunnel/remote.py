@@ -12,6 +12,10 @@ node's tunnel (the leader, which has the agents) opens it; the others answer tha
 The port's certificate is verified with the cluster CA the table carries (``engine_ca``) and the URL's host.
 A control plane that cannot be reached is tried after the others for a backoff (0.2 s doubling to 5 s) until it
 answers again. A failed open is ``ConnectFailed`` (nothing sent): the client retries elsewhere, ejects, probes.
+
+With ``--workers N`` the hub alone follows the control plane and holds the token: it runs a relay for its workers on
+127.0.0.1 (``workers_relay``: ``relay.RelayServer``, their secret) whose streams it opens here, so a worker reaches
+tunnelled engines as a server's router worker does (``relay.RelayTunnels``), one loopback hop more.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 
 from llmgw.router.response import ConnectFailed
-from llmgw.router.tunnel.relay import Refused, open_line
+from llmgw.router.tunnel.relay import Refused, RelayServer, open_line
 
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.2, 5.0
 
@@ -94,3 +98,10 @@ class ControlTunnels:
             self._holder[node] = base
             return protocol
         raise ConnectFailed("; ".join(why))
+
+
+def workers_relay(urls: Sequence[str], *, token: str, ports: Mapping[str, int], ca_pem: Callable[[], str],
+                  secret: str) -> RelayServer:
+    """``llmgw router --workers N``'s relay for its workers (``secret``: the one they were given) to the tunnel
+    ports of ``urls`` with the hub's router ``token``, which never leaves the hub's process."""
+    return RelayServer(ControlTunnels(urls, token=token, ports=ports, ca_pem=ca_pem), secret)
