@@ -3,7 +3,7 @@ server, gets a sim replica, and serves through the router over the tunnel it dia
 ``engine_access: direct`` is unreachable and the router says why; the tunnel cut (link down) and restored under load
 fails no request that had no byte sent, and the replica comes back without its engine restarted. A standalone
 ``llmgw router`` serves the same node through the control plane's tunnel port, with its router token (refused once
-the token is deleted).
+the token is deleted), alone and with ``--workers 2`` (its workers through its hub's relay).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import openai
+import psutil
 import pytest
 
 from llmgw.control import datadir
@@ -205,8 +206,9 @@ def test_auto_finds_the_engines_unreachable_and_serves_them_through_the_tunnel(t
         s.close()
 
 
-def test_a_standalone_router_serves_the_node_through_the_control_planes_tunnel_port(tmp_path: Path,
-                                                                                   nat: netns.Nat) -> None:
+@pytest.mark.parametrize("workers", ["1", "2"])  # 2: the hub's workers, through its relay, with the hub's token
+def test_a_standalone_router_serves_the_node_through_the_control_planes_tunnel_port(tmp_path: Path, nat: netns.Nat,
+                                                                                   workers: str) -> None:
     s = _system(tmp_path, nat)
     router: Proc | None = None
     try:
@@ -217,7 +219,8 @@ def test_a_standalone_router_serves_the_node_through_the_control_planes_tunnel_p
         (tmp_path / "router.token").write_text(token + "\n")
         port = free_port()
         router = Proc.start([*LLMGW, "router", "--control", s.url, "--token-file", str(tmp_path / "router.token"),
-                             "--port", str(port), "--log-level", "info"], log_path=tmp_path / "router.log")
+                             "--port", str(port), "--workers", workers, "--log-level", "info"],
+                           log_path=tmp_path / "router.log")
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=60)
         messages = [{"role": "user", "content": "hi"}]
 
@@ -231,7 +234,17 @@ def test_a_standalone_router_serves_the_node_through_the_control_planes_tunnel_p
         for _ in range(3):
             chunks = list(client.chat.completions.create(model="m", messages=messages, max_tokens=8, stream=True))
             assert any(c.choices and c.choices[0].delta.content for c in chunks)
+        # Each over a connection of its own: the kernel spreads them over the workers, each through the tunnel.
+        for _ in range(8):
+            with openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0,
+                               timeout=60) as each:
+                assert each.chat.completions.create(model="m", messages=messages, max_tokens=4).choices
         assert "ejected" not in router.log_tail(200)
+        # The router token stays in the hub: its workers were given only their secret (never on argv either).
+        workers_seen = psutil.Process(router.popen.pid).children()
+        assert len(workers_seen) == (2 if workers == "2" else 0)
+        for worker in workers_seen:
+            assert token not in " ".join(worker.cmdline()) and token not in worker.environ().values()
         # Its token deleted: the tunnel port refuses it (the table it holds names the replica still).
         assert s.request("DELETE", "/api/v1/routers/edge").status_code == 200
 
