@@ -2,7 +2,9 @@
 at concurrency 16, through ``router.client.Pool`` straight to an engine vs through a ``TunnelHub`` and an agent's
 ``TunnelDialer`` (mutual TLS, ``api.tunnel``) to the same engine, and as a standalone router does (``standalone``:
 a TLS connection to the hub's port that says a router token, ``tunnel.remote.ControlTunnels`` and ``relay.Door``,
-spliced onto the same tunnel). The engine is an aiohttp SSE stream of 16 chunks (a near-zero-cost upstream, so the
+spliced onto the same tunnel), and as a standalone router's worker does (``workers``: ``relay.RelayTunnels`` to its
+hub's loopback relay, ``tunnel.remote.workers_relay``, which opens the stream as ``standalone``; worker and hub run
+in this one process here). The engine is an aiohttp SSE stream of 16 chunks (a near-zero-cost upstream, so the
 figures are the path's). The paths are alternated request by request.
 
     .venv/bin/python bench/tunnel.py [--requests 400]
@@ -25,8 +27,8 @@ from llmgw.api import tunnel
 from llmgw.core import pki
 from llmgw.router import client
 from llmgw.router.tunnel.hub import TunnelHub, server_context
-from llmgw.router.tunnel.relay import Door
-from llmgw.router.tunnel.remote import ControlTunnels
+from llmgw.router.tunnel.relay import Door, RelayTunnels
+from llmgw.router.tunnel.remote import ControlTunnels, workers_relay
 
 CHUNKS = 16
 
@@ -103,8 +105,11 @@ async def main(requests: int) -> None:
         pool.tunnels = hub
         cp = "https://127.0.0.1:1"
         remote.tunnels = ControlTunnels([cp], token="bench-token", ports={cp: hub.port}, ca_pem=lambda: ca_pem)
+        relay = workers_relay([cp], token="bench-token", ports={cp: hub.port}, ca_pem=lambda: ca_pem, secret="w")
+        worker = client.Pool()
+        worker.tunnels = RelayTunnels(await relay.start(), secret="w")
         paths = {"direct": (pool, f"http://127.0.0.1:{port}"), "tunnel": (pool, tunnel.url("n1", port)),
-                 "standalone": (remote, tunnel.url("n1", port))}
+                 "standalone": (remote, tunnel.url("n1", port)), "workers": (worker, tunnel.url("n1", port))}
         ttft: dict[str, list[float]] = {name: [] for name in paths}
         for on, url in paths.values():  # warm each
             for _ in range(20):
@@ -120,12 +125,14 @@ async def main(requests: int) -> None:
             q = statistics.quantiles(values, n=100)
             print(f"{name:10s} TTFT p50 {q[49] * 1e3:.3f} ms  p99 {q[98] * 1e3:.3f} ms  streams/s {rate[name]:.0f}")
         d = statistics.quantiles(ttft["direct"], n=100)
-        for name in ("tunnel", "standalone"):
+        for name in ("tunnel", "standalone", "workers"):
             t = statistics.quantiles(ttft[name], n=100)
             print(f"{name:10s} added TTFT p50 {(t[49] - d[49]) * 1e3:+.3f} ms  p99 {(t[98] - d[98]) * 1e3:+.3f} ms  "
                   f"streams/s {rate[name] / rate['direct'] * 100:.0f}% of direct")
         pool.close()
         remote.close()
+        worker.close()
+        await relay.stop()
         door.stop()
         await dialer.close()
         await hub.stop()
