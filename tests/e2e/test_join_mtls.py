@@ -23,7 +23,7 @@ from llmgw.api.v1 import agent_pb2 as pb
 from llmgw.api.v1 import agent_pb2_grpc
 from llmgw.control import datadir, tokens
 from llmgw.control.store import store as store_mod
-from llmgw.core import pki
+from llmgw.core import pki, skew
 from llmgw.testing.procs import Proc, free_port, wait_for
 
 LLMGW = [sys.executable, "-m", "llmgw"]
@@ -117,7 +117,7 @@ def _run(argv: list[str], *, timeout: float = 60) -> subprocess.CompletedProcess
 
 
 def _register(node_id: str) -> pb.AgentMessage:
-    return pb.AgentMessage(seq=1, register=pb.Register(node_id=node_id, hostname=node_id))
+    return pb.AgentMessage(seq=1, register=pb.Register(node_id=node_id, hostname=node_id, protocol=skew.PROTOCOL))
 
 
 def _connect(port: int, creds: grpc.ChannelCredentials, node_id: str) -> pb.ControlMessage:

@@ -26,6 +26,7 @@ import yaml
 from llmgw.agent import join as agent_join
 from llmgw.agent import nodepki
 from llmgw.api.v1 import agent_pb2 as pb
+from llmgw.core import skew
 from llmgw.testing import system as system_mod
 from llmgw.testing.procs import wait_for
 from llmgw.testing.system import LLMGW, System, sim_model
@@ -72,7 +73,8 @@ class _RawStream:
         self._out.put(data)
 
     def register(self, node_id: str) -> pb.ControlMessage:
-        self.send(pb.AgentMessage(seq=1, register=pb.Register(node_id=node_id)).SerializeToString())
+        register = pb.Register(node_id=node_id, protocol=skew.PROTOCOL)
+        self.send(pb.AgentMessage(seq=1, register=register).SerializeToString())
         return pb.ControlMessage.FromString(next(self.replies))
 
     def end(self) -> tuple[list[pb.ControlMessage], grpc.StatusCode]:
@@ -177,7 +179,8 @@ def test_a_message_over_the_receive_limit_ends_only_that_stream(cluster: System,
     raw = raws(node_id)
     if not first:
         assert raw.register(node_id).ack.ok
-    big = pb.AgentMessage(seq=2, register=pb.Register(node_id=node_id, hostname="x" * (5 << 20)))
+    big = pb.AgentMessage(seq=2, register=pb.Register(node_id=node_id, hostname="x" * (5 << 20),
+                                                      protocol=skew.PROTOCOL))
     raw.send(big.SerializeToString())
     got, code = raw.end()
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, (got, code)

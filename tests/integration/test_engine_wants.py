@@ -22,6 +22,7 @@ import pytest
 from llmgw.agent import join as agent_join
 from llmgw.api import convert
 from llmgw.api.v1 import agent_pb2 as pb
+from llmgw.core import skew
 from llmgw.core.provision import EngineInstall, InstallState
 from llmgw.testing.procs import wait_for
 from llmgw.testing.system import LLMGW, System, sim_model
@@ -58,7 +59,7 @@ class FakeNode:
                                              response_deserializer=pb.ControlMessage.FromString)
         self._replies = connect(iter(self._out.get, None))
         self._out.put(pb.AgentMessage(seq=1, register=pb.Register(
-            node_id=node_id, hostname=node_id, labels={"pool": pool}, mgmt_addr="127.0.0.1",
+            node_id=node_id, hostname=node_id, labels={"pool": pool}, mgmt_addr="127.0.0.1", protocol=skew.PROTOCOL,
             inventory=pb.Inventory(cpu_count=8, memory_total_bytes=16 * GIB, memory_available_bytes=16 * GIB),
             engines=[pb.EngineInfo(name=n, version=v) for n, v in engines],
             installs=convert.installs_to_pb(installs))))

@@ -13,6 +13,7 @@ import grpc
 
 from llmgw.api.v1 import agent_pb2 as pb
 from llmgw.api.v1 import agent_pb2_grpc
+from llmgw.core import skew
 from llmgw.testing.procs import wait_for
 from llmgw.testing.system import LLMGW, System
 
@@ -27,8 +28,9 @@ def _creds(state: Path) -> grpc.ChannelCredentials:
 def _connect(port: int, state: Path, node_id: str) -> pb.ControlMessage:
     """One Connect with the certificate in ``state`` and a bare Register; the server's first answer."""
     with grpc.secure_channel(f"127.0.0.1:{port}", _creds(state)) as channel:
+        register = pb.Register(node_id=node_id, hostname=node_id, protocol=skew.PROTOCOL)
         call = agent_pb2_grpc.AgentServiceStub(channel).Connect(
-            iter([pb.AgentMessage(seq=1, register=pb.Register(node_id=node_id, hostname=node_id))]), timeout=10)
+            iter([pb.AgentMessage(seq=1, register=register)]), timeout=10)
         first: pb.ControlMessage = next(iter(call))
         call.cancel()
         return first
