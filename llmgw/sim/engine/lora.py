@@ -40,8 +40,6 @@ import os
 
 from aiohttp import web
 
-from llmgw.core.adapteraffinity import touch
-
 from .protocol import Json, error, json_body
 
 #: vLLM's variable that attaches its runtime LoRA routes.
@@ -85,6 +83,10 @@ class Loras:
             if self.load_delay > 0:
                 await asyncio.sleep(self.load_delay)
         # touch is vLLM's rule; the worker loads before evicting, so a load that raced another settles here.
+        # Imported here, as kvcache is: the sim's wheel ships alone (llmgw.testing.wheelhouse), without llmgw,
+        # and an adapter's request is what needs it.
+        from llmgw.core.adapteraffinity import touch
+
         self.held, evicted = touch(self.held, lora_id, self.capacity)
         self.evictions += len(evicted)
 
