@@ -57,7 +57,7 @@ async def run_policy(name: str, a: argparse.Namespace, tmp: Path) -> dict[str, f
             sims.append(procs.Proc.start([sys.executable, "-m", "llmgw.sim.engine", "--model", "m", "--port", str(port),
                                           "--kv-events-config", config, "--kv-cache-blocks", str(a.capacity),
                                           "--prefill-tps", str(a.prefill_tps), "--decode-tps", "2000",
-                                          "--parallel", "64"], log_path=tmp / f"{name}-sim{i}.log"))
+                                          "--parallel", str(a.parallel)], log_path=tmp / f"{name}-sim{i}.log"))
             urls.append(f"http://127.0.0.1:{port}")
         for s, u in zip(sims, urls, strict=True):
             await asyncio.to_thread(s.wait_http, f"{u}/health", timeout=30)
@@ -73,31 +73,37 @@ async def run_policy(name: str, a: argparse.Namespace, tmp: Path) -> dict[str, f
                     await client.post(u + "/v1/completions", json={"model": "m", "prompt": [1] * 16, "max_tokens": 1})
             sem = asyncio.Semaphore(a.concurrency)
 
+            shared = [[rng.randrange(1, 30000) for _ in range(16 * a.system_blocks)] for _ in range(a.groups)]
+
             async def chat(c: int) -> None:
-                tokens = [rng.randrange(1, 30000) for _ in range(16 * a.system_blocks)]
-                async with sem:
+                # --groups: conversations share their group's system prompt (as kv_vllm_bench.py's do)
+                tokens = (list(shared[c % a.groups]) if a.groups
+                          else [rng.randrange(1, 30000) for _ in range(16 * a.system_blocks)])
+                async with (contextlib.nullcontext() if a.per_turn else sem):
                     for turn in range(a.turns):
-                        tokens = tokens + [rng.randrange(1, 30000) for _ in range(16 * a.grow)]
-                        start = time.perf_counter()  # the pick's own cost counts
-                        for i, f in enumerate(followers):
-                            view.update(f"r{i}", ReplicaCache(frozenset(f.blocks.blocks), 16))
-                        key = RequestKey(blocks=text_blocks(tokens), tokens=tuple(tokens))
-                        ep, lacking = policy.pick("m", eps, load=dict(load), key=key)
-                        assert ep is not None
-                        ticket = policy.routed("m", "vllm", ep.replica_id, lacking, key, stream=True)
-                        load[ep.replica_id] += 1
-                        try:
-                            async with client.stream("POST", ep.url + "/v1/completions", json={
-                                    "model": "m", "prompt": tokens, "max_tokens": 4, "stream": True}) as r:
-                                async for _ in r.aiter_lines():
-                                    if turn > 0:
-                                        ttfts.append(time.perf_counter() - start)
-                                    break
-                        finally:
-                            load[ep.replica_id] -= 1
-                            if ticket is not None:
-                                policy.done(ticket)
-                        tokens = tokens + [rng.randrange(1, 30000) for _ in range(16)]  # the answer
+                        # --per-turn: the slot is held a turn, so a chat's next turn queues behind the others'
+                        async with (sem if a.per_turn else contextlib.nullcontext()):
+                            tokens = tokens + [rng.randrange(1, 30000) for _ in range(16 * a.grow)]
+                            start = time.perf_counter()  # the pick's own cost counts
+                            for i, f in enumerate(followers):
+                                view.update(f"r{i}", ReplicaCache(frozenset(f.blocks.blocks), 16))
+                            key = RequestKey(blocks=text_blocks(tokens), tokens=tuple(tokens))
+                            ep, lacking = policy.pick("m", eps, load=dict(load), key=key)
+                            assert ep is not None
+                            ticket = policy.routed("m", "vllm", ep.replica_id, lacking, key, stream=True)
+                            load[ep.replica_id] += 1
+                            try:
+                                async with client.stream("POST", ep.url + "/v1/completions", json={
+                                        "model": "m", "prompt": tokens, "max_tokens": 4, "stream": True}) as r:
+                                    async for _ in r.aiter_lines():
+                                        if turn > 0:
+                                            ttfts.append(time.perf_counter() - start)
+                                        break
+                            finally:
+                                load[ep.replica_id] -= 1
+                                if ticket is not None:
+                                    policy.done(ticket)
+                            tokens = tokens + [rng.randrange(1, 30000) for _ in range(16 * a.answer)]  # the answer
 
             await asyncio.gather(*(chat(c) for c in range(a.conversations)))
             hits = queries = 0
@@ -126,12 +132,19 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=5)
     ap.add_argument("--system-blocks", type=int, default=8)
     ap.add_argument("--grow", type=int, default=2)
+    ap.add_argument("--answer", type=int, default=1, help="blocks standing in for each answer")
+    ap.add_argument("--groups", type=int, default=0, help="shared system prompts (0: one per conversation)")
     ap.add_argument("--capacity", type=int, default=256)
     ap.add_argument("--prefill-tps", type=float, default=2000)
+    ap.add_argument("--parallel", type=int, default=64,
+                    help="requests an engine serves at once (1: one prefill at a time, as one CPU core does)")
+    ap.add_argument("--per-turn", action="store_true",
+                    help="every chat open at once, --concurrency turns at a time: chats idle between turns")
+    ap.add_argument("--only", nargs="*")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         print("| policy | later-turn TTFT p50 | p90 | engines' hit rate | turns |\n|---|---|---|---|---|")
-        for name in ("round_robin", "prefix_cache", "kv_aware"):
+        for name in a.only or ("round_robin", "prefix_cache", "kv_aware"):
             r = asyncio.run(run_policy(name, a, Path(d)))
             print(f"| {name} | {r['p50_ms']:.1f} ms | {r['p90_ms']:.1f} ms | {r['hit_rate']:.0%} | {r['n']:.0f} |")
 

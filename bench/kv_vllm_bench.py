@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -140,12 +141,15 @@ async def reset(urls: list[str]) -> None:
 
 
 async def counters(urls: list[str]) -> dict[str, float]:
+    """The prefix cache counters summed over ``urls``, and each replica's own (``NAME@i``)."""
     out: dict[str, float] = {}
     async with aiohttp.ClientSession() as s:
-        for url in urls:
+        for i, url in enumerate(urls):
             async with s.get(url + "/metrics") as resp:
                 for m in _COUNTER.finditer(await resp.read()):
-                    out[m.group(1).decode()] = out.get(m.group(1).decode(), 0.0) + float(m.group(2))
+                    name = m.group(1).decode()
+                    out[name] = out.get(name, 0.0) + float(m.group(2))
+                    out[f"{name}@{i}"] = out.get(f"{name}@{i}", 0.0) + float(m.group(2))
     return out
 
 
@@ -193,20 +197,23 @@ async def workload(url: str, a: argparse.Namespace, convs: list[list[list[int]]]
     timeout = aiohttp.ClientTimeout(total=600)
 
     async def one(c: int, session: aiohttp.ClientSession) -> None:
-        async with sem:
+        # --per-turn: every chat open at once, a slot held one turn, so chats idle between turns
+        # (behind the others' turns) and a live chat's blocks can be evicted before its next turn.
+        async with (contextlib.nullcontext() if a.per_turn else sem):
             for t, prompt in enumerate(convs[c]):
-                body = {"model": pw.MODEL, "prompt": prompt, "max_tokens": 4, "stream": True, "temperature": 0}
-                start = time.perf_counter()
-                ttft, ok = 0.0, False
-                try:
-                    async with session.post(url + "/v1/completions", json=body) as resp:
-                        ok = resp.status == 200
-                        async for raw in resp.content:
-                            if raw.startswith(b"data: {") and not ttft:
-                                ttft = time.perf_counter() - start
-                except aiohttp.ClientError:
-                    ok = False
-                out.append(Turn(c, t, ttft or time.perf_counter() - start, ok))
+                async with (sem if a.per_turn else contextlib.nullcontext()):
+                    body = {"model": pw.MODEL, "prompt": prompt, "max_tokens": 4, "stream": True, "temperature": 0}
+                    start = time.perf_counter()
+                    ttft, ok = 0.0, False
+                    try:
+                        async with session.post(url + "/v1/completions", json=body) as resp:
+                            ok = resp.status == 200
+                            async for raw in resp.content:
+                                if raw.startswith(b"data: {") and not ttft:
+                                    ttft = time.perf_counter() - start
+                    except aiohttp.ClientError:
+                        ok = False
+                    out.append(Turn(c, t, ttft or time.perf_counter() - start, ok))
 
     async with aiohttp.ClientSession(timeout=timeout) as session:
         await asyncio.gather(*(one(c, session) for c in range(len(convs))))
@@ -270,6 +277,10 @@ async def run_cache(blocks: int, a: argparse.Namespace, model: Path, work: Path)
                    "later_p50_ms": round(pct(later, 0.5)) if later else None,
                    "later_p90_ms": round(pct(later, 0.9)) if later else None,
                    "hit_rate": round(hits / asked, 3) if asked else None,
+                   # how the prompt tokens were split between the replicas: a pile-up shows here
+                   "tokens_per_replica": [round(after.get(f"vllm:prefix_cache_queries_total@{i}", 0)
+                                                - before.get(f"vllm:prefix_cache_queries_total@{i}", 0))
+                                          for i in range(len(urls))],
                    "failed": sum(not t.ok for t in turns), "requests": len(turns), "run_s": round(took)}
             print(json.dumps(row), flush=True)
             rows.append(row)
@@ -293,6 +304,8 @@ async def main() -> None:
     ap.add_argument("--grow", type=int, default=256, help="new tokens a turn")
     ap.add_argument("--answer", type=int, default=128, help="tokens standing in for each answer")
     ap.add_argument("--concurrency", type=int, default=6)
+    ap.add_argument("--per-turn", action="store_true",
+                    help="every chat open at once, --concurrency turns at a time (chats idle between turns)")
     ap.add_argument("--only", nargs="*")
     a = ap.parse_args()
     model = smollm2_hf.ensure()
@@ -300,11 +313,13 @@ async def main() -> None:
     with tempfile.TemporaryDirectory(prefix="llmgw-kv-vllm-") as tmp:
         for blocks in [b for b in (a.blocks, a.roomy) if b]:
             rows += await run_cache(blocks, a, model, Path(tmp))
-    print("\n| KV cache | contender | later-turn TTFT p50 | p90 | prefix cache hit rate | requests (failed) | run |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| KV cache | contender | later-turn TTFT p50 | p90 | prefix cache hit rate | prompt tokens r0/r1 "
+          "| requests (failed) | run |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
+        split = "/".join(str(t) for t in r["tokens_per_replica"])  # type: ignore[attr-defined]
         print(f"| {r['blocks']} blocks | {r['contender']} | {r['later_p50_ms']} ms | {r['later_p90_ms']} ms | "
-              f"{r['hit_rate']} | {r['requests']} ({r['failed']}) | {r['run_s']} s |")
+              f"{r['hit_rate']} | {split} | {r['requests']} ({r['failed']}) | {r['run_s']} s |")
 
 
 if __name__ == "__main__":

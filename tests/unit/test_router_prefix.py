@@ -54,6 +54,23 @@ def test_blocks_are_chained_and_only_whole() -> None:
     assert prefix.block_hashes("short") == ()
 
 
+def test_a_prompt_of_token_ids_is_keyed_by_blocks_of_ids() -> None:
+    """A completion given as token ids has no text; its blocks are BLOCK_TOKENS ids each, chained."""
+    turn1 = list(range(1000, 1000 + 200))
+    turn2 = turn1 + list(range(5000, 5100))
+    k1, k2 = key({"model": "m", "prompt": turn1}), key({"model": "m", "prompt": turn2})
+    assert len(k1.blocks) == 200 // prefix.BLOCK_TOKENS and len(k2.blocks) == 300 // prefix.BLOCK_TOKENS
+    assert k2.blocks[:len(k1.blocks)] == k1.blocks and k1.tokens == ()  # ids only for the policy reading them
+    assert key({"model": "m", "prompt": [7] + turn1[1:]}).blocks[0] != k1.blocks[0]
+    assert prefix.request_key({"model": "m", "prompt": turn1}, tokens=True).tokens == tuple(turn1)
+    assert key({"model": "m", "prompt": turn1[:10]}).blocks == ()  # no whole block
+    # So prefix_cache keeps a chat of token-id turns on its replica (it had no key and went by load alone).
+    policy = prefix.PrefixCache()
+    first = policy.pick("m", EPS, key=k1)
+    assert first is not None
+    assert policy.pick("m", EPS, key=k2, load={first.replica_id: 1}) == first
+
+
 def test_session_key_comes_from_header_or_user() -> None:
     """The header wins over the body's user field; neither gives an empty session."""
     assert prefix.request_key({"user": "u1"}).session == "u1"

@@ -7,8 +7,9 @@ blocks as vLLM on GPU; ``--block-size`` to change), evicts the least recently us
 ``--kv-cache-blocks``, and publishes what changed as vLLM does (``kvpublish``): one
 ``BlockStored`` for the new blocks of a request (``parent_block_hash`` the block before them),
 one ``BlockRemoved`` for those evicted. A hit (leading blocks held) skips their prefill, as
-prefix caching does. What it does not mimic: vLLM's reference counts (a block in use is never
-evicted there) and its free-block queue order beyond plain LRU.
+prefix caching does. Each request's blocks turn most recent tail first, so its tail is evicted before
+its head, as vLLM's free order does. What it does not mimic: vLLM's reference counts (a block in use is
+never evicted there), and that vLLM orders blocks when a request ends, not when it is admitted.
 """
 
 from __future__ import annotations
@@ -42,11 +43,13 @@ class SimKvCache:
             hit += 1
         self.queries += len(hashes)
         self.hits += hit
-        for h in hashes[:hit]:
-            self.held.move_to_end(h)
         new = hashes[hit:]
-        for h in new:
+        # Most recent last, the prompt's tail before its head: vLLM frees a request's blocks in reverse "so
+        # that the tail blocks are evicted first" (vllm/v1/core/single_type_kv_cache_manager.py, 0.32), so
+        # what eviction leaves of a chat is a prefix, still worth routing to; plain LRU cut its head first.
+        for h in reversed(hashes):
             self.held[h] = None
+            self.held.move_to_end(h)
         evicted: list[int] = []
         while len(self.held) > self.capacity:
             evicted.append(self.held.popitem(last=False)[0])
