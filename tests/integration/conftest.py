@@ -30,9 +30,10 @@ def admin(system: System) -> Iterator[Browser]:  # noqa: F811 (the fixture impor
         b.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def pg() -> Iterator[Postgres]:
-    """One PostgreSQL server for the whole run (each test makes a database of its own on it), stopped by pid at
-    the end whatever happened: a start is ~2.5 s, once per module before."""
+    """One PostgreSQL server for a module's tests (each makes a database of its own on it), stopped by pid at the
+    end whatever happened. Not one for the whole run: the supervisor tests' harnesses end every child process of
+    the test process (``llmgw.testing.supervised``), a server kept between modules included."""
     with Postgres() as server:
         yield server

@@ -141,9 +141,17 @@ def test_an_engine_left_without_a_state_file_is_found_under_its_uid_and_killed(
     second = harness()
     assert second.run(second.sup.recover()) == []
     deadline = time.monotonic() + 10
-    while psutil.pid_exists(a.pid) and psutil.Process(a.pid).status() != psutil.STATUS_ZOMBIE:
+    while _alive(a.pid):
         assert time.monotonic() < deadline, "the unidentifiable engine was not killed"
         time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not; one gone between two looks does not either)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def test_a_model_its_user_cannot_reach_is_refused_before_launch(harness: Callable[..., SupervisorHarness],

@@ -90,7 +90,8 @@ def test_remote_code_is_refused_until_an_admin_allows_it_and_the_change_is_audit
     refused = _as(server, operator, "PUT", "/api/v1/settings", json={"allow_remote_code": True})
     assert refused.status_code == 403, refused.text
     assert _as(server, viewer, "GET", "/api/v1/settings").json() == {"allowed_env": [], "allow_remote_code": False,
-                                                                     "sso_required": False, "sso_break_glass": "admin"}
+                                                                     "sso_required": False, "sso_break_glass": "admin",
+                                                                     "priority_classes": ["interactive", "batch"]}
 
     done = _settings(server, allow_remote_code=True)
     try:
