@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import httpx
@@ -28,7 +29,8 @@ from llmgw.testing.releases import copy_working_tree
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 REPO = Path(__file__).resolve().parents[2]
-VERSION = "0.2.0"
+#: The version the wheel must say: pyproject.toml's, the one place it is set.
+VERSION = str(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"])
 
 
 def _env(tmp_path: Path, venv: Path) -> dict[str, str]:
