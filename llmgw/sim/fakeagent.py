@@ -22,6 +22,7 @@ import grpc
 from llmgw.agent import session
 from llmgw.api import convert
 from llmgw.api.v1 import agent_pb2 as pb
+from llmgw.core import skew
 from llmgw.core.inventory import Inventory
 from llmgw.core.shards import ShardSpec, ShardState, ShardStatus
 from llmgw.sim import identity as identity_mod
@@ -229,7 +230,7 @@ class FakeAgent:
     async def _register(self, call: Any) -> Any:
         await call.write(self._msg(register=pb.Register(
             node_id=self.node_id, hostname=self.node_id, agent_version="fleet-sim", mgmt_addr="127.0.0.1",
-            shards=[convert.status_to_pb(s) for s in self.shards.values()],
+            protocol=skew.PROTOCOL, shards=[convert.status_to_pb(s) for s in self.shards.values()],
             **convert.register_fields(self.inventory))))  # type: ignore[arg-type]
         return await call.read()
 

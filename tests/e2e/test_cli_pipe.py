@@ -105,8 +105,9 @@ def test_no_headers_sort_by_name_and_wide(cluster: System) -> None:
                                                                                         "model/alpha"]
     wide = llmgw(cluster, "get", "nodes", "-o", "wide").stdout
     (node,) = parse(wide, ["NODE", "STATUS", "ADDRESS", "POOL", "CPUS", "MEMORY FREE/TOTAL", "GPUS", "GPU UTIL",
-                           "ENGINES", "ENGINE VERSIONS", "INSTALLS", "SHARDS", "VERSION", "LABELS"])
-    assert node["NODE"] == "node1" and node["STATUS"] == "Ready"
+                           "ENGINES", "ENGINE VERSIONS", "INSTALLS", "SHARDS", "VERSION", "ENGINE ACCESS",
+                           "LABELS"])
+    assert node["NODE"] == "node1" and node["STATUS"] == "Ready" and node["ENGINE ACCESS"] == "direct"
     assert node["LABELS"] == f"note={LONG_LABEL},pool=gpu,rack=r1"  # a 100-character value, on its one line
     models_wide = parse(llmgw(cluster, "get", "models", "-o", "wide").stdout,
                         ["MODEL", "ENGINE", "SERVED AS", "READY", "STATE", "SOURCE", "GENERATION", "LABELS",
