@@ -18,7 +18,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from llmgw.control import datadir
-from llmgw.core import pki
+from llmgw.core import pki, skew
 from llmgw.testing.system import System, running, sim_model
 
 pytestmark = pytest.mark.slow
@@ -32,7 +32,7 @@ def system(tmp_path: Path) -> Iterator[System]:
 
 def _table_endpoint(s: System, model: str) -> dict[str, object]:
     router = s.request("POST", "/api/v1/routers", json={"name": "edge-tls"}).json()["token"]
-    r = s.request("GET", "/api/v1/endpoints?timeout=0", headers={"Authorization": f"Bearer {router}"})
+    r = s.request("GET", "/api/v1/endpoints?timeout=0", headers={"Authorization": f"Bearer {router}", **skew.headers()})
     assert r.status_code == 200, r.text
     models = {m["name"]: m for m in r.json()["models"]}
     (endpoint,) = models[model]["endpoints"]
