@@ -83,7 +83,7 @@ async def bench(args: argparse.Namespace) -> None:
     try:
         sim.wait_http(f"http://127.0.0.1:{port}/health", timeout=30)
         async with batch_cluster(tmp, engine_url=f"http://127.0.0.1:{port}", concurrency=args.batch_concurrency,
-                                 step_s=0.5) as c:
+                                 step_s=0.5, limit=args.limit) as c:
             oai = openai.AsyncOpenAI(base_url=c.url + "/v1", api_key=SECRET, max_retries=0)
             f = await oai.files.create(file=("in.jsonl", jsonl([line(f"b{i}") for i in range(args.lines)])),
                                        purpose="batch")
@@ -110,7 +110,8 @@ async def bench(args: argparse.Namespace) -> None:
     finally:
         sim.stop()
     print(f"sim: --parallel {args.parallel} --decode-tps {args.decode_tps}; interactive {args.rate}/s streamed "
-          f"max_tokens 16; batch concurrency {args.batch_concurrency}; {args.rounds} rounds of {args.seconds:g} s each")
+          f"max_tokens 16; batch concurrency {args.batch_concurrency}; model limit {args.limit or 'none'}; "
+          f"{args.rounds} rounds of {args.seconds:g} s each")
     print("| condition | requests | TTFT p50 ms | p90 ms | p99 ms |")
     print("|---|---|---|---|---|")
     for name, xs in (("interactive alone", alone), ("interactive + batch", beside)):
@@ -131,6 +132,7 @@ def main() -> None:
     p.add_argument("--decode-tps", type=float, default=200.0)
     p.add_argument("--batch-concurrency", type=int, default=4)
     p.add_argument("--lines", type=int, default=20000)
+    p.add_argument("--limit", type=int, default=0, help="the model's concurrency_per_replica (0: none)")
     p.add_argument("--client", default="", help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()

@@ -3,8 +3,9 @@
 The router claims a bounded chunk of lines from the control plane (``api.batches``: held for a lease), runs each
 through its own path in the batch class (the admission queue's lowest), and posts the answers back; the control
 plane writes each line's answer once and its leader writes the output files. A line starts only while, for its
-model, the admission queue is empty (no interactive request waits), the engines' reported waiting is below
-``waiting_below`` and fewer than ``concurrency`` lines of this router run; otherwise it waits, backing off, and
+model, the admission queue is empty (no interactive request waits), a quarter of its admission limit (where it
+has one) is left free, the engines' reported waiting is below ``waiting_below`` and fewer than ``concurrency``
+lines of this router run; otherwise it waits, backing off, and
 lines not started are given back when their batch stops (cancelled, expired), when the router stops, or when a
 line waited half its lease (so that no line runs past its lease, when another router may claim it). This throttle
 is the runner's own: the admission queue's priority classes (``core.queueclasses``) order what does queue, the
@@ -64,6 +65,7 @@ class BatchRunner:
         self._waiting: dict[str, list[wire.Line]] = {}  # by model: claimed, not started
         self._fresh_until: dict[tuple[str, int], float] = {}  # a waiting line's start-by time: half its lease
         self._running: dict[str, int] = {}
+        self._unslotted: dict[str, int] = {}  # lines started, not yet holding an admission slot
         self._done: list[wire.Result] = []
         self._released: list[tuple[str, int]] = []
         self._stopped: set[str] = set()
@@ -100,6 +102,13 @@ class BatchRunner:
             return False
         if self._admission.queued(route.name):
             return False
+        limit = self._admission.limit(route.name)
+        if limit is not None:
+            # A quarter of the model's slots (at least one) kept for interactive requests: a line taking the last
+            # one makes the next interactive request wait for a line's whole answer. An idle model runs one line.
+            busy = self._admission.in_flight(route.name) + self._unslotted.get(route.name, 0)
+            if busy and busy >= limit - max(1, -(-limit // 4)):
+                return False
         engines = self._loads.engine
         waiting = max((e.waiting for ep in route.endpoints if (e := engines.get(ep.replica_id)) is not None),
                       default=0.0)
@@ -153,13 +162,15 @@ class BatchRunner:
 
     def _start(self, route: ModelRoute, line: wire.Line) -> None:
         self._running[route.name] = self._running.get(route.name, 0) + 1
+        self._unslotted[route.name] = self._unslotted.get(route.name, 0) + 1
         task = asyncio.create_task(self._line(route, line))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _line(self, route: ModelRoute, line: wire.Line) -> None:
+        slotted = [False]
         try:
-            status, body = await self._answer(route, line)
+            status, body = await self._answer(route, line, slotted)
             self._done.append(wire.Result(line.batch, line.idx, status, body))
             self.ran += 1
         except errors.ApiError as exc:
@@ -173,10 +184,13 @@ class BatchRunner:
                 {"code": "router_error", "message": f"the router could not run the line: {type(exc).__name__}"})))
         finally:
             self._running[route.name] -= 1
+            if not slotted[0]:
+                self._unslotted[route.name] -= 1
             self._wake.set()
 
-    async def _answer(self, route: ModelRoute, line: wire.Line) -> tuple[int, str]:
-        """The line sent through this router's path at batch priority: (status, the answer's text)."""
+    async def _answer(self, route: ModelRoute, line: wire.Line, slotted: list[bool]) -> tuple[int, str]:
+        """The line sent through this router's path at batch priority: (status, the answer's text); ``slotted[0]``
+        set once it holds its admission slot."""
         body = line.body.encode()
         req = request.parse(body)
         key = self._key(line)
@@ -203,6 +217,8 @@ class BatchRunner:
         try:
             async with self._admission.slot(route.name, priority=key.priority,
                                             queue_as=queue_as if not isinstance(queue_as, str) else key.queue_as):
+                slotted[0] = True
+                self._unslotted[route.name] -= 1
                 await self._proxy.serve(route, req, line.url, time.perf_counter(), receive, send, pick.NO_KEY,
                                         metered=metered)
         finally:

@@ -76,11 +76,11 @@ class Engine:
         return app
 
 
-def _table(engine_url: str) -> table.RouteTable:
+def _table(engine_url: str, limit: int = 0) -> table.RouteTable:
     return table.RouteTable.from_doc({
         "version": 1,
-        "models": [{"name": "m", "state": "Ready", "endpoints": [{"replica_id": "m-1", "url": engine_url,
-                                                                   "node": "node-a"}]}],
+        "models": [{"name": "m", "state": "Ready", "limits": {"concurrency_per_replica": limit},
+                    "endpoints": [{"replica_id": "m-1", "url": engine_url, "node": "node-a"}]}],
         "auth": {"required": True, "keys": [
             {"id": "k1", "sha256": hashlib.sha256(SECRET.encode()).hexdigest(), "project": "team-a", "user": "ann"},
             {"id": "k2", "sha256": hashlib.sha256(OTHER.encode()).hexdigest(), "project": "team-b"}]}})
@@ -106,8 +106,9 @@ def _keys(store: Store) -> None:
 @contextlib.asynccontextmanager
 async def batch_cluster(tmp: Path, *, url: str = "", concurrency: int = 4, step_s: float = 0.1,
                         engine: Engine | None = None, usage: Any = None, engine_url: str = "",
-                        waiting_below: float = 1.0) -> AsyncIterator[BatchCluster]:
-    """``engine_url``: an engine of the caller's (a sim process) instead of the counting one in process."""
+                        waiting_below: float = 1.0, limit: int = 0) -> AsyncIterator[BatchCluster]:
+    """``engine_url``: an engine of the caller's (a sim process) instead of the counting one in process;
+    ``limit``: the model's ``concurrency_per_replica`` (0: none)."""
     engine = engine or Engine(decode_tps=5000, prefill_tps=10**6)
     runner = web.AppRunner(engine.app())
     await runner.setup()
@@ -120,7 +121,7 @@ async def batch_cluster(tmp: Path, *, url: str = "", concurrency: int = 4, step_
     service = BatchService(db, FilesConfig(dir=None if url else tmp / "files", max_file_bytes=8 << 20,
                                            max_files_per_project=50))
     holder = table.TableHolder()
-    holder.swap(_table(engine_url or f"http://127.0.0.1:{sim_port}"))
+    holder.swap(_table(engine_url or f"http://127.0.0.1:{sim_port}", limit))
     router = app_mod.RouterApp(holder, batches=service, batch_concurrency=concurrency, router_id="r1",
                                batch_waiting_below=waiting_below,
                                **({"usage": usage, "usage_journal_dir": tmp / "journal"} if usage else {}))

@@ -42,10 +42,38 @@ def test_lines_start_only_while_interactive_requests_leave_room() -> None:
             await asyncio.sleep(0)
             assert gate.queued("m") == 1
             assert not runner.open_for(route)
-        await queued  # the queue drained: room again
-        assert gate.queued("m") == 0 and runner.open_for(route)
+        await queued  # the queue drained, but the model's one slot is taken
+        assert gate.queued("m") == 0 and not runner.open_for(route)
         await waiter.__aexit__(None, None, None)
+        assert runner.open_for(route)  # room again
         runner._running["m"] = 2  # two lines of this router running: its own concurrency is spent
         assert not runner.open_for(route)
+
+    asyncio.run(main())
+
+
+def test_lines_leave_a_quarter_of_the_models_slots_to_interactive_requests() -> None:
+    async def main() -> None:
+        gate = admission.Admission(limits={"m": 8})
+        runner, route = _runner(gate, Loads()), _route()
+        runner.concurrency = 100
+        held = [gate.slot("m") for _ in range(7)]
+        for n, slot in enumerate(held):  # 0..5 in flight: room; 6 of 8: the last 2 are kept
+            assert runner.open_for(route) == (n < 6), n
+            await slot.__aenter__()
+        assert gate.in_flight("m") == 7 and not runner.open_for(route)
+        for slot in held:
+            await slot.__aexit__(None, None, None)
+        # Lines this runner started that do not hold their slot yet count too: started in one pass, they would
+        # otherwise all see the slots free and take the whole model.
+        runner._unslotted["m"] = 5
+        assert runner.open_for(route)
+        runner._unslotted["m"] = 6
+        assert not runner.open_for(route)
+        one = admission.Admission(limits={"m": 1})
+        runner = _runner(one, Loads())
+        assert runner.open_for(route)  # an idle model with one slot still runs a line
+        async with one.slot("m"):
+            assert not runner.open_for(route)
 
     asyncio.run(main())

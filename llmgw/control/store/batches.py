@@ -25,6 +25,20 @@ CHUNK = 1 << 20
 #: Line rows per insert statement (11 values each, under SQLite's 32766 bound variables).
 _LINES_PER_INSERT = 2000
 
+# A line's answer and a line given back, as Core statements on the table, compiled once: the ORM's bulk update
+# (evaluating each row's condition in Python) cost about 1 ms of the store thread's time per line, and that thread
+# holds the GIL the router's event loop needs in the same process (``bench/batch_ttft.py``).
+_LINE = OaiBatchLineRow.__table__.c
+_FINISH = (sa.update(OaiBatchLineRow.__table__)
+           .where(_LINE.batch_id == sa.bindparam("b_id"), _LINE.idx == sa.bindparam("b_idx"),
+                  _LINE.state.in_(("pending", "claimed")))
+           .values(state="done", status_code=sa.bindparam("b_status"), response=sa.bindparam("b_response"),
+                   error=sa.bindparam("b_error"), claimed_by="", claim_until=0.0))
+_RELEASE = (sa.update(OaiBatchLineRow.__table__)
+            .where(_LINE.batch_id == sa.bindparam("b_id"), _LINE.idx == sa.bindparam("b_idx"),
+                   _LINE.state == "claimed", _LINE.claimed_by == sa.bindparam("b_router"))
+            .values(state="pending", claimed_by="", claim_until=0.0))
+
 
 class QuotaExceeded(ValueError):
     """A project's files would pass its count or bytes quota; the message says which and what to do."""
@@ -288,7 +302,8 @@ class BatchStore(StoreBase):
                         break
                 if not found:
                     continue
-                s.execute(sa.update(line).where(line.batch_id == batch_id, line.idx.in_([r[0] for r in found]))
+                s.execute(sa.update(OaiBatchLineRow.__table__)
+                          .where(_LINE.batch_id == batch_id, _LINE.idx.in_([r[0] for r in found]))
                           .values(state="claimed", claimed_by=router, claim_until=now + lease_s))
                 out += [ClaimedLine(batch_id, r[0], r[1] or "", r[2], r[3], endpoint, project, key_id, user)
                         for r in found]
@@ -298,23 +313,19 @@ class BatchStore(StoreBase):
         """Each line's answer written once: a line done already keeps its first answer. The number written."""
         written = 0
         with self._begin() as s:
-            for r in results:
-                written += s.execute(sa.update(OaiBatchLineRow)
-                                     .where(OaiBatchLineRow.batch_id == r.batch_id, OaiBatchLineRow.idx == r.idx,
-                                            OaiBatchLineRow.state.in_(("pending", "claimed")))
-                                     .values(state="done", status_code=r.status_code, response=r.response,
-                                             error=r.error, claimed_by="", claim_until=0.0)).rowcount
+            conn = s.connection()
+            for r in results:  # one statement each: its rowcount says whether this answer was the first
+                written += conn.execute(_FINISH, {"b_id": r.batch_id, "b_idx": r.idx, "b_status": r.status_code,
+                                                  "b_response": r.response, "b_error": r.error}).rowcount
         return written
 
     def release_lines(self, router: str, lines: Sequence[tuple[str, int]]) -> int:
         """Lines ``router`` claimed and gives back unrun: pending again (a line done, or held by another, stays)."""
         n = 0
         with self._begin() as s:
+            conn = s.connection()
             for batch_id, idx in lines:
-                n += s.execute(sa.update(OaiBatchLineRow)
-                               .where(OaiBatchLineRow.batch_id == batch_id, OaiBatchLineRow.idx == idx,
-                                      OaiBatchLineRow.state == "claimed", OaiBatchLineRow.claimed_by == router)
-                               .values(state="pending", claimed_by="", claim_until=0.0)).rowcount
+                n += conn.execute(_RELEASE, {"b_id": batch_id, "b_idx": idx, "b_router": router}).rowcount
         return n
 
     def batch_statuses(self, batch_ids: Sequence[str]) -> dict[str, str]:
