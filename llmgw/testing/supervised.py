@@ -15,10 +15,32 @@ from llmgw.agent.supervisor import Supervisor
 from llmgw.core.shards import ShardState, ShardStatus
 
 
+def children() -> set[tuple[int, float]]:
+    """This process's children now, as (pid, start time): a pid reused later is another process."""
+    out = set()
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            out.add((child.pid, child.create_time()))
+    return out
+
+
+def kill_started_since(before: set[tuple[int, float]], *, spare: str = "") -> None:
+    """Kill this process's children that were not there in ``before``: what the test started, never a server of
+    the session's (a PostgreSQL another fixture started) or another test's."""
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if (child.pid, child.create_time()) in before:
+                continue
+            if spare and spare in " ".join(child.cmdline()):
+                continue
+            child.kill()
+
+
 class SupervisorHarness:
     """A supervisor, the loop it runs on, and every status it reported."""
 
     def __init__(self, run_dir: Path, **kw: Any) -> None:
+        self.before = children()
         self.loop = asyncio.new_event_loop()
         self.seen: list[ShardStatus] = []
         kw = {"health_interval_s": 0.1, "grace_s": 2.0, **kw}
@@ -56,17 +78,17 @@ def torn_down(h: SupervisorHarness, *, after: Callable[[], Awaitable[object]] | 
                 h.run(after())
         finally:
             h.loop.close()
-            for child in psutil.Process().children(recursive=True):
-                if "llmgw mirror" not in " ".join(child.cmdline()):
-                    child.kill()
+            kill_started_since(h.before, spare="llmgw mirror")
 
 
 def run_supervised(run_dir: Path, body: Callable[[Supervisor], Awaitable[None]], **kw: Any) -> list[ShardStatus]:
-    """Run ``body(sup)`` on a fresh loop; stop and close the supervisor and kill this process's children after.
+    """Run ``body(sup)`` on a fresh loop; stop and close the supervisor and kill the children it left after.
 
-    The children are killed whatever happened, so a failing test never leaves an engine running.
+    Those are killed whatever happened, so a failing test never leaves an engine running; children this process
+    had before (another fixture's servers) are left alone.
     """
     seen: list[ShardStatus] = []
+    before = children()
 
     async def main() -> None:
         sup = Supervisor(run_dir=run_dir, host="127.0.0.1", on_status=seen.append,
@@ -80,8 +102,7 @@ def run_supervised(run_dir: Path, body: Callable[[Supervisor], Awaitable[None]],
     try:
         asyncio.run(main())
     finally:
-        for child in psutil.Process().children(recursive=True):
-            child.kill()
+        kill_started_since(before)
     return seen
 
 
@@ -102,11 +123,12 @@ class LeavingHarness(SupervisorHarness):
 @contextlib.contextmanager
 def harnesses(run_dir: Path, **defaults: Any) -> Iterator[Callable[..., LeavingHarness]]:
     """A maker of harnesses sharing ``run_dir`` (``defaults`` for each, overridden by the maker's own
-    arguments); after, each is stopped and every child of this process killed.
+    arguments); after, each is stopped and every child of this process started since killed.
 
     The children are killed whatever the test did: SIGKILL ends a frozen (SIGSTOP) one too.
     """
     made: list[LeavingHarness] = []
+    before = children()
 
     def make(**kw: Any) -> LeavingHarness:
         made.append(LeavingHarness(run_dir, **{**defaults, **kw}))
@@ -122,8 +144,4 @@ def harnesses(run_dir: Path, **defaults: Any) -> Iterator[Callable[..., LeavingH
                     a.run(a.sup.close())
                 finally:
                     a.loop.close()
-        for child in psutil.Process().children(recursive=True):
-            try:
-                child.kill()
-            except psutil.NoSuchProcess:
-                pass
+        kill_started_since(before)

@@ -23,6 +23,7 @@ import pytest
 
 from llmgw.agent import engines
 from llmgw.core.shards import ShardSpec, ShardState, ShardStatus
+from llmgw.testing import supervised
 from llmgw.testing.supervised import SupervisorHarness
 
 S = ShardState
@@ -37,6 +38,7 @@ class Harness(SupervisorHarness):
 @pytest.fixture
 def harness(tmp_path: Path) -> Iterator[Callable[..., Harness]]:
     made: list[Harness] = []
+    before = supervised.children()
 
     def make(**kw: Any) -> Harness:
         made.append(Harness(tmp_path, **kw))
@@ -49,8 +51,7 @@ def harness(tmp_path: Path) -> Iterator[Callable[..., Harness]]:
             h.run(h.sup.close())
         finally:
             h.loop.close()
-    for child in psutil.Process().children(recursive=True):
-        child.kill()
+    supervised.kill_started_since(before)
 
 
 def spec(shard_id: str, *args: str, engine: str = "sim") -> ShardSpec:

@@ -16,6 +16,7 @@ import pytest
 from llmgw.agent.supervisor import statefiles
 from llmgw.core import enginecheck, inventory
 from llmgw.core.shards import ShardSpec, ShardState
+from llmgw.testing import supervised
 from llmgw.testing.supervised import LeavingHarness, harnesses
 
 S = ShardState
@@ -78,6 +79,7 @@ def test_a_node_without_gpus_leaves_the_variable_alone_and_the_spec_cannot_set_i
 
 def test_a_gpu_the_node_lacks_or_one_given_twice_fails_before_any_process(agents: Callable[..., Agent]) -> None:
     """The refusal names the GPU and what the node has; no engine is started."""
+    before = supervised.children()
     a = agents(node=lambda: facts(0, 1))
     missing = a.run(a.sup.start(spec("a", gpus=(1, 5))))
     assert missing.state is S.FAILED and missing.pid == 0
@@ -86,7 +88,7 @@ def test_a_gpu_the_node_lacks_or_one_given_twice_fails_before_any_process(agents
     assert twice.state is S.FAILED and "GPU 1 is listed twice" in twice.message
     none = agents(node=lambda: facts())
     assert "(its GPUs: none)" in none.run(none.sup.start(spec("c", gpus=(0,)))).message
-    assert psutil.Process().children(recursive=True) == []
+    assert supervised.children() <= before  # nothing started
 
 
 def test_a_restarted_agent_adopts_the_engine_with_its_gpus(agents: Callable[..., Agent], tmp_path: Path) -> None:

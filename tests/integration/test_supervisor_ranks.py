@@ -28,7 +28,7 @@ from llmgw.agent.engines import base
 from llmgw.agent.supervisor import statefiles
 from llmgw.core import enginecheck, inventory
 from llmgw.core.shards import ShardSpec, ShardState
-from llmgw.testing import procs
+from llmgw.testing import procs, supervised
 from llmgw.testing.supervised import LeavingHarness, harnesses
 
 S = ShardState
@@ -206,6 +206,7 @@ def _safetensors(path: Path) -> None:
 def test_a_profile_the_model_cannot_run_is_refused_before_anything_starts(agents: Callable[..., Agent],
                                                                         tmp_path: Path) -> None:
     """tensor_parallel 3 and a model of 32 heads (its config.json): FAILED with what to change, no process."""
+    before = supervised.children()
     model = tmp_path / "models" / "llama"
     model.mkdir(parents=True)
     (model / "config.json").write_text(json.dumps({"num_attention_heads": 32, "num_key_value_heads": 8,
@@ -216,7 +217,7 @@ def test_a_profile_the_model_cannot_run_is_refused_before_anything_starts(agents
     st = a.run(a.sup.start(spec("tp3", source=f"file://{model}", gpus=(0, 1, 2), tensor_parallel=3)))
     assert st.state is S.FAILED and st.pid == 0
     assert "tensor_parallel 3 does not divide 32 attention heads; use 1, 2, 4, 8, 16 or 32" in st.message
-    assert psutil.Process().children(recursive=True) == []
+    assert supervised.children() <= before  # nothing started
     assert not (tmp_path / "run" / "tp3.d").exists() and not (tmp_path / "run" / "tp3.log").exists()
     # The same profile on a model whose heads it divides starts.
     (model / "config.json").write_text(json.dumps({"num_attention_heads": 24, "num_key_value_heads": 3}))

@@ -44,10 +44,23 @@ def test_ties_go_to_the_least_loaded_and_the_cap_bounds_imbalance() -> None:
     policy = _policy({"r0": EXT, "r1": EXT, "r2": []})
     assert policy.pick("m", EPS, key=KEY, load={"r0": 3, "r1": 1})[0].replica_id == "r1"  # type: ignore[union-attr]
     policy = _policy({"r0": EXT, "r1": [], "r2": []}, kv_imbalance=4)
-    assert policy.pick("m", EPS, key=KEY, load={"r0": 4})[0].replica_id == "r0"  # type: ignore[union-attr]
+    assert policy.pick("m", EPS, key=KEY, load={"r0": 3})[0].replica_id == "r0"  # type: ignore[union-attr]
     chosen = policy.pick("m", EPS, key=KEY, load={"r0": 5})[0]
     assert chosen is not None and chosen.replica_id != "r0"  # past the cap the cache no longer counts
     assert policy.pick("m", EPS, key=KEY, exclude={"r0", "r1", "r2"}) == (None, 0)
+
+
+def test_a_replica_holding_the_prefix_keeps_requests_until_its_queue_outweighs_what_it_saves() -> None:
+    # r0 holds the prompt's 4 blocks (of 4.375): it saves 4 blocks of prefill against r1.
+    policy = _policy({"r0": EXT, "r1": [], "r2": []})
+    assert policy.pick("m", EPS, key=KEY, load={"r0": 3})[0].replica_id == "r0"  # type: ignore[union-attr]
+    chosen, lacking = policy.pick("m", EPS, key=KEY, load={"r0": 5})  # 5 decoding there cost more than 4 blocks
+    assert chosen is not None and chosen.replica_id != "r0" and lacking == 4
+    # Prefill this router sent r0 and not yet done counts as its queue: a held prefix no longer piles requests.
+    token = policy.cache.charge("r0", 6)
+    assert policy.pick("m", EPS, key=KEY)[0].replica_id != "r0"  # type: ignore[union-attr]
+    policy.cache.settle(token)
+    assert policy.pick("m", EPS, key=KEY)[0].replica_id == "r0"  # type: ignore[union-attr]
 
 
 def test_a_replica_publishing_nothing_or_a_text_prompt_falls_back_to_prefix_cache() -> None:

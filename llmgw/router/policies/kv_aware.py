@@ -8,7 +8,12 @@ and scores each replica by the leading blocks it holds:
 
 * only replicas within ``Options.kv_imbalance`` requests in flight of the least loaded are
   candidates (a cap on imbalance: a hot prefix must not pile every request onto one replica);
-* among those, the longest match wins; ties go to the least loaded, then round robin.
+* among those, the least cost wins, ``prefix_cache``'s cost on the engine's truth: the blocks the
+  replica's engine lacks of this prompt, plus the blocks this router sent it still in their prefill,
+  plus one block per request in flight there. A replica holding a chat keeps it until the prefill
+  queued on it outweighs what its cache saves; the longest match alone piled every chat whose system
+  prompt one replica held onto it, with the other idle (``bench/kv_vllm_bench.py --per-turn``, run 3);
+  ties go to the least loaded, then round robin.
 
 Where token ids come from (the router has no tokenizer): from the request only, for now. The
 engine's ``/tokenize`` would cost a round trip to a replica before every pick (and a live replica to
@@ -54,10 +59,15 @@ class KvAware(PrefixCache):
         if not key.tokens or any(c is None for c in caches):
             return super().pick(model, endpoints, load=load, key=key, exclude=exclude)
         depth = kvview.matched_blocks(key.tokens, [c for c in caches if c is not None], self.view.memo)
-        best = max(depth)
-        tied = {e.replica_id for e, d in zip(candidates, depth, strict=True) if d == best}
+        size = max(c.block_size for c in caches if c is not None)
+        n = len(key.tokens) / size
+        pending, weight = self.cache.pending, self.cache.decode_weight
+        lacking = [max(0.0, n - d * c.block_size / size) for d, c in zip(depth, caches, strict=True) if c is not None]
+        cost = [pending.get(e.replica_id, 0.0) + miss + weight * load.get(e.replica_id, 0.0)
+                for e, miss in zip(candidates, lacking, strict=True)]
+        best = min(cost)
+        tied = {e.replica_id for e, c in zip(candidates, cost, strict=True) if c <= best + 1e-9}
         chosen = self._least.pick(model, endpoints, load=load,
                                   exclude=[e.replica_id for e in endpoints if e.replica_id not in tied])
         assert chosen is not None  # tied is non-empty and within the endpoints
-        size = max(c.block_size for c in caches if c is not None)
-        return chosen, max(0, len(key.tokens) // size - best)
+        return chosen, int(lacking[[e.replica_id for e in candidates].index(chosen.replica_id)])
