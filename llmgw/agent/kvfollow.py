@@ -36,10 +36,26 @@ def kv_events_config(pub_port: int, replay_port: int, *, topic: str = "") -> str
                        "replay_endpoint": f"tcp://127.0.0.1:{replay_port}", "topic": topic})
 
 
+def endpoints_of(config: str) -> tuple[str, str] | None:
+    """(endpoint, replay endpoint) of a ``--kv-events-config`` this agent wrote (loopback tcp); None for another."""
+    try:
+        doc = json.loads(config)
+    except ValueError:
+        return None
+    ends = (doc.get("endpoint"), doc.get("replay_endpoint")) if isinstance(doc, dict) else (None, None)
+    if not all(isinstance(e, str) and e.startswith("tcp://127.0.0.1:") and e.rsplit(":", 1)[1].isdigit()
+               for e in ends):
+        return None
+    return ends[0], ends[1]  # type: ignore[return-value]
+
+
 class KvFollower:
     def __init__(self, endpoint: str, replay_endpoint: str | None, *, topic: str = "") -> None:
         self.endpoint, self.replay_endpoint, self.topic = endpoint, replay_endpoint, topic.encode()
         self.blocks = kvevents.ReplicaBlocks()
+        # The engine counts from 0: a first batch past that is a gap, filled from its replay buffer (the PUB
+        # connected late, or the engine was adopted from a previous agent and published before this follower).
+        self.blocks.next_seq = 0
         self.replays = 0
         self.resyncs = 0
         self._ctx = zmq.asyncio.Context()

@@ -10,8 +10,9 @@ leader, or the same one after a break, knows nothing) each replica's next digest
 relaunched engine gets a new follower and a new epoch (its cache is empty); a stopped or failed shard's
 follower is closed (``seen``), and the leader drops the replica's set when it leaves the route table.
 
-An engine adopted from a previous agent is not followed (its events went to the old agent's socket): it
-is placed by ``kv_aware``'s fallback until it is replaced.
+An engine adopted from a previous agent keeps publishing where it was told: its argv (the state file's)
+names the ports, and ``attach`` of that plan binds them again (ZMQ's PUB reconnects by itself); the new
+follower's first event is a gap it fills from the engine's replay buffer, as after any break.
 """
 
 from __future__ import annotations
@@ -78,22 +79,36 @@ class KvLinks:
         self._links: dict[str, _Link] = {}
 
     def attach(self, spec: ShardSpec, plan: launching.Plan) -> launching.Plan:
-        """``plan`` with the engine told to publish to a new follower, when ``spec`` asks; else ``plan`` as it is."""
+        """``plan`` with the engine told to publish to a new follower, when ``spec`` asks; else ``plan`` as it is.
+
+        A plan that names its ports already (an adopted engine's argv) is followed on them, unchanged."""
         self.detach(spec.shard_id)
         if not spec.kv_events or spec.engine not in PUBLISHERS or spec.rank > 0:
+            return plan
+        told = _arg(list(plan.argv), "--kv-events-config")
+        if told is not None:
+            ends = kvfollow.endpoints_of(told)
+            if ends is None:
+                log.warning("shard %s: its --kv-events-config is not one this agent wrote; not followed",
+                            spec.shard_id)
+                return plan
+            self._follow(spec, *ends)
             return plan
         pub = launching.free_port("127.0.0.1")
         replay = launching.free_port("127.0.0.1")
         while replay == pub:
             replay = launching.free_port("127.0.0.1")
-        follower = kvfollow.KvFollower(f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{replay}", topic=TOPIC)
+        self._follow(spec, f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{replay}")
+        config = kvfollow.kv_events_config(pub, replay, topic=TOPIC)
+        return dataclasses.replace(plan, argv=[*plan.argv, "--kv-events-config", config])
+
+    def _follow(self, spec: ShardSpec, endpoint: str, replay: str) -> None:
+        follower = kvfollow.KvFollower(endpoint, replay, topic=TOPIC)
         task = asyncio.create_task(follower.run(), name=f"kv events {spec.shard_id}")
         self._links[spec.shard_id] = _Link(follower, kvdigest.Sampler(spec.replica_id, time.time_ns()),
                                            hashing_of(spec), task)
-        log.info("shard %s publishes its KV cache events to this agent on 127.0.0.1:%d (replay %d)",
-                 spec.shard_id, pub, replay)
-        config = kvfollow.kv_events_config(pub, replay, topic=TOPIC)
-        return dataclasses.replace(plan, argv=[*plan.argv, "--kv-events-config", config])
+        log.info("shard %s publishes its KV cache events to this agent on %s (replay %s)", spec.shard_id,
+                 endpoint, replay)
 
     def detach(self, shard_id: str) -> None:
         link = self._links.pop(shard_id, None)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import aiohttp
 import yarl
@@ -21,13 +21,15 @@ from llmgw.router import asgi, controltls, errors
 log = logging.getLogger(__name__)
 #: The request headers that carry meaning for files and batches; nothing else goes.
 PASSED = (b"authorization", b"content-type", b"accept", b"openai-organization", b"openai-project")
-_RETURNED = frozenset({b"content-type", b"content-disposition", b"retry-after"})
+RETURNED = frozenset({b"content-type", b"content-disposition", b"retry-after"})
 
 
 class ControlPass:
     def __init__(self, control_url: Callable[[], str], *, ssl_context: ssl.SSLContext | None = None,
-                 max_body_bytes: int = 256 << 20) -> None:
+                 max_body_bytes: int = 256 << 20, headers: Mapping[str, str] | None = None) -> None:
+        """``headers``: added to each request (a hub's worker: the hub's secret, ``hubfiles.WORKER_HEADER``)."""
         self._control_url, self._ssl, self._max = control_url, ssl_context, max_body_bytes
+        self._own = dict(headers or {})
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
@@ -48,12 +50,13 @@ class ControlPass:
         if scope.get("query_string"):
             target += "?" + scope["query_string"].decode("latin-1")
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", ()) if k.lower() in PASSED}
+        headers |= self._own
         try:
             async with self._session.request(scope["method"], yarl.URL(target, encoded=True), headers=headers,
                                              data=body or None, allow_redirects=False,
                                              skip_auto_headers=("Content-Type", "Accept-Encoding")) as resp:
                 answer = await resp.read()
-                extra = [(k.lower(), v) for k, v in resp.raw_headers if k.lower() in _RETURNED and k.lower() !=
+                extra = [(k.lower(), v) for k, v in resp.raw_headers if k.lower() in RETURNED and k.lower() !=
                          b"content-type"]
                 await asgi.send_bytes(send, resp.status, answer, extra=extra or None,
                                       content_type=resp.headers.get("content-type", "application/json").encode())

@@ -72,7 +72,7 @@ from llmgw.api import batches as batchwire
 from llmgw.api import usage as wire
 from llmgw.core import skew
 from llmgw.core.version import version
-from llmgw.router import controltls, metricsmerge, reports, signals, watch, workers
+from llmgw.router import controltls, hubfiles, metricsmerge, reports, signals, watch, workers
 from llmgw.router import table as table_mod
 from llmgw.router.hubledger import LocalLedger, table_limits
 from llmgw.router.hubledger import error as _error
@@ -197,9 +197,10 @@ class Relay:
 _SAID = skew.headers(skew.PROTOCOL, version())
 
 
-def app(secret: str, feed: Feed, calls: Handler, snapshots: metricsmerge.Snapshots | None = None) -> web.Application:
+def app(secret: str, feed: Feed, calls: Handler, snapshots: metricsmerge.Snapshots | None = None,
+        files: hubfiles.FilesPass | None = None) -> web.Application:
     """The workers' API: the long poll on ``feed``, the router's POSTs handed to ``calls``, the workers' metrics
-    kept in ``snapshots`` and served summed; for ``secret`` only."""
+    kept in ``snapshots`` and served summed, clients' files and batches passed by ``files``; for ``secret`` only."""
     kept = snapshots if snapshots is not None else metricsmerge.Snapshots()
     expected = f"Bearer {secret}".encode()
 
@@ -207,6 +208,8 @@ def app(secret: str, feed: Feed, calls: Handler, snapshots: metricsmerge.Snapsho
     async def only_workers(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                            ) -> web.StreamResponse:
         given = request.headers.get("Authorization", "").encode()
+        if hubfiles.serves(request.path):  # Authorization is the client's there: the secret comes in its own header
+            given = b"Bearer " + request.headers.get(hubfiles.WORKER_HEADER, "").encode()
         if not hmac.compare_digest(given, expected):
             return _error(401, "this is a router hub's API for its own workers")
         return await handler(request)
@@ -254,6 +257,8 @@ def app(secret: str, feed: Feed, calls: Handler, snapshots: metricsmerge.Snapsho
         made.router.add_get("/api/v1/router/kv", lambda request: relayed.kv(request.query_string))
     for path in RELAYED:
         made.router.add_post(path, post)
+    if files is not None:
+        files.add_routes(made)
     return made
 
 
@@ -326,6 +331,7 @@ async def _serve(settings: RouterSettings, token: str, doc: Mapping[str, Any] | 
     feed = Feed()
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     upstream: Upstream | None = None
+    files: hubfiles.FilesPass | None = None
     calls: Handler
     if doc is not None:
         feed.publish(doc)
@@ -335,10 +341,12 @@ async def _serve(settings: RouterSettings, token: str, doc: Mapping[str, Any] | 
         relay = Relay(lambda: upstream.current_url if upstream is not None else "", headers=headers,
                       ssl_context=control_ssl)
         calls = relay
+        files = hubfiles.FilesPass(lambda: upstream.current_url if upstream is not None else "",
+                                   ssl_context=control_ssl)
         await relay.start()
         await upstream.start()
     secret = secrets.token_urlsafe(32)
-    runner = web.AppRunner(app(secret, feed, calls), access_log=None, shutdown_timeout=0.5)
+    runner = web.AppRunner(app(secret, feed, calls, files=files), access_log=None, shutdown_timeout=0.5)
     await runner.setup()
     site = web.SockSite(runner, _loopback_socket())
     await site.start()
@@ -370,6 +378,8 @@ async def _serve(settings: RouterSettings, token: str, doc: Mapping[str, Any] | 
         await runner.cleanup()
         if isinstance(calls, Relay):
             await calls.stop()
+        if files is not None:
+            await files.stop()
     return 0
 
 

@@ -44,6 +44,7 @@ from llmgw.router import (
     controlpass,
     controltls,
     httphead,
+    hubfiles,
     kvfeed,
     kvview,
     limits,
@@ -134,13 +135,14 @@ def build(settings: RouterSettings, *, token: str = "", static_hub: bool = False
             del metered["usage"], metered["usage_journal_dir"]
         else:
             # Batch lines run here; files and batches are the control plane's, passed to it (issue 32). A hub's
-            # worker follows the hub, which serves its workers only: files and batches are not passed from there.
+            # worker follows the hub, which passes them on (``hubfiles``), the worker proving itself in a header
+            # of its own: Authorization is the client's.
             metered |= {"batches": calls, "batch_concurrency": proxy.batch_concurrency,
                         "batch_waiting_below": proxy.batch_waiting_below}
-            if not worker:
-                files = controlpass.ControlPass(lambda: following.current_url, ssl_context=control_ssl)
-                watcher = Together(*parts, files)
-                metered["files"] = files
+            files = controlpass.ControlPass(lambda: following.current_url, ssl_context=control_ssl,
+                                            headers={hubfiles.WORKER_HEADER: token} if worker else None)
+            watcher = Together(*parts, files)
+            metered["files"] = files
             sink = reports.HttpSink(name, lambda: following.current_url, headers=headers, ssl_context=control_ssl)
             reporter = signals.Reporter(name, control_url=lambda: following.current_url, headers=headers,
                                         interval_s=proxy.signals_interval, ssl_context=control_ssl)

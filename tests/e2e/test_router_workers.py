@@ -6,7 +6,8 @@
 - SIGTERM to the hub: a stream in flight finishes, and every process exits within the grace period;
 - SIGKILL to the hub: the workers notice and exit by themselves;
 - a key's 50 requests a minute over a static table: at most 50 served across the workers (the hub's ledger);
-- a key's 50 requests a day at a real ``llmgw server``: at most 50 served, the usage stored equal to it;
+- a key's 50 requests a day at a real ``llmgw server``: at most 50 served, the usage stored equal to it; files
+  and batches through the workers (the hub passes them to the control plane) with the real ``openai`` SDK;
 - ``/metrics`` through the public port: every scrape, whichever worker it lands on, counts every worker's requests.
 """
 
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -277,6 +279,22 @@ def test_a_keys_requests_per_day_hold_across_workers_at_a_real_control_plane(tmp
         except TimeoutError:
             pass
         assert stored() == want
+        # Files and batches: the workers pass them through the hub to the control plane (issue 32), the client's
+        # key checked there; the hub's own secret is refused from a client.
+        oai = openai.OpenAI(base_url=router.url + "/v1", api_key=key, max_retries=0)
+        line = {"custom_id": "c1", "method": "POST", "url": "/v1/chat/completions",
+                "body": {"model": "metered", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}}
+        data = (json.dumps(line) + "\n").encode()
+        uploaded = oai.files.create(file=("in.jsonl", data), purpose="batch")
+        assert uploaded.bytes == len(data)
+        assert uploaded.id in [f.id for f in oai.files.list()]
+        assert oai.files.content(uploaded.id).read() == data
+        batch = oai.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                   completion_window="24h")
+        assert oai.batches.retrieve(batch.id).id == batch.id
+        wrong = openai.OpenAI(base_url=router.url + "/v1", api_key="sk-not-a-key", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            wrong.files.list()
     finally:
         if router is not None:
             router.stop()

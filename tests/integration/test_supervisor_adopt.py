@@ -86,9 +86,12 @@ def test_a_restarted_agent_adopts_the_running_engine(agents: Callable[..., Agent
     assert (saved.pid, saved.endpoint, saved.spec) == (ready.pid, ready.endpoint, spec("a"))
     assert psutil.Process(ready.pid).environ()[launching.SHARD_ENV] == "a"
 
-    b = agents()
+    planned: list[tuple[ShardSpec, launching.Plan]] = []
+    b = agents(on_plan=lambda s, p: planned.append((s, p)) or p)
     began = time.monotonic()
     [adopted] = b.run(b.sup.recover())
+    # The adopted engine's plan (its saved argv) goes to on_plan as a launch's does: the KV link follows it.
+    assert [(s.shard_id, p.argv) for s, p in planned] == [("a", list(saved.argv))]
     assert time.monotonic() - began < 1.0
     assert (adopted.state, adopted.adopted, adopted.pid) == (S.STARTING, True, ready.pid)
     assert adopted.message == f"adopted from a previous agent (pid {ready.pid})"

@@ -55,6 +55,7 @@ class Adopting:
     _clock: Callable[[], float]
     _recs: records.Records
     _users: identity.Users
+    _on_plan: Callable[[ShardSpec, launching.Plan], launching.Plan]
     # ``Supervisor``'s own methods.
     _http: Callable[[], aiohttp.ClientSession]
     _watch: Callable[[records.Shard], Coroutine[Any, Any, None]]
@@ -139,6 +140,8 @@ class Adopting:
                             state_path=statefiles.path_of(self._run_dir, spec.shard_id))
         self._recs.add(rec)
         self._recs.move(rec, S.STARTING)  # on_status hears of it, as of a launch
+        if adapter is not None:
+            self._on_plan(spec, plan)  # the KV events link follows the ports its argv names (``agent.kvlink``)
         if adapter is None:
             self._give_up(rec, f"cannot judge the adopted engine: {unknown}; it was stopped")
             return rec.status
