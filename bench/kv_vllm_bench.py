@@ -250,8 +250,10 @@ async def run_cache(blocks: int, a: argparse.Namespace, model: Path, work: Path)
     # sglang-router 0.3.2 refuses token-id prompts ("prompt: data did not match any variant of untagged enum
     # StringOrArray"): it gets the same prompts as text, detokenized by the engine before the run.
     texts = await as_text(urls[0], convs) if any(c.startswith("sglang") for c in a.only or CONTENDERS) else []
+    contenders = list(a.only or CONTENDERS)
+    runs = [c for n in range(a.passes) for c in (contenders if n % 2 == 0 else contenders[::-1])]
     try:
-        for contender in a.only or CONTENDERS:
+        for i, contender in enumerate(runs):
             front.set_table(contender.split(":", 1)[1], urls)
             await reset(urls)
             await asyncio.sleep(1.0)  # the AllBlocksCleared events reach the relay and the routers
@@ -281,9 +283,10 @@ async def run_cache(blocks: int, a: argparse.Namespace, model: Path, work: Path)
                    "tokens_per_replica": [round(after.get(f"vllm:prefix_cache_queries_total@{i}", 0)
                                                 - before.get(f"vllm:prefix_cache_queries_total@{i}", 0))
                                           for i in range(len(urls))],
-                   "failed": sum(not t.ok for t in turns), "requests": len(turns), "run_s": round(took)}
+                   "failed": sum(not t.ok for t in turns), "requests": len(turns), "run_s": round(took),
+                   "pass": i // len(contenders) + 1}
             print(json.dumps(row), flush=True)
-            rows.append(row)
+            rows.append(row | {"later_ms": later})
     finally:
         for p in procs:
             p.stop()
@@ -307,6 +310,9 @@ async def main() -> None:
     ap.add_argument("--per-turn", action="store_true",
                     help="every chat open at once, --concurrency turns at a time (chats idle between turns)")
     ap.add_argument("--only", nargs="*")
+    ap.add_argument("--passes", type=int, default=1,
+                    help="run the contenders this many times on the same engines, the order reversed every other "
+                         "pass; later-turn TTFTs are also pooled over the passes")
     a = ap.parse_args()
     model = smollm2_hf.ensure()
     rows: list[dict[str, object]] = []
@@ -320,6 +326,16 @@ async def main() -> None:
         split = "/".join(str(t) for t in r["tokens_per_replica"])  # type: ignore[attr-defined]
         print(f"| {r['blocks']} blocks | {r['contender']} | {r['later_p50_ms']} ms | {r['later_p90_ms']} ms | "
               f"{r['hit_rate']} | {split} | {r['requests']} ({r['failed']}) | {r['run_s']} s |")
+    if a.passes > 1:
+        print(f"\nPooled over {a.passes} passes:\n\n| KV cache | contender | later turns | p50 | p90 | mean hit rate |")
+        print("|---|---|---|---|---|---|")
+        for blocks in sorted({int(r["blocks"]) for r in rows}):  # type: ignore[call-overload]
+            for contender in dict.fromkeys(str(r["contender"]) for r in rows):
+                mine = [r for r in rows if r["blocks"] == blocks and r["contender"] == contender]
+                later = [x for r in mine for x in r["later_ms"]]  # type: ignore[attr-defined]
+                hits = [float(r["hit_rate"]) for r in mine if r["hit_rate"] is not None]  # type: ignore[arg-type]
+                print(f"| {blocks} blocks | {contender} | {len(later)} | {pct(later, 0.5):.0f} ms | "
+                      f"{pct(later, 0.9):.0f} ms | {sum(hits) / max(1, len(hits)):.3f} |")
 
 
 if __name__ == "__main__":
