@@ -42,27 +42,33 @@ class ControlPass:
             await self._session.close()
             self._session = None
 
-    async def __call__(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
+    async def forward(self, method: str, path_qs: str, headers: Mapping[str, str], data: object
+                      ) -> tuple[int, bytes, list[tuple[bytes, bytes]], str]:
+        """The request sent on to the control plane followed now, with this pass's own headers: (status, body,
+        the answer's headers ``RETURNED`` keeps but its type, its content type). Raises ``aiohttp.ClientError`` or
+        ``TimeoutError`` when it does not answer."""
         await self.start()
         assert self._session is not None
+        target = self._control_url().rstrip("/") + path_qs
+        async with self._session.request(method, yarl.URL(target, encoded=True), headers={**headers, **self._own},
+                                         data=data, allow_redirects=False,
+                                         skip_auto_headers=("Content-Type", "Accept-Encoding")) as resp:
+            extra = [(k.lower(), v) for k, v in resp.raw_headers if k.lower() in RETURNED and k.lower() !=
+                     b"content-type"]
+            return resp.status, await resp.read(), extra, resp.headers.get("content-type", "application/json")
+
+    async def __call__(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
         body = await asgi.read_body(receive, limit=self._max)
-        target = self._control_url().rstrip("/") + scope["raw_path"].decode("latin-1")
+        path_qs = scope["raw_path"].decode("latin-1")
         if scope.get("query_string"):
-            target += "?" + scope["query_string"].decode("latin-1")
+            path_qs += "?" + scope["query_string"].decode("latin-1")
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", ()) if k.lower() in PASSED}
-        headers |= self._own
         try:
-            async with self._session.request(scope["method"], yarl.URL(target, encoded=True), headers=headers,
-                                             data=body or None, allow_redirects=False,
-                                             skip_auto_headers=("Content-Type", "Accept-Encoding")) as resp:
-                answer = await resp.read()
-                extra = [(k.lower(), v) for k, v in resp.raw_headers if k.lower() in RETURNED and k.lower() !=
-                         b"content-type"]
-                await asgi.send_bytes(send, resp.status, answer, extra=extra or None,
-                                      content_type=resp.headers.get("content-type", "application/json").encode())
+            status, answer, extra, content_type = await self.forward(scope["method"], path_qs, headers, body or None)
         except (aiohttp.ClientError, TimeoutError) as exc:
             log.warning("the control plane did not answer %s %s: %s", scope["method"], scope["path"],
                         str(exc) or type(exc).__name__)
             raise errors.ApiError(502, "This router could not reach its control plane, which serves files and "
                                        "batches; retry.", type="service_unavailable", code="control_unreachable") \
                 from None
+        await asgi.send_bytes(send, status, answer, extra=extra or None, content_type=content_type.encode())

@@ -62,12 +62,12 @@ class KvAware(PrefixCache):
         size = max(c.block_size for c in caches if c is not None)
         n = len(key.tokens) / size
         pending, weight = self.cache.pending, self.cache.decode_weight
-        lacking = [max(0.0, n - d * c.block_size / size) for d, c in zip(depth, caches, strict=True) if c is not None]
-        cost = [pending.get(e.replica_id, 0.0) + miss + weight * load.get(e.replica_id, 0.0)
-                for e, miss in zip(candidates, lacking, strict=True)]
-        best = min(cost)
-        tied = {e.replica_id for e, c in zip(candidates, cost, strict=True) if c <= best + 1e-9}
+        lacking = {e.replica_id: max(0.0, n - d * c.block_size / size)
+                   for e, d, c in zip(candidates, depth, caches, strict=True) if c is not None}
+        cost = {r: pending.get(r, 0.0) + miss + weight * load.get(r, 0.0) for r, miss in lacking.items()}
+        best = min(cost.values())
+        tied = {r for r, c in cost.items() if c <= best + 1e-9}
         chosen = self._least.pick(model, endpoints, load=load,
                                   exclude=[e.replica_id for e in endpoints if e.replica_id not in tied])
         assert chosen is not None  # tied is non-empty and within the endpoints
-        return chosen, int(lacking[[e.replica_id for e in candidates].index(chosen.replica_id)])
+        return chosen, int(lacking[chosen.replica_id])
