@@ -208,7 +208,7 @@ def app(secret: str, feed: Feed, calls: Handler, snapshots: metricsmerge.Snapsho
     async def only_workers(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                            ) -> web.StreamResponse:
         given = request.headers.get("Authorization", "").encode()
-        if hubfiles.serves(request.path):  # Authorization is the client's there: the secret comes in its own header
+        if batchwire.openai_path(request.path):  # the client's Authorization; the secret in its own header
             given = b"Bearer " + request.headers.get(hubfiles.WORKER_HEADER, "").encode()
         if not hmac.compare_digest(given, expected):
             return _error(401, "this is a router hub's API for its own workers")

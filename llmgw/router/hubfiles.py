@@ -15,24 +15,20 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
+from llmgw.api import batches as batchwire
 from llmgw.router import controlpass
 from llmgw.router.hubledger import error as _error
 
 log = logging.getLogger(__name__)
 #: The header a worker's passed request carries the hub's secret in.
 WORKER_HEADER = "X-Llmgw-Hub-Worker"
-PREFIXES = ("/v1/files", "/v1/batches")
-
-
-def serves(path: str) -> bool:
-    return any(path == p or path.startswith(p + "/") for p in PREFIXES)
 
 
 class FilesPass(controlpass.ControlPass):
     """``controlpass``'s forwarding, answering the hub's aiohttp routes."""
 
     def add_routes(self, made: web.Application) -> None:
-        for prefix in PREFIXES:
+        for prefix in batchwire.OPENAI_PREFIXES:
             made.router.add_route("*", prefix, self.handle)
             made.router.add_route("*", prefix + "/{tail:.*}", self.handle)
 
