@@ -95,7 +95,9 @@ class _ControlPlane:
 
 def _open_store(cfg: ServerConfig) -> Store:
     try:
-        store = Store.open_url(cfg.database) if cfg.database else Store.open(cfg.data_dir)
+        # A session idle inside a transaction for two leases (at least 10 s) is a server stopped mid-write.
+        store = (Store.open_url(cfg.database, idle_tx_timeout_s=max(10.0, 2 * cfg.lease.lease_s)) if cfg.database
+                 else Store.open(cfg.data_dir))
     except (store_mod.StoreUrlRefused, store_mod.StoreUnreachable) as e:
         raise LlmgwError(f"--database: {e}") from None
     datadir.remember_database(cfg.data_dir, cfg.database)  # a directory from before this file: it says so now

@@ -10,6 +10,7 @@ comes back to this release, which reads what 0.1.0 wrote. Neither refuses, crash
 from __future__ import annotations
 
 import json
+import re
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -87,18 +88,21 @@ def audited(s: System, *objects: str) -> None:
 
 
 def problems(log: Path) -> list[str]:
-    """Error lines of a server's log, but what a deposed leader logs by design: "no longer leads", and (0.1.0
-    only, which logs it as an ERROR with a traceback; 0.2.0 says it in one WARNING) a queued write the lease's
-    fencing refused, which is the write's whole traceback when its last line is the ``Fenced`` sentence."""
+    """Error lines of a server's log, but what a deposed leader logs by design: "no longer leads", and (0.2.0
+    logs it as an ERROR with a traceback) a queued write the lease's fencing refused, or whose session this
+    release ended when it took the lease from the stopped leader: the write's whole traceback (its chained
+    exceptions included, up to the next log line) when it ends in the ``Fenced`` sentence or in PostgreSQL's
+    "terminating connection due to administrator command"."""
     lines = log.read_text(errors="replace").splitlines()
-    fenced: set[int] = set()
+    by_design: set[int] = set()
     for i, line in enumerate(lines):
         if "a queued store write failed" in line:
-            end = next((j for j in range(i + 1, len(lines)) if not lines[j].startswith((" ", "Traceback"))), i)
-            if "Fenced:" in lines[end]:
-                fenced.update(range(i, end + 1))
+            end = next((j for j in range(i + 1, len(lines)) if re.match(r"\d{4}-\d\d-\d\d ", lines[j])), len(lines))
+            if any("Fenced:" in t or "terminating connection due to administrator command" in t
+                   for t in lines[i + 1:end]):
+                by_design.update(range(i, end))
     return [line for i, line in enumerate(lines)
-            if i not in fenced and "no longer leads" not in line
+            if i not in by_design and "no longer leads" not in line
             and (" ERROR " in line or " CRITICAL " in line or line.startswith(("Traceback", "error:")))]
 
 

@@ -6,7 +6,9 @@ import asyncio
 import threading
 from pathlib import Path
 
+import psycopg
 import pytest
+import sqlalchemy as sa
 
 from llmgw.control.events import Event
 from llmgw.control.store.offloop import StoreThread
@@ -89,9 +91,18 @@ def test_a_queued_write_a_deposed_leader_makes_is_a_warning_not_an_error(caplog:
     fenced.set_exception(Fenced("this control plane led at term 1 and the lease is now held by b at term 2"))
     broken: concurrent.futures.Future[None] = concurrent.futures.Future()
     broken.set_exception(ValueError("a bug"))
+    ended: concurrent.futures.Future[None] = concurrent.futures.Future()  # PostgreSQL ended the session mid-write
+    ended.set_exception(sa.exc.OperationalError("UPDATE ...", {}, psycopg.errors.AdminShutdown(
+        "terminating connection due to administrator command")))
+    other_db: concurrent.futures.Future[None] = concurrent.futures.Future()
+    other_db.set_exception(sa.exc.OperationalError("UPDATE ...", {}, psycopg.errors.DiskFull("no space left")))
     with caplog.at_level("WARNING", logger=offloop.log.name):
         offloop._log_failure(fenced)
         offloop._log_failure(broken)
-    (warned, failed) = caplog.records
+        offloop._log_failure(ended)
+        offloop._log_failure(other_db)
+    (warned, failed, lost, failed_db) = caplog.records
     assert warned.levelname == "WARNING" and "term 2" in warned.getMessage() and warned.exc_info is None
     assert failed.levelname == "ERROR" and failed.exc_info is not None
+    assert lost.levelname == "WARNING" and "administrator command" in lost.getMessage() and lost.exc_info is None
+    assert failed_db.levelname == "ERROR" and failed_db.exc_info is not None

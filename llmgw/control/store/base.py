@@ -7,6 +7,7 @@ every write is fenced the same way; this module knows no table but the lease row
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import pathlib
 from collections.abc import Iterator
@@ -80,7 +81,8 @@ def db_text(s: str) -> str:
 class StoreBase:
     """The connection and the fenced write transaction every part of ``Store`` writes through."""
 
-    def __init__(self, url: str, *, migrations: pathlib.Path = MIGRATIONS) -> None:
+    def __init__(self, url: str, *, migrations: pathlib.Path = MIGRATIONS,
+                 idle_tx_timeout_s: float | None = None) -> None:
         self.url = url
         #: The Alembic script directory this store migrates with: the package's (tests hand in a copy with
         #: synthetic newer migrations, to be a newer release's database).
@@ -92,6 +94,11 @@ class StoreBase:
                                        pool_pre_ping=not sqlite)
         if sqlite:
             event.listen(self.engine, "connect", _sqlite_pragmas)
+        elif idle_tx_timeout_s:
+            # PostgreSQL ends a session of this process's that waits inside a transaction this long: a server
+            # stopped mid-write (SIGSTOP, a frozen VM) then holds no lock that keeps another control plane out,
+            # whatever that one's release (LeadershipStore._end_stalled_holders is the standby's own remedy).
+            event.listen(self.engine, "connect", functools.partial(_pg_idle_timeout, ms=int(idle_tx_timeout_s * 1000)))
         self._session = sessionmaker(self.engine, expire_on_commit=False)
         #: (holder, term) every write must find in the lease row, in its own transaction; ``STANDBY``: no
         #: write at all; None: unchecked (one server without election: the CLI, ``llmgw init``, unit tests).
@@ -150,12 +157,13 @@ class StoreBase:
         return cls.open_url(sqlite_url(data_dir), migrations=migrations)
 
     @classmethod
-    def open_url(cls, url: str, *, migrations: pathlib.Path = MIGRATIONS) -> Self:
+    def open_url(cls, url: str, *, migrations: pathlib.Path = MIGRATIONS,
+                 idle_tx_timeout_s: float | None = None) -> Self:
         """Opens (migrating as needed) the database at a SQLAlchemy URL: ``sqlite:///…`` or
         ``postgresql+psycopg://…``. Raises StoreUrlRefused for any other kind, and
         ``schemafloor.SchemaTooNew`` (nothing changed) for a newer release's schema this one may not run on."""
         check_url(url)
-        store = cls(url, migrations=migrations)
+        store = cls(url, migrations=migrations, idle_tx_timeout_s=idle_tx_timeout_s)
         try:
             store.migrate()
         except sa.exc.OperationalError as e:
@@ -205,6 +213,16 @@ class StoreBase:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def _pg_idle_timeout(dbapi_conn: Any, _record: Any, *, ms: int) -> None:
+    # In autocommit: a SET inside the transaction psycopg would open is undone by the pool's rollback on return.
+    was, dbapi_conn.autocommit = dbapi_conn.autocommit, True
+    try:
+        with dbapi_conn.cursor() as cur:
+            cur.execute(f"SET idle_in_transaction_session_timeout = {int(ms)}")
+    finally:
+        dbapi_conn.autocommit = was
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:

@@ -3,11 +3,26 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import sqlalchemy as sa
+from sqlalchemy.orm import Session
 
 from llmgw.control.store.base import StoreBase
 from llmgw.control.store.tables import ControlPlaneRow, LeaseRow
+
+log = logging.getLogger(__name__)
+
+#: The sessions that keep a takeover waiting: a lock on the lease table that blocks an UPDATE of its row (a fenced
+#: write's FOR SHARE is a RowShareLock; a read's AccessShareLock blocks nothing), held by a client that has sent
+#: nothing in its transaction for longer than a lease (a leader stopped or frozen mid-write).
+_STALLED = sa.text("""
+    SELECT DISTINCT a.pid, a.application_name, host(a.client_addr) AS addr
+    FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+    WHERE l.locktype = 'relation' AND l.relation = CAST(:table AS regclass) AND l.granted
+      AND l.mode <> 'AccessShareLock' AND a.pid <> pg_backend_pid()
+      AND a.state LIKE 'idle in transaction%' AND a.state_change < now() - make_interval(secs => :idle_s)
+""")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -71,6 +86,12 @@ class LeadershipStore(StoreBase):
             return None
         else:
             with self._session.begin() as s:
+                if s.get_bind().dialect.name == "postgresql":
+                    self._end_stalled_holders(s, lease_s=lease_s)
+                    # Whatever still holds the row waits this long at most: a refusal, retried next round, and
+                    # never a lease thread stuck behind a lock.
+                    s.execute(sa.select(sa.func.set_config("lock_timeout", f"{max(100, int(lease_s * 500))}ms",
+                                                           True)))
                 # The term seen is part of the condition: of two servers taking one expired lease, the
                 # second finds the term moved on and takes nothing.
                 took = s.execute(sa.update(LeaseRow).where(LeaseRow.name == name, LeaseRow.term == current.term,
@@ -81,6 +102,28 @@ class LeadershipStore(StoreBase):
                 return None
         lease = self.get_lease(name)
         return lease if lease is not None and lease.holder == holder else None
+
+    def _end_stalled_holders(self, s: Session, *, lease_s: float) -> None:
+        """PostgreSQL: ends the sessions idle in a transaction for longer than a lease that hold the lease table.
+
+        Every fenced write reads the lease row FOR SHARE, so that a takeover waits for the writes of the term it
+        ends. A leader stopped (SIGSTOP, a frozen VM) inside such a write would make that wait last until it
+        woke, or until TCP gave up on it (hours): the lease it has let expire would still keep every standby
+        out. Its transaction can no longer commit anything of use (the lease is gone), so the standby ends it.
+        """
+        for pid, app, addr in s.execute(_STALLED, {"table": LeaseRow.__tablename__, "idle_s": lease_s}).all():
+            try:
+                with s.begin_nested():
+                    ended = s.execute(sa.select(sa.func.pg_terminate_backend(pid))).scalar()
+            except sa.exc.DBAPIError as e:
+                ended = False
+                log.warning("could not end database session %s (%s), which holds the expired lease's row while "
+                            "idle in a transaction: %s; grant this control plane's database role pg_signal_backend",
+                            pid, app or addr or "unknown client", str(e.orig).splitlines()[0] if e.orig else e)
+            if ended:
+                log.warning("ended database session %s (%s): it held the expired lease's row idle in a transaction "
+                            "for over %gs (a leader stopped mid-write), which kept the takeover waiting",
+                            pid, app or addr or "unknown client", lease_s)
 
     def release_lease(self, holder: str, *, term: int, now: float, name: str = "leader") -> bool:
         """Ends the holder's lease at once (a clean stop), so a standby takes over without waiting it out."""

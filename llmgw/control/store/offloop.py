@@ -149,6 +149,10 @@ class StoreThread:
         await self.call(lambda: None)
 
 
+#: PostgreSQL's SQLSTATEs for a session it ended: idle in a transaction too long (25P03), pg_terminate_backend (57P01).
+_ENDED_MID_WRITE = frozenset({"25P03", "57P01"})
+
+
 def _log_failure(fut: concurrent.futures.Future[Any]) -> None:
     if fut.cancelled() or (e := fut.exception()) is None:
         return
@@ -156,6 +160,14 @@ def _log_failure(fut: concurrent.futures.Future[Any]) -> None:
         # A deposed leader's writes are refused by design (the lease's fencing): what was lost is said, in one
         # line, and the leader's loss itself is logged where it is noticed. Not an error of this process.
         log.warning("a queued store write was refused: %s", e)
+        return
+    if getattr(getattr(e, "orig", None), "sqlstate", None) in _ENDED_MID_WRITE:
+        # PostgreSQL ended this server's session while it waited inside the write (the server was stopped past
+        # its idle-in-transaction timeout, or a standby taking the expired lease ended it): the lease is gone
+        # with it, and the write is lost as a fenced one is.
+        log.warning("a queued store write was lost: the database ended this server's session inside it (%s); "
+                    "this server was stopped mid-write and has most likely lost the lease",
+                    str(e.orig).splitlines()[0])  # type: ignore[attr-defined]
         return
     log.error("a queued store write failed", exc_info=e)
 
