@@ -220,11 +220,20 @@ async def workload(url: str, a: argparse.Namespace, convs: list[list[list[int]]]
     return out
 
 
+_VARIANT = """import runpy, sys
+from llmgw.router.policies import kv_aware
+kv_aware.KvAware.queue_weight = float(sys.argv.pop(1))
+runpy.run_module("llmgw.router.standalone", run_name="__main__", alter_sys=True)
+"""
+
+
 def router_argv(contender: str, front_url: str, urls: list[str], port: int) -> list[str]:
     name, policy = contender.split(":", 1)
     if name == "llmgw":
-        return [sys.executable, "-m", "llmgw.router.standalone", "--port", str(port), "--control", front_url,
-                "--log-level", "warning", "--workers", "1"]
+        args = ["--port", str(port), "--control", front_url, "--log-level", "warning", "--workers", "1"]
+        if "@" in policy:  # llmgw:kv_aware@W: kv_aware with queue_weight W, a variant to measure
+            return [sys.executable, "-c", _VARIANT, policy.split("@", 1)[1], *args]
+        return [sys.executable, "-m", "llmgw.router.standalone", *args]
     return [str(pw.PEERS_BIN / "sglang-router"), "launch", "--host", "127.0.0.1", "--port", str(port),
             "--worker-urls", *urls, "--policy", policy, "--prometheus-host", "127.0.0.1",
             "--prometheus-port", str(free_port()), "--log-level", "warn"]
@@ -254,7 +263,7 @@ async def run_cache(blocks: int, a: argparse.Namespace, model: Path, work: Path)
     runs = [c for n in range(a.passes) for c in (contenders if n % 2 == 0 else contenders[::-1])]
     try:
         for i, contender in enumerate(runs):
-            front.set_table(contender.split(":", 1)[1], urls)
+            front.set_table(contender.split(":", 1)[1].split("@", 1)[0], urls)
             await reset(urls)
             await asyncio.sleep(1.0)  # the AllBlocksCleared events reach the relay and the routers
             port = free_port()

@@ -63,6 +63,17 @@ def test_a_replica_holding_the_prefix_keeps_requests_until_its_queue_outweighs_w
     assert policy.pick("m", EPS, key=KEY)[0].replica_id == "r0"  # type: ignore[union-attr]
 
 
+def test_a_lower_queue_weight_keeps_a_chat_on_its_replica_longer() -> None:
+    """``queue_weight`` (a variant ``kv_vllm_bench.py`` measures as ``llmgw:kv_aware@W``) scales the queue against
+    the 4 blocks r0's cache saves: 5 decoding there move the request at 1, not at 0.5 (2.5 blocks' worth)."""
+    policy = _policy({"r0": EXT, "r1": [], "r2": []})
+    assert policy.pick("m", EPS, key=KEY, load={"r0": 5})[0].replica_id != "r0"  # type: ignore[union-attr]
+    policy.queue_weight = 0.5
+    assert policy.pick("m", EPS, key=KEY, load={"r0": 5})[0].replica_id == "r0"  # type: ignore[union-attr]
+    policy.cache.charge("r0", 10)  # 10 blocks of prefill queued there weigh 5: more than it saves
+    assert policy.pick("m", EPS, key=KEY)[0].replica_id != "r0"  # type: ignore[union-attr]
+
+
 def test_a_replica_publishing_nothing_or_a_text_prompt_falls_back_to_prefix_cache() -> None:
     for holds, key in (({"r0": EXT, "r1": EXT}, KEY), ({"r0": EXT, "r1": EXT, "r2": EXT},
                                                        pick.RequestKey(blocks=(11, 12)))):

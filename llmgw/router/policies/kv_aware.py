@@ -41,6 +41,11 @@ class KvAware(PrefixCache):
     name = "kv_aware"
     keyed = True
     reads_tokens = True
+    #: What the queue (pending prefill and requests in flight) weighs against the blocks a replica's cache saves:
+    #: 1, both count as blocks to prefill; below 1 a chat stays on its history's replica longer (fewer copies of a
+    #: chat in two caches under eviction, more queueing). ``bench/kv_vllm_bench.py`` tries others as
+    #: ``llmgw:kv_aware@W``.
+    queue_weight: float = 1.0
 
     def __init__(self, options: Options = Options()) -> None:
         super().__init__(options)
@@ -64,7 +69,8 @@ class KvAware(PrefixCache):
         pending, weight = self.cache.pending, self.cache.decode_weight
         lacking = {e.replica_id: max(0.0, n - d * c.block_size / size)
                    for e, d, c in zip(candidates, depth, caches, strict=True) if c is not None}
-        cost = {r: pending.get(r, 0.0) + miss + weight * load.get(r, 0.0) for r, miss in lacking.items()}
+        q = self.queue_weight
+        cost = {r: miss + q * (pending.get(r, 0.0) + weight * load.get(r, 0.0)) for r, miss in lacking.items()}
         best = min(cost.values())
         tied = {r for r, c in cost.items() if c <= best + 1e-9}
         chosen = self._least.pick(model, endpoints, load=load,
