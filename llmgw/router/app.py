@@ -128,7 +128,8 @@ class RouterApp:
         self._files = files
         self.batches = (batchrun.BatchRunner(router_id, batches, holder, admission_=self._admission,
                                              loads=self._forwarder.loads, proxy=self._proxy, meter=self.meter,
-                                             concurrency=batch_concurrency, waiting_below=batch_waiting_below)
+                                             quota_=self.quota, concurrency=batch_concurrency,
+                                             waiting_below=batch_waiting_below)
                         if batches is not None else None)
         #: ``http`` scopes straight to their handler, for a server that knows (``server.Server``): no ``__call__``.
         self.asgi_http = self._http

@@ -12,7 +12,13 @@ is the runner's own: the admission queue's priority classes (``core.queueclasses
 runner keeps lines out of it.
 
 A line's usage is metered as its key's, in its project, with the user ``batch:<user>`` (the batch marker in the
-usage rollups). Answers the control plane did not take (a failover) are kept and posted again: a line is never
+usage rollups), and charged to the key's and its project's budgets of a day or longer (``BUDGET_KINDS``): a team
+cannot spend past its daily tokens or monthly spend by submitting a batch. A line those budgets refuse is answered
+with their 429 (in the error file; the batch goes on). The per-minute rates and ``concurrent_requests`` are not
+charged: they shape interactive traffic, and this runner's own throttle already keeps lines off the capacity
+interactive requests use (a key with 60 requests a minute would otherwise fail most of a 2,000-line batch).
+
+Answers the control plane did not take (a failover) are kept and posted again: a line is never
 run twice by this router, and the control plane keeps its first answer.
 """
 
@@ -28,9 +34,10 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from llmgw.api import batches as wire
-from llmgw.core import priorities
+from llmgw.core import priorities, quota
 from llmgw.router import admission, asgi, errors, pick, proxying, request
 from llmgw.router import metering as router_metering
+from llmgw.router import quota as router_quota
 from llmgw.router.auth import ANONYMOUS, KeyInfo
 from llmgw.router.loadwatch import Loads
 from llmgw.router.table import ModelRoute, TableHolder
@@ -40,6 +47,8 @@ log = logging.getLogger(__name__)
 BATCH_USER = "batch:"
 #: The class a line is queued under (``core.priorities``): the lowest, admitted only while no other class waits.
 CLASS = priorities.BATCH
+#: The budgets a line is charged to: those of a day or longer (see the module's docstring).
+BUDGET_KINDS = frozenset({"requests_per_day", "tokens_per_day", "tokens_per_month", quota.SPEND_KIND})
 #: The fewest lines a claim asks for: a claim is a store transaction, not to be paid per line or two.
 CHUNK = 16
 
@@ -57,9 +66,11 @@ class _Held:
 class BatchRunner:
     def __init__(self, router_id: str, transport: BatchTransport, holder: TableHolder, *,
                  admission_: admission.Admission, loads: Loads, proxy: proxying.Proxy,
-                 meter: router_metering.Meter | None, concurrency: int = 4, waiting_below: float = 1.0,
+                 meter: router_metering.Meter | None, quota_: router_quota.QuotaClient | None = None,
+                 concurrency: int = 4, waiting_below: float = 1.0,
                  idle_s: float = 1.0, clock: Callable[[], float] = time.perf_counter) -> None:
         self.router_id, self._transport, self._holder = router_id, transport, holder
+        self._quota = quota_
         self._admission, self._loads, self._proxy, self._meter = admission_, loads, proxy, meter
         self.concurrency, self.waiting_below, self._idle_s, self._clock = concurrency, waiting_below, idle_s, clock
         self._waiting: dict[str, list[wire.Line]] = {}  # by model: claimed, not started
@@ -196,6 +207,9 @@ class BatchRunner:
         key = self._key(line)
         if key.project and not route.open_to(key.project):
             raise errors.model_not_found(line.model, [])
+        # Its key's and project's long budgets (a 429 naming the budget when they are spent: the line's answer).
+        ticket = (await self._quota.admit(key, self._holder.current.auth.projects, route, req, kinds=BUDGET_KINDS)
+                  if self._quota is not None else None)
         metered = self._meter.start(dataclasses.replace(key, user=(BATCH_USER + key.user)[:63]), route) \
             if self._meter is not None else None
         status = 0
@@ -224,6 +238,8 @@ class BatchRunner:
         finally:
             if metered is not None and self._meter is not None:
                 self._meter.close(metered)
+            if ticket is not None and self._quota is not None:
+                self._quota.settle(ticket, *((metered.tokens, metered.spend_micros) if metered is not None else (0, 0)))
         return status, b"".join(chunks).decode("utf-8", "replace")
 
     def _key(self, line: wire.Line) -> KeyInfo:

@@ -36,7 +36,7 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
 
 from llmgw.api import usage as wire
@@ -127,18 +127,21 @@ class QuotaClient:
 
     # -- admission --------------------------------------------------------------------------------------
     def take(self, key: KeyInfo, projects: Mapping[str, quota.Limits], route: ModelRoute,
-             req: request.CompletionRequest) -> Ticket | Pending | None:
-        """This request's share of each budget out of what is held, or what to ``wait`` for; None: no budget."""
+             req: request.CompletionRequest, *, kinds: Collection[str] | None = None) -> Ticket | Pending | None:
+        """This request's share of each budget out of what is held, or what to ``wait`` for; None: no budget.
+        ``kinds``: only the budgets of these kinds are charged (a batch line's: ``batchrun.BUDGET_KINDS``)."""
         plan = self.plan(key, projects)
+        if kinds is not None:
+            plan = tuple(b for b in plan if b.kind in kinds)
         if not plan:
             return None
         takes = budgets.needs(plan, route, req)
         return self._take(takes, plan) or Pending(takes, plan)
 
     async def admit(self, key: KeyInfo, projects: Mapping[str, quota.Limits], route: ModelRoute,
-                    req: request.CompletionRequest) -> Ticket | None:
+                    req: request.CompletionRequest, *, kinds: Collection[str] | None = None) -> Ticket | None:
         """``take``, waiting for a sync when what is held does not cover it; raises ``BudgetRefused``."""
-        taken = self.take(key, projects, route, req)
+        taken = self.take(key, projects, route, req, kinds=kinds)
         return await self.wait(taken) if isinstance(taken, Pending) else taken
 
     async def wait(self, pending: Pending) -> Ticket:

@@ -76,14 +76,17 @@ class Engine:
         return app
 
 
-def _table(engine_url: str, limit: int = 0) -> table.RouteTable:
+def _table(engine_url: str, limit: int = 0, key_limits: dict[str, Any] | None = None,
+           project_limits: dict[str, Any] | None = None) -> table.RouteTable:
     return table.RouteTable.from_doc({
         "version": 1,
         "models": [{"name": "m", "state": "Ready", "limits": {"concurrency_per_replica": limit},
                     "endpoints": [{"replica_id": "m-1", "url": engine_url, "node": "node-a"}]}],
         "auth": {"required": True, "keys": [
-            {"id": "k1", "sha256": hashlib.sha256(SECRET.encode()).hexdigest(), "project": "team-a", "user": "ann"},
-            {"id": "k2", "sha256": hashlib.sha256(OTHER.encode()).hexdigest(), "project": "team-b"}]}})
+            {"id": "k1", "sha256": hashlib.sha256(SECRET.encode()).hexdigest(), "project": "team-a", "user": "ann",
+             "limits": key_limits or {}},
+            {"id": "k2", "sha256": hashlib.sha256(OTHER.encode()).hexdigest(), "project": "team-b"}],
+                 "projects": [{"name": "team-a", "limits": project_limits}] if project_limits else []}})
 
 
 class BatchCluster:
@@ -106,9 +109,13 @@ def _keys(store: Store) -> None:
 @contextlib.asynccontextmanager
 async def batch_cluster(tmp: Path, *, url: str = "", concurrency: int = 4, step_s: float = 0.1,
                         engine: Engine | None = None, usage: Any = None, engine_url: str = "",
-                        waiting_below: float = 1.0, limit: int = 0) -> AsyncIterator[BatchCluster]:
+                        waiting_below: float = 1.0, limit: int = 0, quota: Any = None,
+                        key_limits: dict[str, Any] | None = None,
+                        project_limits: dict[str, Any] | None = None) -> AsyncIterator[BatchCluster]:
     """``engine_url``: an engine of the caller's (a sim process) instead of the counting one in process;
-    ``limit``: the model's ``concurrency_per_replica`` (0: none)."""
+    ``limit``: the model's ``concurrency_per_replica`` (0: none); ``quota``: the router's budget service (a
+    ``sim.ledger.SimLedger``'s ``sync``), with ``key_limits`` the limits of the key ``SECRET`` and
+    ``project_limits`` its project's (team-a)."""
     engine = engine or Engine(decode_tps=5000, prefill_tps=10**6)
     runner = web.AppRunner(engine.app())
     await runner.setup()
@@ -121,9 +128,9 @@ async def batch_cluster(tmp: Path, *, url: str = "", concurrency: int = 4, step_
     service = BatchService(db, FilesConfig(dir=None if url else tmp / "files", max_file_bytes=8 << 20,
                                            max_files_per_project=50))
     holder = table.TableHolder()
-    holder.swap(_table(engine_url or f"http://127.0.0.1:{sim_port}", limit))
+    holder.swap(_table(engine_url or f"http://127.0.0.1:{sim_port}", limit, key_limits, project_limits))
     router = app_mod.RouterApp(holder, batches=service, batch_concurrency=concurrency, router_id="r1",
-                               batch_waiting_below=waiting_below,
+                               batch_waiting_below=waiting_below, **({"quota": quota} if quota else {}),
                                **({"usage": usage, "usage_journal_dir": tmp / "journal"} if usage else {}))
     files = batches_http.create_app(service)
 
